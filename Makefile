@@ -1,0 +1,100 @@
+# keyroll — make help lists the targets.
+SHELL := /usr/bin/env bash -o pipefail
+.SHELLFLAGS := -ec
+
+IMG ?= keyroll:dev
+GO ?= go
+CONTROLLER_GEN := $(GO) tool controller-gen
+# The test ground's binaries (kube-apiserver, etcd, kube-controller-manager, kwok, vault) are linked
+# here from a cache outside the checkout; see test/tools/build.sh.
+TESTGROUND_BIN ?= $(CURDIR)/test/bin
+export KEYROLL_TESTGROUND_BIN := $(TESTGROUND_BIN)
+export KUBEBUILDER_ASSETS := $(TESTGROUND_BIN)
+
+.PHONY: help
+help: ## List the targets.
+	@awk 'BEGIN {FS = ":.*##"} /^[a-zA-Z_-]+:.*##/ {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+##@ Development
+
+.PHONY: manifests
+manifests: ## Generate the CRDs (deploy/crd) and RBAC (deploy/rbac) from the API markers.
+	$(CONTROLLER_GEN) crd paths=./apis/... output:crd:artifacts:config=deploy/crd
+	$(CONTROLLER_GEN) rbac:roleName=keyroll-manager paths=./controllers/... output:rbac:artifacts:config=deploy/rbac
+
+.PHONY: generate
+generate: ## Generate the deepcopy functions of the API types.
+	$(CONTROLLER_GEN) object paths=./apis/...
+
+.PHONY: verify-generated
+verify-generated: manifests generate ## Fail when regenerating changes a tracked file.
+	@if ! git diff --quiet -- apis deploy; then \
+		echo "Generated files are out of date; run 'make manifests generate' and commit:"; \
+		git --no-pager diff --stat -- apis deploy; exit 1; fi
+
+.PHONY: fmt
+fmt: ## Format the Go code.
+	$(GO) fmt ./...
+
+.PHONY: vet
+vet: ## Run go vet.
+	$(GO) vet ./...
+
+.PHONY: lint
+lint: vet ## Check formatting and run go vet.
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "Not gofmt-ed:"; echo "$$out"; exit 1; fi
+
+##@ Test
+
+.PHONY: deps
+deps: ## Install what the tests need (redis-server) and build the test ground (cached).
+	test/tools/install-deps.sh
+	test/tools/build.sh $(TESTGROUND_BIN)
+
+.PHONY: testground
+testground: ## Build the test-ground binaries, or reuse the cached ones.
+	test/tools/build.sh $(TESTGROUND_BIN)
+
+.PHONY: test
+test: deps lint verify-generated ## The whole test suite (what CI runs): unit, integration and end-to-end, with -race.
+	$(GO) test -race -count=1 -timeout 40m ./...
+
+.PHONY: test-e2e
+test-e2e: deps ## Only the end-to-end and integration tests under test/.
+	$(GO) test -race -count=1 -timeout 40m ./test/...
+
+.PHONY: bench
+bench: deps ## Run the benchmarks and report their numbers.
+	$(GO) test -run '^$$' -bench . -benchmem ./...
+
+##@ Build and run
+
+.PHONY: build
+build: ## Build the manager binary into bin/keyroll.
+	CGO_ENABLED=0 $(GO) build -trimpath -o bin/keyroll .
+
+.PHONY: run
+run: ## Run the manager against the cluster of the current kubeconfig.
+	$(GO) run . --leader-elect=false
+
+.PHONY: docker-build
+docker-build: ## Build the manager image (needs a Docker engine).
+	docker build -t $(IMG) .
+
+##@ Deployment
+
+.PHONY: install
+install: ## Install the CRDs into the cluster of the current kubeconfig.
+	kubectl apply -k deploy/crd
+
+.PHONY: uninstall
+uninstall: ## Remove the CRDs from the cluster.
+	kubectl delete -k deploy/crd
+
+.PHONY: deploy
+deploy: ## Install CRDs, RBAC and the manager (kubectl apply -k deploy/default).
+	kubectl apply -k deploy/default
+
+.PHONY: undeploy
+undeploy: ## Remove what deploy installed.
+	kubectl delete -k deploy/default

@@ -1,0 +1,83 @@
+package v1alpha1
+
+// Finalizer is set on every RedisCluster before anything is created in Vault; it is removed only
+// once every lease in the ledger is revoked (or deletionPolicy is Retain).
+const Finalizer = "keyroll.dev/revoke-leases"
+
+// Annotations and labels.
+const (
+	// AnnotationRotateNow on a RedisCluster asks for one rotation now. Any new value asks again;
+	// the value acted upon is acknowledged in status.rotateNowAcknowledged.
+	AnnotationRotateNow = "keyroll.dev/rotate-now"
+
+	// AnnotationCredentialVersion on Redis pods and on consumers' pod templates holds the version
+	// hash of the credential they run with (never a timestamp).
+	AnnotationCredentialVersion = "keyroll.dev/credential-version"
+
+	// LabelCluster names the RedisCluster an object belongs to.
+	LabelCluster = "keyroll.dev/cluster"
+
+	// LabelManagedBy marks the objects keyroll creates; the operator's Secret cache sees only these.
+	LabelManagedBy = "app.kubernetes.io/managed-by"
+
+	// ManagedByValue is the value of LabelManagedBy on objects keyroll creates.
+	ManagedByValue = "keyroll"
+)
+
+// Condition types.
+const (
+	// ConditionReady: the object does what it was asked to do.
+	ConditionReady = "Ready"
+	// ConditionCredentialsReady: a live credential is issued and written to the credentials Secret.
+	ConditionCredentialsReady = "CredentialsReady"
+	// ConditionRolloutProgressing: pods or consumers are being moved to a new credential.
+	ConditionRolloutProgressing = "RolloutProgressing"
+	// ConditionDegraded: something needs attention (a stalled rollout, a revocation that failed, ...).
+	ConditionDegraded = "Degraded"
+)
+
+// Condition reasons.
+const (
+	ReasonReconciling              = "Reconciling"
+	ReasonAvailable                = "Available"
+	ReasonLoggedIn                 = "LoggedIn"
+	ReasonLoginFailed              = "LoginFailed"
+	ReasonVaultUnavailable         = "VaultUnavailable"
+	ReasonVaultSealed              = "VaultSealed"
+	ReasonInvalidSpec              = "InvalidSpec"
+	ReasonConnectionNotFound       = "ConnectionNotFound"
+	ReasonConnectionNotReady       = "ConnectionNotReady"
+	ReasonNamespaceNotAllowed      = "NamespaceNotAllowed"
+	ReasonPermissionDenied         = "PermissionDenied"
+	ReasonIssued                   = "Issued"
+	ReasonIssueFailed              = "IssueFailed"
+	ReasonSecretConflict           = "SecretConflict"
+	ReasonLeaseExpired             = "LeaseExpired"
+	ReasonLeasesNotTracked         = "LeasesNotTracked"
+	ReasonExternalSecretNotReady   = "ExternalSecretNotReady"
+	ReasonRolloutInProgress        = "RolloutInProgress"
+	ReasonRolloutComplete          = "RolloutComplete"
+	ReasonRolloutStalled           = "RolloutStalled"
+	ReasonConsumerMissing          = "ConsumerMissing"
+	ReasonConsumerPaused           = "ConsumerPaused"
+	ReasonRevocationPending        = "RevocationPending"
+	ReasonRevocationSkipped        = "RevocationSkipped"
+	ReasonInvalidSchedule          = "InvalidSchedule"
+	ReasonOutsideMaintenanceWindow = "OutsideMaintenanceWindow"
+)
+
+// Event reasons (UpperCamelCase; events fire on transitions only).
+const (
+	EventCredentialsIssued = "CredentialsIssued"
+	EventLeaseRenewed      = "LeaseRenewed"
+	EventRotationStarted   = "RotationStarted"
+	EventRotationFinished  = "RotationFinished"
+	EventPodRestarted      = "PodRestarted"
+	EventConsumerRestarted = "ConsumerRestarted"
+	EventRolloutStalled    = "RolloutStalled"
+	EventLeaseRevoked      = "LeaseRevoked"
+	EventRevocationFailed  = "RevocationFailed"
+	EventRevocationSkipped = "RevocationSkipped"
+	EventSecretConflict    = "SecretConflict"
+	EventAccessDenied      = "AccessDenied"
+)

@@ -1,0 +1,542 @@
+package v1alpha1
+
+import (
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// CredentialSource says where a RedisCluster's credential comes from.
+// +kubebuilder:validation:Enum=VaultLease;ExternalSecret
+type CredentialSource string
+
+const (
+	// SourceVaultLease: the operator reads the Vault path itself and holds the lease.
+	SourceVaultLease CredentialSource = "VaultLease"
+	// SourceExternalSecret: the operator creates an ExternalSecret and External Secrets Operator syncs it.
+	SourceExternalSecret CredentialSource = "ExternalSecret"
+)
+
+// DeletionPolicy says what happens to Vault leases when a RedisCluster is deleted.
+// +kubebuilder:validation:Enum=Revoke;Retain
+type DeletionPolicy string
+
+const (
+	// DeletionRevoke revokes every lease in the ledger before the RedisCluster goes away.
+	DeletionRevoke DeletionPolicy = "Revoke"
+	// DeletionRetain leaves the leases to expire on their own.
+	DeletionRetain DeletionPolicy = "Retain"
+)
+
+// LeaseState is the state of one lease in the ledger.
+// +kubebuilder:validation:Enum=Active;Superseded;Revoking
+type LeaseState string
+
+const (
+	// LeaseActive is the lease of the current credential.
+	LeaseActive LeaseState = "Active"
+	// LeaseSuperseded is a lease replaced by a newer one; it stays live until the rollout is done.
+	LeaseSuperseded LeaseState = "Superseded"
+	// LeaseRevoking is a lease whose revocation has been asked for and not yet confirmed.
+	LeaseRevoking LeaseState = "Revoking"
+)
+
+// Phase summarises a RedisCluster's state for kubectl get.
+// +kubebuilder:validation:Enum=Pending;Issuing;Ready;Rolling;Degraded;Deleting
+type Phase string
+
+const (
+	PhasePending  Phase = "Pending"
+	PhaseIssuing  Phase = "Issuing"
+	PhaseReady    Phase = "Ready"
+	PhaseRolling  Phase = "Rolling"
+	PhaseDegraded Phase = "Degraded"
+	PhaseDeleting Phase = "Deleting"
+)
+
+// RedisClusterSpec is the desired state of a RedisCluster.
+type RedisClusterSpec struct {
+	// replicas is the number of Redis pods: one primary, the rest its replicas.
+	// +optional
+	// +kubebuilder:default=3
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=15
+	Replicas int32 `json:"replicas,omitempty"`
+
+	// image is the Redis image repository, without a tag; the tag is version.
+	// +optional
+	// +kubebuilder:default="docker.io/library/redis"
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=255
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([a-z0-9._-]*[a-z0-9])?(:[0-9]{1,5})?(/[a-z0-9]([a-z0-9._-]*[a-z0-9])?)*$`
+	Image string `json:"image,omitempty"`
+
+	// version is the Redis version, used as the image tag (for example 7.2 or 7.2.5). Redis 6.0 or
+	// later is needed for ACLs.
+	// +optional
+	// +kubebuilder:default="7.2"
+	// +kubebuilder:validation:MaxLength=64
+	// +kubebuilder:validation:Pattern=`^[0-9]+\.[0-9]+(\.[0-9]+)?(-[a-z0-9]+)?$`
+	// +kubebuilder:validation:XValidation:rule="int(self.split('.')[0]) >= 6",message="version: Redis 6.0 or later is required for ACLs"
+	Version string `json:"version,omitempty"`
+
+	// resources of the Redis container.
+	// +optional
+	Resources corev1.ResourceRequirements `json:"resources,omitempty"`
+
+	// storage for Redis data. Without it, pods use an emptyDir.
+	// +optional
+	Storage *StorageSpec `json:"storage,omitempty"`
+
+	// credentials says where the Redis credential comes from and where it is written.
+	// +required
+	Credentials CredentialsSpec `json:"credentials"`
+
+	// rotation schedules credential rotations.
+	// +optional
+	Rotation RotationSpec `json:"rotation,omitempty"`
+
+	// rollout says how pods and consumer workloads move to a new credential.
+	// +optional
+	Rollout RolloutSpec `json:"rollout,omitempty"`
+
+	// deletionPolicy says whether the leases are revoked when the RedisCluster is deleted.
+	// +optional
+	// +kubebuilder:default=Revoke
+	DeletionPolicy DeletionPolicy `json:"deletionPolicy,omitempty"`
+}
+
+// StorageSpec is a persistent volume per Redis pod.
+type StorageSpec struct {
+	// size of each pod's volume.
+	// +required
+	// +kubebuilder:validation:XValidation:rule="quantity(string(self)).isGreaterThan(quantity('0'))",message="storage.size must be greater than zero"
+	Size resource.Quantity `json:"size"`
+
+	// storageClassName of the volumes; empty uses the cluster's default class.
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	StorageClassName *string `json:"storageClassName,omitempty"`
+}
+
+// CredentialsSpec is a union on source: vaultLease for VaultLease, externalSecret for ExternalSecret.
+// +kubebuilder:validation:XValidation:rule="self.source == 'VaultLease' ? has(self.vaultLease) : !has(self.vaultLease)",message="credentials.vaultLease must be set when source is VaultLease, and only then"
+// +kubebuilder:validation:XValidation:rule="self.source == 'ExternalSecret' ? has(self.externalSecret) : !has(self.externalSecret)",message="credentials.externalSecret must be set when source is ExternalSecret, and only then"
+// +kubebuilder:validation:XValidation:rule="self.usernameKey != self.passwordKey",message="credentials.usernameKey and credentials.passwordKey must differ"
+type CredentialsSpec struct {
+	// source is where the credential comes from: VaultLease (the operator reads Vault and holds the
+	// lease) or ExternalSecret (External Secrets Operator syncs it through an ExternalSecret the
+	// operator creates).
+	// +required
+	Source CredentialSource `json:"source"`
+
+	// vaultLease configures the VaultLease source.
+	// +optional
+	VaultLease *VaultLeaseSource `json:"vaultLease,omitempty"`
+
+	// externalSecret configures the ExternalSecret source.
+	// +optional
+	ExternalSecret *ExternalSecretSource `json:"externalSecret,omitempty"`
+
+	// secretName is the name of the credentials Secret for consumers; default <name>-credentials.
+	// +optional
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
+	SecretName string `json:"secretName,omitempty"`
+
+	// usernameKey is the key of the username in the credentials Secret.
+	// +optional
+	// +kubebuilder:default=username
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[-._a-zA-Z0-9]+$`
+	UsernameKey string `json:"usernameKey,omitempty"`
+
+	// passwordKey is the key of the password in the credentials Secret.
+	// +optional
+	// +kubebuilder:default=password
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[-._a-zA-Z0-9]+$`
+	PasswordKey string `json:"passwordKey,omitempty"`
+
+	// aclRules are the Redis ACL rules the credential's user gets on every node; they should match
+	// the Vault role's creation statements. The default allows all keys, channels and commands.
+	// +optional
+	// +kubebuilder:default={"~*","&*","+@all"}
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:items:MinLength=1
+	// +kubebuilder:validation:items:MaxLength=256
+	// +kubebuilder:validation:items:Pattern=`^[~&%+\-@a-zA-Z0-9_:*?|\[\]{}./]+$`
+	// +kubebuilder:validation:XValidation:rule="self.all(r, !(r in ['on', 'off', 'nopass', 'reset', 'resetpass']) && !r.startsWith('>') && !r.startsWith('<') && !r.startsWith('#'))",message="aclRules may hold only key, channel and command rules; passwords and user state are managed by keyroll"
+	ACLRules []string `json:"aclRules,omitempty"`
+}
+
+// VaultLeaseSource reads a dynamic credential from Vault directly.
+type VaultLeaseSource struct {
+	// connectionRef names the VaultConnection to use.
+	// +required
+	ConnectionRef ConnectionReference `json:"connectionRef"`
+
+	// path is the Vault path that issues the credential, for example database/creds/orders.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=512
+	// +kubebuilder:validation:Pattern=`^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)+$`
+	Path string `json:"path"`
+
+	// renewalPercent is how far into the lease's duration it is renewed, in percent.
+	// +optional
+	// +kubebuilder:default=67
+	// +kubebuilder:validation:Minimum=10
+	// +kubebuilder:validation:Maximum=90
+	RenewalPercent int32 `json:"renewalPercent,omitempty"`
+
+	// minTTL: when a renewal would leave less than this, a new credential is issued instead.
+	// +optional
+	// +kubebuilder:default="1m"
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('0s') && duration(self) <= duration('720h')",message="vaultLease.minTTL must be between 0s and 720h"
+	MinTTL *metav1.Duration `json:"minTTL,omitempty"`
+}
+
+// ConnectionReference names a cluster-scoped VaultConnection.
+type ConnectionReference struct {
+	// name of the VaultConnection.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
+	Name string `json:"name"`
+}
+
+// ExternalSecretSource has External Secrets Operator sync the credential: either remoteKey from a
+// store, or a generator (such as a VaultDynamicSecret).
+// +kubebuilder:validation:XValidation:rule="has(self.generatorRef) != has(self.remoteKey)",message="externalSecret: set exactly one of remoteKey (with storeRef) and generatorRef"
+// +kubebuilder:validation:XValidation:rule="has(self.remoteKey) == has(self.storeRef)",message="externalSecret.storeRef is required with remoteKey, and only with it"
+type ExternalSecretSource struct {
+	// storeRef names the SecretStore or ClusterSecretStore that remoteKey is read from.
+	// +optional
+	StoreRef *StoreReference `json:"storeRef,omitempty"`
+
+	// remoteKey is the key in the store that holds the username and password.
+	// +optional
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=512
+	RemoteKey string `json:"remoteKey,omitempty"`
+
+	// generatorRef names a generator, such as a VaultDynamicSecret, that mints the credential.
+	// +optional
+	GeneratorRef *GeneratorReference `json:"generatorRef,omitempty"`
+
+	// refreshInterval is how often External Secrets Operator refreshes the Secret.
+	// +optional
+	// +kubebuilder:default="1h"
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('0s')",message="externalSecret.refreshInterval must not be negative"
+	RefreshInterval *metav1.Duration `json:"refreshInterval,omitempty"`
+
+	// refreshPolicy is External Secrets Operator's refresh policy.
+	// +optional
+	// +kubebuilder:default=Periodic
+	// +kubebuilder:validation:Enum=Periodic;OnChange;CreatedOnce
+	RefreshPolicy string `json:"refreshPolicy,omitempty"`
+}
+
+// StoreReference names a SecretStore (in the RedisCluster's namespace) or a ClusterSecretStore.
+type StoreReference struct {
+	// name of the store.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	Name string `json:"name"`
+
+	// kind of the store.
+	// +optional
+	// +kubebuilder:default=SecretStore
+	// +kubebuilder:validation:Enum=SecretStore;ClusterSecretStore
+	Kind string `json:"kind,omitempty"`
+}
+
+// GeneratorReference names an External Secrets generator in the RedisCluster's namespace.
+type GeneratorReference struct {
+	// apiVersion of the generator.
+	// +optional
+	// +kubebuilder:default="generators.external-secrets.io/v1alpha1"
+	// +kubebuilder:validation:Enum="generators.external-secrets.io/v1alpha1"
+	APIVersion string `json:"apiVersion,omitempty"`
+
+	// kind of the generator.
+	// +optional
+	// +kubebuilder:default=VaultDynamicSecret
+	// +kubebuilder:validation:Enum=VaultDynamicSecret;ClusterGenerator
+	Kind string `json:"kind,omitempty"`
+
+	// name of the generator.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	Name string `json:"name"`
+}
+
+// RotationSpec schedules rotations: a new credential, a rollout, then revocation of the old lease.
+type RotationSpec struct {
+	// schedule is a cron schedule (robfig/cron syntax: five fields, or a descriptor such as
+	// @daily or @every 6h), optionally prefixed with CRON_TZ=<zone>. Without it the credential
+	// rotates only when its lease cannot be renewed or on request (annotation keyroll.dev/rotate-now).
+	// +optional
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=256
+	// +kubebuilder:validation:Pattern=`^((CRON_TZ|TZ)=[A-Za-z0-9_/+-]+ +)?(@(yearly|annually|monthly|weekly|daily|midnight|hourly)|@every +([0-9]+(\.[0-9]+)?(ns|us|ms|s|m|h))+|[^ ]+( +[^ ]+){4})$`
+	Schedule string `json:"schedule,omitempty"`
+
+	// paused stops scheduled and requested rotations; renewals go on.
+	// +optional
+	Paused bool `json:"paused,omitempty"`
+
+	// maintenanceWindow restricts scheduled rotations to a daily window.
+	// +optional
+	MaintenanceWindow *MaintenanceWindow `json:"maintenanceWindow,omitempty"`
+}
+
+// MaintenanceWindow is a daily time window.
+type MaintenanceWindow struct {
+	// start is the time of day the window opens, HH:MM in timeZone.
+	// +required
+	// +kubebuilder:validation:Pattern=`^([01][0-9]|2[0-3]):[0-5][0-9]$`
+	Start string `json:"start"`
+
+	// duration is how long the window stays open.
+	// +required
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('10m') && duration(self) <= duration('24h')",message="maintenanceWindow.duration must be between 10m and 24h"
+	Duration metav1.Duration `json:"duration"`
+
+	// timeZone is an IANA time zone name; default UTC.
+	// +optional
+	// +kubebuilder:default=UTC
+	// +kubebuilder:validation:MaxLength=64
+	// +kubebuilder:validation:Pattern=`^[A-Za-z0-9_/+-]+$`
+	TimeZone string `json:"timeZone,omitempty"`
+}
+
+// RolloutSpec says how pods and consumers move to a new credential.
+type RolloutSpec struct {
+	// readinessTimeout is how long each restarted pod may take to become Ready before the rollout
+	// stops (Degraded). Between 10s and 1h.
+	// +optional
+	// +kubebuilder:default="5m"
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('10s') && duration(self) <= duration('1h')",message="rollout.readinessTimeout must be between 10s and 1h"
+	ReadinessTimeout *metav1.Duration `json:"readinessTimeout,omitempty"`
+
+	// consumers are workloads in the same namespace restarted, one after the other, once the Redis
+	// pods run the new credential.
+	// +optional
+	// +listType=map
+	// +listMapKey=kind
+	// +listMapKey=name
+	// +kubebuilder:validation:MaxItems=64
+	Consumers []ConsumerReference `json:"consumers,omitempty"`
+}
+
+// ConsumerReference names a workload that uses the credentials Secret.
+type ConsumerReference struct {
+	// kind of the workload.
+	// +required
+	// +kubebuilder:validation:Enum=Deployment;StatefulSet;DaemonSet
+	Kind string `json:"kind"`
+
+	// name of the workload, in the RedisCluster's namespace.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
+	Name string `json:"name"`
+}
+
+// RedisClusterStatus is the observed state of a RedisCluster. It never holds a password.
+type RedisClusterStatus struct {
+	// observedGeneration is the generation last reconciled successfully.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+
+	// phase summarises the state.
+	// +optional
+	Phase Phase `json:"phase,omitempty"`
+
+	// readyReplicas is the number of Redis pods that are Ready.
+	// +optional
+	ReadyReplicas int32 `json:"readyReplicas,omitempty"`
+
+	// conditions: Ready, CredentialsReady, RolloutProgressing, Degraded.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	// +kubebuilder:validation:MaxItems=16
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+
+	// credential is the current credential (never its password).
+	// +optional
+	Credential *CredentialStatus `json:"credential,omitempty"`
+
+	// leases is the ledger: every lease obtained and not yet revoked.
+	// +optional
+	// +listType=map
+	// +listMapKey=leaseID
+	// +kubebuilder:validation:MaxItems=64
+	Leases []LeaseRecord `json:"leases,omitempty"`
+
+	// rollout is the progress of the rollout to a new credential, while one runs.
+	// +optional
+	Rollout *RolloutStatus `json:"rollout,omitempty"`
+
+	// rotateNowAcknowledged is the last value of the keyroll.dev/rotate-now annotation acted upon.
+	// +optional
+	RotateNowAcknowledged string `json:"rotateNowAcknowledged,omitempty"`
+}
+
+// CredentialStatus describes the current credential.
+type CredentialStatus struct {
+	// version is a hash that identifies the credential (not derived from the password alone).
+	// +optional
+	Version string `json:"version,omitempty"`
+
+	// source the credential came from.
+	// +optional
+	Source CredentialSource `json:"source,omitempty"`
+
+	// username is the Redis user of the credential.
+	// +optional
+	Username string `json:"username,omitempty"`
+
+	// leaseID is the Vault lease of the credential, when one is tracked.
+	// +optional
+	LeaseID string `json:"leaseID,omitempty"`
+
+	// issuedAt is when the credential was issued.
+	// +optional
+	IssuedAt *metav1.Time `json:"issuedAt,omitempty"`
+
+	// expiresAt is when the lease expires unless renewed.
+	// +optional
+	ExpiresAt *metav1.Time `json:"expiresAt,omitempty"`
+
+	// renewable says whether Vault allows renewing the lease.
+	// +optional
+	Renewable bool `json:"renewable,omitempty"`
+
+	// lastRenewal is when the lease was last renewed.
+	// +optional
+	LastRenewal *metav1.Time `json:"lastRenewal,omitempty"`
+
+	// nextRenewal is when the lease will next be renewed.
+	// +optional
+	NextRenewal *metav1.Time `json:"nextRenewal,omitempty"`
+
+	// lastRotation is when the credential was last rotated (or first issued).
+	// +optional
+	LastRotation *metav1.Time `json:"lastRotation,omitempty"`
+
+	// nextRotation is when the next scheduled rotation is due.
+	// +optional
+	NextRotation *metav1.Time `json:"nextRotation,omitempty"`
+
+	// leasesTracked is false in ExternalSecret mode when the generator does not hand over the
+	// lease: keyroll then can neither renew nor revoke it.
+	// +optional
+	LeasesTracked *bool `json:"leasesTracked,omitempty"`
+}
+
+// LeaseRecord is one lease in the ledger.
+type LeaseRecord struct {
+	// leaseID is the Vault lease ID.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=1024
+	LeaseID string `json:"leaseID"`
+
+	// state of the lease.
+	// +required
+	State LeaseState `json:"state"`
+
+	// version of the credential the lease belongs to.
+	// +optional
+	Version string `json:"version,omitempty"`
+
+	// username of the credential the lease belongs to.
+	// +optional
+	Username string `json:"username,omitempty"`
+
+	// issuedAt is when the lease was obtained.
+	// +optional
+	IssuedAt *metav1.Time `json:"issuedAt,omitempty"`
+
+	// expiresAt is when the lease expires unless renewed.
+	// +optional
+	ExpiresAt *metav1.Time `json:"expiresAt,omitempty"`
+}
+
+// RolloutStatus is the progress of a rollout.
+type RolloutStatus struct {
+	// targetVersion is the credential version being rolled out.
+	// +optional
+	TargetVersion string `json:"targetVersion,omitempty"`
+
+	// podsUpdated is the number of Redis pods running targetVersion and Ready.
+	// +optional
+	PodsUpdated int32 `json:"podsUpdated,omitempty"`
+
+	// podInFlight is the pod restarted last and not yet Ready on targetVersion.
+	// +optional
+	PodInFlight string `json:"podInFlight,omitempty"`
+
+	// podRestartedAt is when podInFlight was restarted.
+	// +optional
+	PodRestartedAt *metav1.Time `json:"podRestartedAt,omitempty"`
+
+	// consumersUpdated is the number of consumers whose rollout to targetVersion is complete.
+	// +optional
+	ConsumersUpdated int32 `json:"consumersUpdated,omitempty"`
+
+	// startedAt is when the rollout started.
+	// +optional
+	StartedAt *metav1.Time `json:"startedAt,omitempty"`
+}
+
+// RedisCluster runs Redis with a credential from Vault that is renewed, rotated on a schedule and
+// rolled out to its pods and consumers one at a time, each only while the previous one is Ready.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:scope=Namespaced,shortName=rdc,categories=keyroll
+// +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
+// +kubebuilder:printcolumn:name="Ready",type=integer,JSONPath=`.status.readyReplicas`
+// +kubebuilder:printcolumn:name="Replicas",type=integer,JSONPath=`.spec.replicas`
+// +kubebuilder:printcolumn:name="Expires",type=date,JSONPath=`.status.credential.expiresAt`
+// +kubebuilder:printcolumn:name="Next-Rotation",type=date,JSONPath=`.status.credential.nextRotation`
+// +kubebuilder:printcolumn:name="Source",type=string,JSONPath=`.spec.credentials.source`,priority=1
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type RedisCluster struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// spec is the desired state.
+	// +required
+	Spec RedisClusterSpec `json:"spec"`
+
+	// status is the observed state.
+	// +optional
+	Status RedisClusterStatus `json:"status,omitempty"`
+}
+
+// RedisClusterList is a list of RedisClusters.
+//
+// +kubebuilder:object:root=true
+type RedisClusterList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []RedisCluster `json:"items"`
+}
+
+func init() {
+	SchemeBuilder.Register(&RedisCluster{}, &RedisClusterList{})
+}

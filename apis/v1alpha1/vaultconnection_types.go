@@ -1,0 +1,257 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// VaultConnectionSpec describes how the operator reaches one Vault server and which namespaces'
+// RedisClusters may use it.
+type VaultConnectionSpec struct {
+	// address is the URL of the Vault server, for example https://vault.vault.svc:8200.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=2048
+	// +kubebuilder:validation:XValidation:rule="self.startsWith('https://') || self.startsWith('http://')",message="address must be an http:// or https:// URL"
+	Address string `json:"address"`
+
+	// tls configures how the Vault server's certificate is verified. Verification is never
+	// skipped: without a CA here the system's trust store is used.
+	// +optional
+	TLS *VaultTLS `json:"tls,omitempty"`
+
+	// namespace is the Vault Enterprise namespace to send requests to (X-Vault-Namespace).
+	// Leave empty for Vault Community Edition or the root namespace.
+	// +optional
+	// +kubebuilder:validation:MaxLength=255
+	// +kubebuilder:validation:Pattern=`^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*/?$`
+	Namespace string `json:"namespace,omitempty"`
+
+	// auth is how the operator logs in to Vault: exactly one of kubernetes, appRole or token.
+	// +required
+	Auth VaultAuth `json:"auth"`
+
+	// allowedNamespaces lists the namespaces whose RedisClusters may use this connection.
+	// Empty means none; ["*"] means all.
+	// +optional
+	// +listType=set
+	// +kubebuilder:validation:MaxItems=256
+	// +kubebuilder:validation:items:MaxLength=63
+	// +kubebuilder:validation:items:Pattern=`^(\*|[a-z0-9]([-a-z0-9]*[a-z0-9])?)$`
+	// +kubebuilder:validation:XValidation:rule="!self.exists(n, n == '*') || self.size() == 1",message="allowedNamespaces: \"*\" must be the only entry"
+	AllowedNamespaces []string `json:"allowedNamespaces,omitempty"`
+
+	// rateLimit bounds the requests the operator sends to this Vault, for all RedisClusters together.
+	// +optional
+	// +kubebuilder:default={qps: 20, burst: 40}
+	RateLimit *VaultRateLimit `json:"rateLimit,omitempty"`
+}
+
+// VaultTLS configures the verification of the Vault server's certificate.
+// +kubebuilder:validation:XValidation:rule="!(has(self.caBundle) && has(self.caSecretRef))",message="tls: set at most one of caBundle and caSecretRef"
+type VaultTLS struct {
+	// caBundle is a PEM bundle of the CA certificates that sign the Vault server's certificate.
+	// +optional
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=65536
+	// +kubebuilder:validation:XValidation:rule="self.contains('-----BEGIN CERTIFICATE-----')",message="caBundle must hold PEM certificates"
+	CABundle string `json:"caBundle,omitempty"`
+
+	// caSecretRef names a Secret key holding a PEM bundle of CA certificates.
+	// +optional
+	CASecretRef *SecretKeyReference `json:"caSecretRef,omitempty"`
+
+	// tlsServerName is the name expected in the server's certificate when it differs from the
+	// host of address.
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	TLSServerName string `json:"tlsServerName,omitempty"`
+}
+
+// SecretKeyReference names one key of a Secret in a given namespace.
+type SecretKeyReference struct {
+	// namespace of the Secret.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
+	Namespace string `json:"namespace"`
+
+	// name of the Secret.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
+	Name string `json:"name"`
+
+	// key within the Secret's data.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[-._a-zA-Z0-9]+$`
+	Key string `json:"key"`
+}
+
+// VaultAuth selects exactly one way of logging in to Vault.
+// +kubebuilder:validation:XValidation:rule="[has(self.kubernetes), has(self.appRole), has(self.token)].filter(x, x).size() == 1",message="auth: set exactly one of kubernetes, appRole or token"
+type VaultAuth struct {
+	// kubernetes logs in with the operator's own service-account token, obtained through the
+	// TokenRequest API for the given audiences.
+	// +optional
+	Kubernetes *KubernetesAuth `json:"kubernetes,omitempty"`
+
+	// appRole logs in with a role ID and a secret ID read from a Secret.
+	// +optional
+	AppRole *AppRoleAuth `json:"appRole,omitempty"`
+
+	// token uses a Vault token read from a Secret. Meant for development: the token is not renewed
+	// beyond what Vault allows and cannot be re-issued by the operator.
+	// +optional
+	Token *TokenAuth `json:"token,omitempty"`
+}
+
+// KubernetesAuth configures Vault's Kubernetes auth method.
+type KubernetesAuth struct {
+	// mount is the path the Kubernetes auth method is enabled at.
+	// +optional
+	// +kubebuilder:default=kubernetes
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=255
+	// +kubebuilder:validation:Pattern=`^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$`
+	Mount string `json:"mount,omitempty"`
+
+	// role is the Vault role to log in as.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=255
+	// +kubebuilder:validation:Pattern=`^[A-Za-z0-9_.@-]+$`
+	Role string `json:"role"`
+
+	// audiences the service-account token is requested for; they must match the role's audience.
+	// +optional
+	// +listType=set
+	// +kubebuilder:default={vault}
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=8
+	// +kubebuilder:validation:items:MinLength=1
+	// +kubebuilder:validation:items:MaxLength=253
+	Audiences []string `json:"audiences,omitempty"`
+
+	// tokenExpirationSeconds is the lifetime requested for the service-account token used to log in.
+	// +optional
+	// +kubebuilder:default=600
+	// +kubebuilder:validation:Minimum=600
+	// +kubebuilder:validation:Maximum=86400
+	TokenExpirationSeconds int64 `json:"tokenExpirationSeconds,omitempty"`
+}
+
+// AppRoleAuth configures Vault's AppRole auth method.
+type AppRoleAuth struct {
+	// mount is the path the AppRole auth method is enabled at.
+	// +optional
+	// +kubebuilder:default=approle
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=255
+	// +kubebuilder:validation:Pattern=`^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$`
+	Mount string `json:"mount,omitempty"`
+
+	// roleID is the AppRole's role ID (not a secret on its own).
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=255
+	RoleID string `json:"roleID"`
+
+	// secretIDRef names the Secret key holding the AppRole's secret ID.
+	// +required
+	SecretIDRef SecretKeyReference `json:"secretIDRef"`
+}
+
+// TokenAuth uses a static Vault token.
+type TokenAuth struct {
+	// secretRef names the Secret key holding the Vault token.
+	// +required
+	SecretRef SecretKeyReference `json:"secretRef"`
+}
+
+// VaultRateLimit is a token bucket for the requests sent to Vault.
+// +kubebuilder:validation:XValidation:rule="self.burst >= self.qps",message="rateLimit.burst must be at least rateLimit.qps"
+type VaultRateLimit struct {
+	// qps is the sustained number of requests per second.
+	// +required
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=10000
+	QPS int32 `json:"qps"`
+
+	// burst is the number of requests that may be sent at once above the sustained rate.
+	// +required
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=10000
+	Burst int32 `json:"burst"`
+}
+
+// VaultConnectionStatus is what the operator last saw of the Vault server and its login there.
+// It never holds the token itself.
+type VaultConnectionStatus struct {
+	// observedGeneration is the generation last reconciled successfully.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+
+	// conditions: Ready says whether the operator is logged in to Vault.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	// +kubebuilder:validation:MaxItems=8
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+
+	// tokenExpiresAt is when the operator's current Vault token expires.
+	// +optional
+	TokenExpiresAt *metav1.Time `json:"tokenExpiresAt,omitempty"`
+
+	// vaultVersion is the Vault server version as last seen.
+	// +optional
+	VaultVersion string `json:"vaultVersion,omitempty"`
+
+	// sealed is Vault's seal state as last seen.
+	// +optional
+	Sealed *bool `json:"sealed,omitempty"`
+
+	// lastCheckedAt is when the operator last talked to this Vault.
+	// +optional
+	LastCheckedAt *metav1.Time `json:"lastCheckedAt,omitempty"`
+}
+
+// VaultConnection describes how keyroll reaches a Vault server and logs in there, and which
+// namespaces may use it. It is cluster-scoped and meant for Vault administrators.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:scope=Cluster,shortName=vc;vconn,categories=keyroll
+// +kubebuilder:printcolumn:name="Address",type=string,JSONPath=`.spec.address`
+// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
+// +kubebuilder:printcolumn:name="Vault",type=string,JSONPath=`.status.vaultVersion`
+// +kubebuilder:printcolumn:name="Token-Expires",type=date,JSONPath=`.status.tokenExpiresAt`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type VaultConnection struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// spec is how to reach and log in to Vault.
+	// +required
+	Spec VaultConnectionSpec `json:"spec"`
+
+	// status is what the operator last saw.
+	// +optional
+	Status VaultConnectionStatus `json:"status,omitempty"`
+}
+
+// VaultConnectionList is a list of VaultConnections.
+//
+// +kubebuilder:object:root=true
+type VaultConnectionList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []VaultConnection `json:"items"`
+}
+
+func init() {
+	SchemeBuilder.Register(&VaultConnection{}, &VaultConnectionList{})
+}

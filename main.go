@@ -1,0 +1,146 @@
+// Command keyroll runs the keyroll operator: the RedisCluster and VaultConnection controllers in one
+// controller-runtime manager, with leader election, metrics and health probes. It is wiring only.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"net/http"
+	"os"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/utils/clock"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	esv1 "github.com/external-secrets/external-secrets/apis/externalsecrets/v1"
+
+	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/controllers"
+)
+
+func main() {
+	var (
+		metricsAddr    = flag.String("metrics-bind-address", ":8080", "Address the metrics endpoint binds to; 0 disables it.")
+		probeAddr      = flag.String("health-probe-bind-address", ":8081", "Address the /healthz and /readyz endpoints bind to.")
+		leaderElect    = flag.Bool("leader-elect", true, "Elect one active manager through a Lease, so that only one replica renews, rotates and revokes.")
+		leaderNS       = flag.String("leader-election-namespace", "", "Namespace of the leader-election Lease; defaults to the pod's namespace.")
+		leaseDuration  = flag.Duration("leader-elect-lease-duration", 15*time.Second, "How long non-leaders wait before they may take over an unrenewed leadership.")
+		renewDeadline  = flag.Duration("leader-elect-renew-deadline", 10*time.Second, "How long the leader keeps retrying to renew its leadership before it gives up.")
+		retryPeriod    = flag.Duration("leader-elect-retry-period", 2*time.Second, "How long candidates wait between tries to acquire or renew leadership.")
+	)
+	zapOpts := zap.Options{}
+	zapOpts.BindFlags(flag.CommandLine)
+	flag.Parse()
+	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&zapOpts)))
+	log := ctrl.Log.WithName("setup")
+
+	if err := run(ctrl.SetupSignalHandler(), managerOptions{
+		metricsAddr: *metricsAddr, probeAddr: *probeAddr,
+		leaderElect: *leaderElect, leaderNS: *leaderNS,
+		leaseDuration: *leaseDuration, renewDeadline: *renewDeadline, retryPeriod: *retryPeriod,
+	}); err != nil {
+		log.Error(err, "Manager stopped with an error")
+		os.Exit(1)
+	}
+}
+
+type managerOptions struct {
+	metricsAddr, probeAddr                    string
+	leaderElect                               bool
+	leaderNS                                  string
+	leaseDuration, renewDeadline, retryPeriod time.Duration
+}
+
+func newScheme() *runtime.Scheme {
+	s := runtime.NewScheme()
+	must(clientgoscheme.AddToScheme(s))
+	must(v1alpha1.AddToScheme(s))
+	must(esv1.AddToScheme(s))
+	return s
+}
+
+func run(ctx context.Context, o managerOptions) error {
+	// Only Secrets that keyroll labels are cached: never every Secret of the cluster.
+	managed := labels.SelectorFromSet(labels.Set{v1alpha1.LabelManagedBy: v1alpha1.ManagedByValue})
+	cfg := ctrl.GetConfigOrDie()
+	scheme := newScheme()
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+		Scheme:                        scheme,
+		Metrics:                       metricsserver.Options{BindAddress: o.metricsAddr},
+		HealthProbeBindAddress:        o.probeAddr,
+		LeaderElection:                o.leaderElect,
+		LeaderElectionID:              "keyroll.keyroll.dev",
+		LeaderElectionNamespace:       o.leaderNS,
+		LeaderElectionReleaseOnCancel: true,
+		LeaseDuration:                 &o.leaseDuration,
+		RenewDeadline:                 &o.renewDeadline,
+		RetryPeriod:                   &o.retryPeriod,
+		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
+			&corev1.Secret{}: {Label: managed},
+		}},
+	})
+	if err != nil {
+		return err
+	}
+	recorder, err := eventRecorder(ctx, kubernetes.NewForConfigOrDie(cfg), scheme)
+	if err != nil {
+		return err
+	}
+	clk := clock.RealClock{}
+	if err := (&controllers.VaultConnectionReconciler{
+		Client: mgr.GetClient(), Recorder: recorder, Clock: clk,
+	}).SetupWithManager(mgr); err != nil {
+		return err
+	}
+	if err := (&controllers.RedisClusterReconciler{
+		Client: mgr.GetClient(), Recorder: recorder, Clock: clk,
+	}).SetupWithManager(mgr); err != nil {
+		return err
+	}
+	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
+		return err
+	}
+	if err := mgr.AddReadyzCheck("caches-synced", cachesSynced(mgr.GetCache())); err != nil {
+		return err
+	}
+	return mgr.Start(ctx)
+}
+
+// eventRecorder records events through the events.k8s.io API.
+func eventRecorder(ctx context.Context, cs kubernetes.Interface, scheme *runtime.Scheme) (events.EventRecorder, error) {
+	b := events.NewBroadcaster(&events.EventSinkImpl{Interface: cs.EventsV1()})
+	if err := b.StartRecordingToSinkWithContext(ctx); err != nil {
+		return nil, err
+	}
+	return b.NewRecorder(scheme, "keyroll"), nil
+}
+
+// cachesSynced is a readiness check that passes only once the informer caches have synced.
+func cachesSynced(c cache.Cache) healthz.Checker {
+	return func(req *http.Request) error {
+		ctx, cancel := context.WithTimeout(req.Context(), 100*time.Millisecond)
+		defer cancel()
+		if !c.WaitForCacheSync(ctx) {
+			return errors.New("informer caches have not synced yet")
+		}
+		return nil
+	}
+}
+
+func must(err error) {
+	if err != nil {
+		panic(err)
+	}
+}

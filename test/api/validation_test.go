@@ -1,0 +1,230 @@
+package api
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"sigs.k8s.io/yaml"
+)
+
+const validRedisCluster = `
+apiVersion: keyroll.dev/v1alpha1
+kind: RedisCluster
+metadata:
+  namespace: default
+spec:
+  replicas: 3
+  credentials:
+    source: VaultLease
+    vaultLease:
+      connectionRef: {name: vault}
+      path: database/creds/orders
+  rotation:
+    schedule: "@every 6h"
+  rollout:
+    readinessTimeout: 2m
+    consumers:
+    - {kind: Deployment, name: api}
+`
+
+const validExternalSecretCluster = `
+apiVersion: keyroll.dev/v1alpha1
+kind: RedisCluster
+metadata:
+  namespace: default
+spec:
+  credentials:
+    source: ExternalSecret
+    externalSecret:
+      storeRef: {name: vault, kind: ClusterSecretStore}
+      remoteKey: database/creds/orders
+`
+
+const validVaultConnection = `
+apiVersion: keyroll.dev/v1alpha1
+kind: VaultConnection
+spec:
+  address: https://vault.example:8200
+  auth:
+    kubernetes: {role: keyroll}
+  allowedNamespaces: [default]
+`
+
+// invalidCase changes a valid object into an invalid one; the API server must refuse it with an
+// error that names field.
+type invalidCase struct {
+	base   string
+	change func(obj map[string]any)
+	field  string
+}
+
+func TestInvalidObjectsAreRefusedNamingTheField(t *testing.T) {
+	rc, es, vc := validRedisCluster, validExternalSecretCluster, validVaultConnection
+	cases := map[string]invalidCase{
+		"zero replicas":                       {rc, set("spec.replicas", int64(0)), "spec.replicas"},
+		"too many replicas":                   {rc, set("spec.replicas", int64(16)), "spec.replicas"},
+		"image with a tag":                    {rc, set("spec.image", "redis:7.2"), "spec.image"},
+		"version not a version":               {rc, set("spec.version", "latest"), "spec.version"},
+		"version without ACLs":                {rc, set("spec.version", "5.0"), "spec.version"},
+		"no credentials":                      {rc, del("spec.credentials"), "spec.credentials"},
+		"unknown source":                      {rc, set("spec.credentials.source", "Vault"), "spec.credentials.source"},
+		"VaultLease source without block":     {rc, del("spec.credentials.vaultLease"), "spec.credentials"},
+		"VaultLease with externalSecret":      {rc, set("spec.credentials.externalSecret", map[string]any{"generatorRef": map[string]any{"name": "g"}}), "spec.credentials"},
+		"ExternalSecret source without block": {rc, set("spec.credentials.source", "ExternalSecret"), "spec.credentials"},
+		"empty Vault path":                    {rc, set("spec.credentials.vaultLease.path", ""), "spec.credentials.vaultLease.path"},
+		"absolute Vault path":                 {rc, set("spec.credentials.vaultLease.path", "/database/creds/orders"), "spec.credentials.vaultLease.path"},
+		"renewal percent too low":             {rc, set("spec.credentials.vaultLease.renewalPercent", int64(5)), "spec.credentials.vaultLease.renewalPercent"},
+		"renewal percent too high":            {rc, set("spec.credentials.vaultLease.renewalPercent", int64(95)), "spec.credentials.vaultLease.renewalPercent"},
+		"negative minTTL":                     {rc, set("spec.credentials.vaultLease.minTTL", "-1m"), "spec.credentials.vaultLease.minTTL"},
+		"connection name not a name":          {rc, set("spec.credentials.vaultLease.connectionRef.name", "Vault_1"), "spec.credentials.vaultLease.connectionRef.name"},
+		"same key for user and password":      {rc, set("spec.credentials.passwordKey", "username"), "spec.credentials"},
+		"secret name not a name":              {rc, set("spec.credentials.secretName", "Bad_Name"), "spec.credentials.secretName"},
+		"ACL rule sets a password":            {rc, set("spec.credentials.aclRules", []any{"~*", ">secret"}), "spec.credentials.aclRules"},
+		"ACL rule turns the user off":         {rc, set("spec.credentials.aclRules", []any{"off"}), "spec.credentials.aclRules"},
+		"no ACL rules":                        {rc, set("spec.credentials.aclRules", []any{}), "spec.credentials.aclRules"},
+		"empty schedule":                      {rc, set("spec.rotation.schedule", ""), "spec.rotation.schedule"},
+		"schedule not cron":                   {rc, set("spec.rotation.schedule", "every day"), "spec.rotation.schedule"},
+		"window start not a time":             {rc, set("spec.rotation.maintenanceWindow", map[string]any{"start": "25:00", "duration": "1h"}), "spec.rotation.maintenanceWindow.start"},
+		"window too short":                    {rc, set("spec.rotation.maintenanceWindow", map[string]any{"start": "02:00", "duration": "1m"}), "spec.rotation.maintenanceWindow.duration"},
+		"readiness timeout too short":         {rc, set("spec.rollout.readinessTimeout", "1s"), "spec.rollout.readinessTimeout"},
+		"readiness timeout too long":          {rc, set("spec.rollout.readinessTimeout", "2h"), "spec.rollout.readinessTimeout"},
+		"consumer of unknown kind":            {rc, set("spec.rollout.consumers", []any{map[string]any{"kind": "Job", "name": "x"}}), "spec.rollout.consumers[0].kind"},
+		"duplicate consumer": {rc, set("spec.rollout.consumers", []any{
+			map[string]any{"kind": "Deployment", "name": "x"}, map[string]any{"kind": "Deployment", "name": "x"}}), "spec.rollout.consumers[1]"},
+		"unknown deletion policy":  {rc, set("spec.deletionPolicy", "Delete"), "spec.deletionPolicy"},
+		"zero storage":             {rc, set("spec.storage", map[string]any{"size": "0"}), "spec.storage.size"},
+		"remote key and generator": {es, set("spec.credentials.externalSecret.generatorRef", map[string]any{"name": "g"}), "spec.credentials.externalSecret"},
+		"remote key without store": {es, del("spec.credentials.externalSecret.storeRef"), "spec.credentials.externalSecret"},
+		"unknown store kind":       {es, set("spec.credentials.externalSecret.storeRef.kind", "Store"), "spec.credentials.externalSecret.storeRef.kind"},
+		"unknown generator kind": {es, func(o map[string]any) {
+			del("spec.credentials.externalSecret.storeRef")(o)
+			del("spec.credentials.externalSecret.remoteKey")(o)
+			set("spec.credentials.externalSecret.generatorRef", map[string]any{"kind": "Password", "name": "g"})(o)
+		}, "spec.credentials.externalSecret.generatorRef.kind"},
+		"unknown refresh policy":       {es, set("spec.credentials.externalSecret.refreshPolicy", "Never"), "spec.credentials.externalSecret.refreshPolicy"},
+		"negative refresh":             {es, set("spec.credentials.externalSecret.refreshInterval", "-1h"), "spec.credentials.externalSecret.refreshInterval"},
+		"address not a URL":            {vc, set("spec.address", "vault:8200"), "spec.address"},
+		"no auth method":               {vc, set("spec.auth", map[string]any{}), "spec.auth"},
+		"two auth methods":             {vc, set("spec.auth.token", map[string]any{"secretRef": map[string]any{"namespace": "a", "name": "b", "key": "c"}}), "spec.auth"},
+		"kubernetes auth without role": {vc, del("spec.auth.kubernetes.role"), "spec.auth.kubernetes.role"},
+		"token lifetime too short":     {vc, set("spec.auth.kubernetes.tokenExpirationSeconds", int64(60)), "spec.auth.kubernetes.tokenExpirationSeconds"},
+		"appRole without secret id": {vc, func(o map[string]any) {
+			set("spec.auth", map[string]any{"appRole": map[string]any{"roleID": "r"}})(o)
+		}, "spec.auth.appRole.secretIDRef"},
+		"token secret without namespace": {vc, func(o map[string]any) {
+			set("spec.auth", map[string]any{"token": map[string]any{"secretRef": map[string]any{"name": "b", "key": "c"}}})(o)
+		}, "spec.auth.token.secretRef.namespace"},
+		"wildcard with other namespaces": {vc, set("spec.allowedNamespaces", []any{"*", "default"}), "spec.allowedNamespaces"},
+		"allowed namespace not a name":   {vc, set("spec.allowedNamespaces", []any{"Bad NS"}), "spec.allowedNamespaces[0]"},
+		"burst below qps":                {vc, set("spec.rateLimit", map[string]any{"qps": int64(50), "burst": int64(10)}), "spec.rateLimit"},
+		"zero qps":                       {vc, set("spec.rateLimit", map[string]any{"qps": int64(0), "burst": int64(10)}), "spec.rateLimit.qps"},
+		"two CA sources": {vc, set("spec.tls", map[string]any{"caBundle": "-----BEGIN CERTIFICATE-----",
+			"caSecretRef": map[string]any{"namespace": "a", "name": "b", "key": "ca.crt"}}), "spec.tls"},
+		"CA bundle not PEM":       {vc, set("spec.tls", map[string]any{"caBundle": "not a certificate"}), "spec.tls.caBundle"},
+		"Vault namespace invalid": {vc, set("spec.namespace", "bad ns!"), "spec.namespace"},
+	}
+	if len(cases) < 30 {
+		t.Fatalf("only %d invalid cases", len(cases))
+	}
+	ctx := context.Background()
+	i := 0
+	for name, tc := range cases {
+		i++
+		t.Run(name, func(t *testing.T) {
+			obj := parse(t, tc.base)
+			obj.SetName(fmt.Sprintf("invalid-%d", i))
+			tc.change(obj.Object)
+			err := k8s.Create(ctx, obj)
+			if err == nil {
+				_ = k8s.Delete(ctx, obj)
+				t.Fatalf("the API server accepted the object")
+			}
+			if !apierrors.IsInvalid(err) {
+				t.Fatalf("want an Invalid error, got %v", err)
+			}
+			if !strings.Contains(err.Error(), tc.field) {
+				t.Fatalf("the error does not name %s: %v", tc.field, err)
+			}
+		})
+	}
+}
+
+func TestValidBasesAreAccepted(t *testing.T) {
+	ctx := context.Background()
+	for i, base := range []string{validRedisCluster, validExternalSecretCluster, validVaultConnection} {
+		obj := parse(t, base)
+		obj.SetName(fmt.Sprintf("valid-%d", i))
+		if err := k8s.Create(ctx, obj); err != nil {
+			t.Fatalf("valid base %d refused: %v", i, err)
+		}
+		if err := k8s.Delete(ctx, obj); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func TestDefaultsAreApplied(t *testing.T) {
+	ctx := context.Background()
+	obj := parse(t, validRedisCluster)
+	obj.SetName("defaults")
+	if err := k8s.Create(ctx, obj); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = k8s.Delete(ctx, obj) })
+	want := map[string]any{
+		"spec.image":                                 "docker.io/library/redis",
+		"spec.version":                               "7.2",
+		"spec.deletionPolicy":                        "Revoke",
+		"spec.credentials.usernameKey":               "username",
+		"spec.credentials.passwordKey":               "password",
+		"spec.credentials.vaultLease.renewalPercent": int64(67),
+		"spec.credentials.vaultLease.minTTL":         "1m",
+	}
+	for path, v := range want {
+		got, _, _ := unstructured.NestedFieldNoCopy(obj.Object, strings.Split(path, ".")...)
+		if got != v {
+			t.Errorf("%s defaulted to %v, want %v", path, got, v)
+		}
+	}
+	rules, _, _ := unstructured.NestedStringSlice(obj.Object, "spec", "credentials", "aclRules")
+	if strings.Join(rules, " ") != "~* &* +@all" {
+		t.Errorf("aclRules defaulted to %v", rules)
+	}
+}
+
+func parse(t *testing.T, doc string) *unstructured.Unstructured {
+	t.Helper()
+	obj := map[string]any{}
+	if err := yaml.Unmarshal([]byte(doc), &obj); err != nil {
+		t.Fatal(err)
+	}
+	return &unstructured.Unstructured{Object: obj}
+}
+
+// set returns a change that sets the dotted path to v, creating maps on the way.
+func set(path string, v any) func(map[string]any) {
+	return func(obj map[string]any) {
+		keys := strings.Split(path, ".")
+		m := obj
+		for _, k := range keys[:len(keys)-1] {
+			next, ok := m[k].(map[string]any)
+			if !ok {
+				next = map[string]any{}
+				m[k] = next
+			}
+			m = next
+		}
+		m[keys[len(keys)-1]] = v
+	}
+}
+
+// del returns a change that removes the dotted path.
+func del(path string) func(map[string]any) {
+	return func(obj map[string]any) {
+		unstructured.RemoveNestedField(obj, strings.Split(path, ".")...)
+	}
+}

@@ -1,0 +1,148 @@
+package testground
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	authenticationv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+)
+
+// ControlPlane is a real kube-apiserver and etcd (controller-runtime's envtest) with keyroll's CRDs.
+type ControlPlane struct {
+	Env *envtest.Environment
+	// Config is a rest.Config for an admin (system:masters) user.
+	Config *rest.Config
+	// Kubeconfig is the path of a kubeconfig file for an admin user.
+	Kubeconfig string
+	Clientset  *kubernetes.Clientset
+}
+
+// ControlPlaneOptions selects what is installed besides keyroll's CRDs.
+type ControlPlaneOptions struct {
+	// ExternalSecretsCRDs installs External Secrets Operator's CRDs from its Go module.
+	ExternalSecretsCRDs bool
+}
+
+// StartControlPlane starts etcd and kube-apiserver and installs the CRDs of deploy/crd.
+func StartControlPlane(dir string, opts ControlPlaneOptions) (*ControlPlane, error) {
+	for _, name := range []string{"kube-apiserver", "etcd"} {
+		if _, err := Binary(name); err != nil {
+			return nil, err
+		}
+	}
+	crdDirs := []string{filepath.Join(RepoRoot(), "deploy", "crd")}
+	if opts.ExternalSecretsCRDs {
+		d, err := ExternalSecretsCRDDir()
+		if err != nil {
+			return nil, err
+		}
+		crdDirs = append(crdDirs, d)
+	}
+	env := &envtest.Environment{
+		BinaryAssetsDirectory: BinDir(),
+		CRDDirectoryPaths:     crdDirs,
+		ErrorIfCRDPathMissing: true,
+	}
+	cfg, err := env.Start()
+	if err != nil {
+		return nil, fmt.Errorf("starting kube-apiserver and etcd: %w", err)
+	}
+	cp := &ControlPlane{Env: env, Config: cfg}
+	if err := cp.writeKubeconfig(dir); err != nil {
+		cp.Stop()
+		return nil, err
+	}
+	if cp.Clientset, err = kubernetes.NewForConfig(cfg); err != nil {
+		cp.Stop()
+		return nil, err
+	}
+	return cp, nil
+}
+
+func (cp *ControlPlane) writeKubeconfig(dir string) error {
+	user, err := cp.Env.AddUser(envtest.User{Name: "keyroll-test-admin", Groups: []string{"system:masters"}}, nil)
+	if err != nil {
+		return fmt.Errorf("adding an admin user: %w", err)
+	}
+	kc, err := user.KubeConfig()
+	if err != nil {
+		return err
+	}
+	cp.Kubeconfig = filepath.Join(dir, "admin.kubeconfig")
+	return os.WriteFile(cp.Kubeconfig, kc, 0o600)
+}
+
+// Stop ends kube-apiserver and etcd.
+func (cp *ControlPlane) Stop() error {
+	if cp == nil || cp.Env == nil {
+		return nil
+	}
+	return cp.Env.Stop()
+}
+
+// EnsureServiceAccount creates a namespace (if needed) and a ServiceAccount in it. envtest runs
+// without the ServiceAccount admission plugin, so nothing creates them implicitly.
+func (cp *ControlPlane) EnsureServiceAccount(ctx context.Context, namespace, name string) error {
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}
+	if _, err := cp.Clientset.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return err
+	}
+	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace}}
+	if _, err := cp.Clientset.CoreV1().ServiceAccounts(namespace).Create(ctx, sa, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return err
+	}
+	return nil
+}
+
+// ServiceAccountToken asks the TokenRequest API for a token of a ServiceAccount. With no audiences
+// the token carries the API server's own audience.
+func (cp *ControlPlane) ServiceAccountToken(ctx context.Context, namespace, name string, ttl time.Duration, audiences ...string) (string, error) {
+	secs := int64(ttl / time.Second)
+	tr := &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{Audiences: audiences, ExpirationSeconds: &secs}}
+	out, err := cp.Clientset.CoreV1().ServiceAccounts(namespace).CreateToken(ctx, name, tr, metav1.CreateOptions{})
+	if err != nil {
+		return "", fmt.Errorf("requesting a token for %s/%s: %w", namespace, name, err)
+	}
+	return out.Status.Token, nil
+}
+
+// BindClusterRole binds a ClusterRole to a ServiceAccount.
+func (cp *ControlPlane) BindClusterRole(ctx context.Context, clusterRole, namespace, serviceAccount string) error {
+	crb := &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s-%s-%s", clusterRole, namespace, serviceAccount)},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: clusterRole},
+		Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: namespace, Name: serviceAccount}},
+	}
+	crb.Name = strings.ReplaceAll(crb.Name, ":", "-")
+	_, err := cp.Clientset.RbacV1().ClusterRoleBindings().Create(ctx, crb, metav1.CreateOptions{})
+	if apierrors.IsAlreadyExists(err) {
+		return nil
+	}
+	return err
+}
+
+// ExternalSecretsCRDDir is the directory of External Secrets Operator's CRDs in the Go module cache
+// (the module is a dependency of keyroll's, for its API types).
+func ExternalSecretsCRDDir() (string, error) {
+	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "github.com/external-secrets/external-secrets").Output()
+	if err != nil {
+		return "", fmt.Errorf("locating the external-secrets module (go mod download): %w", err)
+	}
+	d := filepath.Join(strings.TrimSpace(string(out)), "config", "crds", "bases")
+	if _, err := os.Stat(d); err != nil {
+		return "", fmt.Errorf("external-secrets CRDs not found: %w", err)
+	}
+	return d, nil
+}

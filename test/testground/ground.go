@@ -1,0 +1,103 @@
+package testground
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"testing"
+)
+
+// Options selects the components of a Ground. The control plane always runs.
+type Options struct {
+	// ExternalSecretsCRDs installs External Secrets Operator's CRDs.
+	ExternalSecretsCRDs bool
+	// Workloads starts kube-controller-manager, kwok and the pod binder, so that pods become Ready.
+	Workloads bool
+	// Redis starts a redis-server with an admin user.
+	Redis bool
+	// Vault starts a Vault dev server; with Redis it also enables the database secrets engine
+	// connected to that Redis, and Kubernetes auth pointed at the control plane.
+	Vault bool
+}
+
+// Ground is a set of running components. Stop ends every one of them.
+type Ground struct {
+	Dir       string
+	CP        *ControlPlane
+	Workloads *Workloads
+	Redis     *Redis
+	Vault     *Vault
+
+	ownDir bool
+}
+
+// Start starts the components opts asks for, with their logs and files in a new temporary
+// directory. On error, whatever was started is stopped again.
+func Start(opts Options) (g *Ground, err error) {
+	dir, err := os.MkdirTemp("", "keyroll-testground-")
+	if err != nil {
+		return nil, err
+	}
+	g = &Ground{Dir: dir, ownDir: true}
+	defer func() {
+		if err != nil {
+			g.Stop()
+			g = nil
+		}
+	}()
+	if g.CP, err = StartControlPlane(dir, ControlPlaneOptions{ExternalSecretsCRDs: opts.ExternalSecretsCRDs}); err != nil {
+		return g, err
+	}
+	if opts.Workloads {
+		if g.Workloads, err = StartWorkloads(dir, g.CP); err != nil {
+			return g, err
+		}
+	}
+	if opts.Redis {
+		if g.Redis, err = StartRedis(dir); err != nil {
+			return g, err
+		}
+	}
+	if opts.Vault {
+		if g.Vault, err = StartVault(dir); err != nil {
+			return g, err
+		}
+	}
+	return g, nil
+}
+
+// StartT starts a Ground for one test and stops it when the test ends, failed or not.
+func StartT(t testing.TB, opts Options) *Ground {
+	t.Helper()
+	g, err := Start(opts)
+	if err != nil {
+		t.Fatalf("starting the test ground: %v", err)
+	}
+	t.Cleanup(g.Stop)
+	return g
+}
+
+// Stop ends every component, the last started first, and removes the temporary directory unless
+// KEYROLL_KEEP_TESTGROUND is set (its logs help to debug a failure).
+func (g *Ground) Stop() {
+	if g == nil {
+		return
+	}
+	if g.Vault != nil {
+		g.Vault.Stop()
+	}
+	if g.Redis != nil {
+		g.Redis.Stop()
+	}
+	g.Workloads.Stop()
+	var errs []error
+	if err := g.CP.Stop(); err != nil {
+		errs = append(errs, err)
+	}
+	if g.ownDir && os.Getenv("KEYROLL_KEEP_TESTGROUND") == "" {
+		errs = append(errs, os.RemoveAll(g.Dir))
+	}
+	if err := errors.Join(errs...); err != nil {
+		fmt.Fprintf(os.Stderr, "testground: stopping: %v\n", err)
+	}
+}

@@ -1,0 +1,199 @@
+// Package testground starts the real components keyroll's tests run against: a kube-apiserver and
+// etcd (envtest), kube-controller-manager with kwok so that pods become Ready, a Vault dev server
+// with the database secrets engine and Kubernetes auth, and redis-server. Every component is a real
+// process on a loopback port, and every Stop ends it.
+//
+// The binaries come from test/tools/build.sh (make testground), which links them into test/bin;
+// KEYROLL_TESTGROUND_BIN names another directory. A missing binary is an error that says how to
+// build it: tests fail, they never skip.
+package testground
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// BinDir is the directory holding the test-ground binaries.
+func BinDir() string {
+	if d := os.Getenv("KEYROLL_TESTGROUND_BIN"); d != "" {
+		return d
+	}
+	return filepath.Join(RepoRoot(), "test", "bin")
+}
+
+// RepoRoot is the root of the keyroll checkout this package is compiled from.
+func RepoRoot() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
+}
+
+// Binary returns the path of a test-ground binary, or an error that says how to get it.
+func Binary(name string) (string, error) {
+	p := filepath.Join(BinDir(), name)
+	if fi, err := os.Stat(p); err == nil && !fi.IsDir() && fi.Mode()&0o111 != 0 {
+		return p, nil
+	}
+	return "", fmt.Errorf("test-ground binary %q not found in %s: run `make testground` (or test/tools/build.sh) first", name, BinDir())
+}
+
+// SystemBinary returns the path of a binary installed on the machine, or an error saying how to install it.
+func SystemBinary(name, debianPackage string) (string, error) {
+	p, err := exec.LookPath(name)
+	if err != nil {
+		return "", fmt.Errorf("%s not found on PATH: install the Debian package %s (test/tools/install-deps.sh)", name, debianPackage)
+	}
+	return p, nil
+}
+
+// FreePort returns a TCP port that is free on 127.0.0.1 at the time of the call.
+func FreePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// Process is a started component process whose output goes to a log file.
+type Process struct {
+	Name    string
+	LogPath string
+	cmd     *exec.Cmd
+	done    chan struct{}
+	err     error
+}
+
+// StartProcess starts a binary in its own process group, with its output in dir/<name>.log. The
+// process is killed if the test binary dies (parent-death signal).
+func StartProcess(dir, name, bin string, args []string, env []string) (*Process, error) {
+	logPath := filepath.Join(dir, name+".log")
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	cmd.Env = append(os.Environ(), env...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		logFile.Close()
+		return nil, fmt.Errorf("starting %s: %w", name, err)
+	}
+	p := &Process{Name: name, LogPath: logPath, cmd: cmd, done: make(chan struct{})}
+	go func() {
+		p.err = cmd.Wait()
+		logFile.Close()
+		close(p.done)
+	}()
+	return p, nil
+}
+
+// PID is the process id.
+func (p *Process) PID() int { return p.cmd.Process.Pid }
+
+// Exited reports whether the process has ended.
+func (p *Process) Exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// Stop ends the process group: SIGTERM, then SIGKILL after a grace period. It waits for the exit.
+func (p *Process) Stop() {
+	if p == nil || p.cmd.Process == nil || p.Exited() {
+		return
+	}
+	_ = syscall.Kill(-p.PID(), syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(5 * time.Second):
+		_ = syscall.Kill(-p.PID(), syscall.SIGKILL)
+		<-p.done
+	}
+}
+
+// Tail returns the end of the process's log, for error messages.
+func (p *Process) Tail() string {
+	b, err := os.ReadFile(p.LogPath)
+	if err != nil {
+		return ""
+	}
+	const max = 3000
+	if len(b) > max {
+		b = b[len(b)-max:]
+	}
+	return string(b)
+}
+
+// waitFor polls check until it succeeds, the process exits or the timeout passes.
+func waitFor(p *Process, timeout time.Duration, check func() error) error {
+	deadline := time.Now().Add(timeout)
+	var last error
+	for time.Now().Before(deadline) {
+		if p != nil && p.Exited() {
+			return fmt.Errorf("%s exited early (%v); log tail:\n%s", p.Name, p.err, p.Tail())
+		}
+		if last = check(); last == nil {
+			return nil
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	name := "component"
+	if p != nil {
+		name = p.Name
+	}
+	return errors.Join(fmt.Errorf("%s not ready after %s", name, timeout), last)
+}
+
+// Alive reports whether a process with this pid still exists (zombies included).
+func Alive(pid int) bool {
+	return syscall.Kill(pid, 0) == nil
+}
+
+// PortBound reports whether something listens on 127.0.0.1:port.
+func PortBound(port int) bool {
+	c, err := net.DialTimeout("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), 200*time.Millisecond)
+	if err != nil {
+		return false
+	}
+	c.Close()
+	return true
+}
+
+// ChildPIDs lists the processes whose parent is this process (read from /proc).
+func ChildPIDs() []int {
+	entries, _ := os.ReadDir("/proc")
+	self := os.Getpid()
+	var pids []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		// The fields after the command name (which may hold spaces) start after the last ')'.
+		rest := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
+		if len(rest) > 1 {
+			if ppid, _ := strconv.Atoi(rest[1]); ppid == self {
+				pids = append(pids, pid)
+			}
+		}
+	}
+	return pids
+}

@@ -1,0 +1,204 @@
+package testground
+
+import (
+	"context"
+	"encoding/json"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+)
+
+func TestVaultIssuesRedisCredentialUntilRevoked(t *testing.T) {
+	g := StartT(t, Options{Redis: true, Vault: true})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := g.Vault.ConfigureRedis(ctx, g.Redis, RedisRole{Name: "orders", DefaultTTL: time.Minute, MaxTTL: 5 * time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	sec, err := g.Vault.Root.Logical().ReadWithContext(ctx, "database/creds/orders")
+	if err != nil {
+		t.Fatalf("reading database/creds/orders: %v", err)
+	}
+	user, _ := sec.Data["username"].(string)
+	pass, _ := sec.Data["password"].(string)
+	if user == "" || pass == "" || sec.LeaseID == "" {
+		t.Fatalf("credential incomplete: username %q, password set %v, lease %q", user, pass != "", sec.LeaseID)
+	}
+	if who, err := g.Redis.WhoAmI(user, pass); err != nil || who != user {
+		t.Fatalf("issued credential does not authenticate: whoami %q, %v", who, err)
+	}
+	if _, err := g.Redis.WhoAmI(user, pass+"x"); err == nil {
+		t.Fatal("a wrong password authenticated")
+	}
+	if err := g.Vault.Root.Sys().RevokeWithContext(ctx, sec.LeaseID); err != nil {
+		t.Fatalf("revoking: %v", err)
+	}
+	if who, err := g.Redis.WhoAmI(user, pass); err == nil {
+		t.Fatalf("credential still authenticates as %q after its lease was revoked", who)
+	}
+}
+
+func TestStatefulSetPodsBecomeReady(t *testing.T) {
+	g := StartT(t, Options{Workloads: true})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cs := g.CP.Clientset
+	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "sts"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	labels := map[string]string{"app": "redis"}
+	sts := &appsv1.StatefulSet{
+		ObjectMeta: metav1.ObjectMeta{Name: "redis", Namespace: "sts"},
+		Spec: appsv1.StatefulSetSpec{
+			Replicas:    ptr.To[int32](3),
+			ServiceName: "redis",
+			Selector:    &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: labels},
+				Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "redis", Image: "redis:7.2"}}},
+			},
+		},
+	}
+	if _, err := cs.AppsV1().StatefulSets("sts").Create(ctx, sts, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	for {
+		got, err := cs.AppsV1().StatefulSets("sts").Get(ctx, "redis", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.Status.ReadyReplicas == 3 {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("StatefulSet has %d/3 Ready pods after %s", got.Status.ReadyReplicas, time.Since(start))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	pods, err := cs.CoreV1().Pods("sts").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ready := 0
+	for _, p := range pods.Items {
+		for _, c := range p.Status.Conditions {
+			if c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue && p.Spec.NodeName == NodeName {
+				ready++
+			}
+		}
+	}
+	if ready != 3 {
+		t.Fatalf("%d pods Ready on %s, want 3", ready, NodeName)
+	}
+	t.Logf("3/3 pods Ready %s after the StatefulSet was created", time.Since(start).Round(time.Millisecond))
+}
+
+func TestVaultKubernetesAuthWithServiceAccountToken(t *testing.T) {
+	g := StartT(t, Options{Vault: true})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	err := g.Vault.EnableKubernetesAuth(ctx, g.CP, KubernetesAuthRole{
+		Name: "keyroll", ServiceAccounts: []string{"keyroll-manager"}, Namespaces: []string{"keyroll-system"},
+		Policies: []string{"default"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sa := range []string{"keyroll-manager", "intruder"} {
+		if err := g.CP.EnsureServiceAccount(ctx, "keyroll-system", sa); err != nil {
+			t.Fatal(err)
+		}
+	}
+	jwt, err := g.CP.ServiceAccountToken(ctx, "keyroll-system", "keyroll-manager", 10*time.Minute, "vault")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sec, err := g.Vault.LoginKubernetes(ctx, "keyroll", jwt)
+	if err != nil {
+		t.Fatalf("login with the operator's service-account token: %v", err)
+	}
+	if sec.Auth == nil || sec.Auth.ClientToken == "" || sec.Auth.Metadata["service_account_name"] != "keyroll-manager" {
+		t.Fatalf("login returned no token for keyroll-manager: %+v", sec.Auth)
+	}
+	other, err := g.CP.ServiceAccountToken(ctx, "keyroll-system", "intruder", 10*time.Minute, "vault")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := g.Vault.LoginKubernetes(ctx, "keyroll", other); err == nil {
+		t.Fatal("a service account the role does not bind logged in")
+	}
+}
+
+// helperEnv tells the test binary, started again by TestEveryProcessStopsWhenATestFails, to run
+// TestHelperFailsWithEverythingRunning for real.
+const helperEnv = "KEYROLL_TESTGROUND_FAILING_HELPER"
+
+// record is what the failing helper leaves for its parent test.
+type record struct {
+	PIDs  []int `json:"pids"`
+	Ports []int `json:"ports"`
+}
+
+func TestEveryProcessStopsWhenATestFails(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "record.json")
+	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperFailsWithEverythingRunning$", "-test.count=1")
+	cmd.Env = append(os.Environ(), helperEnv+"="+out)
+	output, err := cmd.CombinedOutput()
+	if err == nil {
+		t.Fatalf("the helper test was expected to fail; output:\n%s", output)
+	}
+	b, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatalf("the helper left no record (%v); output:\n%s", err, output)
+	}
+	var rec record
+	if err := json.Unmarshal(b, &rec); err != nil {
+		t.Fatal(err)
+	}
+	// etcd, kube-apiserver, kube-controller-manager, kwok, redis-server and vault.
+	if len(rec.PIDs) < 6 {
+		t.Fatalf("the helper started %d processes, want at least 6: %v", len(rec.PIDs), rec.PIDs)
+	}
+	for _, pid := range rec.PIDs {
+		if Alive(pid) {
+			t.Errorf("process %d is still running after the failed test ended", pid)
+		}
+	}
+	for _, port := range rec.Ports {
+		if PortBound(port) {
+			t.Errorf("port %d is still bound after the failed test ended", port)
+		}
+	}
+}
+
+// TestHelperFailsWithEverythingRunning is not a test on its own: TestEveryProcessStopsWhenATestFails
+// runs it in a child process, where it starts every component and then fails.
+func TestHelperFailsWithEverythingRunning(t *testing.T) {
+	out := os.Getenv(helperEnv)
+	if out == "" {
+		t.Log("runs only as the child of TestEveryProcessStopsWhenATestFails")
+		return
+	}
+	g := StartT(t, Options{Workloads: true, Redis: true, Vault: true})
+	u, err := url.Parse(g.CP.Config.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	apiPort, _ := strconv.Atoi(u.Port())
+	rec := record{PIDs: ChildPIDs(), Ports: []int{apiPort, g.Redis.Port, g.Vault.Port}}
+	b, _ := json.Marshal(rec)
+	if err := os.WriteFile(out, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Fatal("failing on purpose, with every component running")
+}

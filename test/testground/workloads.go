@@ -1,0 +1,170 @@
+package testground
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/client-go/tools/cache"
+)
+
+// NodeName is the fake Node that kwok manages and the binder places every pod on.
+const NodeName = "kwok-node-0"
+
+// Workloads makes pods happen on a control plane that has no kubelets: kube-controller-manager runs
+// the workload controllers (StatefulSet, Deployment, ReplicaSet, DaemonSet) and the garbage
+// collector; a binder places every pending pod on one fake Node; kwok plays that Node's kubelet
+// and marks its pods Running and Ready.
+type Workloads struct {
+	kcm, kwok *Process
+	cancel    context.CancelFunc
+	done      chan struct{}
+}
+
+// Controllers that kube-controller-manager runs for the tests.
+var kcmControllers = []string{
+	"statefulset-controller", "deployment-controller", "replicaset-controller",
+	"daemonset-controller", "garbage-collector-controller",
+}
+
+// StartWorkloads starts kube-controller-manager, kwok and the binder against cp.
+func StartWorkloads(dir string, cp *ControlPlane) (*Workloads, error) {
+	kcmBin, err := Binary("kube-controller-manager")
+	if err != nil {
+		return nil, err
+	}
+	kwokBin, err := Binary("kwok")
+	if err != nil {
+		return nil, err
+	}
+	stages, err := filepath.Glob(filepath.Join(BinDir(), "kwok-stages", "*.yaml"))
+	if err != nil || len(stages) == 0 {
+		return nil, fmt.Errorf("kwok stages not found in %s: run `make testground`", filepath.Join(BinDir(), "kwok-stages"))
+	}
+	w := &Workloads{done: make(chan struct{})}
+	ctx, cancel := context.WithCancel(context.Background())
+	w.cancel = cancel
+	if err := createFakeNode(ctx, cp); err != nil {
+		w.Stop()
+		return nil, err
+	}
+	w.kcm, err = StartProcess(dir, "kube-controller-manager", kcmBin, []string{
+		"--kubeconfig=" + cp.Kubeconfig,
+		"--controllers=" + strings.Join(kcmControllers, ","),
+		"--leader-elect=false", "--secure-port=0",
+		"--concurrent-statefulset-syncs=5", "--concurrent-deployment-syncs=5",
+	}, nil)
+	if err != nil {
+		w.Stop()
+		return nil, err
+	}
+	kwokPort, err := FreePort()
+	if err != nil {
+		w.Stop()
+		return nil, err
+	}
+	args := []string{"--kubeconfig=" + cp.Kubeconfig, "--manage-all-nodes=true",
+		"--server-address=127.0.0.1:" + strconv.Itoa(kwokPort), "--node-ip=127.0.0.1"}
+	for _, s := range stages {
+		args = append(args, "--config="+s)
+	}
+	// HOME keeps kwok from reading a user's ~/.kwok configuration.
+	w.kwok, err = StartProcess(dir, "kwok", kwokBin, args, []string{"HOME=" + dir})
+	if err != nil {
+		w.Stop()
+		return nil, err
+	}
+	go func() {
+		defer close(w.done)
+		runBinder(ctx, cp)
+	}()
+	if err := waitFor(w.kwok, 30*time.Second, func() error { return nodeReady(ctx, cp) }); err != nil {
+		w.Stop()
+		return nil, fmt.Errorf("kwok did not make node %s Ready: %w", NodeName, err)
+	}
+	return w, nil
+}
+
+// Processes are kube-controller-manager and kwok.
+func (w *Workloads) Processes() []*Process { return []*Process{w.kcm, w.kwok} }
+
+// Stop ends the binder, kwok and kube-controller-manager.
+func (w *Workloads) Stop() {
+	if w == nil {
+		return
+	}
+	w.cancel()
+	w.kwok.Stop()
+	w.kcm.Stop()
+	select {
+	case <-w.done:
+	case <-time.After(5 * time.Second):
+	}
+}
+
+func createFakeNode(ctx context.Context, cp *ControlPlane) error {
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{
+		Name:        NodeName,
+		Annotations: map[string]string{"kwok.x-k8s.io/node": "fake"},
+		Labels:      map[string]string{"type": "kwok", corev1.LabelHostname: NodeName},
+	}}
+	created, err := cp.Clientset.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
+	if apierrors.IsAlreadyExists(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("creating node %s: %w", NodeName, err)
+	}
+	created.Status.Capacity = corev1.ResourceList{
+		corev1.ResourceCPU: resource.MustParse("64"), corev1.ResourceMemory: resource.MustParse("256Gi"),
+		corev1.ResourcePods: resource.MustParse("500"),
+	}
+	created.Status.Allocatable = created.Status.Capacity
+	_, err = cp.Clientset.CoreV1().Nodes().UpdateStatus(ctx, created, metav1.UpdateOptions{})
+	return err
+}
+
+func nodeReady(ctx context.Context, cp *ControlPlane) error {
+	n, err := cp.Clientset.CoreV1().Nodes().Get(ctx, NodeName, metav1.GetOptions{})
+	if err != nil {
+		return err
+	}
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady && c.Status == corev1.ConditionTrue {
+			return nil
+		}
+	}
+	return fmt.Errorf("node %s not Ready yet", NodeName)
+}
+
+// runBinder binds every pod without a node to the fake node: the test ground has no scheduler.
+func runBinder(ctx context.Context, cp *ControlPlane) {
+	lw := cache.NewFilteredListWatchFromClient(cp.Clientset.CoreV1().RESTClient(), "pods", metav1.NamespaceAll,
+		func(o *metav1.ListOptions) { o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", "").String() })
+	bind := func(obj any) {
+		pod, ok := obj.(*corev1.Pod)
+		if !ok || pod.Spec.NodeName != "" || pod.DeletionTimestamp != nil {
+			return
+		}
+		b := &corev1.Binding{
+			ObjectMeta: metav1.ObjectMeta{Name: pod.Name, Namespace: pod.Namespace, UID: pod.UID},
+			Target:     corev1.ObjectReference{Kind: "Node", Name: NodeName},
+		}
+		// A failed bind (the pod is gone, or already bound) needs no retry; a pending pod is seen again on resync.
+		_ = cp.Clientset.CoreV1().Pods(pod.Namespace).Bind(ctx, b, metav1.CreateOptions{})
+	}
+	inf := cache.NewSharedIndexInformer(lw, &corev1.Pod{}, 5*time.Second, cache.Indexers{})
+	_, _ = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    bind,
+		UpdateFunc: func(_, obj any) { bind(obj) },
+	})
+	inf.Run(ctx.Done())
+}

@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# Builds the binaries of the keyroll test ground (etcd, kube-apiserver, kube-controller-manager, kwok,
+# vault) from the tool modules beside this script, into a cache outside the checkout, and links them
+# into one directory for the tests (default: test/bin, ignored by git).
+#
+# A binary is cached under a key made of its tool module's go.mod, go.sum and sources, so it is
+# built once per machine and never again until that module changes. Progress is printed while a
+# build runs, because a cold build takes tens of minutes on two cores.
+#
+# Usage: test/tools/build.sh [LINK_DIR]
+# Environment: KEYROLL_TOOLS_CACHE (default ${XDG_CACHE_HOME:-$HOME/.cache}/keyroll/tools)
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+link_dir=${1:-$here/../bin}
+cache=${KEYROLL_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/keyroll/tools}
+mkdir -p "$cache" "$link_dir"
+link_dir=$(cd "$link_dir" && pwd)
+export CGO_ENABLED=0 GOFLAGS=-buildvcs=false
+
+k8s_version=v1.37.2
+k8s_ldflags="-s -w -X k8s.io/component-base/version.gitVersion=$k8s_version -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=37 -X k8s.io/component-base/version.gitTreeState=clean"
+
+log() { printf '[testground %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
+
+# key MODULE_DIR EXTRA: a short hash of the tool module's files and the build flags.
+key() {
+	(cd "$here/$1" && cat go.mod go.sum ./*.go 2>/dev/null; echo "$2") | sha256sum | cut -c1-16
+}
+
+# build NAME MODULE_DIR PACKAGE LDFLAGS: builds one binary unless the cache already holds it.
+build() {
+	local name=$1 mod=$2 pkg=$3 ldflags=$4
+	local dir="$cache/$name-$(key "$mod" "$pkg $ldflags")"
+	if [[ -x "$dir/$name" ]]; then
+		log "$name: cached ($dir)"
+	else
+		log "$name: building from test/tools/$mod (this takes a while on a cold cache)"
+		local start=$SECONDS tmp
+		tmp=$(mktemp -d "$cache/.build-$name.XXXXXX")
+		(
+			while sleep 60; do log "$name: still building ($(((SECONDS - start) / 60)) min)"; done
+		) &
+		local ticker=$!
+		if ! (cd "$here/$mod" && go build -trimpath -ldflags "$ldflags" -o "$tmp/$name" "$pkg"); then
+			kill "$ticker" 2>/dev/null || true
+			rm -rf "$tmp"
+			log "$name: build FAILED"
+			return 1
+		fi
+		kill "$ticker" 2>/dev/null || true
+		rm -rf "$dir"
+		mv "$tmp" "$dir"
+		log "$name: built in $(((SECONDS - start) / 60)) min $(((SECONDS - start) % 60)) s"
+	fi
+	ln -sfn "$dir/$name" "$link_dir/$name"
+}
+
+# Two lanes keep both cores busy and stay within memory (Vault peaks at about 4.7 GB at link,
+# kube-apiserver at about 2.4 GB).
+lane1() {
+	build vault vault . "-s -w"
+}
+lane2() {
+	build etcd etcd . "-s -w"
+	build kube-apiserver kube k8s.io/kubernetes/cmd/kube-apiserver "$k8s_ldflags"
+	build kube-controller-manager kube k8s.io/kubernetes/cmd/kube-controller-manager "$k8s_ldflags"
+	build kwok kwok sigs.k8s.io/kwok/cmd/kwok "-s -w"
+	kwok_stages
+}
+
+# kwok refuses to start without stages: take the "fast" node and pod stages from the kwok module
+# the binary was built from, and keep them beside it.
+kwok_stages() {
+	local kwok_dir dir
+	kwok_dir=$(dirname "$(readlink "$link_dir/kwok")")
+	dir="$kwok_dir/stages"
+	if [[ ! -d "$dir" ]]; then
+		local src
+		src=$(cd "$here/kwok" && go list -m -f '{{.Dir}}' sigs.k8s.io/kwok)/kustomize/stage
+		mkdir -p "$dir.tmp"
+		cp "$src/node/fast/node-initialize.yaml" "$src/pod/fast/pod-ready.yaml" "$src/pod/fast/pod-delete.yaml" "$dir.tmp/"
+		chmod u+w "$dir.tmp"/*
+		mv "$dir.tmp" "$dir"
+	fi
+	ln -sfn "$dir" "$link_dir/kwok-stages"
+}
+
+start=$SECONDS
+lane1 & p1=$!
+lane2 & p2=$!
+status=0
+wait "$p1" || status=1
+wait "$p2" || status=1
+if ((status != 0)); then
+	log "some test-ground binaries failed to build"
+	exit 1
+fi
+log "all test-ground binaries ready in $link_dir ($(((SECONDS - start) / 60)) min)"
