@@ -43,6 +43,19 @@ func render(t *testing.T, dir string) []*unstructured.Unstructured {
 		}
 		objs = append(objs, &unstructured.Unstructured{Object: m})
 	}
+	// As kubectl apply would succeed: namespaces and CRDs before what lives in them.
+	first := func(o *unstructured.Unstructured) bool {
+		return o.GetKind() == "Namespace" || o.GetKind() == "CustomResourceDefinition"
+	}
+	slices.SortStableFunc(objs, func(a, b *unstructured.Unstructured) int {
+		switch {
+		case first(a) && !first(b):
+			return -1
+		case first(b) && !first(a):
+			return 1
+		}
+		return 0
+	})
 	return objs
 }
 

@@ -54,6 +54,9 @@ func StartControlPlane(dir string, opts ControlPlaneOptions) (*ControlPlane, err
 		BinaryAssetsDirectory: BinDir(),
 		CRDDirectoryPaths:     crdDirs,
 		ErrorIfCRDPathMissing: true,
+		// Generous, for a busy two-core machine: kube-apiserver starts in 5 s when idle.
+		ControlPlaneStartTimeout: 90 * time.Second,
+		ControlPlaneStopTimeout:  30 * time.Second,
 	}
 	cfg, err := env.Start()
 	if err != nil {

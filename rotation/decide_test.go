@@ -1,0 +1,210 @@
+package rotation
+
+import (
+	"testing"
+	"time"
+
+	testingclock "k8s.io/utils/clock/testing"
+)
+
+func TestDecide(t *testing.T) {
+	const key = "uid-1/lease-1"
+	now := time.Date(2025, time.June, 2, 10, 0, 0, 0, time.UTC) // issuedAt + 10m
+	yesterday3am := time.Date(2025, time.June, 1, 3, 0, 0, 0, time.UTC)
+	daily := mustSchedule(t, "0 3 * * *")
+	every15m := mustSchedule(t, "@every 15m")
+	renewAt := NextRenewal(issuedAt, time.Hour, 67, key) // within 10:24:12..10:36:12
+	cappedAt := now.Add(-time.Minute)
+	cappedReplaceAt := NextRenewal(cappedAt, 20*time.Minute, 67, key) // within 10:10:24..10:14:24
+	window := func(start string, d time.Duration) *Window {
+		w, err := ParseWindow(start, d, "UTC")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return w
+	}
+	base := Input{
+		Now: now, HasCredential: true, ExpiresAt: issuedAt.Add(time.Hour), Renewable: true,
+		RenewedAt: issuedAt, LeaseDuration: time.Hour, MinTTL: time.Minute, RenewalPercent: 67,
+		RenewalKey: key, Schedule: daily, LastRotation: issuedAt,
+	}
+	capped := func(in *Input) {
+		in.RenewalCapped, in.CappedTTL, in.RenewedAt, in.ExpiresAt = true, 20*time.Minute, cappedAt, cappedAt.Add(20*time.Minute)
+	}
+	cases := map[string]struct {
+		in   func(*Input)
+		want Decision
+	}{
+		"nothing to do until the renewal": {
+			in: func(*Input) {}, want: Decision{Action: ActionNothing, Reason: ReasonUpToDate, When: renewAt},
+		},
+		"nothing to do until a rotation sooner than the renewal": {
+			in:   func(in *Input) { in.Schedule = every15m },
+			want: Decision{Action: ActionNothing, Reason: ReasonUpToDate, When: issuedAt.Add(15 * time.Minute)},
+		},
+		"no credential": {
+			in:   func(in *Input) { in.HasCredential, in.RotateNow = false, "1" },
+			want: Decision{Action: ActionIssue, Reason: ReasonNoCredential, When: now, AcknowledgeRotateNow: true},
+		},
+		"lease gone, even when paused": {
+			in:   func(in *Input) { in.LeaseGone, in.Paused = true, true },
+			want: Decision{Action: ActionIssue, Reason: ReasonLeaseGone, When: now},
+		},
+		"lease expired, even during a rollout": {
+			in:   func(in *Input) { in.Now, in.RolloutInProgress = in.ExpiresAt, true },
+			want: Decision{Action: ActionIssue, Reason: ReasonLeaseExpired, When: issuedAt.Add(time.Hour)},
+		},
+		"renewal due": {
+			in:   func(in *Input) { in.Now = renewAt },
+			want: Decision{Action: ActionRenew, Reason: ReasonRenewalDue, When: renewAt},
+		},
+		"renewal overdue after downtime is due now, not in the past": {
+			in:   func(in *Input) { in.Now = issuedAt.Add(55 * time.Minute) },
+			want: Decision{Action: ActionRenew, Reason: ReasonRenewalDue, When: issuedAt.Add(55 * time.Minute)},
+		},
+		"renewal goes on while paused": {
+			in:   func(in *Input) { in.Now, in.Paused = renewAt, true },
+			want: Decision{Action: ActionRenew, Reason: ReasonRenewalDue, When: renewAt},
+		},
+		"renewal capped below minTTL": {
+			in: func(in *Input) {
+				capped(in)
+				in.CappedTTL, in.ExpiresAt = 30*time.Second, cappedAt.Add(90*time.Second)
+			},
+			want: Decision{Action: ActionRotate, Reason: ReasonRenewalCapped, When: now},
+		},
+		"renewal capped above minTTL waits for the renewal point": {
+			in:   capped,
+			want: Decision{Action: ActionNothing, Reason: ReasonUpToDate, When: cappedReplaceAt},
+		},
+		"renewal capped above minTTL, at the renewal point": {
+			in:   func(in *Input) { capped(in); in.Now = cappedReplaceAt },
+			want: Decision{Action: ActionRotate, Reason: ReasonRenewalCapped, When: cappedReplaceAt},
+		},
+		"non-renewable far from expiry": {
+			in:   func(in *Input) { in.Renewable = false },
+			want: Decision{Action: ActionNothing, Reason: ReasonUpToDate, When: renewAt},
+		},
+		"non-renewable within minTTL of expiry": {
+			in:   func(in *Input) { in.Renewable, in.Now = false, in.ExpiresAt.Add(-30*time.Second) },
+			want: Decision{Action: ActionRotate, Reason: ReasonNotRenewable, When: issuedAt.Add(59*time.Minute + 30*time.Second)},
+		},
+		"non-renewable with a long minTTL is replaced minTTL before expiry": {
+			in:   func(in *Input) { in.Renewable, in.MinTTL = false, 30*time.Minute },
+			want: Decision{Action: ActionNothing, Reason: ReasonUpToDate, When: issuedAt.Add(30 * time.Minute)},
+		},
+		"non-renewable near expiry is replaced even when paused": {
+			in:   func(in *Input) { in.Renewable, in.Paused, in.Now = false, true, renewAt },
+			want: Decision{Action: ActionRotate, Reason: ReasonNotRenewable, When: renewAt},
+		},
+		"non-renewable with minTTL longer than the lease is not replaced at once": {
+			in: func(in *Input) {
+				in.Renewable, in.MinTTL, in.RenewedAt, in.ExpiresAt = false, 2*time.Hour, now, now.Add(time.Hour)
+			},
+			want: Decision{Action: ActionNothing, Reason: ReasonUpToDate, When: now.Add(6 * time.Minute)},
+		},
+		"scheduled rotation due": {
+			in:   func(in *Input) { in.LastRotation = yesterday3am },
+			want: Decision{Action: ActionRotate, Reason: ReasonScheduledRotation, When: now},
+		},
+		"missed rotation is due once": {
+			in:   func(in *Input) { in.LastRotation = yesterday3am.Add(-5 * 24 * time.Hour) },
+			want: Decision{Action: ActionRotate, Reason: ReasonMissedRotation, When: now},
+		},
+		"rotation wins over a renewal due at the same time": {
+			in:   func(in *Input) { in.Now, in.LastRotation = renewAt, yesterday3am },
+			want: Decision{Action: ActionRotate, Reason: ReasonScheduledRotation, When: renewAt},
+		},
+		"paused holds a due rotation and ignores future ones": {
+			in:   func(in *Input) { in.Paused, in.Schedule = true, every15m },
+			want: Decision{Action: ActionNothing, Reason: ReasonPaused, When: renewAt},
+		},
+		"rotate-now requested": {
+			in:   func(in *Input) { in.RotateNow, in.RotateNowAcknowledged = "2025-06-02T10:00", "earlier" },
+			want: Decision{Action: ActionRotate, Reason: ReasonRotateNowRequested, When: now, AcknowledgeRotateNow: true},
+		},
+		"rotate-now already acknowledged": {
+			in:   func(in *Input) { in.RotateNow, in.RotateNowAcknowledged = "2025-06-02T10:00", "2025-06-02T10:00" },
+			want: Decision{Action: ActionNothing, Reason: ReasonUpToDate, When: renewAt},
+		},
+		"rotate-now while paused waits": {
+			in:   func(in *Input) { in.RotateNow, in.Paused = "1", true },
+			want: Decision{Action: ActionNothing, Reason: ReasonPaused, When: renewAt},
+		},
+		"rotate-now does not wait for the maintenance window": {
+			in:   func(in *Input) { in.RotateNow, in.Window = "1", window("22:00", time.Hour) },
+			want: Decision{Action: ActionRotate, Reason: ReasonRotateNowRequested, When: now, AcknowledgeRotateNow: true},
+		},
+		"scheduled rotation waits for a closed window": {
+			in:   func(in *Input) { in.LastRotation, in.Window = yesterday3am, window("10:15", 30*time.Minute) },
+			want: Decision{Action: ActionNothing, Reason: ReasonOutsideMaintenanceWindow, When: now.Add(15 * time.Minute)},
+		},
+		"scheduled rotation in an open window": {
+			in:   func(in *Input) { in.LastRotation, in.Window = yesterday3am, window("09:30", time.Hour) },
+			want: Decision{Action: ActionRotate, Reason: ReasonScheduledRotation, When: now},
+		},
+		"rollout in progress holds a due rotation": {
+			in:   func(in *Input) { in.LastRotation, in.RolloutInProgress, in.RotateNow = yesterday3am, true, "1" },
+			want: Decision{Action: ActionNothing, Reason: ReasonRolloutInProgress, When: renewAt},
+		},
+		"rollout in progress holds a replacement until expiry": {
+			in: func(in *Input) {
+				in.Renewable, in.RolloutInProgress, in.Now = false, true, in.ExpiresAt.Add(-30*time.Second)
+			},
+			want: Decision{Action: ActionNothing, Reason: ReasonRolloutInProgress, When: issuedAt.Add(time.Hour)},
+		},
+		"rollout in progress does not stop a renewal": {
+			in:   func(in *Input) { in.Now, in.RolloutInProgress = renewAt, true },
+			want: Decision{Action: ActionRenew, Reason: ReasonRenewalDue, When: renewAt},
+		},
+		"untracked lease without schedule: no timed work": {
+			in: func(in *Input) {
+				in.ExpiresAt, in.Renewable, in.LeaseDuration, in.Schedule = time.Time{}, false, 0, nil
+			},
+			want: Decision{Action: ActionNothing, Reason: ReasonUpToDate},
+		},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			in := base
+			tc.in(&in)
+			got := Decide(in)
+			if got.Action != tc.want.Action || got.Reason != tc.want.Reason || !got.When.Equal(tc.want.When) ||
+				got.AcknowledgeRotateNow != tc.want.AcknowledgeRotateNow {
+				t.Errorf("Decide = {%s %s %s ack=%v}, want {%s %s %s ack=%v}", got.Action, got.Reason, got.When,
+					got.AcknowledgeRotateNow, tc.want.Action, tc.want.Reason, tc.want.When, tc.want.AcknowledgeRotateNow)
+			}
+			if got.Action == ActionNothing && !got.When.IsZero() && !got.When.After(in.Now) {
+				t.Errorf("Nothing with When %s not after Now %s: the controller would requeue at once", got.When, in.Now)
+			}
+		})
+	}
+}
+
+// TestMissedRotationOnce: after a long downtime one rotation is due; once it is recorded the
+// decision is Nothing until the schedule's next activation, which is then due again.
+func TestMissedRotationOnce(t *testing.T) {
+	clk := testingclock.NewFakeClock(time.Date(2025, time.June, 10, 12, 0, 0, 0, time.UTC))
+	next := time.Date(2025, time.June, 11, 3, 0, 0, 0, time.UTC)
+	in := Input{
+		HasCredential: true,
+		Schedule:      mustSchedule(t, "0 3 * * *"),
+		LastRotation:  time.Date(2025, time.June, 1, 3, 0, 0, 0, time.UTC), // nine activations missed
+	}
+	in.Now = clk.Now()
+	if d := Decide(in); d.Action != ActionRotate || d.Reason != ReasonMissedRotation {
+		t.Fatalf("after downtime: Decide = %s %s, want Rotate MissedRotation", d.Action, d.Reason)
+	}
+	in.LastRotation = clk.Now() // the controller rotated and recorded it
+	for clk.Now().Before(next) {
+		in.Now = clk.Now()
+		if d := Decide(in); d.Action != ActionNothing || !d.When.Equal(next) {
+			t.Fatalf("at %s: Decide = %s %s %s, want Nothing until %s", in.Now, d.Action, d.Reason, d.When, next)
+		}
+		clk.Step(time.Hour)
+	}
+	in.Now = clk.Now()
+	if d := Decide(in); d.Action != ActionRotate || d.Reason != ReasonScheduledRotation {
+		t.Errorf("at the next activation %s: Decide = %s %s, want Rotate ScheduledRotation", in.Now, d.Action, d.Reason)
+	}
+}

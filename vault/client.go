@@ -1,0 +1,383 @@
+package vault
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	vaultapi "github.com/hashicorp/vault/api"
+	"golang.org/x/time/rate"
+	"k8s.io/utils/clock"
+)
+
+var _ Client = (*client)(nil)
+
+// client is the Client of one Vault connection and login.
+type client struct {
+	cfg      Config
+	api      *vaultapi.Client // carries the client's token
+	loginAPI *vaultapi.Client // no token: logins and sys/health
+	http     *http.Client
+	clock    clock.Clock
+	log      logr.Logger
+	limiter  *rate.Limiter
+	secrets  *redactor
+
+	authSem chan struct{} // held while logging in or renewing the token
+
+	mu  sync.RWMutex
+	tok tokenState
+}
+
+// New returns a client for cfg. It does not contact Vault: the first call (or Login) logs in.
+func New(cfg Config) (Client, error) {
+	return newClient(cfg)
+}
+
+func newClient(cfg Config) (*client, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	hc, err := newHTTPClient(cfg)
+	if err != nil {
+		return nil, err
+	}
+	c := &client{
+		cfg:     cfg,
+		http:    hc,
+		clock:   cfg.Clock,
+		log:     cfg.Logger.WithValues("vaultAddress", cfg.Address, "authMethod", cfg.Auth.method()),
+		limiter: rate.NewLimiter(rate.Limit(cfg.RateLimit.QPS), cfg.RateLimit.Burst),
+		secrets: newRedactor(),
+		authSem: make(chan struct{}, 1),
+	}
+	c.rememberConfigSecrets()
+	if c.api, err = newAPIClient(cfg, hc); err != nil {
+		return nil, err
+	}
+	if c.loginAPI, err = newAPIClient(cfg, hc); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+func (c *client) rememberConfigSecrets() {
+	switch a := c.cfg.Auth; {
+	case a.AppRole != nil:
+		c.secrets.add(a.AppRole.SecretID, a.AppRole.RoleID)
+	case a.Token != nil:
+		c.secrets.add(a.Token.Token)
+	}
+}
+
+func newHTTPClient(cfg Config) (*http.Client, error) {
+	tc, err := cfg.tlsConfig()
+	if err != nil {
+		return nil, err
+	}
+	tr := &http.Transport{
+		Proxy:                 http.ProxyFromEnvironment,
+		DialContext:           (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		TLSClientConfig:       tc,
+		TLSHandshakeTimeout:   10 * time.Second,
+		ForceAttemptHTTP2:     true,
+		MaxIdleConns:          32,
+		MaxIdleConnsPerHost:   16,
+		IdleConnTimeout:       90 * time.Second,
+		ExpectContinueTimeout: time.Second,
+	}
+	return &http.Client{Transport: tr}, nil
+}
+
+// newAPIClient builds a Vault API client that never retries on its own (this package does),
+// has no timeout of its own (the context carries one), and ignores VAULT_TOKEN and
+// VAULT_NAMESPACE from the environment.
+func newAPIClient(cfg Config, hc *http.Client) (*vaultapi.Client, error) {
+	ac, err := vaultapi.NewClient(&vaultapi.Config{
+		Address:    cfg.Address,
+		HttpClient: hc,
+		MaxRetries: 0,
+		CheckRetry: func(context.Context, *http.Response, error) (bool, error) { return false, nil },
+	})
+	if err != nil {
+		return nil, &Error{Op: opConfigure, Class: ClassInvalidConfig, detail: "creating the vault api client"}
+	}
+	ac.ClearToken()
+	if cfg.Namespace != "" {
+		ac.SetNamespace(cfg.Namespace)
+	} else {
+		ac.ClearNamespace()
+	}
+	return ac, nil
+}
+
+// String names the connection, never the credentials.
+func (c *client) String() string {
+	return "vault.Client{address: " + c.cfg.Address + ", auth: " + c.cfg.Auth.method() + "}"
+}
+
+// GoString keeps %#v from printing the client's fields.
+func (c *client) GoString() string { return c.String() }
+
+// MarshalLog keeps logr from printing the client's fields.
+func (c *client) MarshalLog() any { return c.String() }
+
+// closeIdleConnections releases the connections kept for reuse.
+func (c *client) closeIdleConnections() { c.http.CloseIdleConnections() }
+
+// withTimeout applies Config.Timeout to a context without a deadline.
+func (c *client) withTimeout(ctx context.Context) (context.Context, context.CancelFunc) {
+	if _, ok := ctx.Deadline(); ok {
+		return context.WithCancel(ctx)
+	}
+	return context.WithTimeout(ctx, c.cfg.Timeout)
+}
+
+// Issue reads path and returns the credential and its lease.
+func (c *client) Issue(ctx context.Context, path string) (*Lease, error) {
+	path = strings.Trim(path, "/")
+	if path == "" {
+		return nil, &Error{Op: opIssue, Class: ClassBadRequest, detail: "empty path"}
+	}
+	ctx, cancel := c.withTimeout(ctx)
+	defer cancel()
+	var s *vaultapi.Secret
+	err := c.call(ctx, opIssue, path, true, func(ctx context.Context) (err error) {
+		s, err = c.get(ctx, c.api, path)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	if s == nil {
+		return nil, &Error{Op: opIssue, Path: path, Class: ClassNotFound, detail: "the path holds nothing"}
+	}
+	if s.LeaseID == "" {
+		return nil, &Error{Op: opIssue, Path: path, Class: ClassBadRequest, detail: "the path does not issue leased credentials"}
+	}
+	lease := c.newLease(s)
+	c.log.V(1).Info("Issued credential", "path", path, "leaseID", lease.ID, "ttl", lease.Duration,
+		"renewable", lease.Renewable, "outlivesToken", lease.OutlivesToken)
+	return lease, nil
+}
+
+func (c *client) newLease(s *vaultapi.Secret) *Lease {
+	now := c.clock.Now()
+	l := &Lease{
+		ID:        s.LeaseID,
+		Duration:  seconds(s.LeaseDuration),
+		Renewable: s.Renewable,
+		Data:      make(SecretData, len(s.Data)),
+		IssuedAt:  now,
+		Warnings:  c.redactAll(s.Warnings),
+	}
+	l.ExpiresAt = now.Add(l.Duration)
+	for k, v := range s.Data {
+		l.Data[k] = stringValue(v)
+		c.secrets.add(l.Data[k])
+	}
+	l.TokenDeadline = c.state().deadline()
+	l.OutlivesToken = !l.TokenDeadline.IsZero() && l.ExpiresAt.After(l.TokenDeadline)
+	return l
+}
+
+// Renew asks Vault to extend a lease by increment.
+func (c *client) Renew(ctx context.Context, leaseID string, increment time.Duration) (*Renewal, error) {
+	if leaseID == "" {
+		return nil, &Error{Op: opRenew, Class: ClassBadRequest, detail: "empty lease ID"}
+	}
+	ctx, cancel := c.withTimeout(ctx)
+	defer cancel()
+	asked := wholeSeconds(increment)
+	var s *vaultapi.Secret
+	err := c.call(ctx, opRenew, leaseID, true, func(ctx context.Context) (err error) {
+		s, err = c.put(ctx, c.api, "sys/leases/renew", map[string]any{"lease_id": leaseID, "increment": asked})
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	if s == nil {
+		return nil, &Error{Op: opRenew, Path: leaseID, Class: ClassUnknown, detail: "empty response"}
+	}
+	r := &Renewal{
+		Duration:  seconds(s.LeaseDuration),
+		Renewable: s.Renewable,
+		Warnings:  c.redactAll(s.Warnings),
+	}
+	r.ExpiresAt = c.clock.Now().Add(r.Duration)
+	r.Capped = (asked > 0 && s.LeaseDuration < asked) || containsAny(s.Warnings, "capped", "exceeded the effective max_ttl")
+	c.log.V(1).Info("Renewed lease", "leaseID", leaseID, "granted", r.Duration, "capped", r.Capped)
+	return r, nil
+}
+
+// Revoke revokes a lease synchronously.
+func (c *client) Revoke(ctx context.Context, leaseID string) error {
+	if leaseID == "" {
+		return &Error{Op: opRevoke, Class: ClassBadRequest, detail: "empty lease ID"}
+	}
+	ctx, cancel := c.withTimeout(ctx)
+	defer cancel()
+	err := c.call(ctx, opRevoke, leaseID, true, func(ctx context.Context) error {
+		_, err := c.put(ctx, c.api, "sys/leases/revoke", map[string]any{"lease_id": leaseID, "sync": true})
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	c.log.V(1).Info("Revoked lease", "leaseID", leaseID)
+	return nil
+}
+
+// Lookup reports whether a lease exists and when it expires. A lease Vault does not know is
+// reported as not existing, not as an error.
+func (c *client) Lookup(ctx context.Context, leaseID string) (*LeaseInfo, error) {
+	if leaseID == "" {
+		return nil, &Error{Op: opLookup, Class: ClassBadRequest, detail: "empty lease ID"}
+	}
+	ctx, cancel := c.withTimeout(ctx)
+	defer cancel()
+	var s *vaultapi.Secret
+	err := c.call(ctx, opLookup, leaseID, true, func(ctx context.Context) (err error) {
+		s, err = c.put(ctx, c.api, "sys/leases/lookup", map[string]any{"lease_id": leaseID})
+		return err
+	})
+	if IsLeaseGone(err) {
+		return &LeaseInfo{Exists: false}, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	if s == nil {
+		return nil, &Error{Op: opLookup, Path: leaseID, Class: ClassUnknown, detail: "empty response"}
+	}
+	return &LeaseInfo{
+		Exists:      true,
+		IssuedAt:    timeValue(s.Data["issue_time"]),
+		ExpiresAt:   timeValue(s.Data["expire_time"]),
+		LastRenewal: timeValue(s.Data["last_renewal"]),
+		TTL:         durationValue(s.Data["ttl"]),
+		Renewable:   s.Data["renewable"] == true,
+	}, nil
+}
+
+// Health reports sys/health. It needs no token.
+func (c *client) Health(ctx context.Context) (*Health, error) {
+	ctx, cancel := c.withTimeout(ctx)
+	defer cancel()
+	var h *vaultapi.HealthResponse
+	err := c.call(ctx, opHealth, "sys/health", false, func(ctx context.Context) (err error) {
+		h, err = c.loginAPI.Sys().HealthWithContext(ctx)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	out := &Health{
+		Initialized:        h.Initialized,
+		Sealed:             h.Sealed,
+		Standby:            h.Standby,
+		PerformanceStandby: h.PerformanceStandby,
+		Version:            h.Version,
+		ClusterName:        h.ClusterName,
+		Enterprise:         h.Enterprise,
+	}
+	if h.ServerTimeUTC > 0 {
+		out.ServerTime = time.Unix(h.ServerTimeUTC, 0).UTC()
+	}
+	return out, nil
+}
+
+// get reads a path with the given API client and parses the answer.
+func (c *client) get(ctx context.Context, ac *vaultapi.Client, path string) (*vaultapi.Secret, error) {
+	resp, err := ac.Logical().ReadRawWithContext(ctx, path)
+	return parseResponse(resp, err)
+}
+
+// put writes a JSON body to a path with the given API client and parses the answer.
+func (c *client) put(ctx context.Context, ac *vaultapi.Client, path string, body map[string]any) (*vaultapi.Secret, error) {
+	b, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := ac.Logical().WriteRawWithContext(ctx, path, b)
+	return parseResponse(resp, err)
+}
+
+func parseResponse(resp *vaultapi.Response, err error) (*vaultapi.Secret, error) {
+	if resp != nil {
+		defer resp.Body.Close()
+	}
+	if err != nil {
+		return nil, err
+	}
+	s, err := vaultapi.ParseSecret(resp.Body)
+	if err != nil {
+		return nil, errors.New("the response is not a Vault secret document")
+	}
+	return s, nil
+}
+
+func (c *client) redactAll(msgs []string) []string {
+	if len(msgs) == 0 {
+		return nil
+	}
+	return redactMessages(msgs, c.secrets)
+}
+
+func seconds(n int) time.Duration { return time.Duration(n) * time.Second }
+
+// wholeSeconds rounds d up to whole seconds, as Vault counts them.
+func wholeSeconds(d time.Duration) int {
+	if d <= 0 {
+		return 0
+	}
+	return int((d + time.Second - 1) / time.Second)
+}
+
+// stringValue renders one value of a secret's data as a string.
+func stringValue(v any) string {
+	switch t := v.(type) {
+	case string:
+		return t
+	case json.Number:
+		return t.String()
+	case bool:
+		return strconv.FormatBool(t)
+	case nil:
+		return ""
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		return ""
+	}
+	return string(b)
+}
+
+func durationValue(v any) time.Duration {
+	n, err := strconv.ParseInt(stringValue(v), 10, 64)
+	if err != nil {
+		return 0
+	}
+	return time.Duration(n) * time.Second
+}
+
+func timeValue(v any) time.Time {
+	s, ok := v.(string)
+	if !ok || s == "" {
+		return time.Time{}
+	}
+	t, err := time.Parse(time.RFC3339Nano, s)
+	if err != nil {
+		return time.Time{}
+	}
+	return t
+}
