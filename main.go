@@ -10,16 +10,14 @@ import (
 	"os"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
@@ -32,13 +30,15 @@ import (
 
 func main() {
 	var (
-		metricsAddr    = flag.String("metrics-bind-address", ":8080", "Address the metrics endpoint binds to; 0 disables it.")
-		probeAddr      = flag.String("health-probe-bind-address", ":8081", "Address the /healthz and /readyz endpoints bind to.")
-		leaderElect    = flag.Bool("leader-elect", true, "Elect one active manager through a Lease, so that only one replica renews, rotates and revokes.")
-		leaderNS       = flag.String("leader-election-namespace", "", "Namespace of the leader-election Lease; defaults to the pod's namespace.")
-		leaseDuration  = flag.Duration("leader-elect-lease-duration", 15*time.Second, "How long non-leaders wait before they may take over an unrenewed leadership.")
-		renewDeadline  = flag.Duration("leader-elect-renew-deadline", 10*time.Second, "How long the leader keeps retrying to renew its leadership before it gives up.")
-		retryPeriod    = flag.Duration("leader-elect-retry-period", 2*time.Second, "How long candidates wait between tries to acquire or renew leadership.")
+		metricsAddr   = flag.String("metrics-bind-address", ":8080", "Address the metrics endpoint binds to; 0 disables it.")
+		probeAddr     = flag.String("health-probe-bind-address", ":8081", "Address the /healthz and /readyz endpoints bind to.")
+		leaderElect   = flag.Bool("leader-elect", true, "Elect one active manager through a Lease, so that only one replica renews, rotates and revokes.")
+		leaderNS      = flag.String("leader-election-namespace", "", "Namespace of the leader-election Lease; defaults to the pod's namespace.")
+		leaseDuration = flag.Duration("leader-elect-lease-duration", 15*time.Second, "How long non-leaders wait before they may take over an unrenewed leadership.")
+		renewDeadline = flag.Duration("leader-elect-renew-deadline", 10*time.Second, "How long the leader keeps retrying to renew its leadership before it gives up.")
+		retryPeriod   = flag.Duration("leader-elect-retry-period", 2*time.Second, "How long candidates wait between tries to acquire or renew leadership.")
+		saNamespace   = flag.String("service-account-namespace", os.Getenv("POD_NAMESPACE"), "Namespace of the operator's service account, which logs in to Vault with Kubernetes auth.")
+		saName        = flag.String("service-account-name", "keyroll-manager", "Name of the operator's service account.")
 	)
 	zapOpts := zap.Options{}
 	zapOpts.BindFlags(flag.CommandLine)
@@ -50,6 +50,7 @@ func main() {
 		metricsAddr: *metricsAddr, probeAddr: *probeAddr,
 		leaderElect: *leaderElect, leaderNS: *leaderNS,
 		leaseDuration: *leaseDuration, renewDeadline: *renewDeadline, retryPeriod: *retryPeriod,
+		serviceAccount: types.NamespacedName{Namespace: *saNamespace, Name: *saName},
 	}); err != nil {
 		log.Error(err, "Manager stopped with an error")
 		os.Exit(1)
@@ -61,6 +62,7 @@ type managerOptions struct {
 	leaderElect                               bool
 	leaderNS                                  string
 	leaseDuration, renewDeadline, retryPeriod time.Duration
+	serviceAccount                            types.NamespacedName
 }
 
 func newScheme() *runtime.Scheme {
@@ -72,8 +74,6 @@ func newScheme() *runtime.Scheme {
 }
 
 func run(ctx context.Context, o managerOptions) error {
-	// Only Secrets that keyroll labels are cached: never every Secret of the cluster.
-	managed := labels.SelectorFromSet(labels.Set{v1alpha1.LabelManagedBy: v1alpha1.ManagedByValue})
 	cfg := ctrl.GetConfigOrDie()
 	scheme := newScheme()
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
@@ -87,26 +87,23 @@ func run(ctx context.Context, o managerOptions) error {
 		LeaseDuration:                 &o.leaseDuration,
 		RenewDeadline:                 &o.renewDeadline,
 		RetryPeriod:                   &o.retryPeriod,
-		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
-			&corev1.Secret{}: {Label: managed},
-		}},
+		// Only Secrets that keyroll labels are cached: never every Secret of the cluster.
+		Cache: controllers.CacheOptions(),
 	})
 	if err != nil {
 		return err
 	}
-	recorder, err := eventRecorder(ctx, kubernetes.NewForConfigOrDie(cfg), scheme)
+	cs, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return err
 	}
-	clk := clock.RealClock{}
-	if err := (&controllers.VaultConnectionReconciler{
-		Client: mgr.GetClient(), Recorder: recorder, Clock: clk,
-	}).SetupWithManager(mgr); err != nil {
+	recorder, err := eventRecorder(ctx, cs, scheme)
+	if err != nil {
 		return err
 	}
-	if err := (&controllers.RedisClusterReconciler{
-		Client: mgr.GetClient(), Recorder: recorder, Clock: clk,
-	}).SetupWithManager(mgr); err != nil {
+	if _, err := controllers.Setup(mgr, controllers.Options{
+		Recorder: recorder, Clock: clock.RealClock{}, Tokens: cs, ServiceAccount: o.serviceAccount,
+	}); err != nil {
 		return err
 	}
 	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {

@@ -11,15 +11,23 @@ import (
 // ACLFileKey is the key of the aclfile in the ACL Secret that Redis pods mount.
 const ACLFileKey = "users.acl"
 
-// aclUser is one user of the aclfile.
+// aclUser is one user of the aclfile, with the SHA-256 hash of its password (hex).
 type aclUser struct {
-	Username string
-	Password string
+	Username     string
+	PasswordHash string
+}
+
+// newACLUser hashes a password for the aclfile.
+func newACLUser(username, password string) aclUser {
+	sum := sha256.Sum256([]byte(password))
+	return aclUser{Username: username, PasswordHash: hex.EncodeToString(sum[:])}
 }
 
 // usernamePattern is what keyroll accepts as a Redis username in an aclfile: Vault's Redis plugin
 // makes names such as V_TOKEN_ORDERS_AB12CD_1700000000.
 var usernamePattern = regexp.MustCompile(`^[A-Za-z0-9_.@-]{1,256}$`)
+
+var hashPattern = regexp.MustCompile(`^[0-9a-f]{64}$`)
 
 // renderACLFile renders a Redis aclfile: the default user off, and each user on with the given
 // rules. Passwords appear only as SHA-256 hashes (#<hex>), so no character of a password needs
@@ -31,13 +39,25 @@ func renderACLFile(users []aclUser, rules []string) (string, error) {
 		if !usernamePattern.MatchString(u.Username) {
 			return "", fmt.Errorf("username %q cannot be written to an aclfile: only letters, digits and _ . @ - are accepted", u.Username)
 		}
-		if u.Password == "" {
-			return "", fmt.Errorf("user %s has an empty password", u.Username)
+		if !hashPattern.MatchString(u.PasswordHash) {
+			return "", fmt.Errorf("user %s: malformed password hash", u.Username)
 		}
-		sum := sha256.Sum256([]byte(u.Password))
-		fmt.Fprintf(&b, "user %s on #%s resetkeys resetchannels -@all %s\n", u.Username, hex.EncodeToString(sum[:]), strings.Join(rules, " "))
+		fmt.Fprintf(&b, "user %s on #%s resetkeys resetchannels -@all %s\n", u.Username, u.PasswordHash, strings.Join(rules, " "))
 	}
 	return b.String(), nil
+}
+
+// parseACLUsers reads the users (name and password hash) of an aclfile that renderACLFile wrote.
+func parseACLUsers(file string) map[string]aclUser {
+	users := map[string]aclUser{}
+	for _, line := range strings.Split(file, "\n") {
+		f := strings.Fields(line)
+		if len(f) < 4 || f[0] != "user" || f[2] != "on" || !strings.HasPrefix(f[3], "#") {
+			continue
+		}
+		users[f[1]] = aclUser{Username: f[1], PasswordHash: strings.TrimPrefix(f[3], "#")}
+	}
+	return users
 }
 
 // credentialVersion identifies a credential: a hash of its username and password. Neither can be

@@ -2,37 +2,220 @@ package controllers
 
 import (
 	"context"
+	"errors"
+	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
 )
 
+// connectionIndex indexes RedisClusters by the VaultConnection they use.
+const connectionIndex = "spec.credentials.vaultLease.connectionRef.name"
+
 // RedisClusterReconciler reconciles RedisClusters: credentials from Vault, the Redis StatefulSet and
-// the Secrets it mounts, renewals, rotations, rollouts and revocation on delete.
+// the Secrets it mounts, renewals, re-issues and revocation on delete.
 type RedisClusterReconciler struct {
 	client.Client
-	Recorder events.EventRecorder
-	Clock    clock.PassiveClock
+	// APIReader reads past the cache, where a stale cache could make keyroll issue a second
+	// credential or overwrite a Secret it does not own.
+	APIReader client.Reader
+	Recorder  events.EventRecorder
+	Clock     clock.Clock
+	Connector *Connector
 }
 
-// Reconcile brings one RedisCluster towards its spec.
-func (r *RedisClusterReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+// scope is one reconcile's view of a RedisCluster: the object, its status as last written, and
+// its conditions.
+type scope struct {
+	rc     *v1alpha1.RedisCluster
+	before *v1alpha1.RedisCluster
+	conds  conditionSetter
+}
+
+// Reconcile brings one RedisCluster towards its spec. Status is written once, at the end, except
+// that a newly issued lease is written to the ledger before anything uses it.
+func (r *RedisClusterReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Result, reterr error) {
 	rc := &v1alpha1.RedisCluster{}
 	if err := r.Get(ctx, req.NamespacedName, rc); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
-	// The credential lifecycle (issue, renew, rotate, roll out, revoke) lands with the controller issues.
-	return ctrl.Result{}, nil
+	s := &scope{rc: rc, before: rc.DeepCopy(), conds: conditionSetter{obj: rc, conditions: &rc.Status.Conditions, recorder: r.Recorder}}
+	defer func() { reterr = errors.Join(reterr, r.writeStatus(ctx, s)) }()
+	if !rc.DeletionTimestamp.IsZero() {
+		return r.reconcileDelete(ctx, s)
+	}
+	if added, err := r.ensureFinalizer(ctx, rc); err != nil || added {
+		return ctrl.Result{}, err
+	}
+	return r.reconcileNormal(ctx, s)
 }
 
-// SetupWithManager registers the reconciler with the manager.
+// ensureFinalizer adds the finalizer before anything is created in Vault.
+func (r *RedisClusterReconciler) ensureFinalizer(ctx context.Context, rc *v1alpha1.RedisCluster) (bool, error) {
+	if controllerutil.ContainsFinalizer(rc, v1alpha1.Finalizer) {
+		return false, nil
+	}
+	patch := client.MergeFrom(rc.DeepCopy())
+	controllerutil.AddFinalizer(rc, v1alpha1.Finalizer)
+	return true, r.Patch(ctx, rc, patch)
+}
+
+// reconcileNormal runs the phases in order; each returns early when it cannot go on.
+func (r *RedisClusterReconciler) reconcileNormal(ctx context.Context, s *scope) (ctrl.Result, error) {
+	rc := s.rc
+	if rc.Spec.Credentials.Source != v1alpha1.SourceVaultLease {
+		s.conds.set(v1alpha1.ConditionCredentialsReady, metav1.ConditionFalse, v1alpha1.ReasonInvalidSpec,
+			"credentials.source ExternalSecret is not supported by this version of keyroll yet")
+		return ctrl.Result{}, nil
+	}
+	if free, err := r.checkSecretsFree(ctx, s); !free || err != nil {
+		return ctrl.Result{RequeueAfter: waitForConnection}, err
+	}
+	vcl, wait, err := r.connect(ctx, s, false)
+	if vcl == nil {
+		return ctrl.Result{RequeueAfter: wait}, err
+	}
+	cred, next, err := r.reconcileCredential(ctx, s, vcl)
+	if err != nil || cred == nil {
+		return ctrl.Result{RequeueAfter: next}, err
+	}
+	if err := r.reconcileObjects(ctx, s, cred); err != nil {
+		return ctrl.Result{}, err
+	}
+	if err := r.revokeSuperseded(ctx, s, vcl); err != nil {
+		return ctrl.Result{}, err
+	}
+	r.setReady(ctx, s)
+	rc.Status.ObservedGeneration = rc.Generation
+	return ctrl.Result{RequeueAfter: next}, nil
+}
+
+// setReady reads the Redis pods' readiness and sets Ready and the phase.
+func (r *RedisClusterReconciler) setReady(ctx context.Context, s *scope) {
+	rc := s.rc
+	sts := &appsv1.StatefulSet{}
+	if err := r.Get(ctx, client.ObjectKey{Namespace: rc.Namespace, Name: rc.Name}, sts); err == nil {
+		rc.Status.ReadyReplicas = sts.Status.ReadyReplicas
+	}
+	if meta.IsStatusConditionTrue(rc.Status.Conditions, v1alpha1.ConditionDegraded) {
+		return
+	}
+	s.conds.set(v1alpha1.ConditionDegraded, metav1.ConditionFalse, v1alpha1.ReasonAvailable, "Nothing needs attention")
+	if rc.Status.ReadyReplicas < rc.Spec.Replicas {
+		s.conds.set(v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.ReasonReconciling,
+			"Waiting for the Redis pods to be Ready")
+		return
+	}
+	s.conds.set(v1alpha1.ConditionReady, metav1.ConditionTrue, v1alpha1.ReasonAvailable,
+		"Redis runs with a live credential from Vault")
+}
+
+// writeStatus derives the phase and writes the status if it changed.
+func (r *RedisClusterReconciler) writeStatus(ctx context.Context, s *scope) error {
+	s.rc.Status.Phase = phaseOf(s.rc)
+	err := patchStatus(ctx, r.Client, s.before, s.rc, func(o client.Object) any { return o.(*v1alpha1.RedisCluster).Status })
+	if err == nil {
+		s.before = s.rc.DeepCopy()
+	}
+	return err
+}
+
+// phaseOf summarises the conditions for kubectl get.
+func phaseOf(rc *v1alpha1.RedisCluster) v1alpha1.Phase {
+	c := rc.Status.Conditions
+	switch {
+	case !rc.DeletionTimestamp.IsZero():
+		return v1alpha1.PhaseDeleting
+	case meta.IsStatusConditionTrue(c, v1alpha1.ConditionDegraded):
+		return v1alpha1.PhaseDegraded
+	case meta.IsStatusConditionTrue(c, v1alpha1.ConditionRolloutProgressing):
+		return v1alpha1.PhaseRolling
+	case meta.IsStatusConditionTrue(c, v1alpha1.ConditionReady):
+		return v1alpha1.PhaseReady
+	case rc.Status.Credential == nil:
+		return v1alpha1.PhaseIssuing
+	}
+	return v1alpha1.PhasePending
+}
+
+// SetupWithManager registers the reconciler: it watches RedisClusters, what they own, and the
+// VaultConnections they use.
 func (r *RedisClusterReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	err := mgr.GetFieldIndexer().IndexField(context.Background(), &v1alpha1.RedisCluster{}, connectionIndex,
+		func(o client.Object) []string {
+			if vl := o.(*v1alpha1.RedisCluster).Spec.Credentials.VaultLease; vl != nil {
+				return []string{vl.ConnectionRef.Name}
+			}
+			return nil
+		})
+	if err != nil {
+		return err
+	}
 	return ctrl.NewControllerManagedBy(mgr).
-		For(&v1alpha1.RedisCluster{}).
+		For(&v1alpha1.RedisCluster{}, builder.WithPredicates(predicate.Or(
+			predicate.GenerationChangedPredicate{}, predicate.AnnotationChangedPredicate{}))).
+		Owns(&appsv1.StatefulSet{}).
+		Owns(&corev1.Secret{}).
+		Owns(&corev1.Service{}).
+		Owns(&corev1.ConfigMap{}).
+		Watches(&v1alpha1.VaultConnection{}, handler.EnqueueRequestsFromMapFunc(r.clustersUsing),
+			builder.WithPredicates(connectionChanged())).
 		Named("rediscluster").
 		Complete(r)
+}
+
+// clustersUsing maps a VaultConnection to the RedisClusters that use it.
+func (r *RedisClusterReconciler) clustersUsing(ctx context.Context, o client.Object) []ctrl.Request {
+	list := &v1alpha1.RedisClusterList{}
+	if err := r.List(ctx, list, client.MatchingFields{connectionIndex: o.GetName()}); err != nil {
+		return nil
+	}
+	reqs := make([]ctrl.Request, 0, len(list.Items))
+	for _, rc := range list.Items {
+		reqs = append(reqs, ctrl.Request{NamespacedName: client.ObjectKeyFromObject(&rc)})
+	}
+	return reqs
+}
+
+// connectionChanged passes VaultConnection events that can matter to a RedisCluster: a new spec,
+// or a change of its Ready condition.
+func connectionChanged() predicate.Predicate {
+	return predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
+		if e.ObjectOld.GetGeneration() != e.ObjectNew.GetGeneration() {
+			return true
+		}
+		o, n := e.ObjectOld.(*v1alpha1.VaultConnection), e.ObjectNew.(*v1alpha1.VaultConnection)
+		return readyStatus(o.Status.Conditions) != readyStatus(n.Status.Conditions)
+	}}
+}
+
+func readyStatus(c []metav1.Condition) metav1.ConditionStatus {
+	if cond := meta.FindStatusCondition(c, v1alpha1.ConditionReady); cond != nil {
+		return cond.Status
+	}
+	return metav1.ConditionUnknown
+}
+
+// requeueAt turns a time into a RequeueAfter, at least a second away.
+func requeueAt(now, at time.Time) time.Duration {
+	if at.IsZero() {
+		return 0
+	}
+	if d := at.Sub(now); d > time.Second {
+		return d
+	}
+	return time.Second
 }

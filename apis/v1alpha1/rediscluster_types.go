@@ -424,6 +424,15 @@ type CredentialStatus struct {
 	// +optional
 	Renewable bool `json:"renewable,omitempty"`
 
+	// leaseDuration is the duration Vault granted when the lease was issued; renewals ask for it again.
+	// +optional
+	LeaseDuration *metav1.Duration `json:"leaseDuration,omitempty"`
+
+	// renewalCapped says Vault granted less than asked at the last renewal: the lease has reached
+	// its max TTL and is replaced before it lapses.
+	// +optional
+	RenewalCapped bool `json:"renewalCapped,omitempty"`
+
 	// lastRenewal is when the lease was last renewed.
 	// +optional
 	LastRenewal *metav1.Time `json:"lastRenewal,omitempty"`

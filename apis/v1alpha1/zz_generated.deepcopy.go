@@ -66,6 +66,11 @@ func (in *CredentialStatus) DeepCopyInto(out *CredentialStatus) {
 		in, out := &in.ExpiresAt, &out.ExpiresAt
 		*out = (*in).DeepCopy()
 	}
+	if in.LeaseDuration != nil {
+		in, out := &in.LeaseDuration, &out.LeaseDuration
+		*out = new(v1.Duration)
+		**out = **in
+	}
 	if in.LastRenewal != nil {
 		in, out := &in.LastRenewal, &out.LastRenewal
 		*out = (*in).DeepCopy()

@@ -1,0 +1,94 @@
+package controllers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/vault"
+)
+
+// waitForConnection is how long a RedisCluster waits before it looks again at a VaultConnection
+// that is missing or refuses it (a change of the VaultConnection wakes it earlier).
+const waitForConnection = time.Minute
+
+// connect resolves the RedisCluster's VaultConnection and returns its Vault client. Without a
+// client it sets a condition, records an event on the transition and says when to look again.
+// forDelete skips the namespace check: revoking leases keyroll already holds is always allowed.
+func (r *RedisClusterReconciler) connect(ctx context.Context, s *scope, forDelete bool) (vault.Client, time.Duration, error) {
+	rc := s.rc
+	name := rc.Spec.Credentials.VaultLease.ConnectionRef.Name
+	vc := &v1alpha1.VaultConnection{}
+	if err := r.Get(ctx, client.ObjectKey{Name: name}, vc); err != nil {
+		if !apierrors.IsNotFound(err) {
+			return nil, 0, fmt.Errorf("reading VaultConnection %s: %w", name, err)
+		}
+		r.refuse(s, v1alpha1.ReasonConnectionNotFound, fmt.Sprintf("VaultConnection %q (credentials.vaultLease.connectionRef.name) does not exist", name))
+		return nil, waitForConnection, nil
+	}
+	if !forDelete && !namespaceAllowed(vc, rc.Namespace) {
+		r.refuse(s, v1alpha1.ReasonNamespaceNotAllowed, fmt.Sprintf("VaultConnection %q does not allow namespace %q (spec.allowedNamespaces)", name, rc.Namespace))
+		return nil, waitForConnection, nil
+	}
+	vcl, err := r.Connector.Client(ctx, vc)
+	if err != nil {
+		r.refuse(s, v1alpha1.ReasonConnectionNotReady, fmt.Sprintf("VaultConnection %q cannot be used: %v", name, err))
+		return nil, waitForConnection, nil
+	}
+	return vcl, 0, nil
+}
+
+// refuse marks the credential as not ready for a reason the RedisCluster owner must act on.
+func (r *RedisClusterReconciler) refuse(s *scope, reason, message string) {
+	if s.conds.set(v1alpha1.ConditionCredentialsReady, metav1.ConditionFalse, reason, message) {
+		s.conds.event(true, v1alpha1.EventAccessDenied, "Connect", "%s", message)
+	}
+	s.conds.set(v1alpha1.ConditionReady, metav1.ConditionFalse, reason, message)
+}
+
+// checkSecretsFree makes sure the Secrets keyroll writes are either absent or its own, before a
+// credential is issued that could not be written anywhere.
+func (r *RedisClusterReconciler) checkSecretsFree(ctx context.Context, s *scope) (bool, error) {
+	for _, name := range []string{credentialsSecretName(s.rc), aclSecretName(s.rc)} {
+		err := r.secretOwned(ctx, s.rc, name)
+		var conflict *conflictError
+		if errors.As(err, &conflict) {
+			if s.conds.set(v1alpha1.ConditionCredentialsReady, metav1.ConditionFalse, v1alpha1.ReasonSecretConflict, err.Error()) {
+				s.conds.event(true, v1alpha1.EventSecretConflict, "WriteSecret", "%s", err.Error())
+			}
+			s.conds.set(v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.ReasonSecretConflict, err.Error())
+			return false, nil
+		}
+		if err != nil {
+			return false, err
+		}
+	}
+	return true, nil
+}
+
+// secretOwned says whether a Secret is absent or controlled by rc. The cache only holds Secrets
+// that carry keyroll's label, so a Secret it does not have is looked up past the cache.
+func (r *RedisClusterReconciler) secretOwned(ctx context.Context, rc *v1alpha1.RedisCluster, name string) error {
+	sec := &corev1.Secret{}
+	key := client.ObjectKey{Namespace: rc.Namespace, Name: name}
+	err := r.Get(ctx, key, sec)
+	if apierrors.IsNotFound(err) {
+		err = r.APIReader.Get(ctx, key, sec)
+	}
+	switch {
+	case apierrors.IsNotFound(err):
+		return nil
+	case err != nil:
+		return fmt.Errorf("reading Secret %s: %w", name, err)
+	case !ownedBy(sec, rc):
+		return &conflictError{kind: "Secret", name: name}
+	}
+	return nil
+}

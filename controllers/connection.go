@@ -1,0 +1,139 @@
+package controllers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	authenticationv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/clock"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/vault"
+)
+
+// Connector turns VaultConnections into Vault clients. Clients come from a shared cache, so that
+// every RedisCluster behind one VaultConnection shares one login and one rate limit.
+type Connector struct {
+	// Reader reads the Secrets a VaultConnection refers to. They carry no keyroll label, so the
+	// manager's label-filtered cache does not hold them: this is the uncached API reader.
+	Reader client.Reader
+	// Tokens requests service-account tokens for Kubernetes auth (TokenRequest API).
+	Tokens kubernetes.Interface
+	// ServiceAccount is the operator's own service account, which logs in to Vault.
+	ServiceAccount types.NamespacedName
+	Cache          *vault.Cache
+	Clock          clock.Clock
+	// Observer, when set, sees every Vault request.
+	Observer func(op, outcome string, seconds float64)
+}
+
+// errNamespaceNotAllowed says that a VaultConnection does not serve a namespace.
+var errNamespaceNotAllowed = errors.New("namespace not allowed")
+
+// namespaceAllowed says whether RedisClusters in ns may use vc: listed, or "*".
+func namespaceAllowed(vc *v1alpha1.VaultConnection, ns string) bool {
+	return slices.Contains(vc.Spec.AllowedNamespaces, "*") || slices.Contains(vc.Spec.AllowedNamespaces, ns)
+}
+
+// Client returns the Vault client of a VaultConnection.
+func (c *Connector) Client(ctx context.Context, vc *v1alpha1.VaultConnection) (vault.Client, error) {
+	cfg, err := c.config(ctx, vc)
+	if err != nil {
+		return nil, err
+	}
+	return c.Cache.Get(vc.Name, cfg)
+}
+
+// Forget drops the client of a deleted VaultConnection.
+func (c *Connector) Forget(name string) { c.Cache.Forget(name) }
+
+func (c *Connector) config(ctx context.Context, vc *v1alpha1.VaultConnection) (vault.Config, error) {
+	spec := vc.Spec
+	cfg := vault.Config{Address: spec.Address, Namespace: spec.Namespace, Clock: c.Clock,
+		Logger: log.FromContext(ctx).WithName("vault").WithValues("vaultConnection", vc.Name)}
+	if c.Observer != nil {
+		cfg.Observer = func(op, outcome string, d time.Duration) { c.Observer(op, outcome, d.Seconds()) }
+	}
+	if spec.RateLimit != nil {
+		cfg.RateLimit = vault.RateLimit{QPS: float64(spec.RateLimit.QPS), Burst: int(spec.RateLimit.Burst)}
+	}
+	if tls := spec.TLS; tls != nil {
+		cfg.TLSServerName = tls.TLSServerName
+		cfg.CABundle = []byte(tls.CABundle)
+		if tls.CASecretRef != nil {
+			ca, err := c.secretValue(ctx, *tls.CASecretRef, "tls.caSecretRef")
+			if err != nil {
+				return cfg, err
+			}
+			cfg.CABundle = ca
+		}
+	}
+	auth, err := c.auth(ctx, spec.Auth)
+	cfg.Auth = auth
+	return cfg, err
+}
+
+func (c *Connector) auth(ctx context.Context, a v1alpha1.VaultAuth) (vault.Auth, error) {
+	switch {
+	case a.Kubernetes != nil:
+		k := a.Kubernetes
+		return vault.Auth{Kubernetes: &vault.KubernetesAuth{Mount: k.Mount, Role: k.Role,
+			JWT: c.serviceAccountToken(k.Audiences, k.TokenExpirationSeconds)}}, nil
+	case a.AppRole != nil:
+		id, err := c.secretValue(ctx, a.AppRole.SecretIDRef, "auth.appRole.secretIDRef")
+		if err != nil {
+			return vault.Auth{}, err
+		}
+		return vault.Auth{AppRole: &vault.AppRoleAuth{Mount: a.AppRole.Mount, RoleID: a.AppRole.RoleID, SecretID: string(id)}}, nil
+	case a.Token != nil:
+		tok, err := c.secretValue(ctx, a.Token.SecretRef, "auth.token.secretRef")
+		if err != nil {
+			return vault.Auth{}, err
+		}
+		return vault.Auth{Token: &vault.TokenAuth{Token: string(tok)}}, nil
+	}
+	return vault.Auth{}, errors.New("auth: no method set")
+}
+
+// serviceAccountToken returns a token source for the operator's own service account.
+func (c *Connector) serviceAccountToken(audiences []string, seconds int64) func(context.Context) (string, error) {
+	return func(ctx context.Context) (string, error) {
+		tr := &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{Audiences: audiences}}
+		if seconds > 0 {
+			tr.Spec.ExpirationSeconds = &seconds
+		}
+		sa := c.ServiceAccount
+		out, err := c.Tokens.CoreV1().ServiceAccounts(sa.Namespace).CreateToken(ctx, sa.Name, tr, metav1.CreateOptions{})
+		if err != nil {
+			return "", fmt.Errorf("requesting a token for service account %s: %w", sa, err)
+		}
+		return out.Status.Token, nil
+	}
+}
+
+// secretValue reads one key of a Secret. Errors name the field and the Secret, never the value.
+func (c *Connector) secretValue(ctx context.Context, ref v1alpha1.SecretKeyReference, field string) ([]byte, error) {
+	s := &corev1.Secret{}
+	key := types.NamespacedName{Namespace: ref.Namespace, Name: ref.Name}
+	if err := c.Reader.Get(ctx, key, s); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, fmt.Errorf("%s: Secret %s not found", field, key)
+		}
+		return nil, fmt.Errorf("%s: reading Secret %s: %w", field, key, err)
+	}
+	v, ok := s.Data[ref.Key]
+	if !ok || len(v) == 0 {
+		return nil, fmt.Errorf("%s: Secret %s has no key %q", field, key, ref.Key)
+	}
+	return v, nil
+}

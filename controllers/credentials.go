@@ -1,0 +1,260 @@
+package controllers
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/rotation"
+	"github.com/keyroll/keyroll/vault"
+)
+
+// credential is the current credential, in memory only.
+type credential struct {
+	username, password, version string
+}
+
+// reconcileCredential decides what the credential needs (rotation.Decide) and does it: issue a
+// new one, renew the lease, or nothing. It returns the live credential and when to look again.
+func (r *RedisClusterReconciler) reconcileCredential(ctx context.Context, s *scope, vcl vault.Client) (*credential, time.Duration, error) {
+	cur, err := r.currentCredential(ctx, s.rc)
+	if err != nil {
+		return nil, 0, err
+	}
+	d := rotation.Decide(r.decisionInput(s, cur != nil))
+	switch d.Action {
+	case rotation.ActionIssue, rotation.ActionRotate:
+		cur, err = r.issue(ctx, s, vcl, d)
+	case rotation.ActionRenew:
+		var gone bool
+		gone, err = r.renew(ctx, s, vcl)
+		if gone {
+			d = rotation.Decision{Action: rotation.ActionIssue, Reason: rotation.ReasonLeaseGone}
+			cur, err = r.issue(ctx, s, vcl, d)
+		}
+	}
+	if err != nil || cur == nil {
+		return nil, 0, err
+	}
+	next := rotation.Decide(r.decisionInput(s, true))
+	c := s.rc.Status.Credential
+	c.NextRenewal, c.NextRotation = timeOrNil(next.NextRenewal), timeOrNil(next.NextRotation)
+	s.conds.set(v1alpha1.ConditionCredentialsReady, metav1.ConditionTrue, v1alpha1.ReasonIssued, "A live credential from Vault is in Secret "+credentialsSecretName(s.rc))
+	return cur, requeueAt(r.Clock.Now(), next.When), nil
+}
+
+// decisionInput translates the RedisCluster's status into rotation's plain input.
+func (r *RedisClusterReconciler) decisionInput(s *scope, hasCredential bool) rotation.Input {
+	rc := s.rc
+	vl := rc.Spec.Credentials.VaultLease
+	in := rotation.Input{
+		Now: r.Clock.Now(), HasCredential: hasCredential, RenewalPercent: vl.RenewalPercent,
+		Paused: rc.Spec.Rotation.Paused, RotateNow: rc.Annotations[v1alpha1.AnnotationRotateNow],
+		RotateNowAcknowledged: rc.Status.RotateNowAcknowledged, RolloutInProgress: rc.Status.Rollout != nil,
+	}
+	if vl.MinTTL != nil {
+		in.MinTTL = vl.MinTTL.Duration
+	}
+	in.Schedule, in.Window = r.schedule(s)
+	c := rc.Status.Credential
+	if c == nil {
+		return in
+	}
+	in.ExpiresAt, in.Renewable, in.RenewalCapped = timeOf(c.ExpiresAt), c.Renewable, c.RenewalCapped
+	in.RenewedAt = timeOf(c.IssuedAt)
+	if c.LastRenewal != nil {
+		in.RenewedAt = c.LastRenewal.Time
+	}
+	in.LeaseDuration = in.ExpiresAt.Sub(in.RenewedAt)
+	in.CappedTTL = in.LeaseDuration
+	in.LastRotation = timeOf(c.LastRotation)
+	in.RenewalKey = string(rc.UID) + "/" + c.LeaseID
+	return in
+}
+
+// schedule parses the rotation schedule and window; an invalid one is reported and ignored, so
+// that renewals go on.
+func (r *RedisClusterReconciler) schedule(s *scope) (rotation.Schedule, *rotation.Window) {
+	spec := s.rc.Spec.Rotation
+	var sch rotation.Schedule
+	var win *rotation.Window
+	var err error
+	if spec.Schedule != "" {
+		sch, err = rotation.ParseSchedule(spec.Schedule)
+	}
+	if w := spec.MaintenanceWindow; err == nil && w != nil {
+		win, err = rotation.ParseWindow(w.Start, w.Duration.Duration, w.TimeZone)
+	}
+	if err != nil {
+		if s.conds.set(v1alpha1.ConditionDegraded, metav1.ConditionTrue, v1alpha1.ReasonInvalidSchedule, "spec.rotation: "+err.Error()) {
+			s.conds.event(true, v1alpha1.ReasonInvalidSchedule, "Schedule", "spec.rotation: %v", err)
+		}
+		return nil, nil
+	}
+	return sch, win
+}
+
+// currentCredential reads the credential of status.credential from the credentials Secret. It
+// returns nil when the Secret does not hold that credential (then a new one is issued).
+func (r *RedisClusterReconciler) currentCredential(ctx context.Context, rc *v1alpha1.RedisCluster) (*credential, error) {
+	c := rc.Status.Credential
+	if c == nil || c.Version == "" {
+		return nil, nil
+	}
+	key := client.ObjectKey{Namespace: rc.Namespace, Name: credentialsSecretName(rc)}
+	cred, err := r.readCredential(ctx, r.Client, key, rc, c.Version)
+	if err == nil && cred == nil {
+		// The cache may lag behind the Secret written a moment ago: ask the API server before
+		// concluding that the credential is lost.
+		cred, err = r.readCredential(ctx, r.APIReader, key, rc, c.Version)
+	}
+	return cred, err
+}
+
+func (r *RedisClusterReconciler) readCredential(ctx context.Context, rd client.Reader, key client.ObjectKey, rc *v1alpha1.RedisCluster, version string) (*credential, error) {
+	sec := &corev1.Secret{}
+	if err := rd.Get(ctx, key, sec); err != nil {
+		return nil, client.IgnoreNotFound(err)
+	}
+	if !ownedBy(sec, rc) {
+		return nil, nil
+	}
+	u, p := string(sec.Data[rc.Spec.Credentials.UsernameKey]), string(sec.Data[rc.Spec.Credentials.PasswordKey])
+	if u == "" || p == "" || credentialVersion(u, p) != version {
+		return nil, nil
+	}
+	return &credential{username: u, password: p, version: version}, nil
+}
+
+// issue obtains a new credential and records its lease in the ledger before anything uses it.
+// The lease it replaces stays in the ledger as Superseded until it is revoked.
+func (r *RedisClusterReconciler) issue(ctx context.Context, s *scope, vcl vault.Client, d rotation.Decision) (*credential, error) {
+	rc := s.rc
+	path := rc.Spec.Credentials.VaultLease.Path
+	lease, err := vcl.Issue(ctx, path)
+	if err != nil {
+		return nil, r.issueFailed(s, err)
+	}
+	u, p := lease.Data["username"], lease.Data["password"]
+	if u == "" || p == "" || !usernamePattern.MatchString(u) {
+		_ = vcl.Revoke(ctx, lease.ID)
+		return nil, r.issueFailed(s, fmt.Errorf("vault path %s returned no usable username and password (keys: %v)", path, lease.Data))
+	}
+	cred := &credential{username: u, password: p, version: credentialVersion(u, p)}
+	r.recordLease(s, lease, cred, d)
+	if err := r.writeStatus(ctx, s); err != nil {
+		// Not recorded, so never used: give it back at once.
+		_ = vcl.Revoke(ctx, lease.ID)
+		return nil, fmt.Errorf("recording lease in the ledger: %w", err)
+	}
+	s.conds.event(false, v1alpha1.EventCredentialsIssued, "Issue", "Issued credential %s for user %s from %s (%s)", cred.version, u, path, d.Reason)
+	log.FromContext(ctx).Info("Credential issued", "version", cred.version, "username", u, "reason", string(d.Reason), "leaseDuration", lease.Duration)
+	return cred, nil
+}
+
+// recordLease puts a new lease into the ledger and the credential status.
+func (r *RedisClusterReconciler) recordLease(s *scope, lease *vault.Lease, cred *credential, d rotation.Decision) {
+	rc := s.rc
+	now := timeOrNil(r.Clock.Now())
+	for i := range rc.Status.Leases {
+		if rc.Status.Leases[i].State == v1alpha1.LeaseActive {
+			rc.Status.Leases[i].State = v1alpha1.LeaseSuperseded
+		}
+	}
+	expires := timeOrNil(lease.ExpiresAt)
+	if lease.ID != "" {
+		rc.Status.Leases = append(rc.Status.Leases, v1alpha1.LeaseRecord{
+			LeaseID: lease.ID, State: v1alpha1.LeaseActive, Version: cred.version, Username: cred.username,
+			IssuedAt: now, ExpiresAt: expires,
+		})
+	}
+	rc.Status.Credential = &v1alpha1.CredentialStatus{
+		Version: cred.version, Source: v1alpha1.SourceVaultLease, Username: cred.username, LeaseID: lease.ID,
+		IssuedAt: now, ExpiresAt: expires, Renewable: lease.Renewable,
+		LeaseDuration: &metav1.Duration{Duration: lease.Duration}, LastRotation: now,
+	}
+	if d.AcknowledgeRotateNow {
+		rc.Status.RotateNowAcknowledged = rc.Annotations[v1alpha1.AnnotationRotateNow]
+	}
+}
+
+// issueFailed reports a failed issue; a denied or invalid request waits for a human, anything
+// else is retried with backoff.
+func (r *RedisClusterReconciler) issueFailed(s *scope, err error) error {
+	reason := v1alpha1.ReasonIssueFailed
+	switch {
+	case vault.IsPermissionDenied(err):
+		reason = v1alpha1.ReasonPermissionDenied
+	case vault.IsUnavailable(err):
+		reason = v1alpha1.ReasonVaultUnavailable
+	}
+	msg := fmt.Sprintf("issuing a credential from %s: %v", s.rc.Spec.Credentials.VaultLease.Path, err)
+	if s.conds.set(v1alpha1.ConditionCredentialsReady, metav1.ConditionFalse, reason, msg) {
+		s.conds.event(true, reason, "Issue", "%s", msg)
+	}
+	s.conds.set(v1alpha1.ConditionReady, metav1.ConditionFalse, reason, msg)
+	if vault.IsPermissionDenied(err) || vault.IsBadRequest(err) || vault.IsNotFound(err) {
+		return nil
+	}
+	return fmt.Errorf("issuing credential: %w", err)
+}
+
+// renew extends the current lease. gone says the lease no longer exists in Vault.
+func (r *RedisClusterReconciler) renew(ctx context.Context, s *scope, vcl vault.Client) (gone bool, err error) {
+	c := s.rc.Status.Credential
+	increment := time.Duration(0)
+	if c.LeaseDuration != nil {
+		increment = c.LeaseDuration.Duration
+	}
+	ren, err := vcl.Renew(ctx, c.LeaseID, increment)
+	if vault.IsLeaseGone(err) {
+		log.FromContext(ctx).Info("Lease gone from Vault; issuing a new credential", "lease", c.LeaseID)
+		s.rc.Status.Leases = removeLease(s.rc.Status.Leases, c.LeaseID)
+		return true, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("renewing lease: %w", err)
+	}
+	expires := timeOrNil(ren.ExpiresAt)
+	c.LastRenewal, c.ExpiresAt, c.Renewable, c.RenewalCapped = timeOrNil(r.Clock.Now()), expires, ren.Renewable, ren.Capped
+	for i := range s.rc.Status.Leases {
+		if s.rc.Status.Leases[i].LeaseID == c.LeaseID {
+			s.rc.Status.Leases[i].ExpiresAt = expires
+		}
+	}
+	log.FromContext(ctx).V(1).Info("Lease renewed", "lease", c.LeaseID, "granted", ren.Duration, "capped", ren.Capped)
+	return false, nil
+}
+
+func removeLease(leases []v1alpha1.LeaseRecord, id string) []v1alpha1.LeaseRecord {
+	out := leases[:0:0]
+	for _, l := range leases {
+		if l.LeaseID != id {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+func timeOf(t *metav1.Time) time.Time {
+	if t == nil {
+		return time.Time{}
+	}
+	return t.Time
+}
+
+// timeOrNil converts a time for the status, at the second precision the API keeps (so that a
+// reconcile that computes the same time again writes nothing); zero is nil.
+func timeOrNil(t time.Time) *metav1.Time {
+	if t.IsZero() {
+		return nil
+	}
+	mt := metav1.NewTime(t.Truncate(time.Second))
+	return &mt
+}

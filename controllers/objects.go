@@ -1,0 +1,73 @@
+package controllers
+
+import (
+	"context"
+	"errors"
+	"slices"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/keyroll/keyroll/apis/v1alpha1"
+)
+
+// reconcileObjects writes the objects the RedisCluster owns, Secrets first so that pods created
+// from the StatefulSet find the credential they are annotated with.
+func (r *RedisClusterReconciler) reconcileObjects(ctx context.Context, s *scope, cred *credential) error {
+	rc := s.rc
+	aclFile, err := r.aclFile(ctx, rc, cred)
+	if err != nil {
+		return err
+	}
+	steps := []func() error{
+		func() error {
+			return ensure(ctx, r, rc, buildACLSecret(rc, aclFile), &corev1.Secret{}, sameSecret, updateSecret)
+		},
+		func() error {
+			return ensure(ctx, r, rc, buildCredentialsSecret(rc, cred.username, cred.password, cred.version), &corev1.Secret{}, sameSecret, updateSecret)
+		},
+		func() error {
+			return ensure(ctx, r, rc, buildConfigMap(rc), &corev1.ConfigMap{}, sameConfigMap, updateConfigMap)
+		},
+		func() error {
+			return ensure(ctx, r, rc, buildHeadlessService(rc), &corev1.Service{}, sameService, updateService)
+		},
+		func() error { return ensure(ctx, r, rc, buildClientService(rc), &corev1.Service{}, sameService, updateService) },
+		func() error {
+			return ensure(ctx, r, rc, buildStatefulSet(rc, cred.version), &appsv1.StatefulSet{}, sameStatefulSet, updateStatefulSet)
+		},
+	}
+	for _, step := range steps {
+		if err := step(); err != nil {
+			var conflict *conflictError
+			if errors.As(err, &conflict) {
+				s.conds.set(v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.ReasonSecretConflict, err.Error())
+			}
+			return err
+		}
+	}
+	return nil
+}
+
+// aclFile renders the aclfile: the current user, and the users of superseded leases that are not
+// revoked yet (taken over from the ACL Secret as it is, where only their password hashes are).
+func (r *RedisClusterReconciler) aclFile(ctx context.Context, rc *v1alpha1.RedisCluster, cred *credential) (string, error) {
+	users := []aclUser{newACLUser(cred.username, cred.password)}
+	old := &corev1.Secret{}
+	err := r.Get(ctx, client.ObjectKey{Namespace: rc.Namespace, Name: aclSecretName(rc)}, old)
+	if client.IgnoreNotFound(err) != nil {
+		return "", err
+	}
+	existing := parseACLUsers(string(old.Data[ACLFileKey]))
+	for _, l := range rc.Status.Leases {
+		if l.State == v1alpha1.LeaseActive || l.Username == cred.username {
+			continue
+		}
+		if u, ok := existing[l.Username]; ok && !slices.ContainsFunc(users, func(x aclUser) bool { return x.Username == u.Username }) {
+			users = append(users, u)
+		}
+	}
+	return renderACLFile(users, rc.Spec.Credentials.ACLRules)
+}

@@ -1,0 +1,142 @@
+package controllers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/vault"
+)
+
+// revokeSuperseded revokes the leases that a newer credential has replaced. (Gating on the
+// rollout of the new credential to every pod comes with rotations; until then new pods simply
+// start with the current credential.) A failed revocation stays in the ledger as Revoking and is
+// retried with backoff.
+func (r *RedisClusterReconciler) revokeSuperseded(ctx context.Context, s *scope, vcl vault.Client) error {
+	var errs []error
+	for _, l := range s.rc.Status.Leases {
+		if l.State == v1alpha1.LeaseActive {
+			continue
+		}
+		errs = append(errs, r.revoke(ctx, s, vcl, l.LeaseID))
+	}
+	return r.revocationOutcome(s, errors.Join(errs...))
+}
+
+// revoke revokes one lease: on success it leaves the ledger, on failure it is marked Revoking.
+func (r *RedisClusterReconciler) revoke(ctx context.Context, s *scope, vcl vault.Client, id string) error {
+	err := vcl.Revoke(ctx, id)
+	if err != nil {
+		for i := range s.rc.Status.Leases {
+			if s.rc.Status.Leases[i].LeaseID == id {
+				s.rc.Status.Leases[i].State = v1alpha1.LeaseRevoking
+			}
+		}
+		return fmt.Errorf("revoking lease %s (%s): %w", id, vault.ClassOf(err), err)
+	}
+	s.rc.Status.Leases = removeLease(s.rc.Status.Leases, id)
+	s.conds.event(false, v1alpha1.EventLeaseRevoked, "Revoke", "Revoked lease %s", id)
+	log.FromContext(ctx).Info("Lease revoked", "lease", id)
+	return nil
+}
+
+// revocationOutcome sets Degraded for pending revocations, with an event on the transition.
+func (r *RedisClusterReconciler) revocationOutcome(s *scope, err error) error {
+	if err == nil {
+		if c := findCondition(s.rc, v1alpha1.ConditionDegraded); c != nil && c.Reason == v1alpha1.ReasonRevocationPending {
+			s.conds.set(v1alpha1.ConditionDegraded, metav1.ConditionFalse, v1alpha1.ReasonAvailable, "All superseded leases are revoked")
+		}
+		return nil
+	}
+	msg := fmt.Sprintf("%d lease(s) not revoked yet, retrying: %v", countState(s.rc, v1alpha1.LeaseRevoking), err)
+	if s.conds.set(v1alpha1.ConditionDegraded, metav1.ConditionTrue, v1alpha1.ReasonRevocationPending, msg) {
+		s.conds.event(true, v1alpha1.EventRevocationFailed, "Revoke", "%s", msg)
+	}
+	return err
+}
+
+// reconcileDelete revokes every lease in the ledger, then removes the finalizer. While a lease may
+// still be live, the finalizer stays.
+func (r *RedisClusterReconciler) reconcileDelete(ctx context.Context, s *scope) (ctrl.Result, error) {
+	rc := s.rc
+	if !controllerutil.ContainsFinalizer(rc, v1alpha1.Finalizer) {
+		return ctrl.Result{}, nil
+	}
+	if rc.Spec.DeletionPolicy == v1alpha1.DeletionRetain {
+		if len(rc.Status.Leases) > 0 {
+			s.conds.event(false, v1alpha1.EventRevocationSkipped, "Delete",
+				"deletionPolicy Retain: %d lease(s) left to expire in Vault, not revoked", len(rc.Status.Leases))
+		}
+		return ctrl.Result{}, r.removeFinalizer(ctx, s)
+	}
+	if len(rc.Status.Leases) > 0 {
+		if res, err := r.revokeAll(ctx, s); err != nil || !res.IsZero() {
+			return res, err
+		}
+	}
+	return ctrl.Result{}, r.removeFinalizer(ctx, s)
+}
+
+// revokeAll revokes every lease in the ledger, superseded ones included.
+func (r *RedisClusterReconciler) revokeAll(ctx context.Context, s *scope) (ctrl.Result, error) {
+	vcl, wait, err := r.connect(ctx, s, true)
+	if vcl == nil {
+		msg := fmt.Sprintf("%d lease(s) cannot be revoked: %s", len(s.rc.Status.Leases), conditionMessage(s.rc, v1alpha1.ConditionCredentialsReady))
+		if s.conds.set(v1alpha1.ConditionDegraded, metav1.ConditionTrue, v1alpha1.ReasonRevocationPending, msg) {
+			s.conds.event(true, v1alpha1.EventRevocationFailed, "Revoke", "%s", msg)
+		}
+		return ctrl.Result{RequeueAfter: wait}, err
+	}
+	var errs []error
+	for _, l := range s.rc.Status.Leases {
+		errs = append(errs, r.revoke(ctx, s, vcl, l.LeaseID))
+	}
+	return ctrl.Result{}, r.revocationOutcome(s, errors.Join(errs...))
+}
+
+// removeFinalizer writes the (now empty) ledger first, then lets the object go.
+func (r *RedisClusterReconciler) removeFinalizer(ctx context.Context, s *scope) error {
+	if err := r.writeStatus(ctx, s); err != nil {
+		return err
+	}
+	patch := client.MergeFrom(s.rc.DeepCopy())
+	controllerutil.RemoveFinalizer(s.rc, v1alpha1.Finalizer)
+	if err := r.Patch(ctx, s.rc, patch); err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	s.before = s.rc.DeepCopy()
+	return nil
+}
+
+func findCondition(rc *v1alpha1.RedisCluster, t string) *metav1.Condition {
+	for i := range rc.Status.Conditions {
+		if rc.Status.Conditions[i].Type == t {
+			return &rc.Status.Conditions[i]
+		}
+	}
+	return nil
+}
+
+func conditionMessage(rc *v1alpha1.RedisCluster, t string) string {
+	if c := findCondition(rc, t); c != nil {
+		return c.Message
+	}
+	return ""
+}
+
+func countState(rc *v1alpha1.RedisCluster, st v1alpha1.LeaseState) int {
+	n := 0
+	for _, l := range rc.Status.Leases {
+		if l.State == st {
+			n++
+		}
+	}
+	return n
+}

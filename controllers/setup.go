@@ -1,0 +1,54 @@
+package controllers
+
+import (
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/utils/clock"
+	ctrl "sigs.k8s.io/controller-runtime"
+
+	"github.com/keyroll/keyroll/vault"
+)
+
+// Options are what the reconcilers share.
+type Options struct {
+	Recorder events.EventRecorder
+	Clock    clock.Clock
+	// Tokens requests the operator's service-account tokens for Vault's Kubernetes auth.
+	Tokens kubernetes.Interface
+	// ServiceAccount is the operator's own service account.
+	ServiceAccount types.NamespacedName
+	// VaultObserver, when set, sees every Vault request (operation, outcome, duration).
+	VaultObserver func(op, outcome string, seconds float64)
+}
+
+// CacheOptions are the manager's cache settings: Secrets only with keyroll's label, never every
+// Secret of the cluster.
+func CacheOptions() cache.Options {
+	managed := labels.SelectorFromSet(labels.Set{v1alpha1.LabelManagedBy: v1alpha1.ManagedByValue})
+	return cache.Options{ByObject: map[client.Object]cache.ByObject{&corev1.Secret{}: {Label: managed}}}
+}
+
+// Setup registers keyroll's reconcilers with a manager. Both share one Connector, and so one Vault
+// client (one login, one rate limit) per VaultConnection. It returns the RedisCluster reconciler.
+func Setup(mgr ctrl.Manager, o Options) (*RedisClusterReconciler, error) {
+	conn := &Connector{
+		Reader: mgr.GetAPIReader(), Tokens: o.Tokens, ServiceAccount: o.ServiceAccount,
+		Cache: vault.NewCache(), Clock: o.Clock, Observer: o.VaultObserver,
+	}
+	if err := (&VaultConnectionReconciler{
+		Client: mgr.GetClient(), Recorder: o.Recorder, Clock: o.Clock, Connector: conn,
+	}).SetupWithManager(mgr); err != nil {
+		return nil, err
+	}
+	rcr := &RedisClusterReconciler{
+		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: o.Recorder, Clock: o.Clock, Connector: conn,
+	}
+	return rcr, rcr.SetupWithManager(mgr)
+}

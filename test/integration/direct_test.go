@@ -1,0 +1,291 @@
+package integration
+
+import (
+	"context"
+	"slices"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+
+	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/test/testground"
+)
+
+func TestIssueGivesAWorkingCredentialAndASteadyStateWritesNothing(t *testing.T) {
+	namespace(t, "issue")
+	vaultConnection(t, "vault-issue", ground.Vault.Addr, "issue")
+	rc := redisCluster(t, "issue", "orders", "vault-issue", "database/creds/orders")
+	start := time.Now()
+	cur := waitCondition(t, rc, v1alpha1.ConditionReady, metav1.ConditionTrue, v1alpha1.ReasonAvailable, 60*time.Second)
+	t.Logf("Ready %s after create", time.Since(start).Round(time.Millisecond))
+
+	user, pass, ok := credentials(t, rc)
+	if !ok || !authenticates(user, pass) {
+		t.Fatalf("the credentials Secret does not hold a working credential (user %q)", user)
+	}
+	c := cur.Status.Credential
+	if c == nil || c.LeaseID == "" || c.ExpiresAt == nil || !c.Renewable || c.Username != user {
+		t.Fatalf("status.credential incomplete: %+v", c)
+	}
+	if len(cur.Status.Leases) != 1 || cur.Status.Leases[0].State != v1alpha1.LeaseActive || cur.Status.Leases[0].LeaseID != c.LeaseID {
+		t.Fatalf("ledger: %+v", cur.Status.Leases)
+	}
+	if cur.Status.Phase != v1alpha1.PhaseReady || cur.Status.ReadyReplicas != 3 || cur.Status.ObservedGeneration != cur.Generation {
+		t.Fatalf("phase %s, ready %d, observedGeneration %d", cur.Status.Phase, cur.Status.ReadyReplicas, cur.Status.ObservedGeneration)
+	}
+	if exists, _ := leaseExists(t, c.LeaseID); !exists {
+		t.Fatal("Vault does not know the lease in status")
+	}
+	if !slices.Contains(eventReasons(t, "issue", "orders"), v1alpha1.EventCredentialsIssued) {
+		t.Error("no CredentialsIssued event")
+	}
+
+	// Reconcile again with nothing changed: no write to the API server, no call to Vault.
+	var writes atomic.Int64
+	count := func() { writes.Add(1) }
+	r := *reconciler
+	r.Client = interceptor.NewClient(reconciler.Client.(client.WithWatch), interceptor.Funcs{
+		Create: func(ctx context.Context, c client.WithWatch, o client.Object, opts ...client.CreateOption) error {
+			count()
+			return c.Create(ctx, o, opts...)
+		},
+		Update: func(ctx context.Context, c client.WithWatch, o client.Object, opts ...client.UpdateOption) error {
+			count()
+			return c.Update(ctx, o, opts...)
+		},
+		Patch: func(ctx context.Context, c client.WithWatch, o client.Object, p client.Patch, opts ...client.PatchOption) error {
+			count()
+			return c.Patch(ctx, o, p, opts...)
+		},
+		Delete: func(ctx context.Context, c client.WithWatch, o client.Object, opts ...client.DeleteOption) error {
+			count()
+			return c.Delete(ctx, o, opts...)
+		},
+		SubResourcePatch: func(ctx context.Context, c client.Client, s string, o client.Object, p client.Patch, opts ...client.SubResourcePatchOption) error {
+			count()
+			return c.SubResource(s).Patch(ctx, o, p, opts...)
+		},
+		SubResourceUpdate: func(ctx context.Context, c client.Client, s string, o client.Object, opts ...client.SubResourceUpdateOption) error {
+			count()
+			return c.SubResource(s).Update(ctx, o, opts...)
+		},
+	})
+	req := ctrl.Request{NamespacedName: client.ObjectKeyFromObject(rc)}
+	calls := vaultCalls.Load()
+	for i := range 2 {
+		res, err := r.Reconcile(context.Background(), req)
+		if err != nil {
+			t.Fatalf("reconcile %d: %v", i, err)
+		}
+		if res.RequeueAfter <= 0 {
+			t.Errorf("reconcile %d: no RequeueAfter for the next renewal", i)
+		}
+	}
+	if n := writes.Load(); n != 0 {
+		t.Errorf("reconciling an unchanged RedisCluster made %d API writes", n)
+	}
+	if n := vaultCalls.Load() - calls; n != 0 {
+		t.Errorf("reconciling an unchanged RedisCluster made %d Vault calls", n)
+	}
+}
+
+func TestLeaseIsRenewedBeforeExpiryAndReissuedWhenRevokedOutside(t *testing.T) {
+	namespace(t, "renew")
+	vaultConnection(t, "vault-renew", ground.Vault.Addr, "renew")
+	rc := redisCluster(t, "renew", "short", "vault-renew", "database/creds/short", func(rc *v1alpha1.RedisCluster) {
+		rc.Spec.Replicas = 1
+	})
+	cur := waitCondition(t, rc, v1alpha1.ConditionReady, metav1.ConditionTrue, "", 60*time.Second)
+	first := cur.Status.Credential
+	user, pass, _ := credentials(t, rc)
+	firstExpiry := first.ExpiresAt.Time
+
+	// The 20 s lease is renewed before it expires, and Vault shows the extended expiry; the
+	// credential keeps working for a minute.
+	deadline := time.Now().Add(60 * time.Second)
+	renewed := false
+	for time.Now().Before(deadline) {
+		if !authenticates(user, pass) {
+			t.Fatalf("the credential stopped working %s into the minute", 60*time.Second-time.Until(deadline))
+		}
+		if exists, exp := leaseExists(t, first.LeaseID); !exists {
+			t.Fatal("the lease disappeared from Vault")
+		} else if exp.After(firstExpiry.Add(2 * time.Second)) {
+			renewed = true
+		}
+		time.Sleep(2 * time.Second)
+	}
+	cur = get(t, rc)
+	if !renewed || cur.Status.Credential.LastRenewal == nil || cur.Status.Credential.LeaseID != first.LeaseID {
+		t.Fatalf("lease not renewed in a minute: renewed in Vault %v, status %+v", renewed, cur.Status.Credential)
+	}
+
+	// Revoked directly in Vault: keyroll notices at the next renewal and issues a new credential.
+	if err := ground.Vault.Root.Sys().Revoke(first.LeaseID); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 40*time.Second, func() string {
+		cur = get(t, rc)
+		if cur.Status.Credential.LeaseID == first.LeaseID {
+			return "still on the revoked lease"
+		}
+		return ""
+	})
+	user2, pass2, _ := credentials(t, rc)
+	eventually(t, 10*time.Second, func() string {
+		user2, pass2, _ = credentials(t, rc)
+		if user2 == user || !authenticates(user2, pass2) {
+			return "the credentials Secret does not hold the new working credential"
+		}
+		return ""
+	})
+	for _, l := range cur.Status.Leases {
+		if l.LeaseID == first.LeaseID {
+			t.Errorf("the revoked lease is still in the ledger: %+v", l)
+		}
+	}
+}
+
+func TestDeleteRevokesTheLeaseThenLetsGo(t *testing.T) {
+	namespace(t, "delete")
+	vaultConnection(t, "vault-delete", ground.Vault.Addr, "delete")
+	rc := redisCluster(t, "delete", "orders", "vault-delete", "database/creds/orders", func(rc *v1alpha1.RedisCluster) { rc.Spec.Replicas = 1 })
+	cur := waitCondition(t, rc, v1alpha1.ConditionCredentialsReady, metav1.ConditionTrue, "", 60*time.Second)
+	user, pass, _ := credentials(t, rc)
+	lease := cur.Status.Credential.LeaseID
+	if !authenticates(user, pass) {
+		t.Fatal("credential does not work before delete")
+	}
+	if err := k8s.Delete(context.Background(), rc); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, func() string {
+		err := k8s.Get(context.Background(), client.ObjectKeyFromObject(rc), &v1alpha1.RedisCluster{})
+		if !apierrors.IsNotFound(err) {
+			return "the RedisCluster is still there"
+		}
+		return ""
+	})
+	if authenticates(user, pass) {
+		t.Error("the credential still works after delete")
+	}
+	if exists, _ := leaseExists(t, lease); exists {
+		t.Error("Vault still knows the lease after delete")
+	}
+}
+
+func TestDeleteWhileVaultIsUnreachableKeepsTheFinalizerUntilRevoked(t *testing.T) {
+	proxy, err := testground.StartProxy(ground.Vault.Addr[len("http://"):])
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(proxy.Stop)
+	namespace(t, "unreachable")
+	vaultConnection(t, "vault-proxied", proxy.URL(), "unreachable")
+	rc := redisCluster(t, "unreachable", "orders", "vault-proxied", "database/creds/orders", func(rc *v1alpha1.RedisCluster) { rc.Spec.Replicas = 1 })
+	cur := waitCondition(t, rc, v1alpha1.ConditionCredentialsReady, metav1.ConditionTrue, "", 60*time.Second)
+	user, pass, _ := credentials(t, rc)
+	lease := cur.Status.Credential.LeaseID
+
+	proxy.Cut()
+	if err := k8s.Delete(context.Background(), rc); err != nil {
+		t.Fatal(err)
+	}
+	cur = waitCondition(t, rc, v1alpha1.ConditionDegraded, metav1.ConditionTrue, v1alpha1.ReasonRevocationPending, 90*time.Second)
+	t.Logf("while Vault is cut off: %s", conditionText(cur, v1alpha1.ConditionDegraded))
+	time.Sleep(3 * time.Second)
+	cur = get(t, rc)
+	if len(cur.Finalizers) == 0 || len(cur.Status.Leases) != 1 || !authenticates(user, pass) {
+		t.Fatalf("with Vault unreachable the object must stay with its finalizer and lease: finalizers %v, leases %+v", cur.Finalizers, cur.Status.Leases)
+	}
+	if !slices.Contains(eventReasons(t, "unreachable", "orders"), v1alpha1.EventRevocationFailed) {
+		t.Error("no RevocationFailed event")
+	}
+
+	proxy.Restore()
+	eventually(t, 90*time.Second, func() string {
+		err := k8s.Get(context.Background(), client.ObjectKeyFromObject(rc), &v1alpha1.RedisCluster{})
+		if !apierrors.IsNotFound(err) {
+			return "the RedisCluster is still there after Vault came back"
+		}
+		return ""
+	})
+	if authenticates(user, pass) {
+		t.Error("the credential still works after the delete completed")
+	}
+	if exists, _ := leaseExists(t, lease); exists {
+		t.Error("Vault still knows the lease")
+	}
+}
+
+func conditionText(rc *v1alpha1.RedisCluster, condType string) string {
+	for _, c := range rc.Status.Conditions {
+		if c.Type == condType {
+			return c.Reason + ": " + c.Message
+		}
+	}
+	return ""
+}
+
+func TestRefusedClustersGetAConditionAnEventAndNoSecret(t *testing.T) {
+	namespace(t, "refused")
+	vaultConnection(t, "vault-elsewhere", ground.Vault.Addr, "elsewhere")
+	vaultConnection(t, "vault-refused", ground.Vault.Addr, "refused")
+	cases := map[string]struct {
+		connection, path, reason string
+	}{
+		"not-allowed": {"vault-elsewhere", "database/creds/orders", v1alpha1.ReasonNamespaceNotAllowed},
+		"no-conn":     {"missing", "database/creds/orders", v1alpha1.ReasonConnectionNotFound},
+		"forbidden":   {"vault-refused", "kv/creds/orders", v1alpha1.ReasonPermissionDenied},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			calls := vaultCalls.Load()
+			rc := redisCluster(t, "refused", name, tc.connection, tc.path, func(rc *v1alpha1.RedisCluster) { rc.Spec.Replicas = 1 })
+			cur := waitCondition(t, rc, v1alpha1.ConditionCredentialsReady, metav1.ConditionFalse, tc.reason, 30*time.Second)
+			if r := eventReasons(t, "refused", name); len(r) == 0 {
+				t.Error("no event")
+			}
+			if _, _, ok := credentials(t, rc); ok || len(cur.Status.Leases) != 0 {
+				t.Errorf("a refused RedisCluster got a credentials Secret or a lease: %+v", cur.Status.Leases)
+			}
+			if tc.reason == v1alpha1.ReasonNamespaceNotAllowed && vaultCalls.Load() != calls {
+				t.Errorf("a namespace the VaultConnection does not allow caused %d Vault calls", vaultCalls.Load()-calls)
+			}
+		})
+	}
+}
+
+func TestForeignSecretIsLeftUntouched(t *testing.T) {
+	namespace(t, "foreign")
+	vaultConnection(t, "vault-foreign", ground.Vault.Addr, "foreign")
+	foreign := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "foreign", Name: "taken-credentials"},
+		Data:       map[string][]byte{"username": []byte("someone"), "password": []byte("else")},
+	}
+	if err := k8s.Create(context.Background(), foreign); err != nil {
+		t.Fatal(err)
+	}
+	rc := redisCluster(t, "foreign", "taken", "vault-foreign", "database/creds/orders", func(rc *v1alpha1.RedisCluster) { rc.Spec.Replicas = 1 })
+	cur := waitCondition(t, rc, v1alpha1.ConditionCredentialsReady, metav1.ConditionFalse, v1alpha1.ReasonSecretConflict, 30*time.Second)
+	after := &corev1.Secret{}
+	if err := k8s.Get(context.Background(), client.ObjectKeyFromObject(foreign), after); err != nil {
+		t.Fatal(err)
+	}
+	if after.ResourceVersion != foreign.ResourceVersion || string(after.Data["username"]) != "someone" {
+		t.Fatal("the foreign Secret was changed")
+	}
+	if len(cur.Status.Leases) != 0 {
+		t.Fatalf("a credential was issued although it could not be written: %+v", cur.Status.Leases)
+	}
+	if !slices.Contains(eventReasons(t, "foreign", "taken"), v1alpha1.EventSecretConflict) {
+		t.Error("no SecretConflict event")
+	}
+}
