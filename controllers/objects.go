@@ -34,7 +34,9 @@ func (r *RedisClusterReconciler) reconcileObjects(ctx context.Context, s *scope,
 		func() error {
 			return ensure(ctx, r, rc, buildHeadlessService(rc), &corev1.Service{}, sameService, updateService)
 		},
-		func() error { return ensure(ctx, r, rc, buildClientService(rc), &corev1.Service{}, sameService, updateService) },
+		func() error {
+			return ensure(ctx, r, rc, buildClientService(rc), &corev1.Service{}, sameService, updateService)
+		},
 		func() error {
 			return ensure(ctx, r, rc, buildStatefulSet(rc, cred.version), &appsv1.StatefulSet{}, sameStatefulSet, updateStatefulSet)
 		},

@@ -54,4 +54,3 @@ func patchStatus(ctx context.Context, c client.Client, before, after client.Obje
 	}
 	return nil
 }
-

@@ -110,7 +110,7 @@ type Retry struct {
 	MaxBackoff  time.Duration
 }
 
-// authMethod names the configured auth method ("kubernetes", "approle" or "token").
+// method names the configured auth method ("kubernetes", "approle" or "token").
 func (a Auth) method() string {
 	switch {
 	case a.Kubernetes != nil:

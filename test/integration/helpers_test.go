@@ -146,4 +146,3 @@ func leaseExists(t *testing.T, id string) (bool, time.Time) {
 	exp, _ := time.Parse(time.RFC3339Nano, fmt.Sprint(s.Data["expire_time"]))
 	return true, exp
 }
-

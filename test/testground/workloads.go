@@ -148,7 +148,9 @@ func nodeReady(ctx context.Context, cp *ControlPlane) error {
 // runBinder binds every pod without a node to the fake node: the test ground has no scheduler.
 func runBinder(ctx context.Context, cp *ControlPlane) {
 	lw := cache.NewFilteredListWatchFromClient(cp.Clientset.CoreV1().RESTClient(), "pods", metav1.NamespaceAll,
-		func(o *metav1.ListOptions) { o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", "").String() })
+		func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", "").String()
+		})
 	bind := func(obj any) {
 		pod, ok := obj.(*corev1.Pod)
 		if !ok || pod.Spec.NodeName != "" || pod.DeletionTimestamp != nil {
