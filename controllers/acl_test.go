@@ -1,0 +1,104 @@
+package controllers
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/keyroll/keyroll/test/testground"
+)
+
+// The aclfile keyroll renders is loaded by a real redis-server, and the users in it authenticate
+// with their passwords, including passwords whose characters would need care in an aclfile.
+func TestACLFileLoadsInRealRedis(t *testing.T) {
+	users := map[string]string{
+		"V_TOKEN_ORDERS_AB12CD_1700000000": "A1a-plain-vault-password",
+		"tricky":                           "sp ace \"quote\" #hash >gt <lt 'single' \\back\nnewline ünï",
+		"admin":                            "admin-password-for-this-test",
+	}
+	var list []aclUser
+	for u, p := range users {
+		list = append(list, newACLUser(u, p))
+	}
+	file, err := renderACLFile(list, []string{"~*", "&*", "+@all"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range users {
+		if strings.Contains(file, p) {
+			t.Fatal("a password appears in clear in the aclfile")
+		}
+	}
+	dir := t.TempDir()
+	path := filepath.Join(dir, "users.acl")
+	if err := os.WriteFile(path, []byte(file), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r, err := testground.StartRedis(dir, "--aclfile", path)
+	if err != nil {
+		t.Fatalf("redis-server refused the aclfile keyroll renders: %v\n%s", err, file)
+	}
+	t.Cleanup(r.Stop)
+	for u, p := range users {
+		if who, err := r.WhoAmI(u, p); err != nil || who != u {
+			t.Errorf("user %q does not authenticate: %q, %v", u, who, err)
+		}
+		if _, err := r.WhoAmI(u, p+"x"); err == nil {
+			t.Errorf("user %q authenticates with a wrong password", u)
+		}
+	}
+	if _, err := r.WhoAmI("default", ""); err == nil {
+		t.Error("the default user is not off")
+	}
+}
+
+func TestACLFileRules(t *testing.T) {
+	cases := map[string]struct {
+		users   []aclUser
+		rules   []string
+		wantErr string
+		want    string
+	}{
+		"rules follow a reset": {
+			users: []aclUser{newACLUser("app", "pw")}, rules: []string{"~orders:*", "+get", "+set"},
+			want: "resetkeys resetchannels -@all ~orders:* +get +set",
+		},
+		"username with a space": {users: []aclUser{newACLUser("bad user", "pw")}, rules: []string{"~*"}, wantErr: "cannot be written"},
+		"username with a newline": {users: []aclUser{newACLUser("a\nuser default on nopass", "pw")}, rules: []string{"~*"}, wantErr: "cannot be written"},
+		"malformed hash":          {users: []aclUser{{Username: "u", PasswordHash: "zz"}}, rules: []string{"~*"}, wantErr: "malformed"},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			got, err := renderACLFile(tc.users, tc.rules)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("want error %q, got %v", tc.wantErr, err)
+				}
+				return
+			}
+			if err != nil || !strings.Contains(got, tc.want) || !strings.HasPrefix(got, "user default off\n") {
+				t.Fatalf("got %q, %v", got, err)
+			}
+		})
+	}
+}
+
+func TestParseACLUsersReadsWhatRenderWrites(t *testing.T) {
+	in := []aclUser{newACLUser("a", "1"), newACLUser("b", "2")}
+	file, err := renderACLFile(in, []string{"~*"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := parseACLUsers(file)
+	if len(got) != 2 || got["a"] != in[0] || got["b"] != in[1] {
+		t.Fatalf("parsed %+v from %q", got, file)
+	}
+}
+
+func TestCredentialVersion(t *testing.T) {
+	v := credentialVersion("u", "p")
+	if v != credentialVersion("u", "p") || v == credentialVersion("u", "q") || v == credentialVersion("v", "p") || len(v) != 16 {
+		t.Fatalf("credential versions must be stable per credential and differ between credentials: %s", v)
+	}
+}
