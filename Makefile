@@ -98,3 +98,9 @@ deploy: ## Install CRDs, RBAC and the manager (kubectl apply -k deploy/default).
 .PHONY: undeploy
 undeploy: ## Remove what deploy installed.
 	kubectl delete -k deploy/default
+
+##@ Playground
+
+.PHONY: playground
+playground: deps ## Run keyroll against a real local control plane, Vault and Redis, with the samples applied.
+	$(GO) run ./test/playground --kubeconfig-out=$(CURDIR)/playground.kubeconfig

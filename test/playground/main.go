@@ -1,0 +1,201 @@
+// Command playground runs keyroll on this machine without a cluster: a real kube-apiserver and
+// etcd, kube-controller-manager with kwok (so that pods become Ready), a Vault dev server with the
+// database secrets engine and Kubernetes auth, and redis-server, all on loopback ports. It applies
+// the CRDs and the samples of deploy/, runs the operator in the foreground, and prints how to watch
+// it work. Ctrl-C stops everything it started and removes its temporary files.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/kustomize/api/krusty"
+	"sigs.k8s.io/kustomize/kyaml/filesys"
+
+	"github.com/keyroll/keyroll/test/testground"
+)
+
+const (
+	operatorNS   = "keyroll-system"
+	operatorSA   = "keyroll-manager"
+	operatorRole = "keyroll"
+)
+
+func main() {
+	out := flag.String("kubeconfig-out", "playground.kubeconfig", "Where to write the admin kubeconfig of the playground's API server.")
+	flag.Parse()
+	if err := run(*out); err != nil {
+		fmt.Fprintf(os.Stderr, "playground: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+func say(format string, args ...any) {
+	fmt.Printf("[playground %s] %s\n", time.Now().Format("15:04:05"), fmt.Sprintf(format, args...))
+}
+
+func run(kubeconfigOut string) error {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	say("starting kube-apiserver, etcd, kube-controller-manager, kwok, Vault and Redis on loopback")
+	g, err := testground.Start(testground.Options{Workloads: true, Redis: true, Vault: true})
+	if err != nil {
+		return err
+	}
+	defer func() {
+		say("stopping everything the playground started")
+		g.Stop()
+		_ = os.Remove(kubeconfigOut)
+	}()
+	if err := setupVault(ctx, g); err != nil {
+		return fmt.Errorf("setting up Vault: %w", err)
+	}
+	kc, err := os.ReadFile(g.CP.Kubeconfig)
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(kubeconfigOut, kc, 0o600); err != nil {
+		return err
+	}
+	if err := applySamples(ctx, g); err != nil {
+		return fmt.Errorf("applying the samples: %w", err)
+	}
+	op, err := startOperator(g)
+	if err != nil {
+		return err
+	}
+	printTour(g, kubeconfigOut)
+	defer op.stop()
+	select {
+	case <-ctx.Done():
+		return nil
+	case <-op.done:
+		return errors.New("the operator stopped")
+	}
+}
+
+// setupVault does what deploy/vault describes: the Redis connection and roles, the operator's
+// policy, and Kubernetes auth for the operator's service account.
+func setupVault(ctx context.Context, g *testground.Ground) error {
+	v := g.Vault
+	err := v.ConfigureRedis(ctx, g.Redis,
+		testground.RedisRole{Name: "orders", DefaultTTL: 2 * time.Minute, MaxTTL: time.Hour},
+		testground.RedisRole{Name: "payments", DefaultTTL: 2 * time.Minute, MaxTTL: time.Hour})
+	if err != nil {
+		return err
+	}
+	policy, err := os.ReadFile(filepath.Join(testground.RepoRoot(), "deploy", "vault", "policy.hcl"))
+	if err != nil {
+		return err
+	}
+	if err := v.WritePolicy(ctx, operatorRole, string(policy)); err != nil {
+		return err
+	}
+	if err := g.CP.EnsureServiceAccount(ctx, operatorNS, operatorSA); err != nil {
+		return err
+	}
+	return v.EnableKubernetesAuth(ctx, g.CP, testground.KubernetesAuthRole{
+		Name: operatorRole, ServiceAccounts: []string{operatorSA}, Namespaces: []string{operatorNS},
+		Policies: []string{operatorRole}, TokenTTL: time.Hour,
+	})
+}
+
+// applySamples applies deploy/samples, with the VaultConnection pointed at the playground's Vault.
+// The External Secrets sample needs External Secrets Operator, which the playground does not run.
+func applySamples(ctx context.Context, g *testground.Ground) error {
+	c, err := client.New(g.CP.Config, client.Options{})
+	if err != nil {
+		return err
+	}
+	k := krusty.MakeKustomizer(krusty.MakeDefaultOptions())
+	res, err := k.Run(filesys.MakeFsOnDisk(), filepath.Join(testground.RepoRoot(), "deploy", "samples"))
+	if err != nil {
+		return err
+	}
+	for _, r := range res.Resources() {
+		m, err := r.Map()
+		if err != nil {
+			return err
+		}
+		obj := &unstructured.Unstructured{Object: m}
+		if strings.HasPrefix(obj.GetAPIVersion(), "generators.external-secrets.io") {
+			continue
+		}
+		if obj.GetKind() == "VaultConnection" {
+			_ = unstructured.SetNestedField(obj.Object, g.Vault.Addr, "spec", "address")
+		}
+		if err := c.Patch(ctx, obj, client.Apply, client.FieldOwner("playground"), client.ForceOwnership); err != nil {
+			return fmt.Errorf("%s %s: %w", obj.GetKind(), obj.GetName(), err)
+		}
+		say("applied %s %s", obj.GetKind(), obj.GetName())
+	}
+	return nil
+}
+
+type operator struct {
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+// startOperator builds keyroll and runs it against the playground, its logs on this terminal.
+func startOperator(g *testground.Ground) (*operator, error) {
+	bin := filepath.Join(g.Dir, "keyroll")
+	say("building the operator")
+	build := exec.Command("go", "build", "-o", bin, ".")
+	build.Dir, build.Stdout, build.Stderr = testground.RepoRoot(), os.Stdout, os.Stderr
+	if err := build.Run(); err != nil {
+		return nil, fmt.Errorf("building keyroll: %w", err)
+	}
+	cmd := exec.Command(bin, "--kubeconfig="+g.CP.Kubeconfig, "--zap-devel",
+		"--metrics-bind-address=127.0.0.1:0", "--health-probe-bind-address=127.0.0.1:0",
+		"--leader-election-namespace="+operatorNS, "--service-account-namespace="+operatorNS)
+	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	op := &operator{cmd: cmd, done: make(chan struct{})}
+	go func() { _ = cmd.Wait(); close(op.done) }()
+	return op, nil
+}
+
+// stop asks the operator to shut down (it releases its leader-election Lease) and waits.
+func (o *operator) stop() {
+	_ = syscall.Kill(-o.cmd.Process.Pid, syscall.SIGTERM)
+	select {
+	case <-o.done:
+	case <-time.After(15 * time.Second):
+		_ = syscall.Kill(-o.cmd.Process.Pid, syscall.SIGKILL)
+		<-o.done
+	}
+}
+
+func printTour(g *testground.Ground, kubeconfig string) {
+	fmt.Printf(`
+keyroll is running against the playground. In another terminal:
+
+  export KUBECONFIG=%[1]s
+  kubectl get redisclusters -A -w                  # phase, ready pods, credential expiry, next rotation
+  kubectl get rediscluster orders -o yaml          # conditions, the lease ledger
+  kubectl get pods -l keyroll.dev/cluster=orders   # Redis pods (kwok plays their kubelet)
+
+  export VAULT_ADDR=%[2]s VAULT_TOKEN=%[3]s
+  %[4]s lease lookup $(kubectl get rediscluster orders -o jsonpath='{.status.credential.leaseID}')
+
+Rotate now:
+  kubectl annotate rediscluster orders keyroll.dev/rotate-now="$(date +%%s)" --overwrite
+
+Ctrl-C stops everything.
+`, kubeconfig, g.Vault.Addr, g.Vault.RootToken, filepath.Join(testground.BinDir(), "vault"))
+}
