@@ -64,7 +64,7 @@ func TestACLFileRules(t *testing.T) {
 			users: []aclUser{newACLUser("app", "pw")}, rules: []string{"~orders:*", "+get", "+set"},
 			want: "resetkeys resetchannels -@all ~orders:* +get +set",
 		},
-		"username with a space": {users: []aclUser{newACLUser("bad user", "pw")}, rules: []string{"~*"}, wantErr: "cannot be written"},
+		"username with a space":   {users: []aclUser{newACLUser("bad user", "pw")}, rules: []string{"~*"}, wantErr: "cannot be written"},
 		"username with a newline": {users: []aclUser{newACLUser("a\nuser default on nopass", "pw")}, rules: []string{"~*"}, wantErr: "cannot be written"},
 		"malformed hash":          {users: []aclUser{{Username: "u", PasswordHash: "zz"}}, rules: []string{"~*"}, wantErr: "malformed"},
 	}

@@ -236,9 +236,11 @@ func redisContainer(rc *v1alpha1.RedisCluster) corev1.Container {
 		Ports:     []corev1.ContainerPort{{Name: "redis", ContainerPort: redisPort, Protocol: corev1.ProtocolTCP}},
 		Env:       []corev1.EnvVar{{Name: "POD_NAME", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.name"}}}},
 		Resources: rc.Spec.Resources,
+		// Every probe field the API server would default is set, so that comparing with the stored
+		// StatefulSet finds no change where there is none.
 		ReadinessProbe: &corev1.Probe{
 			ProbeHandler:  corev1.ProbeHandler{Exec: &corev1.ExecAction{Command: readinessCommand()}},
-			PeriodSeconds: 5, TimeoutSeconds: 3, FailureThreshold: 2,
+			PeriodSeconds: 5, TimeoutSeconds: 3, FailureThreshold: 2, SuccessThreshold: 1,
 		},
 		SecurityContext: &corev1.SecurityContext{
 			AllowPrivilegeEscalation: ptr.To(false), ReadOnlyRootFilesystem: ptr.To(true),

@@ -218,7 +218,10 @@ func TestSchedulerLifecycle(t *testing.T) {
 		"starts once": func(t *testing.T) {
 			s := NewScheduler(testingclock.NewFakeClock(schedNow))
 			start(t, s)
-			if err := s.Start(context.Background()); err == nil {
+			eventually(t, "the scheduler starts", func() bool { s.mu.Lock(); defer s.mu.Unlock(); return s.started })
+			ctx, cancel := context.WithCancel(context.Background())
+			cancel() // a second loop would return nil at once
+			if err := s.Start(ctx); err == nil {
 				t.Error("second Start returned nil, want an error")
 			}
 		},
@@ -226,13 +229,24 @@ func TestSchedulerLifecycle(t *testing.T) {
 			s := NewScheduler(testingclock.NewFakeClock(schedNow))
 			daily := mustSchedule(t, "0 3 * * *")
 			for i := range 2 * eventBuffer {
-				s.Set(types.NamespacedName{Namespace: "ns", Name: string(rune('a' + i%26)) + string(rune('a'+i/26))}, daily, longTimeAgo)
+				s.Set(types.NamespacedName{Namespace: "ns", Name: string(rune('a'+i%26)) + string(rune('a'+i/26))}, daily, longTimeAgo)
 			}
 			start(t, s) // the cleanup fails the test if Start does not return
+			eventually(t, "the event buffer fills", func() bool { return len(s.events) == cap(s.events) })
 		},
 	}
 	for name, run := range cases {
 		t.Run(name, run)
+	}
+}
+
+// eventually polls cond until it holds, failing the test after 10 seconds.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting until %s", what)
+		}
 	}
 }
 

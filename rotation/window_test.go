@@ -70,6 +70,7 @@ func TestParseWindowErrors(t *testing.T) {
 		"zero duration":     {start: "02:00", duration: 0, want: "must be more than 0"},
 		"over a day":        {start: "02:00", duration: 25 * time.Hour, want: "at most 24h"},
 		"unknown zone":      {start: "02:00", duration: time.Hour, zone: "Mars/Olympus", want: `time zone "Mars/Olympus"`},
+		"host-local zone":   {start: "02:00", duration: time.Hour, zone: "Local", want: "IANA"},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -78,5 +79,15 @@ func TestParseWindowErrors(t *testing.T) {
 				t.Errorf("ParseWindow error = %v, want one containing %q", err, tc.want)
 			}
 		})
+	}
+}
+
+func TestWindowString(t *testing.T) {
+	w, err := ParseWindow("02:30", 90*time.Minute, "Europe/Berlin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := w.String(), "02:30 Europe/Berlin for 1h30m0s"; got != want {
+		t.Errorf("String() = %q, want %q", got, want)
 	}
 }

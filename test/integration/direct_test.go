@@ -2,7 +2,11 @@ package integration
 
 import (
 	"context"
+	"errors"
+	"os"
+	"path/filepath"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -10,6 +14,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
@@ -51,7 +56,7 @@ func TestIssueGivesAWorkingCredentialAndASteadyStateWritesNothing(t *testing.T) 
 	var writes atomic.Int64
 	count := func() { writes.Add(1) }
 	r := *reconciler
-	r.Client = interceptor.NewClient(reconciler.Client.(client.WithWatch), interceptor.Funcs{
+	r.Client = interceptor.NewClient(withoutWatch{reconciler.Client}, interceptor.Funcs{
 		Create: func(ctx context.Context, c client.WithWatch, o client.Object, opts ...client.CreateOption) error {
 			count()
 			return c.Create(ctx, o, opts...)
@@ -287,5 +292,51 @@ func TestForeignSecretIsLeftUntouched(t *testing.T) {
 	}
 	if !slices.Contains(eventReasons(t, "foreign", "taken"), v1alpha1.EventSecretConflict) {
 		t.Error("no SecretConflict event")
+	}
+}
+
+// withoutWatch lets the interceptor wrap the manager's client, which reconcilers never watch with.
+type withoutWatch struct{ client.Client }
+
+func (withoutWatch) Watch(context.Context, client.ObjectList, ...client.ListOption) (watch.Interface, error) {
+	return nil, errors.New("not used")
+}
+
+// The aclfile in the ACL Secret, loaded by a real redis-server, knows the issued credential with
+// the rules of spec.credentials.aclRules.
+func TestACLSecretLoadsInRealRedisWithTheSpecRules(t *testing.T) {
+	namespace(t, "acl")
+	vaultConnection(t, "vault-acl", ground.Vault.Addr, "acl")
+	rc := redisCluster(t, "acl", "orders", "vault-acl", "database/creds/orders", func(rc *v1alpha1.RedisCluster) {
+		rc.Spec.Replicas = 1
+		rc.Spec.Credentials.ACLRules = []string{"~orders:*", "+@read", "+@write", "+@connection", "+acl|whoami"}
+	})
+	waitCondition(t, rc, v1alpha1.ConditionCredentialsReady, metav1.ConditionTrue, "", 60*time.Second)
+	user, pass, _ := credentials(t, rc)
+	acl := &corev1.Secret{}
+	if err := k8s.Get(context.Background(), client.ObjectKey{Namespace: "acl", Name: "orders-acl"}, acl); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(acl.Data["users.acl"]), pass) {
+		t.Fatal("the ACL Secret holds the password in clear")
+	}
+	dir := t.TempDir()
+	file := filepath.Join(dir, "users.acl")
+	if err := os.WriteFile(file, acl.Data["users.acl"], 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r, err := testground.StartRedis(dir, "--aclfile", file)
+	if err != nil {
+		t.Fatalf("redis-server refused the operator's aclfile: %v", err)
+	}
+	t.Cleanup(r.Stop)
+	if who, err := r.WhoAmI(user, pass); err != nil || who != user {
+		t.Fatalf("the issued credential does not authenticate against the aclfile: %q, %v", who, err)
+	}
+	if _, err := r.Do(user, pass, "SET", "orders:1", "x"); err != nil {
+		t.Errorf("a key the rules allow is refused: %v", err)
+	}
+	if _, err := r.Do(user, pass, "SET", "payments:1", "x"); err == nil || !strings.Contains(err.Error(), "NOPERM") {
+		t.Errorf("a key outside ~orders:* is not refused: %v", err)
 	}
 }

@@ -67,6 +67,21 @@ func (r *Redis) WhoAmI(username, password string) (string, error) {
 	return RedisWhoAmI(r.Addr(), username, password)
 }
 
+// Do authenticates as username and runs one command, returning a simple or bulk string reply.
+func (r *Redis) Do(username, password string, args ...string) (string, error) {
+	c, err := net.DialTimeout("tcp", r.Addr(), 2*time.Second)
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	rd := bufio.NewReader(c)
+	if _, err := redisCommand(c, rd, "AUTH", username, password); err != nil {
+		return "", err
+	}
+	return redisCommand(c, rd, args...)
+}
+
 // RedisWhoAmI authenticates against addr and returns the user Redis says the connection runs as.
 func RedisWhoAmI(addr, username, password string) (string, error) {
 	c, err := net.DialTimeout("tcp", addr, 2*time.Second)
