@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -13,6 +14,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -51,6 +53,21 @@ func TestIssueGivesAWorkingCredentialAndASteadyStateWritesNothing(t *testing.T) 
 	if !slices.Contains(eventReasons(t, "issue", "orders"), v1alpha1.EventCredentialsIssued) {
 		t.Error("no CredentialsIssued event")
 	}
+
+	// The VaultConnection reports the login, the token's expiry and Vault's version and seal state.
+	eventually(t, 30*time.Second, func() string {
+		vc := &v1alpha1.VaultConnection{}
+		if err := k8s.Get(context.Background(), client.ObjectKey{Name: "vault-issue"}, vc); err != nil {
+			return err.Error()
+		}
+		st := vc.Status
+		ready := apimeta.FindStatusCondition(st.Conditions, v1alpha1.ConditionReady)
+		if ready == nil || ready.Status != metav1.ConditionTrue || ready.Reason != v1alpha1.ReasonLoggedIn ||
+			st.VaultVersion == "" || st.Sealed == nil || *st.Sealed || st.TokenExpiresAt == nil || !st.TokenExpiresAt.After(time.Now()) {
+			return fmt.Sprintf("VaultConnection status: %+v", st)
+		}
+		return ""
+	})
 
 	// Reconcile again with nothing changed: no write to the API server, no call to Vault.
 	var writes atomic.Int64
@@ -266,6 +283,14 @@ func TestRefusedClustersGetAConditionAnEventAndNoSecret(t *testing.T) {
 			}
 		})
 	}
+
+	// Creating the missing VaultConnection wakes the RedisCluster that names it, long before its
+	// one-minute retry.
+	vaultConnection(t, "missing", ground.Vault.Addr, "refused")
+	start := time.Now()
+	waitCondition(t, &v1alpha1.RedisCluster{ObjectMeta: metav1.ObjectMeta{Namespace: "refused", Name: "no-conn"}},
+		v1alpha1.ConditionCredentialsReady, metav1.ConditionTrue, "", 20*time.Second)
+	t.Logf("credential issued %s after the VaultConnection appeared", time.Since(start).Round(time.Millisecond))
 }
 
 func TestForeignSecretIsLeftUntouched(t *testing.T) {
