@@ -33,8 +33,8 @@ type Connector struct {
 	ServiceAccount types.NamespacedName
 	Cache          *vault.Cache
 	Clock          clock.Clock
-	// Observer, when set, sees every Vault request.
-	Observer func(op, outcome string, seconds float64)
+	// Observer, when set, sees every Vault request, with the name of its VaultConnection.
+	Observer func(connection, op, outcome string, seconds float64)
 }
 
 // errNamespaceNotAllowed says that a VaultConnection does not serve a namespace.
@@ -62,7 +62,7 @@ func (c *Connector) config(ctx context.Context, vc *v1alpha1.VaultConnection) (v
 	cfg := vault.Config{Address: spec.Address, Namespace: spec.Namespace, Clock: c.Clock,
 		Logger: log.FromContext(ctx).WithName("vault").WithValues("vaultConnection", vc.Name)}
 	if c.Observer != nil {
-		cfg.Observer = func(op, outcome string, d time.Duration) { c.Observer(op, outcome, d.Seconds()) }
+		cfg.Observer = func(op, outcome string, d time.Duration) { c.Observer(vc.Name, op, outcome, d.Seconds()) }
 	}
 	if spec.RateLimit != nil {
 		cfg.RateLimit = vault.RateLimit{QPS: float64(spec.RateLimit.QPS), Burst: int(spec.RateLimit.Burst)}

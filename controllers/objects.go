@@ -17,14 +17,8 @@ import (
 // from the StatefulSet find the credential they are annotated with.
 func (r *RedisClusterReconciler) reconcileObjects(ctx context.Context, s *scope, cred *credential) error {
 	rc := s.rc
-	aclFile, err := r.aclFile(ctx, rc, cred)
-	if err != nil {
-		return err
-	}
 	steps := []func() error{
-		func() error {
-			return ensure(ctx, r, rc, buildACLSecret(rc, aclFile), &corev1.Secret{}, sameSecret, updateSecret)
-		},
+		func() error { return r.ensureACLSecret(ctx, rc, cred) },
 		func() error {
 			return ensure(ctx, r, rc, buildCredentialsSecret(rc, cred.username, cred.password, cred.version), &corev1.Secret{}, sameSecret, updateSecret)
 		},
@@ -51,6 +45,15 @@ func (r *RedisClusterReconciler) reconcileObjects(ctx context.Context, s *scope,
 		}
 	}
 	return nil
+}
+
+// ensureACLSecret writes the aclfile the Redis pods load.
+func (r *RedisClusterReconciler) ensureACLSecret(ctx context.Context, rc *v1alpha1.RedisCluster, cred *credential) error {
+	aclFile, err := r.aclFile(ctx, rc, cred)
+	if err != nil {
+		return err
+	}
+	return ensure(ctx, r, rc, buildACLSecret(rc, aclFile), &corev1.Secret{}, sameSecret, updateSecret)
 }
 
 // aclFile renders the aclfile: the current user, and the users of superseded leases that are not

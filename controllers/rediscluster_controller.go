@@ -7,6 +7,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/events"
@@ -18,8 +19,11 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/rotation"
+	"github.com/keyroll/keyroll/vault"
 )
 
 // connectionIndex indexes RedisClusters by the VaultConnection they use.
@@ -35,6 +39,8 @@ type RedisClusterReconciler struct {
 	Recorder  events.EventRecorder
 	Clock     clock.Clock
 	Connector *Connector
+	// Scheduler wakes this reconciler when a cluster's rotation falls due (leader only).
+	Scheduler *rotation.Scheduler
 }
 
 // scope is one reconcile's view of a RedisCluster: the object, its status as last written, and
@@ -50,6 +56,9 @@ type scope struct {
 func (r *RedisClusterReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Result, reterr error) {
 	rc := &v1alpha1.RedisCluster{}
 	if err := r.Get(ctx, req.NamespacedName, rc); err != nil {
+		if apierrors.IsNotFound(err) && r.Scheduler != nil {
+			r.Scheduler.Remove(req.NamespacedName)
+		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	s := &scope{rc: rc, before: rc.DeepCopy(), conds: conditionSetter{obj: rc, conditions: &rc.Status.Conditions, recorder: r.Recorder}}
@@ -95,12 +104,53 @@ func (r *RedisClusterReconciler) reconcileNormal(ctx context.Context, s *scope) 
 	if err := r.reconcileObjects(ctx, s, cred); err != nil {
 		return ctrl.Result{}, err
 	}
-	if err := r.revokeSuperseded(ctx, s, vcl); err != nil {
+	rolledOut, wait, err := r.reconcileRollout(ctx, s, cred)
+	if err != nil {
 		return ctrl.Result{}, err
 	}
+	if rolledOut {
+		if err := r.retireSuperseded(ctx, s, vcl, cred); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
+	r.scheduleRotation(s)
 	r.setReady(ctx, s)
 	rc.Status.ObservedGeneration = rc.Generation
-	return ctrl.Result{RequeueAfter: next}, nil
+	return ctrl.Result{RequeueAfter: soonest(next, wait)}, nil
+}
+
+// retireSuperseded revokes the leases the current credential replaced, once it runs everywhere,
+// and then drops their users from the ACL Secret.
+func (r *RedisClusterReconciler) retireSuperseded(ctx context.Context, s *scope, vcl vault.Client, cred *credential) error {
+	if len(supersededLeases(s.rc)) == 0 {
+		return nil
+	}
+	if err := r.revokeSuperseded(ctx, s, vcl); err != nil {
+		return err
+	}
+	return r.ensureACLSecret(ctx, s.rc, cred)
+}
+
+// scheduleRotation keeps the leader's scheduler entry for this cluster in step with its schedule.
+func (r *RedisClusterReconciler) scheduleRotation(s *scope) {
+	if r.Scheduler == nil {
+		return
+	}
+	key := client.ObjectKeyFromObject(s.rc)
+	sch, err := rotation.ParseSchedule(s.rc.Spec.Rotation.Schedule)
+	if s.rc.Spec.Rotation.Schedule == "" || err != nil || s.rc.Status.Credential == nil {
+		r.Scheduler.Remove(key)
+		return
+	}
+	r.Scheduler.Set(key, sch, timeOf(s.rc.Status.Credential.LastRotation))
+}
+
+// soonest is the shorter of two non-zero requeue delays.
+func soonest(a, b time.Duration) time.Duration {
+	if a == 0 || (b != 0 && b < a) {
+		return b
+	}
+	return a
 }
 
 // setReady reads the Redis pods' readiness and sets Ready and the phase.
@@ -164,7 +214,10 @@ func (r *RedisClusterReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if err != nil {
 		return err
 	}
-	return ctrl.NewControllerManagedBy(mgr).
+	if err := indexConsumers(mgr); err != nil {
+		return err
+	}
+	b := ctrl.NewControllerManagedBy(mgr).
 		For(&v1alpha1.RedisCluster{}, builder.WithPredicates(predicate.Or(
 			predicate.GenerationChangedPredicate{}, predicate.AnnotationChangedPredicate{}))).
 		Owns(&appsv1.StatefulSet{}).
@@ -173,8 +226,51 @@ func (r *RedisClusterReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Owns(&corev1.ConfigMap{}).
 		Watches(&v1alpha1.VaultConnection{}, handler.EnqueueRequestsFromMapFunc(r.clustersUsing),
 			builder.WithPredicates(connectionChanged())).
-		Named("rediscluster").
-		Complete(r)
+		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(clusterOfPod)).
+		Watches(&appsv1.Deployment{}, handler.EnqueueRequestsFromMapFunc(r.clustersConsuming("Deployment"))).
+		Watches(&appsv1.StatefulSet{}, handler.EnqueueRequestsFromMapFunc(r.clustersConsuming("StatefulSet"))).
+		Watches(&appsv1.DaemonSet{}, handler.EnqueueRequestsFromMapFunc(r.clustersConsuming("DaemonSet"))).
+		Named("rediscluster")
+	if r.Scheduler != nil {
+		b = b.WatchesRawSource(source.Channel(r.Scheduler.Events(), &handler.EnqueueRequestForObject{}))
+	}
+	return b.Complete(r)
+}
+
+// indexConsumers indexes RedisClusters by their consumers, "Kind/name".
+func indexConsumers(mgr ctrl.Manager) error {
+	return mgr.GetFieldIndexer().IndexField(context.Background(), &v1alpha1.RedisCluster{}, consumerIndex,
+		func(o client.Object) []string {
+			var keys []string
+			for _, c := range o.(*v1alpha1.RedisCluster).Spec.Rollout.Consumers {
+				keys = append(keys, c.Kind+"/"+c.Name)
+			}
+			return keys
+		})
+}
+
+// clustersConsuming maps a workload to the RedisClusters that list it as a consumer.
+func (r *RedisClusterReconciler) clustersConsuming(kind string) handler.MapFunc {
+	return func(ctx context.Context, o client.Object) []ctrl.Request {
+		list := &v1alpha1.RedisClusterList{}
+		if err := r.List(ctx, list, client.InNamespace(o.GetNamespace()), client.MatchingFields{consumerIndex: kind + "/" + o.GetName()}); err != nil {
+			return nil
+		}
+		reqs := make([]ctrl.Request, 0, len(list.Items))
+		for _, rc := range list.Items {
+			reqs = append(reqs, ctrl.Request{NamespacedName: client.ObjectKeyFromObject(&rc)})
+		}
+		return reqs
+	}
+}
+
+// clusterOfPod maps a Redis pod to its RedisCluster, named by its label.
+func clusterOfPod(_ context.Context, o client.Object) []ctrl.Request {
+	name := o.GetLabels()[v1alpha1.LabelCluster]
+	if name == "" {
+		return nil
+	}
+	return []ctrl.Request{{NamespacedName: client.ObjectKey{Namespace: o.GetNamespace(), Name: name}}}
 }
 
 // clustersUsing maps a VaultConnection to the RedisClusters that use it.

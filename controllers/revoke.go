@@ -15,10 +15,9 @@ import (
 	"github.com/keyroll/keyroll/vault"
 )
 
-// revokeSuperseded revokes the leases that a newer credential has replaced. (Gating on the
-// rollout of the new credential to every pod comes with rotations; until then new pods simply
-// start with the current credential.) A failed revocation stays in the ledger as Revoking and is
-// retried with backoff.
+// revokeSuperseded revokes the leases that a newer credential has replaced; it is called only once
+// that credential runs on every Redis pod and consumer. A failed revocation stays in the ledger as
+// Revoking and is retried with backoff.
 func (r *RedisClusterReconciler) revokeSuperseded(ctx context.Context, s *scope, vcl vault.Client) error {
 	var errs []error
 	for _, l := range s.rc.Status.Leases {
@@ -75,6 +74,9 @@ func (r *RedisClusterReconciler) reconcileDelete(ctx context.Context, s *scope) 
 				"deletionPolicy Retain: %d lease(s) left to expire in Vault, not revoked", len(rc.Status.Leases))
 		}
 		return ctrl.Result{}, r.removeFinalizer(ctx, s)
+	}
+	if r.Scheduler != nil {
+		r.Scheduler.Remove(client.ObjectKeyFromObject(rc))
 	}
 	if len(rc.Status.Leases) > 0 {
 		if res, err := r.revokeAll(ctx, s); err != nil || !res.IsZero() {

@@ -7,6 +7,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/rotation"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/events"
@@ -24,15 +25,20 @@ type Options struct {
 	Tokens kubernetes.Interface
 	// ServiceAccount is the operator's own service account.
 	ServiceAccount types.NamespacedName
-	// VaultObserver, when set, sees every Vault request (operation, outcome, duration).
-	VaultObserver func(op, outcome string, seconds float64)
+	// VaultObserver, when set, sees every Vault request (VaultConnection, operation, outcome, duration).
+	VaultObserver func(connection, op, outcome string, seconds float64)
 }
 
 // CacheOptions are the manager's cache settings: Secrets only with keyroll's label, never every
 // Secret of the cluster.
 func CacheOptions() cache.Options {
 	managed := labels.SelectorFromSet(labels.Set{v1alpha1.LabelManagedBy: v1alpha1.ManagedByValue})
-	return cache.Options{ByObject: map[client.Object]cache.ByObject{&corev1.Secret{}: {Label: managed}}}
+	redisPods, _ := labels.Parse(v1alpha1.LabelCluster)
+	return cache.Options{ByObject: map[client.Object]cache.ByObject{
+		&corev1.Secret{}: {Label: managed},
+		// Only the Redis pods keyroll restarts, not every pod of the cluster.
+		&corev1.Pod{}: {Label: redisPods},
+	}}
 }
 
 // Setup registers keyroll's reconcilers with a manager. Both share one Connector, and so one Vault
@@ -47,8 +53,14 @@ func Setup(mgr ctrl.Manager, o Options) (*RedisClusterReconciler, error) {
 	}).SetupWithManager(mgr); err != nil {
 		return nil, err
 	}
+	// The scheduler runs only in the elected leader, and only wakes the reconciler.
+	sched := rotation.NewScheduler(o.Clock)
+	if err := mgr.Add(sched); err != nil {
+		return nil, err
+	}
 	rcr := &RedisClusterReconciler{
-		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: o.Recorder, Clock: o.Clock, Connector: conn,
+		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: o.Recorder, Clock: o.Clock,
+		Connector: conn, Scheduler: sched,
 	}
 	return rcr, rcr.SetupWithManager(mgr)
 }

@@ -55,19 +55,7 @@ func TestIssueGivesAWorkingCredentialAndASteadyStateWritesNothing(t *testing.T) 
 	}
 
 	// The VaultConnection reports the login, the token's expiry and Vault's version and seal state.
-	eventually(t, 30*time.Second, func() string {
-		vc := &v1alpha1.VaultConnection{}
-		if err := k8s.Get(context.Background(), client.ObjectKey{Name: "vault-issue"}, vc); err != nil {
-			return err.Error()
-		}
-		st := vc.Status
-		ready := apimeta.FindStatusCondition(st.Conditions, v1alpha1.ConditionReady)
-		if ready == nil || ready.Status != metav1.ConditionTrue || ready.Reason != v1alpha1.ReasonLoggedIn ||
-			st.VaultVersion == "" || st.Sealed == nil || *st.Sealed || st.TokenExpiresAt == nil || !st.TokenExpiresAt.After(time.Now()) {
-			return fmt.Sprintf("VaultConnection status: %+v", st)
-		}
-		return ""
-	})
+	waitConnectionReady(t, "vault-issue")
 
 	// Reconcile again with nothing changed: no write to the API server, no call to Vault.
 	var writes atomic.Int64
@@ -100,7 +88,7 @@ func TestIssueGivesAWorkingCredentialAndASteadyStateWritesNothing(t *testing.T) 
 		},
 	})
 	req := ctrl.Request{NamespacedName: client.ObjectKeyFromObject(rc)}
-	calls := vaultCalls.Load()
+	calls := vaultCalls.of("vault-issue")
 	for i := range 2 {
 		res, err := r.Reconcile(context.Background(), req)
 		if err != nil {
@@ -113,7 +101,7 @@ func TestIssueGivesAWorkingCredentialAndASteadyStateWritesNothing(t *testing.T) 
 	if n := writes.Load(); n != 0 {
 		t.Errorf("reconciling an unchanged RedisCluster made %d API writes", n)
 	}
-	if n := vaultCalls.Load() - calls; n != 0 {
+	if n := vaultCalls.of("vault-issue") - calls; n != 0 {
 		t.Errorf("reconciling an unchanged RedisCluster made %d Vault calls", n)
 	}
 }
@@ -258,8 +246,12 @@ func conditionText(rc *v1alpha1.RedisCluster, condType string) string {
 
 func TestRefusedClustersGetAConditionAnEventAndNoSecret(t *testing.T) {
 	namespace(t, "refused")
-	vaultConnection(t, "vault-elsewhere", ground.Vault.Addr, "elsewhere")
-	vaultConnection(t, "vault-refused", ground.Vault.Addr, "refused")
+	for _, vc := range []*v1alpha1.VaultConnection{
+		vaultConnection(t, "vault-elsewhere", ground.Vault.Addr, "elsewhere"),
+		vaultConnection(t, "vault-refused", ground.Vault.Addr, "refused"),
+	} {
+		waitConnectionReady(t, vc.Name)
+	}
 	cases := map[string]struct {
 		connection, path, reason string
 	}{
@@ -269,7 +261,7 @@ func TestRefusedClustersGetAConditionAnEventAndNoSecret(t *testing.T) {
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
-			calls := vaultCalls.Load()
+			calls := vaultCalls.of(tc.connection)
 			rc := redisCluster(t, "refused", name, tc.connection, tc.path, func(rc *v1alpha1.RedisCluster) { rc.Spec.Replicas = 1 })
 			cur := waitCondition(t, rc, v1alpha1.ConditionCredentialsReady, metav1.ConditionFalse, tc.reason, 30*time.Second)
 			if r := eventReasons(t, "refused", name); len(r) == 0 {
@@ -278,8 +270,8 @@ func TestRefusedClustersGetAConditionAnEventAndNoSecret(t *testing.T) {
 			if _, _, ok := credentials(t, rc); ok || len(cur.Status.Leases) != 0 {
 				t.Errorf("a refused RedisCluster got a credentials Secret or a lease: %+v", cur.Status.Leases)
 			}
-			if tc.reason == v1alpha1.ReasonNamespaceNotAllowed && vaultCalls.Load() != calls {
-				t.Errorf("a namespace the VaultConnection does not allow caused %d Vault calls", vaultCalls.Load()-calls)
+			if tc.reason == v1alpha1.ReasonNamespaceNotAllowed && vaultCalls.of(tc.connection) != calls {
+				t.Errorf("a namespace the VaultConnection does not allow caused %d Vault calls", vaultCalls.of(tc.connection)-calls)
 			}
 		})
 	}
@@ -364,4 +356,23 @@ func TestACLSecretLoadsInRealRedisWithTheSpecRules(t *testing.T) {
 	if _, err := r.Do(user, pass, "SET", "payments:1", "x"); err == nil || !strings.Contains(err.Error(), "NOPERM") {
 		t.Errorf("a key outside ~orders:* is not refused: %v", err)
 	}
+}
+
+// waitConnectionReady waits until a VaultConnection reports the login, the token's expiry and
+// Vault's version and seal state.
+func waitConnectionReady(t *testing.T, name string) {
+	t.Helper()
+	eventually(t, 30*time.Second, func() string {
+		vc := &v1alpha1.VaultConnection{}
+		if err := k8s.Get(context.Background(), client.ObjectKey{Name: name}, vc); err != nil {
+			return err.Error()
+		}
+		st := vc.Status
+		ready := apimeta.FindStatusCondition(st.Conditions, v1alpha1.ConditionReady)
+		if ready == nil || ready.Status != metav1.ConditionTrue || ready.Reason != v1alpha1.ReasonLoggedIn ||
+			st.VaultVersion == "" || st.Sealed == nil || *st.Sealed || st.TokenExpiresAt == nil || !st.TokenExpiresAt.After(time.Now()) {
+			return fmt.Sprintf("VaultConnection %s status: %+v", name, st)
+		}
+		return ""
+	})
 }

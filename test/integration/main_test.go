@@ -8,7 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"sync/atomic"
+	"sync"
 	"testing"
 	"time"
 
@@ -41,8 +41,8 @@ var (
 	k8s        client.Client
 	cs         *kubernetes.Clientset
 	reconciler *controllers.RedisClusterReconciler
-	// vaultCalls counts every HTTP attempt the operator makes to Vault.
-	vaultCalls atomic.Int64
+	// vaultCalls counts the HTTP attempts the operator makes to Vault, per VaultConnection.
+	vaultCalls = &callCounter{}
 )
 
 func TestMain(m *testing.M) {
@@ -134,7 +134,7 @@ func startOperator(ctx context.Context) (func(), error) {
 	reconciler, err = controllers.Setup(mgr, controllers.Options{
 		Recorder: b.NewRecorder(scheme, "keyroll"), Clock: clock.RealClock{}, Tokens: cs,
 		ServiceAccount: types.NamespacedName{Namespace: operatorNS, Name: operatorSA},
-		VaultObserver:  func(string, string, float64) { vaultCalls.Add(1) },
+		VaultObserver:  func(conn, _, _ string, _ float64) { vaultCalls.add(conn) },
 	})
 	if err != nil {
 		cancel()
@@ -147,4 +147,25 @@ func startOperator(ctx context.Context) (func(), error) {
 		b.Shutdown()
 		<-done
 	}, nil
+}
+
+type callCounter struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (c *callCounter) add(conn string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.n == nil {
+		c.n = map[string]int{}
+	}
+	c.n[conn]++
+}
+
+// of is the number of calls made through one VaultConnection so far.
+func (c *callCounter) of(conn string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n[conn]
 }

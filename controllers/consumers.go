@@ -1,0 +1,140 @@
+package controllers
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/keyroll/keyroll/apis/v1alpha1"
+)
+
+// consumerIndex indexes RedisClusters by the consumers they restart ("Kind/name").
+const consumerIndex = "spec.rollout.consumers"
+
+// rollConsumers restarts the consumer workloads one after the other, after the Redis pods: each
+// gets the credential version hash as a pod-template annotation (never a timestamp, so that a
+// repeated reconcile changes nothing), and the next waits until its rollout is complete. A missing
+// consumer is reported and passed over (it runs nothing that uses the credential); a paused
+// Deployment is reported and waited for.
+func (r *RedisClusterReconciler) rollConsumers(ctx context.Context, s *scope, ro *v1alpha1.RolloutStatus) (bool, time.Duration, error) {
+	rc := s.rc
+	ro.ConsumersUpdated = 0
+	for _, ref := range rc.Spec.Rollout.Consumers {
+		w, err := r.consumer(ctx, rc.Namespace, ref)
+		if apierrors.IsNotFound(err) {
+			r.reportConsumer(s, v1alpha1.ReasonConsumerMissing, fmt.Sprintf("consumer %s %s does not exist; passed over", ref.Kind, ref.Name))
+			continue
+		}
+		if err != nil {
+			return false, 0, err
+		}
+		if w.paused() {
+			r.reportConsumer(s, v1alpha1.ReasonConsumerPaused, fmt.Sprintf("consumer %s %s is paused; the rollout waits for it", ref.Kind, ref.Name))
+			return false, time.Minute, nil
+		}
+		if w.template().Annotations[v1alpha1.AnnotationCredentialVersion] != ro.TargetVersion {
+			return false, 0, r.restartConsumer(ctx, s, w, ref, ro.TargetVersion)
+		}
+		if !w.rolledOut() {
+			return false, 0, nil // a watch on the workload wakes the reconcile
+		}
+		ro.ConsumersUpdated++
+	}
+	return true, 0, nil
+}
+
+// restartConsumer patches the pod-template annotation, which makes the workload roll its pods.
+func (r *RedisClusterReconciler) restartConsumer(ctx context.Context, s *scope, w workload, ref v1alpha1.ConsumerReference, version string) error {
+	patch := client.MergeFrom(w.object().DeepCopyObject().(client.Object))
+	t := w.template()
+	if t.Annotations == nil {
+		t.Annotations = map[string]string{}
+	}
+	t.Annotations[v1alpha1.AnnotationCredentialVersion] = version
+	if err := r.Patch(ctx, w.object(), patch); err != nil {
+		return fmt.Errorf("restarting consumer %s %s: %w", ref.Kind, ref.Name, err)
+	}
+	s.conds.event(false, v1alpha1.EventConsumerRestarted, "Rollout", "Restarted %s %s for credential %s", ref.Kind, ref.Name, version)
+	log.FromContext(ctx).Info("Consumer restarted", "kind", ref.Kind, "name", ref.Name, "version", version)
+	return nil
+}
+
+func (r *RedisClusterReconciler) reportConsumer(s *scope, reason, msg string) {
+	if s.conds.set(v1alpha1.ConditionDegraded, metav1.ConditionTrue, reason, msg) {
+		s.conds.event(true, reason, "Rollout", "%s", msg)
+	}
+}
+
+// workload is a consumer: a Deployment, StatefulSet or DaemonSet.
+type workload interface {
+	object() client.Object
+	template() *metav1.ObjectMeta
+	paused() bool
+	rolledOut() bool
+}
+
+func (r *RedisClusterReconciler) consumer(ctx context.Context, ns string, ref v1alpha1.ConsumerReference) (workload, error) {
+	key := client.ObjectKey{Namespace: ns, Name: ref.Name}
+	var w workload
+	var obj client.Object
+	switch ref.Kind {
+	case "Deployment":
+		d := &appsv1.Deployment{}
+		w, obj = deployment{d}, d
+	case "StatefulSet":
+		st := &appsv1.StatefulSet{}
+		w, obj = statefulSet{st}, st
+	case "DaemonSet":
+		ds := &appsv1.DaemonSet{}
+		w, obj = daemonSet{ds}, ds
+	default:
+		return nil, fmt.Errorf("consumer kind %q is not supported", ref.Kind)
+	}
+	return w, r.Get(ctx, key, obj)
+}
+
+type deployment struct{ *appsv1.Deployment }
+
+func (d deployment) object() client.Object        { return d.Deployment }
+func (d deployment) template() *metav1.ObjectMeta { return &d.Spec.Template.ObjectMeta }
+func (d deployment) paused() bool                 { return d.Spec.Paused }
+func (d deployment) rolledOut() bool {
+	want := int32(1)
+	if d.Spec.Replicas != nil {
+		want = *d.Spec.Replicas
+	}
+	st := d.Status
+	return st.ObservedGeneration >= d.Generation && st.UpdatedReplicas == want && st.Replicas == want && st.AvailableReplicas == want
+}
+
+type statefulSet struct{ *appsv1.StatefulSet }
+
+func (s statefulSet) object() client.Object        { return s.StatefulSet }
+func (s statefulSet) template() *metav1.ObjectMeta { return &s.Spec.Template.ObjectMeta }
+func (s statefulSet) paused() bool                 { return false }
+func (s statefulSet) rolledOut() bool {
+	want := int32(1)
+	if s.Spec.Replicas != nil {
+		want = *s.Spec.Replicas
+	}
+	st := s.Status
+	return st.ObservedGeneration >= s.Generation && st.UpdatedReplicas == want && st.ReadyReplicas == want &&
+		st.CurrentRevision == st.UpdateRevision
+}
+
+type daemonSet struct{ *appsv1.DaemonSet }
+
+func (d daemonSet) object() client.Object        { return d.DaemonSet }
+func (d daemonSet) template() *metav1.ObjectMeta { return &d.Spec.Template.ObjectMeta }
+func (d daemonSet) paused() bool                 { return false }
+func (d daemonSet) rolledOut() bool {
+	st := d.Status
+	return st.ObservedGeneration >= d.Generation && st.UpdatedNumberScheduled == st.DesiredNumberScheduled &&
+		st.NumberAvailable == st.DesiredNumberScheduled
+}

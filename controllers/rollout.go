@@ -1,0 +1,213 @@
+package controllers
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/keyroll/keyroll/apis/v1alpha1"
+)
+
+// defaultReadinessTimeout applies when spec.rollout.readinessTimeout is not set.
+const defaultReadinessTimeout = 5 * time.Minute
+
+// reconcileRollout moves the Redis pods, then the consumers, to the current credential, one at a
+// time and each only while the previous one is Ready on it (make before break). Progress lives in
+// status.rollout, so that a restarted operator resumes where it was. done says every pod and
+// consumer runs the credential; until then the superseded leases stay live.
+func (r *RedisClusterReconciler) reconcileRollout(ctx context.Context, s *scope, cred *credential) (done bool, wait time.Duration, err error) {
+	rc := s.rc
+	pods, err := r.redisPods(ctx, rc)
+	if err != nil {
+		return false, 0, err
+	}
+	ro := rc.Status.Rollout
+	if ro == nil {
+		if allOnVersion(pods, cred.version) && len(supersededLeases(rc)) == 0 {
+			return true, 0, nil
+		}
+		ro = r.startRollout(ctx, s, cred.version)
+	}
+	if ro.TargetVersion != cred.version {
+		// A newer credential arrived during the rollout: roll to that one instead.
+		ro.TargetVersion, ro.PodInFlight, ro.PodRestartedAt, ro.ConsumersUpdated = cred.version, "", nil, 0
+	}
+	if podsDone, wait, err := r.rollPods(ctx, s, pods, ro); !podsDone || err != nil {
+		return false, wait, err
+	}
+	if consumersDone, wait, err := r.rollConsumers(ctx, s, ro); !consumersDone || err != nil {
+		return false, wait, err
+	}
+	r.finishRollout(ctx, s)
+	return true, 0, nil
+}
+
+func (r *RedisClusterReconciler) startRollout(ctx context.Context, s *scope, version string) *v1alpha1.RolloutStatus {
+	now := timeOrNil(r.Clock.Now())
+	ro := &v1alpha1.RolloutStatus{TargetVersion: version, StartedAt: now}
+	s.rc.Status.Rollout = ro
+	s.conds.set(v1alpha1.ConditionRolloutProgressing, metav1.ConditionTrue, v1alpha1.ReasonRolloutInProgress,
+		"Restarting the Redis pods, then the consumers, one at a time on credential "+version)
+	s.conds.event(false, v1alpha1.EventRotationStarted, "Rollout", "Rolling out credential %s", version)
+	log.FromContext(ctx).Info("Rollout started", "version", version)
+	return ro
+}
+
+func (r *RedisClusterReconciler) finishRollout(ctx context.Context, s *scope) {
+	ro := s.rc.Status.Rollout
+	took := r.Clock.Since(ro.StartedAt.Time).Round(time.Second)
+	s.rc.Status.Rollout = nil
+	s.conds.set(v1alpha1.ConditionRolloutProgressing, metav1.ConditionFalse, v1alpha1.ReasonRolloutComplete,
+		"Every Redis pod and consumer runs credential "+ro.TargetVersion)
+	s.conds.event(false, v1alpha1.EventRotationFinished, "Rollout", "Credential %s rolled out in %s", ro.TargetVersion, took)
+	log.FromContext(ctx).Info("Rollout finished", "version", ro.TargetVersion, "duration", took)
+}
+
+// rollPods restarts the Redis pods not yet on the target version, replicas first (highest ordinal
+// first) and the primary (pod 0) last; the next only once the one in flight is Ready on the target
+// version and every other pod is Ready.
+func (r *RedisClusterReconciler) rollPods(ctx context.Context, s *scope, pods []*corev1.Pod, ro *v1alpha1.RolloutStatus) (bool, time.Duration, error) {
+	if ro.PodInFlight != "" {
+		if settled, wait := r.podSettled(s, pods, ro); !settled {
+			return false, wait, nil
+		}
+	}
+	ro.PodsUpdated = int32(countReadyOn(pods, ro.TargetVersion))
+	next := nextPod(pods, ro.TargetVersion)
+	if next == nil {
+		return ro.PodsUpdated >= s.rc.Spec.Replicas, time.Second, nil
+	}
+	for _, p := range pods {
+		if p != next && !podReady(p) {
+			return false, 0, nil // a pod watch wakes the reconcile when it is Ready
+		}
+	}
+	if err := r.Delete(ctx, next, client.Preconditions{UID: &next.UID}); client.IgnoreNotFound(err) != nil {
+		return false, 0, fmt.Errorf("restarting pod %s: %w", next.Name, err)
+	}
+	ro.PodInFlight, ro.PodRestartedAt = next.Name, timeOrNil(r.Clock.Now())
+	s.conds.event(false, v1alpha1.EventPodRestarted, "Rollout", "Restarted pod %s for credential %s", next.Name, ro.TargetVersion)
+	log.FromContext(ctx).Info("Pod restarted", "pod", next.Name, "version", ro.TargetVersion)
+	return false, r.readinessTimeout(s.rc), nil
+}
+
+// podSettled says whether the pod in flight is back, Ready, on the target version. When it takes
+// longer than the readiness timeout, the rollout stalls (Degraded) and touches no further pod; it
+// resumes by itself when the pod becomes Ready.
+func (r *RedisClusterReconciler) podSettled(s *scope, pods []*corev1.Pod, ro *v1alpha1.RolloutStatus) (bool, time.Duration) {
+	for _, p := range pods {
+		if p.Name == ro.PodInFlight && p.Annotations[v1alpha1.AnnotationCredentialVersion] == ro.TargetVersion && podReady(p) {
+			ro.PodInFlight, ro.PodRestartedAt = "", nil
+			if c := meta.FindStatusCondition(s.rc.Status.Conditions, v1alpha1.ConditionDegraded); c != nil && c.Reason == v1alpha1.ReasonRolloutStalled {
+				s.conds.set(v1alpha1.ConditionDegraded, metav1.ConditionFalse, v1alpha1.ReasonRolloutInProgress, "Pod "+p.Name+" is Ready again; the rollout goes on")
+			}
+			return true, 0
+		}
+	}
+	deadline := timeOf(ro.PodRestartedAt).Add(r.readinessTimeout(s.rc))
+	if left := deadline.Sub(r.Clock.Now()); left > 0 {
+		return false, left
+	}
+	msg := fmt.Sprintf("Pod %s is not Ready on credential %s after %s; no further pod is restarted until it is", ro.PodInFlight, ro.TargetVersion, r.readinessTimeout(s.rc))
+	if s.conds.set(v1alpha1.ConditionDegraded, metav1.ConditionTrue, v1alpha1.ReasonRolloutStalled, msg) {
+		s.conds.event(true, v1alpha1.EventRolloutStalled, "Rollout", "%s", msg)
+	}
+	return false, time.Minute
+}
+
+func (r *RedisClusterReconciler) readinessTimeout(rc *v1alpha1.RedisCluster) time.Duration {
+	if t := rc.Spec.Rollout.ReadinessTimeout; t != nil {
+		return t.Duration
+	}
+	return defaultReadinessTimeout
+}
+
+// redisPods lists the cluster's pods (the cache holds only pods with keyroll's cluster label).
+func (r *RedisClusterReconciler) redisPods(ctx context.Context, rc *v1alpha1.RedisCluster) ([]*corev1.Pod, error) {
+	list := &corev1.PodList{}
+	if err := r.List(ctx, list, client.InNamespace(rc.Namespace), client.MatchingLabels(selectorLabels(rc))); err != nil {
+		return nil, fmt.Errorf("listing Redis pods: %w", err)
+	}
+	pods := make([]*corev1.Pod, 0, len(list.Items))
+	for i := range list.Items {
+		pods = append(pods, &list.Items[i])
+	}
+	return pods, nil
+}
+
+// nextPod is the next pod to restart: not on the target version (or being deleted), replicas
+// from the highest ordinal down, the primary (ordinal 0) last.
+func nextPod(pods []*corev1.Pod, version string) *corev1.Pod {
+	var stale []*corev1.Pod
+	for _, p := range pods {
+		if p.Annotations[v1alpha1.AnnotationCredentialVersion] != version && p.DeletionTimestamp.IsZero() {
+			stale = append(stale, p)
+		}
+	}
+	order := func(p *corev1.Pod) int {
+		if o := ordinal(p); o > 0 {
+			return o
+		}
+		return -1 // the primary goes last
+	}
+	slices.SortFunc(stale, func(a, b *corev1.Pod) int { return order(b) - order(a) })
+	if len(stale) == 0 {
+		return nil
+	}
+	return stale[0]
+}
+
+func ordinal(p *corev1.Pod) int {
+	n, _ := strconv.Atoi(p.Name[strings.LastIndexByte(p.Name, '-')+1:])
+	return n
+}
+
+func podReady(p *corev1.Pod) bool {
+	if !p.DeletionTimestamp.IsZero() {
+		return false
+	}
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+func countReadyOn(pods []*corev1.Pod, version string) int {
+	n := 0
+	for _, p := range pods {
+		if p.Annotations[v1alpha1.AnnotationCredentialVersion] == version && podReady(p) {
+			n++
+		}
+	}
+	return n
+}
+
+func allOnVersion(pods []*corev1.Pod, version string) bool {
+	for _, p := range pods {
+		if p.Annotations[v1alpha1.AnnotationCredentialVersion] != version {
+			return false
+		}
+	}
+	return true
+}
+
+func supersededLeases(rc *v1alpha1.RedisCluster) []v1alpha1.LeaseRecord {
+	var out []v1alpha1.LeaseRecord
+	for _, l := range rc.Status.Leases {
+		if l.State != v1alpha1.LeaseActive {
+			out = append(out, l)
+		}
+	}
+	return out
+}
