@@ -2,7 +2,9 @@ package testground
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -27,6 +29,9 @@ type Workloads struct {
 	kcm, kwok *Process
 	cancel    context.CancelFunc
 	done      chan struct{}
+
+	dir, kwokBin string
+	kwokArgs     []string
 }
 
 // Controllers that kube-controller-manager runs for the tests.
@@ -76,21 +81,57 @@ func StartWorkloads(dir string, cp *ControlPlane) (*Workloads, error) {
 	for _, s := range stages {
 		args = append(args, "--config="+s)
 	}
-	// HOME keeps kwok from reading a user's ~/.kwok configuration.
-	w.kwok, err = StartProcess(dir, "kwok", kwokBin, args, []string{"HOME=" + dir})
-	if err != nil {
-		w.Stop()
-		return nil, err
-	}
+	w.dir, w.kwokBin, w.kwokArgs = dir, kwokBin, args
 	go func() {
 		defer close(w.done)
 		runBinder(ctx, cp)
 	}()
-	if err := waitFor(w.kwok, 30*time.Second, func() error { return nodeReady(ctx, cp) }); err != nil {
+	if err := w.startKwok(func() error { return nodeReady(ctx, cp) }); err != nil {
 		w.Stop()
 		return nil, fmt.Errorf("kwok did not make node %s Ready: %w", NodeName, err)
 	}
 	return w, nil
+}
+
+// kwokStartTries bounds the starts of kwok. kwok v0.8.0 sometimes dies at start with "concurrent
+// map writes" (its node and pod controllers initialise a shared CEL type registry at once); a new
+// start gets past it.
+const kwokStartTries = 3
+
+// startKwok starts kwok and waits until ready passes and kwok has survived its first seconds,
+// starting it again when it died at start.
+func (w *Workloads) startKwok(ready func() error) error {
+	var err error
+	for try := 1; try <= kwokStartTries; try++ {
+		w.kwok, err = StartProcess(w.dir, fmt.Sprintf("kwok-%d", try), w.kwokBin, w.kwokArgs, []string{"HOME=" + w.dir}) // HOME: no ~/.kwok
+		if err != nil {
+			return err
+		}
+		settled := time.Now().Add(3 * time.Second)
+		err = waitFor(w.kwok, 30*time.Second, func() error {
+			if err := ready(); err != nil {
+				return err
+			}
+			if time.Now().Before(settled) {
+				return errors.New("kwok is starting")
+			}
+			return nil
+		})
+		if err == nil || !w.kwok.Exited() {
+			return err
+		}
+		fmt.Fprintf(os.Stderr, "testground: kwok died at start (try %d of %d): %v\n", try, kwokStartTries, err)
+	}
+	return err
+}
+
+// PauseKubelets stops kwok: pods are still created and bound, but none becomes Ready (or goes
+// away when deleted) until ResumeKubelets.
+func (w *Workloads) PauseKubelets() { w.kwok.Stop() }
+
+// ResumeKubelets starts kwok again.
+func (w *Workloads) ResumeKubelets() error {
+	return w.startKwok(func() error { return nil })
 }
 
 // Processes are kube-controller-manager and kwok.

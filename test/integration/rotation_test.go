@@ -1,0 +1,306 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/keyroll/keyroll/apis/v1alpha1"
+)
+
+// podRecorder follows the Redis pods of a cluster through a watch and records each restart (the
+// moment a pod is marked for deletion) with the state of the other pods at that moment.
+type podRecorder struct {
+	mu       sync.Mutex
+	pods     map[string]*corev1.Pod
+	restarts []restart
+}
+
+type restart struct {
+	pod            string
+	othersReady    bool
+	othersNotReady []string
+}
+
+func recordPods(t *testing.T, ns, cluster string) *podRecorder {
+	t.Helper()
+	w, err := cs.CoreV1().Pods(ns).Watch(context.Background(), metav1.ListOptions{LabelSelector: v1alpha1.LabelCluster + "=" + cluster})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := &podRecorder{pods: map[string]*corev1.Pod{}}
+	go func() {
+		for ev := range w.ResultChan() {
+			p, ok := ev.Object.(*corev1.Pod)
+			if !ok {
+				continue
+			}
+			rec.observe(ev.Type, p)
+		}
+	}()
+	t.Cleanup(w.Stop)
+	return rec
+}
+
+func (r *podRecorder) observe(typ watch.EventType, p *corev1.Pod) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	old := r.pods[p.Name]
+	marked := p.DeletionTimestamp != nil && (old == nil || old.UID != p.UID || old.DeletionTimestamp == nil)
+	if typ == watch.Deleted && old != nil && old.UID == p.UID && old.DeletionTimestamp == nil {
+		marked = true
+	}
+	if marked {
+		rs := restart{pod: p.Name, othersReady: true}
+		for name, o := range r.pods {
+			if name != p.Name && !isReady(o) {
+				rs.othersReady = false
+				rs.othersNotReady = append(rs.othersNotReady, name)
+			}
+		}
+		r.restarts = append(r.restarts, rs)
+	}
+	if typ == watch.Deleted {
+		if old != nil && old.UID == p.UID {
+			delete(r.pods, p.Name)
+		}
+		return
+	}
+	r.pods[p.Name] = p
+}
+
+func (r *podRecorder) snapshot() ([]restart, map[string]*corev1.Pod) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	pods := map[string]*corev1.Pod{}
+	for k, v := range r.pods {
+		pods[k] = v
+	}
+	return slices.Clone(r.restarts), pods
+}
+
+func isReady(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue && p.DeletionTimestamp == nil
+		}
+	}
+	return false
+}
+
+func consumerDeployment(t *testing.T, ns, name string) {
+	t.Helper()
+	labels := map[string]string{"app": name}
+	d := &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: appsv1.DeploymentSpec{
+			Replicas: ptr.To[int32](2),
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: labels},
+				Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "app", Image: "example/app:1"}}},
+			},
+		},
+	}
+	if err := k8s.Create(context.Background(), d); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func rotateNow(t *testing.T, rc *v1alpha1.RedisCluster, value string) {
+	t.Helper()
+	cur := get(t, rc)
+	patch := client.MergeFrom(cur.DeepCopy())
+	if cur.Annotations == nil {
+		cur.Annotations = map[string]string{}
+	}
+	cur.Annotations[v1alpha1.AnnotationRotateNow] = value
+	if err := k8s.Patch(context.Background(), cur, patch); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestRotationRollsPodsOneAtATimeThenConsumersAndRevokesTheOldLeaseLast(t *testing.T) {
+	namespace(t, "rotate")
+	vaultConnection(t, "vault-rotate", ground.Vault.Addr, "rotate")
+	consumerDeployment(t, "rotate", "orders-api")
+	rc := redisCluster(t, "rotate", "orders", "vault-rotate", "database/creds/orders", func(rc *v1alpha1.RedisCluster) {
+		rc.Spec.Rollout.Consumers = []v1alpha1.ConsumerReference{{Kind: "Deployment", Name: "orders-api"}}
+	})
+	cur := waitCondition(t, rc, v1alpha1.ConditionReady, metav1.ConditionTrue, "", 60*time.Second)
+	oldLease, oldVersion := cur.Status.Credential.LeaseID, cur.Status.Credential.Version
+	oldUser, oldPass, _ := credentials(t, rc)
+	pods := recordPods(t, "rotate", "orders")
+
+	// Watch the consumer: when it gets the new version, every Redis pod must already run it.
+	var consumerEarly []string
+	var consumerMu sync.Mutex
+	dw, err := cs.AppsV1().Deployments("rotate").Watch(context.Background(), metav1.ListOptions{FieldSelector: "metadata.name=orders-api"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(dw.Stop)
+	go func() {
+		seen := false
+		for ev := range dw.ResultChan() {
+			d, ok := ev.Object.(*appsv1.Deployment)
+			v := ""
+			if ok {
+				v = d.Spec.Template.Annotations[v1alpha1.AnnotationCredentialVersion]
+			}
+			if seen || v == "" || v == oldVersion {
+				continue
+			}
+			seen = true
+			_, now := pods.snapshot()
+			consumerMu.Lock()
+			for name, p := range now {
+				if p.Annotations[v1alpha1.AnnotationCredentialVersion] != v || !isReady(p) {
+					consumerEarly = append(consumerEarly, name)
+				}
+			}
+			if len(now) != 3 {
+				consumerEarly = append(consumerEarly, fmt.Sprintf("%d pods", len(now)))
+			}
+			consumerMu.Unlock()
+		}
+	}()
+	time.Sleep(500 * time.Millisecond) // let the watches list the current state
+
+	start := time.Now()
+	rotateNow(t, rc, "1")
+	// The old credential keeps working while the rollout runs.
+	eventually(t, 120*time.Second, func() string {
+		cur = get(t, rc)
+		if cur.Status.Credential.Version == oldVersion || cur.Status.Rollout != nil {
+			if !authenticates(oldUser, oldPass) && cur.Status.Credential.Version != oldVersion && cur.Status.Rollout != nil {
+				t.Errorf("the old credential stopped working during the rollout")
+			}
+			return fmt.Sprintf("rollout not finished: %+v", cur.Status.Rollout)
+		}
+		for _, l := range cur.Status.Leases {
+			if l.LeaseID == oldLease {
+				return "the old lease is still in the ledger"
+			}
+		}
+		return ""
+	})
+	t.Logf("rotation rolled out and old lease revoked %s after rotate-now", time.Since(start).Round(time.Millisecond))
+
+	restarts, _ := pods.snapshot()
+	var order []string
+	for _, r := range restarts {
+		order = append(order, r.pod)
+		if !r.othersReady {
+			t.Errorf("pod %s was restarted while %v were not Ready", r.pod, r.othersNotReady)
+		}
+	}
+	if !slices.Equal(order, []string{"orders-2", "orders-1", "orders-0"}) {
+		t.Errorf("restart order %v, want replicas first and the primary last: [orders-2 orders-1 orders-0]", order)
+	}
+	consumerMu.Lock()
+	if len(consumerEarly) > 0 {
+		t.Errorf("the consumer got the new version before every Redis pod was Ready on it: %v", consumerEarly)
+	}
+	consumerMu.Unlock()
+	d := &appsv1.Deployment{}
+	if err := k8s.Get(context.Background(), client.ObjectKey{Namespace: "rotate", Name: "orders-api"}, d); err != nil {
+		t.Fatal(err)
+	}
+	if d.Spec.Template.Annotations[v1alpha1.AnnotationCredentialVersion] != cur.Status.Credential.Version {
+		t.Errorf("consumer template annotation %q, want %q", d.Spec.Template.Annotations[v1alpha1.AnnotationCredentialVersion], cur.Status.Credential.Version)
+	}
+	if authenticates(oldUser, oldPass) {
+		t.Error("the old credential still works after the rollout")
+	}
+	if exists, _ := leaseExists(t, oldLease); exists {
+		t.Error("the superseded lease is still live in Vault")
+	}
+	newUser, newPass, _ := credentials(t, rc)
+	if !authenticates(newUser, newPass) || newUser == oldUser {
+		t.Error("the new credential does not work")
+	}
+	if cur.Status.RotateNowAcknowledged != "1" {
+		t.Errorf("rotate-now not acknowledged: %q", cur.Status.RotateNowAcknowledged)
+	}
+	reasons := eventReasons(t, "rotate", "orders")
+	for _, want := range []string{v1alpha1.EventRotationStarted, v1alpha1.EventPodRestarted, v1alpha1.EventConsumerRestarted, v1alpha1.EventRotationFinished, v1alpha1.EventLeaseRevoked} {
+		if !slices.Contains(reasons, want) {
+			t.Errorf("no %s event (have %v)", want, reasons)
+		}
+	}
+}
+
+func TestStalledRolloutTouchesNoFurtherPodAndResumesWhenReady(t *testing.T) {
+	namespace(t, "stall")
+	vaultConnection(t, "vault-stall", ground.Vault.Addr, "stall")
+	rc := redisCluster(t, "stall", "orders", "vault-stall", "database/creds/orders", func(rc *v1alpha1.RedisCluster) {
+		rc.Spec.Rollout.ReadinessTimeout = &metav1.Duration{Duration: 10 * time.Second}
+	})
+	cur := waitCondition(t, rc, v1alpha1.ConditionReady, metav1.ConditionTrue, "", 60*time.Second)
+	oldLease := cur.Status.Credential.LeaseID
+	before := map[string]string{}
+	for _, name := range []string{"orders-0", "orders-1"} {
+		p := &corev1.Pod{}
+		if err := k8s.Get(context.Background(), client.ObjectKey{Namespace: "stall", Name: name}, p); err != nil {
+			t.Fatal(err)
+		}
+		before[name] = string(p.UID)
+	}
+
+	ground.Workloads.PauseKubelets()
+	resumed := false
+	t.Cleanup(func() {
+		if !resumed {
+			_ = ground.Workloads.ResumeKubelets()
+		}
+	})
+	rotateNow(t, rc, "stall-1")
+	cur = waitCondition(t, rc, v1alpha1.ConditionDegraded, metav1.ConditionTrue, v1alpha1.ReasonRolloutStalled, 60*time.Second)
+	if cur.Status.Rollout == nil || cur.Status.Rollout.PodInFlight != "orders-2" {
+		t.Fatalf("rollout status while stalled: %+v", cur.Status.Rollout)
+	}
+	time.Sleep(3 * time.Second)
+	for name, b := range before {
+		p := &corev1.Pod{}
+		if err := k8s.Get(context.Background(), client.ObjectKey{Namespace: "stall", Name: name}, p); err != nil {
+			t.Fatal(err)
+		}
+		if string(p.UID) != b || p.DeletionTimestamp != nil {
+			t.Errorf("pod %s was touched while the rollout was stalled", name)
+		}
+	}
+	if !slices.Contains(eventReasons(t, "stall", "orders"), v1alpha1.EventRolloutStalled) {
+		t.Error("no RolloutStalled event")
+	}
+	if exists, _ := leaseExists(t, oldLease); !exists {
+		t.Fatal("the old lease was revoked while the rollout was stalled")
+	}
+
+	if err := ground.Workloads.ResumeKubelets(); err != nil {
+		t.Fatal(err)
+	}
+	resumed = true
+	eventually(t, 90*time.Second, func() string {
+		cur = get(t, rc)
+		if cur.Status.Rollout != nil || len(cur.Status.Leases) != 1 {
+			return fmt.Sprintf("rollout %+v, leases %d", cur.Status.Rollout, len(cur.Status.Leases))
+		}
+		return ""
+	})
+	waitCondition(t, rc, v1alpha1.ConditionDegraded, metav1.ConditionFalse, "", 10*time.Second)
+	if exists, _ := leaseExists(t, oldLease); exists {
+		t.Error("the old lease is still live after the resumed rollout")
+	}
+}
+
