@@ -18,8 +18,10 @@ import (
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/clock"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/config"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
@@ -41,6 +43,8 @@ var (
 	k8s        client.Client
 	cs         *kubernetes.Clientset
 	reconciler *controllers.RedisClusterReconciler
+	// stopOperator stops the running operator (restartOperator replaces it).
+	stopOperator func()
 	// vaultCalls counts the HTTP attempts the operator makes to Vault, per VaultConnection.
 	vaultCalls = &callCounter{}
 )
@@ -64,12 +68,11 @@ func run(m *testing.M) int {
 		fmt.Fprintf(os.Stderr, "setting up Vault: %v\n", err)
 		return 1
 	}
-	stop, err := startOperator(ctx)
-	if err != nil {
+	if stopOperator, err = startOperator(ctx); err != nil {
 		fmt.Fprintf(os.Stderr, "starting the operator: %v\n", err)
 		return 1
 	}
-	defer stop()
+	defer func() { stopOperator() }()
 	return m.Run()
 }
 
@@ -80,6 +83,7 @@ func setupVault(ctx context.Context) error {
 	err := v.ConfigureRedis(ctx, ground.Redis,
 		testground.RedisRole{Name: "orders", DefaultTTL: 10 * time.Minute, MaxTTL: time.Hour},
 		testground.RedisRole{Name: "short", DefaultTTL: 20 * time.Second, MaxTTL: time.Hour},
+		testground.RedisRole{Name: "restart", DefaultTTL: 10 * time.Minute, MaxTTL: time.Hour},
 	)
 	if err != nil {
 		return err
@@ -107,6 +111,17 @@ func newScheme() *runtime.Scheme {
 	return s
 }
 
+// restartOperator stops the operator and starts a new one, as a pod restart would.
+func restartOperator(t *testing.T) {
+	t.Helper()
+	stopOperator()
+	var err error
+	if stopOperator, err = startOperator(context.Background()); err != nil {
+		stopOperator = func() {}
+		t.Fatalf("restarting the operator: %v", err)
+	}
+}
+
 // startOperator runs keyroll's manager in this process, as main.go wires it.
 func startOperator(ctx context.Context) (func(), error) {
 	var err error
@@ -121,6 +136,8 @@ func startOperator(ctx context.Context) (func(), error) {
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme: scheme, Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
 		Cache: controllers.CacheOptions(),
+		// A restarted operator registers its controllers again in this process.
+		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
 	})
 	if err != nil {
 		return nil, err

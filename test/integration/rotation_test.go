@@ -304,3 +304,73 @@ func TestStalledRolloutTouchesNoFurtherPodAndResumesWhenReady(t *testing.T) {
 	}
 }
 
+// vaultLeases lists the leases Vault holds for a role.
+func vaultLeases(t *testing.T, role string) []string {
+	t.Helper()
+	s, err := ground.Vault.Root.Logical().List("sys/leases/lookup/database/creds/" + role)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s == nil {
+		return nil
+	}
+	var out []string
+	for _, k := range s.Data["keys"].([]any) {
+		out = append(out, "database/creds/"+role+"/"+k.(string))
+	}
+	return out
+}
+
+func TestOperatorRestartMidRolloutResumesWithOneNewLeaseAndOneRevoked(t *testing.T) {
+	namespace(t, "restart")
+	vaultConnection(t, "vault-restart", ground.Vault.Addr, "restart")
+	rc := redisCluster(t, "restart", "orders", "vault-restart", "database/creds/restart", func(rc *v1alpha1.RedisCluster) {
+		rc.Spec.Rollout.ReadinessTimeout = &metav1.Duration{Duration: 10 * time.Second}
+	})
+	cur := waitCondition(t, rc, v1alpha1.ConditionReady, metav1.ConditionTrue, "", 60*time.Second)
+	oldLease := cur.Status.Credential.LeaseID
+	if leases := vaultLeases(t, "restart"); !slices.Equal(leases, []string{oldLease}) {
+		t.Fatalf("Vault leases before the rotation: %v", leases)
+	}
+
+	// Hold the first restarted pod not-Ready, so that the operator is stopped mid-rollout.
+	ground.Workloads.PauseKubelets()
+	resumed := false
+	t.Cleanup(func() {
+		if !resumed {
+			_ = ground.Workloads.ResumeKubelets()
+		}
+	})
+	rotateNow(t, rc, "restart-1")
+	eventually(t, 30*time.Second, func() string {
+		if ro := get(t, rc).Status.Rollout; ro == nil || ro.PodInFlight == "" {
+			return "no pod in flight yet"
+		}
+		return ""
+	})
+	restartOperator(t)
+	if err := ground.Workloads.ResumeKubelets(); err != nil {
+		t.Fatal(err)
+	}
+	resumed = true
+	eventually(t, 90*time.Second, func() string {
+		cur = get(t, rc)
+		if cur.Status.Rollout != nil || len(cur.Status.Leases) != 1 || cur.Status.Leases[0].LeaseID == oldLease {
+			return fmt.Sprintf("rollout %+v, ledger %+v", cur.Status.Rollout, cur.Status.Leases)
+		}
+		return ""
+	})
+	leases := vaultLeases(t, "restart")
+	if len(leases) != 1 || leases[0] != cur.Status.Credential.LeaseID {
+		t.Fatalf("after the resumed rollout Vault holds %v for the role, want exactly the one new lease %s", leases, cur.Status.Credential.LeaseID)
+	}
+	for _, name := range []string{"orders-0", "orders-1", "orders-2"} {
+		p := &corev1.Pod{}
+		if err := k8s.Get(context.Background(), client.ObjectKey{Namespace: "restart", Name: name}, p); err != nil {
+			t.Fatal(err)
+		}
+		if p.Annotations[v1alpha1.AnnotationCredentialVersion] != cur.Status.Credential.Version || !isReady(p) {
+			t.Errorf("pod %s is not Ready on the new credential", name)
+		}
+	}
+}
