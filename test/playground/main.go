@@ -23,14 +23,11 @@ import (
 	"sigs.k8s.io/kustomize/api/krusty"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
 
+	"github.com/keyroll/keyroll/test/harness"
 	"github.com/keyroll/keyroll/test/testground"
 )
 
-const (
-	operatorNS   = "keyroll-system"
-	operatorSA   = "keyroll-manager"
-	operatorRole = "keyroll"
-)
+const operatorNS = harness.OperatorNS
 
 func main() {
 	out := flag.String("kubeconfig-out", "playground.kubeconfig", "Where to write the admin kubeconfig of the playground's API server.")
@@ -88,27 +85,9 @@ func run(kubeconfigOut string) error {
 // setupVault does what deploy/vault describes: the Redis connection and roles, the operator's
 // policy, and Kubernetes auth for the operator's service account.
 func setupVault(ctx context.Context, g *testground.Ground) error {
-	v := g.Vault
-	err := v.ConfigureRedis(ctx, g.Redis,
+	return harness.SetupVault(ctx, g,
 		testground.RedisRole{Name: "orders", DefaultTTL: 2 * time.Minute, MaxTTL: time.Hour},
 		testground.RedisRole{Name: "payments", DefaultTTL: 2 * time.Minute, MaxTTL: time.Hour})
-	if err != nil {
-		return err
-	}
-	policy, err := os.ReadFile(filepath.Join(testground.RepoRoot(), "deploy", "vault", "policy.hcl"))
-	if err != nil {
-		return err
-	}
-	if err := v.WritePolicy(ctx, operatorRole, string(policy)); err != nil {
-		return err
-	}
-	if err := g.CP.EnsureServiceAccount(ctx, operatorNS, operatorSA); err != nil {
-		return err
-	}
-	return v.EnableKubernetesAuth(ctx, g.CP, testground.KubernetesAuthRole{
-		Name: operatorRole, ServiceAccounts: []string{operatorSA}, Namespaces: []string{operatorNS},
-		Policies: []string{operatorRole}, TokenTTL: time.Hour,
-	})
 }
 
 // applySamples applies deploy/samples, with the VaultConnection pointed at the playground's Vault.

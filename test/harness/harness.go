@@ -1,0 +1,134 @@
+// Package harness runs keyroll's manager in a test process against a test ground, wired as
+// main.go wires it, and sets Vault up for it as deploy/vault describes.
+package harness
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"time"
+
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/utils/clock"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/config"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/controllers"
+	"github.com/keyroll/keyroll/test/testground"
+)
+
+// The operator's identity in the test ground, and its Vault role and policy.
+const (
+	OperatorNS   = "keyroll-system"
+	OperatorSA   = "keyroll-manager"
+	OperatorRole = "keyroll"
+)
+
+// SetupVault gives the operator what a Vault administrator would: the Redis roles, the policy of
+// deploy/vault/policy.hcl, and Kubernetes auth for its service account.
+func SetupVault(ctx context.Context, g *testground.Ground, roles ...testground.RedisRole) error {
+	v := g.Vault
+	if err := v.ConfigureRedis(ctx, g.Redis, roles...); err != nil {
+		return err
+	}
+	policy, err := os.ReadFile(filepath.Join(testground.RepoRoot(), "deploy", "vault", "policy.hcl"))
+	if err != nil {
+		return err
+	}
+	if err := v.WritePolicy(ctx, OperatorRole, string(policy)); err != nil {
+		return err
+	}
+	if err := g.CP.EnsureServiceAccount(ctx, OperatorNS, OperatorSA); err != nil {
+		return err
+	}
+	return v.EnableKubernetesAuth(ctx, g.CP, testground.KubernetesAuthRole{
+		Name: OperatorRole, ServiceAccounts: []string{OperatorSA}, Namespaces: []string{OperatorNS},
+		Policies: []string{OperatorRole}, TokenTTL: time.Hour,
+	})
+}
+
+// Scheme holds the types the operator uses.
+func Scheme() *runtime.Scheme {
+	s := runtime.NewScheme()
+	_ = clientgoscheme.AddToScheme(s)
+	_ = v1alpha1.AddToScheme(s)
+	return s
+}
+
+// Options adjust an operator started by Start.
+type Options struct {
+	// LeaderElection on, with these timings (zero: off).
+	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
+	// VaultObserver sees every Vault request.
+	VaultObserver func(connection, op, outcome string, seconds float64)
+}
+
+// Operator is a running manager.
+type Operator struct {
+	Manager    ctrl.Manager
+	Reconciler *controllers.RedisClusterReconciler
+	cancel     context.CancelFunc
+	done       chan error
+	broadcast  events.EventBroadcaster
+}
+
+// Start runs keyroll's manager against the test ground until Stop.
+func Start(ctx context.Context, g *testground.Ground, o Options) (*Operator, error) {
+	scheme := Scheme()
+	cfg := g.CP.Config
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	mo := ctrl.Options{
+		Scheme: scheme, Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
+		Cache: controllers.CacheOptions(),
+		// Several operators, or a restarted one, register their controllers in one process.
+		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
+	}
+	if o.LeaseDuration > 0 {
+		mo.LeaderElection, mo.LeaderElectionID, mo.LeaderElectionNamespace = true, "keyroll.keyroll.dev", OperatorNS
+		mo.LeaseDuration, mo.RenewDeadline, mo.RetryPeriod = &o.LeaseDuration, &o.RenewDeadline, &o.RetryPeriod
+		mo.LeaderElectionReleaseOnCancel = true
+	}
+	mgr, err := ctrl.NewManager(cfg, mo)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	op := &Operator{Manager: mgr, cancel: cancel, done: make(chan error, 1)}
+	op.broadcast = events.NewBroadcaster(&events.EventSinkImpl{Interface: cs.EventsV1()})
+	if err := op.broadcast.StartRecordingToSinkWithContext(ctx); err != nil {
+		cancel()
+		return nil, err
+	}
+	op.Reconciler, err = controllers.Setup(mgr, controllers.Options{
+		Recorder: op.broadcast.NewRecorder(scheme, "keyroll"), Clock: clock.RealClock{}, Tokens: cs,
+		ServiceAccount: types.NamespacedName{Namespace: OperatorNS, Name: OperatorSA},
+		VaultObserver:  o.VaultObserver,
+	})
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	go func() { op.done <- mgr.Start(ctx) }()
+	return op, nil
+}
+
+// Elected is closed once this operator leads (at once without leader election).
+func (o *Operator) Elected() <-chan struct{} { return o.Manager.Elected() }
+
+// Stop cancels the manager (a leader releases its Lease) and waits for it to end.
+func (o *Operator) Stop() error {
+	o.cancel()
+	err := <-o.done
+	o.broadcast.Shutdown()
+	return err
+}
