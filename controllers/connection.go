@@ -14,8 +14,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/clock"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
 	"github.com/keyroll/keyroll/vault"
@@ -60,7 +60,9 @@ func (c *Connector) Forget(name string) { c.Cache.Forget(name) }
 func (c *Connector) config(ctx context.Context, vc *v1alpha1.VaultConnection) (vault.Config, error) {
 	spec := vc.Spec
 	cfg := vault.Config{Address: spec.Address, Namespace: spec.Namespace, Clock: c.Clock,
-		Logger: log.FromContext(ctx).WithName("vault").WithValues("vaultConnection", vc.Name)}
+		// Not the reconcile's logger: the client outlives the reconcile that created it and serves
+		// every RedisCluster behind this connection.
+		Logger: ctrl.Log.WithName("vault").WithValues("vaultConnection", vc.Name)}
 	if c.Observer != nil {
 		cfg.Observer = func(op, outcome string, d time.Duration) { c.Observer(vc.Name, op, outcome, d.Seconds()) }
 	}

@@ -5,12 +5,14 @@ package integration
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"os"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
@@ -40,7 +42,12 @@ func TestMain(m *testing.M) {
 }
 
 func run(m *testing.M) int {
-	ctrllog.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.UseDevMode(true)))
+	flag.Parse()
+	if b := flag.Lookup("test.bench"); b != nil && b.Value.String() != "" {
+		ctrllog.SetLogger(logr.Discard()) // benchmarks print numbers, not the operator's logs
+	} else {
+		ctrllog.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.UseDevMode(true)))
+	}
 	var err error
 	ground, err = testground.Start(testground.Options{Workloads: true, Redis: true, Vault: true})
 	if err != nil {
