@@ -153,17 +153,17 @@ func soonest(a, b time.Duration) time.Duration {
 	return a
 }
 
-// setReady reads the Redis pods' readiness and sets Ready and the phase.
+// setReady reads the Redis pods' readiness and sets Ready; Degraded is cleared here unless a
+// phase of this reconcile found something that needs attention.
 func (r *RedisClusterReconciler) setReady(ctx context.Context, s *scope) {
 	rc := s.rc
 	sts := &appsv1.StatefulSet{}
 	if err := r.Get(ctx, client.ObjectKey{Namespace: rc.Namespace, Name: rc.Name}, sts); err == nil {
 		rc.Status.ReadyReplicas = sts.Status.ReadyReplicas
 	}
-	if meta.IsStatusConditionTrue(rc.Status.Conditions, v1alpha1.ConditionDegraded) {
-		return
+	if !meta.IsStatusConditionTrue(rc.Status.Conditions, v1alpha1.ConditionDegraded) {
+		s.conds.set(v1alpha1.ConditionDegraded, metav1.ConditionFalse, v1alpha1.ReasonAvailable, "Nothing needs attention")
 	}
-	s.conds.set(v1alpha1.ConditionDegraded, metav1.ConditionFalse, v1alpha1.ReasonAvailable, "Nothing needs attention")
 	if rc.Status.ReadyReplicas < rc.Spec.Replicas {
 		s.conds.set(v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.ReasonReconciling,
 			"Waiting for the Redis pods to be Ready")

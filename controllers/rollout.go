@@ -69,6 +69,10 @@ func (r *RedisClusterReconciler) finishRollout(ctx context.Context, s *scope) {
 	s.conds.set(v1alpha1.ConditionRolloutProgressing, metav1.ConditionFalse, v1alpha1.ReasonRolloutComplete,
 		"Every Redis pod and consumer runs credential "+ro.TargetVersion)
 	s.conds.event(false, v1alpha1.EventRotationFinished, "Rollout", "Credential %s rolled out in %s", ro.TargetVersion, took)
+	if c := meta.FindStatusCondition(s.rc.Status.Conditions, v1alpha1.ConditionDegraded); c != nil &&
+		slices.Contains([]string{v1alpha1.ReasonRolloutStalled, v1alpha1.ReasonConsumerPaused, v1alpha1.ReasonConsumerMissing}, c.Reason) {
+		s.conds.set(v1alpha1.ConditionDegraded, metav1.ConditionFalse, v1alpha1.ReasonRolloutComplete, "The rollout is complete")
+	}
 	log.FromContext(ctx).Info("Rollout finished", "version", ro.TargetVersion, "duration", took)
 }
 

@@ -374,3 +374,60 @@ func TestOperatorRestartMidRolloutResumesWithOneNewLeaseAndOneRevoked(t *testing
 		}
 	}
 }
+
+func TestMissingConsumerIsReportedAndPausedConsumerIsWaitedFor(t *testing.T) {
+	namespace(t, "consumers")
+	vaultConnection(t, "vault-consumers", ground.Vault.Addr, "consumers")
+	consumerDeployment(t, "consumers", "paused-api")
+	rc := redisCluster(t, "consumers", "orders", "vault-consumers", "database/creds/orders", func(rc *v1alpha1.RedisCluster) {
+		rc.Spec.Replicas = 1
+		rc.Spec.Rollout.Consumers = []v1alpha1.ConsumerReference{
+			{Kind: "Deployment", Name: "ghost"}, {Kind: "Deployment", Name: "paused-api"},
+		}
+	})
+	cur := waitCondition(t, rc, v1alpha1.ConditionReady, metav1.ConditionTrue, "", 60*time.Second)
+	oldLease := cur.Status.Credential.LeaseID
+	d := &appsv1.Deployment{}
+	key := client.ObjectKey{Namespace: "consumers", Name: "paused-api"}
+	if err := k8s.Get(context.Background(), key, d); err != nil {
+		t.Fatal(err)
+	}
+	patch := client.MergeFrom(d.DeepCopy())
+	d.Spec.Paused = true
+	if err := k8s.Patch(context.Background(), d, patch); err != nil {
+		t.Fatal(err)
+	}
+
+	rotateNow(t, rc, "1")
+	cur = waitCondition(t, rc, v1alpha1.ConditionDegraded, metav1.ConditionTrue, v1alpha1.ReasonConsumerPaused, 60*time.Second)
+	reasons := eventReasons(t, "consumers", "orders")
+	if !slices.Contains(reasons, v1alpha1.ReasonConsumerMissing) || !slices.Contains(reasons, v1alpha1.ReasonConsumerPaused) {
+		t.Errorf("events %v: want ConsumerMissing and ConsumerPaused", reasons)
+	}
+	if cur.Status.Rollout == nil {
+		t.Fatal("the rollout finished although a consumer is paused")
+	}
+	if exists, _ := leaseExists(t, oldLease); !exists {
+		t.Fatal("the old lease was revoked while a paused consumer still runs on it")
+	}
+
+	if err := k8s.Get(context.Background(), key, d); err != nil {
+		t.Fatal(err)
+	}
+	patch = client.MergeFrom(d.DeepCopy())
+	d.Spec.Paused = false
+	if err := k8s.Patch(context.Background(), d, patch); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 60*time.Second, func() string {
+		cur = get(t, rc)
+		if cur.Status.Rollout != nil || len(cur.Status.Leases) != 1 {
+			return fmt.Sprintf("rollout %+v, leases %d", cur.Status.Rollout, len(cur.Status.Leases))
+		}
+		return ""
+	})
+	if exists, _ := leaseExists(t, oldLease); exists {
+		t.Error("the old lease is still live after the rollout")
+	}
+	waitCondition(t, rc, v1alpha1.ConditionDegraded, metav1.ConditionFalse, "", 10*time.Second)
+}
