@@ -64,7 +64,8 @@ func (c *Connector) config(ctx context.Context, vc *v1alpha1.VaultConnection) (v
 		// every RedisCluster behind this connection.
 		Logger: ctrl.Log.WithName("vault").WithValues("vaultConnection", vc.Name)}
 	if c.Observer != nil {
-		cfg.Observer = func(op, outcome string, d time.Duration) { c.Observer(vc.Name, op, outcome, d.Seconds()) }
+		name := vc.Name // the client outlives vc, which its caller goes on using
+		cfg.Observer = func(op, outcome string, d time.Duration) { c.Observer(name, op, outcome, d.Seconds()) }
 	}
 	if spec.RateLimit != nil {
 		cfg.RateLimit = vault.RateLimit{QPS: float64(spec.RateLimit.QPS), Burst: int(spec.RateLimit.Burst)}

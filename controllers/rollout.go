@@ -90,9 +90,14 @@ func (r *RedisClusterReconciler) rollPods(ctx context.Context, s *scope, pods []
 	if next == nil {
 		return ro.PodsUpdated >= s.rc.Spec.Replicas, time.Second, nil
 	}
+	// Make before break, whatever status.rollout says (it may be read from a cache that lags):
+	// restart a pod only while every pod exists and every other pod is Ready.
+	if len(pods) < int(s.rc.Spec.Replicas) {
+		return false, 0, nil // a pod watch wakes the reconcile when the pod is back
+	}
 	for _, p := range pods {
 		if p != next && !podReady(p) {
-			return false, 0, nil // a pod watch wakes the reconcile when it is Ready
+			return false, 0, nil
 		}
 	}
 	if err := r.Delete(ctx, next, client.Preconditions{UID: &next.UID}); client.IgnoreNotFound(err) != nil {
