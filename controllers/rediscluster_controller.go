@@ -18,6 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
@@ -53,7 +54,7 @@ type scope struct {
 
 // Reconcile brings one RedisCluster towards its spec. Status is written once, at the end, except
 // that a newly issued lease is written to the ledger before anything uses it.
-func (r *RedisClusterReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Result, reterr error) {
+func (r *RedisClusterReconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.Result, reterr error) {
 	rc := &v1alpha1.RedisCluster{}
 	if err := r.Get(ctx, req.NamespacedName, rc); err != nil {
 		if apierrors.IsNotFound(err) && r.Scheduler != nil {
@@ -62,7 +63,16 @@ func (r *RedisClusterReconciler) Reconcile(ctx context.Context, req ctrl.Request
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	s := &scope{rc: rc, before: rc.DeepCopy(), conds: conditionSetter{obj: rc, conditions: &rc.Status.Conditions, recorder: r.Recorder}}
-	defer func() { reterr = errors.Join(reterr, r.writeStatus(ctx, s)) }()
+	defer func() {
+		err := r.writeStatus(ctx, s)
+		if apierrors.IsConflict(err) && reterr == nil {
+			// The cache lagged behind a newer version: look again from that one. Nothing is lost:
+			// every step is recomputed from the cluster and Vault, and repeating one is harmless.
+			log.FromContext(ctx).V(1).Info("Status changed meanwhile; reconciling again")
+			res, err = ctrl.Result{RequeueAfter: time.Second}, nil
+		}
+		reterr = errors.Join(reterr, err)
+	}()
 	if !rc.DeletionTimestamp.IsZero() {
 		return r.reconcileDelete(ctx, s)
 	}

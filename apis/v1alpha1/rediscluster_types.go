@@ -520,8 +520,8 @@ type RolloutStatus struct {
 // +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
 // +kubebuilder:printcolumn:name="Ready",type=integer,JSONPath=`.status.readyReplicas`
 // +kubebuilder:printcolumn:name="Replicas",type=integer,JSONPath=`.spec.replicas`
-// +kubebuilder:printcolumn:name="Expires",type=date,JSONPath=`.status.credential.expiresAt`
-// +kubebuilder:printcolumn:name="Next-Rotation",type=date,JSONPath=`.status.credential.nextRotation`
+// +kubebuilder:printcolumn:name="Expires",type=string,JSONPath=`.status.credential.expiresAt`
+// +kubebuilder:printcolumn:name="Next-Rotation",type=string,JSONPath=`.status.credential.nextRotation`
 // +kubebuilder:printcolumn:name="Source",type=string,JSONPath=`.spec.credentials.source`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type RedisCluster struct {

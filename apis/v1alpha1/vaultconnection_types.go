@@ -228,7 +228,7 @@ type VaultConnectionStatus struct {
 // +kubebuilder:printcolumn:name="Address",type=string,JSONPath=`.spec.address`
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
 // +kubebuilder:printcolumn:name="Vault",type=string,JSONPath=`.status.vaultVersion`
-// +kubebuilder:printcolumn:name="Token-Expires",type=date,JSONPath=`.status.tokenExpiresAt`
+// +kubebuilder:printcolumn:name="Token-Expires",type=string,JSONPath=`.status.tokenExpiresAt`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type VaultConnection struct {
 	metav1.TypeMeta   `json:",inline"`

@@ -6,7 +6,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
@@ -27,6 +29,8 @@ type ControlPlane struct {
 	// Kubeconfig is the path of a kubeconfig file for an admin user.
 	Kubeconfig string
 	Clientset  *kubernetes.Clientset
+
+	watchdog *exec.Cmd
 }
 
 // ControlPlaneOptions selects what is installed besides keyroll's CRDs.
@@ -63,6 +67,7 @@ func StartControlPlane(dir string, opts ControlPlaneOptions) (*ControlPlane, err
 		return nil, fmt.Errorf("starting kube-apiserver and etcd: %w", err)
 	}
 	cp := &ControlPlane{Env: env, Config: cfg}
+	cp.watchdog = startWatchdog(childrenNamed("etcd", "kube-apiserver"))
 	if err := cp.writeKubeconfig(dir); err != nil {
 		cp.Stop()
 		return nil, err
@@ -92,7 +97,41 @@ func (cp *ControlPlane) Stop() error {
 	if cp == nil || cp.Env == nil {
 		return nil
 	}
-	return cp.Env.Stop()
+	err := cp.Env.Stop()
+	if cp.watchdog != nil {
+		_ = cp.watchdog.Process.Kill()
+		_ = cp.watchdog.Wait()
+	}
+	return err
+}
+
+// startWatchdog starts a small shell process that kills pids once this process is gone. envtest
+// starts etcd and kube-apiserver without a parent-death signal, so a test binary that dies (a
+// panic, a timeout) would leave them running; the watchdog ends them within a second.
+func startWatchdog(pids []int) *exec.Cmd {
+	if len(pids) == 0 {
+		return nil
+	}
+	list := strings.Trim(strings.Join(strings.Fields(fmt.Sprint(pids)), " "), "[]")
+	script := fmt.Sprintf("while kill -0 %d 2>/dev/null; do sleep 1; done; kill -9 %s 2>/dev/null", os.Getpid(), list)
+	cmd := exec.Command("sh", "-c", script)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		return nil
+	}
+	return cmd
+}
+
+// childrenNamed lists this process's children whose executable has one of the given names.
+func childrenNamed(names ...string) []int {
+	var out []int
+	for _, pid := range ChildPIDs() {
+		exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
+		if err == nil && slices.Contains(names, filepath.Base(exe)) {
+			out = append(out, pid)
+		}
+	}
+	return out
 }
 
 // EnsureServiceAccount creates a namespace (if needed) and a ServiceAccount in it. envtest runs

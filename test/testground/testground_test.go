@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -150,41 +151,51 @@ type record struct {
 }
 
 func TestEveryProcessStopsWhenATestFails(t *testing.T) {
-	out := filepath.Join(t.TempDir(), "record.json")
-	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperFailsWithEverythingRunning$", "-test.count=1")
-	cmd.Env = append(os.Environ(), helperEnv+"="+out)
-	output, err := cmd.CombinedOutput()
-	if err == nil {
-		t.Fatalf("the helper test was expected to fail; output:\n%s", output)
-	}
-	b, err := os.ReadFile(out)
-	if err != nil {
-		t.Fatalf("the helper left no record (%v); output:\n%s", err, output)
-	}
-	var rec record
-	if err := json.Unmarshal(b, &rec); err != nil {
-		t.Fatal(err)
-	}
-	// etcd, kube-apiserver, kube-controller-manager, kwok, redis-server and vault.
-	if len(rec.PIDs) < 6 {
-		t.Fatalf("the helper started %d processes, want at least 6: %v", len(rec.PIDs), rec.PIDs)
-	}
-	for _, pid := range rec.PIDs {
-		if Alive(pid) {
-			t.Errorf("process %d is still running after the failed test ended", pid)
-		}
-	}
-	for _, port := range rec.Ports {
-		if PortBound(port) {
-			t.Errorf("port %d is still bound after the failed test ended", port)
-		}
+	// A failed test runs its cleanups; a panic runs none, and the parent-death signal and the
+	// control plane's watchdog must end the processes all the same.
+	for _, mode := range []string{"fail", "panic"} {
+		t.Run(mode, func(t *testing.T) {
+			out := filepath.Join(t.TempDir(), "record.json")
+			cmd := exec.Command(os.Args[0], "-test.run=^TestHelperFailsWithEverythingRunning$", "-test.count=1")
+			cmd.Env = append(os.Environ(), helperEnv+"="+mode+":"+out)
+			output, err := cmd.CombinedOutput()
+			if err == nil {
+				t.Fatalf("the helper test was expected to fail; output:\n%s", output)
+			}
+			b, err := os.ReadFile(out)
+			if err != nil {
+				t.Fatalf("the helper left no record (%v); output:\n%s", err, output)
+			}
+			var rec record
+			if err := json.Unmarshal(b, &rec); err != nil {
+				t.Fatal(err)
+			}
+			// etcd, kube-apiserver, kube-controller-manager, kwok, redis-server and vault.
+			if len(rec.PIDs) < 6 {
+				t.Fatalf("the helper started %d processes, want at least 6: %v", len(rec.PIDs), rec.PIDs)
+			}
+			deadline := time.Now().Add(5 * time.Second) // the watchdog looks once a second
+			for _, pid := range rec.PIDs {
+				for Alive(pid) && time.Now().Before(deadline) {
+					time.Sleep(100 * time.Millisecond)
+				}
+				if Alive(pid) {
+					t.Errorf("process %d is still running after the test ended (%s)", pid, mode)
+				}
+			}
+			for _, port := range rec.Ports {
+				if PortBound(port) {
+					t.Errorf("port %d is still bound after the test ended (%s)", port, mode)
+				}
+			}
+		})
 	}
 }
 
 // TestHelperFailsWithEverythingRunning is not a test on its own: TestEveryProcessStopsWhenATestFails
 // runs it in a child process, where it starts every component and then fails.
 func TestHelperFailsWithEverythingRunning(t *testing.T) {
-	out := os.Getenv(helperEnv)
+	mode, out, _ := strings.Cut(os.Getenv(helperEnv), ":")
 	if out == "" {
 		t.Log("runs only as the child of TestEveryProcessStopsWhenATestFails")
 		return
@@ -199,6 +210,9 @@ func TestHelperFailsWithEverythingRunning(t *testing.T) {
 	b, _ := json.Marshal(rec)
 	if err := os.WriteFile(out, b, 0o600); err != nil {
 		t.Fatal(err)
+	}
+	if mode == "panic" {
+		panic("panicking on purpose, with every component running")
 	}
 	t.Fatal("failing on purpose, with every component running")
 }
