@@ -139,10 +139,5 @@ func eventReasons(t *testing.T, ns, name string) []string {
 // leaseExists asks Vault (as root) whether a lease exists, and when it expires.
 func leaseExists(t *testing.T, id string) (bool, time.Time) {
 	t.Helper()
-	s, err := ground.Vault.Root.Sys().Lookup(id)
-	if err != nil || s == nil {
-		return false, time.Time{}
-	}
-	exp, _ := time.Parse(time.RFC3339Nano, fmt.Sprint(s.Data["expire_time"]))
-	return true, exp
+	return ground.Vault.LeaseExpiry(id)
 }

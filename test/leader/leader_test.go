@@ -181,12 +181,7 @@ func issuedAt(t *testing.T, name string) []time.Time {
 
 func leaseExpiry(t *testing.T, id string) (bool, time.Time) {
 	t.Helper()
-	s, err := ground.Vault.Root.Sys().Lookup(id)
-	if err != nil || s == nil {
-		return false, time.Time{}
-	}
-	exp, _ := time.Parse(time.RFC3339Nano, fmt.Sprint(s.Data["expire_time"]))
-	return true, exp
+	return ground.Vault.LeaseExpiry(id)
 }
 
 func slicesSortTimes(ts []time.Time) {

@@ -69,21 +69,16 @@ func (r *Redis) WhoAmI(username, password string) (string, error) {
 
 // Do authenticates as username and runs one command, returning a simple or bulk string reply.
 func (r *Redis) Do(username, password string, args ...string) (string, error) {
-	c, err := net.DialTimeout("tcp", r.Addr(), 2*time.Second)
-	if err != nil {
-		return "", err
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-	rd := bufio.NewReader(c)
-	if _, err := redisCommand(c, rd, "AUTH", username, password); err != nil {
-		return "", err
-	}
-	return redisCommand(c, rd, args...)
+	return redisDo(r.Addr(), username, password, args...)
 }
 
 // RedisWhoAmI authenticates against addr and returns the user Redis says the connection runs as.
 func RedisWhoAmI(addr, username, password string) (string, error) {
+	return redisDo(addr, username, password, "ACL", "WHOAMI")
+}
+
+// redisDo connects to addr, authenticates and runs one command.
+func redisDo(addr, username, password string, args ...string) (string, error) {
 	c, err := net.DialTimeout("tcp", addr, 2*time.Second)
 	if err != nil {
 		return "", err
@@ -94,7 +89,7 @@ func RedisWhoAmI(addr, username, password string) (string, error) {
 	if _, err := redisCommand(c, rd, "AUTH", username, password); err != nil {
 		return "", err
 	}
-	return redisCommand(c, rd, "ACL", "WHOAMI")
+	return redisCommand(c, rd, args...)
 }
 
 func dialRedis(addr string) error {

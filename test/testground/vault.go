@@ -229,3 +229,13 @@ func (v *Vault) LoginKubernetes(ctx context.Context, role, jwt string) (*vaultap
 	}
 	return c.Logical().WriteWithContext(ctx, "auth/kubernetes/login", map[string]any{"role": role, "jwt": jwt})
 }
+
+// LeaseExpiry asks Vault (as root) whether a lease exists, and when it expires.
+func (v *Vault) LeaseExpiry(id string) (bool, time.Time) {
+	s, err := v.Root.Sys().Lookup(id)
+	if err != nil || s == nil {
+		return false, time.Time{}
+	}
+	exp, _ := time.Parse(time.RFC3339Nano, fmt.Sprint(s.Data["expire_time"]))
+	return true, exp
+}
