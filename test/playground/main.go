@@ -7,6 +7,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -31,8 +32,9 @@ const operatorNS = harness.OperatorNS
 
 func main() {
 	out := flag.String("kubeconfig-out", "playground.kubeconfig", "Where to write the admin kubeconfig of the playground's API server.")
+	stateFile := flag.String("state-file", "", "If set, where to write the playground's addresses as JSON once it runs (for scripts and tests); removed on exit.")
 	flag.Parse()
-	if err := run(*out); err != nil {
+	if err := run(*out, *stateFile); err != nil {
 		fmt.Fprintf(os.Stderr, "playground: %v\n", err)
 		os.Exit(1)
 	}
@@ -42,7 +44,14 @@ func say(format string, args ...any) {
 	fmt.Printf("[playground %s] %s\n", time.Now().Format("15:04:05"), fmt.Sprintf(format, args...))
 }
 
-func run(kubeconfigOut string) error {
+// State is what --state-file holds.
+type State struct {
+	Kubeconfig string `json:"kubeconfig"`
+	VaultAddr  string `json:"vaultAddr"`
+	RedisAddr  string `json:"redisAddr"`
+}
+
+func run(kubeconfigOut, stateFile string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	say("starting kube-apiserver, etcd, kube-controller-manager, kwok, Vault and Redis on loopback")
@@ -73,6 +82,13 @@ func run(kubeconfigOut string) error {
 		return err
 	}
 	printTour(g, kubeconfigOut)
+	if stateFile != "" {
+		b, _ := json.Marshal(State{Kubeconfig: kubeconfigOut, VaultAddr: g.Vault.Addr, RedisAddr: g.Redis.Addr()})
+		if err := os.WriteFile(stateFile, b, 0o600); err != nil {
+			return err
+		}
+		defer os.Remove(stateFile)
+	}
 	defer op.stop()
 	select {
 	case <-ctx.Done():

@@ -174,9 +174,11 @@ func PortBound(port int) bool {
 }
 
 // ChildPIDs lists the processes whose parent is this process (read from /proc).
-func ChildPIDs() []int {
+func ChildPIDs() []int { return ChildPIDsOf(os.Getpid()) }
+
+// ChildPIDsOf lists the processes whose parent is pid (read from /proc).
+func ChildPIDsOf(self int) []int {
 	entries, _ := os.ReadDir("/proc")
-	self := os.Getpid()
 	var pids []int
 	for _, e := range entries {
 		pid, err := strconv.Atoi(e.Name())
