@@ -44,6 +44,7 @@ func (r *RedisClusterReconciler) reconcileCredential(ctx context.Context, s *sco
 	}
 	next := rotation.Decide(r.decisionInput(s, true))
 	c := s.rc.Status.Credential
+	r.Metrics.setLeaseExpiry(client.ObjectKeyFromObject(s.rc), timeOf(c.ExpiresAt))
 	c.NextRenewal, c.NextRotation = timeOrNil(next.NextRenewal), timeOrNil(next.NextRotation)
 	s.conds.set(v1alpha1.ConditionCredentialsReady, metav1.ConditionTrue, v1alpha1.ReasonIssued, "A live credential from Vault is in Secret "+credentialsSecretName(s.rc))
 	return cur, requeueAt(r.Clock.Now(), next.When), nil
@@ -138,6 +139,7 @@ func (r *RedisClusterReconciler) issue(ctx context.Context, s *scope, vcl vault.
 	rc := s.rc
 	path := rc.Spec.Credentials.VaultLease.Path
 	lease, err := vcl.Issue(ctx, path)
+	r.countIssue(d, err)
 	if err != nil {
 		return nil, r.issueFailed(s, err)
 	}
@@ -156,6 +158,14 @@ func (r *RedisClusterReconciler) issue(ctx context.Context, s *scope, vcl vault.
 	s.conds.event(false, v1alpha1.EventCredentialsIssued, "Issue", "Issued credential %s for user %s from %s (%s)", cred.version, u, path, d.Reason)
 	log.FromContext(ctx).Info("Credential issued", "version", cred.version, "username", u, "reason", string(d.Reason), "leaseDuration", lease.Duration)
 	return cred, nil
+}
+
+// countIssue counts an issue, and a rotation when the issue replaces a live credential.
+func (r *RedisClusterReconciler) countIssue(d rotation.Decision, err error) {
+	r.Metrics.Issues.WithLabelValues(result(err)).Inc()
+	if d.Action == rotation.ActionRotate {
+		r.Metrics.Rotations.WithLabelValues(result(err)).Inc()
+	}
 }
 
 // recordLease puts a new lease into the ledger and the credential status.
@@ -213,6 +223,7 @@ func (r *RedisClusterReconciler) renew(ctx context.Context, s *scope, vcl vault.
 		increment = c.LeaseDuration.Duration
 	}
 	ren, err := vcl.Renew(ctx, c.LeaseID, increment)
+	r.Metrics.Renewals.WithLabelValues(result(err)).Inc()
 	if vault.IsLeaseGone(err) {
 		log.FromContext(ctx).Info("Lease gone from Vault; issuing a new credential", "lease", c.LeaseID)
 		s.rc.Status.Leases = removeLease(s.rc.Status.Leases, c.LeaseID)

@@ -10,6 +10,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -42,6 +43,7 @@ type RedisClusterReconciler struct {
 	Connector *Connector
 	// Scheduler wakes this reconciler when a cluster's rotation falls due (leader only).
 	Scheduler *rotation.Scheduler
+	Metrics   *Metrics
 }
 
 // scope is one reconcile's view of a RedisCluster: the object, its status as last written, and
@@ -57,8 +59,8 @@ type scope struct {
 func (r *RedisClusterReconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.Result, reterr error) {
 	rc := &v1alpha1.RedisCluster{}
 	if err := r.Get(ctx, req.NamespacedName, rc); err != nil {
-		if apierrors.IsNotFound(err) && r.Scheduler != nil {
-			r.Scheduler.Remove(req.NamespacedName)
+		if apierrors.IsNotFound(err) {
+			r.forget(req.NamespacedName)
 		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
@@ -139,6 +141,14 @@ func (r *RedisClusterReconciler) retireSuperseded(ctx context.Context, s *scope,
 		return err
 	}
 	return r.ensureACLSecret(ctx, s.rc, cred)
+}
+
+// forget drops what the reconciler keeps of a deleted cluster: its scheduler entry and metrics.
+func (r *RedisClusterReconciler) forget(key types.NamespacedName) {
+	if r.Scheduler != nil {
+		r.Scheduler.Remove(key)
+	}
+	r.Metrics.forget(key)
 }
 
 // scheduleRotation keeps the leader's scheduler entry for this cluster in step with its schedule.

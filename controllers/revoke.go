@@ -32,6 +32,7 @@ func (r *RedisClusterReconciler) revokeSuperseded(ctx context.Context, s *scope,
 // revoke revokes one lease: on success it leaves the ledger, on failure it is marked Revoking.
 func (r *RedisClusterReconciler) revoke(ctx context.Context, s *scope, vcl vault.Client, id string) error {
 	err := vcl.Revoke(ctx, id)
+	r.Metrics.Revocations.WithLabelValues(result(err)).Inc()
 	if err != nil {
 		for i := range s.rc.Status.Leases {
 			if s.rc.Status.Leases[i].LeaseID == id {
@@ -75,9 +76,7 @@ func (r *RedisClusterReconciler) reconcileDelete(ctx context.Context, s *scope) 
 		}
 		return ctrl.Result{}, r.removeFinalizer(ctx, s)
 	}
-	if r.Scheduler != nil {
-		r.Scheduler.Remove(client.ObjectKeyFromObject(rc))
-	}
+	r.forget(client.ObjectKeyFromObject(rc))
 	if len(rc.Status.Leases) > 0 {
 		if res, err := r.revokeAll(ctx, s); err != nil || !res.IsZero() {
 			return res, err

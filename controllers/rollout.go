@@ -30,6 +30,7 @@ func (r *RedisClusterReconciler) reconcileRollout(ctx context.Context, s *scope,
 	if err != nil {
 		return false, 0, err
 	}
+	r.Metrics.setStalePods(client.ObjectKeyFromObject(rc), len(pods)-countOnVersion(pods, cred.version))
 	ro := rc.Status.Rollout
 	if ro == nil {
 		if allOnVersion(pods, cred.version) && len(supersededLeases(rc)) == 0 {
@@ -65,6 +66,7 @@ func (r *RedisClusterReconciler) startRollout(ctx context.Context, s *scope, ver
 func (r *RedisClusterReconciler) finishRollout(ctx context.Context, s *scope) {
 	ro := s.rc.Status.Rollout
 	took := r.Clock.Since(ro.StartedAt.Time).Round(time.Second)
+	r.Metrics.RolloutDuration.Observe(r.Clock.Since(ro.StartedAt.Time).Seconds())
 	s.rc.Status.Rollout = nil
 	s.conds.set(v1alpha1.ConditionRolloutProgressing, metav1.ConditionFalse, v1alpha1.ReasonRolloutComplete,
 		"Every Redis pod and consumer runs credential "+ro.TargetVersion)
@@ -196,6 +198,16 @@ func countReadyOn(pods []*corev1.Pod, version string) int {
 	n := 0
 	for _, p := range pods {
 		if p.Annotations[v1alpha1.AnnotationCredentialVersion] == version && podReady(p) {
+			n++
+		}
+	}
+	return n
+}
+
+func countOnVersion(pods []*corev1.Pod, version string) int {
+	n := 0
+	for _, p := range pods {
+		if p.Annotations[v1alpha1.AnnotationCredentialVersion] == version {
 			n++
 		}
 	}

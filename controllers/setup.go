@@ -44,12 +44,19 @@ func CacheOptions() cache.Options {
 // Setup registers keyroll's reconcilers with a manager. Both share one Connector, and so one Vault
 // client (one login, one rate limit) per VaultConnection. It returns the RedisCluster reconciler.
 func Setup(mgr ctrl.Manager, o Options) (*RedisClusterReconciler, error) {
+	m := MetricsFor(o.Clock)
+	observe := func(conn, op, outcome string, seconds float64) {
+		m.observeVault(op, outcome, seconds)
+		if o.VaultObserver != nil {
+			o.VaultObserver(conn, op, outcome, seconds)
+		}
+	}
 	conn := &Connector{
 		Reader: mgr.GetAPIReader(), Tokens: o.Tokens, ServiceAccount: o.ServiceAccount,
-		Cache: vault.NewCache(), Clock: o.Clock, Observer: o.VaultObserver,
+		Cache: vault.NewCache(), Clock: o.Clock, Observer: observe,
 	}
 	if err := (&VaultConnectionReconciler{
-		Client: mgr.GetClient(), Recorder: o.Recorder, Clock: o.Clock, Connector: conn,
+		Client: mgr.GetClient(), Recorder: o.Recorder, Clock: o.Clock, Connector: conn, Metrics: m,
 	}).SetupWithManager(mgr); err != nil {
 		return nil, err
 	}
@@ -60,7 +67,7 @@ func Setup(mgr ctrl.Manager, o Options) (*RedisClusterReconciler, error) {
 	}
 	rcr := &RedisClusterReconciler{
 		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: o.Recorder, Clock: o.Clock,
-		Connector: conn, Scheduler: sched,
+		Connector: conn, Scheduler: sched, Metrics: m,
 	}
 	return rcr, rcr.SetupWithManager(mgr)
 }

@@ -29,6 +29,7 @@ type VaultConnectionReconciler struct {
 	Recorder  events.EventRecorder
 	Clock     clock.Clock
 	Connector *Connector
+	Metrics   *Metrics
 }
 
 // Reconcile checks one VaultConnection.
@@ -37,6 +38,7 @@ func (r *VaultConnectionReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 	if err := r.Get(ctx, req.NamespacedName, vc); err != nil {
 		if client.IgnoreNotFound(err) == nil {
 			r.Connector.Forget(req.Name)
+			r.Metrics.setTokenExpiry(req.Name, time.Time{})
 		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
@@ -94,6 +96,7 @@ func (r *VaultConnectionReconciler) observe(ctx context.Context, vc *v1alpha1.Va
 			return err
 		}
 	}
+	r.Metrics.setTokenExpiry(vc.Name, vcl.TokenInfo().ExpiresAt)
 	if exp := vcl.TokenInfo().ExpiresAt; !exp.IsZero() {
 		t := metav1.NewTime(exp)
 		vc.Status.TokenExpiresAt = &t

@@ -66,6 +66,8 @@ func Scheme() *runtime.Scheme {
 type Options struct {
 	// LeaderElection on, with these timings (zero: off).
 	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
+	// MetricsAddr is where the metrics endpoint listens ("": off).
+	MetricsAddr string
 	// VaultObserver sees every Vault request.
 	VaultObserver func(connection, op, outcome string, seconds float64)
 }
@@ -88,7 +90,7 @@ func Start(ctx context.Context, g *testground.Ground, o Options) (*Operator, err
 		return nil, err
 	}
 	mo := ctrl.Options{
-		Scheme: scheme, Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
+		Scheme: scheme, Metrics: metricsserver.Options{BindAddress: metricsAddr(o.MetricsAddr)}, HealthProbeBindAddress: "0",
 		Cache: controllers.CacheOptions(),
 		// Several operators, or a restarted one, register their controllers in one process.
 		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
@@ -120,6 +122,13 @@ func Start(ctx context.Context, g *testground.Ground, o Options) (*Operator, err
 	}
 	go func() { op.done <- mgr.Start(ctx) }()
 	return op, nil
+}
+
+func metricsAddr(addr string) string {
+	if addr == "" {
+		return "0"
+	}
+	return addr
 }
 
 // Elected is closed once this operator leads (at once without leader election).

@@ -31,6 +31,8 @@ var (
 	k8s        client.Client
 	cs         *kubernetes.Clientset
 	reconciler *controllers.RedisClusterReconciler
+	// metricsURL is the running operator's metrics endpoint.
+	metricsURL string
 	// stopOperator stops the running operator (restartOperator replaces it).
 	stopOperator func()
 	// vaultCalls counts the HTTP attempts the operator makes to Vault, per VaultConnection.
@@ -84,7 +86,13 @@ func run(m *testing.M) int {
 
 // startOperator runs keyroll's manager in this process, as main.go wires it.
 func startOperator(ctx context.Context) (func(), error) {
+	port, err := testground.FreePort()
+	if err != nil {
+		return nil, err
+	}
+	metricsURL = fmt.Sprintf("http://127.0.0.1:%d/metrics", port)
 	op, err := harness.Start(ctx, ground, harness.Options{
+		MetricsAddr:   fmt.Sprintf("127.0.0.1:%d", port),
 		VaultObserver: func(conn, _, _ string, _ float64) { vaultCalls.add(conn) },
 	})
 	if err != nil {
