@@ -4,9 +4,11 @@
 package integration
 
 import (
+	"bytes"
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"sync"
 	"testing"
@@ -31,6 +33,8 @@ var (
 	k8s        client.Client
 	cs         *kubernetes.Clientset
 	reconciler *controllers.RedisClusterReconciler
+	// operatorLogs holds everything the operator logged.
+	operatorLogs = &syncBuffer{}
 	// metricsURL is the running operator's metrics endpoint.
 	metricsURL string
 	// stopOperator stops the running operator (restartOperator replaces it).
@@ -48,7 +52,8 @@ func run(m *testing.M) int {
 	if b := flag.Lookup("test.bench"); b != nil && b.Value.String() != "" {
 		ctrllog.SetLogger(logr.Discard()) // benchmarks print numbers, not the operator's logs
 	} else {
-		ctrllog.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.UseDevMode(true)))
+		// Every log line, debug included, is also kept for the secret-leak test.
+		ctrllog.SetLogger(zap.New(zap.WriteTo(io.MultiWriter(os.Stderr, operatorLogs)), zap.UseDevMode(true)))
 	}
 	var err error
 	ground, err = testground.Start(testground.Options{Workloads: true, Redis: true, Vault: true})
@@ -111,6 +116,24 @@ func restartOperator(t *testing.T) {
 		stopOperator = func() {}
 		t.Fatalf("restarting the operator: %v", err)
 	}
+}
+
+// syncBuffer is a bytes.Buffer safe for concurrent writers.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 type callCounter struct {

@@ -1,0 +1,107 @@
+package integration
+
+import (
+	"context"
+	"encoding/json"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	vaultapi "github.com/hashicorp/vault/api"
+	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/keyroll/keyroll/apis/v1alpha1"
+)
+
+// A whole issue-rotate-delete scenario, with the operator logging at debug level: no password,
+// Vault token or service-account token from the run appears in any log line, event or status.
+func TestNoSecretReachesLogsEventsOrStatus(t *testing.T) {
+	ctx := context.Background()
+	namespace(t, "leak")
+	// Token auth, so that the operator's Vault token is known to the test.
+	tok, err := ground.Vault.Root.Auth().Token().Create(&vaultapi.TokenCreateRequest{Policies: []string{operatorRole}, TTL: "1h"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	token := tok.Auth.ClientToken
+	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "keyroll-system", Name: "vault-token-leak"},
+		Data: map[string][]byte{"token": []byte(token)}}
+	if err := k8s.Create(ctx, secret); err != nil {
+		t.Fatal(err)
+	}
+	vc := &v1alpha1.VaultConnection{ObjectMeta: metav1.ObjectMeta{Name: "vault-leak"}, Spec: v1alpha1.VaultConnectionSpec{
+		Address: ground.Vault.Addr, AllowedNamespaces: []string{"leak"},
+		Auth: v1alpha1.VaultAuth{Token: &v1alpha1.TokenAuth{SecretRef: v1alpha1.SecretKeyReference{
+			Namespace: "keyroll-system", Name: "vault-token-leak", Key: "token"}}},
+	}}
+	if err := k8s.Create(ctx, vc); err != nil {
+		t.Fatal(err)
+	}
+	rc := redisCluster(t, "leak", "orders", "vault-leak", "database/creds/orders", func(rc *v1alpha1.RedisCluster) { rc.Spec.Replicas = 2 })
+
+	var statuses []string
+	snapshot := func() {
+		b, _ := json.Marshal(get(t, rc).Status)
+		statuses = append(statuses, string(b))
+		v := &v1alpha1.VaultConnection{}
+		if err := k8s.Get(ctx, client.ObjectKey{Name: "vault-leak"}, v); err == nil {
+			b, _ = json.Marshal(v.Status)
+			statuses = append(statuses, string(b))
+		}
+	}
+	waitCondition(t, rc, v1alpha1.ConditionReady, metav1.ConditionTrue, "", 60*time.Second)
+	snapshot()
+	_, pass1, _ := credentials(t, rc)
+	rotateNow(t, rc, "leak-1")
+	eventually(t, 60*time.Second, func() string {
+		cur := get(t, rc)
+		if cur.Status.RotateNowAcknowledged != "leak-1" || cur.Status.Rollout != nil || len(cur.Status.Leases) != 1 {
+			return "rotation not finished"
+		}
+		return ""
+	})
+	snapshot()
+	_, pass2, _ := credentials(t, rc)
+	if err := k8s.Delete(ctx, rc); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, func() string {
+		if err := k8s.Get(ctx, client.ObjectKeyFromObject(rc), &v1alpha1.RedisCluster{}); !apierrors.IsNotFound(err) {
+			return "not deleted yet"
+		}
+		return ""
+	})
+
+	events := &eventsv1.EventList{}
+	if err := k8s.List(ctx, events, client.InNamespace("leak")); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := json.Marshal(events.Items)
+	places := map[string]string{"logs": operatorLogs.String(), "events": string(b), "status": strings.Join(statuses, "\n")}
+	if len(events.Items) < 5 || !strings.Contains(places["logs"], "Credential issued") {
+		t.Fatalf("the scenario left too little to check: %d events", len(events.Items))
+	}
+	secrets := map[string]string{"first password": pass1, "second password": pass2, "operator's Vault token": token,
+		"Vault root token": ground.Vault.RootToken}
+	patterns := map[string]*regexp.Regexp{
+		"a Vault token":    regexp.MustCompile(`hv[sbr]\.[A-Za-z0-9_-]{20,}`),
+		"a JSON Web Token": regexp.MustCompile(`eyJ[A-Za-z0-9_-]{10,}\.eyJ[A-Za-z0-9_-]{10,}`),
+	}
+	for where, text := range places {
+		for what, s := range secrets {
+			if s != "" && strings.Contains(text, s) {
+				t.Errorf("the %s appears in the %s", what, where)
+			}
+		}
+		for what, re := range patterns {
+			if m := re.FindString(text); m != "" {
+				t.Errorf("something shaped like %s appears in the %s", what, where)
+			}
+		}
+	}
+}
