@@ -16,6 +16,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
@@ -250,7 +251,8 @@ func (r *RedisClusterReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Watches(&appsv1.Deployment{}, handler.EnqueueRequestsFromMapFunc(r.clustersConsuming("Deployment"))).
 		Watches(&appsv1.StatefulSet{}, handler.EnqueueRequestsFromMapFunc(r.clustersConsuming("StatefulSet"))).
 		Watches(&appsv1.DaemonSet{}, handler.EnqueueRequestsFromMapFunc(r.clustersConsuming("DaemonSet"))).
-		Named("rediscluster")
+		Named("rediscluster").
+		WithOptions(controller.Options{ReconciliationTimeout: ReconcileTimeout})
 	if r.Scheduler != nil {
 		b = b.WatchesRawSource(source.Channel(r.Scheduler.Events(), &handler.EnqueueRequestForObject{}))
 	}

@@ -1,6 +1,8 @@
 package controllers
 
 import (
+	"time"
+
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -40,6 +42,9 @@ func CacheOptions() cache.Options {
 		&corev1.Pod{}: {Label: redisPods},
 	}}
 }
+
+// ReconcileTimeout bounds one reconcile, Vault calls and API requests included.
+const ReconcileTimeout = 2 * time.Minute
 
 // Setup registers keyroll's reconcilers with a manager. Both share one Connector, and so one Vault
 // client (one login, one rate limit) per VaultConnection. It returns the RedisCluster reconciler.

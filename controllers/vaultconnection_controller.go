@@ -11,6 +11,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 
@@ -128,5 +129,6 @@ func (r *VaultConnectionReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&v1alpha1.VaultConnection{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Named("vaultconnection").
+		WithOptions(controller.Options{ReconciliationTimeout: ReconcileTimeout}).
 		Complete(r)
 }
