@@ -4,9 +4,7 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
-	"net/http"
 	"os"
 	"time"
 
@@ -17,8 +15,6 @@ import (
 	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
-	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
@@ -106,12 +102,6 @@ func run(ctx context.Context, o managerOptions) error {
 	}); err != nil {
 		return err
 	}
-	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
-		return err
-	}
-	if err := mgr.AddReadyzCheck("caches-synced", cachesSynced(mgr.GetCache())); err != nil {
-		return err
-	}
 	return mgr.Start(ctx)
 }
 
@@ -122,18 +112,6 @@ func eventRecorder(ctx context.Context, cs kubernetes.Interface, scheme *runtime
 		return nil, err
 	}
 	return b.NewRecorder(scheme, "keyroll"), nil
-}
-
-// cachesSynced is a readiness check that passes only once the informer caches have synced.
-func cachesSynced(c cache.Cache) healthz.Checker {
-	return func(req *http.Request) error {
-		ctx, cancel := context.WithTimeout(req.Context(), 100*time.Millisecond)
-		defer cancel()
-		if !c.WaitForCacheSync(ctx) {
-			return errors.New("informer caches have not synced yet")
-		}
-		return nil
-	}
 }
 
 func must(err error) {

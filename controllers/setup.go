@@ -1,12 +1,16 @@
 package controllers
 
 import (
+	"context"
+	"errors"
+	"net/http"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
 	"github.com/keyroll/keyroll/rotation"
@@ -70,9 +74,33 @@ func Setup(mgr ctrl.Manager, o Options) (*RedisClusterReconciler, error) {
 	if err := mgr.Add(sched); err != nil {
 		return nil, err
 	}
+	if err := addProbes(mgr); err != nil {
+		return nil, err
+	}
 	rcr := &RedisClusterReconciler{
 		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: o.Recorder, Clock: o.Clock,
 		Connector: conn, Scheduler: sched, Metrics: m,
 	}
 	return rcr, rcr.SetupWithManager(mgr)
+}
+
+// addProbes registers /healthz (the process answers) and /readyz (ready only once the informer
+// caches have synced).
+func addProbes(mgr ctrl.Manager) error {
+	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
+		return err
+	}
+	return mgr.AddReadyzCheck("caches-synced", cachesSynced(mgr.GetCache()))
+}
+
+// cachesSynced is a readiness check that passes only once the informer caches have synced.
+func cachesSynced(c cache.Cache) healthz.Checker {
+	return func(req *http.Request) error {
+		ctx, cancel := context.WithTimeout(req.Context(), 100*time.Millisecond)
+		defer cancel()
+		if !c.WaitForCacheSync(ctx) {
+			return errors.New("informer caches have not synced yet")
+		}
+		return nil
+	}
 }

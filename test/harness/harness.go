@@ -66,8 +66,8 @@ func Scheme() *runtime.Scheme {
 type Options struct {
 	// LeaderElection on, with these timings (zero: off).
 	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
-	// MetricsAddr is where the metrics endpoint listens ("": off).
-	MetricsAddr string
+	// MetricsAddr and ProbeAddr are where the metrics and /healthz, /readyz endpoints listen ("": off).
+	MetricsAddr, ProbeAddr string
 	// VaultObserver sees every Vault request.
 	VaultObserver func(connection, op, outcome string, seconds float64)
 }
@@ -90,7 +90,7 @@ func Start(ctx context.Context, g *testground.Ground, o Options) (*Operator, err
 		return nil, err
 	}
 	mo := ctrl.Options{
-		Scheme: scheme, Metrics: metricsserver.Options{BindAddress: metricsAddr(o.MetricsAddr)}, HealthProbeBindAddress: "0",
+		Scheme: scheme, Metrics: metricsserver.Options{BindAddress: metricsAddr(o.MetricsAddr)}, HealthProbeBindAddress: metricsAddr(o.ProbeAddr),
 		Cache: controllers.CacheOptions(),
 		// Several operators, or a restarted one, register their controllers in one process.
 		Controller: config.Controller{SkipNameValidation: ptr.To(true)},

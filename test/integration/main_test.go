@@ -35,8 +35,8 @@ var (
 	reconciler *controllers.RedisClusterReconciler
 	// operatorLogs holds everything the operator logged.
 	operatorLogs = &syncBuffer{}
-	// metricsURL is the running operator's metrics endpoint.
-	metricsURL string
+	// metricsURL and probesURL are the running operator's metrics and probe endpoints.
+	metricsURL, probesURL string
 	// stopOperator stops the running operator (restartOperator replaces it).
 	stopOperator func()
 	// vaultCalls counts the HTTP attempts the operator makes to Vault, per VaultConnection.
@@ -95,9 +95,15 @@ func startOperator(ctx context.Context) (func(), error) {
 	if err != nil {
 		return nil, err
 	}
+	probePort, err := testground.FreePort()
+	if err != nil {
+		return nil, err
+	}
 	metricsURL = fmt.Sprintf("http://127.0.0.1:%d/metrics", port)
+	probesURL = fmt.Sprintf("http://127.0.0.1:%d", probePort)
 	op, err := harness.Start(ctx, ground, harness.Options{
 		MetricsAddr:   fmt.Sprintf("127.0.0.1:%d", port),
+		ProbeAddr:     fmt.Sprintf("127.0.0.1:%d", probePort),
 		VaultObserver: func(conn, _, _ string, _ float64) { vaultCalls.add(conn) },
 	})
 	if err != nil {

@@ -1,8 +1,10 @@
 package integration
 
 import (
+	"io"
 	"math"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -119,4 +121,29 @@ func TestMetricsAreServedAndMoveWithTheLease(t *testing.T) {
 		t.Errorf("after the renewal keyroll_lease_expiry_seconds is %v, want about %.1f", expiry, want)
 	}
 	t.Logf("lease expires in %.1f s after the renewal", expiry)
+}
+
+func TestProbesAnswerAndReadinessWaitsForTheCaches(t *testing.T) {
+	eventually(t, 30*time.Second, func() string {
+		for _, path := range []string{"/healthz", "/readyz"} {
+			resp, err := http.Get(probesURL + path)
+			if err != nil {
+				return err.Error()
+			}
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				return path + ": " + resp.Status
+			}
+		}
+		return ""
+	})
+	resp, err := http.Get(probesURL + "/readyz?verbose")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if !strings.Contains(string(body), "[+]caches-synced ok") {
+		t.Errorf("/readyz does not check the caches:\n%s", body)
+	}
 }
