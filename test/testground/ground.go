@@ -11,6 +11,8 @@ import (
 type Options struct {
 	// ExternalSecretsCRDs installs External Secrets Operator's CRDs.
 	ExternalSecretsCRDs bool
+	// ExternalSecrets runs External Secrets Operator's controller (and installs its CRDs).
+	ExternalSecrets bool
 	// Workloads starts kube-controller-manager, kwok and the pod binder, so that pods become Ready.
 	Workloads bool
 	// Redis starts a redis-server with an admin user.
@@ -27,6 +29,8 @@ type Ground struct {
 	Workloads *Workloads
 	Redis     *Redis
 	Vault     *Vault
+	// ExternalSecrets is External Secrets Operator's controller, when asked for.
+	ExternalSecrets *Process
 
 	ownDir bool
 }
@@ -45,8 +49,14 @@ func Start(opts Options) (g *Ground, err error) {
 			g = nil
 		}
 	}()
-	if g.CP, err = StartControlPlane(dir, ControlPlaneOptions{ExternalSecretsCRDs: opts.ExternalSecretsCRDs}); err != nil {
+	esoCRDs := opts.ExternalSecretsCRDs || opts.ExternalSecrets
+	if g.CP, err = StartControlPlane(dir, ControlPlaneOptions{ExternalSecretsCRDs: esoCRDs}); err != nil {
 		return g, err
+	}
+	if opts.ExternalSecrets {
+		if g.ExternalSecrets, err = StartExternalSecrets(dir, g.CP); err != nil {
+			return g, err
+		}
 	}
 	if opts.Workloads {
 		if g.Workloads, err = StartWorkloads(dir, g.CP); err != nil {
@@ -82,6 +92,9 @@ func StartT(t testing.TB, opts Options) *Ground {
 func (g *Ground) Stop() {
 	if g == nil {
 		return
+	}
+	if g.ExternalSecrets != nil {
+		g.ExternalSecrets.Stop()
 	}
 	if g.Vault != nil {
 		g.Vault.Stop()

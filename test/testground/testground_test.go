@@ -170,9 +170,9 @@ func TestEveryProcessStopsWhenATestFails(t *testing.T) {
 			if err := json.Unmarshal(b, &rec); err != nil {
 				t.Fatal(err)
 			}
-			// etcd, kube-apiserver, kube-controller-manager, kwok, redis-server and vault.
-			if len(rec.PIDs) < 6 {
-				t.Fatalf("the helper started %d processes, want at least 6: %v", len(rec.PIDs), rec.PIDs)
+			// etcd, kube-apiserver, kube-controller-manager, kwok, redis-server, vault and external-secrets.
+			if len(rec.PIDs) < 7 {
+				t.Fatalf("the helper started %d processes, want at least 7: %v", len(rec.PIDs), rec.PIDs)
 			}
 			deadline := time.Now().Add(5 * time.Second) // the watchdog looks once a second
 			for _, pid := range rec.PIDs {
@@ -200,7 +200,7 @@ func TestHelperFailsWithEverythingRunning(t *testing.T) {
 		t.Log("runs only as the child of TestEveryProcessStopsWhenATestFails")
 		return
 	}
-	g := StartT(t, Options{Workloads: true, Redis: true, Vault: true})
+	g := StartT(t, Options{Workloads: true, Redis: true, Vault: true, ExternalSecrets: true})
 	u, err := url.Parse(g.CP.Config.Host)
 	if err != nil {
 		t.Fatal(err)
