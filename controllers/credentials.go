@@ -6,6 +6,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
@@ -62,7 +63,7 @@ func (r *RedisClusterReconciler) decisionInput(s *scope, hasCredential bool) rot
 	if vl.MinTTL != nil {
 		in.MinTTL = vl.MinTTL.Duration
 	}
-	in.Schedule, in.Window = r.schedule(s)
+	in.Schedule, in.Window = s.schedule, s.window
 	c := rc.Status.Credential
 	if c == nil {
 		return in
@@ -79,26 +80,28 @@ func (r *RedisClusterReconciler) decisionInput(s *scope, hasCredential bool) rot
 	return in
 }
 
-// schedule parses the rotation schedule and window; an invalid one is reported and ignored, so
-// that renewals go on.
-func (r *RedisClusterReconciler) schedule(s *scope) (rotation.Schedule, *rotation.Window) {
+// parseRotation parses the rotation schedule and window once per reconcile. An invalid one is
+// reported (Degraded, InvalidSchedule) and ignored, so that renewals go on; the report is
+// withdrawn once the spec is fixed.
+func (r *RedisClusterReconciler) parseRotation(s *scope) {
 	spec := s.rc.Spec.Rotation
-	var sch rotation.Schedule
-	var win *rotation.Window
 	var err error
 	if spec.Schedule != "" {
-		sch, err = rotation.ParseSchedule(spec.Schedule)
+		s.schedule, err = rotation.ParseSchedule(spec.Schedule)
 	}
 	if w := spec.MaintenanceWindow; err == nil && w != nil {
-		win, err = rotation.ParseWindow(w.Start, w.Duration.Duration, w.TimeZone)
+		s.window, err = rotation.ParseWindow(w.Start, w.Duration.Duration, w.TimeZone)
 	}
-	if err != nil {
-		if s.conds.set(v1alpha1.ConditionDegraded, metav1.ConditionTrue, v1alpha1.ReasonInvalidSchedule, "spec.rotation: "+err.Error()) {
-			s.conds.event(true, v1alpha1.ReasonInvalidSchedule, "Schedule", "spec.rotation: %v", err)
+	if err == nil {
+		if c := meta.FindStatusCondition(s.rc.Status.Conditions, v1alpha1.ConditionDegraded); c != nil && c.Reason == v1alpha1.ReasonInvalidSchedule {
+			s.conds.set(v1alpha1.ConditionDegraded, metav1.ConditionFalse, v1alpha1.ReasonAvailable, "spec.rotation is valid")
 		}
-		return nil, nil
+		return
 	}
-	return sch, win
+	s.schedule, s.window = nil, nil
+	if s.conds.set(v1alpha1.ConditionDegraded, metav1.ConditionTrue, v1alpha1.ReasonInvalidSchedule, "spec.rotation: "+err.Error()) {
+		s.conds.event(true, v1alpha1.ReasonInvalidSchedule, "Schedule", "spec.rotation: %v", err)
+	}
 }
 
 // currentCredential reads the credential of status.credential from the credentials Secret. It
@@ -145,7 +148,9 @@ func (r *RedisClusterReconciler) issue(ctx context.Context, s *scope, vcl vault.
 	}
 	u, p := lease.Data["username"], lease.Data["password"]
 	if u == "" || p == "" || !usernamePattern.MatchString(u) {
-		_ = vcl.Revoke(ctx, lease.ID)
+		if lease.ID != "" {
+			_ = vcl.Revoke(ctx, lease.ID)
+		}
 		return nil, r.issueFailed(s, fmt.Errorf("vault path %s returned no usable username and password (keys: %v)", path, lease.Data))
 	}
 	cred := &credential{username: u, password: p, version: credentialVersion(u, p)}

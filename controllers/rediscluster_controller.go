@@ -53,6 +53,9 @@ type scope struct {
 	rc     *v1alpha1.RedisCluster
 	before *v1alpha1.RedisCluster
 	conds  conditionSetter
+	// schedule and window are the parsed spec.rotation (nil when unset or invalid).
+	schedule rotation.Schedule
+	window   *rotation.Window
 }
 
 // Reconcile brings one RedisCluster towards its spec. Status is written once, at the end, except
@@ -103,6 +106,7 @@ func (r *RedisClusterReconciler) reconcileNormal(ctx context.Context, s *scope) 
 			"credentials.source ExternalSecret is not supported by this version of keyroll yet")
 		return ctrl.Result{}, nil
 	}
+	r.parseRotation(s)
 	if free, err := r.checkSecretsFree(ctx, s); !free || err != nil {
 		return ctrl.Result{RequeueAfter: waitForConnection}, err
 	}
@@ -158,12 +162,11 @@ func (r *RedisClusterReconciler) scheduleRotation(s *scope) {
 		return
 	}
 	key := client.ObjectKeyFromObject(s.rc)
-	sch, err := rotation.ParseSchedule(s.rc.Spec.Rotation.Schedule)
-	if s.rc.Spec.Rotation.Schedule == "" || err != nil || s.rc.Status.Credential == nil {
+	if s.schedule == nil || s.rc.Status.Credential == nil {
 		r.Scheduler.Remove(key)
 		return
 	}
-	r.Scheduler.Set(key, sch, timeOf(s.rc.Status.Credential.LastRotation))
+	r.Scheduler.Set(key, s.schedule, timeOf(s.rc.Status.Credential.LastRotation))
 }
 
 // soonest is the shorter of two non-zero requeue delays.

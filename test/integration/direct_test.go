@@ -376,3 +376,28 @@ func waitConnectionReady(t *testing.T, name string) {
 		return ""
 	})
 }
+
+// A schedule the API server's pattern lets through but cron cannot parse is reported (Degraded,
+// InvalidSchedule, with an event) while the credential is still issued; fixing it withdraws the report.
+func TestInvalidScheduleIsReportedAndWithdrawnWhenFixed(t *testing.T) {
+	namespace(t, "schedule")
+	vaultConnection(t, "vault-schedule", ground.Vault.Addr, "schedule")
+	rc := redisCluster(t, "schedule", "orders", "vault-schedule", "database/creds/orders", func(rc *v1alpha1.RedisCluster) {
+		rc.Spec.Replicas = 1
+		rc.Spec.Rotation.Schedule = "61 * * * *"
+	})
+	cur := waitCondition(t, rc, v1alpha1.ConditionDegraded, metav1.ConditionTrue, v1alpha1.ReasonInvalidSchedule, 30*time.Second)
+	waitCondition(t, rc, v1alpha1.ConditionCredentialsReady, metav1.ConditionTrue, "", 30*time.Second)
+	if !slices.Contains(eventReasons(t, "schedule", "orders"), v1alpha1.ReasonInvalidSchedule) {
+		t.Error("no InvalidSchedule event")
+	}
+	patch := client.MergeFrom(cur.DeepCopy())
+	cur.Spec.Rotation.Schedule = "@daily"
+	if err := k8s.Patch(context.Background(), cur, patch); err != nil {
+		t.Fatal(err)
+	}
+	waitCondition(t, rc, v1alpha1.ConditionDegraded, metav1.ConditionFalse, "", 30*time.Second)
+	if cur = get(t, rc); cur.Status.Credential.NextRotation == nil {
+		t.Error("no next rotation once the schedule is valid")
+	}
+}
