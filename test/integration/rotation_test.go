@@ -267,13 +267,7 @@ func TestStalledRolloutTouchesNoFurtherPodAndResumesWhenReady(t *testing.T) {
 		before[name] = string(p.UID)
 	}
 
-	ground.Workloads.PauseKubelets()
-	resumed := false
-	t.Cleanup(func() {
-		if !resumed {
-			_ = ground.Workloads.ResumeKubelets()
-		}
-	})
+	resume := pauseKubelets(t)
 	rotateNow(t, rc, "stall-1")
 	cur = waitCondition(t, rc, v1alpha1.ConditionDegraded, metav1.ConditionTrue, v1alpha1.ReasonRolloutStalled, 60*time.Second)
 	if cur.Status.Rollout == nil || cur.Status.Rollout.PodInFlight != "orders-2" {
@@ -296,10 +290,7 @@ func TestStalledRolloutTouchesNoFurtherPodAndResumesWhenReady(t *testing.T) {
 		t.Fatal("the old lease was revoked while the rollout was stalled")
 	}
 
-	if err := ground.Workloads.ResumeKubelets(); err != nil {
-		t.Fatal(err)
-	}
-	resumed = true
+	resume()
 	eventually(t, 90*time.Second, func() string {
 		cur = get(t, rc)
 		if cur.Status.Rollout != nil || len(cur.Status.Leases) != 1 {
@@ -343,13 +334,7 @@ func TestOperatorRestartMidRolloutResumesWithOneNewLeaseAndOneRevoked(t *testing
 	}
 
 	// Hold the first restarted pod not-Ready, so that the operator is stopped mid-rollout.
-	ground.Workloads.PauseKubelets()
-	resumed := false
-	t.Cleanup(func() {
-		if !resumed {
-			_ = ground.Workloads.ResumeKubelets()
-		}
-	})
+	resume := pauseKubelets(t)
 	rotateNow(t, rc, "restart-1")
 	eventually(t, 30*time.Second, func() string {
 		if ro := get(t, rc).Status.Rollout; ro == nil || ro.PodInFlight == "" {
@@ -358,10 +343,7 @@ func TestOperatorRestartMidRolloutResumesWithOneNewLeaseAndOneRevoked(t *testing
 		return ""
 	})
 	restartOperator(t)
-	if err := ground.Workloads.ResumeKubelets(); err != nil {
-		t.Fatal(err)
-	}
-	resumed = true
+	resume()
 	eventually(t, 90*time.Second, func() string {
 		cur = get(t, rc)
 		if cur.Status.Rollout != nil || len(cur.Status.Leases) != 1 || cur.Status.Leases[0].LeaseID == oldLease {
@@ -439,4 +421,23 @@ func TestMissingConsumerIsReportedAndPausedConsumerIsWaitedFor(t *testing.T) {
 		t.Error("the old lease is still live after the rollout")
 	}
 	waitCondition(t, rc, v1alpha1.ConditionDegraded, metav1.ConditionFalse, "", 10*time.Second)
+}
+
+// pauseKubelets stops kwok, so that restarted pods are not made Ready, until the returned
+// function (or the end of the test) starts it again.
+func pauseKubelets(t *testing.T) (resume func()) {
+	t.Helper()
+	ground.Workloads.PauseKubelets()
+	resumed := false
+	resume = func() {
+		if resumed {
+			return
+		}
+		resumed = true
+		if err := ground.Workloads.ResumeKubelets(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(resume)
+	return resume
 }
