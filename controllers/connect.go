@@ -24,13 +24,13 @@ const waitForConnection = time.Minute
 // forDelete skips the namespace check: revoking leases keyroll already holds is always allowed.
 func (r *RedisClusterReconciler) connect(ctx context.Context, s *scope, forDelete bool) (vault.Client, time.Duration, error) {
 	rc := s.rc
-	name := rc.Spec.Credentials.VaultLease.ConnectionRef.Name
+	name := connectionName(rc)
 	vc := &v1alpha1.VaultConnection{}
 	if err := r.Get(ctx, client.ObjectKey{Name: name}, vc); err != nil {
 		if !apierrors.IsNotFound(err) {
 			return nil, 0, fmt.Errorf("reading VaultConnection %s: %w", name, err)
 		}
-		r.refuse(s, v1alpha1.ReasonConnectionNotFound, fmt.Sprintf("VaultConnection %q (credentials.vaultLease.connectionRef.name) does not exist", name))
+		r.refuse(s, v1alpha1.ReasonConnectionNotFound, fmt.Sprintf("VaultConnection %q (%s) does not exist", name, connectionField(rc)))
 		return nil, waitForConnection, nil
 	}
 	if !forDelete && !namespaceAllowed(vc, rc.Namespace) {
@@ -43,6 +43,27 @@ func (r *RedisClusterReconciler) connect(ctx context.Context, s *scope, forDelet
 		return nil, waitForConnection, nil
 	}
 	return vcl, 0, nil
+}
+
+// connectionName is the VaultConnection the RedisCluster uses: always in VaultLease mode, in
+// ExternalSecret mode only to renew and revoke the leases External Secrets Operator obtains.
+func connectionName(rc *v1alpha1.RedisCluster) string {
+	c := rc.Spec.Credentials
+	switch {
+	case c.VaultLease != nil:
+		return c.VaultLease.ConnectionRef.Name
+	case c.ExternalSecret != nil && c.ExternalSecret.ConnectionRef != nil:
+		return c.ExternalSecret.ConnectionRef.Name
+	}
+	return ""
+}
+
+// connectionField names the spec field of connectionName, for messages.
+func connectionField(rc *v1alpha1.RedisCluster) string {
+	if rc.Spec.Credentials.ExternalSecret != nil {
+		return "credentials.externalSecret.connectionRef.name"
+	}
+	return "credentials.vaultLease.connectionRef.name"
 }
 
 // refuse marks the credential as not ready for a reason the RedisCluster owner must act on.
@@ -87,7 +108,7 @@ func (r *RedisClusterReconciler) secretOwned(ctx context.Context, rc *v1alpha1.R
 		return nil
 	case err != nil:
 		return fmt.Errorf("reading Secret %s: %w", name, err)
-	case !ownedBy(sec, rc):
+	case !ownedBy(sec, rc) && !syncedByExternalSecret(sec, rc):
 		return &conflictError{kind: "Secret", name: name}
 	}
 	return nil

@@ -54,14 +54,16 @@ func (r *RedisClusterReconciler) reconcileCredential(ctx context.Context, s *sco
 // decisionInput translates the RedisCluster's status into rotation's plain input.
 func (r *RedisClusterReconciler) decisionInput(s *scope, hasCredential bool) rotation.Input {
 	rc := s.rc
-	vl := rc.Spec.Credentials.VaultLease
 	in := rotation.Input{
-		Now: r.Clock.Now(), HasCredential: hasCredential, RenewalPercent: vl.RenewalPercent,
+		Now: r.Clock.Now(), HasCredential: hasCredential, RenewalPercent: defaultRenewalPercent,
 		Paused: rc.Spec.Rotation.Paused, RotateNow: rc.Annotations[v1alpha1.AnnotationRotateNow],
 		RotateNowAcknowledged: rc.Status.RotateNowAcknowledged, RolloutInProgress: rc.Status.Rollout != nil,
 	}
-	if vl.MinTTL != nil {
-		in.MinTTL = vl.MinTTL.Duration
+	if vl := rc.Spec.Credentials.VaultLease; vl != nil {
+		in.RenewalPercent = vl.RenewalPercent
+		if vl.MinTTL != nil {
+			in.MinTTL = vl.MinTTL.Duration
+		}
 	}
 	in.Schedule, in.Window = s.schedule, s.window
 	c := rc.Status.Credential

@@ -20,6 +20,9 @@ func (r *RedisClusterReconciler) reconcileObjects(ctx context.Context, s *scope,
 	steps := []func() error{
 		func() error { return r.ensureACLSecret(ctx, rc, cred) },
 		func() error {
+			if rc.Spec.Credentials.Source == v1alpha1.SourceExternalSecret {
+				return nil // External Secrets Operator writes it
+			}
 			return ensure(ctx, r, rc, buildCredentialsSecret(rc, cred.username, cred.password, cred.version), &corev1.Secret{}, sameSecret, updateSecret)
 		},
 		func() error {

@@ -11,6 +11,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
@@ -33,6 +34,9 @@ func ensure[T client.Object](ctx context.Context, r *RedisClusterReconciler, rc 
 	desired, existing T, same func(desired, existing T) bool, update func(desired, existing T)) error {
 	key := client.ObjectKeyFromObject(desired)
 	kind := fmt.Sprintf("%T", desired)[1:]
+	if gvk, err := apiutil.GVKForObject(desired, r.Scheme()); err == nil {
+		kind = gvk.Kind
+	}
 	err := r.Get(ctx, key, existing)
 	if apierrors.IsNotFound(err) {
 		if err := controllerutil.SetControllerReference(rc, desired, r.Scheme()); err != nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"time"
 
+	esv1 "github.com/external-secrets/external-secrets/apis/externalsecrets/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -30,7 +31,7 @@ import (
 )
 
 // connectionIndex indexes RedisClusters by the VaultConnection they use.
-const connectionIndex = "spec.credentials.vaultLease.connectionRef.name"
+const connectionIndex = "spec.credentials.connectionRef.name"
 
 // RedisClusterReconciler reconciles RedisClusters: credentials from Vault, the Redis StatefulSet and
 // the Secrets it mounts, renewals, re-issues and revocation on delete.
@@ -45,6 +46,10 @@ type RedisClusterReconciler struct {
 	// Scheduler wakes this reconciler when a cluster's rotation falls due (leader only).
 	Scheduler *rotation.Scheduler
 	Metrics   *Metrics
+	// ExternalSecrets says that External Secrets Operator's ExternalSecret API was there when
+	// keyroll started: only then does ExternalSecret mode work (and is the API watched).
+	ExternalSecrets bool
+	sightings       *sightings
 }
 
 // scope is one reconcile's view of a RedisCluster: the object, its status as last written, and
@@ -65,12 +70,22 @@ func (r *RedisClusterReconciler) Reconcile(ctx context.Context, req ctrl.Request
 	if err := r.Get(ctx, req.NamespacedName, rc); err != nil {
 		if apierrors.IsNotFound(err) {
 			r.forget(req.NamespacedName)
+			r.sightings.forget(req.NamespacedName, nil)
 		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	s := &scope{rc: rc, before: rc.DeepCopy(), conds: conditionSetter{obj: rc, conditions: &rc.Status.Conditions, recorder: r.Recorder}}
 	defer func() {
 		err := r.writeStatus(ctx, s)
+		if apierrors.IsNotFound(err) && !rc.DeletionTimestamp.IsZero() {
+			err = nil // deleted meanwhile: its finalizer was removed
+		}
+		if apierrors.IsConflict(reterr) && err == nil {
+			// An owned object changed after the cache saw it (kube-controller-manager writes the
+			// StatefulSet's status, for one): the next look uses the newer version.
+			log.FromContext(ctx).V(1).Info("An object changed meanwhile; reconciling again", "error", reterr.Error())
+			res, reterr = ctrl.Result{RequeueAfter: time.Second}, nil
+		}
 		if apierrors.IsConflict(err) && reterr == nil {
 			// The cache lagged behind a newer version: look again from that one. Nothing is lost:
 			// every step is recomputed from the cluster and Vault, and repeating one is harmless.
@@ -101,20 +116,31 @@ func (r *RedisClusterReconciler) ensureFinalizer(ctx context.Context, rc *v1alph
 // reconcileNormal runs the phases in order; each returns early when it cannot go on.
 func (r *RedisClusterReconciler) reconcileNormal(ctx context.Context, s *scope) (ctrl.Result, error) {
 	rc := s.rc
-	if rc.Spec.Credentials.Source != v1alpha1.SourceVaultLease {
-		s.conds.set(v1alpha1.ConditionCredentialsReady, metav1.ConditionFalse, v1alpha1.ReasonInvalidSpec,
-			"credentials.source ExternalSecret is not supported by this version of keyroll yet")
+	external := rc.Spec.Credentials.Source == v1alpha1.SourceExternalSecret
+	if external && !r.ExternalSecrets {
+		r.externalSecretsMissing(s)
 		return ctrl.Result{}, nil
 	}
 	r.parseRotation(s)
 	if free, err := r.checkSecretsFree(ctx, s); !free || err != nil {
 		return ctrl.Result{RequeueAfter: waitForConnection}, err
 	}
-	vcl, wait, err := r.connect(ctx, s, false)
-	if vcl == nil {
-		return ctrl.Result{RequeueAfter: wait}, err
+	var vcl vault.Client
+	if connectionName(rc) != "" {
+		var wait time.Duration
+		var err error
+		if vcl, wait, err = r.connect(ctx, s, false); vcl == nil {
+			return ctrl.Result{RequeueAfter: wait}, err
+		}
 	}
-	cred, next, err := r.reconcileCredential(ctx, s, vcl)
+	var cred *credential
+	var next time.Duration
+	var err error
+	if external {
+		cred, next, err = r.reconcileSynced(ctx, s, vcl)
+	} else {
+		cred, next, err = r.reconcileCredential(ctx, s, vcl)
+	}
 	if err != nil || cred == nil {
 		return ctrl.Result{RequeueAfter: next}, err
 	}
@@ -125,7 +151,7 @@ func (r *RedisClusterReconciler) reconcileNormal(ctx context.Context, s *scope) 
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	if rolledOut {
+	if rolledOut && vcl != nil {
 		if err := r.retireSuperseded(ctx, s, vcl, cred); err != nil {
 			return ctrl.Result{}, err
 		}
@@ -197,6 +223,15 @@ func (r *RedisClusterReconciler) setReady(ctx context.Context, s *scope) {
 		"Redis runs with a live credential from Vault")
 }
 
+// externalSecretsMissing reports that ExternalSecret mode cannot work in this operator.
+func (r *RedisClusterReconciler) externalSecretsMissing(s *scope) {
+	msg := "credentials.source is ExternalSecret, but External Secrets Operator's API (external-secrets.io/v1 ExternalSecret) was not installed when keyroll started: install External Secrets Operator, then restart keyroll"
+	if s.conds.set(v1alpha1.ConditionCredentialsReady, metav1.ConditionFalse, v1alpha1.ReasonExternalSecretsNotInstalled, msg) {
+		s.conds.event(true, v1alpha1.ReasonExternalSecretsNotInstalled, "Sync", "%s", msg)
+	}
+	s.conds.set(v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.ReasonExternalSecretsNotInstalled, msg)
+}
+
 // writeStatus derives the phase and writes the status if it changed.
 func (r *RedisClusterReconciler) writeStatus(ctx context.Context, s *scope) error {
 	s.rc.Status.Phase = phaseOf(s.rc)
@@ -230,8 +265,8 @@ func phaseOf(rc *v1alpha1.RedisCluster) v1alpha1.Phase {
 func (r *RedisClusterReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	err := mgr.GetFieldIndexer().IndexField(context.Background(), &v1alpha1.RedisCluster{}, connectionIndex,
 		func(o client.Object) []string {
-			if vl := o.(*v1alpha1.RedisCluster).Spec.Credentials.VaultLease; vl != nil {
-				return []string{vl.ConnectionRef.Name}
+			if name := connectionName(o.(*v1alpha1.RedisCluster)); name != "" {
+				return []string{name}
 			}
 			return nil
 		})
@@ -256,6 +291,12 @@ func (r *RedisClusterReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Watches(&appsv1.DaemonSet{}, handler.EnqueueRequestsFromMapFunc(r.clustersConsuming("DaemonSet"))).
 		Named("rediscluster").
 		WithOptions(controller.Options{ReconciliationTimeout: ReconcileTimeout})
+	if r.ExternalSecrets {
+		// The ExternalSecret keyroll owns, and the Secret External Secrets Operator writes for it
+		// (controlled by the ExternalSecret, so it is watched by its label).
+		b = b.Owns(&esv1.ExternalSecret{}).
+			Watches(&corev1.Secret{}, r.syncedSecretEvents())
+	}
 	if r.Scheduler != nil {
 		b = b.WatchesRawSource(source.Channel(r.Scheduler.Events(), &handler.EnqueueRequestForObject{}))
 	}

@@ -77,6 +77,11 @@ func (r *RedisClusterReconciler) reconcileDelete(ctx context.Context, s *scope) 
 		return ctrl.Result{}, r.removeFinalizer(ctx, s)
 	}
 	r.forget(client.ObjectKeyFromObject(rc))
+	if rc.Spec.Credentials.Source == v1alpha1.SourceExternalSecret && r.ExternalSecrets {
+		if wait, err := r.retireExternalSecret(ctx, s); err != nil || wait > 0 {
+			return ctrl.Result{RequeueAfter: wait}, err
+		}
+	}
 	if len(rc.Status.Leases) > 0 {
 		if res, err := r.revokeAll(ctx, s); err != nil || !res.IsZero() {
 			return res, err

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"time"
 
+	esv1 "github.com/external-secrets/external-secrets/apis/externalsecrets/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -79,9 +80,21 @@ func Setup(mgr ctrl.Manager, o Options) (*RedisClusterReconciler, error) {
 	}
 	rcr := &RedisClusterReconciler{
 		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: o.Recorder, Clock: o.Clock,
-		Connector: conn, Scheduler: sched, Metrics: m,
+		Connector: conn, Scheduler: sched, Metrics: m, ExternalSecrets: externalSecretsServed(mgr), sightings: &sightings{},
 	}
+	mgr.GetLogger().Info("External Secrets Operator's API", "served", rcr.ExternalSecrets)
 	return rcr, rcr.SetupWithManager(mgr)
+}
+
+// externalSecretsServed says whether the API server serves external-secrets.io/v1 ExternalSecrets
+// and the manager's scheme knows them: ExternalSecret mode needs both.
+func externalSecretsServed(mgr ctrl.Manager) bool {
+	gvk := esv1.SchemeGroupVersion.WithKind(esv1.ExtSecretKind)
+	if !mgr.GetScheme().Recognizes(gvk) {
+		return false
+	}
+	_, err := mgr.GetRESTMapper().RESTMapping(gvk.GroupKind(), gvk.Version)
+	return err == nil
 }
 
 // addProbes registers /healthz (the process answers) and /readyz (ready only once the informer

@@ -14,6 +14,10 @@ const (
 	// hash of the credential they run with (never a timestamp).
 	AnnotationCredentialVersion = "keyroll.dev/credential-version"
 
+	// AnnotationRefreshRequested on an ExternalSecret keyroll owns holds when keyroll last asked
+	// External Secrets Operator for a new credential; a new value makes it refresh at once.
+	AnnotationRefreshRequested = "keyroll.dev/refresh-requested"
+
 	// LabelCluster names the RedisCluster an object belongs to.
 	LabelCluster = "keyroll.dev/cluster"
 
@@ -38,32 +42,36 @@ const (
 
 // Condition reasons.
 const (
-	ReasonReconciling              = "Reconciling"
-	ReasonAvailable                = "Available"
-	ReasonLoggedIn                 = "LoggedIn"
-	ReasonLoginFailed              = "LoginFailed"
-	ReasonVaultUnavailable         = "VaultUnavailable"
-	ReasonVaultSealed              = "VaultSealed"
-	ReasonInvalidSpec              = "InvalidSpec"
-	ReasonConnectionNotFound       = "ConnectionNotFound"
-	ReasonConnectionNotReady       = "ConnectionNotReady"
-	ReasonNamespaceNotAllowed      = "NamespaceNotAllowed"
-	ReasonPermissionDenied         = "PermissionDenied"
-	ReasonIssued                   = "Issued"
-	ReasonIssueFailed              = "IssueFailed"
-	ReasonSecretConflict           = "SecretConflict"
-	ReasonLeaseExpired             = "LeaseExpired"
-	ReasonLeasesNotTracked         = "LeasesNotTracked"
-	ReasonExternalSecretNotReady   = "ExternalSecretNotReady"
-	ReasonRolloutInProgress        = "RolloutInProgress"
-	ReasonRolloutComplete          = "RolloutComplete"
-	ReasonRolloutStalled           = "RolloutStalled"
-	ReasonConsumerMissing          = "ConsumerMissing"
-	ReasonConsumerPaused           = "ConsumerPaused"
-	ReasonRevocationPending        = "RevocationPending"
-	ReasonRevocationSkipped        = "RevocationSkipped"
-	ReasonInvalidSchedule          = "InvalidSchedule"
-	ReasonOutsideMaintenanceWindow = "OutsideMaintenanceWindow"
+	ReasonReconciling                 = "Reconciling"
+	ReasonAvailable                   = "Available"
+	ReasonLoggedIn                    = "LoggedIn"
+	ReasonLoginFailed                 = "LoginFailed"
+	ReasonVaultUnavailable            = "VaultUnavailable"
+	ReasonVaultSealed                 = "VaultSealed"
+	ReasonInvalidSpec                 = "InvalidSpec"
+	ReasonConnectionNotFound          = "ConnectionNotFound"
+	ReasonConnectionNotReady          = "ConnectionNotReady"
+	ReasonNamespaceNotAllowed         = "NamespaceNotAllowed"
+	ReasonPermissionDenied            = "PermissionDenied"
+	ReasonIssued                      = "Issued"
+	ReasonIssueFailed                 = "IssueFailed"
+	ReasonSecretConflict              = "SecretConflict"
+	ReasonLeaseExpired                = "LeaseExpired"
+	ReasonLeasesNotTracked            = "LeasesNotTracked"
+	ReasonExternalSecretNotReady      = "ExternalSecretNotReady"
+	ReasonExternalSecretsNotInstalled = "ExternalSecretsNotInstalled"
+	ReasonInvalidCredentialSecret     = "InvalidCredentialSecret"
+	ReasonRefreshIntervalTooLong      = "RefreshIntervalTooLong"
+	ReasonLeasesTracked               = "LeasesTracked"
+	ReasonRolloutInProgress           = "RolloutInProgress"
+	ReasonRolloutComplete             = "RolloutComplete"
+	ReasonRolloutStalled              = "RolloutStalled"
+	ReasonConsumerMissing             = "ConsumerMissing"
+	ReasonConsumerPaused              = "ConsumerPaused"
+	ReasonRevocationPending           = "RevocationPending"
+	ReasonRevocationSkipped           = "RevocationSkipped"
+	ReasonInvalidSchedule             = "InvalidSchedule"
+	ReasonOutsideMaintenanceWindow    = "OutsideMaintenanceWindow"
 )
 
 // Event reasons (UpperCamelCase; events fire on transitions only).
@@ -80,4 +88,6 @@ const (
 	EventRevocationSkipped = "RevocationSkipped"
 	EventSecretConflict    = "SecretConflict"
 	EventAccessDenied      = "AccessDenied"
+	EventRefreshRequested  = "RefreshRequested"
+	EventLeasesNotTracked  = "LeasesNotTracked"
 )

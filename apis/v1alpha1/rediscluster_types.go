@@ -123,6 +123,7 @@ type StorageSpec struct {
 // +kubebuilder:validation:XValidation:rule="self.source == 'VaultLease' ? has(self.vaultLease) : !has(self.vaultLease)",message="credentials.vaultLease must be set when source is VaultLease, and only then"
 // +kubebuilder:validation:XValidation:rule="self.source == 'ExternalSecret' ? has(self.externalSecret) : !has(self.externalSecret)",message="credentials.externalSecret must be set when source is ExternalSecret, and only then"
 // +kubebuilder:validation:XValidation:rule="self.usernameKey != self.passwordKey",message="credentials.usernameKey and credentials.passwordKey must differ"
+// +kubebuilder:validation:XValidation:rule="self.source == oldSelf.source",message="credentials.source cannot be changed; create a new RedisCluster to switch sources"
 type CredentialsSpec struct {
 	// source is where the credential comes from: VaultLease (the operator reads Vault and holds the
 	// lease) or ExternalSecret (External Secrets Operator syncs it through an ExternalSecret the
@@ -215,6 +216,7 @@ type ConnectionReference struct {
 // store, or a generator (such as a VaultDynamicSecret).
 // +kubebuilder:validation:XValidation:rule="has(self.generatorRef) != has(self.remoteKey)",message="externalSecret: set exactly one of remoteKey (with storeRef) and generatorRef"
 // +kubebuilder:validation:XValidation:rule="has(self.remoteKey) == has(self.storeRef)",message="externalSecret.storeRef is required with remoteKey, and only with it"
+// +kubebuilder:validation:XValidation:rule="!has(self.credentialLifetime) || !has(self.refreshInterval) || duration(self.refreshInterval) < duration(self.credentialLifetime)",message="externalSecret.refreshInterval must be shorter than externalSecret.credentialLifetime, or External Secrets Operator leaves an expired credential in place"
 type ExternalSecretSource struct {
 	// storeRef names the SecretStore or ClusterSecretStore that remoteKey is read from.
 	// +optional
@@ -241,6 +243,20 @@ type ExternalSecretSource struct {
 	// +kubebuilder:default=Periodic
 	// +kubebuilder:validation:Enum=Periodic;OnChange;CreatedOnce
 	RefreshPolicy string `json:"refreshPolicy,omitempty"`
+
+	// connectionRef names the VaultConnection keyroll uses to renew and revoke the leases External
+	// Secrets Operator obtains. It takes effect when the generator hands over the raw Vault response
+	// (VaultDynamicSecret resultType Raw, which includes the lease id); without it, or without Raw,
+	// keyroll tracks no lease and status.credential.leasesTracked is false.
+	// +optional
+	ConnectionRef *ConnectionReference `json:"connectionRef,omitempty"`
+
+	// credentialLifetime is how long a credential from this source lives (the Vault role's TTL).
+	// keyroll reads it from the lease when the generator hands the lease over; otherwise it cannot
+	// see it, and this field lets the API server refuse a refreshInterval that is not shorter.
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="duration(self) > duration('0s')",message="externalSecret.credentialLifetime must be positive"
+	CredentialLifetime *metav1.Duration `json:"credentialLifetime,omitempty"`
 }
 
 // StoreReference names a SecretStore (in the RedisCluster's namespace) or a ClusterSecretStore.
@@ -407,6 +423,11 @@ type CredentialStatus struct {
 	// username is the Redis user of the credential.
 	// +optional
 	Username string `json:"username,omitempty"`
+
+	// refreshRequestedAt is when keyroll last asked External Secrets Operator for a new credential
+	// (ExternalSecret mode: a rotation, or a lease that can no longer be renewed).
+	// +optional
+	RefreshRequestedAt *metav1.Time `json:"refreshRequestedAt,omitempty"`
 
 	// leaseID is the Vault lease of the credential, when one is tracked.
 	// +optional

@@ -105,8 +105,14 @@ func TestInvalidObjectsAreRefusedNamingTheField(t *testing.T) {
 			del("spec.credentials.externalSecret.remoteKey")(o)
 			set("spec.credentials.externalSecret.generatorRef", map[string]any{"kind": "Password", "name": "g"})(o)
 		}, "spec.credentials.externalSecret.generatorRef.kind"},
-		"unknown refresh policy":       {es, set("spec.credentials.externalSecret.refreshPolicy", "Never"), "spec.credentials.externalSecret.refreshPolicy"},
-		"negative refresh":             {es, set("spec.credentials.externalSecret.refreshInterval", "-1h"), "spec.credentials.externalSecret.refreshInterval"},
+		"unknown refresh policy": {es, set("spec.credentials.externalSecret.refreshPolicy", "Never"), "spec.credentials.externalSecret.refreshPolicy"},
+		"negative refresh":       {es, set("spec.credentials.externalSecret.refreshInterval", "-1h"), "spec.credentials.externalSecret.refreshInterval"},
+		"refresh not shorter than the credential": {es, func(o map[string]any) {
+			set("spec.credentials.externalSecret.refreshInterval", "1h")(o)
+			set("spec.credentials.externalSecret.credentialLifetime", "1h")(o)
+		}, "spec.credentials.externalSecret"},
+		"zero credential lifetime":     {es, set("spec.credentials.externalSecret.credentialLifetime", "0s"), "spec.credentials.externalSecret.credentialLifetime"},
+		"connection without name":      {es, set("spec.credentials.externalSecret.connectionRef", map[string]any{}), "spec.credentials.externalSecret.connectionRef.name"},
 		"address not a URL":            {vc, set("spec.address", "vault:8200"), "spec.address"},
 		"no auth method":               {vc, set("spec.auth", map[string]any{}), "spec.auth"},
 		"two auth methods":             {vc, set("spec.auth.token", map[string]any{"secretRef": map[string]any{"namespace": "a", "name": "b", "key": "c"}}), "spec.auth"},
@@ -150,6 +156,26 @@ func TestInvalidObjectsAreRefusedNamingTheField(t *testing.T) {
 				t.Fatalf("the error does not name %s: %v", tc.field, err)
 			}
 		})
+	}
+}
+
+// The credential source cannot change: the leases of one source are not the other's to manage.
+func TestCredentialSourceCannotBeChanged(t *testing.T) {
+	ctx := context.Background()
+	obj := parse(t, validRedisCluster)
+	obj.SetName("source-change")
+	if err := k8s.Create(ctx, obj); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = k8s.Delete(ctx, obj) })
+	es := parse(t, validExternalSecretCluster)
+	credentials, _, _ := unstructured.NestedMap(es.Object, "spec", "credentials")
+	if err := unstructured.SetNestedMap(obj.Object, credentials, "spec", "credentials"); err != nil {
+		t.Fatal(err)
+	}
+	err := k8s.Update(ctx, obj)
+	if err == nil || !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "credentials.source cannot be changed") {
+		t.Fatalf("changing credentials.source: want Invalid naming credentials.source, got %v", err)
 	}
 }
 

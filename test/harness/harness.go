@@ -4,6 +4,7 @@ package harness
 
 import (
 	"context"
+	esv1 "github.com/external-secrets/external-secrets/apis/externalsecrets/v1"
 	"os"
 	"path/filepath"
 	"time"
@@ -59,6 +60,7 @@ func Scheme() *runtime.Scheme {
 	s := runtime.NewScheme()
 	_ = clientgoscheme.AddToScheme(s)
 	_ = v1alpha1.AddToScheme(s)
+	_ = esv1.AddToScheme(s)
 	return s
 }
 

@@ -56,7 +56,7 @@ func run(m *testing.M) int {
 		ctrllog.SetLogger(zap.New(zap.WriteTo(io.MultiWriter(os.Stderr, operatorLogs)), zap.UseDevMode(true)))
 	}
 	var err error
-	ground, err = testground.Start(testground.Options{Workloads: true, Redis: true, Vault: true})
+	ground, err = testground.Start(testground.Options{Workloads: true, Redis: true, Vault: true, ExternalSecrets: true})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "starting the test ground: %v\n", err)
 		return 1
@@ -68,6 +68,10 @@ func run(m *testing.M) int {
 		testground.RedisRole{Name: "orders", DefaultTTL: 10 * time.Minute, MaxTTL: time.Hour},
 		testground.RedisRole{Name: "short", DefaultTTL: 20 * time.Second, MaxTTL: time.Hour},
 		testground.RedisRole{Name: "restart", DefaultTTL: 10 * time.Minute, MaxTTL: time.Hour},
+		// Roles that External Secrets Operator reads for the ExternalSecret-mode tests.
+		testground.RedisRole{Name: "es-store", DefaultTTL: 10 * time.Minute, MaxTTL: time.Hour},
+		testground.RedisRole{Name: "es-raw", DefaultTTL: 20 * time.Second, MaxTTL: time.Hour},
+		testground.RedisRole{Name: "es-warn", DefaultTTL: time.Minute, MaxTTL: time.Hour},
 	)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "setting up Vault: %v\n", err)

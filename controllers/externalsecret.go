@@ -1,0 +1,602 @@
+package controllers
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	esv1 "github.com/external-secrets/external-secrets/apis/externalsecrets/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/rotation"
+	"github.com/keyroll/keyroll/vault"
+)
+
+// ExternalSecret mode: External Secrets Operator (ESO) syncs the credentials Secret through an
+// ExternalSecret that keyroll owns. keyroll adopts each credential ESO writes, runs the same
+// rollout as in VaultLease mode and, when the generator hands over the raw Vault response, takes
+// the lease into its ledger to renew and revoke it (ESO does neither).
+
+// defaultRenewalPercent is how far into a lease ESO obtained keyroll renews it.
+const defaultRenewalPercent = 67
+
+// Keys of the raw Vault response that a VaultDynamicSecret with resultType Raw writes.
+const (
+	rawDataKey      = "data"
+	rawLeaseIDKey   = "lease_id"
+	rawDurationKey  = "lease_duration"
+	rawRenewableKey = "renewable"
+)
+
+// syncedCredential is what ESO wrote into the credentials Secret.
+type syncedCredential struct {
+	credential
+	// leaseID, leaseDuration and renewable come from a raw Vault response; leaseID is empty otherwise.
+	leaseID       string
+	leaseDuration time.Duration
+	renewable     bool
+}
+
+func externalSecretName(rc *v1alpha1.RedisCluster) string { return rc.Name }
+
+// buildExternalSecret is the ExternalSecret keyroll owns: it targets the credentials Secret, which
+// ESO creates and owns. The template adds the username and password keys (taken from the raw
+// response's data when the generator hands over the raw response) and keyroll's labels, so that
+// the operator's Secret cache sees the Secret.
+func buildExternalSecret(rc *v1alpha1.RedisCluster) *esv1.ExternalSecret {
+	src := rc.Spec.Credentials.ExternalSecret
+	es := &esv1.ExternalSecret{
+		ObjectMeta: objectMeta(rc, externalSecretName(rc)),
+		Spec: esv1.ExternalSecretSpec{
+			RefreshInterval: src.RefreshInterval,
+			RefreshPolicy:   esv1.ExternalSecretRefreshPolicy(src.RefreshPolicy),
+			Target: esv1.ExternalSecretTarget{
+				Name:           credentialsSecretName(rc),
+				CreationPolicy: esv1.CreatePolicyOwner,
+				Template: &esv1.ExternalSecretTemplate{
+					EngineVersion: esv1.TemplateEngineV2,
+					MergePolicy:   esv1.MergePolicyMerge,
+					Metadata:      esv1.ExternalSecretTemplateMetadata{Labels: ownedLabels(rc)},
+					Data: map[string]string{
+						rc.Spec.Credentials.UsernameKey: credentialField("username"),
+						rc.Spec.Credentials.PasswordKey: credentialField("password"),
+					},
+				},
+			},
+		},
+	}
+	from := esv1.ExternalSecretDataFromRemoteRef{}
+	if g := src.GeneratorRef; g != nil {
+		from.SourceRef = &esv1.StoreGeneratorSourceRef{GeneratorRef: &esv1.GeneratorRef{APIVersion: g.APIVersion, Kind: g.Kind, Name: g.Name}}
+	} else {
+		es.Spec.SecretStoreRef = esv1.SecretStoreRef{Name: src.StoreRef.Name, Kind: src.StoreRef.Kind}
+		from.Extract = &esv1.ExternalSecretDataRemoteRef{Key: src.RemoteKey}
+	}
+	es.Spec.DataFrom = []esv1.ExternalSecretDataFromRemoteRef{from}
+	if c := rc.Status.Credential; c != nil && c.RefreshRequestedAt != nil {
+		es.Annotations = map[string]string{v1alpha1.AnnotationRefreshRequested: c.RefreshRequestedAt.UTC().Format(time.RFC3339)}
+	}
+	return es
+}
+
+// credentialField is an ESO template for one field of the credential: from the JSON in "data"
+// when the generator hands over the raw Vault response, else the field as it is.
+func credentialField(field string) string {
+	return fmt.Sprintf(`{{ if index . %q }}{{ (index . %q | fromJson).%s }}{{ else }}{{ index . %q }}{{ end }}`,
+		rawDataKey, rawDataKey, field, field)
+}
+
+func sameExternalSecret(d, e *esv1.ExternalSecret) bool {
+	return equality.Semantic.DeepDerivative(d.Spec, e.Spec)
+}
+
+func updateExternalSecret(d, e *esv1.ExternalSecret) { e.Spec = d.Spec }
+
+// syncedByExternalSecret says whether a Secret is controlled by the ExternalSecret of rc.
+func syncedByExternalSecret(sec *corev1.Secret, rc *v1alpha1.RedisCluster) bool {
+	ref := metav1.GetControllerOf(sec)
+	return ref != nil && ref.Kind == "ExternalSecret" && ref.Name == externalSecretName(rc) &&
+		rc.Spec.Credentials.Source == v1alpha1.SourceExternalSecret && sec.Name == credentialsSecretName(rc)
+}
+
+// parseSynced reads the credential ESO wrote. It returns a message naming what is missing when
+// the Secret holds no usable credential.
+func parseSynced(sec *corev1.Secret, rc *v1alpha1.RedisCluster) (*syncedCredential, string) {
+	sc := &syncedCredential{}
+	u, p := string(sec.Data[rc.Spec.Credentials.UsernameKey]), string(sec.Data[rc.Spec.Credentials.PasswordKey])
+	if raw, ok := sec.Data[rawDataKey]; ok && len(sec.Data[rawLeaseIDKey]) > 0 {
+		var data struct{ Username, Password string }
+		if err := json.Unmarshal(raw, &data); err != nil {
+			return nil, fmt.Sprintf("Secret %s: key %q is not the JSON of a Vault response's data", sec.Name, rawDataKey)
+		}
+		u, p = data.Username, data.Password
+		sc.leaseID = string(sec.Data[rawLeaseIDKey])
+		secs, err := strconv.ParseFloat(string(sec.Data[rawDurationKey]), 64)
+		if err != nil || secs < 0 {
+			return nil, fmt.Sprintf("Secret %s: key %q is not a number of seconds", sec.Name, rawDurationKey)
+		}
+		sc.leaseDuration = time.Duration(secs * float64(time.Second))
+		sc.renewable, _ = strconv.ParseBool(string(sec.Data[rawRenewableKey]))
+	}
+	if u == "" || p == "" {
+		return nil, fmt.Sprintf("Secret %s has no username and password under keys %q and %q (credentials.usernameKey, credentials.passwordKey) nor a raw Vault response",
+			sec.Name, rc.Spec.Credentials.UsernameKey, rc.Spec.Credentials.PasswordKey)
+	}
+	if !usernamePattern.MatchString(u) {
+		return nil, fmt.Sprintf("Secret %s: the username is not a valid Redis user name", sec.Name)
+	}
+	sc.credential = credential{username: u, password: p, version: credentialVersion(u, p)}
+	return sc, ""
+}
+
+// reconcileSynced is reconcileCredential for ExternalSecret mode: it keeps the ExternalSecret as
+// specified, adopts the credential ESO synced, renews its lease when tracked (vcl is nil when
+// externalSecret.connectionRef is not set) and asks ESO for a new credential when one is due.
+func (r *RedisClusterReconciler) reconcileSynced(ctx context.Context, s *scope, vcl vault.Client) (*credential, time.Duration, error) {
+	rc := s.rc
+	es, err := r.ensureExternalSecret(ctx, s)
+	if err != nil || es == nil {
+		return nil, waitForConnection, err
+	}
+	sec, err := r.syncedSecret(ctx, rc)
+	if err != nil {
+		return nil, 0, err
+	}
+	if sec == nil {
+		r.notSynced(s, es, fmt.Sprintf("waiting for External Secrets Operator to sync Secret %s", credentialsSecretName(rc)), false)
+		return nil, 0, nil
+	}
+	sc, problem := parseSynced(sec, rc)
+	if sc == nil {
+		r.notSynced(s, es, problem, true)
+		return nil, 0, nil
+	}
+	tracked := vcl != nil && sc.leaseID != ""
+	gone, err := r.adopt(ctx, s, sc, vcl, tracked)
+	if err != nil {
+		return nil, 0, err
+	}
+	d := rotation.Decide(r.decisionInput(s, true))
+	switch {
+	case gone:
+		d = rotation.Decision{Action: rotation.ActionIssue, Reason: rotation.ReasonLeaseGone}
+	case d.Action == rotation.ActionRenew && tracked:
+		if gone, err = r.renew(ctx, s, vcl); gone {
+			d = rotation.Decision{Action: rotation.ActionIssue, Reason: rotation.ReasonLeaseGone}
+		}
+	}
+	if err != nil {
+		return nil, 0, err
+	}
+	if d.Action == rotation.ActionIssue || d.Action == rotation.ActionRotate {
+		if err := r.requestRefresh(ctx, s, d); err != nil {
+			return nil, 0, err
+		}
+	}
+	next := rotation.Decide(r.decisionInput(s, true))
+	c := rc.Status.Credential
+	c.NextRenewal, c.NextRotation = timeOrNil(next.NextRenewal), timeOrNil(next.NextRotation)
+	r.Metrics.setLeaseExpiry(client.ObjectKeyFromObject(rc), timeOf(c.ExpiresAt))
+	r.reportSynced(s, es, sc, tracked)
+	if wait := r.settling(rc); wait > 0 {
+		return nil, wait, nil
+	}
+	return &sc.credential, requeueAt(r.Clock.Now(), next.When), nil
+}
+
+// syncSettle is how long a new credential from ESO must stay in place before Redis pods are
+// restarted for it: one refresh can make ESO write the Secret twice in quick succession (each time
+// with a new lease), and a rollout for the first would restart a pod for nothing.
+const syncSettle = 3 * time.Second
+
+// settling says how long to wait before rolling out a credential that ESO wrote a moment ago,
+// while Redis pods run an older one. The first credential of a cluster does not wait.
+func (r *RedisClusterReconciler) settling(rc *v1alpha1.RedisCluster) time.Duration {
+	c := rc.Status.Credential
+	if rc.Status.ReadyReplicas == 0 || c.IssuedAt == nil {
+		return 0
+	}
+	if left := syncSettle - r.Clock.Since(c.IssuedAt.Time); left > 0 {
+		return left
+	}
+	return 0
+}
+
+// ensureExternalSecret creates or repairs the ExternalSecret and returns it as the API has it.
+func (r *RedisClusterReconciler) ensureExternalSecret(ctx context.Context, s *scope) (*esv1.ExternalSecret, error) {
+	es := &esv1.ExternalSecret{}
+	err := ensure(ctx, r, s.rc, buildExternalSecret(s.rc), es, sameExternalSecret, updateExternalSecret)
+	var conflict *conflictError
+	if errors.As(err, &conflict) {
+		if s.conds.set(v1alpha1.ConditionCredentialsReady, metav1.ConditionFalse, v1alpha1.ReasonSecretConflict, err.Error()) {
+			s.conds.event(true, v1alpha1.EventSecretConflict, "WriteExternalSecret", "%s", err.Error())
+		}
+		s.conds.set(v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.ReasonSecretConflict, err.Error())
+		return nil, nil
+	}
+	return es, err
+}
+
+// syncedSecret reads the credentials Secret ESO writes; nil while it does not exist.
+func (r *RedisClusterReconciler) syncedSecret(ctx context.Context, rc *v1alpha1.RedisCluster) (*corev1.Secret, error) {
+	key := client.ObjectKey{Namespace: rc.Namespace, Name: credentialsSecretName(rc)}
+	sec := &corev1.Secret{}
+	err := r.Get(ctx, key, sec)
+	if client.IgnoreNotFound(err) != nil {
+		return nil, err
+	}
+	if err != nil || !syncedByExternalSecret(sec, rc) {
+		// Not in the cache (yet): ESO may have written it a moment ago.
+		if err := r.APIReader.Get(ctx, key, sec); err != nil {
+			return nil, client.IgnoreNotFound(err)
+		}
+	}
+	if !syncedByExternalSecret(sec, rc) {
+		return nil, nil
+	}
+	return sec, nil
+}
+
+// notSynced reports that there is no usable credential from ESO: none yet, or (invalid) a Secret
+// without one. ESO's own reason is added when its Ready condition is False.
+func (r *RedisClusterReconciler) notSynced(s *scope, es *esv1.ExternalSecret, problem string, invalid bool) {
+	reason := v1alpha1.ReasonExternalSecretNotReady
+	if invalid {
+		reason = v1alpha1.ReasonInvalidCredentialSecret
+	}
+	warn := invalid
+	if c := esReady(es); c != nil && c.Status == corev1.ConditionFalse {
+		problem = fmt.Sprintf("%s; ExternalSecret %s is not Ready (%s): %s", problem, es.Name, c.Reason, c.Message)
+		warn = true
+	}
+	if s.conds.set(v1alpha1.ConditionCredentialsReady, metav1.ConditionFalse, reason, problem) && warn {
+		s.conds.event(true, reason, "Sync", "%s", problem)
+	}
+	s.conds.set(v1alpha1.ConditionReady, metav1.ConditionFalse, reason, problem)
+}
+
+func esReady(es *esv1.ExternalSecret) *esv1.ExternalSecretStatusCondition {
+	for i := range es.Status.Conditions {
+		if es.Status.Conditions[i].Type == esv1.ExternalSecretReady {
+			return &es.Status.Conditions[i]
+		}
+	}
+	return nil
+}
+
+// adopt takes a credential ESO synced into the status. A new one is recorded, and its lease put
+// into the ledger when tracked, before anything uses it; the credential it replaces is superseded
+// and its lease revoked after the rollout. gone says the tracked lease no longer exists in Vault.
+func (r *RedisClusterReconciler) adopt(ctx context.Context, s *scope, sc *syncedCredential, vcl vault.Client, tracked bool) (gone bool, err error) {
+	rc := s.rc
+	key := client.ObjectKeyFromObject(rc)
+	sighted := r.sightings.peek(key)
+	if !tracked {
+		r.sightings.forget(key, nil)
+		sighted = nil
+	}
+	c := rc.Status.Credential
+	fresh := c == nil || c.Version != sc.version
+	untrackedLease := tracked && c != nil && !fresh && c.LeaseID == ""
+	if !fresh && !untrackedLease && !r.unrecorded(rc, sighted, sc.leaseID, tracked) {
+		return false, nil
+	}
+	now := timeOrNil(r.Clock.Now())
+	if fresh || untrackedLease {
+		info := &vault.LeaseInfo{Exists: true}
+		if tracked {
+			if info, err = vcl.Lookup(ctx, sc.leaseID); err != nil {
+				return false, fmt.Errorf("looking up the lease External Secrets Operator obtained: %w", err)
+			}
+		}
+		r.recordSynced(s, sc, tracked, info, now, fresh)
+		gone = tracked && !info.Exists
+	}
+	if tracked {
+		rc.Status.Leases = addSighted(rc.Status.Leases, sighted, now)
+	}
+	if err := r.writeStatus(ctx, s); err != nil {
+		return false, fmt.Errorf("recording the synced credential: %w", err)
+	}
+	r.sightings.forget(key, sighted)
+	if fresh {
+		note := "its lease is tracked"
+		if !tracked {
+			note = "leases are not tracked"
+		}
+		s.conds.event(false, v1alpha1.EventCredentialsIssued, "Adopt", "Adopted credential %s for user %s that External Secrets Operator synced into Secret %s (%s)",
+			sc.version, sc.username, credentialsSecretName(rc), note)
+		log.FromContext(ctx).Info("Synced credential adopted", "version", sc.version, "username", sc.username, "leaseTracked", tracked)
+	}
+	return gone, nil
+}
+
+// unrecorded says whether leases seen in the Secret are missing from the ledger.
+func (r *RedisClusterReconciler) unrecorded(rc *v1alpha1.RedisCluster, sighted []string, current string, tracked bool) bool {
+	if !tracked {
+		return false
+	}
+	for _, id := range sighted {
+		if id != current && !hasLease(rc.Status.Leases, id) {
+			return true
+		}
+	}
+	return false
+}
+
+// recordSynced puts a synced credential into the status, and its lease into the ledger.
+func (r *RedisClusterReconciler) recordSynced(s *scope, sc *syncedCredential, tracked bool, info *vault.LeaseInfo, now *metav1.Time, fresh bool) {
+	rc := s.rc
+	prev := rc.Status.Credential
+	cs := &v1alpha1.CredentialStatus{
+		Version: sc.version, Source: v1alpha1.SourceExternalSecret, Username: sc.username,
+		IssuedAt: now, LastRotation: now, LeasesTracked: &tracked,
+	}
+	if prev != nil {
+		// A new credential answers a pending refresh request; the same one keeps it pending.
+		cs.LastRotation = prev.LastRotation
+		if !fresh {
+			cs.IssuedAt, cs.RefreshRequestedAt = prev.IssuedAt, prev.RefreshRequestedAt
+		}
+	}
+	if sc.leaseDuration > 0 {
+		cs.LeaseDuration = &metav1.Duration{Duration: sc.leaseDuration}
+	}
+	if tracked {
+		cs.LeaseID, cs.Renewable = sc.leaseID, info.Renewable
+		cs.ExpiresAt = timeOrNil(info.ExpiresAt)
+		if !info.IssuedAt.IsZero() {
+			cs.IssuedAt = timeOrNil(info.IssuedAt)
+		}
+		if !info.LastRenewal.IsZero() {
+			cs.LastRenewal = timeOrNil(info.LastRenewal)
+		}
+		if fresh {
+			supersede(rc)
+		}
+		if info.Exists && !hasLease(rc.Status.Leases, sc.leaseID) {
+			rc.Status.Leases = append(rc.Status.Leases, v1alpha1.LeaseRecord{
+				LeaseID: sc.leaseID, State: v1alpha1.LeaseActive, Version: sc.version, Username: sc.username,
+				IssuedAt: cs.IssuedAt, ExpiresAt: cs.ExpiresAt,
+			})
+		}
+	}
+	rc.Status.Credential = cs
+}
+
+// supersede marks the active lease superseded: a newer credential replaces it.
+func supersede(rc *v1alpha1.RedisCluster) {
+	for i := range rc.Status.Leases {
+		if rc.Status.Leases[i].State == v1alpha1.LeaseActive {
+			rc.Status.Leases[i].State = v1alpha1.LeaseSuperseded
+		}
+	}
+}
+
+// addSighted puts leases seen in earlier versions of the Secret (ESO may mint more than one, on a
+// first sync for instance) into the ledger as superseded, to be revoked after the rollout.
+func addSighted(leases []v1alpha1.LeaseRecord, sighted []string, now *metav1.Time) []v1alpha1.LeaseRecord {
+	for _, id := range sighted {
+		if !hasLease(leases, id) {
+			leases = append(leases, v1alpha1.LeaseRecord{LeaseID: id, State: v1alpha1.LeaseSuperseded, IssuedAt: now})
+		}
+	}
+	return leases
+}
+
+func hasLease(leases []v1alpha1.LeaseRecord, id string) bool {
+	for _, l := range leases {
+		if l.LeaseID == id {
+			return true
+		}
+	}
+	return false
+}
+
+// refreshRequestTimeout is how long a refresh request that ESO has not answered with a new
+// credential stays pending before keyroll asks again.
+const refreshRequestTimeout = 10 * time.Minute
+
+// requestRefresh asks ESO for a new credential: it records the request in the status first, then
+// puts it on the ExternalSecret as an annotation, which makes ESO refresh at once. A pending
+// request (no new credential since) is not repeated until refreshRequestTimeout.
+func (r *RedisClusterReconciler) requestRefresh(ctx context.Context, s *scope, d rotation.Decision) error {
+	rc := s.rc
+	c := rc.Status.Credential
+	if d.AcknowledgeRotateNow {
+		rc.Status.RotateNowAcknowledged = rc.Annotations[v1alpha1.AnnotationRotateNow]
+	}
+	if c.RefreshRequestedAt != nil && r.Clock.Since(c.RefreshRequestedAt.Time) < refreshRequestTimeout {
+		return nil
+	}
+	now := timeOrNil(r.Clock.Now())
+	c.RefreshRequestedAt = now
+	if d.Action == rotation.ActionRotate {
+		c.LastRotation = now
+		r.Metrics.Rotations.WithLabelValues(result(nil)).Inc()
+	}
+	if err := r.writeStatus(ctx, s); err != nil {
+		return fmt.Errorf("recording the refresh request: %w", err)
+	}
+	s.conds.event(false, v1alpha1.EventRefreshRequested, "Rotate", "Asked External Secrets Operator for a new credential (%s)", d.Reason)
+	log.FromContext(ctx).Info("New credential requested from External Secrets Operator", "reason", string(d.Reason))
+	_, err := r.ensureExternalSecret(ctx, s)
+	return err
+}
+
+// reportSynced sets CredentialsReady for a synced credential, says whether its lease is tracked,
+// and flags ESO trouble and a refresh interval that would leave an expired credential in place.
+func (r *RedisClusterReconciler) reportSynced(s *scope, es *esv1.ExternalSecret, sc *syncedCredential, tracked bool) {
+	rc := s.rc
+	src := rc.Spec.Credentials.ExternalSecret
+	secret := credentialsSecretName(rc)
+	if tracked {
+		s.conds.set(v1alpha1.ConditionCredentialsReady, metav1.ConditionTrue, v1alpha1.ReasonLeasesTracked,
+			fmt.Sprintf("External Secrets Operator synced a credential into Secret %s; keyroll renews and revokes its lease", secret))
+	} else {
+		why := "set externalSecret.connectionRef so that keyroll can renew and revoke it"
+		if sc.leaseID == "" {
+			why = "the generator does not hand over the lease (VaultDynamicSecret resultType Raw does)"
+		}
+		msg := fmt.Sprintf("External Secrets Operator synced a credential into Secret %s; its lease is not tracked: %s. Nobody renews or revokes it; it lives until its Vault TTL", secret, why)
+		if s.conds.set(v1alpha1.ConditionCredentialsReady, metav1.ConditionTrue, v1alpha1.ReasonLeasesNotTracked, msg) {
+			s.conds.event(false, v1alpha1.EventLeasesNotTracked, "Adopt", "%s", msg)
+		}
+	}
+	lifetime := sc.leaseDuration
+	if lifetime == 0 && src.CredentialLifetime != nil {
+		lifetime = src.CredentialLifetime.Duration
+	}
+	interval := src.RefreshInterval
+	if !tracked && lifetime > 0 && interval != nil && interval.Duration >= lifetime {
+		msg := fmt.Sprintf("externalSecret.refreshInterval (%s) is not shorter than the credential's lifetime (%s): External Secrets Operator will leave an expired credential in place",
+			interval.Duration, lifetime)
+		if s.conds.set(v1alpha1.ConditionDegraded, metav1.ConditionTrue, v1alpha1.ReasonRefreshIntervalTooLong, msg) {
+			s.conds.event(true, v1alpha1.ReasonRefreshIntervalTooLong, "Adopt", "%s", msg)
+		}
+		return
+	}
+	if c := esReady(es); c != nil && c.Status == corev1.ConditionFalse {
+		msg := fmt.Sprintf("ExternalSecret %s is not Ready (%s): %s", es.Name, c.Reason, c.Message)
+		if s.conds.set(v1alpha1.ConditionDegraded, metav1.ConditionTrue, v1alpha1.ReasonExternalSecretNotReady, msg) {
+			s.conds.event(true, v1alpha1.ReasonExternalSecretNotReady, "Sync", "%s", msg)
+		}
+		return
+	}
+	if c := findCondition(rc, v1alpha1.ConditionDegraded); c != nil &&
+		(c.Reason == v1alpha1.ReasonRefreshIntervalTooLong || c.Reason == v1alpha1.ReasonExternalSecretNotReady) {
+		s.conds.set(v1alpha1.ConditionDegraded, metav1.ConditionFalse, v1alpha1.ReasonAvailable, "External Secrets Operator syncs the credential")
+	}
+}
+
+// sightings remembers the leases seen in each version of the Secrets ESO writes, until they are in
+// a ledger: when ESO writes twice in quick succession, a reconcile sees only the last version, and
+// the lease of the first would otherwise be lost.
+type sightings struct {
+	mu sync.Mutex
+	m  map[types.NamespacedName]map[string]bool
+}
+
+func (s *sightings) record(key types.NamespacedName, id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.m == nil {
+		s.m = map[types.NamespacedName]map[string]bool{}
+	}
+	if s.m[key] == nil {
+		s.m[key] = map[string]bool{}
+	}
+	s.m[key][id] = true
+}
+
+// peek returns the leases seen for a cluster, sorted.
+func (s *sightings) peek(key types.NamespacedName) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Sorted(maps.Keys(s.m[key]))
+}
+
+// forget drops leases that are in the ledger now, or all of a cluster's when ids is nil.
+func (s *sightings) forget(key types.NamespacedName, ids []string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if ids == nil {
+		delete(s.m, key)
+		return
+	}
+	for _, id := range ids {
+		delete(s.m[key], id)
+	}
+	if len(s.m[key]) == 0 {
+		delete(s.m, key)
+	}
+}
+
+// syncedSecretEvents enqueues the RedisCluster of a Secret that ESO writes for it, and records the
+// lease of every version of that Secret it sees.
+func (r *RedisClusterReconciler) syncedSecretEvents() handler.EventHandler {
+	see := func(o client.Object) []ctrl.Request {
+		sec, ok := o.(*corev1.Secret)
+		cluster := o.GetLabels()[v1alpha1.LabelCluster]
+		if !ok || cluster == "" {
+			return nil
+		}
+		if ref := metav1.GetControllerOf(sec); ref == nil || ref.Kind != "ExternalSecret" {
+			return nil
+		}
+		key := types.NamespacedName{Namespace: sec.Namespace, Name: cluster}
+		if id := string(sec.Data[rawLeaseIDKey]); id != "" {
+			r.sightings.record(key, id)
+		}
+		return []ctrl.Request{{NamespacedName: key}}
+	}
+	return handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []ctrl.Request { return see(o) })
+}
+
+// esDeletionGrace is how long a RedisCluster being deleted waits for its ExternalSecret to go
+// (External Secrets Operator removes its finalizer) before it revokes the leases regardless.
+const esDeletionGrace = 30 * time.Second
+
+// retireExternalSecret stops ESO before the leases are revoked: it takes the lease ESO wrote last
+// (and any seen before) into the ledger, deletes the ExternalSecret and waits until it is gone,
+// so that no lease is minted after the revocation. It returns how long to wait.
+func (r *RedisClusterReconciler) retireExternalSecret(ctx context.Context, s *scope) (time.Duration, error) {
+	rc := s.rc
+	key := client.ObjectKeyFromObject(rc)
+	if connectionName(rc) == "" {
+		r.sightings.forget(key, nil)
+	} else {
+		sec, err := r.syncedSecret(ctx, rc)
+		if err != nil {
+			return 0, err
+		}
+		sighted := r.sightings.peek(key)
+		if sec != nil {
+			if sc, _ := parseSynced(sec, rc); sc != nil && sc.leaseID != "" {
+				sighted = append(sighted, sc.leaseID)
+			}
+		}
+		rc.Status.Leases = addSighted(rc.Status.Leases, sighted, timeOrNil(r.Clock.Now()))
+		if err := r.writeStatus(ctx, s); err != nil {
+			return 0, err
+		}
+		r.sightings.forget(key, sighted)
+	}
+	es := &esv1.ExternalSecret{}
+	err := r.Get(ctx, client.ObjectKey{Namespace: rc.Namespace, Name: externalSecretName(rc)}, es)
+	if apierrors.IsNotFound(err) || (err == nil && !ownedBy(es, rc)) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	if es.DeletionTimestamp.IsZero() {
+		if err := r.Delete(ctx, es); client.IgnoreNotFound(err) != nil {
+			return 0, fmt.Errorf("deleting ExternalSecret %s: %w", es.Name, err)
+		}
+		if connectionName(rc) == "" {
+			s.conds.event(false, v1alpha1.EventRevocationSkipped, "Delete",
+				"Leases are not tracked (no credentials.externalSecret.connectionRef): the leases External Secrets Operator obtained live until their Vault TTL")
+		}
+		return time.Second, nil
+	}
+	if r.Clock.Since(es.DeletionTimestamp.Time) < esDeletionGrace {
+		return time.Second, nil
+	}
+	return 0, nil
+}

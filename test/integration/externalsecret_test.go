@@ -1,0 +1,405 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	esv1 "github.com/external-secrets/external-secrets/apis/externalsecrets/v1"
+	vaultapi "github.com/hashicorp/vault/api"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/test/testground"
+)
+
+// These tests run the real External Secrets Operator controller (ESO v0.20.4, built by
+// test/tools/eso) against the same API server, Vault and Redis as keyroll.
+
+// esoPolicy lets External Secrets Operator read dynamic Redis credentials, and nothing else.
+const esoPolicy = `path "database/creds/*" { capabilities = ["read"] }`
+
+var esoPolicyOnce sync.Once
+
+// esoKubernetesAuth gives ESO Kubernetes-auth access to Vault as the service account
+// "external-secrets" of ns (Vault role "eso-<ns>"), as deploy/samples/externalsecret-generator.yaml
+// expects it (with its own role name).
+func esoKubernetesAuth(t *testing.T, ns string) string {
+	t.Helper()
+	ctx := context.Background()
+	esoPolicyOnce.Do(func() {
+		if err := ground.Vault.WritePolicy(ctx, "eso", esoPolicy); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if err := ground.CP.EnsureServiceAccount(ctx, ns, "external-secrets"); err != nil {
+		t.Fatal(err)
+	}
+	role := "eso-" + ns
+	err := ground.Vault.WriteKubernetesAuthRole(ctx, testground.KubernetesAuthRole{
+		Name: role, ServiceAccounts: []string{"external-secrets"}, Namespaces: []string{ns},
+		Policies: []string{"eso"}, TokenTTL: time.Hour,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return role
+}
+
+// vaultDynamicSecret creates ESO's VaultDynamicSecret generator for a Redis role; raw asks for
+// the raw Vault response (resultType Raw), which includes the lease.
+func vaultDynamicSecret(t *testing.T, ns, name, role string, raw bool) {
+	t.Helper()
+	spec := map[string]any{
+		"path": "database/creds/" + role, "method": "GET",
+		"provider": map[string]any{
+			"server": ground.Vault.Addr,
+			"auth": map[string]any{"kubernetes": map[string]any{
+				"mountPath": "kubernetes", "role": esoKubernetesAuth(t, ns),
+				"serviceAccountRef": map[string]any{"name": "external-secrets", "audiences": []any{"vault"}},
+			}},
+		},
+	}
+	if raw {
+		spec["resultType"] = "Raw"
+	}
+	create(t, &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "generators.external-secrets.io/v1alpha1", "kind": "VaultDynamicSecret",
+		"metadata": map[string]any{"name": name, "namespace": ns}, "spec": spec,
+	}})
+}
+
+func create(t *testing.T, obj client.Object) {
+	t.Helper()
+	if err := k8s.Create(context.Background(), obj); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// esCluster creates a RedisCluster in ExternalSecret mode.
+func esCluster(t *testing.T, ns, name string, src v1alpha1.ExternalSecretSource, mutate ...func(*v1alpha1.RedisCluster)) *v1alpha1.RedisCluster {
+	t.Helper()
+	rc := &v1alpha1.RedisCluster{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: v1alpha1.RedisClusterSpec{
+			Replicas:    3,
+			Credentials: v1alpha1.CredentialsSpec{Source: v1alpha1.SourceExternalSecret, ExternalSecret: &src},
+		},
+	}
+	for _, m := range mutate {
+		m(rc)
+	}
+	create(t, rc)
+	return rc
+}
+
+func externalSecret(t *testing.T, rc *v1alpha1.RedisCluster) (*esv1.ExternalSecret, error) {
+	t.Helper()
+	es := &esv1.ExternalSecret{}
+	err := k8s.Get(context.Background(), client.ObjectKey{Namespace: rc.Namespace, Name: rc.Name}, es)
+	return es, err
+}
+
+// deleteAndWait deletes a RedisCluster and waits until it, its ExternalSecret and its credentials
+// Secret are gone.
+func deleteAndWait(t *testing.T, rc *v1alpha1.RedisCluster) {
+	t.Helper()
+	if err := k8s.Delete(context.Background(), rc); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 60*time.Second, func() string {
+		if err := k8s.Get(context.Background(), client.ObjectKeyFromObject(rc), &v1alpha1.RedisCluster{}); !apierrors.IsNotFound(err) {
+			return fmt.Sprintf("RedisCluster still there (%v)", err)
+		}
+		if _, err := externalSecret(t, rc); !apierrors.IsNotFound(err) {
+			return fmt.Sprintf("ExternalSecret still there (%v)", err)
+		}
+		return ""
+	})
+}
+
+// A ClusterSecretStore (Vault provider, token auth) with a remote key: ESO syncs the credential,
+// keyroll reports it and that its lease is not tracked, repairs drift of the ExternalSecret, and
+// deleting the RedisCluster removes the ExternalSecret and the Secret.
+func TestExternalSecretFromClusterSecretStoreSyncsAWorkingCredentialWithoutLeaseTracking(t *testing.T) {
+	ctx := context.Background()
+	ns := "es-store"
+	namespace(t, ns)
+	tok, err := ground.Vault.Root.Auth().Token().Create(&vaultapi.TokenCreateRequest{Policies: []string{"eso"}, TTL: "1h"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	esoPolicyOnce.Do(func() {
+		if err := ground.Vault.WritePolicy(ctx, "eso", esoPolicy); err != nil {
+			t.Fatal(err)
+		}
+	})
+	create(t, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "eso-vault-token"},
+		StringData: map[string]string{"token": tok.Auth.ClientToken}})
+	create(t, &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "external-secrets.io/v1", "kind": "ClusterSecretStore",
+		"metadata": map[string]any{"name": "vault-es-store"},
+		"spec": map[string]any{"provider": map[string]any{"vault": map[string]any{
+			"server": ground.Vault.Addr, "version": "v1",
+			"auth": map[string]any{"tokenSecretRef": map[string]any{"name": "eso-vault-token", "key": "token", "namespace": ns}},
+		}}},
+	}})
+	rc := esCluster(t, ns, "orders", v1alpha1.ExternalSecretSource{
+		StoreRef:           &v1alpha1.StoreReference{Kind: "ClusterSecretStore", Name: "vault-es-store"},
+		RemoteKey:          "database/creds/es-store",
+		RefreshInterval:    &metav1.Duration{Duration: 5 * time.Minute},
+		CredentialLifetime: &metav1.Duration{Duration: 10 * time.Minute},
+	})
+	cur := waitCondition(t, rc, v1alpha1.ConditionReady, metav1.ConditionTrue, "", 90*time.Second)
+	if c := findCond(cur, v1alpha1.ConditionCredentialsReady); c == nil || c.Reason != v1alpha1.ReasonLeasesNotTracked {
+		t.Errorf("CredentialsReady %+v, want reason %s", c, v1alpha1.ReasonLeasesNotTracked)
+	}
+	if lt := cur.Status.Credential.LeasesTracked; lt == nil || *lt {
+		t.Errorf("status.credential.leasesTracked %v, want false", lt)
+	}
+	if len(cur.Status.Leases) != 0 || cur.Status.Credential.Source != v1alpha1.SourceExternalSecret {
+		t.Errorf("ledger %v, source %s: want no lease, source ExternalSecret", cur.Status.Leases, cur.Status.Credential.Source)
+	}
+	user, pass, _ := credentials(t, rc)
+	if !authenticates(user, pass) {
+		t.Fatal("the credential ESO synced does not authenticate against Redis")
+	}
+
+	// Drift: the ExternalSecret is put back as specified, and then left alone.
+	es, err := externalSecret(t, rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ref := metav1.GetControllerOf(es); ref == nil || ref.Kind != "RedisCluster" || ref.Name != rc.Name {
+		t.Errorf("ExternalSecret controller %+v, want the RedisCluster", ref)
+	}
+	patch := client.MergeFrom(es.DeepCopy())
+	es.Spec.RefreshInterval = &metav1.Duration{Duration: 7 * time.Hour}
+	if err := k8s.Patch(ctx, es, patch); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 20*time.Second, func() string {
+		es, _ = externalSecret(t, rc)
+		if d := es.Spec.RefreshInterval.Duration; d != 5*time.Minute {
+			return fmt.Sprintf("refreshInterval %s, want it repaired to 5m", d)
+		}
+		return ""
+	})
+	waitCondition(t, rc, v1alpha1.ConditionReady, metav1.ConditionTrue, "", 60*time.Second)
+	es, _ = externalSecret(t, rc)
+	generation := es.Generation
+	time.Sleep(3 * time.Second)
+	if es, _ = externalSecret(t, rc); es.Generation != generation {
+		t.Errorf("the ExternalSecret keeps changing: generation %d, then %d", generation, es.Generation)
+	}
+
+	deleteAndWait(t, rc)
+	eventually(t, 30*time.Second, func() string {
+		err := k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "orders-credentials"}, &corev1.Secret{})
+		if !apierrors.IsNotFound(err) {
+			return fmt.Sprintf("the credentials Secret is still there (%v)", err)
+		}
+		return ""
+	})
+	if !slices.Contains(eventReasons(t, ns, "orders"), v1alpha1.EventRevocationSkipped) {
+		t.Error("no RevocationSkipped event saying that the leases were not tracked")
+	}
+}
+
+// With resultType Raw the lease is keyroll's: it is in the ledger, renewed past its first TTL,
+// a new credential from ESO rolls the Redis pods one at a time and then the consumer, the old lease
+// is revoked after the rollout, and delete revokes the rest: no lease for the role is left.
+func TestExternalSecretRawLeaseIsTrackedRenewedRolledOutAndRevoked(t *testing.T) {
+	ctx := context.Background()
+	ns := "es-raw"
+	namespace(t, ns)
+	vaultConnection(t, "vault-es-raw", ground.Vault.Addr, ns)
+	vaultDynamicSecret(t, ns, "redis-orders", "es-raw", true)
+	consumerDeployment(t, ns, "orders-api")
+	rc := esCluster(t, ns, "orders", v1alpha1.ExternalSecretSource{
+		GeneratorRef:    &v1alpha1.GeneratorReference{APIVersion: "generators.external-secrets.io/v1alpha1", Kind: "VaultDynamicSecret", Name: "redis-orders"},
+		RefreshInterval: &metav1.Duration{Duration: time.Hour},
+		ConnectionRef:   &v1alpha1.ConnectionReference{Name: "vault-es-raw"},
+	}, func(rc *v1alpha1.RedisCluster) {
+		rc.Spec.Rollout.Consumers = []v1alpha1.ConsumerReference{{Kind: "Deployment", Name: "orders-api"}}
+	})
+	start := time.Now()
+	cur := waitCondition(t, rc, v1alpha1.ConditionReady, metav1.ConditionTrue, "", 90*time.Second)
+	t.Logf("Ready %s after create", time.Since(start).Round(time.Millisecond))
+	if c := findCond(cur, v1alpha1.ConditionCredentialsReady); c == nil || c.Reason != v1alpha1.ReasonLeasesTracked {
+		t.Errorf("CredentialsReady %+v, want reason %s", c, v1alpha1.ReasonLeasesTracked)
+	}
+	c := cur.Status.Credential
+	if c.LeaseID == "" || c.LeasesTracked == nil || !*c.LeasesTracked {
+		t.Fatalf("status.credential %+v: want a tracked lease", c)
+	}
+	firstLease, firstExpiry := c.LeaseID, c.ExpiresAt.Time
+	active := 0
+	for _, l := range cur.Status.Leases {
+		if l.State == v1alpha1.LeaseActive {
+			active++
+			if l.LeaseID != firstLease {
+				t.Errorf("active ledger lease %s, want %s", l.LeaseID, firstLease)
+			}
+		}
+	}
+	if active != 1 {
+		t.Errorf("%d active leases in the ledger, want 1: %+v", active, cur.Status.Leases)
+	}
+	user, pass, _ := credentials(t, rc)
+	if !authenticates(user, pass) {
+		t.Fatal("the credential ESO synced does not authenticate")
+	}
+
+	// Renewal: 20 s leases; past the first expiry the credential still works.
+	time.Sleep(time.Until(firstExpiry.Add(5 * time.Second)))
+	if !authenticates(user, pass) {
+		t.Fatal("the credential stopped working after its first TTL: the lease was not renewed")
+	}
+	if exists, exp := leaseExists(t, firstLease); !exists || !exp.After(firstExpiry) {
+		t.Fatalf("lease in Vault: exists %v, expires %s; want it renewed past %s", exists, exp, firstExpiry)
+	}
+	cur = get(t, rc)
+	if cur.Status.Credential.LastRenewal == nil || cur.Status.Credential.LeaseID != firstLease {
+		t.Errorf("status after renewal: %+v", cur.Status.Credential)
+	}
+
+	// A new credential from ESO (rotate-now makes keyroll ask ESO to refresh) rolls out as in
+	// VaultLease mode.
+	oldVersion := cur.Status.Credential.Version
+	pods := recordPods(t, ns, "orders")
+	time.Sleep(500 * time.Millisecond)
+	rotateNow(t, rc, "es-1")
+	eventually(t, 120*time.Second, func() string {
+		cur = get(t, rc)
+		if cur.Status.Credential.Version == oldVersion || cur.Status.Rollout != nil {
+			return fmt.Sprintf("rollout not finished: version %s, rollout %+v", cur.Status.Credential.Version, cur.Status.Rollout)
+		}
+		if hasLeaseID(cur, firstLease) {
+			return "the superseded lease is still in the ledger"
+		}
+		return ""
+	})
+	restarts, _ := pods.snapshot()
+	var order []string
+	for _, r := range restarts {
+		order = append(order, r.pod)
+		if !r.othersReady {
+			t.Errorf("pod %s was restarted while %v were not Ready", r.pod, r.othersNotReady)
+		}
+	}
+	if !slices.Equal(order, []string{"orders-2", "orders-1", "orders-0"}) {
+		t.Errorf("restart order %v, want [orders-2 orders-1 orders-0]", order)
+	}
+	d := &appsv1.Deployment{}
+	if err := k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "orders-api"}, d); err != nil {
+		t.Fatal(err)
+	}
+	if v := d.Spec.Template.Annotations[v1alpha1.AnnotationCredentialVersion]; v != cur.Status.Credential.Version {
+		t.Errorf("consumer annotation %q, want %q", v, cur.Status.Credential.Version)
+	}
+	if exists, _ := leaseExists(t, firstLease); exists {
+		t.Error("the superseded lease is still live in Vault")
+	}
+	if authenticates(user, pass) {
+		t.Error("the old credential still works after the rollout")
+	}
+	newUser, newPass, _ := credentials(t, rc)
+	if !authenticates(newUser, newPass) {
+		t.Fatal("the new credential does not work")
+	}
+	es, err := externalSecret(t, rc)
+	if err != nil || es.Annotations[v1alpha1.AnnotationRefreshRequested] == "" {
+		t.Errorf("ExternalSecret has no %s annotation (%v)", v1alpha1.AnnotationRefreshRequested, err)
+	}
+	reasons := eventReasons(t, ns, "orders")
+	for _, want := range []string{v1alpha1.EventRefreshRequested, v1alpha1.EventPodRestarted, v1alpha1.EventConsumerRestarted, v1alpha1.EventLeaseRevoked} {
+		if !slices.Contains(reasons, want) {
+			t.Errorf("no %s event (have %v)", want, reasons)
+		}
+	}
+
+	// Delete: the ExternalSecret goes first, then every lease is revoked; Vault holds none for the
+	// role, whatever ESO minted.
+	deleteAndWait(t, rc)
+	if leases := vaultLeases(t, "es-raw"); len(leases) != 0 {
+		t.Errorf("leases of role es-raw left live in Vault after delete: %v", leases)
+	}
+	if authenticates(newUser, newPass) {
+		t.Error("the credential still authenticates after delete")
+	}
+}
+
+// A raw response without a VaultConnection: keyroll cannot renew the lease, says so, and warns
+// that the refresh interval is longer than the lease (ESO would leave an expired credential).
+func TestExternalSecretUntrackedLeaseWithLongRefreshIntervalIsReported(t *testing.T) {
+	ns := "es-warn"
+	namespace(t, ns)
+	vaultDynamicSecret(t, ns, "redis-orders", "es-warn", true)
+	rc := esCluster(t, ns, "orders", v1alpha1.ExternalSecretSource{
+		GeneratorRef:    &v1alpha1.GeneratorReference{APIVersion: "generators.external-secrets.io/v1alpha1", Kind: "VaultDynamicSecret", Name: "redis-orders"},
+		RefreshInterval: &metav1.Duration{Duration: time.Hour},
+	})
+	cur := waitCondition(t, rc, v1alpha1.ConditionDegraded, metav1.ConditionTrue, v1alpha1.ReasonRefreshIntervalTooLong, 90*time.Second)
+	if c := findCond(cur, v1alpha1.ConditionCredentialsReady); c == nil || c.Reason != v1alpha1.ReasonLeasesNotTracked {
+		t.Errorf("CredentialsReady %+v, want reason %s", c, v1alpha1.ReasonLeasesNotTracked)
+	}
+	if lt := cur.Status.Credential.LeasesTracked; lt == nil || *lt {
+		t.Errorf("leasesTracked %v, want false", lt)
+	}
+	if !slices.Contains(eventReasons(t, ns, "orders"), v1alpha1.ReasonRefreshIntervalTooLong) {
+		t.Error("no RefreshIntervalTooLong warning event")
+	}
+	deleteAndWait(t, rc)
+}
+
+func findCond(rc *v1alpha1.RedisCluster, t string) *metav1.Condition {
+	for i := range rc.Status.Conditions {
+		if rc.Status.Conditions[i].Type == t {
+			return &rc.Status.Conditions[i]
+		}
+	}
+	return nil
+}
+
+func hasLeaseID(rc *v1alpha1.RedisCluster, id string) bool {
+	for _, l := range rc.Status.Leases {
+		if l.LeaseID == id {
+			return true
+		}
+	}
+	return false
+}
+
+// A generator that cannot obtain a credential: ESO's reason reaches the RedisCluster's condition,
+// and keyroll creates no Redis pods.
+func TestExternalSecretThatESOCannotSyncIsReportedWithESOsReason(t *testing.T) {
+	ns := "es-broken"
+	namespace(t, ns)
+	vaultDynamicSecret(t, ns, "redis-missing", "no-such-role", false)
+	rc := esCluster(t, ns, "orders", v1alpha1.ExternalSecretSource{
+		GeneratorRef: &v1alpha1.GeneratorReference{APIVersion: "generators.external-secrets.io/v1alpha1", Kind: "VaultDynamicSecret", Name: "redis-missing"},
+	})
+	var cond *metav1.Condition
+	eventually(t, 60*time.Second, func() string {
+		cond = findCond(get(t, rc), v1alpha1.ConditionCredentialsReady)
+		if cond == nil || cond.Reason != v1alpha1.ReasonExternalSecretNotReady || !strings.Contains(cond.Message, "is not Ready") {
+			return fmt.Sprintf("CredentialsReady %+v, want ExternalSecretNotReady with ESO's reason", cond)
+		}
+		return ""
+	})
+	t.Logf("condition message: %s", cond.Message)
+	if err := k8s.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "orders"}, &appsv1.StatefulSet{}); !apierrors.IsNotFound(err) {
+		t.Errorf("a StatefulSet exists without a credential (%v)", err)
+	}
+	deleteAndWait(t, rc)
+}
