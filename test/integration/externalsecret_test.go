@@ -14,6 +14,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -122,6 +123,17 @@ func deleteAndWait(t *testing.T, rc *v1alpha1.RedisCluster) {
 		}
 		if _, err := externalSecret(t, rc); !apierrors.IsNotFound(err) {
 			return fmt.Sprintf("ExternalSecret still there (%v)", err)
+		}
+		// Nothing of the cluster is left: its Secrets (the one ESO wrote included), ConfigMap,
+		// Services and StatefulSet are collected through their owner references.
+		selector := client.MatchingLabels{v1alpha1.LabelCluster: rc.Name}
+		for _, list := range []client.ObjectList{&corev1.SecretList{}, &corev1.ConfigMapList{}, &corev1.ServiceList{}, &appsv1.StatefulSetList{}} {
+			if err := k8s.List(context.Background(), list, client.InNamespace(rc.Namespace), selector); err != nil {
+				return err.Error()
+			}
+			if n := meta.LenList(list); n > 0 {
+				return fmt.Sprintf("%d %T left", n, list)
+			}
 		}
 		return ""
 	})
