@@ -10,6 +10,10 @@ CONTROLLER_GEN := $(GO) tool controller-gen
 TESTGROUND_BIN ?= $(CURDIR)/test/bin
 export KEYROLL_TESTGROUND_BIN := $(TESTGROUND_BIN)
 export KUBEBUILDER_ASSETS := $(TESTGROUND_BIN)
+# Where make playground writes playground.kubeconfig and playground.env (removed on Ctrl-C), and
+# extra flags for it (the playground's test passes --state-file).
+PLAYGROUND_DIR ?= $(CURDIR)
+PLAYGROUND_FLAGS ?=
 
 .PHONY: help
 help: ## List the targets.
@@ -103,4 +107,4 @@ undeploy: ## Remove what deploy installed.
 
 .PHONY: playground
 playground: deps ## Run keyroll against a real local control plane, Vault and Redis, with the samples applied.
-	$(GO) run ./test/playground --kubeconfig-out=$(CURDIR)/playground.kubeconfig
+	$(GO) run ./test/playground --kubeconfig-out=$(PLAYGROUND_DIR)/playground.kubeconfig $(PLAYGROUND_FLAGS)

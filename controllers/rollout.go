@@ -32,10 +32,15 @@ func (r *RedisClusterReconciler) reconcileRollout(ctx context.Context, s *scope,
 	}
 	r.Metrics.setStalePods(client.ObjectKeyFromObject(rc), len(pods)-countOnVersion(pods, cred.version))
 	ro := rc.Status.Rollout
+	if ro == nil && allOnVersion(pods, cred.version) && len(supersededLeases(rc)) == 0 {
+		return true, 0, nil
+	}
+	if stale, err := r.staleRead(ctx, rc); stale || err != nil {
+		// A step of this rollout was already taken from a newer version of the object (restart a
+		// pod, revoke a lease): look again from that version rather than take it twice.
+		return false, time.Second, err
+	}
 	if ro == nil {
-		if allOnVersion(pods, cred.version) && len(supersededLeases(rc)) == 0 {
-			return true, 0, nil
-		}
 		ro = r.startRollout(ctx, s, cred.version)
 	}
 	if ro.TargetVersion != cred.version {
@@ -50,6 +55,16 @@ func (r *RedisClusterReconciler) reconcileRollout(ctx context.Context, s *scope,
 	}
 	r.finishRollout(ctx, s)
 	return true, 0, nil
+}
+
+// staleRead says whether the cache gave this reconcile an older version of the RedisCluster than
+// the API server has: acting on it could repeat a step that a previous reconcile took.
+func (r *RedisClusterReconciler) staleRead(ctx context.Context, rc *v1alpha1.RedisCluster) (bool, error) {
+	cur := &v1alpha1.RedisCluster{}
+	if err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(rc), cur); err != nil {
+		return false, client.IgnoreNotFound(err)
+	}
+	return cur.ResourceVersion != rc.ResourceVersion, nil
 }
 
 func (r *RedisClusterReconciler) startRollout(ctx context.Context, s *scope, version string) *v1alpha1.RolloutStatus {

@@ -1,8 +1,11 @@
 // Command playground runs keyroll on this machine without a cluster: a real kube-apiserver and
-// etcd, kube-controller-manager with kwok (so that pods become Ready), a Vault dev server with the
-// database secrets engine and Kubernetes auth, and redis-server, all on loopback ports. It applies
-// the CRDs and the samples of deploy/, runs the operator in the foreground, and prints how to watch
-// it work. Ctrl-C stops everything it started and removes its temporary files.
+// etcd, kube-controller-manager with kwok (so that pods become Ready), External Secrets Operator's
+// controller, a Vault dev server with the database secrets engine and Kubernetes auth, and
+// redis-server, all on loopback ports. It applies the CRDs and the samples of deploy/, runs the
+// operator in the foreground, and prints how to watch it work. It writes the admin kubeconfig and
+// an environment file (playground.env: KUBECONFIG, VAULT_ADDR, VAULT_TOKEN, and PATH with the
+// test ground's kubectl and vault) beside it. Ctrl-C stops everything it started and removes its
+// files.
 package main
 
 import (
@@ -54,15 +57,17 @@ type State struct {
 func run(kubeconfigOut, stateFile string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	say("starting kube-apiserver, etcd, kube-controller-manager, kwok, Vault and Redis on loopback")
-	g, err := testground.Start(testground.Options{Workloads: true, Redis: true, Vault: true})
+	say("starting kube-apiserver, etcd, kube-controller-manager, kwok, External Secrets Operator, Vault and Redis on loopback")
+	g, err := testground.Start(testground.Options{Workloads: true, Redis: true, Vault: true, ExternalSecrets: true})
 	if err != nil {
 		return err
 	}
+	envFile := filepath.Join(filepath.Dir(kubeconfigOut), "playground.env")
 	defer func() {
 		say("stopping everything the playground started")
 		g.Stop()
 		_ = os.Remove(kubeconfigOut)
+		_ = os.Remove(envFile)
 	}()
 	if err := setupVault(ctx, g); err != nil {
 		return fmt.Errorf("setting up Vault: %w", err)
@@ -74,6 +79,9 @@ func run(kubeconfigOut, stateFile string) error {
 	if err := os.WriteFile(kubeconfigOut, kc, 0o600); err != nil {
 		return err
 	}
+	if err := writeEnv(envFile, kubeconfigOut, g); err != nil {
+		return err
+	}
 	if err := applySamples(ctx, g); err != nil {
 		return fmt.Errorf("applying the samples: %w", err)
 	}
@@ -81,7 +89,7 @@ func run(kubeconfigOut, stateFile string) error {
 	if err != nil {
 		return err
 	}
-	printTour(g, kubeconfigOut)
+	printTour(envFile)
 	if stateFile != "" {
 		b, _ := json.Marshal(State{Kubeconfig: kubeconfigOut, VaultAddr: g.Vault.Addr, RedisAddr: g.Redis.Addr()})
 		if err := os.WriteFile(stateFile, b, 0o600); err != nil {
@@ -98,16 +106,46 @@ func run(kubeconfigOut, stateFile string) error {
 	}
 }
 
-// setupVault does what deploy/vault describes: the Redis connection and roles, the operator's
-// policy, and Kubernetes auth for the operator's service account.
+// setupVault does what docs/vault-administrators.md describes: the Redis connection and roles, the
+// operator's policy and Kubernetes auth role, and External Secrets Operator's (for the payments
+// sample, whose generator logs in as the service account external-secrets of namespace default).
 func setupVault(ctx context.Context, g *testground.Ground) error {
-	return harness.SetupVault(ctx, g,
+	err := harness.SetupVault(ctx, g,
 		testground.RedisRole{Name: "orders", DefaultTTL: 2 * time.Minute, MaxTTL: time.Hour},
 		testground.RedisRole{Name: "payments", DefaultTTL: 2 * time.Minute, MaxTTL: time.Hour})
+	if err != nil {
+		return err
+	}
+	policy, err := os.ReadFile(filepath.Join(testground.RepoRoot(), "deploy", "vault", "external-secrets-policy.hcl"))
+	if err != nil {
+		return err
+	}
+	if err := g.Vault.WritePolicy(ctx, "external-secrets", string(policy)); err != nil {
+		return err
+	}
+	if err := g.CP.EnsureServiceAccount(ctx, "default", "external-secrets"); err != nil {
+		return err
+	}
+	return g.Vault.WriteKubernetesAuthRole(ctx, testground.KubernetesAuthRole{
+		Name: "external-secrets", ServiceAccounts: []string{"external-secrets"}, Namespaces: []string{"default"},
+		Policies: []string{"external-secrets"}, TokenTTL: time.Hour,
+	})
+}
+
+// writeEnv writes the environment file the README's tour sources.
+func writeEnv(path, kubeconfig string, g *testground.Ground) error {
+	abs, err := filepath.Abs(kubeconfig)
+	if err != nil {
+		return err
+	}
+	env := fmt.Sprintf("# Written by the keyroll playground; removed when it stops.\n"+
+		"export KUBECONFIG=%q\nexport VAULT_ADDR=%q\nexport VAULT_TOKEN=%q\nexport REDIS_PORT=%d\nexport PATH=%q:\"$PATH\"\n",
+		abs, g.Vault.Addr, g.Vault.RootToken, g.Redis.Port, testground.BinDir())
+	return os.WriteFile(path, []byte(env), 0o600)
 }
 
 // applySamples applies deploy/samples, with the VaultConnection pointed at the playground's Vault.
-// The External Secrets sample needs External Secrets Operator, which the playground does not run.
+// The External Secrets generator is pointed at the playground's Vault too.
 func applySamples(ctx context.Context, g *testground.Ground) error {
 	c, err := client.New(g.CP.Config, client.Options{})
 	if err != nil {
@@ -124,11 +162,11 @@ func applySamples(ctx context.Context, g *testground.Ground) error {
 			return err
 		}
 		obj := &unstructured.Unstructured{Object: m}
-		if strings.HasPrefix(obj.GetAPIVersion(), "generators.external-secrets.io") {
-			continue
-		}
-		if obj.GetKind() == "VaultConnection" {
+		switch {
+		case obj.GetKind() == "VaultConnection":
 			_ = unstructured.SetNestedField(obj.Object, g.Vault.Addr, "spec", "address")
+		case strings.HasPrefix(obj.GetAPIVersion(), "generators.external-secrets.io"):
+			_ = unstructured.SetNestedField(obj.Object, g.Vault.Addr, "spec", "provider", "server")
 		}
 		if err := c.Patch(ctx, obj, client.Apply, client.FieldOwner("playground"), client.ForceOwnership); err != nil {
 			return fmt.Errorf("%s %s: %w", obj.GetKind(), obj.GetName(), err)
@@ -176,21 +214,20 @@ func (o *operator) stop() {
 	}
 }
 
-func printTour(g *testground.Ground, kubeconfig string) {
+func printTour(envFile string) {
 	fmt.Printf(`
-keyroll is running against the playground. In another terminal:
+keyroll is running against the playground, with the samples applied: RedisCluster "orders"
+(credentials straight from Vault) and "payments" (through External Secrets Operator).
+In another terminal, in this directory:
 
-  export KUBECONFIG=%[1]s
-  kubectl get redisclusters -A -w                  # phase, ready pods, credential expiry, next rotation
-  kubectl get rediscluster orders -o yaml          # conditions, the lease ledger
-  kubectl get pods -l keyroll.dev/cluster=orders   # Redis pods (kwok plays their kubelet)
-
-  export VAULT_ADDR=%[2]s VAULT_TOKEN=%[3]s
-  %[4]s lease lookup $(kubectl get rediscluster orders -o jsonpath='{.status.credential.leaseID}')
+  source %[1]s      # KUBECONFIG, VAULT_ADDR, VAULT_TOKEN; kubectl and vault on PATH
+  kubectl get redisclusters -w                     # phase, ready pods, credential expiry, next rotation
+  kubectl get rediscluster orders -o yaml          # conditions, the current credential, the lease ledger
+  vault lease lookup "$(kubectl get rediscluster orders -o jsonpath='{.status.credential.leaseID}')"
 
 Rotate now:
   kubectl annotate rediscluster orders keyroll.dev/rotate-now="$(date +%%s)" --overwrite
 
-Ctrl-C stops everything.
-`, kubeconfig, g.Vault.Addr, g.Vault.RootToken, filepath.Join(testground.BinDir(), "vault"))
+The README's five-minute tour goes on from here. Ctrl-C stops everything.
+`, filepath.Base(envFile))
 }

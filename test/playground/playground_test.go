@@ -3,6 +3,9 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"maps"
+	"slices"
+	"strings"
 	"net/url"
 	"os"
 	"os/exec"
@@ -18,27 +21,25 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/test/docblocks"
 	"github.com/keyroll/keyroll/test/harness"
 	"github.com/keyroll/keyroll/test/testground"
 )
 
-// The playground command, run as a newcomer would run it (non-interactively): the sample
-// RedisCluster becomes Ready with a credential that works against the playground's Redis, a
-// rotation asked for with the annotation completes, and Ctrl-C leaves no process and no port behind.
+// The playground command, run as a newcomer would run it (make playground, non-interactively),
+// with the README's five-minute tour and the owners' guide run against it block by block, as
+// written: the samples become Ready with credentials that work against the playground's Redis, a
+// rotation asked for with the annotation completes, a deleted RedisCluster leaves no lease in
+// Vault, and Ctrl-C leaves no process, no port and no file behind.
 func TestPlaygroundRunsTheSamplesAndCleansUp(t *testing.T) {
 	dir := t.TempDir()
-	bin := filepath.Join(dir, "playground")
-	build := exec.Command("go", "build", "-o", bin, ".")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("building the playground: %v\n%s", err, out)
-	}
-	kubeconfig, stateFile := filepath.Join(dir, "kubeconfig"), filepath.Join(dir, "state.json")
+	kubeconfig, stateFile, envFile := filepath.Join(dir, "playground.kubeconfig"), filepath.Join(dir, "state.json"), filepath.Join(dir, "playground.env")
 	logFile, err := os.Create(filepath.Join(dir, "playground.log"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(bin, "--kubeconfig-out="+kubeconfig, "--state-file="+stateFile)
-	cmd.Stdout, cmd.Stderr = logFile, logFile
+	cmd := exec.Command("make", "playground", "PLAYGROUND_DIR="+dir, "PLAYGROUND_FLAGS=--state-file="+stateFile)
+	cmd.Dir, cmd.Stdout, cmd.Stderr = testground.RepoRoot(), logFile, logFile
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -50,42 +51,95 @@ func TestPlaygroundRunsTheSamplesAndCleansUp(t *testing.T) {
 
 	state := waitState(t, stateFile, exited, showLog)
 	c := clientFor(t, state.Kubeconfig)
-	rc := &v1alpha1.RedisCluster{}
+	orders, payments := &v1alpha1.RedisCluster{}, &v1alpha1.RedisCluster{}
 	key := client.ObjectKey{Namespace: "default", Name: "orders"}
-	waitFor(t, 3*time.Minute, showLog, func() bool {
-		return c.Get(context.Background(), key, rc) == nil && meta.IsStatusConditionTrue(rc.Status.Conditions, v1alpha1.ConditionReady)
-	})
-	user, pass := secretCredential(t, c)
+	for _, rc := range []struct {
+		name string
+		obj  *v1alpha1.RedisCluster
+	}{{"orders", orders}, {"payments", payments}} {
+		waitFor(t, 3*time.Minute, showLog, func() bool {
+			return c.Get(context.Background(), client.ObjectKey{Namespace: "default", Name: rc.name}, rc.obj) == nil &&
+				meta.IsStatusConditionTrue(rc.obj.Status.Conditions, v1alpha1.ConditionReady)
+		})
+	}
+	if lt := payments.Status.Credential.LeasesTracked; lt == nil || !*lt {
+		t.Errorf("payments (ExternalSecret mode, Raw generator) does not track its lease: %+v", payments.Status.Credential)
+	}
+	user, pass := secretCredential(t, c, "orders")
 	if who, err := testground.RedisWhoAmI(state.RedisAddr, user, pass); err != nil || who != user {
 		t.Fatalf("the sample's credential does not work against the playground's Redis: %q, %v", who, err)
 	}
 
-	// The rotation the playground's tour tells how to ask for.
-	oldVersion := rc.Status.Credential.Version
-	patch := client.MergeFrom(rc.DeepCopy())
-	rc.Annotations = map[string]string{v1alpha1.AnnotationRotateNow: "playground-test"}
-	if err := c.Patch(context.Background(), rc, patch); err != nil {
-		t.Fatal(err)
+	// The tour, in a terminal where playground.env was sourced.
+	env := sourced(t, dir, envFile)
+	tour := tourBlocks(t)
+	run := func(name string) string {
+		t.Helper()
+		b, ok := tour[name]
+		if !ok {
+			t.Fatalf("no tour block %q", name)
+		}
+		delete(tour, name)
+		return docblocks.Run(t, b, dir, env, 2*time.Minute)
+	}
+	if out := run("look"); !strings.Contains(out, orders.Status.Credential.LeaseID) {
+		t.Errorf("the tour's first look does not show the lease %s:\n%s", orders.Status.Credential.LeaseID, out)
+	}
+	if out := run("login"); strings.TrimSpace(out) != user {
+		t.Errorf("the tour's login printed %q, want the user %s", out, user)
+	}
+	run("renew")
+	run("explain")
+	oldVersion, oldLease := orders.Status.Credential.Version, orders.Status.Credential.LeaseID
+	run("rotate")
+	for _, b := range docblocks.Tagged(t, testground.RepoRoot(), "watch") {
+		docblocks.RunWatch(t, b, dir, env, 3*time.Second)
 	}
 	waitFor(t, 2*time.Minute, showLog, func() bool {
-		return c.Get(context.Background(), key, rc) == nil && rc.Status.Credential.Version != oldVersion &&
-			rc.Status.Rollout == nil && len(rc.Status.Leases) == 1
+		return c.Get(context.Background(), key, orders) == nil && orders.Status.Credential.Version != oldVersion &&
+			orders.Status.Rollout == nil && len(orders.Status.Leases) == 1
 	})
-	newUser, newPass := secretCredential(t, c)
+	newUser, newPass := secretCredential(t, c, "orders")
 	if _, err := testground.RedisWhoAmI(state.RedisAddr, newUser, newPass); err != nil {
 		t.Fatalf("the rotated credential does not work: %v", err)
+	}
+	// The ledger's lines are "<lease>  <state>"; the events may name the old lease (revoked).
+	if out := run("rotated"); strings.Contains(out, oldLease+"  ") || !strings.Contains(out, orders.Status.Credential.LeaseID+"  Active") ||
+		!strings.Contains(out, "ConsumerRestarted") {
+		t.Errorf("after the rotation the tour shows:\n%s\nwant a ConsumerRestarted event, the new lease %s in the ledger and not the old %s", out, orders.Status.Credential.LeaseID, oldLease)
+	}
+	if out := run("external"); !strings.Contains(out, "true "+payments.Status.Credential.LeaseID) {
+		t.Errorf("the tour's ExternalSecret look printed:\n%s\nwant leasesTracked true and the lease %s", out, payments.Status.Credential.LeaseID)
+	}
+	currentLease := orders.Status.Credential.LeaseID
+	if out := run("delete"); !strings.Contains(out, "lease "+currentLease+" is revoked") {
+		t.Errorf("the tour's delete printed:\n%s\nwant the lease reported revoked", out)
+	}
+	// The rest: the owners' guide and the ExternalSecret page, on the payments sample.
+	for _, name := range slices.Sorted(maps.Keys(tour)) {
+		if tour[name].File != "README.md" {
+			run(name)
+		}
+	}
+	if len(tour) > 0 {
+		t.Errorf("tour blocks not run: %v", slices.Collect(maps.Keys(tour)))
 	}
 
 	pids := descendants(cmd.Process.Pid)
 	ports := []int{portOf(t, state.VaultAddr), portOf(t, "http://"+state.RedisAddr), apiServerPort(t, state.Kubeconfig)}
-	if len(pids) < 7 {
-		t.Fatalf("the playground runs %d processes, want at least 7 (etcd, kube-apiserver, kube-controller-manager, kwok, vault, redis-server, keyroll)", len(pids))
+	if len(pids) < 8 {
+		t.Fatalf("the playground runs %d processes, want at least 8 (etcd, kube-apiserver, kube-controller-manager, kwok, external-secrets, vault, redis-server, keyroll)", len(pids))
 	}
-	_ = syscall.Kill(cmd.Process.Pid, syscall.SIGINT)
+	// Ctrl-C: the terminal sends SIGINT to the whole foreground process group.
+	_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGINT)
 	select {
 	case err := <-exited:
-		if err != nil {
-			t.Errorf("the playground exited with %v after Ctrl-C\n%s", err, showLog())
+		// make itself ends by the signal; the playground must have stopped cleanly under it.
+		if err != nil && !strings.Contains(err.Error(), "interrupt") {
+			t.Errorf("make playground exited with %v after Ctrl-C\n%s", err, showLog())
+		}
+		if !strings.Contains(showLog(), "stopping everything the playground started") {
+			t.Errorf("the playground did not stop cleanly after Ctrl-C\n%s", showLog())
 		}
 	case <-time.After(time.Minute):
 		t.Fatalf("the playground did not stop within a minute of Ctrl-C\n%s", showLog())
@@ -100,11 +154,41 @@ func TestPlaygroundRunsTheSamplesAndCleansUp(t *testing.T) {
 			t.Errorf("port %d is still bound after Ctrl-C", port)
 		}
 	}
-	for _, f := range []string{kubeconfig, stateFile} {
+	for _, f := range []string{kubeconfig, stateFile, envFile} {
 		if _, err := os.Stat(f); err == nil {
 			t.Errorf("%s was left behind", f)
 		}
 	}
+}
+
+// tourBlocks are the docs' blocks tagged "tour", by name (the word after the tag).
+func tourBlocks(t *testing.T) map[string]docblocks.Block {
+	t.Helper()
+	out := map[string]docblocks.Block{}
+	for _, b := range docblocks.Tagged(t, testground.RepoRoot(), "tour") {
+		if b.Name == "" || out[b.Name].Text != "" {
+			t.Fatalf("%s: a tour block needs a name of its own", b)
+		}
+		out[b.Name] = b
+	}
+	return out
+}
+
+// sourced is the environment of a shell that sourced the playground's environment file.
+func sourced(t *testing.T, dir, envFile string) []string {
+	t.Helper()
+	out, err := exec.Command("bash", "-c", "source "+envFile+" && env -0").Output()
+	if err != nil {
+		t.Fatalf("sourcing %s: %v", envFile, err)
+	}
+	var env []string
+	for _, kv := range strings.Split(string(out), "\x00") {
+		if kv != "" {
+			env = append(env, kv)
+		}
+	}
+	_ = dir
+	return env
 }
 
 func waitState(t *testing.T, path string, exited <-chan error, showLog func() string) State {
@@ -152,10 +236,10 @@ func clientFor(t *testing.T, kubeconfig string) client.Client {
 	return c
 }
 
-func secretCredential(t *testing.T, c client.Client) (string, string) {
+func secretCredential(t *testing.T, c client.Client, cluster string) (string, string) {
 	t.Helper()
 	s := &corev1.Secret{}
-	if err := c.Get(context.Background(), client.ObjectKey{Namespace: "default", Name: "orders-credentials"}, s); err != nil {
+	if err := c.Get(context.Background(), client.ObjectKey{Namespace: "default", Name: cluster + "-credentials"}, s); err != nil {
 		t.Fatal(err)
 	}
 	return string(s.Data["username"]), string(s.Data["password"])

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the binaries of the keyroll test ground (etcd, kube-apiserver, kube-controller-manager, kwok,
-# vault, external-secrets) from the tool modules beside this script, into a cache outside the checkout, and links them
+# vault, external-secrets, kubectl) from the tool modules beside this script, into a cache outside the checkout, and links them
 # into one directory for the tests (default: test/bin, ignored by git).
 #
 # A binary is cached under a key made of its tool module's go.mod, go.sum and sources, so it is
@@ -20,6 +20,8 @@ export CGO_ENABLED=0 GOFLAGS=-buildvcs=false
 
 k8s_version=v1.37.2
 k8s_ldflags="-s -w -X k8s.io/component-base/version.gitVersion=$k8s_version -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=37 -X k8s.io/component-base/version.gitTreeState=clean"
+
+kubectl_ldflags="-s -w -X k8s.io/component-base/version.gitVersion=$k8s_version -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=37"
 
 log() { printf '[testground %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
 
@@ -58,11 +60,12 @@ build() {
 
 # Two lanes of about the same CPU time keep both cores busy and stay within memory (Vault peaks at
 # about 4.7 GB at link, External Secrets at 2.6 GB, kube-apiserver at 2.4 GB). Measured CPU-minutes:
-# vault 37, kwok 6 | etcd 3, kube-apiserver 20, kube-controller-manager 7, external-secrets 20.
+# vault 37, kwok 6, kubectl | etcd 3, kube-apiserver 20, kube-controller-manager 7, external-secrets 20.
 lane1() {
 	build vault vault . "-s -w"
 	build kwok kwok sigs.k8s.io/kwok/cmd/kwok "-s -w"
 	kwok_stages
+	build kubectl kubectl . "$kubectl_ldflags"
 }
 lane2() {
 	build etcd etcd . "-s -w"

@@ -1,0 +1,164 @@
+// Package docs checks that every command in keyroll's docs is run by a test, and runs the ones for
+// installing keyroll and setting up Vault against a real kube-apiserver (with kube-controller-manager
+// and kwok), a Vault dev server and redis-server, with the operator running.
+package docs
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/test/docblocks"
+	"github.com/keyroll/keyroll/test/harness"
+	"github.com/keyroll/keyroll/test/testground"
+)
+
+var root = testground.RepoRoot()
+
+// Every shell block of the docs carries a tag that names the test that runs it, and no block
+// holds commands without one.
+func TestEveryShellBlockIsRunByATest(t *testing.T) {
+	blocks, untagged, err := docblocks.Extract(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, u := range untagged {
+		t.Errorf("%s: a code block without a language and a tag (use \"sh TAG\" with a tag of docblocks.Tags, or a non-shell language)", u)
+	}
+	count := map[string]int{}
+	for _, b := range blocks {
+		if _, ok := docblocks.Tags[b.Tag]; !ok {
+			t.Errorf("%s: unknown tag %q", b, b.Tag)
+		}
+		count[b.Tag]++
+	}
+	for tag, runner := range docblocks.Tags {
+		t.Logf("%-12s %2d block(s), run by %s", tag, count[tag], runner)
+	}
+	if count["needs-docker"] > 1 {
+		t.Errorf("%d blocks need Docker; only the image build may", count["needs-docker"])
+	}
+}
+
+// The README's two commands are the ones CI and the playground test run.
+func TestTheTwoCommandsAreWhatCIAndThePlaygroundTestRun(t *testing.T) {
+	blocks := docblocks.Tagged(t, root, "two-commands")
+	if len(blocks) != 1 || blocks[0].File != "README.md" {
+		t.Fatalf("want one two-commands block, in README.md: %v", blocks)
+	}
+	var cmds []string
+	for _, line := range strings.Split(strings.TrimSpace(blocks[0].Text), "\n") {
+		cmds = append(cmds, strings.TrimSpace(strings.SplitN(line, "#", 2)[0]))
+	}
+	if !slices.Equal(cmds, []string{"make playground", "make test"}) {
+		t.Fatalf("the two commands are %q, want make playground and make test", cmds)
+	}
+	ci, err := os.ReadFile(filepath.Join(root, ".ci", "run"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !regexp.MustCompile(`(?m)^make test$`).Match(ci) {
+		t.Errorf(".ci/run does not run exactly %q:\n%s", "make test", ci)
+	}
+	pg, err := os.ReadFile(filepath.Join(root, "test", "playground", "playground_test.go"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(pg), `exec.Command("make", "playground"`) {
+		t.Error("the playground test does not run make playground")
+	}
+}
+
+// The README's install commands and the Vault administrators' guide, in order, as written: then
+// the operator (running in this test, as the installed service account) logs in to Vault, and a
+// RedisCluster gets a working credential through the role, the policy and the Kubernetes auth
+// role that the guide set up.
+func TestInstallAndVaultAdministratorCommands(t *testing.T) {
+	g := testground.StartT(t, testground.Options{Workloads: true, Redis: true, Vault: true})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	env := []string{
+		"KUBECONFIG=" + g.CP.Kubeconfig, "PATH=" + testground.BinDir() + ":" + os.Getenv("PATH"),
+		"VAULT_ADDR=" + g.Vault.Addr, "VAULT_TOKEN=" + g.Vault.RootToken,
+		"REDIS_HOST=127.0.0.1", "REDIS_PORT=" + strconv.Itoa(g.Redis.Port),
+		"REDIS_ADMIN_USER=" + g.Redis.AdminUser, "REDIS_ADMIN_PASSWORD=" + g.Redis.AdminPassword,
+	}
+	for _, b := range docblocks.Tagged(t, root, "install") {
+		docblocks.Run(t, b, root, env, 3*time.Minute)
+	}
+	k8s, err := client.New(g.CP.Config, client.Options{Scheme: harness.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := &appsv1.Deployment{}
+	if err := k8s.Get(ctx, client.ObjectKey{Namespace: harness.OperatorNS, Name: "keyroll-manager"}, d); err != nil {
+		t.Fatalf("the install did not create the manager Deployment: %v", err)
+	}
+
+	// The operator as installed: its service account, logging in to Vault with TokenRequest tokens.
+	op, err := harness.Start(ctx, g, harness.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = op.Stop() }()
+	for _, b := range docblocks.Tagged(t, root, "vault-setup") {
+		docblocks.Run(t, b, root, env, 3*time.Minute)
+	}
+
+	rc := &v1alpha1.RedisCluster{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "orders"},
+		Spec: v1alpha1.RedisClusterSpec{Replicas: 1, Credentials: v1alpha1.CredentialsSpec{
+			Source:     v1alpha1.SourceVaultLease,
+			VaultLease: &v1alpha1.VaultLeaseSource{ConnectionRef: v1alpha1.ConnectionReference{Name: "vault"}, Path: "database/creds/orders"},
+			ACLRules:   []string{"~orders:*", "&*", "+@all"},
+		}},
+	}
+	if err := k8s.Create(ctx, rc); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		cur := &v1alpha1.RedisCluster{}
+		if err := k8s.Get(ctx, client.ObjectKeyFromObject(rc), cur); err == nil &&
+			meta.IsStatusConditionTrue(cur.Status.Conditions, v1alpha1.ConditionCredentialsReady) {
+			user, lease := cur.Status.Credential.Username, cur.Status.Credential.LeaseID
+			if !strings.HasPrefix(lease, "database/creds/orders/") {
+				t.Errorf("lease %q is not of the orders role", lease)
+			}
+			pass := secretPassword(t, k8s, ctx)
+			if who, err := g.Redis.WhoAmI(user, pass); err != nil || who != user {
+				t.Fatalf("the credential issued through the guide's setup does not authenticate: %q, %v", who, err)
+			}
+			if _, err := g.Redis.Do(user, pass, "SET", "other:key", "x"); err == nil || !strings.Contains(err.Error(), "NOPERM") {
+				t.Errorf("the orders role's rules (~orders:*) are not enforced: %v", err)
+			}
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("the RedisCluster got no credential through the guide's setup: %+v", cur.Status.Conditions)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	_ = k8s.Delete(ctx, rc)
+}
+
+func secretPassword(t *testing.T, k8s client.Client, ctx context.Context) string {
+	t.Helper()
+	s := &corev1.Secret{}
+	if err := k8s.Get(ctx, client.ObjectKey{Namespace: "default", Name: "orders-credentials"}, s); err != nil {
+		t.Fatalf("reading the credentials Secret: %v", err)
+	}
+	return string(s.Data["password"])
+}
