@@ -25,6 +25,7 @@ var Tags = map[string]string{
 	"vault-setup":  "test/docs TestInstallAndVaultAdministratorCommands",
 	"tour":         "test/playground TestPlaygroundRunsTheSamplesAndCleansUp",
 	"watch":        "test/playground TestPlaygroundRunsTheSamplesAndCleansUp (each line runs until a timeout, and must print)",
+	"dev":          "test/docs TestDevelopmentCommands",
 	"needs-docker": "not run: no Docker engine or image registry is reachable where the tests run",
 }
 

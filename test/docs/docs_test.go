@@ -82,6 +82,18 @@ func TestTheTwoCommandsAreWhatCIAndThePlaygroundTestRun(t *testing.T) {
 	}
 }
 
+// The development commands of the README.
+func TestDevelopmentCommands(t *testing.T) {
+	for _, b := range docblocks.Tagged(t, root, "dev") {
+		out := docblocks.Run(t, b, root, nil, time.Minute)
+		for _, target := range []string{"playground", "test", "manifests", "generate", "bench", "deploy"} {
+			if !regexp.MustCompile(`(?m)^\s+` + target + `\s`).MatchString(out) {
+				t.Errorf("make help does not list %s:\n%s", target, out)
+			}
+		}
+	}
+}
+
 // The README's install commands and the Vault administrators' guide, in order, as written: then
 // the operator (running in this test, as the installed service account) logs in to Vault, and a
 // RedisCluster gets a working credential through the role, the policy and the Kubernetes auth
