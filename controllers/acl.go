@@ -11,10 +11,22 @@ import (
 // ACLFileKey is the key of the aclfile in the ACL Secret that Redis pods mount.
 const ACLFileKey = "users.acl"
 
+// ReloadPasswordKey is the key, in the ACL Secret, of the password of the reload user: a Redis
+// user that may only reload the aclfile (ACL LOAD). Each Redis pod reloads its aclfile with it when
+// the mounted Secret changes, so that a revoked user is forgotten without a restart.
+const ReloadPasswordKey = "reload-password"
+
+// reloadUser is the name of the reload user, and reloadRules all it may do.
+const reloadUser = "keyroll-reload"
+
+var reloadRules = []string{"+acl|load", "+ping"}
+
 // aclUser is one user of the aclfile, with the SHA-256 hash of its password (hex).
 type aclUser struct {
 	Username     string
 	PasswordHash string
+	// Rules, when set, replace the cluster's aclRules for this user.
+	Rules []string
 }
 
 // newACLUser hashes a password for the aclfile.
@@ -42,7 +54,11 @@ func renderACLFile(users []aclUser, rules []string) (string, error) {
 		if !hashPattern.MatchString(u.PasswordHash) {
 			return "", fmt.Errorf("user %s: malformed password hash", u.Username)
 		}
-		fmt.Fprintf(&b, "user %s on #%s resetkeys resetchannels -@all %s\n", u.Username, u.PasswordHash, strings.Join(rules, " "))
+		r := rules
+		if u.Rules != nil {
+			r = u.Rules
+		}
+		fmt.Fprintf(&b, "user %s on #%s resetkeys resetchannels -@all %s\n", u.Username, u.PasswordHash, strings.Join(r, " "))
 	}
 	return b.String(), nil
 }

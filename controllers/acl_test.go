@@ -3,9 +3,11 @@ package controllers
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
+	"github.com/keyroll/keyroll/apis/v1alpha1"
 	"github.com/keyroll/keyroll/test/testground"
 )
 
@@ -91,7 +93,8 @@ func TestParseACLUsersReadsWhatRenderWrites(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := parseACLUsers(file)
-	if len(got) != 2 || got["a"] != in[0] || got["b"] != in[1] {
+	same := func(a, b aclUser) bool { return a.Username == b.Username && a.PasswordHash == b.PasswordHash }
+	if len(got) != 2 || !same(got["a"], in[0]) || !same(got["b"], in[1]) {
 		t.Fatalf("parsed %+v from %q", got, file)
 	}
 }
@@ -100,5 +103,59 @@ func TestCredentialVersion(t *testing.T) {
 	v := credentialVersion("u", "p")
 	if v != credentialVersion("u", "p") || v == credentialVersion("u", "q") || v == credentialVersion("v", "p") || len(v) != 16 {
 		t.Fatalf("credential versions must be stable per credential and differ between credentials: %s", v)
+	}
+}
+
+// The aclfile holds the current user and the reload user, whose rules allow ACL LOAD and nothing
+// else (no keys, no channels), whatever the cluster's aclRules are.
+func TestACLFileHasTheReloadUserWithItsOwnRules(t *testing.T) {
+	rc := &v1alpha1.RedisCluster{}
+	rc.Spec.Credentials.ACLRules = []string{"~orders:*", "+@all"}
+	file, err := aclFile(rc, &credential{username: "app", password: "p"}, nil, "reload-secret")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{
+		"user default off",
+		"user app on #" + newACLUser("app", "p").PasswordHash + " resetkeys resetchannels -@all ~orders:* +@all",
+		"user keyroll-reload on #" + newACLUser("keyroll-reload", "reload-secret").PasswordHash + " resetkeys resetchannels -@all +acl|load +ping",
+	}
+	if got := strings.Split(strings.TrimSpace(file), "\n"); !slices.Equal(got, want) {
+		t.Fatalf("aclfile:\n%s\nwant:\n%s", file, strings.Join(want, "\n"))
+	}
+	if strings.Contains(file, "reload-secret") {
+		t.Fatal("the aclfile holds the reload password in clear")
+	}
+}
+
+// The users of replaced credentials stay in the aclfile until the rollout is done: those of
+// superseded leases, and those of credentials whose leases are not tracked.
+func TestACLFileKeepsReplacedUsersUntilTheRolloutIsDone(t *testing.T) {
+	existing := map[string]aclUser{
+		"leased":    newACLUser("leased", "1"),
+		"untracked": newACLUser("untracked", "2"),
+		"revoked":   newACLUser("revoked", "3"),
+	}
+	rc := &v1alpha1.RedisCluster{}
+	rc.Status.Leases = []v1alpha1.LeaseRecord{
+		{LeaseID: "l1", State: v1alpha1.LeaseSuperseded, Username: "leased"},
+		{LeaseID: "l2", State: v1alpha1.LeaseActive, Username: "current"},
+	}
+	rc.Status.Credential = &v1alpha1.CredentialStatus{Username: "current", SupersededUsers: []string{"untracked"}}
+	file, err := aclFile(rc, &credential{username: "current", password: "p"}, existing, "r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	users := parseACLUsers(file)
+	for _, name := range []string{"current", "leased", "untracked", reloadUser} {
+		if _, ok := users[name]; !ok {
+			t.Errorf("%s is missing from the aclfile:\n%s", name, file)
+		}
+	}
+	if _, ok := users["revoked"]; ok {
+		t.Errorf("a user that is neither current nor replaced stays in the aclfile:\n%s", file)
+	}
+	if users["untracked"].PasswordHash != existing["untracked"].PasswordHash {
+		t.Error("a replaced user's password hash changed")
 	}
 }

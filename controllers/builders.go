@@ -110,7 +110,10 @@ include %s/runtime.conf
 // startScript copies the credential the pod starts with into a pod-local directory (the readiness
 // probe and replication use that copy, not the mounted Secret, which may change under a running
 // pod), and makes every pod but pod 0 a replica of pod 0. The password reaches redis.conf only as
-// \xHH escapes, so no character of it needs care.
+// \xHH escapes, so no character of it needs care. While Redis runs, the script reloads the aclfile
+// (ACL LOAD, as the reload user) whenever the mounted Secret changes: a user keyroll drops after
+// its lease is revoked is forgotten by every pod within about a minute (the kubelet's Secret
+// refresh), without a restart. It passes SIGTERM on to Redis.
 func startScript(rc *v1alpha1.RedisCluster) string {
 	return fmt.Sprintf(`#!/bin/sh
 set -eu
@@ -129,8 +132,28 @@ if [ "$ordinal" != "0" ]; then
   } > %[1]s/runtime.conf
   chmod 0400 %[1]s/runtime.conf
 fi
-exec redis-server %[6]s/redis.conf
-`, runDir, credsMountDir, rc.Name, headlessServiceName(rc), redisPort, configMountDir)
+redis-server %[6]s/redis.conf &
+redis=$!
+trap 'kill -TERM "$redis" 2>/dev/null || true' TERM INT
+(
+  loaded="$(cksum < %[7]s/%[8]s)"
+  while sleep "${KEYROLL_ACL_RELOAD_SECONDS:-10}"; do
+    now="$(cksum < %[7]s/%[8]s)"
+    [ "$now" = "$loaded" ] && continue
+    if REDISCLI_AUTH="$(cat %[7]s/%[9]s)" redis-cli --no-auth-warning --user %[10]s -h 127.0.0.1 -p %[5]d ACL LOAD > /dev/null; then
+      loaded="$now"
+    fi
+  done
+) &
+reloader=$!
+status=0
+wait "$redis" || status=$?
+if kill -0 "$redis" 2>/dev/null; then
+  wait "$redis" || status=$?
+fi
+kill "$reloader" 2>/dev/null || true
+exit "$status"
+`, runDir, credsMountDir, rc.Name, headlessServiceName(rc), redisPort, configMountDir, aclMountDir, ACLFileKey, ReloadPasswordKey, reloadUser)
 }
 
 // readinessCommand authenticates with the credential the pod started with: a pod is Ready only
@@ -141,12 +164,13 @@ func readinessCommand() []string {
 		runDir, redisPort)}
 }
 
-// buildACLSecret holds the aclfile that every Redis pod loads at start.
-func buildACLSecret(rc *v1alpha1.RedisCluster, aclFile string) *corev1.Secret {
+// buildACLSecret holds the aclfile that every Redis pod loads at start and reloads when it
+// changes, and the password of the reload user that reloads it.
+func buildACLSecret(rc *v1alpha1.RedisCluster, aclFile, reloadPassword string) *corev1.Secret {
 	return &corev1.Secret{
 		ObjectMeta: objectMeta(rc, aclSecretName(rc)),
 		Type:       corev1.SecretTypeOpaque,
-		Data:       map[string][]byte{ACLFileKey: []byte(aclFile)},
+		Data:       map[string][]byte{ACLFileKey: []byte(aclFile), ReloadPasswordKey: []byte(reloadPassword)},
 	}
 }
 

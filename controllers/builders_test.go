@@ -55,7 +55,7 @@ func TestStatefulSetIsOnDeleteAndCarriesTheCredentialVersion(t *testing.T) {
 func TestOwnedObjectsCarryTheManagedLabel(t *testing.T) {
 	rc := testCluster()
 	for _, labels := range []map[string]string{
-		buildACLSecret(rc, "x").Labels, buildCredentialsSecret(rc, "u", "p", "v").Labels,
+		buildACLSecret(rc, "x", "r").Labels, buildCredentialsSecret(rc, "u", "p", "v").Labels,
 		buildConfigMap(rc).Labels, buildHeadlessService(rc).Labels, buildClientService(rc).Labels,
 		buildStatefulSet(rc, "v").Labels,
 	} {

@@ -349,9 +349,12 @@ func (r *RedisClusterReconciler) recordSynced(s *scope, sc *syncedCredential, tr
 	}
 	if prev != nil {
 		// A new credential answers a pending refresh request; the same one keeps it pending.
-		cs.LastRotation = prev.LastRotation
+		cs.LastRotation, cs.SupersededUsers = prev.LastRotation, prev.SupersededUsers
 		if !fresh {
 			cs.IssuedAt, cs.RefreshRequestedAt = prev.IssuedAt, prev.RefreshRequestedAt
+		} else if !tracked && prev.Username != "" && !slices.Contains(cs.SupersededUsers, prev.Username) {
+			// No lease keeps the replaced user in the aclfile until the rollout is done: this does.
+			cs.SupersededUsers = append(slices.Clone(cs.SupersededUsers), prev.Username)
 		}
 	}
 	if sc.leaseDuration > 0 {

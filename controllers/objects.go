@@ -2,7 +2,10 @@ package controllers
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
+	"fmt"
 	"slices"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -50,32 +53,56 @@ func (r *RedisClusterReconciler) reconcileObjects(ctx context.Context, s *scope,
 	return nil
 }
 
-// ensureACLSecret writes the aclfile the Redis pods load.
+// ensureACLSecret writes the aclfile the Redis pods load, and the reload user's password.
 func (r *RedisClusterReconciler) ensureACLSecret(ctx context.Context, rc *v1alpha1.RedisCluster, cred *credential) error {
-	aclFile, err := r.aclFile(ctx, rc, cred)
-	if err != nil {
-		return err
-	}
-	return ensure(ctx, r, rc, buildACLSecret(rc, aclFile), &corev1.Secret{}, sameSecret, updateSecret)
-}
-
-// aclFile renders the aclfile: the current user, and the users of superseded leases that are not
-// revoked yet (taken over from the ACL Secret as it is, where only their password hashes are).
-func (r *RedisClusterReconciler) aclFile(ctx context.Context, rc *v1alpha1.RedisCluster, cred *credential) (string, error) {
-	users := []aclUser{newACLUser(cred.username, cred.password)}
 	old := &corev1.Secret{}
 	err := r.Get(ctx, client.ObjectKey{Namespace: rc.Namespace, Name: aclSecretName(rc)}, old)
 	if client.IgnoreNotFound(err) != nil {
-		return "", err
+		return err
 	}
-	existing := parseACLUsers(string(old.Data[ACLFileKey]))
-	for _, l := range rc.Status.Leases {
-		if l.State == v1alpha1.LeaseActive || l.Username == cred.username {
-			continue
+	reload := string(old.Data[ReloadPasswordKey])
+	if reload == "" {
+		if reload, err = randomPassword(); err != nil {
+			return err
 		}
-		if u, ok := existing[l.Username]; ok && !slices.ContainsFunc(users, func(x aclUser) bool { return x.Username == u.Username }) {
+	}
+	aclFile, err := aclFile(rc, cred, parseACLUsers(string(old.Data[ACLFileKey])), reload)
+	if err != nil {
+		return err
+	}
+	return ensure(ctx, r, rc, buildACLSecret(rc, aclFile, reload), &corev1.Secret{}, sameSecret, updateSecret)
+}
+
+// aclFile renders the aclfile: the current user, the users of superseded leases that are not
+// revoked yet (taken over from the aclfile as it is, where only their password hashes are), and
+// the reload user.
+func aclFile(rc *v1alpha1.RedisCluster, cred *credential, existing map[string]aclUser, reloadPassword string) (string, error) {
+	users := []aclUser{newACLUser(cred.username, cred.password)}
+	keep := func(name string) {
+		if u, ok := existing[name]; ok && name != cred.username && !slices.ContainsFunc(users, func(x aclUser) bool { return x.Username == name }) {
 			users = append(users, u)
 		}
 	}
-	return renderACLFile(users, rc.Spec.Credentials.ACLRules)
+	for _, l := range rc.Status.Leases {
+		if l.State != v1alpha1.LeaseActive {
+			keep(l.Username)
+		}
+	}
+	if c := rc.Status.Credential; c != nil {
+		for _, name := range c.SupersededUsers {
+			keep(name)
+		}
+	}
+	reload := newACLUser(reloadUser, reloadPassword)
+	reload.Rules = reloadRules
+	return renderACLFile(append(users, reload), rc.Spec.Credentials.ACLRules)
+}
+
+// randomPassword is 32 random bytes, hex-encoded.
+func randomPassword() (string, error) {
+	b := make([]byte, 32)
+	if _, err := rand.Read(b); err != nil {
+		return "", fmt.Errorf("generating a password: %w", err)
+	}
+	return hex.EncodeToString(b), nil
 }

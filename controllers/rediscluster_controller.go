@@ -151,7 +151,7 @@ func (r *RedisClusterReconciler) reconcileNormal(ctx context.Context, s *scope) 
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	if rolledOut && vcl != nil {
+	if rolledOut {
 		if err := r.retireSuperseded(ctx, s, vcl, cred); err != nil {
 			return ctrl.Result{}, err
 		}
@@ -163,14 +163,19 @@ func (r *RedisClusterReconciler) reconcileNormal(ctx context.Context, s *scope) 
 }
 
 // retireSuperseded revokes the leases the current credential replaced, once it runs everywhere,
-// and then drops their users from the ACL Secret.
+// and then drops their users (and those of replaced credentials without a tracked lease) from the
+// ACL Secret. vcl is nil when no lease is tracked.
 func (r *RedisClusterReconciler) retireSuperseded(ctx context.Context, s *scope, vcl vault.Client, cred *credential) error {
-	if len(supersededLeases(s.rc)) == 0 {
+	c := s.rc.Status.Credential
+	if len(supersededLeases(s.rc)) == 0 && len(c.SupersededUsers) == 0 {
 		return nil
 	}
-	if err := r.revokeSuperseded(ctx, s, vcl); err != nil {
-		return err
+	if vcl != nil && len(supersededLeases(s.rc)) > 0 {
+		if err := r.revokeSuperseded(ctx, s, vcl); err != nil {
+			return err
+		}
 	}
+	c.SupersededUsers = nil
 	return r.ensureACLSecret(ctx, s.rc, cred)
 }
 

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -117,6 +118,11 @@ func (r *RedisClusterReconciler) rollPods(ctx context.Context, s *scope, pods []
 			return false, 0, nil
 		}
 	}
+	// The StatefulSet controller recreates the pod from the template it has seen last: wait until
+	// it has seen the current one, or the pod comes back on the old credential.
+	if seen, err := r.templateObserved(ctx, s.rc); !seen || err != nil {
+		return false, time.Second, err
+	}
 	if err := r.Delete(ctx, next, client.Preconditions{UID: &next.UID}); client.IgnoreNotFound(err) != nil {
 		return false, 0, fmt.Errorf("restarting pod %s: %w", next.Name, err)
 	}
@@ -124,6 +130,16 @@ func (r *RedisClusterReconciler) rollPods(ctx context.Context, s *scope, pods []
 	s.conds.event(false, v1alpha1.EventPodRestarted, "Rollout", "Restarted pod %s for credential %s", next.Name, ro.TargetVersion)
 	log.FromContext(ctx).Info("Pod restarted", "pod", next.Name, "version", ro.TargetVersion)
 	return false, r.readinessTimeout(s.rc), nil
+}
+
+// templateObserved says whether the StatefulSet controller has observed the StatefulSet's current
+// spec (read past the cache).
+func (r *RedisClusterReconciler) templateObserved(ctx context.Context, rc *v1alpha1.RedisCluster) (bool, error) {
+	sts := &appsv1.StatefulSet{}
+	if err := r.APIReader.Get(ctx, client.ObjectKey{Namespace: rc.Namespace, Name: rc.Name}, sts); err != nil {
+		return false, fmt.Errorf("reading StatefulSet %s: %w", rc.Name, err)
+	}
+	return sts.Status.ObservedGeneration >= sts.Generation, nil
 }
 
 // podSettled says whether the pod in flight is back, Ready, on the target version. When it takes

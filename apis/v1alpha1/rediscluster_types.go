@@ -474,6 +474,13 @@ type CredentialStatus struct {
 	// lease: keyroll then can neither renew nor revoke it.
 	// +optional
 	LeasesTracked *bool `json:"leasesTracked,omitempty"`
+
+	// supersededUsers are the Redis users of replaced credentials whose leases are not tracked
+	// (ExternalSecret mode): they stay in the Redis pods' aclfile until the rollout is done.
+	// +optional
+	// +listType=set
+	// +kubebuilder:validation:MaxItems=16
+	SupersededUsers []string `json:"supersededUsers,omitempty"`
 }
 
 // LeaseRecord is one lease in the ledger.

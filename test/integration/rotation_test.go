@@ -89,6 +89,23 @@ func (r *podRecorder) snapshot() ([]restart, map[string]*corev1.Pod) {
 	return slices.Clone(r.restarts), pods
 }
 
+// checkOneAtATime checks that the pods were restarted in the order given (replicas first, the
+// primary last), each while every other pod was Ready.
+func (r *podRecorder) checkOneAtATime(t *testing.T, order ...string) {
+	t.Helper()
+	restarts, _ := r.snapshot()
+	var got []string
+	for _, rs := range restarts {
+		got = append(got, rs.pod)
+		if !rs.othersReady {
+			t.Errorf("pod %s was restarted while %v were not Ready", rs.pod, rs.othersNotReady)
+		}
+	}
+	if !slices.Equal(got, order) {
+		t.Errorf("restart order %v, want %v (replicas first, the primary last)", got, order)
+	}
+}
+
 func isReady(p *corev1.Pod) bool {
 	for _, c := range p.Status.Conditions {
 		if c.Type == corev1.PodReady {
@@ -206,17 +223,7 @@ func TestRotationRollsPodsOneAtATimeThenConsumersAndRevokesTheOldLeaseLast(t *te
 	})
 	t.Logf("rotation rolled out and old lease revoked %s after rotate-now", time.Since(start).Round(time.Millisecond))
 
-	restarts, _ := pods.snapshot()
-	var order []string
-	for _, r := range restarts {
-		order = append(order, r.pod)
-		if !r.othersReady {
-			t.Errorf("pod %s was restarted while %v were not Ready", r.pod, r.othersNotReady)
-		}
-	}
-	if !slices.Equal(order, []string{"orders-2", "orders-1", "orders-0"}) {
-		t.Errorf("restart order %v, want replicas first and the primary last: [orders-2 orders-1 orders-0]", order)
-	}
+	pods.checkOneAtATime(t, "orders-2", "orders-1", "orders-0")
 	consumerMu.Lock()
 	if len(consumerEarly) > 0 {
 		t.Errorf("the consumer got the new version before every Redis pod was Ready on it: %v", consumerEarly)

@@ -77,6 +77,11 @@ func RedisWhoAmI(addr, username, password string) (string, error) {
 	return redisDo(addr, username, password, "ACL", "WHOAMI")
 }
 
+// RedisDo connects to a Redis at addr, authenticates and runs one command.
+func RedisDo(addr, username, password string, args ...string) (string, error) {
+	return redisDo(addr, username, password, args...)
+}
+
 // redisDo connects to addr, authenticates and runs one command.
 func redisDo(addr, username, password string, args ...string) (string, error) {
 	c, err := net.DialTimeout("tcp", addr, 2*time.Second)
