@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"slices"
 	"strings"
@@ -13,6 +14,7 @@ import (
 	vaultapi "github.com/hashicorp/vault/api"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -341,6 +343,24 @@ func TestExternalSecretRawLeaseIsTrackedRenewedRolledOutAndRevoked(t *testing.T)
 	for _, want := range []string{v1alpha1.EventRefreshRequested, v1alpha1.EventPodRestarted, v1alpha1.EventConsumerRestarted, v1alpha1.EventLeaseRevoked} {
 		if !slices.Contains(reasons, want) {
 			t.Errorf("no %s event (have %v)", want, reasons)
+		}
+	}
+
+	acl := &corev1.Secret{}
+	if err := k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "orders-acl"}, acl); err != nil {
+		t.Fatal(err)
+	}
+	statusJSON, _ := json.Marshal(get(t, rc).Status)
+	events := &eventsv1.EventList{}
+	if err := k8s.List(ctx, events, client.InNamespace(ns)); err != nil {
+		t.Fatal(err)
+	}
+	eventsJSON, _ := json.Marshal(events.Items)
+	for what, secret := range map[string]string{"first password": pass, "second password": newPass, "reload password": string(acl.Data["reload-password"])} {
+		for where, text := range map[string]string{"logs": operatorLogs.String(), "status": string(statusJSON), "events": string(eventsJSON)} {
+			if secret == "" || strings.Contains(text, secret) {
+				t.Errorf("the %s (%d characters) appears in the operator's %s", what, len(secret), where)
+			}
 		}
 	}
 
