@@ -13,6 +13,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -399,5 +400,54 @@ func TestInvalidScheduleIsReportedAndWithdrawnWhenFixed(t *testing.T) {
 	waitCondition(t, rc, v1alpha1.ConditionDegraded, metav1.ConditionFalse, "", 30*time.Second)
 	if cur = get(t, rc); cur.Status.Credential.NextRotation == nil {
 		t.Error("no next rotation once the schedule is valid")
+	}
+}
+
+// A lease whose renewals Vault caps at the role's max TTL is replaced before it lapses: keyroll
+// rotates to a new credential and rolls it out, and at no moment does the credentials Secret hold
+// a credential that does not work.
+func TestCappedRenewalIsReplacedBeforeTheCredentialLapses(t *testing.T) {
+	namespace(t, "capped")
+	vaultConnection(t, "vault-capped", ground.Vault.Addr, "capped")
+	rc := redisCluster(t, "capped", "orders", "vault-capped", "database/creds/capped", func(rc *v1alpha1.RedisCluster) {
+		rc.Spec.Replicas = 1
+		rc.Spec.Credentials.VaultLease.MinTTL = &metav1.Duration{Duration: 5 * time.Second}
+	})
+	cur := waitCondition(t, rc, v1alpha1.ConditionReady, metav1.ConditionTrue, "", 60*time.Second)
+	first := cur.Status.Credential
+	maxExpiry := first.IssuedAt.Add(35 * time.Second)
+	var replaced *v1alpha1.CredentialStatus
+	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(500 * time.Millisecond) {
+		if user, pass, ok := credentials(t, rc); !ok || !authenticates(user, pass) {
+			t.Fatalf("the credentials Secret held a credential that does not work, %s after the first issue", time.Since(first.IssuedAt.Time).Round(time.Second))
+		}
+		if c := get(t, rc).Status.Credential; c.LeaseID != first.LeaseID {
+			replaced = c
+			break
+		}
+	}
+	if replaced == nil {
+		t.Fatalf("the lease was not replaced before its max TTL (%s)", maxExpiry.Format(time.RFC3339))
+	}
+	if !replaced.IssuedAt.Time.Before(maxExpiry) {
+		t.Errorf("replaced at %s, after the first lease's max TTL %s", replaced.IssuedAt, maxExpiry)
+	}
+	t.Logf("replaced %s after the first issue; the first lease could live %s", replaced.IssuedAt.Sub(first.IssuedAt.Time), 35*time.Second)
+	eventually(t, 30*time.Second, func() string {
+		if exists, _ := leaseExists(t, first.LeaseID); exists {
+			return "the capped lease is still live in Vault after the replacement rolled out"
+		}
+		return ""
+	})
+	var msgs []string
+	list := &eventsv1.EventList{}
+	if err := k8s.List(context.Background(), list, client.InNamespace("capped")); err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range list.Items {
+		msgs = append(msgs, e.Note)
+	}
+	if !slices.ContainsFunc(msgs, func(m string) bool { return strings.Contains(m, "(RenewalCapped)") }) {
+		t.Errorf("no event says the credential was issued because a renewal was capped: %v", msgs)
 	}
 }

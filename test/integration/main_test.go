@@ -68,6 +68,8 @@ func run(m *testing.M) int {
 		testground.RedisRole{Name: "orders", DefaultTTL: 10 * time.Minute, MaxTTL: time.Hour},
 		testground.RedisRole{Name: "short", DefaultTTL: 20 * time.Second, MaxTTL: time.Hour},
 		testground.RedisRole{Name: "restart", DefaultTTL: 10 * time.Minute, MaxTTL: time.Hour},
+		// Leases that reach their max TTL after two renewals.
+		testground.RedisRole{Name: "capped", DefaultTTL: 15 * time.Second, MaxTTL: 35 * time.Second},
 		// Roles that External Secrets Operator reads for the ExternalSecret-mode tests.
 		testground.RedisRole{Name: "es-store", DefaultTTL: 10 * time.Minute, MaxTTL: time.Hour},
 		testground.RedisRole{Name: "es-raw", DefaultTTL: 20 * time.Second, MaxTTL: time.Hour},
