@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"maps"
+	"net"
 	"net/url"
 	"os"
 	"os/exec"
@@ -130,6 +131,21 @@ func TestPlaygroundRunsTheSamplesAndCleansUp(t *testing.T) {
 	if len(pids) < 8 {
 		t.Fatalf("the playground runs %d processes, want at least 8 (etcd, kube-apiserver, kube-controller-manager, kwok, external-secrets, vault, redis-server, keyroll)", len(pids))
 	}
+	// Every server the playground started listens on loopback only.
+	addrs, err := testground.ListeningAddrs(pids)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(addrs) < 6 {
+		t.Errorf("the playground's processes listen on %v; want at least etcd, kube-apiserver, kwok, Vault, Redis and keyroll", addrs)
+	}
+	for _, a := range addrs {
+		host, _, _ := net.SplitHostPort(a)
+		if ip := net.ParseIP(host); ip == nil || !ip.IsLoopback() {
+			t.Errorf("a playground process listens on %s, not on loopback (all: %v)", a, addrs)
+		}
+	}
+	t.Logf("listening, all on loopback: %v", addrs)
 	// Ctrl-C: the terminal sends SIGINT to the whole foreground process group.
 	_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGINT)
 	select {

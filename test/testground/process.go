@@ -9,6 +9,7 @@
 package testground
 
 import (
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
@@ -198,4 +199,50 @@ func ChildPIDsOf(self int) []int {
 		}
 	}
 	return pids
+}
+
+// ListeningAddrs lists the TCP addresses (ip:port) that the given processes listen on, read from
+// /proc: the sockets in state LISTEN of /proc/net/tcp and tcp6 whose inodes the processes hold.
+func ListeningAddrs(pids []int) ([]string, error) {
+	inodes := map[string]bool{}
+	for _, pid := range pids {
+		fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+		if err != nil {
+			continue // gone meanwhile
+		}
+		for _, fd := range fds {
+			link, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pid, fd.Name()))
+			if err == nil && strings.HasPrefix(link, "socket:[") {
+				inodes[strings.TrimSuffix(strings.TrimPrefix(link, "socket:["), "]")] = true
+			}
+		}
+	}
+	var out []string
+	for _, table := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+		b, err := os.ReadFile(table)
+		if err != nil {
+			return nil, err
+		}
+		for _, line := range strings.Split(string(b), "\n")[1:] {
+			f := strings.Fields(line)
+			if len(f) < 10 || f[3] != "0A" || !inodes[f[9]] { // 0A: LISTEN
+				continue
+			}
+			out = append(out, decodeProcAddr(f[1]))
+		}
+	}
+	return out, nil
+}
+
+// decodeProcAddr turns /proc/net/tcp's "0100007F:1F90" into "127.0.0.1:8080" (and the tcp6 form
+// into an IPv6 address).
+func decodeProcAddr(s string) string {
+	hexIP, hexPort, _ := strings.Cut(s, ":")
+	port, _ := strconv.ParseUint(hexPort, 16, 16)
+	raw, _ := hex.DecodeString(hexIP)
+	ip := make(net.IP, len(raw))
+	for i := 0; i+4 <= len(raw); i += 4 { // each 32-bit word is in host (little-endian) order
+		ip[i], ip[i+1], ip[i+2], ip[i+3] = raw[i+3], raw[i+2], raw[i+1], raw[i]
+	}
+	return net.JoinHostPort(ip.String(), strconv.FormatUint(port, 10))
 }
