@@ -98,6 +98,11 @@ func (r *RedisClusterReconciler) finishRollout(ctx context.Context, s *scope) {
 // first) and the primary (pod 0) last; the next only once the one in flight is Ready on the target
 // version and every other pod is Ready.
 func (r *RedisClusterReconciler) rollPods(ctx context.Context, s *scope, pods []*corev1.Pod, ro *v1alpha1.RolloutStatus) (bool, time.Duration, error) {
+	if p := unreadyOnVersion(pods, ro.TargetVersion); ro.PodInFlight == "" && p != nil {
+		// A restart whose record was lost (its status write conflicted): take it up again, timed
+		// from the new pod's creation, so that a pod that never becomes Ready still stalls the rollout.
+		ro.PodInFlight, ro.PodRestartedAt = p.Name, timeOrNil(p.CreationTimestamp.Time)
+	}
 	if ro.PodInFlight != "" {
 		if settled, wait := r.podSettled(s, pods, ro); !settled {
 			return false, wait, nil
@@ -184,6 +189,16 @@ func (r *RedisClusterReconciler) redisPods(ctx context.Context, rc *v1alpha1.Red
 		pods = append(pods, &list.Items[i])
 	}
 	return pods, nil
+}
+
+// unreadyOnVersion is a pod that runs the target version and is not Ready (yet).
+func unreadyOnVersion(pods []*corev1.Pod, version string) *corev1.Pod {
+	for _, p := range pods {
+		if p.Annotations[v1alpha1.AnnotationCredentialVersion] == version && !podReady(p) {
+			return p
+		}
+	}
+	return nil
 }
 
 // nextPod is the next pod to restart: not on the target version (or being deleted), replicas

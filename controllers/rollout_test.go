@@ -67,3 +67,15 @@ func deploymentWith(replicas int32, generation, observed int64, updated, total, 
 	d.Status = appsv1.DeploymentStatus{ObservedGeneration: observed, UpdatedReplicas: updated, Replicas: total, AvailableReplicas: available}
 	return d
 }
+
+// A restart whose status record was lost is found again from the pods: the pod on the target
+// version that is not Ready.
+func TestUnreadyOnVersionFindsTheRestartInFlight(t *testing.T) {
+	pods := []*corev1.Pod{pod("r-0", "old", true), pod("r-1", "new", false), pod("r-2", "new", true)}
+	if got := unreadyOnVersion(pods, "new"); got == nil || got.Name != "r-1" {
+		t.Fatalf("in flight %v, want r-1", got)
+	}
+	if got := unreadyOnVersion([]*corev1.Pod{pod("r-0", "old", false), pod("r-1", "new", true)}, "new"); got != nil {
+		t.Fatalf("in flight %v, want none (a pod on the old version is not a restart of this rollout)", got.Name)
+	}
+}
