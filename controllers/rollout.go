@@ -18,6 +18,9 @@ import (
 	"github.com/keyroll/keyroll/apis/v1alpha1"
 )
 
+// lagWait is how long a rollout step waits for a cache or the StatefulSet controller to catch up.
+const lagWait = 100 * time.Millisecond
+
 // defaultReadinessTimeout applies when spec.rollout.readinessTimeout is not set.
 const defaultReadinessTimeout = 5 * time.Minute
 
@@ -39,7 +42,7 @@ func (r *RedisClusterReconciler) reconcileRollout(ctx context.Context, s *scope,
 	if stale, err := r.staleRead(ctx, rc); stale || err != nil {
 		// A step of this rollout was already taken from a newer version of the object (restart a
 		// pod, revoke a lease): look again from that version rather than take it twice.
-		return false, time.Second, err
+		return false, lagWait, err
 	}
 	if ro == nil {
 		ro = r.startRollout(ctx, s, cred.version)
@@ -126,7 +129,7 @@ func (r *RedisClusterReconciler) rollPods(ctx context.Context, s *scope, pods []
 	// The StatefulSet controller recreates the pod from the template it has seen last: wait until
 	// it has seen the current one, or the pod comes back on the old credential.
 	if seen, err := r.templateObserved(ctx, s.rc); !seen || err != nil {
-		return false, time.Second, err
+		return false, lagWait, err
 	}
 	if err := r.Delete(ctx, next, client.Preconditions{UID: &next.UID}); client.IgnoreNotFound(err) != nil {
 		return false, 0, fmt.Errorf("restarting pod %s: %w", next.Name, err)

@@ -8,13 +8,11 @@ import (
 	"os"
 	"testing"
 
-	"k8s.io/apimachinery/pkg/runtime"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/test/harness"
 	"github.com/keyroll/keyroll/test/testground"
 )
 
@@ -29,23 +27,12 @@ func TestMain(m *testing.M) {
 
 func run(m *testing.M) int {
 	ctrllog.SetLogger(zap.New(zap.WriteTo(os.Stderr)))
-	var err error
-	ground, err = testground.Start(testground.Options{ExternalSecretsCRDs: true})
+	g, c, stop, err := harness.StartPackage(testground.Options{ExternalSecretsCRDs: true}, nil)
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "starting the test ground: %v\n", err)
+		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	defer ground.Stop()
-	scheme := runtime.NewScheme()
-	if err := clientgoscheme.AddToScheme(scheme); err != nil {
-		panic(err)
-	}
-	if err := v1alpha1.AddToScheme(scheme); err != nil {
-		panic(err)
-	}
-	if k8s, err = client.New(ground.CP.Config, client.Options{Scheme: scheme}); err != nil {
-		fmt.Fprintf(os.Stderr, "client: %v\n", err)
-		return 1
-	}
+	defer stop()
+	ground, k8s = g, c
 	return m.Run()
 }

@@ -1,14 +1,15 @@
 // Package harness runs keyroll's manager in a test process against a test ground, wired as
-// main.go wires it, and sets Vault up for it as deploy/vault describes.
+// main.go wires it, and sets Vault up for it as docs/vault-administrators.md describes.
 package harness
 
 import (
 	"context"
-	esv1 "github.com/external-secrets/external-secrets/apis/externalsecrets/v1"
+	"fmt"
 	"os"
 	"path/filepath"
 	"time"
 
+	esv1 "github.com/external-secrets/external-secrets/apis/externalsecrets/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
@@ -17,6 +18,7 @@ import (
 	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/config"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
@@ -142,4 +144,24 @@ func (o *Operator) Stop() error {
 	err := <-o.done
 	o.broadcast.Shutdown()
 	return err
+}
+
+// StartPackage starts what a test package's TestMain needs: the test ground with opts, setup on
+// it (nil: none) and a client with the operator's scheme. stop ends the ground. Errors name the
+// step that failed.
+func StartPackage(opts testground.Options, setup func(context.Context, *testground.Ground) error) (g *testground.Ground, c client.Client, stop func(), err error) {
+	if g, err = testground.Start(opts); err != nil {
+		return nil, nil, nil, fmt.Errorf("starting the test ground: %w", err)
+	}
+	if setup != nil {
+		if err := setup(context.Background(), g); err != nil {
+			g.Stop()
+			return nil, nil, nil, fmt.Errorf("setting up the test ground: %w", err)
+		}
+	}
+	if c, err = client.New(g.CP.Config, client.Options{Scheme: Scheme()}); err != nil {
+		g.Stop()
+		return nil, nil, nil, fmt.Errorf("client: %w", err)
+	}
+	return g, c, g.Stop, nil
 }

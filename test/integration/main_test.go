@@ -55,34 +55,27 @@ func run(m *testing.M) int {
 		// Every log line, debug included, is also kept for the secret-leak test.
 		ctrllog.SetLogger(zap.New(zap.WriteTo(io.MultiWriter(os.Stderr, operatorLogs)), zap.UseDevMode(true)))
 	}
-	var err error
-	ground, err = testground.Start(testground.Options{Workloads: true, Redis: true, Vault: true, ExternalSecrets: true})
+	roles := []testground.RedisRole{
+		{Name: "orders", DefaultTTL: 10 * time.Minute, MaxTTL: time.Hour},
+		{Name: "short", DefaultTTL: 20 * time.Second, MaxTTL: time.Hour},
+		{Name: "restart", DefaultTTL: 10 * time.Minute, MaxTTL: time.Hour},
+		// Leases that reach their max TTL after two renewals.
+		{Name: "capped", DefaultTTL: 15 * time.Second, MaxTTL: 35 * time.Second},
+		// Roles that External Secrets Operator reads for the ExternalSecret-mode tests.
+		{Name: "es-store", DefaultTTL: 10 * time.Minute, MaxTTL: time.Hour},
+		{Name: "es-raw", DefaultTTL: 20 * time.Second, MaxTTL: time.Hour},
+		{Name: "es-warn", DefaultTTL: time.Minute, MaxTTL: time.Hour},
+	}
+	g, c, stop, err := harness.StartPackage(testground.Options{Workloads: true, Redis: true, Vault: true, ExternalSecrets: true},
+		func(ctx context.Context, g *testground.Ground) error { return harness.SetupVault(ctx, g, roles...) })
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "starting the test ground: %v\n", err)
+		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	defer ground.Stop()
+	defer stop()
+	ground, k8s = g, c
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	err = harness.SetupVault(ctx, ground,
-		testground.RedisRole{Name: "orders", DefaultTTL: 10 * time.Minute, MaxTTL: time.Hour},
-		testground.RedisRole{Name: "short", DefaultTTL: 20 * time.Second, MaxTTL: time.Hour},
-		testground.RedisRole{Name: "restart", DefaultTTL: 10 * time.Minute, MaxTTL: time.Hour},
-		// Leases that reach their max TTL after two renewals.
-		testground.RedisRole{Name: "capped", DefaultTTL: 15 * time.Second, MaxTTL: 35 * time.Second},
-		// Roles that External Secrets Operator reads for the ExternalSecret-mode tests.
-		testground.RedisRole{Name: "es-store", DefaultTTL: 10 * time.Minute, MaxTTL: time.Hour},
-		testground.RedisRole{Name: "es-raw", DefaultTTL: 20 * time.Second, MaxTTL: time.Hour},
-		testground.RedisRole{Name: "es-warn", DefaultTTL: time.Minute, MaxTTL: time.Hour},
-	)
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "setting up Vault: %v\n", err)
-		return 1
-	}
-	if k8s, err = client.New(ground.CP.Config, client.Options{Scheme: harness.Scheme()}); err != nil {
-		fmt.Fprintf(os.Stderr, "client: %v\n", err)
-		return 1
-	}
 	if cs, err = kubernetes.NewForConfig(ground.CP.Config); err != nil {
 		fmt.Fprintf(os.Stderr, "client: %v\n", err)
 		return 1

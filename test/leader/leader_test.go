@@ -32,22 +32,16 @@ func TestMain(m *testing.M) {
 
 func run(m *testing.M) int {
 	ctrllog.SetLogger(zap.New(zap.WriteTo(os.Stderr)))
-	var err error
-	if ground, err = testground.Start(testground.Options{Workloads: true, Redis: true, Vault: true}); err != nil {
-		fmt.Fprintf(os.Stderr, "starting the test ground: %v\n", err)
-		return 1
-	}
-	defer ground.Stop()
-	err = harness.SetupVault(context.Background(), ground,
-		testground.RedisRole{Name: "sched", DefaultTTL: 20 * time.Second, MaxTTL: time.Hour})
+	g, c, stop, err := harness.StartPackage(testground.Options{Workloads: true, Redis: true, Vault: true},
+		func(ctx context.Context, g *testground.Ground) error {
+			return harness.SetupVault(ctx, g, testground.RedisRole{Name: "sched", DefaultTTL: 20 * time.Second, MaxTTL: time.Hour})
+		})
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "setting up Vault: %v\n", err)
+		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	if k8s, err = client.New(ground.CP.Config, client.Options{Scheme: harness.Scheme()}); err != nil {
-		fmt.Fprintf(os.Stderr, "client: %v\n", err)
-		return 1
-	}
+	defer stop()
+	ground, k8s = g, c
 	return m.Run()
 }
 
