@@ -179,11 +179,7 @@ func (r *RedisClusterReconciler) countIssue(d rotation.Decision, err error) {
 func (r *RedisClusterReconciler) recordLease(s *scope, lease *vault.Lease, cred *credential, d rotation.Decision) {
 	rc := s.rc
 	now := timeOrNil(r.Clock.Now())
-	for i := range rc.Status.Leases {
-		if rc.Status.Leases[i].State == v1alpha1.LeaseActive {
-			rc.Status.Leases[i].State = v1alpha1.LeaseSuperseded
-		}
-	}
+	supersede(rc)
 	expires := timeOrNil(lease.ExpiresAt)
 	if lease.ID != "" {
 		rc.Status.Leases = append(rc.Status.Leases, v1alpha1.LeaseRecord{

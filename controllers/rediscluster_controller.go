@@ -125,22 +125,19 @@ func (r *RedisClusterReconciler) reconcileNormal(ctx context.Context, s *scope) 
 	if free, err := r.checkSecretsFree(ctx, s); !free || err != nil {
 		return ctrl.Result{RequeueAfter: waitForConnection}, err
 	}
-	var vcl vault.Client
+	var vcl vault.Client // none in ExternalSecret mode without connectionRef
 	if connectionName(rc) != "" {
-		var wait time.Duration
-		var err error
-		if vcl, wait, err = r.connect(ctx, s, false); vcl == nil {
+		c, wait, err := r.connect(ctx, s, false)
+		if c == nil {
 			return ctrl.Result{RequeueAfter: wait}, err
 		}
+		vcl = c
 	}
-	var cred *credential
-	var next time.Duration
-	var err error
+	reconcileCredential := r.reconcileCredential
 	if external {
-		cred, next, err = r.reconcileSynced(ctx, s, vcl)
-	} else {
-		cred, next, err = r.reconcileCredential(ctx, s, vcl)
+		reconcileCredential = r.reconcileSynced
 	}
+	cred, next, err := reconcileCredential(ctx, s, vcl)
 	if err != nil || cred == nil {
 		return ctrl.Result{RequeueAfter: next}, err
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -50,7 +51,7 @@ func (r *RedisClusterReconciler) revoke(ctx context.Context, s *scope, vcl vault
 // revocationOutcome sets Degraded for pending revocations, with an event on the transition.
 func (r *RedisClusterReconciler) revocationOutcome(s *scope, err error) error {
 	if err == nil {
-		if c := findCondition(s.rc, v1alpha1.ConditionDegraded); c != nil && c.Reason == v1alpha1.ReasonRevocationPending {
+		if c := meta.FindStatusCondition(s.rc.Status.Conditions, v1alpha1.ConditionDegraded); c != nil && c.Reason == v1alpha1.ReasonRevocationPending {
 			s.conds.set(v1alpha1.ConditionDegraded, metav1.ConditionFalse, v1alpha1.ReasonAvailable, "All superseded leases are revoked")
 		}
 		return nil
@@ -121,17 +122,8 @@ func (r *RedisClusterReconciler) removeFinalizer(ctx context.Context, s *scope) 
 	return nil
 }
 
-func findCondition(rc *v1alpha1.RedisCluster, t string) *metav1.Condition {
-	for i := range rc.Status.Conditions {
-		if rc.Status.Conditions[i].Type == t {
-			return &rc.Status.Conditions[i]
-		}
-	}
-	return nil
-}
-
 func conditionMessage(rc *v1alpha1.RedisCluster, t string) string {
-	if c := findCondition(rc, t); c != nil {
+	if c := meta.FindStatusCondition(rc.Status.Conditions, t); c != nil {
 		return c.Message
 	}
 	return ""

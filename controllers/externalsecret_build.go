@@ -1,0 +1,127 @@
+package controllers
+
+import (
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"time"
+
+	esv1 "github.com/external-secrets/external-secrets/apis/externalsecrets/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/keyroll/keyroll/apis/v1alpha1"
+)
+
+// The ExternalSecret keyroll owns, and reading what External Secrets Operator wrote: plain
+// functions from the spec or the Secret, tested without a cluster.
+
+// Keys of the raw Vault response that a VaultDynamicSecret with resultType Raw writes.
+const (
+	rawDataKey      = "data"
+	rawLeaseIDKey   = "lease_id"
+	rawDurationKey  = "lease_duration"
+	rawRenewableKey = "renewable"
+)
+
+// syncedCredential is what ESO wrote into the credentials Secret.
+type syncedCredential struct {
+	credential
+	// leaseID, leaseDuration and renewable come from a raw Vault response; leaseID is empty otherwise.
+	leaseID       string
+	leaseDuration time.Duration
+	renewable     bool
+}
+
+func externalSecretName(rc *v1alpha1.RedisCluster) string { return rc.Name }
+
+// buildExternalSecret is the ExternalSecret keyroll owns: it targets the credentials Secret, which
+// ESO creates and owns. The template adds the username and password keys (taken from the raw
+// response's data when the generator hands over the raw response) and keyroll's labels, so that
+// the operator's Secret cache sees the Secret.
+func buildExternalSecret(rc *v1alpha1.RedisCluster) *esv1.ExternalSecret {
+	src := rc.Spec.Credentials.ExternalSecret
+	es := &esv1.ExternalSecret{
+		ObjectMeta: objectMeta(rc, externalSecretName(rc)),
+		Spec: esv1.ExternalSecretSpec{
+			RefreshInterval: src.RefreshInterval,
+			RefreshPolicy:   esv1.ExternalSecretRefreshPolicy(src.RefreshPolicy),
+			Target: esv1.ExternalSecretTarget{
+				Name:           credentialsSecretName(rc),
+				CreationPolicy: esv1.CreatePolicyOwner,
+				Template: &esv1.ExternalSecretTemplate{
+					EngineVersion: esv1.TemplateEngineV2,
+					MergePolicy:   esv1.MergePolicyMerge,
+					Metadata:      esv1.ExternalSecretTemplateMetadata{Labels: ownedLabels(rc)},
+					Data: map[string]string{
+						rc.Spec.Credentials.UsernameKey: credentialField("username"),
+						rc.Spec.Credentials.PasswordKey: credentialField("password"),
+					},
+				},
+			},
+		},
+	}
+	from := esv1.ExternalSecretDataFromRemoteRef{}
+	if g := src.GeneratorRef; g != nil {
+		from.SourceRef = &esv1.StoreGeneratorSourceRef{GeneratorRef: &esv1.GeneratorRef{APIVersion: g.APIVersion, Kind: g.Kind, Name: g.Name}}
+	} else {
+		es.Spec.SecretStoreRef = esv1.SecretStoreRef{Name: src.StoreRef.Name, Kind: src.StoreRef.Kind}
+		from.Extract = &esv1.ExternalSecretDataRemoteRef{Key: src.RemoteKey}
+	}
+	es.Spec.DataFrom = []esv1.ExternalSecretDataFromRemoteRef{from}
+	if c := rc.Status.Credential; c != nil && c.RefreshRequestedAt != nil {
+		es.Annotations = map[string]string{v1alpha1.AnnotationRefreshRequested: c.RefreshRequestedAt.UTC().Format(time.RFC3339)}
+	}
+	return es
+}
+
+// credentialField is an ESO template for one field of the credential: from the JSON in "data"
+// when the generator hands over the raw Vault response, else the field as it is.
+func credentialField(field string) string {
+	return fmt.Sprintf(`{{ if index . %q }}{{ (index . %q | fromJson).%s }}{{ else }}{{ index . %q }}{{ end }}`,
+		rawDataKey, rawDataKey, field, field)
+}
+
+func sameExternalSecret(d, e *esv1.ExternalSecret) bool {
+	return equality.Semantic.DeepDerivative(d.Spec, e.Spec)
+}
+
+func updateExternalSecret(d, e *esv1.ExternalSecret) { e.Spec = d.Spec }
+
+// syncedByExternalSecret says whether a Secret is controlled by the ExternalSecret of rc.
+func syncedByExternalSecret(sec *corev1.Secret, rc *v1alpha1.RedisCluster) bool {
+	ref := metav1.GetControllerOf(sec)
+	return ref != nil && ref.Kind == "ExternalSecret" && ref.Name == externalSecretName(rc) &&
+		rc.Spec.Credentials.Source == v1alpha1.SourceExternalSecret && sec.Name == credentialsSecretName(rc)
+}
+
+// parseSynced reads the credential ESO wrote. It returns a message naming what is missing when
+// the Secret holds no usable credential.
+func parseSynced(sec *corev1.Secret, rc *v1alpha1.RedisCluster) (*syncedCredential, string) {
+	sc := &syncedCredential{}
+	u, p := string(sec.Data[rc.Spec.Credentials.UsernameKey]), string(sec.Data[rc.Spec.Credentials.PasswordKey])
+	if raw, ok := sec.Data[rawDataKey]; ok && len(sec.Data[rawLeaseIDKey]) > 0 {
+		var data struct{ Username, Password string }
+		if err := json.Unmarshal(raw, &data); err != nil {
+			return nil, fmt.Sprintf("Secret %s: key %q is not the JSON of a Vault response's data", sec.Name, rawDataKey)
+		}
+		u, p = data.Username, data.Password
+		sc.leaseID = string(sec.Data[rawLeaseIDKey])
+		secs, err := strconv.ParseFloat(string(sec.Data[rawDurationKey]), 64)
+		if err != nil || secs < 0 {
+			return nil, fmt.Sprintf("Secret %s: key %q is not a number of seconds", sec.Name, rawDurationKey)
+		}
+		sc.leaseDuration = time.Duration(secs * float64(time.Second))
+		sc.renewable, _ = strconv.ParseBool(string(sec.Data[rawRenewableKey]))
+	}
+	if u == "" || p == "" {
+		return nil, fmt.Sprintf("Secret %s has no username and password under keys %q and %q (credentials.usernameKey, credentials.passwordKey) nor a raw Vault response",
+			sec.Name, rc.Spec.Credentials.UsernameKey, rc.Spec.Credentials.PasswordKey)
+	}
+	if !usernamePattern.MatchString(u) {
+		return nil, fmt.Sprintf("Secret %s: the username is not a valid Redis user name", sec.Name)
+	}
+	sc.credential = credential{username: u, password: p, version: credentialVersion(u, p)}
+	return sc, ""
+}
