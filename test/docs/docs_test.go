@@ -164,6 +164,33 @@ func TestInstallAndVaultAdministratorCommands(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 	}
 	_ = k8s.Delete(ctx, rc)
+
+	// This cluster has no External Secrets Operator: a RedisCluster in ExternalSecret mode says
+	// so (docs/externalsecret-mode.md) instead of waiting silently.
+	es := &v1alpha1.RedisCluster{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "payments"},
+		Spec: v1alpha1.RedisClusterSpec{Replicas: 1, Credentials: v1alpha1.CredentialsSpec{
+			Source: v1alpha1.SourceExternalSecret,
+			ExternalSecret: &v1alpha1.ExternalSecretSource{GeneratorRef: &v1alpha1.GeneratorReference{
+				APIVersion: "generators.external-secrets.io/v1alpha1", Kind: "VaultDynamicSecret", Name: "redis-payments"}},
+		}},
+	}
+	if err := k8s.Create(ctx, es); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		cur := &v1alpha1.RedisCluster{}
+		if err := k8s.Get(ctx, client.ObjectKeyFromObject(es), cur); err == nil {
+			if c := meta.FindStatusCondition(cur.Status.Conditions, v1alpha1.ConditionCredentialsReady); c != nil &&
+				c.Reason == v1alpha1.ReasonExternalSecretsNotInstalled && strings.Contains(c.Message, "install External Secrets Operator") {
+				break
+			}
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("an ExternalSecret-mode RedisCluster without ESO does not report %s: %+v", v1alpha1.ReasonExternalSecretsNotInstalled, cur.Status.Conditions)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 }
 
 func secretPassword(t *testing.T, k8s client.Client, ctx context.Context) string {

@@ -255,6 +255,13 @@ func TestRotationRollsPodsOneAtATimeThenConsumersAndRevokesTheOldLeaseLast(t *te
 			t.Errorf("no %s event (have %v)", want, reasons)
 		}
 	}
+	// Each step once: a reconcile that read a lagging cache must not finish the rollout or revoke
+	// the lease a second time.
+	for _, once := range []string{v1alpha1.EventRotationStarted, v1alpha1.EventRotationFinished, v1alpha1.EventLeaseRevoked} {
+		if n := countOf(reasons, once); n != 1 {
+			t.Errorf("%d %s events for one rotation, want 1 (have %v)", n, once, reasons)
+		}
+	}
 }
 
 func TestStalledRolloutTouchesNoFurtherPodAndResumesWhenReady(t *testing.T) {
@@ -447,4 +454,14 @@ func pauseKubelets(t *testing.T) (resume func()) {
 	}
 	t.Cleanup(resume)
 	return resume
+}
+
+func countOf(list []string, v string) int {
+	n := 0
+	for _, x := range list {
+		if x == v {
+			n++
+		}
+	}
+	return n
 }
