@@ -317,7 +317,7 @@ func TestExternalSecretRawLeaseIsTrackedRenewedRolledOutAndRevoked(t *testing.T)
 		}
 		return ""
 	})
-	pods.checkOneAtATime(t, "orders-2", "orders-1", "orders-0")
+	pods.checkOneAtATime(t, cur.Status.Credential.Version, "orders-2", "orders-1", "orders-0")
 	d := &appsv1.Deployment{}
 	if err := k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "orders-api"}, d); err != nil {
 		t.Fatal(err)

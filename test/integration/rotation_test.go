@@ -28,6 +28,8 @@ type podRecorder struct {
 
 type restart struct {
 	pod            string
+	version        string // the credential version the pod ran
+	detail         string // the watch event that marked it
 	othersReady    bool
 	othersNotReady []string
 }
@@ -61,7 +63,11 @@ func (r *podRecorder) observe(typ watch.EventType, p *corev1.Pod) {
 		marked = true
 	}
 	if marked {
-		rs := restart{pod: p.Name, othersReady: true}
+		oldState := "none"
+		if old != nil {
+			oldState = fmt.Sprintf("uid %s deleting %v", old.UID, old.DeletionTimestamp != nil)
+		}
+		rs := restart{pod: p.Name, version: p.Annotations[v1alpha1.AnnotationCredentialVersion], othersReady: true, detail: fmt.Sprintf("%s %s uid %s rv %s (before: %s)", typ, p.Name, p.UID, p.ResourceVersion, oldState)}
 		for name, o := range r.pods {
 			if name != p.Name && !isReady(o) {
 				rs.othersReady = false
@@ -89,20 +95,27 @@ func (r *podRecorder) snapshot() ([]restart, map[string]*corev1.Pod) {
 	return slices.Clone(r.restarts), pods
 }
 
-// checkOneAtATime checks that the pods were restarted in the order given (replicas first, the
-// primary last), each while every other pod was Ready.
-func (r *podRecorder) checkOneAtATime(t *testing.T, order ...string) {
+// checkOneAtATime checks that the pods on a superseded credential were restarted in the order
+// given (replicas first, the primary last), each while every other pod was Ready. keyroll only
+// ever restarts pods that do not run the new version; a pod deleted while it already ran it was
+// deleted by someone else (logged, not counted).
+func (r *podRecorder) checkOneAtATime(t *testing.T, newVersion string, order ...string) {
 	t.Helper()
 	restarts, _ := r.snapshot()
-	var got []string
+	var got, details []string
 	for _, rs := range restarts {
+		details = append(details, rs.detail)
+		if rs.version == newVersion {
+			t.Logf("pod %s was deleted while it already ran the new credential, not by keyroll: %s", rs.pod, rs.detail)
+			continue
+		}
 		got = append(got, rs.pod)
 		if !rs.othersReady {
 			t.Errorf("pod %s was restarted while %v were not Ready", rs.pod, rs.othersNotReady)
 		}
 	}
 	if !slices.Equal(got, order) {
-		t.Errorf("restart order %v, want %v (replicas first, the primary last)", got, order)
+		t.Errorf("restart order %v, want %v (replicas first, the primary last); seen as %v", got, order, details)
 	}
 }
 
@@ -223,7 +236,7 @@ func TestRotationRollsPodsOneAtATimeThenConsumersAndRevokesTheOldLeaseLast(t *te
 	})
 	t.Logf("rotation rolled out and old lease revoked %s after rotate-now", time.Since(start).Round(time.Millisecond))
 
-	pods.checkOneAtATime(t, "orders-2", "orders-1", "orders-0")
+	pods.checkOneAtATime(t, cur.Status.Credential.Version, "orders-2", "orders-1", "orders-0")
 	consumerMu.Lock()
 	if len(consumerEarly) > 0 {
 		t.Errorf("the consumer got the new version before every Redis pod was Ready on it: %v", consumerEarly)
