@@ -22,7 +22,6 @@ var _ Client = (*client)(nil)
 // client is the Client of one Vault connection and login.
 type client struct {
 	cfg      Config
-	api      *vaultapi.Client // carries the client's token
 	loginAPI *vaultapi.Client // no token: logins and sys/health
 	http     *http.Client
 	clock    clock.Clock
@@ -30,10 +29,15 @@ type client struct {
 	limiter  *rate.Limiter
 	secrets  *redactor
 
-	authSem chan struct{} // held while logging in or renewing the token
+	authSem chan struct{} // held while logging in, renewing tokens or loading the token store
 
-	mu  sync.RWMutex
-	tok tokenState
+	mu            sync.RWMutex
+	cur           *heldToken            // the token new work uses; nil before the first login
+	held          map[string]*heldToken // every token held, by accessor, the current one included
+	learnedMaxTTL time.Duration         // learned from a capped renewal; applies to later logins
+	storeLoaded   bool                  // the token store has been read
+	logins        int
+	renewals      int
 }
 
 // New returns a client for cfg. It does not contact Vault: the first call (or Login) logs in.
@@ -58,11 +62,9 @@ func newClient(cfg Config) (*client, error) {
 		limiter: rate.NewLimiter(rate.Limit(cfg.RateLimit.QPS), cfg.RateLimit.Burst),
 		secrets: newRedactor(),
 		authSem: make(chan struct{}, 1),
+		held:    map[string]*heldToken{},
 	}
 	c.rememberConfigSecrets()
-	if c.api, err = newAPIClient(cfg, hc); err != nil {
-		return nil, err
-	}
 	if c.loginAPI, err = newAPIClient(cfg, hc); err != nil {
 		return nil, err
 	}
@@ -150,26 +152,27 @@ func (c *client) Issue(ctx context.Context, path string) (*Lease, error) {
 	ctx, cancel := c.withTimeout(ctx)
 	defer cancel()
 	var s *vaultapi.Secret
-	err := c.call(ctx, opIssue, path, true, func(ctx context.Context) (err error) {
-		s, err = c.get(ctx, c.api, path)
+	h, err := c.call(ctx, opIssue, path, issueToken, func(ctx context.Context, h *heldToken) (err error) {
+		s, err = c.get(ctx, h.api, path)
 		return err
 	})
 	if err != nil {
 		return nil, err
 	}
+	c.noteIssue(h)
 	if s == nil {
 		return nil, &Error{Op: opIssue, Path: path, Class: ClassNotFound, detail: "the path holds nothing"}
 	}
 	if s.LeaseID == "" {
 		return nil, &Error{Op: opIssue, Path: path, Class: ClassBadRequest, detail: "the path does not issue leased credentials"}
 	}
-	lease := c.newLease(s)
+	lease := c.newLease(s, h)
 	c.log.V(1).Info("Issued credential", "path", path, "leaseID", lease.ID, "ttl", lease.Duration,
-		"renewable", lease.Renewable, "outlivesToken", lease.OutlivesToken)
+		"renewable", lease.Renewable, "tokenAccessor", lease.TokenAccessor, "outlivesToken", lease.OutlivesToken)
 	return lease, nil
 }
 
-func (c *client) newLease(s *vaultapi.Secret) *Lease {
+func (c *client) newLease(s *vaultapi.Secret, h *heldToken) *Lease {
 	now := c.clock.Now()
 	l := &Lease{
 		ID:        s.LeaseID,
@@ -184,7 +187,9 @@ func (c *client) newLease(s *vaultapi.Secret) *Lease {
 		l.Data[k] = stringValue(v)
 		c.secrets.add(l.Data[k])
 	}
-	l.TokenDeadline = c.state().deadline()
+	c.mu.RLock()
+	l.TokenAccessor, l.TokenDeadline = h.accessor, h.deadline()
+	c.mu.RUnlock()
 	l.OutlivesToken = !l.TokenDeadline.IsZero() && l.ExpiresAt.After(l.TokenDeadline)
 	return l
 }
@@ -198,8 +203,8 @@ func (c *client) Renew(ctx context.Context, leaseID string, increment time.Durat
 	defer cancel()
 	asked := wholeSeconds(increment)
 	var s *vaultapi.Secret
-	err := c.call(ctx, opRenew, leaseID, true, func(ctx context.Context) (err error) {
-		s, err = c.put(ctx, c.api, "sys/leases/renew", map[string]any{"lease_id": leaseID, "increment": asked})
+	_, err := c.call(ctx, opRenew, leaseID, currentToken, func(ctx context.Context, h *heldToken) (err error) {
+		s, err = c.put(ctx, h.api, "sys/leases/renew", map[string]any{"lease_id": leaseID, "increment": asked})
 		return err
 	})
 	if err != nil {
@@ -226,8 +231,8 @@ func (c *client) Revoke(ctx context.Context, leaseID string) error {
 	}
 	ctx, cancel := c.withTimeout(ctx)
 	defer cancel()
-	err := c.call(ctx, opRevoke, leaseID, true, func(ctx context.Context) error {
-		_, err := c.put(ctx, c.api, "sys/leases/revoke", map[string]any{"lease_id": leaseID, "sync": true})
+	_, err := c.call(ctx, opRevoke, leaseID, currentToken, func(ctx context.Context, h *heldToken) error {
+		_, err := c.put(ctx, h.api, "sys/leases/revoke", map[string]any{"lease_id": leaseID, "sync": true})
 		return err
 	})
 	if err != nil {
@@ -246,8 +251,8 @@ func (c *client) Lookup(ctx context.Context, leaseID string) (*LeaseInfo, error)
 	ctx, cancel := c.withTimeout(ctx)
 	defer cancel()
 	var s *vaultapi.Secret
-	err := c.call(ctx, opLookup, leaseID, true, func(ctx context.Context) (err error) {
-		s, err = c.put(ctx, c.api, "sys/leases/lookup", map[string]any{"lease_id": leaseID})
+	_, err := c.call(ctx, opLookup, leaseID, currentToken, func(ctx context.Context, h *heldToken) (err error) {
+		s, err = c.put(ctx, h.api, "sys/leases/lookup", map[string]any{"lease_id": leaseID})
 		return err
 	})
 	if IsLeaseGone(err) {
@@ -274,7 +279,7 @@ func (c *client) Health(ctx context.Context) (*Health, error) {
 	ctx, cancel := c.withTimeout(ctx)
 	defer cancel()
 	var h *vaultapi.HealthResponse
-	err := c.call(ctx, opHealth, "sys/health", false, func(ctx context.Context) (err error) {
+	_, err := c.call(ctx, opHealth, "sys/health", noToken, func(ctx context.Context, _ *heldToken) (err error) {
 		h, err = c.loginAPI.Sys().HealthWithContext(ctx)
 		return err
 	})

@@ -55,6 +55,10 @@ type Config struct {
 	Clock clock.Clock
 	// Logger receives the client's logs; it never sees a token, secret ID or credential.
 	Logger logr.Logger
+	// Tokens, when set, persists the tokens the client logs in with before they create anything,
+	// and is read once, before the first call, to take over tokens another process left: they
+	// are kept alive while their leases live.
+	Tokens TokenStore
 	// Observer, when set, is called once per HTTP attempt with the operation ("issue", "renew",
 	// "revoke", "lookup", "health", "login", "renew-self", "lookup-self"), its outcome
 	// (OutcomeSuccess or an error class) and how long the attempt took.

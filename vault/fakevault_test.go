@@ -108,19 +108,27 @@ func sequence(hs ...http.HandlerFunc) http.HandlerFunc {
 	}
 }
 
-// loginOK answers a login with token, ttl and renewability.
-func loginOK(token string, ttl time.Duration, renewable bool) http.HandlerFunc {
+// loginOK answers a login with token, ttl and renewability; the token's accessor is accessorFor(token).
+func loginOK(token string, ttl time.Duration, renewable bool, warnings ...string) http.HandlerFunc {
 	return func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]any{"auth": map[string]any{
-			"client_token": token, "accessor": "acc", "policies": []string{"default", "keyroll"},
+			"client_token": token, "accessor": accessorFor(token), "policies": []string{"default", "keyroll"},
 			"lease_duration": int(ttl / time.Second), "renewable": renewable,
-		}})
+		}, "warnings": warnings})
 	}
 }
+
+// accessorFor is the accessor the fake Vault gives a token.
+func accessorFor(token string) string { return "acc-" + token[len(token)-6:] }
 
 // renewSelfOK answers renew-self with the granted ttl.
 func renewSelfOK(ttl time.Duration, renewable bool) http.HandlerFunc {
 	return loginOK("unused", ttl, renewable)
+}
+
+// renewSelfCapped answers renew-self with ttl, capped by the token's max TTL, as Vault words it.
+func renewSelfCapped(ttl time.Duration) http.HandlerFunc {
+	return loginOK("unused", ttl, true, `TTL of "1m" exceeded the effective max_ttl of "`+ttl.String()+`"; TTL value is capped accordingly`)
 }
 
 // issueOK answers a credentials read.

@@ -2,21 +2,24 @@ package vault
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"time"
 
 	vaultapi "github.com/hashicorp/vault/api"
 )
 
-// login logs in with the configured auth method and makes the new token current. The previous
-// token is left to expire, not revoked: revoking it would revoke the leases it issued.
+// login logs in with the configured auth method and makes the new token current, once the token
+// store holds it. The previous token is kept, not revoked: revoking it would revoke the leases it
+// created, and it is kept alive while they may be live (KeepTokens).
 func (c *client) login(ctx context.Context) error {
 	path, body, err := c.loginRequest(ctx)
 	if err != nil {
 		return err
 	}
 	var s *vaultapi.Secret
-	err = c.call(ctx, opLogin, path, false, func(ctx context.Context) (err error) {
+	_, err = c.call(ctx, opLogin, path, noToken, func(ctx context.Context, _ *heldToken) (err error) {
 		s, err = c.put(ctx, c.loginAPI, path, body)
 		return err
 	})
@@ -29,19 +32,51 @@ func (c *client) login(ctx context.Context) error {
 	c.secrets.add(s.Auth.ClientToken)
 	now := c.clock.Now()
 	ttl := seconds(s.Auth.LeaseDuration)
-	c.update(func(t *tokenState) {
-		*t = tokenState{
-			token: s.Auth.ClientToken, issuedAt: now, refreshedAt: now, ttl: ttl, loginTTL: ttl,
-			renewable: s.Auth.Renewable, policies: s.Auth.Policies,
-			logins: t.logins + 1, renewals: t.renewals, lastRenewal: t.lastRenewal, maxTTL: t.maxTTL,
-		}
-		if t.maxTTL > 0 && ttl > 0 {
-			t.maxExpires = now.Add(max(t.maxTTL, ttl))
-		}
-	})
-	c.log.Info("Logged in to Vault", "path", path, "ttl", ttl, "renewable", s.Auth.Renewable,
+	st := tokenState{
+		token: s.Auth.ClientToken, accessor: accessorOf(s.Auth.Accessor, s.Auth.ClientToken),
+		issuedAt: now, refreshedAt: now, ttl: ttl, loginTTL: ttl,
+		renewable: s.Auth.Renewable, policies: s.Auth.Policies,
+	}
+	c.mu.RLock()
+	if learned := c.learnedMaxTTL; learned > 0 && ttl > 0 {
+		st.maxExpires = now.Add(max(learned, ttl))
+	}
+	c.mu.RUnlock()
+	h, err := c.hold(st)
+	if err != nil {
+		return err
+	}
+	// Persisted before it creates anything: a lease it creates must survive this process.
+	if err := c.saveTokens(ctx, map[string]string{st.accessor: st.token}, nil); err != nil {
+		return &Error{Op: opLogin, Path: path, Class: ClassUnavailable, detail: "the token store refused the new token: " + redactMessages([]string{err.Error()}, c.secrets)[0]}
+	}
+	c.mu.Lock()
+	c.held[st.accessor], c.cur = h, h
+	c.logins++
+	c.mu.Unlock()
+	c.log.Info("Logged in to Vault", "path", path, "accessor", st.accessor, "ttl", ttl, "renewable", s.Auth.Renewable,
 		"policies", s.Auth.Policies)
 	return nil
+}
+
+// hold wraps a token state with an API client that carries the token.
+func (c *client) hold(st tokenState) (*heldToken, error) {
+	ac, err := newAPIClient(c.cfg, c.http)
+	if err != nil {
+		return nil, err
+	}
+	ac.SetToken(st.token)
+	return &heldToken{tokenState: st, api: ac}, nil
+}
+
+// accessorOf is the token's accessor, or, where Vault gave none, a name derived from the token
+// that reveals nothing of it.
+func accessorOf(accessor, token string) string {
+	if accessor != "" {
+		return accessor
+	}
+	sum := sha256.Sum256([]byte("keyroll/vault/accessor/" + token))
+	return "sha256-" + hex.EncodeToString(sum[:12])
 }
 
 // loginRequest returns the login path and body of the configured auth method.
@@ -76,52 +111,66 @@ func classifyTokenSource(err error) string {
 	return ClassUnavailable
 }
 
-// lookupSelf learns the TTL, renewability and policies of a static token. A token whose
-// policies forbid looking itself up is assumed not to expire.
-func (c *client) lookupSelf(ctx context.Context) error {
+// lookupStatic learns the TTL, renewability and policies of the static token and makes it
+// current. A token whose policies forbid looking itself up is assumed not to expire.
+func (c *client) lookupStatic(ctx context.Context) error {
 	token := c.cfg.Auth.Token.Token
-	c.update(func(t *tokenState) { t.token = token })
-	var s *vaultapi.Secret
-	err := c.call(ctx, opLookupSelf, "auth/token/lookup-self", false, func(ctx context.Context) (err error) {
-		s, err = c.get(ctx, c.api, "auth/token/lookup-self")
-		return err
-	})
-	now := c.clock.Now()
-	if IsPermissionDenied(err) && !invalidToken(err) {
-		c.log.V(1).Info("Cannot look up the Vault token, assuming it does not expire")
-		c.update(func(t *tokenState) {
-			*t = tokenState{token: token, issuedAt: now, refreshedAt: now, final: true, logins: t.logins + 1}
-		})
-		return nil
-	}
+	h, err := c.hold(tokenState{token: token, accessor: accessorOf("", token)})
 	if err != nil {
-		c.update(func(t *tokenState) { t.token = "" })
 		return err
 	}
-	if s == nil || s.Data == nil {
-		c.update(func(t *tokenState) { t.token = "" })
-		return &Error{Op: opLookupSelf, Class: ClassUnknown, detail: "the response holds no token information"}
+	now := c.clock.Now()
+	data, err := c.lookupSelf(ctx, h)
+	switch {
+	case IsPermissionDenied(err) && !invalidToken(err):
+		c.log.V(1).Info("Cannot look up the Vault token, assuming it does not expire")
+		h.tokenState = tokenState{token: token, accessor: h.accessor, issuedAt: now, refreshedAt: now, final: true}
+	case err != nil:
+		return err
+	default:
+		h.tokenState = lookedUpState(token, data, now)
 	}
-	c.update(func(t *tokenState) { *t = staticTokenState(token, s.Data, now, t.logins+1) })
-	st := c.state()
-	c.log.Info("Looked up the Vault token", "ttl", st.ttl, "renewable", st.renewable, "policies", st.policies)
+	c.mu.Lock()
+	c.held, c.cur = map[string]*heldToken{h.accessor: h}, h
+	c.logins++
+	c.mu.Unlock()
+	c.log.Info("Looked up the Vault token", "ttl", h.ttl, "renewable", h.renewable, "policies", h.policies)
 	return nil
 }
 
-func staticTokenState(token string, d map[string]any, now time.Time, logins int) tokenState {
+// lookupSelf reads what Vault knows of a held token, with that token.
+func (c *client) lookupSelf(ctx context.Context, h *heldToken) (map[string]any, error) {
+	var s *vaultapi.Secret
+	_, err := c.call(ctx, opLookupSelf, "auth/token/lookup-self", noToken, func(ctx context.Context, _ *heldToken) (err error) {
+		s, err = c.get(ctx, h.api, "auth/token/lookup-self")
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	if s == nil || s.Data == nil {
+		return nil, &Error{Op: opLookupSelf, Class: ClassUnknown, detail: "the response holds no token information"}
+	}
+	return s.Data, nil
+}
+
+// lookedUpState is the state of a token as auth/token/lookup-self describes it.
+func lookedUpState(token string, d map[string]any, now time.Time) tokenState {
 	s := tokenState{
-		token: token, issuedAt: now, refreshedAt: now, logins: logins,
+		token: token, accessor: accessorOf(stringValue(d["accessor"]), token),
+		issuedAt: now, refreshedAt: now,
 		ttl:       durationValue(d["ttl"]),
 		loginTTL:  durationValue(d["creation_ttl"]),
 		renewable: d["renewable"] == true,
+	}
+	if issued := timeValue(d["issue_time"]); !issued.IsZero() {
+		s.issuedAt = issued
 	}
 	if s.loginTTL <= 0 {
 		s.loginTTL = s.ttl
 	}
 	if explicitMax := durationValue(d["explicit_max_ttl"]); explicitMax > 0 {
-		if issued := timeValue(d["issue_time"]); !issued.IsZero() {
-			s.maxExpires = issued.Add(explicitMax)
-		}
+		s.maxExpires = s.issuedAt.Add(explicitMax)
 	}
 	if ps, ok := d["policies"].([]any); ok {
 		for _, p := range ps {

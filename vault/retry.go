@@ -7,57 +7,74 @@ import (
 	"time"
 )
 
-// attemptFunc performs one HTTP request.
-type attemptFunc func(ctx context.Context) error
+// attemptFunc performs one HTTP request, with the token h (nil for requests that carry none of
+// the client's tokens).
+type attemptFunc func(ctx context.Context, h *heldToken) error
+
+// authMode says which token a call carries.
+type authMode int
+
+const (
+	// noToken: logins, sys/health, and requests made with a token of their own.
+	noToken authMode = iota
+	// currentToken: the client's current token, brought up to date first.
+	currentToken
+	// issueToken: as currentToken, and the token must be fit to create leases (fitForLeases).
+	issueToken
+)
 
 // call runs fn until it succeeds, fails for a reason that retrying cannot fix, runs out of
-// attempts, or the context ends. Every attempt waits for the rate limiter first. With authed,
-// the client's token is brought up to date before each attempt, and a token that Vault calls
-// invalid is replaced by a new login once.
-func (c *client) call(ctx context.Context, op, path string, authed bool, fn attemptFunc) error {
+// attempts, or the context ends. Every attempt waits for the rate limiter first. With a token
+// mode, the current token is brought up to date before each attempt, a token that Vault calls
+// invalid is replaced by a new login once, and call returns the token of the attempt that
+// succeeded.
+func (c *client) call(ctx context.Context, op, path string, mode authMode, fn attemptFunc) (*heldToken, error) {
 	var last *Error
 	relogged := false
 	for attempt := 1; ; attempt++ {
-		if authed {
-			if err := c.ensureToken(ctx); err != nil {
-				return err
+		var h *heldToken
+		if mode != noToken {
+			if err := c.ensureToken(ctx, mode == issueToken); err != nil {
+				return nil, err
+			}
+			if h = c.current(); h == nil {
+				return nil, &Error{Op: op, Path: path, Class: ClassUnavailable, detail: "no Vault token"}
 			}
 		}
 		if err := c.wait(ctx); err != nil {
-			return c.giveUp(last, op, path, attempt-1, err)
+			return nil, c.giveUp(last, op, path, attempt-1, err)
 		}
-		used := c.state().token
-		err := c.attempt(ctx, op, fn)
+		err := c.attempt(ctx, op, h, fn)
 		if err == nil {
-			return nil
+			return h, nil
 		}
 		if isContextError(err) && last != nil {
-			return c.giveUp(last, op, path, attempt, err)
+			return nil, c.giveUp(last, op, path, attempt, err)
 		}
 		last = newError(op, path, err, c.secrets)
 		last.Attempts = attempt
-		if authed && !relogged && invalidToken(last) && c.canLogin() {
+		if h != nil && !relogged && invalidToken(last) && c.canLogin() {
 			relogged = true
-			c.forgetToken(used)
-			c.log.Info("Vault refused the client token, logging in again", "op", op)
+			c.forgetToken(h)
+			c.log.Info("Vault refused the client token, logging in again", "op", op, "accessor", h.accessor)
 			continue
 		}
 		if !retryable(last.Class) || attempt >= c.cfg.Retry.Attempts || ctx.Err() != nil {
-			return last
+			return nil, last
 		}
 		wait := c.backoff(attempt)
 		c.log.V(1).Info("Retrying Vault request", "op", op, "path", path, "attempt", attempt,
 			"class", last.Class, "status", last.StatusCode, "backoff", wait)
 		if err := c.sleep(ctx, wait); err != nil {
-			return c.giveUp(last, op, path, attempt, err)
+			return nil, c.giveUp(last, op, path, attempt, err)
 		}
 	}
 }
 
 // attempt runs fn once and reports it to the observer.
-func (c *client) attempt(ctx context.Context, op string, fn attemptFunc) error {
+func (c *client) attempt(ctx context.Context, op string, h *heldToken, fn attemptFunc) error {
 	start := c.clock.Now()
-	err := fn(ctx)
+	err := fn(ctx, h)
 	if c.cfg.Observer != nil {
 		outcome := OutcomeSuccess
 		if err != nil {

@@ -39,8 +39,8 @@ func TestTokenIsRenewedOrReplacedWhenDue(t *testing.T) {
 		"before the renewal point nothing happens": {renewable: true, renewSelf: renewSelfOK(ttl, true), step: 39 * time.Second, wantLogins: 1, wantTTL: ttl},
 		"renewed at two thirds of its ttl":         {renewable: true, renewSelf: renewSelfOK(ttl, true), step: 41 * time.Second, wantLogins: 1, wantRenewSelf: 1, wantTTL: ttl},
 		"not renewable: login again":               {renewable: false, step: 41 * time.Second, wantLogins: 2, wantTTL: ttl},
-		"renewal capped short: login again":        {renewable: true, renewSelf: renewSelfOK(20*time.Second, true), step: 41 * time.Second, wantLogins: 2, wantRenewSelf: 1, wantTTL: ttl},
-		"renewal capped but long enough: keep it":  {renewable: true, renewSelf: renewSelfOK(50*time.Second, true), step: 41 * time.Second, wantLogins: 1, wantRenewSelf: 1, wantTTL: 50 * time.Second},
+		"renewal capped short: login again":        {renewable: true, renewSelf: renewSelfCapped(20 * time.Second), step: 41 * time.Second, wantLogins: 2, wantRenewSelf: 1, wantTTL: ttl},
+		"renewal capped but long enough: keep it":  {renewable: true, renewSelf: renewSelfCapped(50 * time.Second), step: 41 * time.Second, wantLogins: 1, wantRenewSelf: 1, wantTTL: 50 * time.Second},
 		"renewal fails: login again":               {renewable: true, renewSelf: status(500), step: 41 * time.Second, wantLogins: 2, wantRenewSelf: 3, wantTTL: ttl},
 		"renewal refused: login again":             {renewable: true, renewSelf: status(403, "permission denied"), step: 41 * time.Second, wantLogins: 2, wantRenewSelf: 1, wantTTL: ttl},
 		"past expiry: login again":                 {renewable: false, step: 2 * ttl, wantLogins: 2, wantTTL: ttl},
@@ -89,7 +89,7 @@ func TestTokenIsRenewedOrReplacedWhenDue(t *testing.T) {
 func TestCappedTokenIsReplacedNotRenewed(t *testing.T) {
 	c := newTestClient(t, nil)
 	c.vault.handle("auth/approle/login", sequence(loginOK(tokenA, time.Minute, true), loginOK(tokenB, time.Minute, true)))
-	c.vault.handle("auth/token/renew-self", renewSelfOK(50*time.Second, true))
+	c.vault.handle("auth/token/renew-self", renewSelfCapped(50*time.Second))
 	c.vault.handle(credsPath, issueOK("l", time.Hour, nil))
 	ctx := context.Background()
 
@@ -137,7 +137,7 @@ func TestLeasesThatOutliveTheToken(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			c := newTestClient(t, nil)
 			c.vault.handle("auth/approle/login", loginOK(tokenA, time.Minute, tc.renewable))
-			c.vault.handle("auth/token/renew-self", renewSelfOK(20*time.Second, true)) // capped at 61s
+			c.vault.handle("auth/token/renew-self", renewSelfCapped(20*time.Second)) // capped at 61s
 			c.vault.handle(credsPath, issueOK("l", tc.leaseTTL, nil))
 			ctx := context.Background()
 			if tc.learnMax {
@@ -356,7 +356,7 @@ func TestLoginAndTokenInfo(t *testing.T) {
 	if body := c.vault.lastBody("auth/approle/login"); body["role_id"] != testRoleID || body["secret_id"] != testSecretID {
 		t.Errorf("login body = %v", body)
 	}
-	want := TokenInfo{Method: "approle", Valid: true, IssuedAt: testEpoch, ExpiresAt: testEpoch.Add(time.Minute),
+	want := TokenInfo{Method: "approle", Accessor: accessorFor(tokenA), Valid: true, IssuedAt: testEpoch, ExpiresAt: testEpoch.Add(time.Minute),
 		RenewAt: testEpoch.Add(40 * time.Second), TTL: time.Minute, Renewable: true, Logins: 1}
 	got := c.TokenInfo()
 	if !slices.Equal(got.Policies, []string{"default", "keyroll"}) {

@@ -24,10 +24,16 @@ type Client interface {
 	// Health reports the server's version and seal state; a sealed or standby server is not
 	// an error here.
 	Health(ctx context.Context) (*Health, error)
-	// TokenInfo describes the client's own Vault token, never the token itself.
+	// TokenInfo describes the client's current Vault token, never the token itself.
 	TokenInfo() TokenInfo
-	// Login logs in now (for a static token: looks it up), replacing the current token.
+	// Login logs in now (for a static token: looks it up), replacing the current token; the
+	// replaced token is kept alive while leases it created may be live.
 	Login(ctx context.Context) error
+	// KeepTokens renews, before they expire, the tokens that own live leases (needs: accessor to
+	// the latest expiry of its leases), and gives up the others but the current one.
+	KeepTokens(ctx context.Context, needs map[string]time.Time) ([]TokenStatus, error)
+	// Token describes a held token by its accessor.
+	Token(accessor string) (TokenStatus, bool)
 }
 
 // Lease is a credential issued by Vault.
@@ -40,6 +46,8 @@ type Lease struct {
 	IssuedAt  time.Time
 	ExpiresAt time.Time
 	Warnings  []string
+	// TokenAccessor identifies the token that created the lease: Vault revokes the lease with it.
+	TokenAccessor string
 	// TokenDeadline is when the client token that issued the lease ends for good, as far as the
 	// client knows (zero: unknown or never). Vault revokes a token's leases with the token.
 	TokenDeadline time.Time
@@ -86,6 +94,8 @@ type Health struct {
 type TokenInfo struct {
 	// Method is the auth method: "kubernetes", "approle" or "token".
 	Method string
+	// Accessor identifies the token without revealing it.
+	Accessor string
 	// Valid says the client holds a token that has not expired, as far as it knows.
 	Valid bool
 	// IssuedAt is when the token was obtained (or first looked up, for a static token).
@@ -102,6 +112,9 @@ type TokenInfo struct {
 	Logins      int
 	Renewals    int
 	LastRenewal time.Time
+	// MaxTTL is how long the auth role's tokens live at most, once a capped renewal has shown it;
+	// zero while unknown (or for periodic tokens, which have none).
+	MaxTTL time.Duration
 }
 
 // SecretData holds credential values. It formats and logs as its sorted keys only.

@@ -26,6 +26,7 @@ const (
 	OpLookup = "lookup"
 	OpHealth = "health"
 	OpLogin  = "login"
+	OpKeep   = "keep-tokens"
 )
 
 var _ vault.Client = (*Fake)(nil)
@@ -45,8 +46,13 @@ type Fake struct {
 	TokenDeadline time.Time
 	// HealthStatus is what Health returns. Default: initialized, unsealed, version 1.21.0.
 	HealthStatus *vault.Health
-	// Token is what TokenInfo returns.
-	Token vault.TokenInfo
+	// Current is what TokenInfo returns. Its Accessor names the token that issues leases
+	// (default "fake-accessor").
+	Current vault.TokenInfo
+	// Held is what KeepTokens returns and Token looks up (default: one current token).
+	Held []vault.TokenStatus
+	// Needs is what KeepTokens was last told.
+	Needs map[string]time.Time
 
 	clock    clock.Clock
 	seq      int
@@ -178,7 +184,7 @@ func (f *Fake) Issue(ctx context.Context, p string) (*vault.Lease, error) {
 	f.leases[id] = l
 	out := &vault.Lease{
 		ID: id, Duration: l.expiresAt.Sub(now), Renewable: l.renewable, Data: copyData(l.data),
-		IssuedAt: now, ExpiresAt: l.expiresAt, TokenDeadline: f.TokenDeadline,
+		IssuedAt: now, ExpiresAt: l.expiresAt, TokenDeadline: f.TokenDeadline, TokenAccessor: f.accessor(),
 	}
 	out.OutlivesToken = !f.TokenDeadline.IsZero() && out.ExpiresAt.After(f.TokenDeadline)
 	return out, nil
@@ -254,11 +260,45 @@ func (f *Fake) Health(ctx context.Context) (*vault.Health, error) {
 	return &vault.Health{Initialized: true, Version: "1.21.0"}, nil
 }
 
-// TokenInfo returns Token.
+// TokenInfo returns Current.
 func (f *Fake) TokenInfo() vault.TokenInfo {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.Token
+	return f.Current
+}
+
+// KeepTokens records needs and returns Held.
+func (f *Fake) KeepTokens(ctx context.Context, needs map[string]time.Time) ([]vault.TokenStatus, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.Needs = needs
+	return f.held(), f.begin(ctx, OpKeep)
+}
+
+// Token looks up a token of Held by accessor.
+func (f *Fake) Token(accessor string) (vault.TokenStatus, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, t := range f.held() {
+		if t.Accessor == accessor {
+			return t, true
+		}
+	}
+	return vault.TokenStatus{}, false
+}
+
+func (f *Fake) held() []vault.TokenStatus {
+	if f.Held != nil {
+		return append([]vault.TokenStatus(nil), f.Held...)
+	}
+	return []vault.TokenStatus{{Accessor: f.accessor(), Current: true, EndsAt: f.TokenDeadline, Renewable: true}}
+}
+
+func (f *Fake) accessor() string {
+	if f.Current.Accessor != "" {
+		return f.Current.Accessor
+	}
+	return "fake-accessor"
 }
 
 // Login counts a login.
