@@ -14,6 +14,8 @@ const (
 	ActionRenew Action = "Renew"
 	// ActionRotate: issue a new credential, roll it out, then revoke the superseded lease.
 	ActionRotate Action = "Rotate"
+	// ActionCheck: look the lease up in Vault: it may have been revoked outside keyroll.
+	ActionCheck Action = "Check"
 )
 
 // Reason says why Decide chose its Action; UpperCamelCase, usable as a condition or event reason.
@@ -31,6 +33,12 @@ const (
 	ReasonRenewalCapped Reason = "RenewalCapped"
 	// ReasonNotRenewable: the lease cannot be renewed and is near its expiry (Rotate).
 	ReasonNotRenewable Reason = "NotRenewable"
+	// ReasonTokenEnding: the Vault token that created the lease ends for good (its max TTL) before
+	// the lease would, and Vault revokes the lease with it: it is replaced in time (Rotate).
+	ReasonTokenEnding Reason = "TokenEnding"
+	// ReasonLeaseCheckDue: the lease is looked up in Vault, to notice a revocation outside
+	// keyroll (Check).
+	ReasonLeaseCheckDue Reason = "LeaseCheckDue"
 	// ReasonRotateNowRequested: the rotate-now annotation holds a value not yet acknowledged (Rotate).
 	ReasonRotateNowRequested Reason = "RotateNowRequested"
 	// ReasonScheduledRotation: the schedule's activation after the last rotation has come (Rotate).
@@ -64,6 +72,8 @@ type Input struct {
 	ExpiresAt time.Time
 	// Renewable says whether Vault allows renewing the lease.
 	Renewable bool
+	// IssuedAt is when the lease was issued.
+	IssuedAt time.Time
 	// RenewedAt is when the lease was issued or last renewed.
 	RenewedAt time.Time
 	// LeaseDuration is the TTL Vault granted at RenewedAt (capped by ExpiresAt-RenewedAt when both
@@ -79,6 +89,11 @@ type Input struct {
 	// RenewalPercent and RenewalKey place the renewal; see NextRenewal.
 	RenewalPercent int32
 	RenewalKey     string
+	// TokenEndsAt is when the Vault token that created the lease ends for good; zero when it has
+	// no known end (a periodic token, or one whose max TTL has not shown yet).
+	TokenEndsAt time.Time
+	// NextLeaseCheck is when the lease is next looked up in Vault; zero for none.
+	NextLeaseCheck time.Time
 
 	// Schedule is the rotation schedule; nil for none.
 	Schedule Schedule
@@ -123,7 +138,9 @@ type Decision struct {
 //  2. A rollout in progress: no rotation starts (renewals go on).
 //  3. Renewal capped with less than MinTTL left: Rotate now. Capped with more left, or a lease that
 //     is not renewable: Rotate at the jittered renewal point, or MinTTL before expiry if earlier
-//     (never in the first tenth of the lease, so a MinTTL as long as the lease cannot loop).
+//     (never in the first tenth of the lease, so a MinTTL as long as the lease cannot loop). A
+//     lease whose token ends first (TokenEndsAt) is replaced the same way, with the token's end as
+//     its expiry, counted from the lease's issue.
 //     These replacements happen even when paused and outside the maintenance window: the
 //     alternative is a credential that lapses.
 //  4. Paused: no scheduled or requested rotation.
@@ -131,7 +148,8 @@ type Decision struct {
 //  6. Scheduled rotation due (NextRotation at or before Now): Rotate once, however many
 //     activations were missed; outside the maintenance window it waits for the window to open.
 //  7. Renewable lease past its NextRenewal: Renew.
-//  8. Otherwise Nothing until When.
+//  8. Lease past its NextLeaseCheck: Check.
+//  9. Otherwise Nothing until When.
 func Decide(in Input) Decision {
 	if reason, ok := issueReason(in); ok {
 		return Decision{Action: ActionIssue, Reason: reason, When: in.Now, AcknowledgeRotateNow: rotateNowPending(in)}
@@ -145,13 +163,15 @@ func Decide(in Input) Decision {
 		d.AcknowledgeRotateNow = rotateNowPending(in)
 	case due(p.renewal, in.Now):
 		d.Action, d.Reason, d.When = ActionRenew, ReasonRenewalDue, in.Now
+	case due(in.NextLeaseCheck, in.Now) && !in.ExpiresAt.IsZero():
+		d.Action, d.Reason, d.When = ActionCheck, ReasonLeaseCheckDue, in.Now
 	default:
 		rotation := p.rotation
 		if in.Paused {
 			rotation = time.Time{}
 		}
 		d.Action, d.Reason = ActionNothing, rot.reason
-		d.When = earliestAfter(in.Now, p.renewal, p.replace, rotation, rot.until, in.ExpiresAt)
+		d.When = earliestAfter(in.Now, p.renewal, p.replace, p.tokenReplace, rotation, rot.until, in.ExpiresAt, in.NextLeaseCheck)
 	}
 	return d
 }
@@ -171,14 +191,15 @@ func issueReason(in Input) (Reason, bool) {
 
 // plan holds the times Decide weighs.
 type plan struct {
-	renewal  time.Time // next renewal; zero when the lease is not renewed
-	replace  time.Time // when a lease that cannot be extended is replaced; zero when not needed
-	rotation time.Time // next scheduled rotation; zero without a schedule
+	renewal      time.Time // next renewal; zero when the lease is not renewed
+	replace      time.Time // when a lease that cannot be extended is replaced; zero when not needed
+	tokenReplace time.Time // when a lease whose token ends first is replaced; zero when not needed
+	rotation     time.Time // next scheduled rotation; zero without a schedule
 }
 
 // makePlan computes the next renewal, replacement and scheduled rotation.
 func makePlan(in Input) plan {
-	p := plan{rotation: NextRotation(in.Schedule, in.LastRotation)}
+	p := plan{rotation: NextRotation(in.Schedule, in.LastRotation), tokenReplace: tokenReplacement(in)}
 	term := leaseTerm(in)
 	if term <= 0 || in.ExpiresAt.IsZero() {
 		return p
@@ -196,6 +217,29 @@ func makePlan(in Input) plan {
 	}
 	p.replace = at
 	return p
+}
+
+// tokenReplacement is when a lease that would outlive the token that created it is replaced: at
+// the jittered renewal point of the span from its issue to the token's end, or MinTTL before that
+// end if earlier, never in the first tenth of the span. Zero when the token has no known end, or
+// the lease expires first anyway.
+func tokenReplacement(in Input) time.Time {
+	end := in.TokenEndsAt
+	if end.IsZero() || in.IssuedAt.IsZero() || !end.After(in.IssuedAt) {
+		return time.Time{}
+	}
+	if !in.ExpiresAt.IsZero() && !in.ExpiresAt.After(end) && (!in.Renewable || in.RenewalCapped) {
+		return time.Time{} // the lease ends first; its own replacement covers it
+	}
+	span := end.Sub(in.IssuedAt)
+	at := NextRenewal(in.IssuedAt, span, in.RenewalPercent, in.RenewalKey)
+	if byMinTTL := end.Add(-in.MinTTL); byMinTTL.Before(at) {
+		at = byMinTTL
+	}
+	if floor := in.IssuedAt.Add(span / 10); at.Before(floor) {
+		at = floor
+	}
+	return at
 }
 
 // leaseTerm is the lease's duration as of RenewedAt: the capped TTL after a capped renewal, and
@@ -230,6 +274,8 @@ func decideRotation(in Input, p plan) rotationOutcome {
 		return rotationOutcome{rotate: true, reason: ReasonRenewalCapped}
 	case due(p.replace, in.Now):
 		return rotationOutcome{rotate: true, reason: ReasonNotRenewable}
+	case due(p.tokenReplace, in.Now):
+		return rotationOutcome{rotate: true, reason: ReasonTokenEnding}
 	case in.Paused:
 		return rotationOutcome{reason: ReasonPaused}
 	case rotateNowPending(in):

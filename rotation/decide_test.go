@@ -16,6 +16,7 @@ func TestDecide(t *testing.T) {
 	renewAt := NextRenewal(issuedAt, time.Hour, 67, key) // within 10:24:12..10:36:12
 	cappedAt := now.Add(-time.Minute)
 	cappedReplaceAt := NextRenewal(cappedAt, 20*time.Minute, 67, key) // within 10:10:24..10:14:24
+	tokenReplaceAt := NextRenewal(issuedAt, 30*time.Minute, 67, key)  // within 10:12:06..10:18:06
 	window := func(start string, d time.Duration) *Window {
 		w, err := ParseWindow(start, d, "UTC")
 		if err != nil {
@@ -156,6 +157,45 @@ func TestDecide(t *testing.T) {
 		"rollout in progress does not stop a renewal": {
 			in:   func(in *Input) { in.Now, in.RolloutInProgress = renewAt, true },
 			want: Decision{Action: ActionRenew, Reason: ReasonRenewalDue, When: renewAt},
+		},
+		"token ends before the lease: nothing until its replacement point": {
+			in:   func(in *Input) { in.IssuedAt, in.TokenEndsAt = issuedAt, issuedAt.Add(30*time.Minute) },
+			want: Decision{Action: ActionNothing, Reason: ReasonUpToDate, When: tokenReplaceAt},
+		},
+		"token ends before the lease: rotated at the replacement point, even when paused": {
+			in: func(in *Input) {
+				in.IssuedAt, in.TokenEndsAt, in.Now, in.Paused = issuedAt, issuedAt.Add(30*time.Minute), tokenReplaceAt, true
+			},
+			want: Decision{Action: ActionRotate, Reason: ReasonTokenEnding, When: tokenReplaceAt},
+		},
+		"token ends within minTTL: rotated now": {
+			in:   func(in *Input) { in.IssuedAt, in.TokenEndsAt, in.MinTTL = issuedAt, now.Add(time.Minute), 5*time.Minute },
+			want: Decision{Action: ActionRotate, Reason: ReasonTokenEnding, When: now},
+		},
+		"token ends after the lease's max TTL: the lease's own replacement covers it": {
+			in: func(in *Input) {
+				capped(in)
+				in.IssuedAt, in.TokenEndsAt = issuedAt, in.ExpiresAt.Add(time.Minute)
+			},
+			want: Decision{Action: ActionNothing, Reason: ReasonUpToDate, When: cappedReplaceAt},
+		},
+		"lease check due": {
+			in:   func(in *Input) { in.NextLeaseCheck = now },
+			want: Decision{Action: ActionCheck, Reason: ReasonLeaseCheckDue, When: now},
+		},
+		"renewal wins over a lease check": {
+			in:   func(in *Input) { in.Now, in.NextLeaseCheck = renewAt, now },
+			want: Decision{Action: ActionRenew, Reason: ReasonRenewalDue, When: renewAt},
+		},
+		"nothing to do until the next lease check": {
+			in:   func(in *Input) { in.NextLeaseCheck = now.Add(time.Minute) },
+			want: Decision{Action: ActionNothing, Reason: ReasonUpToDate, When: now.Add(time.Minute)},
+		},
+		"untracked lease is not checked": {
+			in: func(in *Input) {
+				in.ExpiresAt, in.Renewable, in.LeaseDuration, in.Schedule, in.NextLeaseCheck = time.Time{}, false, 0, nil, now
+			},
+			want: Decision{Action: ActionNothing, Reason: ReasonUpToDate},
 		},
 		"untracked lease without schedule: no timed work": {
 			in: func(in *Input) {

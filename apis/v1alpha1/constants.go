@@ -4,6 +4,11 @@ package v1alpha1
 // once every lease in the ledger is revoked (or deletionPolicy is Retain).
 const Finalizer = "keyroll.dev/revoke-leases"
 
+// ConnectionFinalizer is set on every VaultConnection; it is removed only once no RedisCluster
+// uses the connection or holds a lease obtained through it, so that the tokens that keep those
+// leases alive are renewed until then.
+const ConnectionFinalizer = "keyroll.dev/in-use"
+
 // Annotations and labels.
 const (
 	// AnnotationRotateNow on a RedisCluster asks for one rotation now. Any new value asks again;
@@ -20,6 +25,9 @@ const (
 
 	// LabelCluster names the RedisCluster an object belongs to.
 	LabelCluster = "keyroll.dev/cluster"
+
+	// LabelVaultConnection names the VaultConnection a token Secret belongs to.
+	LabelVaultConnection = "keyroll.dev/vault-connection"
 
 	// LabelManagedBy marks the objects keyroll creates; the operator's Secret cache sees only these.
 	LabelManagedBy = "app.kubernetes.io/managed-by"
@@ -38,6 +46,9 @@ const (
 	ConditionRolloutProgressing = "RolloutProgressing"
 	// ConditionDegraded: something needs attention (a stalled rollout, a revocation that failed, ...).
 	ConditionDegraded = "Degraded"
+	// ConditionDeletionBlocked: a VaultConnection being deleted waits for the RedisClusters that
+	// still use it.
+	ConditionDeletionBlocked = "DeletionBlocked"
 )
 
 // Condition reasons.
@@ -72,6 +83,9 @@ const (
 	ReasonRevocationSkipped           = "RevocationSkipped"
 	ReasonInvalidSchedule             = "InvalidSchedule"
 	ReasonOutsideMaintenanceWindow    = "OutsideMaintenanceWindow"
+	ReasonTokenMaxTTLTooShort         = "TokenMaxTTLTooShort"
+	ReasonTokensOutliveLeases         = "TokensOutliveLeases"
+	ReasonInUse                       = "InUse"
 )
 
 // Event reasons (UpperCamelCase; events fire on transitions only).
@@ -90,4 +104,12 @@ const (
 	EventAccessDenied      = "AccessDenied"
 	EventRefreshRequested  = "RefreshRequested"
 	EventLeasesNotTracked  = "LeasesNotTracked"
+	// EventLeaseRevokedOutside: the live lease was revoked outside keyroll; a new credential is
+	// issued and rolled out at once.
+	EventLeaseRevokedOutside = "LeaseRevokedOutside"
+	// EventTokenEnding: the Vault token that owns the live lease ends (max TTL) before the lease;
+	// the credential is rotated early enough to be replaced in time.
+	EventTokenEnding = "TokenEnding"
+	// EventTokenMaxTTLTooShort: a VaultConnection's tokens end before the leases they create.
+	EventTokenMaxTTLTooShort = "TokenMaxTTLTooShort"
 )

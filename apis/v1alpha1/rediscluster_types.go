@@ -28,6 +28,18 @@ const (
 	DeletionRetain DeletionPolicy = "Retain"
 )
 
+// RevokedOutsidePolicy says what happens to the user of a lease revoked outside keyroll.
+// +kubebuilder:validation:Enum=CutOff;RollOver
+type RevokedOutsidePolicy string
+
+const (
+	// RevokedOutsideCutOff removes the revoked user from every Redis node at once.
+	RevokedOutsideCutOff RevokedOutsidePolicy = "CutOff"
+	// RevokedOutsideRollOver keeps the revoked user on the Redis nodes until the new credential
+	// has rolled out.
+	RevokedOutsideRollOver RevokedOutsidePolicy = "RollOver"
+)
+
 // LeaseState is the state of one lease in the ledger.
 // +kubebuilder:validation:Enum=Active;Superseded;Revoking
 type LeaseState string
@@ -161,6 +173,17 @@ type CredentialsSpec struct {
 	// +kubebuilder:validation:MaxLength=253
 	// +kubebuilder:validation:Pattern=`^[-._a-zA-Z0-9]+$`
 	PasswordKey string `json:"passwordKey,omitempty"`
+
+	// onRevokedOutside says what keyroll does when the live lease is revoked outside keyroll (for
+	// example `vault lease revoke` during an incident), which it detects within
+	// the lease-check interval (a minute by default). Either way a new credential is issued and
+	// rolled out at once. CutOff (the default) removes the revoked user from every Redis node at
+	// once, honouring the revocation; RollOver keeps it on keyroll's Redis nodes until the new
+	// credential has rolled out, trading the cut-off for availability.
+	// +optional
+	// +kubebuilder:default=CutOff
+	// +kubebuilder:validation:Enum=CutOff;RollOver
+	OnRevokedOutside RevokedOutsidePolicy `json:"onRevokedOutside,omitempty"`
 
 	// aclRules are the Redis ACL rules the credential's user gets on every node; they should match
 	// the Vault role's creation statements. The default allows all keys, channels and commands.
@@ -454,6 +477,19 @@ type CredentialStatus struct {
 	// +optional
 	RenewalCapped bool `json:"renewalCapped,omitempty"`
 
+	// tokenAccessor identifies (without revealing it) the Vault token that created the lease:
+	// Vault revokes the lease with that token, so keyroll keeps the token alive while the lease
+	// lives.
+	// +optional
+	// +kubebuilder:validation:MaxLength=256
+	TokenAccessor string `json:"tokenAccessor,omitempty"`
+
+	// tokenEndsAt is when the token that created the lease ends for good (the auth role's token
+	// max TTL), when it has one: Vault revokes the lease then, so keyroll rotates the credential
+	// early enough that the new one is rolled out and this lease revoked before.
+	// +optional
+	TokenEndsAt *metav1.Time `json:"tokenEndsAt,omitempty"`
+
 	// lastRenewal is when the lease was last renewed.
 	// +optional
 	LastRenewal *metav1.Time `json:"lastRenewal,omitempty"`
@@ -502,6 +538,17 @@ type LeaseRecord struct {
 	// username of the credential the lease belongs to.
 	// +optional
 	Username string `json:"username,omitempty"`
+
+	// connection is the VaultConnection the lease was obtained through; it is renewed and revoked
+	// through it.
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	Connection string `json:"connection,omitempty"`
+
+	// tokenAccessor identifies the Vault token that created the lease (never the token itself).
+	// +optional
+	// +kubebuilder:validation:MaxLength=256
+	TokenAccessor string `json:"tokenAccessor,omitempty"`
 
 	// issuedAt is when the lease was obtained.
 	// +optional

@@ -206,6 +206,15 @@ type VaultConnectionStatus struct {
 	// +optional
 	TokenExpiresAt *metav1.Time `json:"tokenExpiresAt,omitempty"`
 
+	// tokens are the Vault tokens the operator holds through this connection: the current one,
+	// which creates new leases, and earlier ones kept alive because leases they created are live
+	// (Vault revokes a lease with its token). Identified by accessor, never by the token.
+	// +optional
+	// +listType=map
+	// +listMapKey=accessor
+	// +kubebuilder:validation:MaxItems=64
+	Tokens []TokenStatus `json:"tokens,omitempty"`
+
 	// vaultVersion is the Vault server version as last seen.
 	// +optional
 	VaultVersion string `json:"vaultVersion,omitempty"`
@@ -217,6 +226,31 @@ type VaultConnectionStatus struct {
 	// lastCheckedAt is when the operator last talked to this Vault.
 	// +optional
 	LastCheckedAt *metav1.Time `json:"lastCheckedAt,omitempty"`
+}
+
+// TokenStatus is one Vault token the operator holds, without the token.
+type TokenStatus struct {
+	// accessor identifies the token without revealing it (vault token lookup -accessor).
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=256
+	Accessor string `json:"accessor"`
+
+	// current says new leases are created with this token.
+	// +optional
+	Current bool `json:"current,omitempty"`
+
+	// leases is how many leases in RedisClusters' ledgers this token created.
+	// +optional
+	Leases int32 `json:"leases,omitempty"`
+
+	// expiresAt is when the token expires unless renewed.
+	// +optional
+	ExpiresAt *metav1.Time `json:"expiresAt,omitempty"`
+
+	// endsAt is when the token ends for good (its max TTL), if it has one; its leases end with it.
+	// +optional
+	EndsAt *metav1.Time `json:"endsAt,omitempty"`
 }
 
 // VaultConnection describes how keyroll reaches a Vault server and logs in there, and which
