@@ -35,6 +35,7 @@ func main() {
 		retryPeriod   = flag.Duration("leader-elect-retry-period", 2*time.Second, "How long candidates wait between tries to acquire or renew leadership.")
 		saNamespace   = flag.String("service-account-namespace", os.Getenv("POD_NAMESPACE"), "Namespace of the operator's service account, which logs in to Vault with Kubernetes auth.")
 		saName        = flag.String("service-account-name", "keyroll-manager", "Name of the operator's service account.")
+		leaseCheck    = flag.Duration("lease-check-interval", controllers.DefaultLeaseCheckInterval, "How often a live lease is looked up in Vault besides its renewals, so that a lease revoked outside keyroll is noticed within about that long; negative turns the lookups off.")
 	)
 	zapOpts := zap.Options{}
 	zapOpts.BindFlags(flag.CommandLine)
@@ -46,7 +47,8 @@ func main() {
 		metricsAddr: *metricsAddr, probeAddr: *probeAddr,
 		leaderElect: *leaderElect, leaderNS: *leaderNS,
 		leaseDuration: *leaseDuration, renewDeadline: *renewDeadline, retryPeriod: *retryPeriod,
-		serviceAccount: types.NamespacedName{Namespace: *saNamespace, Name: *saName},
+		serviceAccount:     types.NamespacedName{Namespace: *saNamespace, Name: *saName},
+		leaseCheckInterval: *leaseCheck,
 	}); err != nil {
 		log.Error(err, "Manager stopped with an error")
 		os.Exit(1)
@@ -59,6 +61,7 @@ type managerOptions struct {
 	leaderNS                                  string
 	leaseDuration, renewDeadline, retryPeriod time.Duration
 	serviceAccount                            types.NamespacedName
+	leaseCheckInterval                        time.Duration
 }
 
 func newScheme() *runtime.Scheme {
@@ -99,6 +102,7 @@ func run(ctx context.Context, o managerOptions) error {
 	}
 	if _, err := controllers.Setup(mgr, controllers.Options{
 		Recorder: recorder, Clock: clock.RealClock{}, Tokens: cs, ServiceAccount: o.serviceAccount,
+		LeaseCheckInterval: o.leaseCheckInterval,
 	}); err != nil {
 		return err
 	}

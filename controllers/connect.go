@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -56,6 +57,30 @@ func connectionName(rc *v1alpha1.RedisCluster) string {
 		return c.ExternalSecret.ConnectionRef.Name
 	}
 	return ""
+}
+
+// leaseConnection is the VaultConnection a lease was obtained through: the one its record names,
+// or (records made before keyroll recorded it) the one the cluster uses.
+func leaseConnection(rc *v1alpha1.RedisCluster, l v1alpha1.LeaseRecord) string {
+	if l.Connection != "" {
+		return l.Connection
+	}
+	return connectionName(rc)
+}
+
+// clusterConnections lists the VaultConnections a RedisCluster uses or holds leases from.
+func clusterConnections(rc *v1alpha1.RedisCluster) []string {
+	var names []string
+	add := func(n string) {
+		if n != "" && !slices.Contains(names, n) {
+			names = append(names, n)
+		}
+	}
+	add(connectionName(rc))
+	for _, l := range rc.Status.Leases {
+		add(leaseConnection(rc, l))
+	}
+	return names
 }
 
 // connectionField names the spec field of connectionName, for messages.

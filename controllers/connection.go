@@ -31,14 +31,15 @@ type Connector struct {
 	Tokens kubernetes.Interface
 	// ServiceAccount is the operator's own service account, which logs in to Vault.
 	ServiceAccount types.NamespacedName
+	// Writer writes the Secrets that keep each VaultConnection's Vault tokens, in TokenNamespace
+	// (the operator's own namespace); without a namespace, tokens are not persisted.
+	Writer         client.Client
+	TokenNamespace string
 	Cache          *vault.Cache
 	Clock          clock.Clock
 	// Observer, when set, sees every Vault request, with the name of its VaultConnection.
 	Observer func(connection, op, outcome string, seconds float64)
 }
-
-// errNamespaceNotAllowed says that a VaultConnection does not serve a namespace.
-var errNamespaceNotAllowed = errors.New("namespace not allowed")
 
 // namespaceAllowed says whether RedisClusters in ns may use vc: listed, or "*".
 func namespaceAllowed(vc *v1alpha1.VaultConnection, ns string) bool {
@@ -67,6 +68,9 @@ func (c *Connector) config(ctx context.Context, vc *v1alpha1.VaultConnection) (v
 		name := vc.Name // the client outlives vc, which its caller goes on using
 		cfg.Observer = func(op, outcome string, d time.Duration) { c.Observer(name, op, outcome, d.Seconds()) }
 	}
+	if c.TokenNamespace != "" && c.Writer != nil {
+		cfg.Tokens = newTokenStore(c.Writer, c.Reader, c.TokenNamespace, vc)
+	}
 	if spec.RateLimit != nil {
 		cfg.RateLimit = vault.RateLimit{QPS: float64(spec.RateLimit.QPS), Burst: int(spec.RateLimit.Burst)}
 	}
@@ -91,7 +95,8 @@ func (c *Connector) auth(ctx context.Context, a v1alpha1.VaultAuth) (vault.Auth,
 	case a.Kubernetes != nil:
 		k := a.Kubernetes
 		return vault.Auth{Kubernetes: &vault.KubernetesAuth{Mount: k.Mount, Role: k.Role,
-			JWT: c.serviceAccountToken(k.Audiences, k.TokenExpirationSeconds)}}, nil
+			JWT:       c.serviceAccountToken(k.Audiences, k.TokenExpirationSeconds),
+			Audiences: k.Audiences, TokenExpiration: time.Duration(k.TokenExpirationSeconds) * time.Second}}, nil
 	case a.AppRole != nil:
 		id, err := c.secretValue(ctx, a.AppRole.SecretIDRef, "auth.appRole.secretIDRef")
 		if err != nil {

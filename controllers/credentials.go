@@ -3,6 +3,7 @@ package controllers
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -22,28 +23,38 @@ type credential struct {
 }
 
 // reconcileCredential decides what the credential needs (rotation.Decide) and does it: issue a
-// new one, renew the lease, or nothing. It returns the live credential and when to look again.
+// new one, renew the lease, look it up, or nothing. A lease found gone was revoked outside
+// keyroll (its token is kept alive, so it did not die with it): it is honoured and replaced at
+// once. It returns the live credential and when to look again.
 func (r *RedisClusterReconciler) reconcileCredential(ctx context.Context, s *scope, vcl vault.Client) (*credential, time.Duration, error) {
 	cur, err := r.currentCredential(ctx, s.rc)
 	if err != nil {
 		return nil, 0, err
 	}
-	d := rotation.Decide(r.decisionInput(s, cur != nil))
+	d := rotation.Decide(r.decisionInput(s, vcl, cur != nil))
+	gone := false
 	switch d.Action {
-	case rotation.ActionIssue, rotation.ActionRotate:
-		cur, err = r.issue(ctx, s, vcl, d)
 	case rotation.ActionRenew:
-		var gone bool
 		gone, err = r.renew(ctx, s, vcl)
-		if gone {
-			d = rotation.Decision{Action: rotation.ActionIssue, Reason: rotation.ReasonLeaseGone}
-			cur, err = r.issue(ctx, s, vcl, d)
-		}
+	case rotation.ActionCheck:
+		gone, err = r.checkLease(ctx, s, vcl)
 	}
-	if err != nil || cur == nil {
+	if err != nil {
 		return nil, 0, err
 	}
-	next := rotation.Decide(r.decisionInput(s, true))
+	if gone {
+		if err := r.revokedOutside(ctx, s); err != nil {
+			return nil, 0, err
+		}
+		d = rotation.Decision{Action: rotation.ActionIssue, Reason: rotation.ReasonLeaseGone}
+	}
+	if d.Action == rotation.ActionIssue || d.Action == rotation.ActionRotate {
+		r.tokenEnding(s, d)
+		if cur, err = r.issue(ctx, s, vcl, d); err != nil || cur == nil {
+			return nil, 0, err
+		}
+	}
+	next := rotation.Decide(r.decisionInput(s, vcl, true))
 	c := s.rc.Status.Credential
 	r.Metrics.setLeaseExpiry(client.ObjectKeyFromObject(s.rc), timeOf(c.ExpiresAt))
 	c.NextRenewal, c.NextRotation = timeOrNil(next.NextRenewal), timeOrNil(next.NextRotation)
@@ -51,8 +62,10 @@ func (r *RedisClusterReconciler) reconcileCredential(ctx context.Context, s *sco
 	return cur, requeueAt(r.Clock.Now(), next.When), nil
 }
 
-// decisionInput translates the RedisCluster's status into rotation's plain input.
-func (r *RedisClusterReconciler) decisionInput(s *scope, hasCredential bool) rotation.Input {
+// decisionInput translates the RedisCluster's status into rotation's plain input. vcl, when
+// set, says when the token that created the lease ends, as far as keyroll knows; that end is kept
+// in the status.
+func (r *RedisClusterReconciler) decisionInput(s *scope, vcl vault.Client, hasCredential bool) rotation.Input {
 	rc := s.rc
 	in := rotation.Input{
 		Now: r.Clock.Now(), HasCredential: hasCredential, RenewalPercent: defaultRenewalPercent,
@@ -71,7 +84,7 @@ func (r *RedisClusterReconciler) decisionInput(s *scope, hasCredential bool) rot
 		return in
 	}
 	in.ExpiresAt, in.Renewable, in.RenewalCapped = timeOf(c.ExpiresAt), c.Renewable, c.RenewalCapped
-	in.RenewedAt = timeOf(c.IssuedAt)
+	in.IssuedAt, in.RenewedAt = timeOf(c.IssuedAt), timeOf(c.IssuedAt)
 	if c.LastRenewal != nil {
 		in.RenewedAt = c.LastRenewal.Time
 	}
@@ -79,7 +92,64 @@ func (r *RedisClusterReconciler) decisionInput(s *scope, hasCredential bool) rot
 	in.CappedTTL = in.LeaseDuration
 	in.LastRotation = timeOf(c.LastRotation)
 	in.RenewalKey = string(rc.UID) + "/" + c.LeaseID
+	if vcl != nil && c.TokenAccessor != "" {
+		if t, ok := vcl.Token(c.TokenAccessor); ok && !t.EndsAt.IsZero() {
+			c.TokenEndsAt = timeOrNil(t.EndsAt)
+		}
+	}
+	in.TokenEndsAt = timeOf(c.TokenEndsAt)
+	if c.LeaseID != "" {
+		in.NextLeaseCheck = r.leaseChecks.next(client.ObjectKeyFromObject(rc), c.LeaseID, in.RenewedAt)
+	}
 	return in
+}
+
+// checkLease looks the live lease up in Vault. gone says Vault no longer knows it.
+func (r *RedisClusterReconciler) checkLease(ctx context.Context, s *scope, vcl vault.Client) (gone bool, err error) {
+	c := s.rc.Status.Credential
+	info, err := vcl.Lookup(ctx, c.LeaseID)
+	if err != nil {
+		return false, fmt.Errorf("looking up lease: %w", err)
+	}
+	r.leaseChecks.checked(client.ObjectKeyFromObject(s.rc), c.LeaseID, r.Clock.Now())
+	return !info.Exists, nil
+}
+
+// revokedOutside honours a live lease that was revoked outside keyroll (an administrator's `vault
+// lease revoke`, incident response): the lease leaves the ledger, a Warning event and the metric
+// say so, and, with onRevokedOutside CutOff (the default), its user leaves the aclfile at once;
+// with RollOver the user stays there until the new credential has rolled out. The caller issues a
+// new credential next, ahead of any other work.
+func (r *RedisClusterReconciler) revokedOutside(ctx context.Context, s *scope) error {
+	rc := s.rc
+	c := rc.Status.Credential
+	r.Metrics.RevokedOutside.Inc()
+	rc.Status.Leases = removeLease(rc.Status.Leases, c.LeaseID)
+	if rc.Spec.Credentials.OnRevokedOutside == v1alpha1.RevokedOutsideRollOver {
+		if c.Username != "" && !slices.Contains(c.SupersededUsers, c.Username) {
+			c.SupersededUsers = append(c.SupersededUsers, c.Username)
+		}
+		s.conds.event(true, v1alpha1.EventLeaseRevokedOutside, "Revoke",
+			"Lease %s of user %s was revoked outside keyroll; issuing a new credential at once (onRevokedOutside RollOver: the user stays on the Redis nodes until the new credential has rolled out)", c.LeaseID, c.Username)
+		log.FromContext(ctx).Info("Lease revoked outside keyroll; rolling over", "lease", c.LeaseID, "username", c.Username)
+		return nil
+	}
+	s.conds.event(true, v1alpha1.EventLeaseRevokedOutside, "Revoke",
+		"Lease %s of user %s was revoked outside keyroll; the user is cut off on every Redis node and a new credential is issued at once (onRevokedOutside CutOff)", c.LeaseID, c.Username)
+	log.FromContext(ctx).Info("Lease revoked outside keyroll; cutting its user off", "lease", c.LeaseID, "username", c.Username)
+	return r.ensureACLSecret(ctx, rc, nil)
+}
+
+// tokenEnding says, in an event, that a credential is rotated because the token that created its
+// lease ends before it.
+func (r *RedisClusterReconciler) tokenEnding(s *scope, d rotation.Decision) {
+	if d.Reason != rotation.ReasonTokenEnding {
+		return
+	}
+	c := s.rc.Status.Credential
+	s.conds.event(true, v1alpha1.EventTokenEnding, "Rotate",
+		"The Vault token that created lease %s ends at %s (its max TTL), before the lease: rotating now, so that the new credential is rolled out and this lease revoked before Vault revokes it with its token. A periodic token on the auth role avoids this (see the VaultConnection's Degraded condition)",
+		c.LeaseID, timeOf(c.TokenEndsAt).UTC().Format(time.RFC3339))
 }
 
 // parseRotation parses the rotation schedule and window once per reconcile. An invalid one is
@@ -184,13 +254,18 @@ func (r *RedisClusterReconciler) recordLease(s *scope, lease *vault.Lease, cred 
 	if lease.ID != "" {
 		rc.Status.Leases = append(rc.Status.Leases, v1alpha1.LeaseRecord{
 			LeaseID: lease.ID, State: v1alpha1.LeaseActive, Version: cred.version, Username: cred.username,
-			IssuedAt: now, ExpiresAt: expires,
+			Connection: connectionName(rc), TokenAccessor: lease.TokenAccessor, IssuedAt: now, ExpiresAt: expires,
 		})
+	}
+	var superseded []string
+	if prev := rc.Status.Credential; prev != nil {
+		superseded = prev.SupersededUsers // users kept until the rollout is done (RollOver)
 	}
 	rc.Status.Credential = &v1alpha1.CredentialStatus{
 		Version: cred.version, Source: v1alpha1.SourceVaultLease, Username: cred.username, LeaseID: lease.ID,
 		IssuedAt: now, ExpiresAt: expires, Renewable: lease.Renewable,
 		LeaseDuration: &metav1.Duration{Duration: lease.Duration}, LastRotation: now,
+		TokenAccessor: lease.TokenAccessor, TokenEndsAt: timeOrNil(lease.TokenDeadline), SupersededUsers: superseded,
 	}
 	if d.AcknowledgeRotateNow {
 		rc.Status.RotateNowAcknowledged = rc.Annotations[v1alpha1.AnnotationRotateNow]
@@ -228,8 +303,6 @@ func (r *RedisClusterReconciler) renew(ctx context.Context, s *scope, vcl vault.
 	ren, err := vcl.Renew(ctx, c.LeaseID, increment)
 	r.Metrics.Renewals.WithLabelValues(result(err)).Inc()
 	if vault.IsLeaseGone(err) {
-		log.FromContext(ctx).Info("Lease gone from Vault; issuing a new credential", "lease", c.LeaseID)
-		s.rc.Status.Leases = removeLease(s.rc.Status.Leases, c.LeaseID)
 		return true, nil
 	}
 	if err != nil {
@@ -242,6 +315,7 @@ func (r *RedisClusterReconciler) renew(ctx context.Context, s *scope, vcl vault.
 			s.rc.Status.Leases[i].ExpiresAt = expires
 		}
 	}
+	r.leaseChecks.checked(client.ObjectKeyFromObject(s.rc), c.LeaseID, r.Clock.Now())
 	log.FromContext(ctx).V(1).Info("Lease renewed", "lease", c.LeaseID, "granted", ren.Duration, "capped", ren.Capped)
 	return false, nil
 }

@@ -55,24 +55,29 @@ func (r *RedisClusterReconciler) reconcileSynced(ctx context.Context, s *scope, 
 	if err != nil {
 		return nil, 0, err
 	}
-	d := rotation.Decide(r.decisionInput(s, true))
+	d := rotation.Decide(r.decisionInput(s, vcl, true))
 	switch {
 	case gone:
-		d = rotation.Decision{Action: rotation.ActionIssue, Reason: rotation.ReasonLeaseGone}
 	case d.Action == rotation.ActionRenew && tracked:
-		if gone, err = r.renew(ctx, s, vcl); gone {
-			d = rotation.Decision{Action: rotation.ActionIssue, Reason: rotation.ReasonLeaseGone}
-		}
+		gone, err = r.renew(ctx, s, vcl)
+	case d.Action == rotation.ActionCheck && tracked:
+		gone, err = r.checkLease(ctx, s, vcl)
 	}
 	if err != nil {
 		return nil, 0, err
+	}
+	if gone {
+		// External Secrets Operator's token is not keyroll's to keep alive: a lease that is gone
+		// was revoked outside keyroll or died with that token.
+		r.leaseGoneExternally(ctx, s)
+		d = rotation.Decision{Action: rotation.ActionIssue, Reason: rotation.ReasonLeaseGone}
 	}
 	if d.Action == rotation.ActionIssue || d.Action == rotation.ActionRotate {
 		if err := r.requestRefresh(ctx, s, d); err != nil {
 			return nil, 0, err
 		}
 	}
-	next := rotation.Decide(r.decisionInput(s, true))
+	next := rotation.Decide(r.decisionInput(s, vcl, true))
 	c := rc.Status.Credential
 	c.NextRenewal, c.NextRotation = timeOrNil(next.NextRenewal), timeOrNil(next.NextRotation)
 	r.Metrics.setLeaseExpiry(client.ObjectKeyFromObject(rc), timeOf(c.ExpiresAt))
@@ -422,4 +427,21 @@ func (r *RedisClusterReconciler) retireExternalSecret(ctx context.Context, s *sc
 		return time.Second, nil
 	}
 	return 0, nil
+}
+
+// leaseGoneExternally records that the tracked lease of the credential External Secrets Operator
+// synced is gone from Vault before its expiry: revoked outside keyroll, or ended with External
+// Secrets Operator's own Vault token, which keyroll cannot keep alive. The lease leaves the
+// ledger; the caller asks External Secrets Operator for a new credential at once.
+func (r *RedisClusterReconciler) leaseGoneExternally(ctx context.Context, s *scope) {
+	c := s.rc.Status.Credential
+	if c == nil || c.LeaseID == "" {
+		return
+	}
+	r.Metrics.RevokedOutside.Inc()
+	s.rc.Status.Leases = removeLease(s.rc.Status.Leases, c.LeaseID)
+	s.conds.event(true, v1alpha1.EventLeaseRevokedOutside, "Revoke",
+		"Lease %s that External Secrets Operator obtained is gone from Vault before its expiry (revoked outside keyroll, or ended with External Secrets Operator's own Vault token): asking for a new credential at once",
+		c.LeaseID)
+	log.FromContext(ctx).Info("Tracked lease gone from Vault; asking External Secrets Operator for a new credential", "lease", c.LeaseID)
 }

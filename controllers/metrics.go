@@ -23,6 +23,9 @@ type Metrics struct {
 	leaseExpiry     *expiryCollector
 	tokenExpiry     *expiryCollector
 	stalePods       *prometheus.GaugeVec
+	// RevokedOutside counts live leases found revoked outside keyroll.
+	RevokedOutside prometheus.Counter
+	tokens         *prometheus.GaugeVec
 }
 
 // Result label values.
@@ -70,12 +73,18 @@ func newMetrics(clk clock.PassiveClock) *Metrics {
 		stalePods: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "keyroll_pods_on_superseded_credential", Help: "Redis pods still running a credential that has been replaced.",
 		}, []string{"namespace", "name"}),
+		RevokedOutside: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "keyroll_leases_revoked_outside_total", Help: "Live leases found revoked outside keyroll (then replaced at once).",
+		}),
+		tokens: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "keyroll_vault_tokens", Help: "Vault tokens the operator holds through a VaultConnection: the current one and those kept alive for their leases.",
+		}, []string{"connection"}),
 	}
 }
 
 func (m *Metrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{m.Issues, m.Renewals, m.Rotations, m.Revocations, m.RolloutDuration,
-		m.VaultRequests, m.leaseExpiry, m.tokenExpiry, m.stalePods}
+		m.VaultRequests, m.leaseExpiry, m.tokenExpiry, m.stalePods, m.RevokedOutside, m.tokens}
 }
 
 // observeVault records one Vault request.
@@ -91,6 +100,15 @@ func (m *Metrics) setLeaseExpiry(key types.NamespacedName, at time.Time) {
 // setTokenExpiry records when a connection's Vault token expires (zero: forget it).
 func (m *Metrics) setTokenExpiry(connection string, at time.Time) {
 	m.tokenExpiry.set([]string{connection}, at)
+}
+
+// setTokens records how many tokens a VaultConnection holds (0 forgets the series).
+func (m *Metrics) setTokens(connection string, n int) {
+	if n == 0 {
+		m.tokens.DeleteLabelValues(connection)
+		return
+	}
+	m.tokens.WithLabelValues(connection).Set(float64(n))
 }
 
 // setStalePods records how many Redis pods still run a superseded credential.

@@ -53,7 +53,8 @@ func (r *RedisClusterReconciler) reconcileObjects(ctx context.Context, s *scope,
 	return nil
 }
 
-// ensureACLSecret writes the aclfile the Redis pods load, and the reload user's password.
+// ensureACLSecret writes the aclfile the Redis pods load, and the reload user's password. cred is
+// the current credential; nil leaves the current user out (its lease was revoked outside keyroll).
 func (r *RedisClusterReconciler) ensureACLSecret(ctx context.Context, rc *v1alpha1.RedisCluster, cred *credential) error {
 	old := &corev1.Secret{}
 	err := r.Get(ctx, client.ObjectKey{Namespace: rc.Namespace, Name: aclSecretName(rc)}, old)
@@ -73,13 +74,16 @@ func (r *RedisClusterReconciler) ensureACLSecret(ctx context.Context, rc *v1alph
 	return ensure(ctx, r, rc, buildACLSecret(rc, aclFile, reload), &corev1.Secret{}, sameSecret, updateSecret)
 }
 
-// aclFile renders the aclfile: the current user, the users of superseded leases that are not
-// revoked yet (taken over from the aclfile as it is, where only their password hashes are), and
-// the reload user.
+// aclFile renders the aclfile: the current user (none while a revoked credential awaits its
+// replacement), the users of superseded leases that are not revoked yet (taken over from the
+// aclfile as it is, where only their password hashes are), and the reload user.
 func aclFile(rc *v1alpha1.RedisCluster, cred *credential, existing map[string]aclUser, reloadPassword string) (string, error) {
-	users := []aclUser{newACLUser(cred.username, cred.password)}
+	var users []aclUser
+	if cred != nil {
+		users = append(users, newACLUser(cred.username, cred.password))
+	}
 	keep := func(name string) {
-		if u, ok := existing[name]; ok && name != cred.username && !slices.ContainsFunc(users, func(x aclUser) bool { return x.Username == name }) {
+		if u, ok := existing[name]; ok && !slices.ContainsFunc(users, func(x aclUser) bool { return x.Username == name }) {
 			users = append(users, u)
 		}
 	}

@@ -3,6 +3,7 @@ package controllers
 import (
 	"context"
 	"errors"
+	"maps"
 	"time"
 
 	esv1 "github.com/external-secrets/external-secrets/apis/externalsecrets/v1"
@@ -30,8 +31,8 @@ import (
 	"github.com/keyroll/keyroll/vault"
 )
 
-// connectionIndex indexes RedisClusters by the VaultConnection they use.
-const connectionIndex = "spec.credentials.connectionRef.name"
+// connectionIndex indexes RedisClusters by the VaultConnections they use or hold leases from.
+const connectionIndex = "keyroll.connections"
 
 // RedisClusterReconciler reconciles RedisClusters: credentials from Vault, the Redis StatefulSet and
 // the Secrets it mounts, renewals, re-issues and revocation on delete.
@@ -50,6 +51,7 @@ type RedisClusterReconciler struct {
 	// keyroll started: only then does ExternalSecret mode work (and is the API watched).
 	ExternalSecrets bool
 	sightings       *sightings
+	leaseChecks     *leaseChecks
 }
 
 // scope is one reconcile's view of a RedisCluster: the object, its status as last written, and
@@ -181,6 +183,7 @@ func (r *RedisClusterReconciler) forget(key types.NamespacedName) {
 	if r.Scheduler != nil {
 		r.Scheduler.Remove(key)
 	}
+	r.leaseChecks.forget(key)
 	r.Metrics.forget(key)
 }
 
@@ -266,12 +269,7 @@ func phaseOf(rc *v1alpha1.RedisCluster) v1alpha1.Phase {
 // VaultConnections they use.
 func (r *RedisClusterReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	err := mgr.GetFieldIndexer().IndexField(context.Background(), &v1alpha1.RedisCluster{}, connectionIndex,
-		func(o client.Object) []string {
-			if name := connectionName(o.(*v1alpha1.RedisCluster)); name != "" {
-				return []string{name}
-			}
-			return nil
-		})
+		func(o client.Object) []string { return clusterConnections(o.(*v1alpha1.RedisCluster)) })
 	if err != nil {
 		return err
 	}
@@ -355,15 +353,28 @@ func (r *RedisClusterReconciler) clustersUsing(ctx context.Context, o client.Obj
 }
 
 // connectionChanged passes VaultConnection events that can matter to a RedisCluster: a new spec,
-// or a change of its Ready condition.
+// a change of its Ready condition, or a token whose end became known (its leases may have to be
+// replaced before it).
 func connectionChanged() predicate.Predicate {
 	return predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
 		if e.ObjectOld.GetGeneration() != e.ObjectNew.GetGeneration() {
 			return true
 		}
 		o, n := e.ObjectOld.(*v1alpha1.VaultConnection), e.ObjectNew.(*v1alpha1.VaultConnection)
-		return readyStatus(o.Status.Conditions) != readyStatus(n.Status.Conditions)
+		return readyStatus(o.Status.Conditions) != readyStatus(n.Status.Conditions) ||
+			!maps.Equal(tokenEnds(o.Status.Tokens), tokenEnds(n.Status.Tokens))
 	}}
+}
+
+// tokenEnds maps the accessors of tokens with a known end to that end.
+func tokenEnds(tokens []v1alpha1.TokenStatus) map[string]time.Time {
+	out := map[string]time.Time{}
+	for _, t := range tokens {
+		if t.EndsAt != nil {
+			out[t.Accessor] = t.EndsAt.Time
+		}
+	}
+	return out
 }
 
 func readyStatus(c []metav1.Condition) metav1.ConditionStatus {

@@ -34,6 +34,9 @@ type Options struct {
 	ServiceAccount types.NamespacedName
 	// VaultObserver, when set, sees every Vault request (VaultConnection, operation, outcome, duration).
 	VaultObserver func(connection, op, outcome string, seconds float64)
+	// LeaseCheckInterval is how often a live lease is looked up in Vault besides its renewals
+	// (zero: DefaultLeaseCheckInterval; negative: never).
+	LeaseCheckInterval time.Duration
 }
 
 // CacheOptions are the manager's cache settings: Secrets only with keyroll's label, never every
@@ -63,6 +66,7 @@ func Setup(mgr ctrl.Manager, o Options) (*RedisClusterReconciler, error) {
 	}
 	conn := &Connector{
 		Reader: mgr.GetAPIReader(), Tokens: o.Tokens, ServiceAccount: o.ServiceAccount,
+		Writer: mgr.GetClient(), TokenNamespace: o.ServiceAccount.Namespace,
 		Cache: vault.NewCache(), Clock: o.Clock, Observer: observe,
 	}
 	if err := (&VaultConnectionReconciler{
@@ -81,9 +85,17 @@ func Setup(mgr ctrl.Manager, o Options) (*RedisClusterReconciler, error) {
 	rcr := &RedisClusterReconciler{
 		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: o.Recorder, Clock: o.Clock,
 		Connector: conn, Scheduler: sched, Metrics: m, ExternalSecrets: externalSecretsServed(mgr), sightings: &sightings{},
+		leaseChecks: newLeaseChecks(leaseCheckInterval(o.LeaseCheckInterval)),
 	}
 	mgr.GetLogger().Info("External Secrets Operator's API", "served", rcr.ExternalSecrets)
 	return rcr, rcr.SetupWithManager(mgr)
+}
+
+func leaseCheckInterval(d time.Duration) time.Duration {
+	if d == 0 {
+		return DefaultLeaseCheckInterval
+	}
+	return d
 }
 
 // externalSecretsServed says whether the API server serves external-secrets.io/v1 ExternalSecrets

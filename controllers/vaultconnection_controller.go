@@ -3,6 +3,9 @@ package controllers
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -12,6 +15,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 
@@ -23,8 +29,13 @@ import (
 // when nothing else happens.
 const connectionCheckInterval = 5 * time.Minute
 
-// VaultConnectionReconciler reconciles VaultConnections: it logs in to Vault and reports the login,
-// the token's expiry and Vault's version and seal state. It never writes the token anywhere.
+// deletionRecheck is how often a VaultConnection being deleted looks again for its users.
+const deletionRecheck = 10 * time.Second
+
+// VaultConnectionReconciler reconciles VaultConnections: it logs in to Vault, keeps alive every
+// token that owns a lease in a RedisCluster's ledger, and reports the login, the tokens and
+// Vault's version and seal state. It never writes a token anywhere but the connection's token
+// Secret. A VaultConnection that RedisClusters use is not deleted under them.
 type VaultConnectionReconciler struct {
 	client.Client
 	Recorder  events.EventRecorder
@@ -38,97 +49,262 @@ func (r *VaultConnectionReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 	vc := &v1alpha1.VaultConnection{}
 	if err := r.Get(ctx, req.NamespacedName, vc); err != nil {
 		if client.IgnoreNotFound(err) == nil {
-			r.Connector.Forget(req.Name)
-			r.Metrics.setTokenExpiry(req.Name, time.Time{})
+			r.forget(req.Name)
 		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
+	if vc.DeletionTimestamp.IsZero() && !controllerutil.ContainsFinalizer(vc, v1alpha1.ConnectionFinalizer) {
+		patch := client.MergeFrom(vc.DeepCopy())
+		controllerutil.AddFinalizer(vc, v1alpha1.ConnectionFinalizer)
+		if err := r.Patch(ctx, vc, patch); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
 	before := vc.DeepCopy()
 	defer func() {
-		reterr = errors.Join(reterr, patchStatus(ctx, r.Client, before, vc, func(o client.Object) any {
+		reterr = errors.Join(reterr, client.IgnoreNotFound(patchStatus(ctx, r.Client, before, vc, func(o client.Object) any {
 			return o.(*v1alpha1.VaultConnection).Status
-		}))
+		})))
 	}()
-	return r.check(ctx, vc)
+	users, needs, err := r.users(ctx, vc)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	res, err := r.check(ctx, vc, needs)
+	if vc.DeletionTimestamp.IsZero() || err != nil {
+		return res, err
+	}
+	return r.reconcileDelete(ctx, vc, users, res)
 }
 
-// check logs in (or reuses the shared login), reads Vault's health and sets the status.
-func (r *VaultConnectionReconciler) check(ctx context.Context, vc *v1alpha1.VaultConnection) (ctrl.Result, error) {
+// forget drops what the reconciler keeps of a deleted VaultConnection.
+func (r *VaultConnectionReconciler) forget(name string) {
+	r.Connector.Forget(name)
+	r.Metrics.setTokenExpiry(name, time.Time{})
+	r.Metrics.setTokens(name, 0)
+}
+
+// tokenNeeds is what the leases of one token need: the latest expiry among them, and how many.
+type tokenNeeds struct {
+	until  map[string]time.Time
+	leases map[string]int32
+}
+
+// users lists the RedisClusters that use vc or hold a lease obtained through it, and what their
+// leases need of vc's tokens.
+func (r *VaultConnectionReconciler) users(ctx context.Context, vc *v1alpha1.VaultConnection) ([]string, tokenNeeds, error) {
+	needs := tokenNeeds{until: map[string]time.Time{}, leases: map[string]int32{}}
+	list := &v1alpha1.RedisClusterList{}
+	if err := r.List(ctx, list, client.MatchingFields{connectionIndex: vc.Name}); err != nil {
+		return nil, needs, fmt.Errorf("listing the RedisClusters of VaultConnection %s: %w", vc.Name, err)
+	}
+	users := make([]string, 0, len(list.Items))
+	for i := range list.Items {
+		rc := &list.Items[i]
+		users = append(users, rc.Namespace+"/"+rc.Name)
+		for _, l := range rc.Status.Leases {
+			if l.TokenAccessor == "" || leaseConnection(rc, l) != vc.Name {
+				continue
+			}
+			needs.leases[l.TokenAccessor]++
+			if exp := timeOf(l.ExpiresAt); exp.After(needs.until[l.TokenAccessor]) {
+				needs.until[l.TokenAccessor] = exp
+			}
+		}
+	}
+	slices.Sort(users)
+	return users, needs, nil
+}
+
+// check reads Vault's health, keeps the tokens alive (logging in when there is no valid one) and
+// sets the status.
+func (r *VaultConnectionReconciler) check(ctx context.Context, vc *v1alpha1.VaultConnection, needs tokenNeeds) (ctrl.Result, error) {
 	conds := conditionSetter{obj: vc, conditions: &vc.Status.Conditions, recorder: r.Recorder}
 	now := metav1.NewTime(r.Clock.Now())
 	vc.Status.LastCheckedAt = &now
 	vcl, err := r.Connector.Client(ctx, vc)
+	var held []vault.TokenStatus
 	if err == nil {
-		err = r.observe(ctx, vc, vcl)
+		held, err = r.observe(ctx, vc, vcl, needs)
 	}
 	if err != nil {
 		reason := v1alpha1.ReasonLoginFailed
 		if vault.IsUnavailable(err) {
 			reason = v1alpha1.ReasonVaultUnavailable
 		}
-		var sealed *sealedError
-		if vault.IsSealed(err) || errors.As(err, &sealed) {
+		if vault.IsSealed(err) || (vc.Status.Sealed != nil && *vc.Status.Sealed) {
 			reason = v1alpha1.ReasonVaultSealed
 		}
 		if conds.set(v1alpha1.ConditionReady, metav1.ConditionFalse, reason, err.Error()) {
 			conds.event(true, reason, "Login", "Vault connection not ready: %v", err)
 		}
 		log.FromContext(ctx).V(1).Info("Vault connection not ready", "reason", reason, "error", err.Error())
-		return ctrl.Result{RequeueAfter: 30 * time.Second}, nil
+		return ctrl.Result{RequeueAfter: retryWait(held, r.Clock.Now())}, nil
 	}
-	conds.set(v1alpha1.ConditionReady, metav1.ConditionTrue, v1alpha1.ReasonLoggedIn, "Logged in to Vault "+vc.Status.VaultVersion)
+	if conds.set(v1alpha1.ConditionReady, metav1.ConditionTrue, v1alpha1.ReasonLoggedIn, "Logged in to Vault "+vc.Status.VaultVersion) {
+		conds.event(false, v1alpha1.ReasonLoggedIn, "Login", "Logged in to Vault %s", vc.Status.VaultVersion)
+	}
+	r.reportTokenLifetime(vc, conds, vcl.TokenInfo(), held, needs)
 	vc.Status.ObservedGeneration = vc.Generation
-	return ctrl.Result{RequeueAfter: r.nextCheck(vcl.TokenInfo())}, nil
+	return ctrl.Result{RequeueAfter: r.nextCheck(held)}, nil
 }
 
-// observe reads Vault's health and makes sure the client holds a valid token.
-func (r *VaultConnectionReconciler) observe(ctx context.Context, vc *v1alpha1.VaultConnection, vcl vault.Client) error {
+// observe reads Vault's health and keeps the tokens alive. It returns the tokens held.
+func (r *VaultConnectionReconciler) observe(ctx context.Context, vc *v1alpha1.VaultConnection, vcl vault.Client, needs tokenNeeds) ([]vault.TokenStatus, error) {
 	h, err := vcl.Health(ctx)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	vc.Status.VaultVersion = h.Version
 	vc.Status.Sealed = &h.Sealed
 	if h.Sealed {
-		return &sealedError{}
+		return nil, errors.New("Vault is sealed")
 	}
-	if !vcl.TokenInfo().Valid || !r.Clock.Now().Before(vcl.TokenInfo().RenewAt) {
-		if err := vcl.Login(ctx); err != nil {
-			return err
-		}
-	}
-	r.Metrics.setTokenExpiry(vc.Name, vcl.TokenInfo().ExpiresAt)
-	if exp := vcl.TokenInfo().ExpiresAt; !exp.IsZero() {
-		t := metav1.NewTime(exp)
-		vc.Status.TokenExpiresAt = &t
-	} else {
-		vc.Status.TokenExpiresAt = nil
-	}
-	return nil
+	held, err := vcl.KeepTokens(ctx, needs.until)
+	vc.Status.Tokens = tokenStatuses(held, needs)
+	r.Metrics.setTokens(vc.Name, len(held))
+	ti := vcl.TokenInfo()
+	r.Metrics.setTokenExpiry(vc.Name, ti.ExpiresAt)
+	vc.Status.TokenExpiresAt = timeOrNil(ti.ExpiresAt)
+	return held, err
 }
 
-type sealedError struct{}
+// tokenStatuses turns the held tokens into the status list (never the tokens themselves).
+func tokenStatuses(held []vault.TokenStatus, needs tokenNeeds) []v1alpha1.TokenStatus {
+	if len(held) == 0 {
+		return nil
+	}
+	out := make([]v1alpha1.TokenStatus, 0, min(len(held), 64))
+	for _, t := range held[:min(len(held), 64)] {
+		out = append(out, v1alpha1.TokenStatus{
+			Accessor: t.Accessor, Current: t.Current, Leases: needs.leases[t.Accessor],
+			ExpiresAt: timeOrNil(t.ExpiresAt), EndsAt: timeOrNil(t.EndsAt),
+		})
+	}
+	return out
+}
 
-func (*sealedError) Error() string { return "Vault is sealed" }
+// reportTokenLifetime sets Degraded when the connection's tokens end (their max TTL) before the
+// leases they created: Vault would revoke those leases with them, so keyroll rotates the
+// credentials early, once per token lifetime. It names the auth role setting to change.
+func (r *VaultConnectionReconciler) reportTokenLifetime(vc *v1alpha1.VaultConnection, conds conditionSetter, ti vault.TokenInfo, held []vault.TokenStatus, needs tokenNeeds) {
+	var short *vault.TokenStatus
+	for i, t := range held {
+		if !t.EndsAt.IsZero() && needs.until[t.Accessor].After(t.EndsAt) {
+			short = &held[i]
+			break
+		}
+	}
+	if short == nil {
+		conds.set(v1alpha1.ConditionDegraded, metav1.ConditionFalse, v1alpha1.ReasonTokensOutliveLeases,
+			"The Vault tokens of this connection outlive the leases they created, or are renewed for as long as they live")
+		return
+	}
+	maxTTL := ti.MaxTTL
+	if maxTTL <= 0 {
+		maxTTL = short.EndsAt.Sub(short.IssuedAt)
+	}
+	msg := fmt.Sprintf("Vault tokens of this connection end %s after login (the auth role's token max TTL), before the leases they created "+
+		"(one lives until %s): Vault would revoke those leases with their token, so keyroll rotates the credentials early, once per token lifetime. "+
+		"Give the auth role a periodic token (%s) or a token_max_ttl longer than the leases' max TTL",
+		maxTTL.Round(time.Second), needs.until[short.Accessor].UTC().Format(time.RFC3339), roleCommand(vc.Spec.Auth))
+	if conds.set(v1alpha1.ConditionDegraded, metav1.ConditionTrue, v1alpha1.ReasonTokenMaxTTLTooShort, msg) {
+		conds.event(true, v1alpha1.EventTokenMaxTTLTooShort, "KeepTokens", "%s", msg)
+	}
+}
 
-// nextCheck is the next periodic check: before the token must be renewed, at the latest after
-// connectionCheckInterval.
-func (r *VaultConnectionReconciler) nextCheck(ti vault.TokenInfo) time.Duration {
+// roleCommand is the vault command that makes the auth role's tokens periodic.
+func roleCommand(a v1alpha1.VaultAuth) string {
+	switch {
+	case a.Kubernetes != nil:
+		return fmt.Sprintf("vault write auth/%s/role/%s token_period=1h ...", strings.Trim(a.Kubernetes.Mount, "/"), a.Kubernetes.Role)
+	case a.AppRole != nil:
+		return fmt.Sprintf("vault write auth/%s/role/<role> token_period=1h ...", strings.Trim(a.AppRole.Mount, "/"))
+	}
+	return "a periodic token: vault token create -period=1h ..."
+}
+
+// nextCheck is the next periodic check: when the first token is due for renewal, at the latest
+// after connectionCheckInterval, and not sooner than a second.
+func (r *VaultConnectionReconciler) nextCheck(held []vault.TokenStatus) time.Duration {
 	next := connectionCheckInterval
-	if !ti.RenewAt.IsZero() {
-		if d := ti.RenewAt.Sub(r.Clock.Now()); d > time.Second && d < next {
-			next = d
+	now := r.Clock.Now()
+	for _, t := range held {
+		if !t.RenewAt.IsZero() {
+			next = min(next, max(t.RenewAt.Sub(now), time.Second))
 		}
 	}
 	return next
 }
 
-// SetupWithManager registers the reconciler. Only spec changes trigger it (its own status writes
-// do not); the periodic check comes from RequeueAfter.
+// retryWait is how soon a failed check is tried again: 30 s, or sooner when a held token expires
+// before that, so that a short outage does not cost a lease.
+func retryWait(held []vault.TokenStatus, now time.Time) time.Duration {
+	wait := 30 * time.Second
+	for _, t := range held {
+		if !t.ExpiresAt.IsZero() {
+			wait = min(wait, max(t.ExpiresAt.Sub(now)/3, time.Second))
+		}
+	}
+	return wait
+}
+
+// reconcileDelete removes the finalizer of a VaultConnection being deleted once no RedisCluster
+// uses it or holds a lease obtained through it; until then it keeps its tokens alive and says which
+// RedisClusters it waits for.
+func (r *VaultConnectionReconciler) reconcileDelete(ctx context.Context, vc *v1alpha1.VaultConnection, users []string, res ctrl.Result) (ctrl.Result, error) {
+	if !controllerutil.ContainsFinalizer(vc, v1alpha1.ConnectionFinalizer) {
+		return res, nil
+	}
+	conds := conditionSetter{obj: vc, conditions: &vc.Status.Conditions, recorder: r.Recorder}
+	if len(users) > 0 {
+		msg := fmt.Sprintf("VaultConnection is used by %d RedisCluster(s) (%s): it is deleted once none uses it or holds a lease obtained through it",
+			len(users), listSome(users, 10))
+		if conds.set(v1alpha1.ConditionDeletionBlocked, metav1.ConditionTrue, v1alpha1.ReasonInUse, msg) {
+			conds.event(true, v1alpha1.ReasonInUse, "Delete", "%s", msg)
+		}
+		return ctrl.Result{RequeueAfter: min(res.RequeueAfter, deletionRecheck)}, nil
+	}
+	patch := client.MergeFrom(vc.DeepCopy())
+	controllerutil.RemoveFinalizer(vc, v1alpha1.ConnectionFinalizer)
+	if err := r.Patch(ctx, vc, patch); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	r.forget(vc.Name)
+	log.FromContext(ctx).Info("VaultConnection no longer used; deleted")
+	return ctrl.Result{}, nil
+}
+
+// listSome joins the first n names, saying how many more there are.
+func listSome(names []string, n int) string {
+	if len(names) <= n {
+		return strings.Join(names, ", ")
+	}
+	return fmt.Sprintf("%s and %d more", strings.Join(names[:n], ", "), len(names)-n)
+}
+
+// SetupWithManager registers the reconciler. Spec changes and deletions trigger it (its own status
+// writes do not); the periodic check comes from RequeueAfter. A deleted RedisCluster wakes the
+// VaultConnections it used, one of which may be waiting to be deleted.
 func (r *VaultConnectionReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&v1alpha1.VaultConnection{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		Watches(&v1alpha1.RedisCluster{}, handler.EnqueueRequestsFromMapFunc(connectionsOf),
+			builder.WithPredicates(predicate.Funcs{
+				CreateFunc:  func(event.CreateEvent) bool { return false },
+				UpdateFunc:  func(event.UpdateEvent) bool { return false },
+				GenericFunc: func(event.GenericEvent) bool { return false },
+			})).
 		Named("vaultconnection").
 		WithOptions(controller.Options{ReconciliationTimeout: ReconcileTimeout}).
 		Complete(r)
+}
+
+// connectionsOf maps a RedisCluster to the VaultConnections it uses or holds leases from.
+func connectionsOf(_ context.Context, o client.Object) []ctrl.Request {
+	var reqs []ctrl.Request
+	for _, name := range clusterConnections(o.(*v1alpha1.RedisCluster)) {
+		reqs = append(reqs, ctrl.Request{NamespacedName: client.ObjectKey{Name: name}})
+	}
+	return reqs
 }

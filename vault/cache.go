@@ -2,64 +2,60 @@ package vault
 
 import "sync"
 
-// Cache shares clients between the users of the same connection and login settings, so that a
-// thousand RedisClusters behind one VaultConnection share one login and one rate limit. Clients
-// are keyed by Config.Key: a changed address, CA, namespace, role or secret gives a new client.
-// A Cache is safe for concurrent use.
+// Cache keeps one client per connection name (a VaultConnection), so that every RedisCluster
+// behind a VaultConnection shares its login, its tokens and its rate limit, while two
+// VaultConnections never share a client (each has its own tokens, token store and logs). When the
+// settings under a name change (Config.Key), the next Get builds a new client; the new one takes
+// over the tokens of the old one from the token store. A Cache is safe for concurrent use.
 type Cache struct {
 	newClient func(Config) (Client, error)
 
 	mu      sync.Mutex
-	entries map[string]*cacheEntry // by Config.Key
-	names   map[string]string      // user name -> key
+	entries map[string]*cacheEntry // by name
 }
 
 type cacheEntry struct {
+	key    string
 	client Client
-	users  map[string]struct{}
 }
 
 // NewCache returns an empty cache that builds clients with New.
 func NewCache() *Cache {
-	return newCache(New)
+	return newCache(func(cfg Config) (Client, error) { return New(cfg) })
 }
 
 func newCache(newClient func(Config) (Client, error)) *Cache {
-	return &Cache{newClient: newClient, entries: make(map[string]*cacheEntry), names: make(map[string]string)}
+	return &Cache{newClient: newClient, entries: make(map[string]*cacheEntry)}
 }
 
-// Get returns the client for cfg, creating it on first use. name says who uses the settings (for
-// example the VaultConnection's name): when the settings under a name change, the client of the
-// former settings is dropped as soon as no name uses it any more. Settings that are not part of
-// the key (Clock, Logger, Observer, the Kubernetes token source) come from the first Get.
+// Get returns the client of name for cfg, creating it on first use or when cfg's key differs from
+// the one the client was made with. Settings that are not part of the key (Clock, Logger,
+// Observer, Tokens, the Kubernetes token source) come from the Get that created the client.
 func (c *Cache) Get(name string, cfg Config) (Client, error) {
 	key := cfg.Key()
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	e, ok := c.entries[key]
-	if !ok {
-		cl, err := c.newClient(cfg)
-		if err != nil {
-			return nil, err
-		}
-		e = &cacheEntry{client: cl, users: make(map[string]struct{})}
-		c.entries[key] = e
+	if e, ok := c.entries[name]; ok && e.key == key {
+		return e.client, nil
 	}
-	if old, ok := c.names[name]; ok && old != key {
-		c.release(name, old)
+	cl, err := c.newClient(cfg)
+	if err != nil {
+		return nil, err
 	}
-	c.names[name] = key
-	e.users[name] = struct{}{}
-	return e.client, nil
+	if old, ok := c.entries[name]; ok {
+		closeIdle(old.client)
+	}
+	c.entries[name] = &cacheEntry{key: key, client: cl}
+	return cl, nil
 }
 
-// Forget says that name no longer uses any client (for example, its VaultConnection was deleted).
+// Forget drops the client of name (for example, its VaultConnection was deleted).
 func (c *Cache) Forget(name string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if key, ok := c.names[name]; ok {
-		c.release(name, key)
-		delete(c.names, name)
+	if e, ok := c.entries[name]; ok {
+		closeIdle(e.client)
+		delete(c.entries, name)
 	}
 }
 
@@ -70,18 +66,8 @@ func (c *Cache) Len() int {
 	return len(c.entries)
 }
 
-// release removes name from the users of key's client, and drops the client when it was the last.
-func (c *Cache) release(name, key string) {
-	e, ok := c.entries[key]
-	if !ok {
-		return
-	}
-	delete(e.users, name)
-	if len(e.users) > 0 {
-		return
-	}
-	delete(c.entries, key)
-	if cl, ok := e.client.(interface{ closeIdleConnections() }); ok {
-		cl.closeIdleConnections()
+func closeIdle(cl Client) {
+	if i, ok := cl.(interface{ closeIdleConnections() }); ok {
+		i.closeIdleConnections()
 	}
 }

@@ -30,7 +30,10 @@ func TestConfigKey(t *testing.T) {
 		"mount":                         {change: func(c *Config) { c.Auth.AppRole.Mount = "approle-2" }},
 		"rate limit":                    {change: func(c *Config) { c.RateLimit = RateLimit{QPS: 1, Burst: 1} }},
 		"auth method":                   {change: func(c *Config) { c.Auth = Auth{Kubernetes: &KubernetesAuth{Role: "role", JWT: jwt}} }},
-		"token":                         {change: func(c *Config) { c.Auth = Auth{Token: &TokenAuth{Token: "secret-1"}} }},
+		"kubernetes audiences": {change: func(c *Config) {
+			c.Auth = Auth{Kubernetes: &KubernetesAuth{Role: "role", JWT: jwt, Audiences: []string{"vault-2"}}}
+		}},
+		"token": {change: func(c *Config) { c.Auth = Auth{Token: &TokenAuth{Token: "secret-1"}} }},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -46,7 +49,7 @@ func TestConfigKey(t *testing.T) {
 	}
 }
 
-func TestCacheSharesClients(t *testing.T) {
+func TestCacheOneClientPerConnection(t *testing.T) {
 	cfg := func(secret string) Config {
 		return Config{Address: "https://vault:8200", Auth: Auth{AppRole: &AppRoleAuth{RoleID: "role", SecretID: secret}}}
 	}
@@ -57,18 +60,21 @@ func TestCacheSharesClients(t *testing.T) {
 	}
 	a2, _ := cache.Get("conn-a", cfg("s1"))
 	b, _ := cache.Get("conn-b", cfg("s1"))
-	if a1 != a2 || a1 != b || cache.Len() != 1 {
-		t.Fatalf("same settings gave different clients (len %d)", cache.Len())
+	if a1 != a2 || cache.Len() != 2 {
+		t.Fatalf("same name and settings gave different clients (len %d)", cache.Len())
+	}
+	if a1 == b {
+		t.Fatalf("two connections with the same settings share a client: their tokens and logs would mix")
 	}
 
 	a3, _ := cache.Get("conn-a", cfg("s2")) // conn-a's secret changed
 	if a3 == a1 || cache.Len() != 2 {
 		t.Fatalf("a changed secret did not give a new client (len %d)", cache.Len())
 	}
-	cache.Forget("conn-b") // the last user of s1
-	if cache.Len() != 1 {
-		t.Errorf("len = %d after the last user of the old settings left, want 1", cache.Len())
+	if a4, _ := cache.Get("conn-a", cfg("s2")); a4 != a3 {
+		t.Fatalf("the new client is not kept")
 	}
+	cache.Forget("conn-b")
 	cache.Forget("conn-a")
 	if cache.Len() != 0 {
 		t.Errorf("len = %d after every user left, want 0", cache.Len())

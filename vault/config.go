@@ -81,6 +81,10 @@ type KubernetesAuth struct {
 	// JWT returns a service-account token for the login, typically a fresh one obtained through
 	// the TokenRequest API. It is called once per login.
 	JWT func(ctx context.Context) (string, error)
+	// Audiences and TokenExpiration describe what JWT requests; they are part of Key, so that
+	// changing them gives a new client.
+	Audiences       []string
+	TokenExpiration time.Duration
 }
 
 // AppRoleAuth logs in through Vault's AppRole auth method.
@@ -236,8 +240,8 @@ func (cfg Config) tlsConfig() (*tls.Config, error) {
 // Key identifies the connection and login that cfg describes: address, CA bundle, server name,
 // namespace, rate limit, retry settings, auth method and its parameters, with secret material
 // (secret ID, token) hashed in, so that a changed secret yields a different key. The key itself
-// reveals nothing of the secrets. A Kubernetes token source is not part of the key: the same
-// mount and role share one login.
+// reveals nothing of the secrets. A Kubernetes token source is not part of the key (its audiences
+// and token lifetime are).
 func (cfg Config) Key() string {
 	h := sha256.New()
 	field := func(name, value string) {
@@ -255,6 +259,8 @@ func (cfg Config) Key() string {
 	case a.Kubernetes != nil:
 		field("mount", a.Kubernetes.Mount)
 		field("role", a.Kubernetes.Role)
+		field("audiences", strings.Join(a.Kubernetes.Audiences, ","))
+		field("tokenexpiration", a.Kubernetes.TokenExpiration.String())
 	case a.AppRole != nil:
 		field("mount", a.AppRole.Mount)
 		field("roleid", hashBytes([]byte(a.AppRole.RoleID)))

@@ -98,7 +98,9 @@ func configureVault(ctx context.Context, g *testground.Ground) error {
 		return testground.KubernetesAuthRole{Name: name, ServiceAccounts: []string{operatorSA}, Namespaces: []string{operatorNS},
 			Policies: []string{"keyroll"}, TokenTTL: ttl, TokenMaxTTL: maxTTL}
 	}
-	return g.Vault.EnableKubernetesAuth(ctx, g.CP, role("keyroll", time.Hour, 0), role("short", 5*time.Second, 12*time.Second),
+	periodic := role("periodic", 0, 0)
+	periodic.TokenPeriod = 4 * time.Second
+	return g.Vault.EnableKubernetesAuth(ctx, g.CP, role("keyroll", time.Hour, 0), role("short", 5*time.Second, 12*time.Second), periodic,
 		testground.KubernetesAuthRole{Name: "elsewhere", ServiceAccounts: []string{"someone-else"}, Namespaces: []string{operatorNS}, Policies: []string{"keyroll"}})
 }
 
@@ -427,6 +429,57 @@ func TestIntegrationTokenRenewalAndRelogin(t *testing.T) {
 		t.Errorf("a secret reached the logs:\n%s", out)
 	}
 	_ = g.Vault.Root.Sys().RevokeWithContext(ctx, rootLease.LeaseID)
+}
+
+// TestIntegrationReplacedTokenKeepsItsLeaseAlive: a lease lives as long as the token that created
+// it. A token replaced by a new login is still renewed by KeepTokens while its lease lives, so the
+// lease outlives the token's period many times over; a token nobody keeps dies, and Vault revokes
+// its lease with it.
+func TestIntegrationReplacedTokenKeepsItsLeaseAlive(t *testing.T) {
+	g := sharedGround(t)
+	ctx := testContext(t, time.Minute)
+	kept := newClient(t, vault.Config{Address: g.Vault.Addr, Auth: kubernetesAuth(g, "periodic")})
+	dropped := newClient(t, vault.Config{Address: g.Vault.Addr, Auth: kubernetesAuth(g, "periodic")})
+	keptLease, err := kept.Issue(ctx, ordersPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	droppedLease, err := dropped.Issue(ctx, ordersPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []vault.Client{kept, dropped} {
+		if err := c.Login(ctx); err != nil { // new work moves to a new token
+			t.Fatal(err)
+		}
+	}
+	needs := map[string]time.Time{keptLease.TokenAccessor: keptLease.ExpiresAt}
+	var droppedGoneAfter time.Duration
+	start := time.Now()
+	for time.Since(start) < 20*time.Second { // five token periods, within the 30s lease
+		if _, err := kept.KeepTokens(ctx, needs); err != nil {
+			t.Fatalf("KeepTokens() after %s: %v", time.Since(start).Round(time.Second), err)
+		}
+		if err := whoAmI(t, g, keptLease); err != nil {
+			t.Fatalf("the kept token's credential stopped working after %s: %v", time.Since(start).Round(time.Second), err)
+		}
+		if exists, _ := g.Vault.LeaseExpiry(droppedLease.ID); !exists && droppedGoneAfter == 0 {
+			droppedGoneAfter = time.Since(start)
+		}
+		time.Sleep(time.Second)
+	}
+	if exists, _ := g.Vault.LeaseExpiry(keptLease.ID); !exists {
+		t.Errorf("the lease of the kept token is gone")
+	}
+	if droppedGoneAfter == 0 || droppedGoneAfter > 10*time.Second {
+		t.Errorf("the lease of the token nobody kept was still there after %s (gone after %s); the control failed", time.Since(start), droppedGoneAfter)
+	}
+	ts, ok := kept.Token(keptLease.TokenAccessor)
+	if !ok || ts.Current || ts.LastRenewal.IsZero() {
+		t.Errorf("replaced token = %+v, %v; want it held, not current, renewed", ts, ok)
+	}
+	t.Logf("the lease of the token nobody kept was revoked by Vault %s after the new login", droppedGoneAfter.Round(100*time.Millisecond))
+	_ = kept.Revoke(ctx, keptLease.ID)
 }
 
 func waitGone(t *testing.T, ctx context.Context, c vault.Client, l *vault.Lease) {

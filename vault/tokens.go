@@ -82,7 +82,8 @@ func (c *client) Tokens() []TokenStatus {
 	return out
 }
 
-// KeepTokens keeps the tokens that own live leases alive. needs says, by accessor, until when
+// KeepTokens keeps the tokens that own live leases alive, and makes sure there is a valid current
+// token (logging in when there is none). needs says, by accessor, until when
 // leases of that token live (their latest expiry). Each needed token is renewed once it is due,
 // asking for a TTL that covers its leases where Vault allows; the current token is renewed or
 // replaced as calls would; a token that is neither current nor needed (nor within tokenGrace of
@@ -98,6 +99,11 @@ func (c *client) KeepTokens(ctx context.Context, needs map[string]time.Time) ([]
 	defer c.unlockAuth()
 	if err := c.loadTokens(ctx); err != nil {
 		return c.Tokens(), err
+	}
+	if h := c.current(); h == nil || !h.valid(c.clock.Now()) {
+		if err := c.obtain(ctx); err != nil {
+			return c.Tokens(), err
+		}
 	}
 	var first error
 	keep := func(err error) {

@@ -74,6 +74,8 @@ type Options struct {
 	MetricsAddr, ProbeAddr string
 	// VaultObserver sees every Vault request.
 	VaultObserver func(connection, op, outcome string, seconds float64)
+	// LeaseCheckInterval is the operator's --lease-check-interval (zero: its default).
+	LeaseCheckInterval time.Duration
 }
 
 // Operator is a running manager.
@@ -118,7 +120,7 @@ func Start(ctx context.Context, g *testground.Ground, o Options) (*Operator, err
 	op.Reconciler, err = controllers.Setup(mgr, controllers.Options{
 		Recorder: op.broadcast.NewRecorder(scheme, "keyroll"), Clock: clock.RealClock{}, Tokens: cs,
 		ServiceAccount: types.NamespacedName{Namespace: OperatorNS, Name: OperatorSA},
-		VaultObserver:  o.VaultObserver,
+		VaultObserver:  o.VaultObserver, LeaseCheckInterval: o.LeaseCheckInterval,
 	})
 	if err != nil {
 		cancel()

@@ -153,6 +153,8 @@ type KubernetesAuthRole struct {
 	Policies        []string
 	TokenTTL        time.Duration
 	TokenMaxTTL     time.Duration
+	// TokenPeriod makes the role's tokens periodic: renewable for ever, each renewal for this long.
+	TokenPeriod time.Duration
 }
 
 // EnableKubernetesAuth enables the Kubernetes auth method at kubernetes/ and points it at the
@@ -208,6 +210,9 @@ func (v *Vault) WriteKubernetesAuthRole(ctx context.Context, role KubernetesAuth
 	}
 	if role.TokenMaxTTL > 0 {
 		data["token_max_ttl"] = role.TokenMaxTTL.String()
+	}
+	if role.TokenPeriod > 0 {
+		data["token_period"] = role.TokenPeriod.String()
 	}
 	if _, err := v.Root.Logical().WriteWithContext(ctx, "auth/kubernetes/role/"+role.Name, data); err != nil {
 		return fmt.Errorf("writing kubernetes auth role %s: %w", role.Name, err)

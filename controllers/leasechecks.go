@@ -1,0 +1,75 @@
+package controllers
+
+import (
+	"hash/fnv"
+	"sync"
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// DefaultLeaseCheckInterval is how often a live lease is looked up in Vault, besides its renewals,
+// so that a lease revoked outside keyroll is noticed within about that long.
+const DefaultLeaseCheckInterval = time.Minute
+
+// leaseChecks remembers, in memory, when each cluster's live lease was last confirmed in Vault
+// (looked up or renewed), so that it is looked up again one interval later. After a restart the
+// last renewal (or issue) in the status stands in for it. Intervals are jittered per cluster by up
+// to a tenth, so that a thousand clusters do not look up in the same second.
+type leaseChecks struct {
+	interval time.Duration
+
+	mu   sync.Mutex
+	last map[types.NamespacedName]leaseCheck
+}
+
+type leaseCheck struct {
+	lease string
+	at    time.Time
+}
+
+func newLeaseChecks(interval time.Duration) *leaseChecks {
+	return &leaseChecks{interval: interval, last: map[types.NamespacedName]leaseCheck{}}
+}
+
+// next is when the lease of key is next looked up; confirmed is when the status last saw it
+// alive (its last renewal or issue). Zero when lease checks are off.
+func (l *leaseChecks) next(key types.NamespacedName, lease string, confirmed time.Time) time.Time {
+	if l == nil || l.interval <= 0 {
+		return time.Time{}
+	}
+	l.mu.Lock()
+	c, ok := l.last[key]
+	l.mu.Unlock()
+	at := confirmed
+	if ok && c.lease == lease && c.at.After(at) {
+		at = c.at
+	}
+	if at.IsZero() {
+		return time.Time{}
+	}
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(key.String()))
+	jitter := time.Duration(float64(l.interval/10) * float64(h.Sum32()%1000) / 1000)
+	return at.Add(l.interval - jitter)
+}
+
+// checked records that the lease of key was confirmed alive at at.
+func (l *leaseChecks) checked(key types.NamespacedName, lease string, at time.Time) {
+	if l == nil {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.last[key] = leaseCheck{lease: lease, at: at}
+}
+
+// forget drops what is kept of a deleted cluster.
+func (l *leaseChecks) forget(key types.NamespacedName) {
+	if l == nil {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	delete(l.last, key)
+}
