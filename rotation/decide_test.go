@@ -169,7 +169,9 @@ func TestDecide(t *testing.T) {
 			want: Decision{Action: ActionRotate, Reason: ReasonTokenEnding, When: tokenReplaceAt},
 		},
 		"token ends within minTTL: rotated now": {
-			in:   func(in *Input) { in.IssuedAt, in.TokenEndsAt, in.MinTTL = issuedAt, now.Add(time.Minute), 5*time.Minute },
+			in: func(in *Input) {
+				in.IssuedAt, in.TokenEndsAt, in.MinTTL = issuedAt, now.Add(time.Minute), 5*time.Minute
+			},
 			want: Decision{Action: ActionRotate, Reason: ReasonTokenEnding, When: now},
 		},
 		"token ends after the lease's max TTL: the lease's own replacement covers it": {
