@@ -238,7 +238,7 @@ func (r *RedisClusterReconciler) recordSynced(s *scope, sc *syncedCredential, tr
 	}
 	if prev != nil {
 		// A new credential answers a pending refresh request; the same one keeps it pending.
-		cs.LastRotation, cs.SupersededUsers = prev.LastRotation, prev.SupersededUsers
+		cs.LastRotation, cs.SupersededUsers, cs.LeaseEndedEarlyAfter = prev.LastRotation, prev.SupersededUsers, prev.LeaseEndedEarlyAfter
 		if !fresh {
 			cs.IssuedAt, cs.RefreshRequestedAt = prev.IssuedAt, prev.RefreshRequestedAt
 		} else if !tracked && prev.Username != "" && !slices.Contains(cs.SupersededUsers, prev.Username) {
@@ -363,6 +363,9 @@ func (r *RedisClusterReconciler) reportSynced(s *scope, es *esv1.ExternalSecret,
 		}
 		return
 	}
+	if r.endedEarly(s, tracked) {
+		return
+	}
 	if c := esReady(es); c != nil && c.Status == corev1.ConditionFalse {
 		msg := fmt.Sprintf("ExternalSecret %s is not Ready (%s): %s", es.Name, c.Reason, c.Message)
 		if s.conds.set(v1alpha1.ConditionDegraded, metav1.ConditionTrue, v1alpha1.ReasonExternalSecretNotReady, msg) {
@@ -371,7 +374,7 @@ func (r *RedisClusterReconciler) reportSynced(s *scope, es *esv1.ExternalSecret,
 		return
 	}
 	if c := meta.FindStatusCondition(rc.Status.Conditions, v1alpha1.ConditionDegraded); c != nil &&
-		(c.Reason == v1alpha1.ReasonRefreshIntervalTooLong || c.Reason == v1alpha1.ReasonExternalSecretNotReady) {
+		(c.Reason == v1alpha1.ReasonRefreshIntervalTooLong || c.Reason == v1alpha1.ReasonExternalSecretNotReady || c.Reason == v1alpha1.ReasonLeaseEndedEarly) {
 		s.conds.set(v1alpha1.ConditionDegraded, metav1.ConditionFalse, v1alpha1.ReasonAvailable, "External Secrets Operator syncs the credential")
 	}
 }
@@ -429,6 +432,34 @@ func (r *RedisClusterReconciler) retireExternalSecret(ctx context.Context, s *sc
 	return 0, nil
 }
 
+// endedEarly reports, as Degraded=LeaseEndedEarly, that a tracked lease ended before its expiry
+// (status.credential.leaseEndedEarlyAfter), until the current lease has outlived that age. It says
+// whether it did.
+func (r *RedisClusterReconciler) endedEarly(s *scope, tracked bool) bool {
+	c := s.rc.Status.Credential
+	if c.LeaseEndedEarlyAfter == nil {
+		return false
+	}
+	age := r.Clock.Since(timeOf(c.IssuedAt))
+	if !tracked || (c.IssuedAt != nil && age > c.LeaseEndedEarlyAfter.Duration) {
+		c.LeaseEndedEarlyAfter = nil // the current lease lives longer: it was a one-off
+		return false
+	}
+	msg := fmt.Sprintf("A lease External Secrets Operator obtained was gone from Vault %s after it was issued, before its expiry: most likely External Secrets Operator's own Vault token ended, and Vault revoked the lease with it (keyroll cannot keep that token alive; it replaced the credential as soon as it noticed, within --lease-check-interval). Give External Secrets Operator's auth role a token TTL well above externalSecret.refreshInterval (%s), so that each credential is refreshed before its token ends",
+		c.LeaseEndedEarlyAfter.Duration, durationOr(s.rc.Spec.Credentials.ExternalSecret.RefreshInterval))
+	if s.conds.set(v1alpha1.ConditionDegraded, metav1.ConditionTrue, v1alpha1.ReasonLeaseEndedEarly, msg) {
+		s.conds.event(true, v1alpha1.ReasonLeaseEndedEarly, "Adopt", "%s", msg)
+	}
+	return true
+}
+
+func durationOr(d *metav1.Duration) string {
+	if d == nil {
+		return "not set"
+	}
+	return d.Duration.String()
+}
+
 // leaseGoneExternally records that the tracked lease of the credential External Secrets Operator
 // synced is gone from Vault before its expiry: revoked outside keyroll, or ended with External
 // Secrets Operator's own Vault token, which keyroll cannot keep alive. The lease leaves the
@@ -440,6 +471,9 @@ func (r *RedisClusterReconciler) leaseGoneExternally(ctx context.Context, s *sco
 	}
 	r.Metrics.RevokedOutside.Inc()
 	s.rc.Status.Leases = removeLease(s.rc.Status.Leases, c.LeaseID)
+	if now := r.Clock.Now(); c.IssuedAt != nil && c.ExpiresAt != nil && now.Before(c.ExpiresAt.Time) {
+		c.LeaseEndedEarlyAfter = &metav1.Duration{Duration: now.Sub(c.IssuedAt.Time).Truncate(time.Second)}
+	}
 	s.conds.event(true, v1alpha1.EventLeaseRevokedOutside, "Revoke",
 		"Lease %s that External Secrets Operator obtained is gone from Vault before its expiry (revoked outside keyroll, or ended with External Secrets Operator's own Vault token): asking for a new credential at once",
 		c.LeaseID)

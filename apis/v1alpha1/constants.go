@@ -86,6 +86,7 @@ const (
 	ReasonTokenMaxTTLTooShort         = "TokenMaxTTLTooShort"
 	ReasonTokensOutliveLeases         = "TokensOutliveLeases"
 	ReasonInUse                       = "InUse"
+	ReasonLeaseEndedEarly             = "LeaseEndedEarly"
 )
 
 // Event reasons (UpperCamelCase; events fire on transitions only).

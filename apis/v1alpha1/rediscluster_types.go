@@ -511,6 +511,12 @@ type CredentialStatus struct {
 	// +optional
 	LeasesTracked *bool `json:"leasesTracked,omitempty"`
 
+	// leaseEndedEarlyAfter (ExternalSecret mode): a tracked lease was found gone from Vault this long
+	// after it was issued, before its expiry, most likely with External Secrets Operator's own Vault
+	// token, which keyroll cannot keep alive. Cleared once a later lease outlives that age.
+	// +optional
+	LeaseEndedEarlyAfter *metav1.Duration `json:"leaseEndedEarlyAfter,omitempty"`
+
 	// supersededUsers are the Redis users of replaced credentials whose leases are not tracked
 	// (ExternalSecret mode): they stay in the Redis pods' aclfile until the rollout is done.
 	// +optional

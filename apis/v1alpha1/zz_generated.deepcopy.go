@@ -100,6 +100,11 @@ func (in *CredentialStatus) DeepCopyInto(out *CredentialStatus) {
 		*out = new(bool)
 		**out = **in
 	}
+	if in.LeaseEndedEarlyAfter != nil {
+		in, out := &in.LeaseEndedEarlyAfter, &out.LeaseEndedEarlyAfter
+		*out = new(v1.Duration)
+		**out = **in
+	}
 	if in.SupersededUsers != nil {
 		in, out := &in.SupersededUsers, &out.SupersededUsers
 		*out = make([]string, len(*in))

@@ -156,6 +156,7 @@ func TestInstallAndVaultAdministratorCommands(t *testing.T) {
 			if _, err := g.Redis.Do(user, pass, "SET", "other:key", "x"); err == nil || !strings.Contains(err.Error(), "NOPERM") {
 				t.Errorf("the orders role's rules (~orders:*) are not enforced: %v", err)
 			}
+			checkTokenKept(t, ctx, k8s, cur.Status.Credential.TokenAccessor)
 			break
 		}
 		if ctx.Err() != nil {
@@ -190,6 +191,28 @@ func TestInstallAndVaultAdministratorCommands(t *testing.T) {
 			t.Fatalf("an ExternalSecret-mode RedisCluster without ESO does not report %s: %+v", v1alpha1.ReasonExternalSecretsNotInstalled, cur.Status.Conditions)
 		}
 		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// checkTokenKept: the guide's role gives periodic tokens, which keyroll keeps in the
+// VaultConnection's token Secret and lists in its status, with no end.
+func checkTokenKept(t *testing.T, ctx context.Context, k8s client.Client, accessor string) {
+	t.Helper()
+	sec := &corev1.Secret{}
+	if err := k8s.Get(ctx, client.ObjectKey{Namespace: harness.OperatorNS, Name: "keyroll-tokens-vault"}, sec); err != nil {
+		t.Fatalf("the token Secret the guide describes: %v", err)
+	}
+	if _, ok := sec.Data[accessor]; !ok || accessor == "" {
+		t.Errorf("the token that created the lease (accessor %q) is not in the token Secret (keys %d)", accessor, len(sec.Data))
+	}
+	vc := &v1alpha1.VaultConnection{}
+	if err := k8s.Get(ctx, client.ObjectKey{Name: "vault"}, vc); err != nil {
+		t.Fatal(err)
+	}
+	for _, tok := range vc.Status.Tokens {
+		if tok.EndsAt != nil {
+			t.Errorf("token %s of the guide's periodic role has an end (%s)", tok.Accessor, tok.EndsAt)
+		}
 	}
 }
 

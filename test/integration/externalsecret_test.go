@@ -36,8 +36,12 @@ var esoPolicyOnce sync.Once
 // esoKubernetesAuth gives ESO Kubernetes-auth access to Vault as the service account
 // "external-secrets" of ns (Vault role "eso-<ns>"), as deploy/samples/externalsecret-generator.yaml
 // expects it (with its own role name).
-func esoKubernetesAuth(t *testing.T, ns string) string {
+func esoKubernetesAuth(t *testing.T, ns string, tokenTTL ...time.Duration) string {
 	t.Helper()
+	ttl := time.Hour
+	if len(tokenTTL) > 0 {
+		ttl = tokenTTL[0]
+	}
 	ctx := context.Background()
 	esoPolicyOnce.Do(func() {
 		if err := ground.Vault.WritePolicy(ctx, "eso", esoPolicy); err != nil {
@@ -50,7 +54,7 @@ func esoKubernetesAuth(t *testing.T, ns string) string {
 	role := "eso-" + ns
 	err := ground.Vault.WriteKubernetesAuthRole(ctx, testground.KubernetesAuthRole{
 		Name: role, ServiceAccounts: []string{"external-secrets"}, Namespaces: []string{ns},
-		Policies: []string{"eso"}, TokenTTL: time.Hour,
+		Policies: []string{"eso"}, TokenTTL: ttl,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -59,15 +63,16 @@ func esoKubernetesAuth(t *testing.T, ns string) string {
 }
 
 // vaultDynamicSecret creates ESO's VaultDynamicSecret generator for a Redis role; raw asks for
-// the raw Vault response (resultType Raw), which includes the lease.
-func vaultDynamicSecret(t *testing.T, ns, name, role string, raw bool) {
+// the raw Vault response (resultType Raw), which includes the lease. tokenTTL is the TTL of the
+// Vault tokens ESO logs in with (default 1h).
+func vaultDynamicSecret(t *testing.T, ns, name, role string, raw bool, tokenTTL ...time.Duration) {
 	t.Helper()
 	spec := map[string]any{
 		"path": "database/creds/" + role, "method": "GET",
 		"provider": map[string]any{
 			"server": ground.Vault.Addr,
 			"auth": map[string]any{"kubernetes": map[string]any{
-				"mountPath": "kubernetes", "role": esoKubernetesAuth(t, ns),
+				"mountPath": "kubernetes", "role": esoKubernetesAuth(t, ns, tokenTTL...),
 				"serviceAccountRef": map[string]any{"name": "external-secrets", "audiences": []any{"vault"}},
 			}},
 		},
@@ -377,6 +382,79 @@ func TestExternalSecretRawLeaseIsTrackedRenewedRolledOutAndRevoked(t *testing.T)
 
 // A raw response without a VaultConnection: keyroll cannot renew the lease, says so, and warns
 // that the refresh interval is longer than the lease (ESO would leave an expired credential).
+// TestExternalSecretLeaseEndingWithESOsTokenIsReplacedAndReported: External Secrets Operator logs
+// in for each sync and never renews its token, and keyroll cannot keep that token alive: a lease
+// ESO obtained dies with ESO's token (Vault does not cap the lease's renewals for it; the lease is
+// simply revoked). With ESO's tokens shorter than refreshInterval, keyroll notices the dead lease
+// within its lease-check interval, asks ESO for a new credential at once, and says in status what
+// to change. With tokens that outlive refreshInterval, every credential is replaced before its
+// lease could lapse.
+func TestExternalSecretLeaseEndingWithESOsTokenIsReplacedAndReported(t *testing.T) {
+	t.Run("token shorter than refreshInterval", func(t *testing.T) {
+		ns := "es-short-token"
+		namespace(t, ns)
+		vaultConnection(t, "vault-"+ns, ground.Vault.Addr, ns)
+		vaultDynamicSecret(t, ns, "redis-orders", "es-long", true, 20*time.Second)
+		rc := esCluster(t, ns, "orders", v1alpha1.ExternalSecretSource{
+			GeneratorRef:    &v1alpha1.GeneratorReference{APIVersion: "generators.external-secrets.io/v1alpha1", Kind: "VaultDynamicSecret", Name: "redis-orders"},
+			RefreshInterval: &metav1.Duration{Duration: time.Hour},
+			ConnectionRef:   &v1alpha1.ConnectionReference{Name: "vault-" + ns},
+		}, func(rc *v1alpha1.RedisCluster) { rc.Spec.Replicas = 1 })
+		cur := waitCondition(t, rc, v1alpha1.ConditionReady, metav1.ConditionTrue, "", 90*time.Second)
+		first := cur.Status.Credential.LeaseID
+		cur = waitCondition(t, rc, v1alpha1.ConditionDegraded, metav1.ConditionTrue, v1alpha1.ReasonLeaseEndedEarly, 100*time.Second)
+		c := meta.FindStatusCondition(cur.Status.Conditions, v1alpha1.ConditionDegraded)
+		if !strings.Contains(c.Message, "token TTL well above") {
+			t.Errorf("Degraded message does not say what to change: %s", c.Message)
+		}
+		if exists, _ := leaseExists(t, first); exists {
+			t.Errorf("the first lease still exists; the test's premise (it dies with ESO's 20 s token) failed")
+		}
+		eventually(t, 30*time.Second, func() string {
+			u, p, ok := credentials(t, rc)
+			if cur := get(t, rc); !ok || cur.Status.Credential.LeaseID == first || !authenticates(u, p) {
+				return fmt.Sprintf("no new working credential yet (lease %s)", cur.Status.Credential.LeaseID)
+			}
+			return ""
+		})
+		if !slices.Contains(eventReasons(t, ns, "orders"), v1alpha1.EventLeaseRevokedOutside) {
+			t.Errorf("no %s event", v1alpha1.EventLeaseRevokedOutside)
+		}
+		t.Logf("Degraded: %s", c.Message)
+	})
+	t.Run("token longer than refreshInterval", func(t *testing.T) {
+		ns := "es-long-token"
+		namespace(t, ns)
+		vaultConnection(t, "vault-"+ns, ground.Vault.Addr, ns)
+		vaultDynamicSecret(t, ns, "redis-orders", "es-long", true, time.Minute)
+		rc := esCluster(t, ns, "orders", v1alpha1.ExternalSecretSource{
+			GeneratorRef:    &v1alpha1.GeneratorReference{APIVersion: "generators.external-secrets.io/v1alpha1", Kind: "VaultDynamicSecret", Name: "redis-orders"},
+			RefreshInterval: &metav1.Duration{Duration: 15 * time.Second},
+			ConnectionRef:   &v1alpha1.ConnectionReference{Name: "vault-" + ns},
+		}, func(rc *v1alpha1.RedisCluster) { rc.Spec.Replicas = 1 })
+		waitCondition(t, rc, v1alpha1.ConditionReady, metav1.ConditionTrue, "", 90*time.Second)
+		seen := map[string]bool{}
+		for end := time.Now().Add(90 * time.Second); time.Now().Before(end); time.Sleep(time.Second) {
+			cur := get(t, rc)
+			for _, l := range cur.Status.Leases {
+				seen[l.LeaseID] = true
+				if exists, _ := leaseExists(t, l.LeaseID); !exists && l.State == v1alpha1.LeaseActive {
+					t.Fatalf("the active lease %s died before keyroll replaced it", l.LeaseID)
+				}
+			}
+			if u, p, ok := credentials(t, rc); !ok || !authenticates(u, p) {
+				t.Fatalf("the credential in the Secret (user %q) does not authenticate", u)
+			}
+		}
+		if len(seen) < 3 {
+			t.Errorf("%d leases in 90 s of 15 s refreshes, want at least 3", len(seen))
+		}
+		if slices.Contains(eventReasons(t, ns, "orders"), v1alpha1.EventLeaseRevokedOutside) {
+			t.Errorf("a lease died before it was replaced")
+		}
+	})
+}
+
 func TestExternalSecretUntrackedLeaseWithLongRefreshIntervalIsReported(t *testing.T) {
 	ns := "es-warn"
 	namespace(t, ns)

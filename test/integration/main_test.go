@@ -65,6 +65,7 @@ func run(m *testing.M) int {
 		{Name: "es-store", DefaultTTL: 10 * time.Minute, MaxTTL: time.Hour},
 		{Name: "es-raw", DefaultTTL: 20 * time.Second, MaxTTL: time.Hour},
 		{Name: "es-warn", DefaultTTL: time.Minute, MaxTTL: time.Hour},
+		{Name: "es-long", DefaultTTL: 10 * time.Minute, MaxTTL: time.Hour},
 	}
 	g, c, stop, err := harness.StartPackage(testground.Options{Workloads: true, Redis: true, Vault: true, ExternalSecrets: true},
 		func(ctx context.Context, g *testground.Ground) error { return harness.SetupVault(ctx, g, roles...) })
