@@ -220,8 +220,8 @@ func makePlan(in Input) plan {
 }
 
 // tokenReplacement is when a lease that would outlive the token that created it is replaced: at
-// the jittered renewal point of the span from its issue to the token's end, or MinTTL before that
-// end if earlier, never in the first tenth of the span. Zero when the token has no known end, or
+// the jittered renewal point of the span from its issue to the token's end, or MinTTL (at most a
+// third of the span) before that end if earlier, never in the first tenth of the span. Zero when the token has no known end, or
 // the lease expires first anyway.
 func tokenReplacement(in Input) time.Time {
 	end := in.TokenEndsAt
@@ -233,7 +233,10 @@ func tokenReplacement(in Input) time.Time {
 	}
 	span := end.Sub(in.IssuedAt)
 	at := NextRenewal(in.IssuedAt, span, in.RenewalPercent, in.RenewalKey)
-	if byMinTTL := end.Add(-in.MinTTL); byMinTTL.Before(at) {
+	// MinTTL before the end, but never more than a third of the span: a token that lives a minute
+	// with the default minTTL of a minute would otherwise have its leases replaced at once, again
+	// and again.
+	if byMinTTL := end.Add(-min(in.MinTTL, span/3)); byMinTTL.Before(at) {
 		at = byMinTTL
 	}
 	if floor := in.IssuedAt.Add(span / 10); at.Before(floor) {

@@ -181,6 +181,12 @@ func TestDecide(t *testing.T) {
 			},
 			want: Decision{Action: ActionNothing, Reason: ReasonUpToDate, When: cappedReplaceAt},
 		},
+		"token of a minute with the default minTTL of a minute: replaced a third of the span before its end, not at once": {
+			in: func(in *Input) {
+				in.IssuedAt, in.TokenEndsAt, in.Now = now, now.Add(time.Minute), now.Add(10*time.Second)
+			},
+			want: Decision{Action: ActionNothing, Reason: ReasonUpToDate, When: minTime(NextRenewal(now, time.Minute, 67, key), now.Add(40*time.Second))},
+		},
 		"lease check due": {
 			in:   func(in *Input) { in.NextLeaseCheck = now },
 			want: Decision{Action: ActionCheck, Reason: ReasonLeaseCheckDue, When: now},
@@ -221,6 +227,13 @@ func TestDecide(t *testing.T) {
 			}
 		})
 	}
+}
+
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
 }
 
 // TestMissedRotationOnce: after a long downtime one rotation is due; once it is recorded the
