@@ -7,6 +7,8 @@ import (
 	"slices"
 	"time"
 
+	"github.com/keyroll/keyroll/controllers/render"
+
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -102,7 +104,7 @@ func (r *RedisClusterReconciler) refuse(s *scope, reason, message string) {
 // checkSecretsFree makes sure the Secrets keyroll writes are either absent or its own, before a
 // credential is issued that could not be written anywhere.
 func (r *RedisClusterReconciler) checkSecretsFree(ctx context.Context, s *scope) (bool, error) {
-	for _, name := range []string{credentialsSecretName(s.rc), aclSecretName(s.rc)} {
+	for _, name := range []string{render.CredentialsSecretName(s.rc), render.ACLSecretName(s.rc)} {
 		err := r.secretOwned(ctx, s.rc, name)
 		var conflict *conflictError
 		if errors.As(err, &conflict) {
@@ -133,7 +135,7 @@ func (r *RedisClusterReconciler) secretOwned(ctx context.Context, rc *v1alpha1.R
 		return nil
 	case err != nil:
 		return fmt.Errorf("reading Secret %s: %w", name, err)
-	case !ownedBy(sec, rc) && !syncedByExternalSecret(sec, rc):
+	case !ownedBy(sec, rc) && !render.SyncedByExternalSecret(sec, rc):
 		return &conflictError{kind: "Secret", name: name}
 	}
 	return nil

@@ -6,6 +6,8 @@ import (
 	"slices"
 	"time"
 
+	"github.com/keyroll/keyroll/controllers/render"
+
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -17,16 +19,11 @@ import (
 	"github.com/keyroll/keyroll/vault"
 )
 
-// credential is the current credential, in memory only.
-type credential struct {
-	username, password, version string
-}
-
 // reconcileCredential decides what the credential needs (rotation.Decide) and does it: issue a
 // new one, renew the lease, look it up, or nothing. A lease found gone was revoked outside
 // keyroll (its token is kept alive, so it did not die with it): it is honoured and replaced at
 // once. It returns the live credential and when to look again.
-func (r *RedisClusterReconciler) reconcileCredential(ctx context.Context, s *scope, vcl vault.Client) (*credential, time.Duration, error) {
+func (r *RedisClusterReconciler) reconcileCredential(ctx context.Context, s *scope, vcl vault.Client) (*render.Credential, time.Duration, error) {
 	cur, err := r.currentCredential(ctx, s.rc)
 	if err != nil {
 		return nil, 0, err
@@ -58,7 +55,7 @@ func (r *RedisClusterReconciler) reconcileCredential(ctx context.Context, s *sco
 	c := s.rc.Status.Credential
 	r.Metrics.setLeaseExpiry(client.ObjectKeyFromObject(s.rc), timeOf(c.ExpiresAt))
 	c.NextRenewal, c.NextRotation = timeOrNil(next.NextRenewal), timeOrNil(next.NextRotation)
-	s.conds.set(v1alpha1.ConditionCredentialsReady, metav1.ConditionTrue, v1alpha1.ReasonIssued, "A live credential from Vault is in Secret "+credentialsSecretName(s.rc))
+	s.conds.set(v1alpha1.ConditionCredentialsReady, metav1.ConditionTrue, v1alpha1.ReasonIssued, "A live credential from Vault is in Secret "+render.CredentialsSecretName(s.rc))
 	return cur, requeueAt(r.Clock.Now(), next.When), nil
 }
 
@@ -178,12 +175,12 @@ func (r *RedisClusterReconciler) parseRotation(s *scope) {
 
 // currentCredential reads the credential of status.credential from the credentials Secret. It
 // returns nil when the Secret does not hold that credential (then a new one is issued).
-func (r *RedisClusterReconciler) currentCredential(ctx context.Context, rc *v1alpha1.RedisCluster) (*credential, error) {
+func (r *RedisClusterReconciler) currentCredential(ctx context.Context, rc *v1alpha1.RedisCluster) (*render.Credential, error) {
 	c := rc.Status.Credential
 	if c == nil || c.Version == "" {
 		return nil, nil
 	}
-	key := client.ObjectKey{Namespace: rc.Namespace, Name: credentialsSecretName(rc)}
+	key := client.ObjectKey{Namespace: rc.Namespace, Name: render.CredentialsSecretName(rc)}
 	cred, err := r.readCredential(ctx, r.Client, key, rc, c.Version)
 	if err == nil && cred == nil {
 		// The cache may lag behind the Secret written a moment ago: ask the API server before
@@ -193,7 +190,7 @@ func (r *RedisClusterReconciler) currentCredential(ctx context.Context, rc *v1al
 	return cred, err
 }
 
-func (r *RedisClusterReconciler) readCredential(ctx context.Context, rd client.Reader, key client.ObjectKey, rc *v1alpha1.RedisCluster, version string) (*credential, error) {
+func (r *RedisClusterReconciler) readCredential(ctx context.Context, rd client.Reader, key client.ObjectKey, rc *v1alpha1.RedisCluster, version string) (*render.Credential, error) {
 	sec := &corev1.Secret{}
 	if err := rd.Get(ctx, key, sec); err != nil {
 		return nil, client.IgnoreNotFound(err)
@@ -202,15 +199,15 @@ func (r *RedisClusterReconciler) readCredential(ctx context.Context, rd client.R
 		return nil, nil
 	}
 	u, p := string(sec.Data[rc.Spec.Credentials.UsernameKey]), string(sec.Data[rc.Spec.Credentials.PasswordKey])
-	if u == "" || p == "" || credentialVersion(u, p) != version {
+	if u == "" || p == "" || render.CredentialVersion(u, p) != version {
 		return nil, nil
 	}
-	return &credential{username: u, password: p, version: version}, nil
+	return &render.Credential{Username: u, Password: p, Version: version}, nil
 }
 
 // issue obtains a new credential and records its lease in the ledger before anything uses it.
 // The lease it replaces stays in the ledger as Superseded until it is revoked.
-func (r *RedisClusterReconciler) issue(ctx context.Context, s *scope, vcl vault.Client, d rotation.Decision) (*credential, error) {
+func (r *RedisClusterReconciler) issue(ctx context.Context, s *scope, vcl vault.Client, d rotation.Decision) (*render.Credential, error) {
 	rc := s.rc
 	path := rc.Spec.Credentials.VaultLease.Path
 	lease, err := vcl.Issue(ctx, path)
@@ -219,21 +216,21 @@ func (r *RedisClusterReconciler) issue(ctx context.Context, s *scope, vcl vault.
 		return nil, r.issueFailed(s, err)
 	}
 	u, p := lease.Data["username"], lease.Data["password"]
-	if u == "" || p == "" || !usernamePattern.MatchString(u) {
+	if u == "" || p == "" || !render.ValidUsername(u) {
 		if lease.ID != "" {
 			_ = vcl.Revoke(ctx, lease.ID)
 		}
 		return nil, r.issueFailed(s, fmt.Errorf("vault path %s returned no usable username and password (keys: %v)", path, lease.Data))
 	}
-	cred := &credential{username: u, password: p, version: credentialVersion(u, p)}
+	cred := &render.Credential{Username: u, Password: p, Version: render.CredentialVersion(u, p)}
 	r.recordLease(s, lease, cred, d)
 	if err := r.writeStatus(ctx, s); err != nil {
 		// Not recorded, so never used: give it back at once.
 		_ = vcl.Revoke(ctx, lease.ID)
 		return nil, fmt.Errorf("recording lease in the ledger: %w", err)
 	}
-	s.conds.event(false, v1alpha1.EventCredentialsIssued, "Issue", "Issued credential %s for user %s from %s (%s)", cred.version, u, path, d.Reason)
-	log.FromContext(ctx).Info("Credential issued", "version", cred.version, "username", u, "reason", string(d.Reason), "leaseDuration", lease.Duration)
+	s.conds.event(false, v1alpha1.EventCredentialsIssued, "Issue", "Issued credential %s for user %s from %s (%s)", cred.Version, u, path, d.Reason)
+	log.FromContext(ctx).Info("Credential issued", "version", cred.Version, "username", u, "reason", string(d.Reason), "leaseDuration", lease.Duration)
 	return cred, nil
 }
 
@@ -246,14 +243,14 @@ func (r *RedisClusterReconciler) countIssue(d rotation.Decision, err error) {
 }
 
 // recordLease puts a new lease into the ledger and the credential status.
-func (r *RedisClusterReconciler) recordLease(s *scope, lease *vault.Lease, cred *credential, d rotation.Decision) {
+func (r *RedisClusterReconciler) recordLease(s *scope, lease *vault.Lease, cred *render.Credential, d rotation.Decision) {
 	rc := s.rc
 	now := timeOrNil(r.Clock.Now())
 	supersede(rc)
 	expires := timeOrNil(lease.ExpiresAt)
 	if lease.ID != "" {
 		rc.Status.Leases = append(rc.Status.Leases, v1alpha1.LeaseRecord{
-			LeaseID: lease.ID, State: v1alpha1.LeaseActive, Version: cred.version, Username: cred.username,
+			LeaseID: lease.ID, State: v1alpha1.LeaseActive, Version: cred.Version, Username: cred.Username,
 			Connection: connectionName(rc), TokenAccessor: lease.TokenAccessor, IssuedAt: now, ExpiresAt: expires,
 		})
 	}
@@ -262,7 +259,7 @@ func (r *RedisClusterReconciler) recordLease(s *scope, lease *vault.Lease, cred 
 		superseded = prev.SupersededUsers // users kept until the rollout is done (RollOver)
 	}
 	rc.Status.Credential = &v1alpha1.CredentialStatus{
-		Version: cred.version, Source: v1alpha1.SourceVaultLease, Username: cred.username, LeaseID: lease.ID,
+		Version: cred.Version, Source: v1alpha1.SourceVaultLease, Username: cred.Username, LeaseID: lease.ID,
 		IssuedAt: now, ExpiresAt: expires, Renewable: lease.Renewable,
 		LeaseDuration: &metav1.Duration{Duration: lease.Duration}, LastRotation: now,
 		TokenAccessor: lease.TokenAccessor, TokenEndsAt: timeOrNil(lease.TokenDeadline), SupersededUsers: superseded,

@@ -7,6 +7,8 @@ import (
 	"slices"
 	"time"
 
+	"github.com/keyroll/keyroll/controllers/render"
+
 	esv1 "github.com/external-secrets/external-secrets/apis/externalsecrets/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -31,7 +33,7 @@ const defaultRenewalPercent = 67
 // reconcileSynced is reconcileCredential for ExternalSecret mode: it keeps the ExternalSecret as
 // specified, adopts the credential ESO synced, renews its lease when tracked (vcl is nil when
 // externalSecret.connectionRef is not set) and asks ESO for a new credential when one is due.
-func (r *RedisClusterReconciler) reconcileSynced(ctx context.Context, s *scope, vcl vault.Client) (*credential, time.Duration, error) {
+func (r *RedisClusterReconciler) reconcileSynced(ctx context.Context, s *scope, vcl vault.Client) (*render.Credential, time.Duration, error) {
 	rc := s.rc
 	es, err := r.ensureExternalSecret(ctx, s)
 	if err != nil || es == nil {
@@ -42,15 +44,15 @@ func (r *RedisClusterReconciler) reconcileSynced(ctx context.Context, s *scope, 
 		return nil, 0, err
 	}
 	if sec == nil {
-		r.notSynced(s, es, fmt.Sprintf("waiting for External Secrets Operator to sync Secret %s", credentialsSecretName(rc)), false)
+		r.notSynced(s, es, fmt.Sprintf("waiting for External Secrets Operator to sync Secret %s", render.CredentialsSecretName(rc)), false)
 		return nil, 0, nil
 	}
-	sc, problem := parseSynced(sec, rc)
+	sc, problem := render.ParseSynced(sec, rc)
 	if sc == nil {
 		r.notSynced(s, es, problem, true)
 		return nil, 0, nil
 	}
-	tracked := vcl != nil && sc.leaseID != ""
+	tracked := vcl != nil && sc.LeaseID != ""
 	gone, err := r.adopt(ctx, s, sc, vcl, tracked)
 	if err != nil {
 		return nil, 0, err
@@ -85,7 +87,7 @@ func (r *RedisClusterReconciler) reconcileSynced(ctx context.Context, s *scope, 
 	if wait := r.settling(rc); wait > 0 {
 		return nil, wait, nil
 	}
-	return &sc.credential, requeueAt(r.Clock.Now(), next.When), nil
+	return &sc.Credential, requeueAt(r.Clock.Now(), next.When), nil
 }
 
 // syncSettle is how long a new credential from ESO must stay in place before Redis pods are
@@ -109,7 +111,7 @@ func (r *RedisClusterReconciler) settling(rc *v1alpha1.RedisCluster) time.Durati
 // ensureExternalSecret creates or repairs the ExternalSecret and returns it as the API has it.
 func (r *RedisClusterReconciler) ensureExternalSecret(ctx context.Context, s *scope) (*esv1.ExternalSecret, error) {
 	es := &esv1.ExternalSecret{}
-	err := ensure(ctx, r, s.rc, buildExternalSecret(s.rc), es, sameExternalSecret, updateExternalSecret)
+	err := ensure(ctx, r, s.rc, render.ExternalSecret(s.rc), es, sameExternalSecret, updateExternalSecret)
 	var conflict *conflictError
 	if errors.As(err, &conflict) {
 		if s.conds.set(v1alpha1.ConditionCredentialsReady, metav1.ConditionFalse, v1alpha1.ReasonSecretConflict, err.Error()) {
@@ -123,19 +125,19 @@ func (r *RedisClusterReconciler) ensureExternalSecret(ctx context.Context, s *sc
 
 // syncedSecret reads the credentials Secret ESO writes; nil while it does not exist.
 func (r *RedisClusterReconciler) syncedSecret(ctx context.Context, rc *v1alpha1.RedisCluster) (*corev1.Secret, error) {
-	key := client.ObjectKey{Namespace: rc.Namespace, Name: credentialsSecretName(rc)}
+	key := client.ObjectKey{Namespace: rc.Namespace, Name: render.CredentialsSecretName(rc)}
 	sec := &corev1.Secret{}
 	err := r.Get(ctx, key, sec)
 	if client.IgnoreNotFound(err) != nil {
 		return nil, err
 	}
-	if err != nil || !syncedByExternalSecret(sec, rc) {
+	if err != nil || !render.SyncedByExternalSecret(sec, rc) {
 		// Not in the cache (yet): ESO may have written it a moment ago.
 		if err := r.APIReader.Get(ctx, key, sec); err != nil {
 			return nil, client.IgnoreNotFound(err)
 		}
 	}
-	if !syncedByExternalSecret(sec, rc) {
+	if !render.SyncedByExternalSecret(sec, rc) {
 		return nil, nil
 	}
 	return sec, nil
@@ -171,7 +173,7 @@ func esReady(es *esv1.ExternalSecret) *esv1.ExternalSecretStatusCondition {
 // adopt takes a credential ESO synced into the status. A new one is recorded, and its lease put
 // into the ledger when tracked, before anything uses it; the credential it replaces is superseded
 // and its lease revoked after the rollout. gone says the tracked lease no longer exists in Vault.
-func (r *RedisClusterReconciler) adopt(ctx context.Context, s *scope, sc *syncedCredential, vcl vault.Client, tracked bool) (gone bool, err error) {
+func (r *RedisClusterReconciler) adopt(ctx context.Context, s *scope, sc *render.SyncedCredential, vcl vault.Client, tracked bool) (gone bool, err error) {
 	rc := s.rc
 	key := client.ObjectKeyFromObject(rc)
 	sighted := r.sightings.peek(key)
@@ -180,16 +182,16 @@ func (r *RedisClusterReconciler) adopt(ctx context.Context, s *scope, sc *synced
 		sighted = nil
 	}
 	c := rc.Status.Credential
-	fresh := c == nil || c.Version != sc.version
+	fresh := c == nil || c.Version != sc.Version
 	untrackedLease := tracked && c != nil && !fresh && c.LeaseID == ""
-	if !fresh && !untrackedLease && !unrecorded(rc, sighted, sc.leaseID, tracked) {
+	if !fresh && !untrackedLease && !unrecorded(rc, sighted, sc.LeaseID, tracked) {
 		return false, nil
 	}
 	now := timeOrNil(r.Clock.Now())
 	if fresh || untrackedLease {
 		info := &vault.LeaseInfo{Exists: true}
 		if tracked {
-			if info, err = vcl.Lookup(ctx, sc.leaseID); err != nil {
+			if info, err = vcl.Lookup(ctx, sc.LeaseID); err != nil {
 				return false, fmt.Errorf("looking up the lease External Secrets Operator obtained: %w", err)
 			}
 		}
@@ -209,8 +211,8 @@ func (r *RedisClusterReconciler) adopt(ctx context.Context, s *scope, sc *synced
 			note = "leases are not tracked"
 		}
 		s.conds.event(false, v1alpha1.EventCredentialsIssued, "Adopt", "Adopted credential %s for user %s that External Secrets Operator synced into Secret %s (%s)",
-			sc.version, sc.username, credentialsSecretName(rc), note)
-		log.FromContext(ctx).Info("Synced credential adopted", "version", sc.version, "username", sc.username, "leaseTracked", tracked)
+			sc.Version, sc.Username, render.CredentialsSecretName(rc), note)
+		log.FromContext(ctx).Info("Synced credential adopted", "version", sc.Version, "username", sc.Username, "leaseTracked", tracked)
 	}
 	return gone, nil
 }
@@ -229,11 +231,11 @@ func unrecorded(rc *v1alpha1.RedisCluster, sighted []string, current string, tra
 }
 
 // recordSynced puts a synced credential into the status, and its lease into the ledger.
-func (r *RedisClusterReconciler) recordSynced(s *scope, sc *syncedCredential, tracked bool, info *vault.LeaseInfo, now *metav1.Time, fresh bool) {
+func (r *RedisClusterReconciler) recordSynced(s *scope, sc *render.SyncedCredential, tracked bool, info *vault.LeaseInfo, now *metav1.Time, fresh bool) {
 	rc := s.rc
 	prev := rc.Status.Credential
 	cs := &v1alpha1.CredentialStatus{
-		Version: sc.version, Source: v1alpha1.SourceExternalSecret, Username: sc.username,
+		Version: sc.Version, Source: v1alpha1.SourceExternalSecret, Username: sc.Username,
 		IssuedAt: now, LastRotation: now, LeasesTracked: &tracked,
 	}
 	if prev != nil {
@@ -246,11 +248,11 @@ func (r *RedisClusterReconciler) recordSynced(s *scope, sc *syncedCredential, tr
 			cs.SupersededUsers = append(slices.Clone(cs.SupersededUsers), prev.Username)
 		}
 	}
-	if sc.leaseDuration > 0 {
-		cs.LeaseDuration = &metav1.Duration{Duration: sc.leaseDuration}
+	if sc.LeaseDuration > 0 {
+		cs.LeaseDuration = &metav1.Duration{Duration: sc.LeaseDuration}
 	}
 	if tracked {
-		cs.LeaseID, cs.Renewable = sc.leaseID, info.Renewable
+		cs.LeaseID, cs.Renewable = sc.LeaseID, info.Renewable
 		cs.ExpiresAt = timeOrNil(info.ExpiresAt)
 		if !info.IssuedAt.IsZero() {
 			cs.IssuedAt = timeOrNil(info.IssuedAt)
@@ -261,9 +263,9 @@ func (r *RedisClusterReconciler) recordSynced(s *scope, sc *syncedCredential, tr
 		if fresh {
 			supersede(rc)
 		}
-		if info.Exists && !hasLease(rc.Status.Leases, sc.leaseID) {
+		if info.Exists && !hasLease(rc.Status.Leases, sc.LeaseID) {
 			rc.Status.Leases = append(rc.Status.Leases, v1alpha1.LeaseRecord{
-				LeaseID: sc.leaseID, State: v1alpha1.LeaseActive, Version: sc.version, Username: sc.username,
+				LeaseID: sc.LeaseID, State: v1alpha1.LeaseActive, Version: sc.Version, Username: sc.Username,
 				IssuedAt: cs.IssuedAt, ExpiresAt: cs.ExpiresAt,
 			})
 		}
@@ -333,16 +335,16 @@ func (r *RedisClusterReconciler) requestRefresh(ctx context.Context, s *scope, d
 
 // reportSynced sets CredentialsReady for a synced credential, says whether its lease is tracked,
 // and flags ESO trouble and a refresh interval that would leave an expired credential in place.
-func (r *RedisClusterReconciler) reportSynced(s *scope, es *esv1.ExternalSecret, sc *syncedCredential, tracked bool) {
+func (r *RedisClusterReconciler) reportSynced(s *scope, es *esv1.ExternalSecret, sc *render.SyncedCredential, tracked bool) {
 	rc := s.rc
 	src := rc.Spec.Credentials.ExternalSecret
-	secret := credentialsSecretName(rc)
+	secret := render.CredentialsSecretName(rc)
 	if tracked {
 		s.conds.set(v1alpha1.ConditionCredentialsReady, metav1.ConditionTrue, v1alpha1.ReasonLeasesTracked,
 			fmt.Sprintf("External Secrets Operator synced a credential into Secret %s; keyroll renews and revokes its lease", secret))
 	} else {
 		why := "set externalSecret.connectionRef so that keyroll can renew and revoke it"
-		if sc.leaseID == "" {
+		if sc.LeaseID == "" {
 			why = "the generator does not hand over the lease (VaultDynamicSecret resultType Raw does)"
 		}
 		msg := fmt.Sprintf("External Secrets Operator synced a credential into Secret %s; its lease is not tracked: %s. Nobody renews or revokes it; it lives until its Vault TTL", secret, why)
@@ -350,7 +352,7 @@ func (r *RedisClusterReconciler) reportSynced(s *scope, es *esv1.ExternalSecret,
 			s.conds.event(false, v1alpha1.EventLeasesNotTracked, "Adopt", "%s", msg)
 		}
 	}
-	lifetime := sc.leaseDuration
+	lifetime := sc.LeaseDuration
 	if lifetime == 0 && src.CredentialLifetime != nil {
 		lifetime = src.CredentialLifetime.Duration
 	}
@@ -398,8 +400,8 @@ func (r *RedisClusterReconciler) retireExternalSecret(ctx context.Context, s *sc
 		}
 		sighted := r.sightings.peek(key)
 		if sec != nil {
-			if sc, _ := parseSynced(sec, rc); sc != nil && sc.leaseID != "" {
-				sighted = append(sighted, sc.leaseID)
+			if sc, _ := render.ParseSynced(sec, rc); sc != nil && sc.LeaseID != "" {
+				sighted = append(sighted, sc.LeaseID)
 			}
 		}
 		rc.Status.Leases = addSighted(rc.Status.Leases, sighted, timeOrNil(r.Clock.Now()))
@@ -409,7 +411,7 @@ func (r *RedisClusterReconciler) retireExternalSecret(ctx context.Context, s *sc
 		r.sightings.forget(key, sighted)
 	}
 	es := &esv1.ExternalSecret{}
-	err := r.Get(ctx, client.ObjectKey{Namespace: rc.Namespace, Name: externalSecretName(rc)}, es)
+	err := r.Get(ctx, client.ObjectKey{Namespace: rc.Namespace, Name: render.ExternalSecretName(rc)}, es)
 	if apierrors.IsNotFound(err) || (err == nil && !ownedBy(es, rc)) {
 		return 0, nil
 	}

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"maps"
 
+	esv1 "github.com/external-secrets/external-secrets/apis/externalsecrets/v1"
+
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -117,3 +119,9 @@ func sameStatefulSet(d, e *appsv1.StatefulSet) bool {
 func updateStatefulSet(d, e *appsv1.StatefulSet) {
 	e.Spec.Replicas, e.Spec.Template, e.Spec.UpdateStrategy = d.Spec.Replicas, d.Spec.Template, d.Spec.UpdateStrategy
 }
+
+func sameExternalSecret(d, e *esv1.ExternalSecret) bool {
+	return equality.Semantic.DeepDerivative(d.Spec, e.Spec)
+}
+
+func updateExternalSecret(d, e *esv1.ExternalSecret) { e.Spec = d.Spec }

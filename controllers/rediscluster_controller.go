@@ -6,6 +6,8 @@ import (
 	"maps"
 	"time"
 
+	"github.com/keyroll/keyroll/controllers/render"
+
 	esv1 "github.com/external-secrets/external-secrets/apis/externalsecrets/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -164,7 +166,7 @@ func (r *RedisClusterReconciler) reconcileNormal(ctx context.Context, s *scope) 
 // retireSuperseded revokes the leases the current credential replaced, once it runs everywhere,
 // and then drops their users (and those of replaced credentials without a tracked lease) from the
 // ACL Secret. vcl is nil when no lease is tracked.
-func (r *RedisClusterReconciler) retireSuperseded(ctx context.Context, s *scope, vcl vault.Client, cred *credential) error {
+func (r *RedisClusterReconciler) retireSuperseded(ctx context.Context, s *scope, vcl vault.Client, cred *render.Credential) error {
 	c := s.rc.Status.Credential
 	if len(supersededLeases(s.rc)) == 0 && len(c.SupersededUsers) == 0 {
 		return nil

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/keyroll/keyroll/controllers/render"
+
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -28,15 +30,15 @@ const defaultReadinessTimeout = 5 * time.Minute
 // time and each only while the previous one is Ready on it (make before break). Progress lives in
 // status.rollout, so that a restarted operator resumes where it was. done says every pod and
 // consumer runs the credential; until then the superseded leases stay live.
-func (r *RedisClusterReconciler) reconcileRollout(ctx context.Context, s *scope, cred *credential) (done bool, wait time.Duration, err error) {
+func (r *RedisClusterReconciler) reconcileRollout(ctx context.Context, s *scope, cred *render.Credential) (done bool, wait time.Duration, err error) {
 	rc := s.rc
 	pods, err := r.redisPods(ctx, rc)
 	if err != nil {
 		return false, 0, err
 	}
-	r.Metrics.setStalePods(client.ObjectKeyFromObject(rc), len(pods)-countOnVersion(pods, cred.version))
+	r.Metrics.setStalePods(client.ObjectKeyFromObject(rc), len(pods)-countOnVersion(pods, cred.Version))
 	ro := rc.Status.Rollout
-	if ro == nil && allOnVersion(pods, cred.version) && len(supersededLeases(rc)) == 0 {
+	if ro == nil && allOnVersion(pods, cred.Version) && len(supersededLeases(rc)) == 0 {
 		return true, 0, nil
 	}
 	if stale, err := r.staleRead(ctx, rc); stale || err != nil {
@@ -45,11 +47,11 @@ func (r *RedisClusterReconciler) reconcileRollout(ctx context.Context, s *scope,
 		return false, lagWait, err
 	}
 	if ro == nil {
-		ro = r.startRollout(ctx, s, cred.version)
+		ro = r.startRollout(ctx, s, cred.Version)
 	}
-	if ro.TargetVersion != cred.version {
+	if ro.TargetVersion != cred.Version {
 		// A newer credential arrived during the rollout: roll to that one instead.
-		ro.TargetVersion, ro.PodInFlight, ro.PodRestartedAt, ro.ConsumersUpdated = cred.version, "", nil, 0
+		ro.TargetVersion, ro.PodInFlight, ro.PodRestartedAt, ro.ConsumersUpdated = cred.Version, "", nil, 0
 	}
 	if podsDone, wait, err := r.rollPods(ctx, s, pods, ro); !podsDone || err != nil {
 		return false, wait, err
@@ -184,7 +186,7 @@ func (r *RedisClusterReconciler) readinessTimeout(rc *v1alpha1.RedisCluster) tim
 // redisPods lists the cluster's pods (the cache holds only pods with keyroll's cluster label).
 func (r *RedisClusterReconciler) redisPods(ctx context.Context, rc *v1alpha1.RedisCluster) ([]*corev1.Pod, error) {
 	list := &corev1.PodList{}
-	if err := r.List(ctx, list, client.InNamespace(rc.Namespace), client.MatchingLabels(selectorLabels(rc))); err != nil {
+	if err := r.List(ctx, list, client.InNamespace(rc.Namespace), client.MatchingLabels(render.SelectorLabels(rc))); err != nil {
 		return nil, fmt.Errorf("listing Redis pods: %w", err)
 	}
 	pods := make([]*corev1.Pod, 0, len(list.Items))

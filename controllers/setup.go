@@ -13,13 +13,14 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
-	"github.com/keyroll/keyroll/rotation"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
+
+	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/rotation"
 
 	"github.com/keyroll/keyroll/vault"
 )

@@ -6,6 +6,8 @@ import (
 	"slices"
 	"sync"
 
+	"github.com/keyroll/keyroll/controllers/render"
+
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -72,7 +74,7 @@ func (r *RedisClusterReconciler) syncedSecretEvents() handler.EventHandler {
 			return nil
 		}
 		key := types.NamespacedName{Namespace: sec.Namespace, Name: cluster}
-		if id := string(sec.Data[rawLeaseIDKey]); id != "" {
+		if id := string(sec.Data[render.RawLeaseIDKey]); id != "" {
 			r.sightings.record(key, id)
 		}
 		return []ctrl.Request{{NamespacedName: key}}

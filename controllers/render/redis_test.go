@@ -1,4 +1,4 @@
-package controllers
+package render
 
 import (
 	"strings"
@@ -21,7 +21,7 @@ func testCluster() *v1alpha1.RedisCluster {
 }
 
 func TestStatefulSetIsOnDeleteAndCarriesTheCredentialVersion(t *testing.T) {
-	sts := buildStatefulSet(testCluster(), "v1")
+	sts := StatefulSet(testCluster(), "v1")
 	if sts.Spec.UpdateStrategy.Type != appsv1.OnDeleteStatefulSetStrategyType {
 		t.Errorf("update strategy %s, want OnDelete: keyroll restarts pods itself", sts.Spec.UpdateStrategy.Type)
 	}
@@ -55,25 +55,25 @@ func TestStatefulSetIsOnDeleteAndCarriesTheCredentialVersion(t *testing.T) {
 func TestOwnedObjectsCarryTheManagedLabel(t *testing.T) {
 	rc := testCluster()
 	for _, labels := range []map[string]string{
-		buildACLSecret(rc, "x", "r").Labels, buildCredentialsSecret(rc, "u", "p", "v").Labels,
-		buildConfigMap(rc).Labels, buildHeadlessService(rc).Labels, buildClientService(rc).Labels,
-		buildStatefulSet(rc, "v").Labels,
+		ACLSecret(rc, "x", "r").Labels, CredentialsSecret(rc, "u", "p", "v").Labels,
+		ConfigMap(rc).Labels, HeadlessService(rc).Labels, ClientService(rc).Labels,
+		StatefulSet(rc, "v").Labels,
 	} {
 		if labels[v1alpha1.LabelManagedBy] != v1alpha1.ManagedByValue || labels[v1alpha1.LabelCluster] != "orders" {
 			t.Errorf("labels %v", labels)
 		}
 	}
-	s := buildCredentialsSecret(rc, "u", "p", "v9")
+	s := CredentialsSecret(rc, "u", "p", "v9")
 	if string(s.Data["user"]) != "u" || string(s.Data["pass"]) != "p" || s.Annotations[v1alpha1.AnnotationCredentialVersion] != "v9" {
 		t.Errorf("credentials Secret %+v", s)
 	}
-	if sel := buildClientService(rc).Spec.Selector[appsv1.StatefulSetPodNameLabel]; sel != "orders-0" {
+	if sel := ClientService(rc).Spec.Selector[appsv1.StatefulSetPodNameLabel]; sel != "orders-0" {
 		t.Errorf("the client Service selects %q, want the primary orders-0", sel)
 	}
 }
 
 func TestRedisConfLoadsTheACLFile(t *testing.T) {
-	cm := buildConfigMap(testCluster())
+	cm := ConfigMap(testCluster())
 	if !strings.Contains(cm.Data["redis.conf"], "aclfile /etc/keyroll/acl/users.acl") {
 		t.Errorf("redis.conf: %s", cm.Data["redis.conf"])
 	}

@@ -1,4 +1,4 @@
-package controllers
+package render
 
 import (
 	"encoding/json"
@@ -8,7 +8,6 @@ import (
 
 	esv1 "github.com/external-secrets/external-secrets/apis/externalsecrets/v1"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
@@ -20,40 +19,40 @@ import (
 // Keys of the raw Vault response that a VaultDynamicSecret with resultType Raw writes.
 const (
 	rawDataKey      = "data"
-	rawLeaseIDKey   = "lease_id"
+	RawLeaseIDKey   = "lease_id"
 	rawDurationKey  = "lease_duration"
 	rawRenewableKey = "renewable"
 )
 
 // syncedCredential is what ESO wrote into the credentials Secret.
-type syncedCredential struct {
-	credential
+type SyncedCredential struct {
+	Credential
 	// leaseID, leaseDuration and renewable come from a raw Vault response; leaseID is empty otherwise.
-	leaseID       string
-	leaseDuration time.Duration
-	renewable     bool
+	LeaseID       string
+	LeaseDuration time.Duration
+	Renewable     bool
 }
 
-func externalSecretName(rc *v1alpha1.RedisCluster) string { return rc.Name }
+func ExternalSecretName(rc *v1alpha1.RedisCluster) string { return rc.Name }
 
 // buildExternalSecret is the ExternalSecret keyroll owns: it targets the credentials Secret, which
 // ESO creates and owns. The template adds the username and password keys (taken from the raw
 // response's data when the generator hands over the raw response) and keyroll's labels, so that
 // the operator's Secret cache sees the Secret.
-func buildExternalSecret(rc *v1alpha1.RedisCluster) *esv1.ExternalSecret {
+func ExternalSecret(rc *v1alpha1.RedisCluster) *esv1.ExternalSecret {
 	src := rc.Spec.Credentials.ExternalSecret
 	es := &esv1.ExternalSecret{
-		ObjectMeta: objectMeta(rc, externalSecretName(rc)),
+		ObjectMeta: objectMeta(rc, ExternalSecretName(rc)),
 		Spec: esv1.ExternalSecretSpec{
 			RefreshInterval: src.RefreshInterval,
 			RefreshPolicy:   esv1.ExternalSecretRefreshPolicy(src.RefreshPolicy),
 			Target: esv1.ExternalSecretTarget{
-				Name:           credentialsSecretName(rc),
+				Name:           CredentialsSecretName(rc),
 				CreationPolicy: esv1.CreatePolicyOwner,
 				Template: &esv1.ExternalSecretTemplate{
 					EngineVersion: esv1.TemplateEngineV2,
 					MergePolicy:   esv1.MergePolicyMerge,
-					Metadata:      esv1.ExternalSecretTemplateMetadata{Labels: ownedLabels(rc)},
+					Metadata:      esv1.ExternalSecretTemplateMetadata{Labels: OwnedLabels(rc)},
 					Data: map[string]string{
 						rc.Spec.Credentials.UsernameKey: credentialField("username"),
 						rc.Spec.Credentials.PasswordKey: credentialField("password"),
@@ -83,37 +82,31 @@ func credentialField(field string) string {
 		rawDataKey, rawDataKey, field, field)
 }
 
-func sameExternalSecret(d, e *esv1.ExternalSecret) bool {
-	return equality.Semantic.DeepDerivative(d.Spec, e.Spec)
-}
-
-func updateExternalSecret(d, e *esv1.ExternalSecret) { e.Spec = d.Spec }
-
 // syncedByExternalSecret says whether a Secret is controlled by the ExternalSecret of rc.
-func syncedByExternalSecret(sec *corev1.Secret, rc *v1alpha1.RedisCluster) bool {
+func SyncedByExternalSecret(sec *corev1.Secret, rc *v1alpha1.RedisCluster) bool {
 	ref := metav1.GetControllerOf(sec)
-	return ref != nil && ref.Kind == "ExternalSecret" && ref.Name == externalSecretName(rc) &&
-		rc.Spec.Credentials.Source == v1alpha1.SourceExternalSecret && sec.Name == credentialsSecretName(rc)
+	return ref != nil && ref.Kind == "ExternalSecret" && ref.Name == ExternalSecretName(rc) &&
+		rc.Spec.Credentials.Source == v1alpha1.SourceExternalSecret && sec.Name == CredentialsSecretName(rc)
 }
 
 // parseSynced reads the credential ESO wrote. It returns a message naming what is missing when
 // the Secret holds no usable credential.
-func parseSynced(sec *corev1.Secret, rc *v1alpha1.RedisCluster) (*syncedCredential, string) {
-	sc := &syncedCredential{}
+func ParseSynced(sec *corev1.Secret, rc *v1alpha1.RedisCluster) (*SyncedCredential, string) {
+	sc := &SyncedCredential{}
 	u, p := string(sec.Data[rc.Spec.Credentials.UsernameKey]), string(sec.Data[rc.Spec.Credentials.PasswordKey])
-	if raw, ok := sec.Data[rawDataKey]; ok && len(sec.Data[rawLeaseIDKey]) > 0 {
+	if raw, ok := sec.Data[rawDataKey]; ok && len(sec.Data[RawLeaseIDKey]) > 0 {
 		var data struct{ Username, Password string }
 		if err := json.Unmarshal(raw, &data); err != nil {
 			return nil, fmt.Sprintf("Secret %s: key %q is not the JSON of a Vault response's data", sec.Name, rawDataKey)
 		}
 		u, p = data.Username, data.Password
-		sc.leaseID = string(sec.Data[rawLeaseIDKey])
+		sc.LeaseID = string(sec.Data[RawLeaseIDKey])
 		secs, err := strconv.ParseFloat(string(sec.Data[rawDurationKey]), 64)
 		if err != nil || secs < 0 {
 			return nil, fmt.Sprintf("Secret %s: key %q is not a number of seconds", sec.Name, rawDurationKey)
 		}
-		sc.leaseDuration = time.Duration(secs * float64(time.Second))
-		sc.renewable, _ = strconv.ParseBool(string(sec.Data[rawRenewableKey]))
+		sc.LeaseDuration = time.Duration(secs * float64(time.Second))
+		sc.Renewable, _ = strconv.ParseBool(string(sec.Data[rawRenewableKey]))
 	}
 	if u == "" || p == "" {
 		return nil, fmt.Sprintf("Secret %s has no username and password under keys %q and %q (credentials.usernameKey, credentials.passwordKey) nor a raw Vault response",
@@ -122,6 +115,6 @@ func parseSynced(sec *corev1.Secret, rc *v1alpha1.RedisCluster) (*syncedCredenti
 	if !usernamePattern.MatchString(u) {
 		return nil, fmt.Sprintf("Secret %s: the username is not a valid Redis user name", sec.Name)
 	}
-	sc.credential = credential{username: u, password: p, version: credentialVersion(u, p)}
+	sc.Credential = Credential{Username: u, Password: p, Version: CredentialVersion(u, p)}
 	return sc, ""
 }

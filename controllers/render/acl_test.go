@@ -1,4 +1,4 @@
-package controllers
+package render
 
 import (
 	"os"
@@ -19,11 +19,11 @@ func TestACLFileLoadsInRealRedis(t *testing.T) {
 		"tricky":                           "sp ace \"quote\" #hash >gt <lt 'single' \\back\nnewline ünï",
 		"admin":                            "admin-password-for-this-test",
 	}
-	var list []aclUser
+	var list []ACLUser
 	for u, p := range users {
-		list = append(list, newACLUser(u, p))
+		list = append(list, NewACLUser(u, p))
 	}
-	file, err := renderACLFile(list, []string{"~*", "&*", "+@all"})
+	file, err := RenderACLFile(list, []string{"~*", "&*", "+@all"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,22 +57,22 @@ func TestACLFileLoadsInRealRedis(t *testing.T) {
 
 func TestACLFileRules(t *testing.T) {
 	cases := map[string]struct {
-		users   []aclUser
+		users   []ACLUser
 		rules   []string
 		wantErr string
 		want    string
 	}{
 		"rules follow a reset": {
-			users: []aclUser{newACLUser("app", "pw")}, rules: []string{"~orders:*", "+get", "+set"},
+			users: []ACLUser{NewACLUser("app", "pw")}, rules: []string{"~orders:*", "+get", "+set"},
 			want: "resetkeys resetchannels -@all ~orders:* +get +set",
 		},
-		"username with a space":   {users: []aclUser{newACLUser("bad user", "pw")}, rules: []string{"~*"}, wantErr: "cannot be written"},
-		"username with a newline": {users: []aclUser{newACLUser("a\nuser default on nopass", "pw")}, rules: []string{"~*"}, wantErr: "cannot be written"},
-		"malformed hash":          {users: []aclUser{{Username: "u", PasswordHash: "zz"}}, rules: []string{"~*"}, wantErr: "malformed"},
+		"username with a space":   {users: []ACLUser{NewACLUser("bad user", "pw")}, rules: []string{"~*"}, wantErr: "cannot be written"},
+		"username with a newline": {users: []ACLUser{NewACLUser("a\nuser default on nopass", "pw")}, rules: []string{"~*"}, wantErr: "cannot be written"},
+		"malformed hash":          {users: []ACLUser{{Username: "u", PasswordHash: "zz"}}, rules: []string{"~*"}, wantErr: "malformed"},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
-			got, err := renderACLFile(tc.users, tc.rules)
+			got, err := RenderACLFile(tc.users, tc.rules)
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 					t.Fatalf("want error %q, got %v", tc.wantErr, err)
@@ -87,21 +87,21 @@ func TestACLFileRules(t *testing.T) {
 }
 
 func TestParseACLUsersReadsWhatRenderWrites(t *testing.T) {
-	in := []aclUser{newACLUser("a", "1"), newACLUser("b", "2")}
-	file, err := renderACLFile(in, []string{"~*"})
+	in := []ACLUser{NewACLUser("a", "1"), NewACLUser("b", "2")}
+	file, err := RenderACLFile(in, []string{"~*"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := parseACLUsers(file)
-	same := func(a, b aclUser) bool { return a.Username == b.Username && a.PasswordHash == b.PasswordHash }
+	got := ParseACLUsers(file)
+	same := func(a, b ACLUser) bool { return a.Username == b.Username && a.PasswordHash == b.PasswordHash }
 	if len(got) != 2 || !same(got["a"], in[0]) || !same(got["b"], in[1]) {
 		t.Fatalf("parsed %+v from %q", got, file)
 	}
 }
 
 func TestCredentialVersion(t *testing.T) {
-	v := credentialVersion("u", "p")
-	if v != credentialVersion("u", "p") || v == credentialVersion("u", "q") || v == credentialVersion("v", "p") || len(v) != 16 {
+	v := CredentialVersion("u", "p")
+	if v != CredentialVersion("u", "p") || v == CredentialVersion("u", "q") || v == CredentialVersion("v", "p") || len(v) != 16 {
 		t.Fatalf("credential versions must be stable per credential and differ between credentials: %s", v)
 	}
 }
@@ -111,14 +111,14 @@ func TestCredentialVersion(t *testing.T) {
 func TestACLFileHasTheReloadUserWithItsOwnRules(t *testing.T) {
 	rc := &v1alpha1.RedisCluster{}
 	rc.Spec.Credentials.ACLRules = []string{"~orders:*", "+@all"}
-	file, err := aclFile(rc, &credential{username: "app", password: "p"}, nil, "reload-secret")
+	file, err := ACLFile(rc, &Credential{Username: "app", Password: "p"}, nil, "reload-secret")
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := []string{
 		"user default off",
-		"user app on #" + newACLUser("app", "p").PasswordHash + " resetkeys resetchannels -@all ~orders:* +@all",
-		"user keyroll-reload on #" + newACLUser("keyroll-reload", "reload-secret").PasswordHash + " resetkeys resetchannels -@all +acl|load +ping",
+		"user app on #" + NewACLUser("app", "p").PasswordHash + " resetkeys resetchannels -@all ~orders:* +@all",
+		"user keyroll-reload on #" + NewACLUser("keyroll-reload", "reload-secret").PasswordHash + " resetkeys resetchannels -@all +acl|load +ping",
 	}
 	if got := strings.Split(strings.TrimSpace(file), "\n"); !slices.Equal(got, want) {
 		t.Fatalf("aclfile:\n%s\nwant:\n%s", file, strings.Join(want, "\n"))
@@ -131,10 +131,10 @@ func TestACLFileHasTheReloadUserWithItsOwnRules(t *testing.T) {
 // The users of replaced credentials stay in the aclfile until the rollout is done: those of
 // superseded leases, and those of credentials whose leases are not tracked.
 func TestACLFileKeepsReplacedUsersUntilTheRolloutIsDone(t *testing.T) {
-	existing := map[string]aclUser{
-		"leased":    newACLUser("leased", "1"),
-		"untracked": newACLUser("untracked", "2"),
-		"revoked":   newACLUser("revoked", "3"),
+	existing := map[string]ACLUser{
+		"leased":    NewACLUser("leased", "1"),
+		"untracked": NewACLUser("untracked", "2"),
+		"revoked":   NewACLUser("revoked", "3"),
 	}
 	rc := &v1alpha1.RedisCluster{}
 	rc.Status.Leases = []v1alpha1.LeaseRecord{
@@ -142,11 +142,11 @@ func TestACLFileKeepsReplacedUsersUntilTheRolloutIsDone(t *testing.T) {
 		{LeaseID: "l2", State: v1alpha1.LeaseActive, Username: "current"},
 	}
 	rc.Status.Credential = &v1alpha1.CredentialStatus{Username: "current", SupersededUsers: []string{"untracked"}}
-	file, err := aclFile(rc, &credential{username: "current", password: "p"}, existing, "r")
+	file, err := ACLFile(rc, &Credential{Username: "current", Password: "p"}, existing, "r")
 	if err != nil {
 		t.Fatal(err)
 	}
-	users := parseACLUsers(file)
+	users := ParseACLUsers(file)
 	for _, name := range []string{"current", "leased", "untracked", reloadUser} {
 		if _, ok := users[name]; !ok {
 			t.Errorf("%s is missing from the aclfile:\n%s", name, file)

@@ -1,4 +1,4 @@
-package controllers
+package render
 
 import (
 	"fmt"
@@ -26,12 +26,12 @@ const (
 )
 
 // Names of the owned objects.
-func headlessServiceName(rc *v1alpha1.RedisCluster) string { return rc.Name + "-headless" }
-func configMapName(rc *v1alpha1.RedisCluster) string       { return rc.Name + "-config" }
-func aclSecretName(rc *v1alpha1.RedisCluster) string       { return rc.Name + "-acl" }
+func HeadlessServiceName(rc *v1alpha1.RedisCluster) string { return rc.Name + "-headless" }
+func ConfigMapName(rc *v1alpha1.RedisCluster) string       { return rc.Name + "-config" }
+func ACLSecretName(rc *v1alpha1.RedisCluster) string       { return rc.Name + "-acl" }
 
 // credentialsSecretName is spec.credentials.secretName, or <name>-credentials.
-func credentialsSecretName(rc *v1alpha1.RedisCluster) string {
+func CredentialsSecretName(rc *v1alpha1.RedisCluster) string {
 	if rc.Spec.Credentials.SecretName != "" {
 		return rc.Spec.Credentials.SecretName
 	}
@@ -39,7 +39,7 @@ func credentialsSecretName(rc *v1alpha1.RedisCluster) string {
 }
 
 // selectorLabels select the Redis pods of a cluster.
-func selectorLabels(rc *v1alpha1.RedisCluster) map[string]string {
+func SelectorLabels(rc *v1alpha1.RedisCluster) map[string]string {
 	return map[string]string{
 		"app.kubernetes.io/name":     "redis",
 		"app.kubernetes.io/instance": rc.Name,
@@ -49,32 +49,32 @@ func selectorLabels(rc *v1alpha1.RedisCluster) map[string]string {
 
 // ownedLabels are set on every object keyroll creates for a cluster; the operator's Secret cache
 // sees only Secrets that carry them.
-func ownedLabels(rc *v1alpha1.RedisCluster) map[string]string {
-	l := selectorLabels(rc)
+func OwnedLabels(rc *v1alpha1.RedisCluster) map[string]string {
+	l := SelectorLabels(rc)
 	l[v1alpha1.LabelManagedBy] = v1alpha1.ManagedByValue
 	return l
 }
 
 func objectMeta(rc *v1alpha1.RedisCluster, name string) metav1.ObjectMeta {
-	return metav1.ObjectMeta{Name: name, Namespace: rc.Namespace, Labels: ownedLabels(rc)}
+	return metav1.ObjectMeta{Name: name, Namespace: rc.Namespace, Labels: OwnedLabels(rc)}
 }
 
 // buildHeadlessService gives every Redis pod a stable DNS name, Ready or not.
-func buildHeadlessService(rc *v1alpha1.RedisCluster) *corev1.Service {
+func HeadlessService(rc *v1alpha1.RedisCluster) *corev1.Service {
 	return &corev1.Service{
-		ObjectMeta: objectMeta(rc, headlessServiceName(rc)),
+		ObjectMeta: objectMeta(rc, HeadlessServiceName(rc)),
 		Spec: corev1.ServiceSpec{
 			ClusterIP:                corev1.ClusterIPNone,
 			PublishNotReadyAddresses: true,
-			Selector:                 selectorLabels(rc),
+			Selector:                 SelectorLabels(rc),
 			Ports:                    []corev1.ServicePort{redisServicePort()},
 		},
 	}
 }
 
 // buildClientService is what clients connect to: the primary (pod 0).
-func buildClientService(rc *v1alpha1.RedisCluster) *corev1.Service {
-	sel := selectorLabels(rc)
+func ClientService(rc *v1alpha1.RedisCluster) *corev1.Service {
+	sel := SelectorLabels(rc)
 	sel[appsv1.StatefulSetPodNameLabel] = rc.Name + "-0"
 	return &corev1.Service{
 		ObjectMeta: objectMeta(rc, rc.Name),
@@ -91,8 +91,8 @@ func redisServicePort() corev1.ServicePort {
 }
 
 // buildConfigMap holds redis.conf (which loads the aclfile) and the start script.
-func buildConfigMap(rc *v1alpha1.RedisCluster) *corev1.ConfigMap {
-	cm := &corev1.ConfigMap{ObjectMeta: objectMeta(rc, configMapName(rc))}
+func ConfigMap(rc *v1alpha1.RedisCluster) *corev1.ConfigMap {
+	cm := &corev1.ConfigMap{ObjectMeta: objectMeta(rc, ConfigMapName(rc))}
 	cm.Data = map[string]string{
 		"redis.conf": fmt.Sprintf(`# Written by keyroll for RedisCluster %s/%s.
 port %d
@@ -153,7 +153,7 @@ if kill -0 "$redis" 2>/dev/null; then
 fi
 kill "$reloader" 2>/dev/null || true
 exit "$status"
-`, runDir, credsMountDir, rc.Name, headlessServiceName(rc), redisPort, configMountDir, aclMountDir, ACLFileKey, ReloadPasswordKey, reloadUser)
+`, runDir, credsMountDir, rc.Name, HeadlessServiceName(rc), redisPort, configMountDir, aclMountDir, ACLFileKey, ReloadPasswordKey, reloadUser)
 }
 
 // readinessCommand authenticates with the credential the pod started with: a pod is Ready only
@@ -166,18 +166,18 @@ func readinessCommand() []string {
 
 // buildACLSecret holds the aclfile that every Redis pod loads at start and reloads when it
 // changes, and the password of the reload user that reloads it.
-func buildACLSecret(rc *v1alpha1.RedisCluster, aclFile, reloadPassword string) *corev1.Secret {
+func ACLSecret(rc *v1alpha1.RedisCluster, aclFile, reloadPassword string) *corev1.Secret {
 	return &corev1.Secret{
-		ObjectMeta: objectMeta(rc, aclSecretName(rc)),
+		ObjectMeta: objectMeta(rc, ACLSecretName(rc)),
 		Type:       corev1.SecretTypeOpaque,
 		Data:       map[string][]byte{ACLFileKey: []byte(aclFile), ReloadPasswordKey: []byte(reloadPassword)},
 	}
 }
 
 // buildCredentialsSecret is the Secret consumers read; its annotation names the credential version.
-func buildCredentialsSecret(rc *v1alpha1.RedisCluster, username, password, version string) *corev1.Secret {
+func CredentialsSecret(rc *v1alpha1.RedisCluster, username, password, version string) *corev1.Secret {
 	s := &corev1.Secret{
-		ObjectMeta: objectMeta(rc, credentialsSecretName(rc)),
+		ObjectMeta: objectMeta(rc, CredentialsSecretName(rc)),
 		Type:       corev1.SecretTypeOpaque,
 		Data: map[string][]byte{
 			rc.Spec.Credentials.UsernameKey: []byte(username),
@@ -191,14 +191,14 @@ func buildCredentialsSecret(rc *v1alpha1.RedisCluster, username, password, versi
 // buildStatefulSet runs the Redis pods. Its update strategy is OnDelete: keyroll itself restarts
 // pods, one at a time, when the credential changes. New pods start with the credential version in
 // their annotations.
-func buildStatefulSet(rc *v1alpha1.RedisCluster, version string) *appsv1.StatefulSet {
-	labels := selectorLabels(rc)
+func StatefulSet(rc *v1alpha1.RedisCluster, version string) *appsv1.StatefulSet {
+	labels := SelectorLabels(rc)
 	podLabels := maps.Clone(labels)
 	sts := &appsv1.StatefulSet{
 		ObjectMeta: objectMeta(rc, rc.Name),
 		Spec: appsv1.StatefulSetSpec{
 			Replicas:            ptr.To(rc.Spec.Replicas),
-			ServiceName:         headlessServiceName(rc),
+			ServiceName:         HeadlessServiceName(rc),
 			Selector:            &metav1.LabelSelector{MatchLabels: labels},
 			PodManagementPolicy: appsv1.OrderedReadyPodManagement,
 			UpdateStrategy:      appsv1.StatefulSetUpdateStrategy{Type: appsv1.OnDeleteStatefulSetStrategyType},
@@ -234,11 +234,11 @@ func redisPodSpec(rc *v1alpha1.RedisCluster) corev1.PodSpec {
 		Containers: []corev1.Container{redisContainer(rc)},
 		Volumes: []corev1.Volume{
 			{Name: "config", VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{
-				LocalObjectReference: corev1.LocalObjectReference{Name: configMapName(rc)}}}},
+				LocalObjectReference: corev1.LocalObjectReference{Name: ConfigMapName(rc)}}}},
 			{Name: "acl", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
-				SecretName: aclSecretName(rc), DefaultMode: ptr.To[int32](0o440)}}},
+				SecretName: ACLSecretName(rc), DefaultMode: ptr.To[int32](0o440)}}},
 			{Name: "credentials", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
-				SecretName: credentialsSecretName(rc), DefaultMode: ptr.To[int32](0o440),
+				SecretName: CredentialsSecretName(rc), DefaultMode: ptr.To[int32](0o440),
 				Items: []corev1.KeyToPath{
 					{Key: rc.Spec.Credentials.UsernameKey, Path: "username"},
 					{Key: rc.Spec.Credentials.PasswordKey, Path: "password"},

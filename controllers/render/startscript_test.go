@@ -1,4 +1,4 @@
-package controllers
+package render
 
 import (
 	"fmt"
@@ -57,10 +57,10 @@ func (p *podFiles) write(t *testing.T, dir, name, content string) {
 }
 
 // setACL writes the ACL Secret for the current credential and the superseded users of rc's ledger.
-func (p *podFiles) setACL(t *testing.T, rc *v1alpha1.RedisCluster, cur *credential, reload string) {
+func (p *podFiles) setACL(t *testing.T, rc *v1alpha1.RedisCluster, cur *Credential, reload string) {
 	t.Helper()
 	old, _ := os.ReadFile(filepath.Join(p.acl, ACLFileKey))
-	file, err := aclFile(rc, cur, parseACLUsers(string(old)), reload)
+	file, err := ACLFile(rc, cur, ParseACLUsers(string(old)), reload)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,13 +75,13 @@ func TestStartScriptReloadsTheACLFileAndStopsOnSIGTERM(t *testing.T) {
 	rc := &v1alpha1.RedisCluster{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "orders"}}
 	rc.Spec.Credentials.ACLRules = []string{"~*", "&*", "+@all"}
 	p := newPodFiles(t)
-	cm := buildConfigMap(rc)
+	cm := ConfigMap(rc)
 	p.write(t, "config", "redis.conf", p.relocate.Replace(cm.Data["redis.conf"])+"bind 127.0.0.1\n")
 	p.write(t, "config", "start.sh", p.relocate.Replace(cm.Data["start.sh"]))
-	a := &credential{username: "V_ORDERS_A", password: "pass-a"}
-	b := &credential{username: "V_ORDERS_B", password: "pass-b"}
-	p.write(t, "credentials", "username", a.username)
-	p.write(t, "credentials", "password", a.password)
+	a := &Credential{Username: "V_ORDERS_A", Password: "pass-a"}
+	b := &Credential{Username: "V_ORDERS_B", Password: "pass-b"}
+	p.write(t, "credentials", "username", a.Username)
+	p.write(t, "credentials", "password", a.Password)
 	p.setACL(t, rc, a, "reload-pw")
 
 	cmd := exec.Command("sh", filepath.Join(p.root, "config", "start.sh"))
@@ -96,9 +96,9 @@ func TestStartScriptReloadsTheACLFileAndStopsOnSIGTERM(t *testing.T) {
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
 	addr := fmt.Sprintf("127.0.0.1:%d", p.port)
-	works := func(c *credential) bool {
-		who, err := testground.RedisWhoAmI(addr, c.username, c.password)
-		return err == nil && who == c.username
+	works := func(c *Credential) bool {
+		who, err := testground.RedisWhoAmI(addr, c.Username, c.Password)
+		return err == nil && who == c.Username
 	}
 	within := func(d time.Duration, what string, ok func() bool) {
 		t.Helper()
@@ -115,8 +115,8 @@ func TestStartScriptReloadsTheACLFileAndStopsOnSIGTERM(t *testing.T) {
 
 	// A rotation: B is current, A superseded and still in the aclfile.
 	rc.Status.Leases = []v1alpha1.LeaseRecord{
-		{LeaseID: "l-a", State: v1alpha1.LeaseSuperseded, Username: a.username},
-		{LeaseID: "l-b", State: v1alpha1.LeaseActive, Username: b.username},
+		{LeaseID: "l-a", State: v1alpha1.LeaseSuperseded, Username: a.Username},
+		{LeaseID: "l-b", State: v1alpha1.LeaseActive, Username: b.Username},
 	}
 	p.setACL(t, rc, b, "reload-pw")
 	within(5*time.Second, "the running Redis knows B after the aclfile changed", func() bool { return works(b) })

@@ -1,11 +1,15 @@
-package controllers
+package render
 
 import (
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
 	"regexp"
+	"slices"
 	"strings"
+
+	"github.com/keyroll/keyroll/apis/v1alpha1"
 )
 
 // ACLFileKey is the key of the aclfile in the ACL Secret that Redis pods mount.
@@ -22,7 +26,7 @@ const reloadUser = "keyroll-reload"
 var reloadRules = []string{"+acl|load", "+ping"}
 
 // aclUser is one user of the aclfile, with the SHA-256 hash of its password (hex).
-type aclUser struct {
+type ACLUser struct {
 	Username     string
 	PasswordHash string
 	// Rules, when set, replace the cluster's aclRules for this user.
@@ -30,10 +34,13 @@ type aclUser struct {
 }
 
 // newACLUser hashes a password for the aclfile.
-func newACLUser(username, password string) aclUser {
+func NewACLUser(username, password string) ACLUser {
 	sum := sha256.Sum256([]byte(password))
-	return aclUser{Username: username, PasswordHash: hex.EncodeToString(sum[:])}
+	return ACLUser{Username: username, PasswordHash: hex.EncodeToString(sum[:])}
 }
+
+// ValidUsername says whether keyroll accepts u as a Redis user name (in an aclfile).
+func ValidUsername(u string) bool { return usernamePattern.MatchString(u) }
 
 // usernamePattern is what keyroll accepts as a Redis username in an aclfile: Vault's Redis plugin
 // makes names such as V_TOKEN_ORDERS_AB12CD_1700000000.
@@ -44,7 +51,7 @@ var hashPattern = regexp.MustCompile(`^[0-9a-f]{64}$`)
 // renderACLFile renders a Redis aclfile: the default user off, and each user on with the given
 // rules. Passwords appear only as SHA-256 hashes (#<hex>), so no character of a password needs
 // escaping and the file never holds a password in clear.
-func renderACLFile(users []aclUser, rules []string) (string, error) {
+func RenderACLFile(users []ACLUser, rules []string) (string, error) {
 	var b strings.Builder
 	b.WriteString("user default off\n")
 	for _, u := range users {
@@ -64,21 +71,58 @@ func renderACLFile(users []aclUser, rules []string) (string, error) {
 }
 
 // parseACLUsers reads the users (name and password hash) of an aclfile that renderACLFile wrote.
-func parseACLUsers(file string) map[string]aclUser {
-	users := map[string]aclUser{}
+func ParseACLUsers(file string) map[string]ACLUser {
+	users := map[string]ACLUser{}
 	for _, line := range strings.Split(file, "\n") {
 		f := strings.Fields(line)
 		if len(f) < 4 || f[0] != "user" || f[2] != "on" || !strings.HasPrefix(f[3], "#") {
 			continue
 		}
-		users[f[1]] = aclUser{Username: f[1], PasswordHash: strings.TrimPrefix(f[3], "#")}
+		users[f[1]] = ACLUser{Username: f[1], PasswordHash: strings.TrimPrefix(f[3], "#")}
 	}
 	return users
 }
 
 // credentialVersion identifies a credential: a hash of its username and password. Neither can be
 // recovered from it; it changes whenever the credential does, and is the same for the same credential.
-func credentialVersion(username, password string) string {
+func CredentialVersion(username, password string) string {
 	sum := sha256.Sum256([]byte("keyroll/v1\x00" + username + "\x00" + password))
 	return hex.EncodeToString(sum[:8])
+}
+
+// ACLFile renders the aclfile: the current user (none while a revoked credential awaits its
+// replacement), the users of superseded leases that are not revoked yet (taken over from the
+// aclfile as it is, where only their password hashes are), and the reload user.
+func ACLFile(rc *v1alpha1.RedisCluster, cred *Credential, existing map[string]ACLUser, reloadPassword string) (string, error) {
+	var users []ACLUser
+	if cred != nil {
+		users = append(users, NewACLUser(cred.Username, cred.Password))
+	}
+	keep := func(name string) {
+		if u, ok := existing[name]; ok && !slices.ContainsFunc(users, func(x ACLUser) bool { return x.Username == name }) {
+			users = append(users, u)
+		}
+	}
+	for _, l := range rc.Status.Leases {
+		if l.State != v1alpha1.LeaseActive {
+			keep(l.Username)
+		}
+	}
+	if c := rc.Status.Credential; c != nil {
+		for _, name := range c.SupersededUsers {
+			keep(name)
+		}
+	}
+	reload := NewACLUser(reloadUser, reloadPassword)
+	reload.Rules = reloadRules
+	return RenderACLFile(append(users, reload), rc.Spec.Credentials.ACLRules)
+}
+
+// RandomPassword is 32 random bytes, hex-encoded.
+func RandomPassword() (string, error) {
+	b := make([]byte, 32)
+	if _, err := rand.Read(b); err != nil {
+		return "", fmt.Errorf("generating a password: %w", err)
+	}
+	return hex.EncodeToString(b), nil
 }
