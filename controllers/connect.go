@@ -7,6 +7,8 @@ import (
 	"slices"
 	"time"
 
+	"github.com/keyroll/keyroll/controllers/apply"
+
 	"github.com/keyroll/keyroll/controllers/render"
 
 	corev1 "k8s.io/api/core/v1"
@@ -95,10 +97,10 @@ func connectionField(rc *v1alpha1.RedisCluster) string {
 
 // refuse marks the credential as not ready for a reason the RedisCluster owner must act on.
 func (r *RedisClusterReconciler) refuse(s *scope, reason, message string) {
-	if s.conds.set(v1alpha1.ConditionCredentialsReady, metav1.ConditionFalse, reason, message) {
-		s.conds.event(true, v1alpha1.EventAccessDenied, "Connect", "%s", message)
+	if s.conds.Set(v1alpha1.ConditionCredentialsReady, metav1.ConditionFalse, reason, message) {
+		s.conds.Event(true, v1alpha1.EventAccessDenied, "Connect", "%s", message)
 	}
-	s.conds.set(v1alpha1.ConditionReady, metav1.ConditionFalse, reason, message)
+	s.conds.Set(v1alpha1.ConditionReady, metav1.ConditionFalse, reason, message)
 }
 
 // checkSecretsFree makes sure the Secrets keyroll writes are either absent or its own, before a
@@ -106,12 +108,12 @@ func (r *RedisClusterReconciler) refuse(s *scope, reason, message string) {
 func (r *RedisClusterReconciler) checkSecretsFree(ctx context.Context, s *scope) (bool, error) {
 	for _, name := range []string{render.CredentialsSecretName(s.rc), render.ACLSecretName(s.rc)} {
 		err := r.secretOwned(ctx, s.rc, name)
-		var conflict *conflictError
+		var conflict *apply.ConflictError
 		if errors.As(err, &conflict) {
-			if s.conds.set(v1alpha1.ConditionCredentialsReady, metav1.ConditionFalse, v1alpha1.ReasonSecretConflict, err.Error()) {
-				s.conds.event(true, v1alpha1.EventSecretConflict, "WriteSecret", "%s", err.Error())
+			if s.conds.Set(v1alpha1.ConditionCredentialsReady, metav1.ConditionFalse, v1alpha1.ReasonSecretConflict, err.Error()) {
+				s.conds.Event(true, v1alpha1.EventSecretConflict, "WriteSecret", "%s", err.Error())
 			}
-			s.conds.set(v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.ReasonSecretConflict, err.Error())
+			s.conds.Set(v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.ReasonSecretConflict, err.Error())
 			return false, nil
 		}
 		if err != nil {
@@ -135,8 +137,8 @@ func (r *RedisClusterReconciler) secretOwned(ctx context.Context, rc *v1alpha1.R
 		return nil
 	case err != nil:
 		return fmt.Errorf("reading Secret %s: %w", name, err)
-	case !ownedBy(sec, rc) && !render.SyncedByExternalSecret(sec, rc):
-		return &conflictError{kind: "Secret", name: name}
+	case !apply.OwnedBy(sec, rc) && !render.SyncedByExternalSecret(sec, rc):
+		return &apply.ConflictError{Kind: "Secret", Name: name}
 	}
 	return nil
 }

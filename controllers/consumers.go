@@ -60,14 +60,14 @@ func (r *RedisClusterReconciler) restartConsumer(ctx context.Context, s *scope, 
 	if err := r.Patch(ctx, w.object(), patch); err != nil {
 		return fmt.Errorf("restarting consumer %s %s: %w", ref.Kind, ref.Name, err)
 	}
-	s.conds.event(false, v1alpha1.EventConsumerRestarted, "Rollout", "Restarted %s %s for credential %s", ref.Kind, ref.Name, version)
+	s.conds.Event(false, v1alpha1.EventConsumerRestarted, "Rollout", "Restarted %s %s for credential %s", ref.Kind, ref.Name, version)
 	log.FromContext(ctx).Info("Consumer restarted", "kind", ref.Kind, "name", ref.Name, "version", version)
 	return nil
 }
 
 func (r *RedisClusterReconciler) reportConsumer(s *scope, reason, msg string) {
-	if s.conds.set(v1alpha1.ConditionDegraded, metav1.ConditionTrue, reason, msg) {
-		s.conds.event(true, reason, "Rollout", "%s", msg)
+	if s.conds.Set(v1alpha1.ConditionDegraded, metav1.ConditionTrue, reason, msg) {
+		s.conds.Event(true, reason, "Rollout", "%s", msg)
 	}
 }
 

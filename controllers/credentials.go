@@ -6,6 +6,9 @@ import (
 	"slices"
 	"time"
 
+	"github.com/keyroll/keyroll/controllers/apply"
+	"github.com/keyroll/keyroll/controllers/metrics"
+
 	"github.com/keyroll/keyroll/controllers/render"
 
 	corev1 "k8s.io/api/core/v1"
@@ -53,9 +56,9 @@ func (r *RedisClusterReconciler) reconcileCredential(ctx context.Context, s *sco
 	}
 	next := rotation.Decide(r.decisionInput(s, vcl, true))
 	c := s.rc.Status.Credential
-	r.Metrics.setLeaseExpiry(client.ObjectKeyFromObject(s.rc), timeOf(c.ExpiresAt))
+	r.Metrics.SetLeaseExpiry(client.ObjectKeyFromObject(s.rc), timeOf(c.ExpiresAt))
 	c.NextRenewal, c.NextRotation = timeOrNil(next.NextRenewal), timeOrNil(next.NextRotation)
-	s.conds.set(v1alpha1.ConditionCredentialsReady, metav1.ConditionTrue, v1alpha1.ReasonIssued, "A live credential from Vault is in Secret "+render.CredentialsSecretName(s.rc))
+	s.conds.Set(v1alpha1.ConditionCredentialsReady, metav1.ConditionTrue, v1alpha1.ReasonIssued, "A live credential from Vault is in Secret "+render.CredentialsSecretName(s.rc))
 	return cur, requeueAt(r.Clock.Now(), next.When), nil
 }
 
@@ -126,12 +129,12 @@ func (r *RedisClusterReconciler) revokedOutside(ctx context.Context, s *scope) e
 		if c.Username != "" && !slices.Contains(c.SupersededUsers, c.Username) {
 			c.SupersededUsers = append(c.SupersededUsers, c.Username)
 		}
-		s.conds.event(true, v1alpha1.EventLeaseRevokedOutside, "Revoke",
+		s.conds.Event(true, v1alpha1.EventLeaseRevokedOutside, "Revoke",
 			"Lease %s of user %s was revoked outside keyroll; issuing a new credential at once (onRevokedOutside RollOver: the user stays on the Redis nodes until the new credential has rolled out)", c.LeaseID, c.Username)
 		log.FromContext(ctx).Info("Lease revoked outside keyroll; rolling over", "lease", c.LeaseID, "username", c.Username)
 		return nil
 	}
-	s.conds.event(true, v1alpha1.EventLeaseRevokedOutside, "Revoke",
+	s.conds.Event(true, v1alpha1.EventLeaseRevokedOutside, "Revoke",
 		"Lease %s of user %s was revoked outside keyroll; the user is cut off on every Redis node and a new credential is issued at once (onRevokedOutside CutOff)", c.LeaseID, c.Username)
 	log.FromContext(ctx).Info("Lease revoked outside keyroll; cutting its user off", "lease", c.LeaseID, "username", c.Username)
 	return r.ensureACLSecret(ctx, rc, nil)
@@ -144,7 +147,7 @@ func (r *RedisClusterReconciler) tokenEnding(s *scope, d rotation.Decision) {
 		return
 	}
 	c := s.rc.Status.Credential
-	s.conds.event(true, v1alpha1.EventTokenEnding, "Rotate",
+	s.conds.Event(true, v1alpha1.EventTokenEnding, "Rotate",
 		"The Vault token that created lease %s ends at %s (its max TTL), before the lease: rotating now, so that the new credential is rolled out and this lease revoked before Vault revokes it with its token. A periodic token on the auth role avoids this (see the VaultConnection's Degraded condition)",
 		c.LeaseID, timeOf(c.TokenEndsAt).UTC().Format(time.RFC3339))
 }
@@ -163,13 +166,13 @@ func (r *RedisClusterReconciler) parseRotation(s *scope) {
 	}
 	if err == nil {
 		if c := meta.FindStatusCondition(s.rc.Status.Conditions, v1alpha1.ConditionDegraded); c != nil && c.Reason == v1alpha1.ReasonInvalidSchedule {
-			s.conds.set(v1alpha1.ConditionDegraded, metav1.ConditionFalse, v1alpha1.ReasonAvailable, "spec.rotation is valid")
+			s.conds.Set(v1alpha1.ConditionDegraded, metav1.ConditionFalse, v1alpha1.ReasonAvailable, "spec.rotation is valid")
 		}
 		return
 	}
 	s.schedule, s.window = nil, nil
-	if s.conds.set(v1alpha1.ConditionDegraded, metav1.ConditionTrue, v1alpha1.ReasonInvalidSchedule, "spec.rotation: "+err.Error()) {
-		s.conds.event(true, v1alpha1.ReasonInvalidSchedule, "Schedule", "spec.rotation: %v", err)
+	if s.conds.Set(v1alpha1.ConditionDegraded, metav1.ConditionTrue, v1alpha1.ReasonInvalidSchedule, "spec.rotation: "+err.Error()) {
+		s.conds.Event(true, v1alpha1.ReasonInvalidSchedule, "Schedule", "spec.rotation: %v", err)
 	}
 }
 
@@ -195,7 +198,7 @@ func (r *RedisClusterReconciler) readCredential(ctx context.Context, rd client.R
 	if err := rd.Get(ctx, key, sec); err != nil {
 		return nil, client.IgnoreNotFound(err)
 	}
-	if !ownedBy(sec, rc) {
+	if !apply.OwnedBy(sec, rc) {
 		return nil, nil
 	}
 	u, p := string(sec.Data[rc.Spec.Credentials.UsernameKey]), string(sec.Data[rc.Spec.Credentials.PasswordKey])
@@ -229,16 +232,16 @@ func (r *RedisClusterReconciler) issue(ctx context.Context, s *scope, vcl vault.
 		_ = vcl.Revoke(ctx, lease.ID)
 		return nil, fmt.Errorf("recording lease in the ledger: %w", err)
 	}
-	s.conds.event(false, v1alpha1.EventCredentialsIssued, "Issue", "Issued credential %s for user %s from %s (%s)", cred.Version, u, path, d.Reason)
+	s.conds.Event(false, v1alpha1.EventCredentialsIssued, "Issue", "Issued credential %s for user %s from %s (%s)", cred.Version, u, path, d.Reason)
 	log.FromContext(ctx).Info("Credential issued", "version", cred.Version, "username", u, "reason", string(d.Reason), "leaseDuration", lease.Duration)
 	return cred, nil
 }
 
 // countIssue counts an issue, and a rotation when the issue replaces a live credential.
 func (r *RedisClusterReconciler) countIssue(d rotation.Decision, err error) {
-	r.Metrics.Issues.WithLabelValues(result(err)).Inc()
+	r.Metrics.Issues.WithLabelValues(metrics.Result(err)).Inc()
 	if d.Action == rotation.ActionRotate {
-		r.Metrics.Rotations.WithLabelValues(result(err)).Inc()
+		r.Metrics.Rotations.WithLabelValues(metrics.Result(err)).Inc()
 	}
 }
 
@@ -280,10 +283,10 @@ func (r *RedisClusterReconciler) issueFailed(s *scope, err error) error {
 		reason = v1alpha1.ReasonVaultUnavailable
 	}
 	msg := fmt.Sprintf("issuing a credential from %s: %v", s.rc.Spec.Credentials.VaultLease.Path, err)
-	if s.conds.set(v1alpha1.ConditionCredentialsReady, metav1.ConditionFalse, reason, msg) {
-		s.conds.event(true, reason, "Issue", "%s", msg)
+	if s.conds.Set(v1alpha1.ConditionCredentialsReady, metav1.ConditionFalse, reason, msg) {
+		s.conds.Event(true, reason, "Issue", "%s", msg)
 	}
-	s.conds.set(v1alpha1.ConditionReady, metav1.ConditionFalse, reason, msg)
+	s.conds.Set(v1alpha1.ConditionReady, metav1.ConditionFalse, reason, msg)
 	if vault.IsPermissionDenied(err) || vault.IsBadRequest(err) || vault.IsNotFound(err) {
 		return nil
 	}
@@ -298,7 +301,7 @@ func (r *RedisClusterReconciler) renew(ctx context.Context, s *scope, vcl vault.
 		increment = c.LeaseDuration.Duration
 	}
 	ren, err := vcl.Renew(ctx, c.LeaseID, increment)
-	r.Metrics.Renewals.WithLabelValues(result(err)).Inc()
+	r.Metrics.Renewals.WithLabelValues(metrics.Result(err)).Inc()
 	if vault.IsLeaseGone(err) {
 		return true, nil
 	}

@@ -7,6 +7,9 @@ import (
 	"slices"
 	"time"
 
+	"github.com/keyroll/keyroll/controllers/apply"
+	"github.com/keyroll/keyroll/controllers/metrics"
+
 	"github.com/keyroll/keyroll/controllers/render"
 
 	esv1 "github.com/external-secrets/external-secrets/apis/externalsecrets/v1"
@@ -82,7 +85,7 @@ func (r *RedisClusterReconciler) reconcileSynced(ctx context.Context, s *scope, 
 	next := rotation.Decide(r.decisionInput(s, vcl, true))
 	c := rc.Status.Credential
 	c.NextRenewal, c.NextRotation = timeOrNil(next.NextRenewal), timeOrNil(next.NextRotation)
-	r.Metrics.setLeaseExpiry(client.ObjectKeyFromObject(rc), timeOf(c.ExpiresAt))
+	r.Metrics.SetLeaseExpiry(client.ObjectKeyFromObject(rc), timeOf(c.ExpiresAt))
 	r.reportSynced(s, es, sc, tracked)
 	if wait := r.settling(rc); wait > 0 {
 		return nil, wait, nil
@@ -111,13 +114,13 @@ func (r *RedisClusterReconciler) settling(rc *v1alpha1.RedisCluster) time.Durati
 // ensureExternalSecret creates or repairs the ExternalSecret and returns it as the API has it.
 func (r *RedisClusterReconciler) ensureExternalSecret(ctx context.Context, s *scope) (*esv1.ExternalSecret, error) {
 	es := &esv1.ExternalSecret{}
-	err := ensure(ctx, r, s.rc, render.ExternalSecret(s.rc), es, sameExternalSecret, updateExternalSecret)
-	var conflict *conflictError
+	err := apply.Ensure(ctx, r.Client, s.rc, render.ExternalSecret(s.rc), es, apply.SameExternalSecret, apply.UpdateExternalSecret)
+	var conflict *apply.ConflictError
 	if errors.As(err, &conflict) {
-		if s.conds.set(v1alpha1.ConditionCredentialsReady, metav1.ConditionFalse, v1alpha1.ReasonSecretConflict, err.Error()) {
-			s.conds.event(true, v1alpha1.EventSecretConflict, "WriteExternalSecret", "%s", err.Error())
+		if s.conds.Set(v1alpha1.ConditionCredentialsReady, metav1.ConditionFalse, v1alpha1.ReasonSecretConflict, err.Error()) {
+			s.conds.Event(true, v1alpha1.EventSecretConflict, "WriteExternalSecret", "%s", err.Error())
 		}
-		s.conds.set(v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.ReasonSecretConflict, err.Error())
+		s.conds.Set(v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.ReasonSecretConflict, err.Error())
 		return nil, nil
 	}
 	return es, err
@@ -155,10 +158,10 @@ func (r *RedisClusterReconciler) notSynced(s *scope, es *esv1.ExternalSecret, pr
 		problem = fmt.Sprintf("%s; ExternalSecret %s is not Ready (%s): %s", problem, es.Name, c.Reason, c.Message)
 		warn = true
 	}
-	if s.conds.set(v1alpha1.ConditionCredentialsReady, metav1.ConditionFalse, reason, problem) && warn {
-		s.conds.event(true, reason, "Sync", "%s", problem)
+	if s.conds.Set(v1alpha1.ConditionCredentialsReady, metav1.ConditionFalse, reason, problem) && warn {
+		s.conds.Event(true, reason, "Sync", "%s", problem)
 	}
-	s.conds.set(v1alpha1.ConditionReady, metav1.ConditionFalse, reason, problem)
+	s.conds.Set(v1alpha1.ConditionReady, metav1.ConditionFalse, reason, problem)
 }
 
 func esReady(es *esv1.ExternalSecret) *esv1.ExternalSecretStatusCondition {
@@ -210,7 +213,7 @@ func (r *RedisClusterReconciler) adopt(ctx context.Context, s *scope, sc *render
 		if !tracked {
 			note = "leases are not tracked"
 		}
-		s.conds.event(false, v1alpha1.EventCredentialsIssued, "Adopt", "Adopted credential %s for user %s that External Secrets Operator synced into Secret %s (%s)",
+		s.conds.Event(false, v1alpha1.EventCredentialsIssued, "Adopt", "Adopted credential %s for user %s that External Secrets Operator synced into Secret %s (%s)",
 			sc.Version, sc.Username, render.CredentialsSecretName(rc), note)
 		log.FromContext(ctx).Info("Synced credential adopted", "version", sc.Version, "username", sc.Username, "leaseTracked", tracked)
 	}
@@ -322,12 +325,12 @@ func (r *RedisClusterReconciler) requestRefresh(ctx context.Context, s *scope, d
 	c.RefreshRequestedAt = now
 	if d.Action == rotation.ActionRotate {
 		c.LastRotation = now
-		r.Metrics.Rotations.WithLabelValues(result(nil)).Inc()
+		r.Metrics.Rotations.WithLabelValues(metrics.Result(nil)).Inc()
 	}
 	if err := r.writeStatus(ctx, s); err != nil {
 		return fmt.Errorf("recording the refresh request: %w", err)
 	}
-	s.conds.event(false, v1alpha1.EventRefreshRequested, "Rotate", "Asked External Secrets Operator for a new credential (%s)", d.Reason)
+	s.conds.Event(false, v1alpha1.EventRefreshRequested, "Rotate", "Asked External Secrets Operator for a new credential (%s)", d.Reason)
 	log.FromContext(ctx).Info("New credential requested from External Secrets Operator", "reason", string(d.Reason))
 	_, err := r.ensureExternalSecret(ctx, s)
 	return err
@@ -340,7 +343,7 @@ func (r *RedisClusterReconciler) reportSynced(s *scope, es *esv1.ExternalSecret,
 	src := rc.Spec.Credentials.ExternalSecret
 	secret := render.CredentialsSecretName(rc)
 	if tracked {
-		s.conds.set(v1alpha1.ConditionCredentialsReady, metav1.ConditionTrue, v1alpha1.ReasonLeasesTracked,
+		s.conds.Set(v1alpha1.ConditionCredentialsReady, metav1.ConditionTrue, v1alpha1.ReasonLeasesTracked,
 			fmt.Sprintf("External Secrets Operator synced a credential into Secret %s; keyroll renews and revokes its lease", secret))
 	} else {
 		why := "set externalSecret.connectionRef so that keyroll can renew and revoke it"
@@ -348,8 +351,8 @@ func (r *RedisClusterReconciler) reportSynced(s *scope, es *esv1.ExternalSecret,
 			why = "the generator does not hand over the lease (VaultDynamicSecret resultType Raw does)"
 		}
 		msg := fmt.Sprintf("External Secrets Operator synced a credential into Secret %s; its lease is not tracked: %s. Nobody renews or revokes it; it lives until its Vault TTL", secret, why)
-		if s.conds.set(v1alpha1.ConditionCredentialsReady, metav1.ConditionTrue, v1alpha1.ReasonLeasesNotTracked, msg) {
-			s.conds.event(false, v1alpha1.EventLeasesNotTracked, "Adopt", "%s", msg)
+		if s.conds.Set(v1alpha1.ConditionCredentialsReady, metav1.ConditionTrue, v1alpha1.ReasonLeasesNotTracked, msg) {
+			s.conds.Event(false, v1alpha1.EventLeasesNotTracked, "Adopt", "%s", msg)
 		}
 	}
 	lifetime := sc.LeaseDuration
@@ -360,8 +363,8 @@ func (r *RedisClusterReconciler) reportSynced(s *scope, es *esv1.ExternalSecret,
 	if !tracked && lifetime > 0 && interval != nil && interval.Duration >= lifetime {
 		msg := fmt.Sprintf("externalSecret.refreshInterval (%s) is not shorter than the credential's lifetime (%s): External Secrets Operator will leave an expired credential in place",
 			interval.Duration, lifetime)
-		if s.conds.set(v1alpha1.ConditionDegraded, metav1.ConditionTrue, v1alpha1.ReasonRefreshIntervalTooLong, msg) {
-			s.conds.event(true, v1alpha1.ReasonRefreshIntervalTooLong, "Adopt", "%s", msg)
+		if s.conds.Set(v1alpha1.ConditionDegraded, metav1.ConditionTrue, v1alpha1.ReasonRefreshIntervalTooLong, msg) {
+			s.conds.Event(true, v1alpha1.ReasonRefreshIntervalTooLong, "Adopt", "%s", msg)
 		}
 		return
 	}
@@ -370,14 +373,14 @@ func (r *RedisClusterReconciler) reportSynced(s *scope, es *esv1.ExternalSecret,
 	}
 	if c := esReady(es); c != nil && c.Status == corev1.ConditionFalse {
 		msg := fmt.Sprintf("ExternalSecret %s is not Ready (%s): %s", es.Name, c.Reason, c.Message)
-		if s.conds.set(v1alpha1.ConditionDegraded, metav1.ConditionTrue, v1alpha1.ReasonExternalSecretNotReady, msg) {
-			s.conds.event(true, v1alpha1.ReasonExternalSecretNotReady, "Sync", "%s", msg)
+		if s.conds.Set(v1alpha1.ConditionDegraded, metav1.ConditionTrue, v1alpha1.ReasonExternalSecretNotReady, msg) {
+			s.conds.Event(true, v1alpha1.ReasonExternalSecretNotReady, "Sync", "%s", msg)
 		}
 		return
 	}
 	if c := meta.FindStatusCondition(rc.Status.Conditions, v1alpha1.ConditionDegraded); c != nil &&
 		(c.Reason == v1alpha1.ReasonRefreshIntervalTooLong || c.Reason == v1alpha1.ReasonExternalSecretNotReady || c.Reason == v1alpha1.ReasonLeaseEndedEarly) {
-		s.conds.set(v1alpha1.ConditionDegraded, metav1.ConditionFalse, v1alpha1.ReasonAvailable, "External Secrets Operator syncs the credential")
+		s.conds.Set(v1alpha1.ConditionDegraded, metav1.ConditionFalse, v1alpha1.ReasonAvailable, "External Secrets Operator syncs the credential")
 	}
 }
 
@@ -412,7 +415,7 @@ func (r *RedisClusterReconciler) retireExternalSecret(ctx context.Context, s *sc
 	}
 	es := &esv1.ExternalSecret{}
 	err := r.Get(ctx, client.ObjectKey{Namespace: rc.Namespace, Name: render.ExternalSecretName(rc)}, es)
-	if apierrors.IsNotFound(err) || (err == nil && !ownedBy(es, rc)) {
+	if apierrors.IsNotFound(err) || (err == nil && !apply.OwnedBy(es, rc)) {
 		return 0, nil
 	}
 	if err != nil {
@@ -423,7 +426,7 @@ func (r *RedisClusterReconciler) retireExternalSecret(ctx context.Context, s *sc
 			return 0, fmt.Errorf("deleting ExternalSecret %s: %w", es.Name, err)
 		}
 		if connectionName(rc) == "" {
-			s.conds.event(false, v1alpha1.EventRevocationSkipped, "Delete",
+			s.conds.Event(false, v1alpha1.EventRevocationSkipped, "Delete",
 				"Leases are not tracked (no credentials.externalSecret.connectionRef): the leases External Secrets Operator obtained live until their Vault TTL")
 		}
 		return time.Second, nil
@@ -449,8 +452,8 @@ func (r *RedisClusterReconciler) endedEarly(s *scope, tracked bool) bool {
 	}
 	msg := fmt.Sprintf("A lease External Secrets Operator obtained was gone from Vault %s after it was issued, before its expiry: most likely External Secrets Operator's own Vault token ended, and Vault revoked the lease with it (keyroll cannot keep that token alive; it replaced the credential as soon as it noticed, within --lease-check-interval). Give External Secrets Operator's auth role a token TTL well above externalSecret.refreshInterval (%s), so that each credential is refreshed before its token ends",
 		c.LeaseEndedEarlyAfter.Duration, durationOr(s.rc.Spec.Credentials.ExternalSecret.RefreshInterval))
-	if s.conds.set(v1alpha1.ConditionDegraded, metav1.ConditionTrue, v1alpha1.ReasonLeaseEndedEarly, msg) {
-		s.conds.event(true, v1alpha1.ReasonLeaseEndedEarly, "Adopt", "%s", msg)
+	if s.conds.Set(v1alpha1.ConditionDegraded, metav1.ConditionTrue, v1alpha1.ReasonLeaseEndedEarly, msg) {
+		s.conds.Event(true, v1alpha1.ReasonLeaseEndedEarly, "Adopt", "%s", msg)
 	}
 	return true
 }
@@ -476,7 +479,7 @@ func (r *RedisClusterReconciler) leaseGoneExternally(ctx context.Context, s *sco
 	if now := r.Clock.Now(); c.IssuedAt != nil && c.ExpiresAt != nil && now.Before(c.ExpiresAt.Time) {
 		c.LeaseEndedEarlyAfter = &metav1.Duration{Duration: now.Sub(c.IssuedAt.Time).Truncate(time.Second)}
 	}
-	s.conds.event(true, v1alpha1.EventLeaseRevokedOutside, "Revoke",
+	s.conds.Event(true, v1alpha1.EventLeaseRevokedOutside, "Revoke",
 		"Lease %s that External Secrets Operator obtained is gone from Vault before its expiry (revoked outside keyroll, or ended with External Secrets Operator's own Vault token): asking for a new credential at once",
 		c.LeaseID)
 	log.FromContext(ctx).Info("Tracked lease gone from Vault; asking External Secrets Operator for a new credential", "lease", c.LeaseID)

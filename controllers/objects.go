@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 
+	"github.com/keyroll/keyroll/controllers/apply"
+
 	"github.com/keyroll/keyroll/controllers/render"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -24,26 +26,26 @@ func (r *RedisClusterReconciler) reconcileObjects(ctx context.Context, s *scope,
 			if rc.Spec.Credentials.Source == v1alpha1.SourceExternalSecret {
 				return nil // External Secrets Operator writes it
 			}
-			return ensure(ctx, r, rc, render.CredentialsSecret(rc, cred.Username, cred.Password, cred.Version), &corev1.Secret{}, sameSecret, updateSecret)
+			return apply.Ensure(ctx, r.Client, rc, render.CredentialsSecret(rc, cred.Username, cred.Password, cred.Version), &corev1.Secret{}, apply.SameSecret, apply.UpdateSecret)
 		},
 		func() error {
-			return ensure(ctx, r, rc, render.ConfigMap(rc), &corev1.ConfigMap{}, sameConfigMap, updateConfigMap)
+			return apply.Ensure(ctx, r.Client, rc, render.ConfigMap(rc), &corev1.ConfigMap{}, apply.SameConfigMap, apply.UpdateConfigMap)
 		},
 		func() error {
-			return ensure(ctx, r, rc, render.HeadlessService(rc), &corev1.Service{}, sameService, updateService)
+			return apply.Ensure(ctx, r.Client, rc, render.HeadlessService(rc), &corev1.Service{}, apply.SameService, apply.UpdateService)
 		},
 		func() error {
-			return ensure(ctx, r, rc, render.ClientService(rc), &corev1.Service{}, sameService, updateService)
+			return apply.Ensure(ctx, r.Client, rc, render.ClientService(rc), &corev1.Service{}, apply.SameService, apply.UpdateService)
 		},
 		func() error {
-			return ensure(ctx, r, rc, render.StatefulSet(rc, cred.Version), &appsv1.StatefulSet{}, sameStatefulSet, updateStatefulSet)
+			return apply.Ensure(ctx, r.Client, rc, render.StatefulSet(rc, cred.Version), &appsv1.StatefulSet{}, apply.SameStatefulSet, apply.UpdateStatefulSet)
 		},
 	}
 	for _, step := range steps {
 		if err := step(); err != nil {
-			var conflict *conflictError
+			var conflict *apply.ConflictError
 			if errors.As(err, &conflict) {
-				s.conds.set(v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.ReasonSecretConflict, err.Error())
+				s.conds.Set(v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.ReasonSecretConflict, err.Error())
 			}
 			return err
 		}
@@ -69,5 +71,5 @@ func (r *RedisClusterReconciler) ensureACLSecret(ctx context.Context, rc *v1alph
 	if err != nil {
 		return err
 	}
-	return ensure(ctx, r, rc, render.ACLSecret(rc, aclFile, reload), &corev1.Secret{}, sameSecret, updateSecret)
+	return apply.Ensure(ctx, r.Client, rc, render.ACLSecret(rc, aclFile, reload), &corev1.Secret{}, apply.SameSecret, apply.UpdateSecret)
 }

@@ -6,6 +6,10 @@ import (
 	"maps"
 	"time"
 
+	"github.com/keyroll/keyroll/controllers/apply"
+	"github.com/keyroll/keyroll/controllers/conditions"
+	"github.com/keyroll/keyroll/controllers/metrics"
+
 	"github.com/keyroll/keyroll/controllers/render"
 
 	esv1 "github.com/external-secrets/external-secrets/apis/externalsecrets/v1"
@@ -48,7 +52,7 @@ type RedisClusterReconciler struct {
 	Connector *Connector
 	// Scheduler wakes this reconciler when a cluster's rotation falls due (leader only).
 	Scheduler *rotation.Scheduler
-	Metrics   *Metrics
+	Metrics   *metrics.Metrics
 	// ExternalSecrets says that External Secrets Operator's ExternalSecret API was there when
 	// keyroll started: only then does ExternalSecret mode work (and is the API watched).
 	ExternalSecrets bool
@@ -61,7 +65,7 @@ type RedisClusterReconciler struct {
 type scope struct {
 	rc     *v1alpha1.RedisCluster
 	before *v1alpha1.RedisCluster
-	conds  conditionSetter
+	conds  conditions.Setter
 	// schedule and window are the parsed spec.rotation (nil when unset or invalid).
 	schedule rotation.Schedule
 	window   *rotation.Window
@@ -78,7 +82,7 @@ func (r *RedisClusterReconciler) Reconcile(ctx context.Context, req ctrl.Request
 		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
-	s := &scope{rc: rc, before: rc.DeepCopy(), conds: conditionSetter{obj: rc, conditions: &rc.Status.Conditions, recorder: r.Recorder}}
+	s := &scope{rc: rc, before: rc.DeepCopy(), conds: conditions.Setter{Obj: rc, Conditions: &rc.Status.Conditions, Recorder: r.Recorder}}
 	defer func() {
 		err := r.writeStatus(ctx, s)
 		if apierrors.IsNotFound(err) && !rc.DeletionTimestamp.IsZero() {
@@ -186,7 +190,7 @@ func (r *RedisClusterReconciler) forget(key types.NamespacedName) {
 		r.Scheduler.Remove(key)
 	}
 	r.leaseChecks.forget(key)
-	r.Metrics.forget(key)
+	r.Metrics.Forget(key)
 }
 
 // scheduleRotation keeps the leader's scheduler entry for this cluster in step with its schedule.
@@ -219,30 +223,30 @@ func (r *RedisClusterReconciler) setReady(ctx context.Context, s *scope) {
 		rc.Status.ReadyReplicas = sts.Status.ReadyReplicas
 	}
 	if !meta.IsStatusConditionTrue(rc.Status.Conditions, v1alpha1.ConditionDegraded) {
-		s.conds.set(v1alpha1.ConditionDegraded, metav1.ConditionFalse, v1alpha1.ReasonAvailable, "Nothing needs attention")
+		s.conds.Set(v1alpha1.ConditionDegraded, metav1.ConditionFalse, v1alpha1.ReasonAvailable, "Nothing needs attention")
 	}
 	if rc.Status.ReadyReplicas < rc.Spec.Replicas {
-		s.conds.set(v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.ReasonReconciling,
+		s.conds.Set(v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.ReasonReconciling,
 			"Waiting for the Redis pods to be Ready")
 		return
 	}
-	s.conds.set(v1alpha1.ConditionReady, metav1.ConditionTrue, v1alpha1.ReasonAvailable,
+	s.conds.Set(v1alpha1.ConditionReady, metav1.ConditionTrue, v1alpha1.ReasonAvailable,
 		"Redis runs with a live credential from Vault")
 }
 
 // externalSecretsMissing reports that ExternalSecret mode cannot work in this operator.
 func (r *RedisClusterReconciler) externalSecretsMissing(s *scope) {
 	msg := "credentials.source is ExternalSecret, but External Secrets Operator's API (external-secrets.io/v1 ExternalSecret) was not installed when keyroll started: install External Secrets Operator, then restart keyroll"
-	if s.conds.set(v1alpha1.ConditionCredentialsReady, metav1.ConditionFalse, v1alpha1.ReasonExternalSecretsNotInstalled, msg) {
-		s.conds.event(true, v1alpha1.ReasonExternalSecretsNotInstalled, "Sync", "%s", msg)
+	if s.conds.Set(v1alpha1.ConditionCredentialsReady, metav1.ConditionFalse, v1alpha1.ReasonExternalSecretsNotInstalled, msg) {
+		s.conds.Event(true, v1alpha1.ReasonExternalSecretsNotInstalled, "Sync", "%s", msg)
 	}
-	s.conds.set(v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.ReasonExternalSecretsNotInstalled, msg)
+	s.conds.Set(v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.ReasonExternalSecretsNotInstalled, msg)
 }
 
 // writeStatus derives the phase and writes the status if it changed.
 func (r *RedisClusterReconciler) writeStatus(ctx context.Context, s *scope) error {
 	s.rc.Status.Phase = phaseOf(s.rc)
-	err := patchStatus(ctx, r.Client, s.before, s.rc, func(o client.Object) any { return o.(*v1alpha1.RedisCluster).Status })
+	err := apply.PatchStatus(ctx, r.Client, s.before, s.rc, func(o client.Object) any { return o.(*v1alpha1.RedisCluster).Status })
 	if err == nil {
 		s.before = s.rc.DeepCopy()
 	}

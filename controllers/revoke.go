@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/keyroll/keyroll/controllers/metrics"
+
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -33,7 +35,7 @@ func (r *RedisClusterReconciler) revokeSuperseded(ctx context.Context, s *scope,
 // revoke revokes one lease: on success it leaves the ledger, on failure it is marked Revoking.
 func (r *RedisClusterReconciler) revoke(ctx context.Context, s *scope, vcl vault.Client, id string) error {
 	err := vcl.Revoke(ctx, id)
-	r.Metrics.Revocations.WithLabelValues(result(err)).Inc()
+	r.Metrics.Revocations.WithLabelValues(metrics.Result(err)).Inc()
 	if err != nil {
 		for i := range s.rc.Status.Leases {
 			if s.rc.Status.Leases[i].LeaseID == id {
@@ -43,7 +45,7 @@ func (r *RedisClusterReconciler) revoke(ctx context.Context, s *scope, vcl vault
 		return fmt.Errorf("revoking lease %s (%s): %w", id, vault.ClassOf(err), err)
 	}
 	s.rc.Status.Leases = removeLease(s.rc.Status.Leases, id)
-	s.conds.event(false, v1alpha1.EventLeaseRevoked, "Revoke", "Revoked lease %s", id)
+	s.conds.Event(false, v1alpha1.EventLeaseRevoked, "Revoke", "Revoked lease %s", id)
 	log.FromContext(ctx).Info("Lease revoked", "lease", id)
 	return nil
 }
@@ -52,13 +54,13 @@ func (r *RedisClusterReconciler) revoke(ctx context.Context, s *scope, vcl vault
 func (r *RedisClusterReconciler) revocationOutcome(s *scope, err error) error {
 	if err == nil {
 		if c := meta.FindStatusCondition(s.rc.Status.Conditions, v1alpha1.ConditionDegraded); c != nil && c.Reason == v1alpha1.ReasonRevocationPending {
-			s.conds.set(v1alpha1.ConditionDegraded, metav1.ConditionFalse, v1alpha1.ReasonAvailable, "All superseded leases are revoked")
+			s.conds.Set(v1alpha1.ConditionDegraded, metav1.ConditionFalse, v1alpha1.ReasonAvailable, "All superseded leases are revoked")
 		}
 		return nil
 	}
 	msg := fmt.Sprintf("%d lease(s) not revoked yet, retrying: %v", countState(s.rc, v1alpha1.LeaseRevoking), err)
-	if s.conds.set(v1alpha1.ConditionDegraded, metav1.ConditionTrue, v1alpha1.ReasonRevocationPending, msg) {
-		s.conds.event(true, v1alpha1.EventRevocationFailed, "Revoke", "%s", msg)
+	if s.conds.Set(v1alpha1.ConditionDegraded, metav1.ConditionTrue, v1alpha1.ReasonRevocationPending, msg) {
+		s.conds.Event(true, v1alpha1.EventRevocationFailed, "Revoke", "%s", msg)
 	}
 	return err
 }
@@ -72,7 +74,7 @@ func (r *RedisClusterReconciler) reconcileDelete(ctx context.Context, s *scope) 
 	}
 	if rc.Spec.DeletionPolicy == v1alpha1.DeletionRetain {
 		if len(rc.Status.Leases) > 0 {
-			s.conds.event(false, v1alpha1.EventRevocationSkipped, "Delete",
+			s.conds.Event(false, v1alpha1.EventRevocationSkipped, "Delete",
 				"deletionPolicy Retain: %d lease(s) left to expire in Vault, not revoked", len(rc.Status.Leases))
 		}
 		return ctrl.Result{}, r.removeFinalizer(ctx, s)
@@ -96,8 +98,8 @@ func (r *RedisClusterReconciler) revokeAll(ctx context.Context, s *scope) (ctrl.
 	vcl, wait, err := r.connect(ctx, s, true)
 	if vcl == nil {
 		msg := fmt.Sprintf("%d lease(s) cannot be revoked: %s", len(s.rc.Status.Leases), conditionMessage(s.rc, v1alpha1.ConditionCredentialsReady))
-		if s.conds.set(v1alpha1.ConditionDegraded, metav1.ConditionTrue, v1alpha1.ReasonRevocationPending, msg) {
-			s.conds.event(true, v1alpha1.EventRevocationFailed, "Revoke", "%s", msg)
+		if s.conds.Set(v1alpha1.ConditionDegraded, metav1.ConditionTrue, v1alpha1.ReasonRevocationPending, msg) {
+			s.conds.Event(true, v1alpha1.EventRevocationFailed, "Revoke", "%s", msg)
 		}
 		return ctrl.Result{RequeueAfter: wait}, err
 	}

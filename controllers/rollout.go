@@ -36,7 +36,7 @@ func (r *RedisClusterReconciler) reconcileRollout(ctx context.Context, s *scope,
 	if err != nil {
 		return false, 0, err
 	}
-	r.Metrics.setStalePods(client.ObjectKeyFromObject(rc), len(pods)-countOnVersion(pods, cred.Version))
+	r.Metrics.SetStalePods(client.ObjectKeyFromObject(rc), len(pods)-countOnVersion(pods, cred.Version))
 	ro := rc.Status.Rollout
 	if ro == nil && allOnVersion(pods, cred.Version) && len(supersededLeases(rc)) == 0 {
 		return true, 0, nil
@@ -77,9 +77,9 @@ func (r *RedisClusterReconciler) startRollout(ctx context.Context, s *scope, ver
 	now := timeOrNil(r.Clock.Now())
 	ro := &v1alpha1.RolloutStatus{TargetVersion: version, StartedAt: now}
 	s.rc.Status.Rollout = ro
-	s.conds.set(v1alpha1.ConditionRolloutProgressing, metav1.ConditionTrue, v1alpha1.ReasonRolloutInProgress,
+	s.conds.Set(v1alpha1.ConditionRolloutProgressing, metav1.ConditionTrue, v1alpha1.ReasonRolloutInProgress,
 		"Restarting the Redis pods, then the consumers, one at a time on credential "+version)
-	s.conds.event(false, v1alpha1.EventRotationStarted, "Rollout", "Rolling out credential %s", version)
+	s.conds.Event(false, v1alpha1.EventRotationStarted, "Rollout", "Rolling out credential %s", version)
 	log.FromContext(ctx).Info("Rollout started", "version", version)
 	return ro
 }
@@ -89,12 +89,12 @@ func (r *RedisClusterReconciler) finishRollout(ctx context.Context, s *scope) {
 	took := r.Clock.Since(ro.StartedAt.Time).Round(time.Second)
 	r.Metrics.RolloutDuration.Observe(r.Clock.Since(ro.StartedAt.Time).Seconds())
 	s.rc.Status.Rollout = nil
-	s.conds.set(v1alpha1.ConditionRolloutProgressing, metav1.ConditionFalse, v1alpha1.ReasonRolloutComplete,
+	s.conds.Set(v1alpha1.ConditionRolloutProgressing, metav1.ConditionFalse, v1alpha1.ReasonRolloutComplete,
 		"Every Redis pod and consumer runs credential "+ro.TargetVersion)
-	s.conds.event(false, v1alpha1.EventRotationFinished, "Rollout", "Credential %s rolled out in %s", ro.TargetVersion, took)
+	s.conds.Event(false, v1alpha1.EventRotationFinished, "Rollout", "Credential %s rolled out in %s", ro.TargetVersion, took)
 	if c := meta.FindStatusCondition(s.rc.Status.Conditions, v1alpha1.ConditionDegraded); c != nil &&
 		slices.Contains([]string{v1alpha1.ReasonRolloutStalled, v1alpha1.ReasonConsumerPaused, v1alpha1.ReasonConsumerMissing}, c.Reason) {
-		s.conds.set(v1alpha1.ConditionDegraded, metav1.ConditionFalse, v1alpha1.ReasonRolloutComplete, "The rollout is complete")
+		s.conds.Set(v1alpha1.ConditionDegraded, metav1.ConditionFalse, v1alpha1.ReasonRolloutComplete, "The rollout is complete")
 	}
 	log.FromContext(ctx).Info("Rollout finished", "version", ro.TargetVersion, "duration", took)
 }
@@ -137,7 +137,7 @@ func (r *RedisClusterReconciler) rollPods(ctx context.Context, s *scope, pods []
 		return false, 0, fmt.Errorf("restarting pod %s: %w", next.Name, err)
 	}
 	ro.PodInFlight, ro.PodRestartedAt = next.Name, timeOrNil(r.Clock.Now())
-	s.conds.event(false, v1alpha1.EventPodRestarted, "Rollout", "Restarted pod %s for credential %s", next.Name, ro.TargetVersion)
+	s.conds.Event(false, v1alpha1.EventPodRestarted, "Rollout", "Restarted pod %s for credential %s", next.Name, ro.TargetVersion)
 	log.FromContext(ctx).Info("Pod restarted", "pod", next.Name, "version", ro.TargetVersion)
 	return false, r.readinessTimeout(s.rc), nil
 }
@@ -160,7 +160,7 @@ func (r *RedisClusterReconciler) podSettled(s *scope, pods []*corev1.Pod, ro *v1
 		if p.Name == ro.PodInFlight && p.Annotations[v1alpha1.AnnotationCredentialVersion] == ro.TargetVersion && podReady(p) {
 			ro.PodInFlight, ro.PodRestartedAt = "", nil
 			if c := meta.FindStatusCondition(s.rc.Status.Conditions, v1alpha1.ConditionDegraded); c != nil && c.Reason == v1alpha1.ReasonRolloutStalled {
-				s.conds.set(v1alpha1.ConditionDegraded, metav1.ConditionFalse, v1alpha1.ReasonRolloutInProgress, "Pod "+p.Name+" is Ready again; the rollout goes on")
+				s.conds.Set(v1alpha1.ConditionDegraded, metav1.ConditionFalse, v1alpha1.ReasonRolloutInProgress, "Pod "+p.Name+" is Ready again; the rollout goes on")
 			}
 			return true, 0
 		}
@@ -170,8 +170,8 @@ func (r *RedisClusterReconciler) podSettled(s *scope, pods []*corev1.Pod, ro *v1
 		return false, left
 	}
 	msg := fmt.Sprintf("Pod %s is not Ready on credential %s after %s; no further pod is restarted until it is", ro.PodInFlight, ro.TargetVersion, r.readinessTimeout(s.rc))
-	if s.conds.set(v1alpha1.ConditionDegraded, metav1.ConditionTrue, v1alpha1.ReasonRolloutStalled, msg) {
-		s.conds.event(true, v1alpha1.EventRolloutStalled, "Rollout", "%s", msg)
+	if s.conds.Set(v1alpha1.ConditionDegraded, metav1.ConditionTrue, v1alpha1.ReasonRolloutStalled, msg) {
+		s.conds.Event(true, v1alpha1.EventRolloutStalled, "Rollout", "%s", msg)
 	}
 	return false, time.Minute
 }

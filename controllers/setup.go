@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/keyroll/keyroll/controllers/metrics"
+
 	esv1 "github.com/external-secrets/external-secrets/apis/externalsecrets/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -58,9 +60,9 @@ const ReconcileTimeout = 2 * time.Minute
 // Setup registers keyroll's reconcilers with a manager. Both share one Connector, and so one Vault
 // client (one login, one rate limit) per VaultConnection. It returns the RedisCluster reconciler.
 func Setup(mgr ctrl.Manager, o Options) (*RedisClusterReconciler, error) {
-	m := MetricsFor(o.Clock)
+	m := metrics.For(o.Clock)
 	observe := func(conn, op, outcome string, seconds float64) {
-		m.observeVault(op, outcome, seconds)
+		m.ObserveVault(op, outcome, seconds)
 		if o.VaultObserver != nil {
 			o.VaultObserver(conn, op, outcome, seconds)
 		}

@@ -8,6 +8,10 @@ import (
 	"strings"
 	"time"
 
+	"github.com/keyroll/keyroll/controllers/apply"
+	"github.com/keyroll/keyroll/controllers/conditions"
+	"github.com/keyroll/keyroll/controllers/metrics"
+
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/clock"
@@ -41,7 +45,7 @@ type VaultConnectionReconciler struct {
 	Recorder  events.EventRecorder
 	Clock     clock.Clock
 	Connector *Connector
-	Metrics   *Metrics
+	Metrics   *metrics.Metrics
 }
 
 // Reconcile checks one VaultConnection.
@@ -62,7 +66,7 @@ func (r *VaultConnectionReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 	}
 	before := vc.DeepCopy()
 	defer func() {
-		reterr = errors.Join(reterr, client.IgnoreNotFound(patchStatus(ctx, r.Client, before, vc, func(o client.Object) any {
+		reterr = errors.Join(reterr, client.IgnoreNotFound(apply.PatchStatus(ctx, r.Client, before, vc, func(o client.Object) any {
 			return o.(*v1alpha1.VaultConnection).Status
 		})))
 	}()
@@ -80,8 +84,8 @@ func (r *VaultConnectionReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 // forget drops what the reconciler keeps of a deleted VaultConnection.
 func (r *VaultConnectionReconciler) forget(name string) {
 	r.Connector.Forget(name)
-	r.Metrics.setTokenExpiry(name, time.Time{})
-	r.Metrics.setTokens(name, 0)
+	r.Metrics.SetTokenExpiry(name, time.Time{})
+	r.Metrics.SetTokens(name, 0)
 }
 
 // tokenNeeds is what the leases of one token need: the latest expiry among them, and how many.
@@ -119,7 +123,7 @@ func (r *VaultConnectionReconciler) users(ctx context.Context, vc *v1alpha1.Vaul
 // check reads Vault's health, keeps the tokens alive (logging in when there is no valid one) and
 // sets the status.
 func (r *VaultConnectionReconciler) check(ctx context.Context, vc *v1alpha1.VaultConnection, needs tokenNeeds) (ctrl.Result, error) {
-	conds := conditionSetter{obj: vc, conditions: &vc.Status.Conditions, recorder: r.Recorder}
+	conds := conditions.Setter{Obj: vc, Conditions: &vc.Status.Conditions, Recorder: r.Recorder}
 	now := metav1.NewTime(r.Clock.Now())
 	vc.Status.LastCheckedAt = &now
 	vcl, err := r.Connector.Client(ctx, vc)
@@ -135,14 +139,14 @@ func (r *VaultConnectionReconciler) check(ctx context.Context, vc *v1alpha1.Vaul
 		if vault.IsSealed(err) || (vc.Status.Sealed != nil && *vc.Status.Sealed) {
 			reason = v1alpha1.ReasonVaultSealed
 		}
-		if conds.set(v1alpha1.ConditionReady, metav1.ConditionFalse, reason, err.Error()) {
-			conds.event(true, reason, "Login", "Vault connection not ready: %v", err)
+		if conds.Set(v1alpha1.ConditionReady, metav1.ConditionFalse, reason, err.Error()) {
+			conds.Event(true, reason, "Login", "Vault connection not ready: %v", err)
 		}
 		log.FromContext(ctx).V(1).Info("Vault connection not ready", "reason", reason, "error", err.Error())
 		return ctrl.Result{RequeueAfter: retryWait(held, r.Clock.Now())}, nil
 	}
-	if conds.set(v1alpha1.ConditionReady, metav1.ConditionTrue, v1alpha1.ReasonLoggedIn, "Logged in to Vault "+vc.Status.VaultVersion) {
-		conds.event(false, v1alpha1.ReasonLoggedIn, "Login", "Logged in to Vault %s", vc.Status.VaultVersion)
+	if conds.Set(v1alpha1.ConditionReady, metav1.ConditionTrue, v1alpha1.ReasonLoggedIn, "Logged in to Vault "+vc.Status.VaultVersion) {
+		conds.Event(false, v1alpha1.ReasonLoggedIn, "Login", "Logged in to Vault %s", vc.Status.VaultVersion)
 	}
 	r.reportTokenLifetime(vc, conds, vcl.TokenInfo(), held, needs)
 	vc.Status.ObservedGeneration = vc.Generation
@@ -162,9 +166,9 @@ func (r *VaultConnectionReconciler) observe(ctx context.Context, vc *v1alpha1.Va
 	}
 	held, err := vcl.KeepTokens(ctx, needs.until)
 	vc.Status.Tokens = tokenStatuses(held, needs)
-	r.Metrics.setTokens(vc.Name, len(held))
+	r.Metrics.SetTokens(vc.Name, len(held))
 	ti := vcl.TokenInfo()
-	r.Metrics.setTokenExpiry(vc.Name, ti.ExpiresAt)
+	r.Metrics.SetTokenExpiry(vc.Name, ti.ExpiresAt)
 	vc.Status.TokenExpiresAt = timeOrNil(ti.ExpiresAt)
 	return held, err
 }
@@ -187,7 +191,7 @@ func tokenStatuses(held []vault.TokenStatus, needs tokenNeeds) []v1alpha1.TokenS
 // reportTokenLifetime sets Degraded when the connection's tokens end (their max TTL) before the
 // leases they created: Vault would revoke those leases with them, so keyroll rotates the
 // credentials early, once per token lifetime. It names the auth role setting to change.
-func (r *VaultConnectionReconciler) reportTokenLifetime(vc *v1alpha1.VaultConnection, conds conditionSetter, ti vault.TokenInfo, held []vault.TokenStatus, needs tokenNeeds) {
+func (r *VaultConnectionReconciler) reportTokenLifetime(vc *v1alpha1.VaultConnection, conds conditions.Setter, ti vault.TokenInfo, held []vault.TokenStatus, needs tokenNeeds) {
 	var short *vault.TokenStatus
 	for i, t := range held {
 		if !t.EndsAt.IsZero() && needs.until[t.Accessor].After(t.EndsAt) {
@@ -196,7 +200,7 @@ func (r *VaultConnectionReconciler) reportTokenLifetime(vc *v1alpha1.VaultConnec
 		}
 	}
 	if short == nil {
-		conds.set(v1alpha1.ConditionDegraded, metav1.ConditionFalse, v1alpha1.ReasonTokensOutliveLeases,
+		conds.Set(v1alpha1.ConditionDegraded, metav1.ConditionFalse, v1alpha1.ReasonTokensOutliveLeases,
 			"The Vault tokens of this connection outlive the leases they created, or are renewed for as long as they live")
 		return
 	}
@@ -208,8 +212,8 @@ func (r *VaultConnectionReconciler) reportTokenLifetime(vc *v1alpha1.VaultConnec
 		"(one lives until %s): Vault would revoke those leases with their token, so keyroll rotates the credentials early, once per token lifetime. "+
 		"Give the auth role a periodic token (%s) or a token_max_ttl longer than the leases' max TTL",
 		maxTTL.Round(time.Second), needs.until[short.Accessor].UTC().Format(time.RFC3339), roleCommand(vc.Spec.Auth))
-	if conds.set(v1alpha1.ConditionDegraded, metav1.ConditionTrue, v1alpha1.ReasonTokenMaxTTLTooShort, msg) {
-		conds.event(true, v1alpha1.EventTokenMaxTTLTooShort, "KeepTokens", "%s", msg)
+	if conds.Set(v1alpha1.ConditionDegraded, metav1.ConditionTrue, v1alpha1.ReasonTokenMaxTTLTooShort, msg) {
+		conds.Event(true, v1alpha1.EventTokenMaxTTLTooShort, "KeepTokens", "%s", msg)
 	}
 }
 
@@ -256,12 +260,12 @@ func (r *VaultConnectionReconciler) reconcileDelete(ctx context.Context, vc *v1a
 	if !controllerutil.ContainsFinalizer(vc, v1alpha1.ConnectionFinalizer) {
 		return res, nil
 	}
-	conds := conditionSetter{obj: vc, conditions: &vc.Status.Conditions, recorder: r.Recorder}
+	conds := conditions.Setter{Obj: vc, Conditions: &vc.Status.Conditions, Recorder: r.Recorder}
 	if len(users) > 0 {
 		msg := fmt.Sprintf("VaultConnection is used by %d RedisCluster(s) (%s): it is deleted once none uses it or holds a lease obtained through it",
 			len(users), listSome(users, 10))
-		if conds.set(v1alpha1.ConditionDeletionBlocked, metav1.ConditionTrue, v1alpha1.ReasonInUse, msg) {
-			conds.event(true, v1alpha1.ReasonInUse, "Delete", "%s", msg)
+		if conds.Set(v1alpha1.ConditionDeletionBlocked, metav1.ConditionTrue, v1alpha1.ReasonInUse, msg) {
+			conds.Event(true, v1alpha1.ReasonInUse, "Delete", "%s", msg)
 		}
 		return ctrl.Result{RequeueAfter: min(res.RequeueAfter, deletionRecheck)}, nil
 	}

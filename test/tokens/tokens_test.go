@@ -26,7 +26,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
-	"github.com/keyroll/keyroll/controllers"
+	"github.com/keyroll/keyroll/controllers/metrics"
 	"github.com/keyroll/keyroll/test/harness"
 )
 
@@ -403,7 +403,7 @@ func mapStrings(m map[string]string) []string {
 }
 
 // operatorMetrics are the metrics of the operator running in this process.
-func operatorMetrics() *controllers.Metrics { return controllers.MetricsFor(clock.RealClock{}) }
+func operatorMetrics() *metrics.Metrics { return metrics.For(clock.RealClock{}) }
 
 func editConnection(t *testing.T, name string, mutate func(*v1alpha1.VaultConnection)) {
 	t.Helper()

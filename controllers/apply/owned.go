@@ -1,4 +1,4 @@
-package controllers
+package apply
 
 import (
 	"context"
@@ -19,20 +19,20 @@ import (
 	"github.com/keyroll/keyroll/apis/v1alpha1"
 )
 
-// conflictError says that an object keyroll would write exists and is not controlled by the
+// ConflictError says that an object keyroll would write exists and is not controlled by the
 // RedisCluster: keyroll never overwrites it.
-type conflictError struct {
-	kind, name string
+type ConflictError struct {
+	Kind, Name string
 }
 
-func (e *conflictError) Error() string {
-	return fmt.Sprintf("%s %s exists and is not owned by this RedisCluster; keyroll does not overwrite it (delete or rename it, or set spec.credentials.secretName)", e.kind, e.name)
+func (e *ConflictError) Error() string {
+	return fmt.Sprintf("%s %s exists and is not owned by this RedisCluster; keyroll does not overwrite it (delete or rename it, or set spec.credentials.secretName)", e.Kind, e.Name)
 }
 
-// ensure creates desired, or updates the existing object when the fields keyroll sets differ
+// Ensure creates desired, or updates the existing object when the fields keyroll sets differ
 // (same reports whether they are equal; update copies them over). It makes no write when nothing
 // differs, and refuses to touch an object that the RedisCluster does not control.
-func ensure[T client.Object](ctx context.Context, r *RedisClusterReconciler, rc *v1alpha1.RedisCluster,
+func Ensure[T client.Object](ctx context.Context, r client.Client, rc *v1alpha1.RedisCluster,
 	desired, existing T, same func(desired, existing T) bool, update func(desired, existing T)) error {
 	key := client.ObjectKeyFromObject(desired)
 	kind := fmt.Sprintf("%T", desired)[1:]
@@ -52,8 +52,8 @@ func ensure[T client.Object](ctx context.Context, r *RedisClusterReconciler, rc 
 	if err != nil {
 		return fmt.Errorf("reading %s %s: %w", kind, key.Name, err)
 	}
-	if !ownedBy(existing, rc) {
-		return &conflictError{kind: kind, name: key.Name}
+	if !OwnedBy(existing, rc) {
+		return &ConflictError{Kind: kind, Name: key.Name}
 	}
 	if same(desired, existing) && labelsContain(existing.GetLabels(), desired.GetLabels()) &&
 		labelsContain(existing.GetAnnotations(), desired.GetAnnotations()) {
@@ -68,8 +68,8 @@ func ensure[T client.Object](ctx context.Context, r *RedisClusterReconciler, rc 
 	return nil
 }
 
-// ownedBy says whether rc is obj's controller.
-func ownedBy(obj client.Object, rc *v1alpha1.RedisCluster) bool {
+// OwnedBy says whether rc is obj's controller.
+func OwnedBy(obj client.Object, rc *v1alpha1.RedisCluster) bool {
 	ref := metav1.GetControllerOf(obj)
 	return ref != nil && ref.UID == rc.UID
 }
@@ -94,34 +94,34 @@ func merge(into, from map[string]string) map[string]string {
 
 // Comparisons and updates per kind. DeepDerivative ignores the fields the API server defaults.
 
-func sameService(d, e *corev1.Service) bool {
+func SameService(d, e *corev1.Service) bool {
 	return equality.Semantic.DeepDerivative(d.Spec.Selector, e.Spec.Selector) &&
 		equality.Semantic.DeepDerivative(d.Spec.Ports, e.Spec.Ports) &&
 		d.Spec.PublishNotReadyAddresses == e.Spec.PublishNotReadyAddresses
 }
 
-func updateService(d, e *corev1.Service) {
+func UpdateService(d, e *corev1.Service) {
 	e.Spec.Selector, e.Spec.Ports, e.Spec.PublishNotReadyAddresses = d.Spec.Selector, d.Spec.Ports, d.Spec.PublishNotReadyAddresses
 }
 
-func sameConfigMap(d, e *corev1.ConfigMap) bool { return equality.Semantic.DeepEqual(d.Data, e.Data) }
-func updateConfigMap(d, e *corev1.ConfigMap)    { e.Data = d.Data }
+func SameConfigMap(d, e *corev1.ConfigMap) bool { return equality.Semantic.DeepEqual(d.Data, e.Data) }
+func UpdateConfigMap(d, e *corev1.ConfigMap)    { e.Data = d.Data }
 
-func sameSecret(d, e *corev1.Secret) bool { return equality.Semantic.DeepEqual(d.Data, e.Data) }
-func updateSecret(d, e *corev1.Secret)    { e.Data = d.Data }
+func SameSecret(d, e *corev1.Secret) bool { return equality.Semantic.DeepEqual(d.Data, e.Data) }
+func UpdateSecret(d, e *corev1.Secret)    { e.Data = d.Data }
 
-func sameStatefulSet(d, e *appsv1.StatefulSet) bool {
+func SameStatefulSet(d, e *appsv1.StatefulSet) bool {
 	return *d.Spec.Replicas == *e.Spec.Replicas &&
 		equality.Semantic.DeepDerivative(d.Spec.Template, e.Spec.Template) &&
 		equality.Semantic.DeepDerivative(d.Spec.UpdateStrategy, e.Spec.UpdateStrategy)
 }
 
-func updateStatefulSet(d, e *appsv1.StatefulSet) {
+func UpdateStatefulSet(d, e *appsv1.StatefulSet) {
 	e.Spec.Replicas, e.Spec.Template, e.Spec.UpdateStrategy = d.Spec.Replicas, d.Spec.Template, d.Spec.UpdateStrategy
 }
 
-func sameExternalSecret(d, e *esv1.ExternalSecret) bool {
+func SameExternalSecret(d, e *esv1.ExternalSecret) bool {
 	return equality.Semantic.DeepDerivative(d.Spec, e.Spec)
 }
 
-func updateExternalSecret(d, e *esv1.ExternalSecret) { e.Spec = d.Spec }
+func UpdateExternalSecret(d, e *esv1.ExternalSecret) { e.Spec = d.Spec }

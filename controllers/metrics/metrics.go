@@ -1,4 +1,4 @@
-package controllers
+package metrics
 
 import (
 	"sync"
@@ -39,9 +39,9 @@ var (
 	metrics     *Metrics
 )
 
-// MetricsFor returns keyroll's metrics, registering them once in controller-runtime's registry.
+// For returns keyroll's metrics, registering them once in controller-runtime's registry.
 // Times to expiry are computed at scrape time from clk.
-func MetricsFor(clk clock.PassiveClock) *Metrics {
+func For(clk clock.PassiveClock) *Metrics {
 	metricsOnce.Do(func() {
 		metrics = newMetrics(clk)
 		ctrlmetrics.Registry.MustRegister(metrics.collectors()...)
@@ -87,23 +87,23 @@ func (m *Metrics) collectors() []prometheus.Collector {
 		m.VaultRequests, m.leaseExpiry, m.tokenExpiry, m.stalePods, m.RevokedOutside, m.tokens}
 }
 
-// observeVault records one Vault request.
-func (m *Metrics) observeVault(op, outcome string, seconds float64) {
+// ObserveVault records one Vault request.
+func (m *Metrics) ObserveVault(op, outcome string, seconds float64) {
 	m.VaultRequests.WithLabelValues(op, outcome).Observe(seconds)
 }
 
-// setLeaseExpiry records when a cluster's lease expires (zero: forget the cluster).
-func (m *Metrics) setLeaseExpiry(key types.NamespacedName, at time.Time) {
+// SetLeaseExpiry records when a cluster's lease expires (zero: forget the cluster).
+func (m *Metrics) SetLeaseExpiry(key types.NamespacedName, at time.Time) {
 	m.leaseExpiry.set([]string{key.Namespace, key.Name}, at)
 }
 
-// setTokenExpiry records when a connection's Vault token expires (zero: forget it).
-func (m *Metrics) setTokenExpiry(connection string, at time.Time) {
+// SetTokenExpiry records when a connection's Vault token expires (zero: forget it).
+func (m *Metrics) SetTokenExpiry(connection string, at time.Time) {
 	m.tokenExpiry.set([]string{connection}, at)
 }
 
-// setTokens records how many tokens a VaultConnection holds (0 forgets the series).
-func (m *Metrics) setTokens(connection string, n int) {
+// SetTokens records how many tokens a VaultConnection holds (0 forgets the series).
+func (m *Metrics) SetTokens(connection string, n int) {
 	if n == 0 {
 		m.tokens.DeleteLabelValues(connection)
 		return
@@ -111,18 +111,19 @@ func (m *Metrics) setTokens(connection string, n int) {
 	m.tokens.WithLabelValues(connection).Set(float64(n))
 }
 
-// setStalePods records how many Redis pods still run a superseded credential.
-func (m *Metrics) setStalePods(key types.NamespacedName, n int) {
+// SetStalePods records how many Redis pods still run a superseded credential.
+func (m *Metrics) SetStalePods(key types.NamespacedName, n int) {
 	m.stalePods.WithLabelValues(key.Namespace, key.Name).Set(float64(n))
 }
 
-// forget drops a deleted cluster's series.
-func (m *Metrics) forget(key types.NamespacedName) {
-	m.setLeaseExpiry(key, time.Time{})
+// Forget drops a deleted cluster's series.
+func (m *Metrics) Forget(key types.NamespacedName) {
+	m.SetLeaseExpiry(key, time.Time{})
 	m.stalePods.DeleteLabelValues(key.Namespace, key.Name)
 }
 
-func result(err error) string {
+// Result is the result label of an outcome.
+func Result(err error) string {
 	if err != nil {
 		return resultFailure
 	}
