@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/keyroll/keyroll/controllers/apply"
@@ -29,16 +28,16 @@ const waitForConnection = time.Minute
 // forDelete skips the namespace check: revoking leases keyroll already holds is always allowed.
 func (r *RedisClusterReconciler) connect(ctx context.Context, s *scope, forDelete bool) (vault.Client, time.Duration, error) {
 	rc := s.rc
-	name := connectionName(rc)
+	name := rc.VaultConnectionName()
 	vc := &v1alpha1.VaultConnection{}
 	if err := r.Get(ctx, client.ObjectKey{Name: name}, vc); err != nil {
 		if !apierrors.IsNotFound(err) {
 			return nil, 0, fmt.Errorf("reading VaultConnection %s: %w", name, err)
 		}
-		r.refuse(s, v1alpha1.ReasonConnectionNotFound, fmt.Sprintf("VaultConnection %q (%s) does not exist", name, connectionField(rc)))
+		r.refuse(s, v1alpha1.ReasonConnectionNotFound, fmt.Sprintf("VaultConnection %q (%s) does not exist", name, rc.VaultConnectionField()))
 		return nil, waitForConnection, nil
 	}
-	if !forDelete && !namespaceAllowed(vc, rc.Namespace) {
+	if !forDelete && !vc.AllowsNamespace(rc.Namespace) {
 		r.refuse(s, v1alpha1.ReasonNamespaceNotAllowed, fmt.Sprintf("VaultConnection %q does not allow namespace %q (spec.allowedNamespaces)", name, rc.Namespace))
 		return nil, waitForConnection, nil
 	}
@@ -48,51 +47,6 @@ func (r *RedisClusterReconciler) connect(ctx context.Context, s *scope, forDelet
 		return nil, waitForConnection, nil
 	}
 	return vcl, 0, nil
-}
-
-// connectionName is the VaultConnection the RedisCluster uses: always in VaultLease mode, in
-// ExternalSecret mode only to renew and revoke the leases External Secrets Operator obtains.
-func connectionName(rc *v1alpha1.RedisCluster) string {
-	c := rc.Spec.Credentials
-	switch {
-	case c.VaultLease != nil:
-		return c.VaultLease.ConnectionRef.Name
-	case c.ExternalSecret != nil && c.ExternalSecret.ConnectionRef != nil:
-		return c.ExternalSecret.ConnectionRef.Name
-	}
-	return ""
-}
-
-// leaseConnection is the VaultConnection a lease was obtained through: the one its record names,
-// or (records made before keyroll recorded it) the one the cluster uses.
-func leaseConnection(rc *v1alpha1.RedisCluster, l v1alpha1.LeaseRecord) string {
-	if l.Connection != "" {
-		return l.Connection
-	}
-	return connectionName(rc)
-}
-
-// clusterConnections lists the VaultConnections a RedisCluster uses or holds leases from.
-func clusterConnections(rc *v1alpha1.RedisCluster) []string {
-	var names []string
-	add := func(n string) {
-		if n != "" && !slices.Contains(names, n) {
-			names = append(names, n)
-		}
-	}
-	add(connectionName(rc))
-	for _, l := range rc.Status.Leases {
-		add(leaseConnection(rc, l))
-	}
-	return names
-}
-
-// connectionField names the spec field of connectionName, for messages.
-func connectionField(rc *v1alpha1.RedisCluster) string {
-	if rc.Spec.Credentials.ExternalSecret != nil {
-		return "credentials.externalSecret.connectionRef.name"
-	}
-	return "credentials.vaultLease.connectionRef.name"
 }
 
 // refuse marks the credential as not ready for a reason the RedisCluster owner must act on.

@@ -6,6 +6,8 @@ import (
 	"slices"
 	"time"
 
+	"github.com/keyroll/keyroll/controllers/statustime"
+
 	"github.com/keyroll/keyroll/controllers/apply"
 	"github.com/keyroll/keyroll/controllers/metrics"
 
@@ -56,10 +58,10 @@ func (r *RedisClusterReconciler) reconcileCredential(ctx context.Context, s *sco
 	}
 	next := rotation.Decide(r.decisionInput(s, vcl, true))
 	c := s.rc.Status.Credential
-	r.Metrics.SetLeaseExpiry(client.ObjectKeyFromObject(s.rc), timeOf(c.ExpiresAt))
-	c.NextRenewal, c.NextRotation = timeOrNil(next.NextRenewal), timeOrNil(next.NextRotation)
+	r.Metrics.SetLeaseExpiry(client.ObjectKeyFromObject(s.rc), statustime.Of(c.ExpiresAt))
+	c.NextRenewal, c.NextRotation = statustime.At(next.NextRenewal), statustime.At(next.NextRotation)
 	s.conds.Set(v1alpha1.ConditionCredentialsReady, metav1.ConditionTrue, v1alpha1.ReasonIssued, "A live credential from Vault is in Secret "+render.CredentialsSecretName(s.rc))
-	return cur, requeueAt(r.Clock.Now(), next.When), nil
+	return cur, statustime.RequeueAfter(r.Clock.Now(), next.When), nil
 }
 
 // decisionInput translates the RedisCluster's status into rotation's plain input. vcl, when
@@ -83,21 +85,21 @@ func (r *RedisClusterReconciler) decisionInput(s *scope, vcl vault.Client, hasCr
 	if c == nil {
 		return in
 	}
-	in.ExpiresAt, in.Renewable, in.RenewalCapped = timeOf(c.ExpiresAt), c.Renewable, c.RenewalCapped
-	in.IssuedAt, in.RenewedAt = timeOf(c.IssuedAt), timeOf(c.IssuedAt)
+	in.ExpiresAt, in.Renewable, in.RenewalCapped = statustime.Of(c.ExpiresAt), c.Renewable, c.RenewalCapped
+	in.IssuedAt, in.RenewedAt = statustime.Of(c.IssuedAt), statustime.Of(c.IssuedAt)
 	if c.LastRenewal != nil {
 		in.RenewedAt = c.LastRenewal.Time
 	}
 	in.LeaseDuration = in.ExpiresAt.Sub(in.RenewedAt)
 	in.CappedTTL = in.LeaseDuration
-	in.LastRotation = timeOf(c.LastRotation)
+	in.LastRotation = statustime.Of(c.LastRotation)
 	in.RenewalKey = string(rc.UID) + "/" + c.LeaseID
 	if vcl != nil && c.TokenAccessor != "" {
 		if t, ok := vcl.Token(c.TokenAccessor); ok && !t.EndsAt.IsZero() {
-			c.TokenEndsAt = timeOrNil(t.EndsAt)
+			c.TokenEndsAt = statustime.At(t.EndsAt)
 		}
 	}
-	in.TokenEndsAt = timeOf(c.TokenEndsAt)
+	in.TokenEndsAt = statustime.Of(c.TokenEndsAt)
 	if c.LeaseID != "" {
 		in.NextLeaseCheck = r.leaseChecks.next(client.ObjectKeyFromObject(rc), c.LeaseID, in.RenewedAt)
 	}
@@ -149,7 +151,7 @@ func (r *RedisClusterReconciler) tokenEnding(s *scope, d rotation.Decision) {
 	c := s.rc.Status.Credential
 	s.conds.Event(true, v1alpha1.EventTokenEnding, "Rotate",
 		"The Vault token that created lease %s ends at %s (its max TTL), before the lease: rotating now, so that the new credential is rolled out and this lease revoked before Vault revokes it with its token. A periodic token on the auth role avoids this (see the VaultConnection's Degraded condition)",
-		c.LeaseID, timeOf(c.TokenEndsAt).UTC().Format(time.RFC3339))
+		c.LeaseID, statustime.Of(c.TokenEndsAt).UTC().Format(time.RFC3339))
 }
 
 // parseRotation parses the rotation schedule and window once per reconcile. An invalid one is
@@ -248,13 +250,13 @@ func (r *RedisClusterReconciler) countIssue(d rotation.Decision, err error) {
 // recordLease puts a new lease into the ledger and the credential status.
 func (r *RedisClusterReconciler) recordLease(s *scope, lease *vault.Lease, cred *render.Credential, d rotation.Decision) {
 	rc := s.rc
-	now := timeOrNil(r.Clock.Now())
+	now := statustime.At(r.Clock.Now())
 	supersede(rc)
-	expires := timeOrNil(lease.ExpiresAt)
+	expires := statustime.At(lease.ExpiresAt)
 	if lease.ID != "" {
 		rc.Status.Leases = append(rc.Status.Leases, v1alpha1.LeaseRecord{
 			LeaseID: lease.ID, State: v1alpha1.LeaseActive, Version: cred.Version, Username: cred.Username,
-			Connection: connectionName(rc), TokenAccessor: lease.TokenAccessor, IssuedAt: now, ExpiresAt: expires,
+			Connection: rc.VaultConnectionName(), TokenAccessor: lease.TokenAccessor, IssuedAt: now, ExpiresAt: expires,
 		})
 	}
 	var superseded []string
@@ -265,7 +267,7 @@ func (r *RedisClusterReconciler) recordLease(s *scope, lease *vault.Lease, cred 
 		Version: cred.Version, Source: v1alpha1.SourceVaultLease, Username: cred.Username, LeaseID: lease.ID,
 		IssuedAt: now, ExpiresAt: expires, Renewable: lease.Renewable,
 		LeaseDuration: &metav1.Duration{Duration: lease.Duration}, LastRotation: now,
-		TokenAccessor: lease.TokenAccessor, TokenEndsAt: timeOrNil(lease.TokenDeadline), SupersededUsers: superseded,
+		TokenAccessor: lease.TokenAccessor, TokenEndsAt: statustime.At(lease.TokenDeadline), SupersededUsers: superseded,
 	}
 	if d.AcknowledgeRotateNow {
 		rc.Status.RotateNowAcknowledged = rc.Annotations[v1alpha1.AnnotationRotateNow]
@@ -308,8 +310,8 @@ func (r *RedisClusterReconciler) renew(ctx context.Context, s *scope, vcl vault.
 	if err != nil {
 		return false, fmt.Errorf("renewing lease: %w", err)
 	}
-	expires := timeOrNil(ren.ExpiresAt)
-	c.LastRenewal, c.ExpiresAt, c.Renewable, c.RenewalCapped = timeOrNil(r.Clock.Now()), expires, ren.Renewable, ren.Capped
+	expires := statustime.At(ren.ExpiresAt)
+	c.LastRenewal, c.ExpiresAt, c.Renewable, c.RenewalCapped = statustime.At(r.Clock.Now()), expires, ren.Renewable, ren.Capped
 	for i := range s.rc.Status.Leases {
 		if s.rc.Status.Leases[i].LeaseID == c.LeaseID {
 			s.rc.Status.Leases[i].ExpiresAt = expires
@@ -328,21 +330,4 @@ func removeLease(leases []v1alpha1.LeaseRecord, id string) []v1alpha1.LeaseRecor
 		}
 	}
 	return out
-}
-
-func timeOf(t *metav1.Time) time.Time {
-	if t == nil {
-		return time.Time{}
-	}
-	return t.Time
-}
-
-// timeOrNil converts a time for the status, at the second precision the API keeps (so that a
-// reconcile that computes the same time again writes nothing); zero is nil.
-func timeOrNil(t time.Time) *metav1.Time {
-	if t.IsZero() {
-		return nil
-	}
-	mt := metav1.NewTime(t.Truncate(time.Second))
-	return &mt
 }

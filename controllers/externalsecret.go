@@ -7,6 +7,8 @@ import (
 	"slices"
 	"time"
 
+	"github.com/keyroll/keyroll/controllers/statustime"
+
 	"github.com/keyroll/keyroll/controllers/apply"
 	"github.com/keyroll/keyroll/controllers/metrics"
 
@@ -84,13 +86,13 @@ func (r *RedisClusterReconciler) reconcileSynced(ctx context.Context, s *scope, 
 	}
 	next := rotation.Decide(r.decisionInput(s, vcl, true))
 	c := rc.Status.Credential
-	c.NextRenewal, c.NextRotation = timeOrNil(next.NextRenewal), timeOrNil(next.NextRotation)
-	r.Metrics.SetLeaseExpiry(client.ObjectKeyFromObject(rc), timeOf(c.ExpiresAt))
+	c.NextRenewal, c.NextRotation = statustime.At(next.NextRenewal), statustime.At(next.NextRotation)
+	r.Metrics.SetLeaseExpiry(client.ObjectKeyFromObject(rc), statustime.Of(c.ExpiresAt))
 	r.reportSynced(s, es, sc, tracked)
 	if wait := r.settling(rc); wait > 0 {
 		return nil, wait, nil
 	}
-	return &sc.Credential, requeueAt(r.Clock.Now(), next.When), nil
+	return &sc.Credential, statustime.RequeueAfter(r.Clock.Now(), next.When), nil
 }
 
 // syncSettle is how long a new credential from ESO must stay in place before Redis pods are
@@ -190,7 +192,7 @@ func (r *RedisClusterReconciler) adopt(ctx context.Context, s *scope, sc *render
 	if !fresh && !untrackedLease && !unrecorded(rc, sighted, sc.LeaseID, tracked) {
 		return false, nil
 	}
-	now := timeOrNil(r.Clock.Now())
+	now := statustime.At(r.Clock.Now())
 	if fresh || untrackedLease {
 		info := &vault.LeaseInfo{Exists: true}
 		if tracked {
@@ -256,12 +258,12 @@ func (r *RedisClusterReconciler) recordSynced(s *scope, sc *render.SyncedCredent
 	}
 	if tracked {
 		cs.LeaseID, cs.Renewable = sc.LeaseID, info.Renewable
-		cs.ExpiresAt = timeOrNil(info.ExpiresAt)
+		cs.ExpiresAt = statustime.At(info.ExpiresAt)
 		if !info.IssuedAt.IsZero() {
-			cs.IssuedAt = timeOrNil(info.IssuedAt)
+			cs.IssuedAt = statustime.At(info.IssuedAt)
 		}
 		if !info.LastRenewal.IsZero() {
-			cs.LastRenewal = timeOrNil(info.LastRenewal)
+			cs.LastRenewal = statustime.At(info.LastRenewal)
 		}
 		if fresh {
 			supersede(rc)
@@ -321,7 +323,7 @@ func (r *RedisClusterReconciler) requestRefresh(ctx context.Context, s *scope, d
 	if c.RefreshRequestedAt != nil && r.Clock.Since(c.RefreshRequestedAt.Time) < refreshRequestTimeout {
 		return nil
 	}
-	now := timeOrNil(r.Clock.Now())
+	now := statustime.At(r.Clock.Now())
 	c.RefreshRequestedAt = now
 	if d.Action == rotation.ActionRotate {
 		c.LastRotation = now
@@ -394,7 +396,7 @@ const esDeletionGrace = 30 * time.Second
 func (r *RedisClusterReconciler) retireExternalSecret(ctx context.Context, s *scope) (time.Duration, error) {
 	rc := s.rc
 	key := client.ObjectKeyFromObject(rc)
-	if connectionName(rc) == "" {
+	if rc.VaultConnectionName() == "" {
 		r.sightings.forget(key, nil)
 	} else {
 		sec, err := r.syncedSecret(ctx, rc)
@@ -407,7 +409,7 @@ func (r *RedisClusterReconciler) retireExternalSecret(ctx context.Context, s *sc
 				sighted = append(sighted, sc.LeaseID)
 			}
 		}
-		rc.Status.Leases = addSighted(rc.Status.Leases, sighted, timeOrNil(r.Clock.Now()))
+		rc.Status.Leases = addSighted(rc.Status.Leases, sighted, statustime.At(r.Clock.Now()))
 		if err := r.writeStatus(ctx, s); err != nil {
 			return 0, err
 		}
@@ -425,7 +427,7 @@ func (r *RedisClusterReconciler) retireExternalSecret(ctx context.Context, s *sc
 		if err := r.Delete(ctx, es); client.IgnoreNotFound(err) != nil {
 			return 0, fmt.Errorf("deleting ExternalSecret %s: %w", es.Name, err)
 		}
-		if connectionName(rc) == "" {
+		if rc.VaultConnectionName() == "" {
 			s.conds.Event(false, v1alpha1.EventRevocationSkipped, "Delete",
 				"Leases are not tracked (no credentials.externalSecret.connectionRef): the leases External Secrets Operator obtained live until their Vault TTL")
 		}
@@ -445,7 +447,7 @@ func (r *RedisClusterReconciler) endedEarly(s *scope, tracked bool) bool {
 	if c.LeaseEndedEarlyAfter == nil {
 		return false
 	}
-	age := r.Clock.Since(timeOf(c.IssuedAt))
+	age := r.Clock.Since(statustime.Of(c.IssuedAt))
 	if !tracked || (c.IssuedAt != nil && age > c.LeaseEndedEarlyAfter.Duration) {
 		c.LeaseEndedEarlyAfter = nil // the current lease lives longer: it was a one-off
 		return false

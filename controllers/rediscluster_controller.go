@@ -6,6 +6,10 @@ import (
 	"maps"
 	"time"
 
+	"github.com/keyroll/keyroll/controllers/vaultconnection"
+
+	"github.com/keyroll/keyroll/controllers/statustime"
+
 	"github.com/keyroll/keyroll/controllers/apply"
 	"github.com/keyroll/keyroll/controllers/conditions"
 	"github.com/keyroll/keyroll/controllers/metrics"
@@ -37,9 +41,6 @@ import (
 	"github.com/keyroll/keyroll/vault"
 )
 
-// connectionIndex indexes RedisClusters by the VaultConnections they use or hold leases from.
-const connectionIndex = "keyroll.connections"
-
 // RedisClusterReconciler reconciles RedisClusters: credentials from Vault, the Redis StatefulSet and
 // the Secrets it mounts, renewals, re-issues and revocation on delete.
 type RedisClusterReconciler struct {
@@ -49,7 +50,7 @@ type RedisClusterReconciler struct {
 	APIReader client.Reader
 	Recorder  events.EventRecorder
 	Clock     clock.Clock
-	Connector *Connector
+	Connector *vaultconnection.Connector
 	// Scheduler wakes this reconciler when a cluster's rotation falls due (leader only).
 	Scheduler *rotation.Scheduler
 	Metrics   *metrics.Metrics
@@ -134,7 +135,7 @@ func (r *RedisClusterReconciler) reconcileNormal(ctx context.Context, s *scope) 
 		return ctrl.Result{RequeueAfter: waitForConnection}, err
 	}
 	var vcl vault.Client // none in ExternalSecret mode without connectionRef
-	if connectionName(rc) != "" {
+	if rc.VaultConnectionName() != "" {
 		c, wait, err := r.connect(ctx, s, false)
 		if c == nil {
 			return ctrl.Result{RequeueAfter: wait}, err
@@ -203,7 +204,7 @@ func (r *RedisClusterReconciler) scheduleRotation(s *scope) {
 		r.Scheduler.Remove(key)
 		return
 	}
-	r.Scheduler.Set(key, s.schedule, timeOf(s.rc.Status.Credential.LastRotation))
+	r.Scheduler.Set(key, s.schedule, statustime.Of(s.rc.Status.Credential.LastRotation))
 }
 
 // soonest is the shorter of two non-zero requeue delays.
@@ -274,11 +275,6 @@ func phaseOf(rc *v1alpha1.RedisCluster) v1alpha1.Phase {
 // SetupWithManager registers the reconciler: it watches RedisClusters, what they own, and the
 // VaultConnections they use.
 func (r *RedisClusterReconciler) SetupWithManager(mgr ctrl.Manager) error {
-	err := mgr.GetFieldIndexer().IndexField(context.Background(), &v1alpha1.RedisCluster{}, connectionIndex,
-		func(o client.Object) []string { return clusterConnections(o.(*v1alpha1.RedisCluster)) })
-	if err != nil {
-		return err
-	}
 	if err := indexConsumers(mgr); err != nil {
 		return err
 	}
@@ -296,7 +292,7 @@ func (r *RedisClusterReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Watches(&appsv1.StatefulSet{}, handler.EnqueueRequestsFromMapFunc(r.clustersConsuming("StatefulSet"))).
 		Watches(&appsv1.DaemonSet{}, handler.EnqueueRequestsFromMapFunc(r.clustersConsuming("DaemonSet"))).
 		Named("rediscluster").
-		WithOptions(controller.Options{ReconciliationTimeout: ReconcileTimeout})
+		WithOptions(controller.Options{ReconciliationTimeout: reconcileTimeout})
 	if r.ExternalSecrets {
 		// The ExternalSecret keyroll owns, and the Secret External Secrets Operator writes for it
 		// (controlled by the ExternalSecret, so it is watched by its label).
@@ -348,7 +344,7 @@ func clusterOfPod(_ context.Context, o client.Object) []ctrl.Request {
 // clustersUsing maps a VaultConnection to the RedisClusters that use it.
 func (r *RedisClusterReconciler) clustersUsing(ctx context.Context, o client.Object) []ctrl.Request {
 	list := &v1alpha1.RedisClusterList{}
-	if err := r.List(ctx, list, client.MatchingFields{connectionIndex: o.GetName()}); err != nil {
+	if err := r.List(ctx, list, client.MatchingFields{vaultconnection.ClusterIndex: o.GetName()}); err != nil {
 		return nil
 	}
 	reqs := make([]ctrl.Request, 0, len(list.Items))
@@ -388,15 +384,4 @@ func readyStatus(c []metav1.Condition) metav1.ConditionStatus {
 		return cond.Status
 	}
 	return metav1.ConditionUnknown
-}
-
-// requeueAt turns a time into a RequeueAfter, at least a second away.
-func requeueAt(now, at time.Time) time.Duration {
-	if at.IsZero() {
-		return 0
-	}
-	if d := at.Sub(now); d > time.Second {
-		return d
-	}
-	return time.Second
 }

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/keyroll/keyroll/controllers/statustime"
+
 	"github.com/keyroll/keyroll/controllers/render"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -74,7 +76,7 @@ func (r *RedisClusterReconciler) staleRead(ctx context.Context, rc *v1alpha1.Red
 }
 
 func (r *RedisClusterReconciler) startRollout(ctx context.Context, s *scope, version string) *v1alpha1.RolloutStatus {
-	now := timeOrNil(r.Clock.Now())
+	now := statustime.At(r.Clock.Now())
 	ro := &v1alpha1.RolloutStatus{TargetVersion: version, StartedAt: now}
 	s.rc.Status.Rollout = ro
 	s.conds.Set(v1alpha1.ConditionRolloutProgressing, metav1.ConditionTrue, v1alpha1.ReasonRolloutInProgress,
@@ -106,7 +108,7 @@ func (r *RedisClusterReconciler) rollPods(ctx context.Context, s *scope, pods []
 	if p := unreadyOnVersion(pods, ro.TargetVersion); ro.PodInFlight == "" && p != nil {
 		// A restart whose record was lost (its status write conflicted): take it up again, timed
 		// from the new pod's creation, so that a pod that never becomes Ready still stalls the rollout.
-		ro.PodInFlight, ro.PodRestartedAt = p.Name, timeOrNil(p.CreationTimestamp.Time)
+		ro.PodInFlight, ro.PodRestartedAt = p.Name, statustime.At(p.CreationTimestamp.Time)
 	}
 	if ro.PodInFlight != "" {
 		if settled, wait := r.podSettled(s, pods, ro); !settled {
@@ -136,7 +138,7 @@ func (r *RedisClusterReconciler) rollPods(ctx context.Context, s *scope, pods []
 	if err := r.Delete(ctx, next, client.Preconditions{UID: &next.UID}); client.IgnoreNotFound(err) != nil {
 		return false, 0, fmt.Errorf("restarting pod %s: %w", next.Name, err)
 	}
-	ro.PodInFlight, ro.PodRestartedAt = next.Name, timeOrNil(r.Clock.Now())
+	ro.PodInFlight, ro.PodRestartedAt = next.Name, statustime.At(r.Clock.Now())
 	s.conds.Event(false, v1alpha1.EventPodRestarted, "Rollout", "Restarted pod %s for credential %s", next.Name, ro.TargetVersion)
 	log.FromContext(ctx).Info("Pod restarted", "pod", next.Name, "version", ro.TargetVersion)
 	return false, r.readinessTimeout(s.rc), nil
@@ -165,7 +167,7 @@ func (r *RedisClusterReconciler) podSettled(s *scope, pods []*corev1.Pod, ro *v1
 			return true, 0
 		}
 	}
-	deadline := timeOf(ro.PodRestartedAt).Add(r.readinessTimeout(s.rc))
+	deadline := statustime.Of(ro.PodRestartedAt).Add(r.readinessTimeout(s.rc))
 	if left := deadline.Sub(r.Clock.Now()); left > 0 {
 		return false, left
 	}

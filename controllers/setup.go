@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/keyroll/keyroll/controllers/vaultconnection"
+
 	"github.com/keyroll/keyroll/controllers/metrics"
 
 	esv1 "github.com/external-secrets/external-secrets/apis/externalsecrets/v1"
@@ -54,8 +56,8 @@ func CacheOptions() cache.Options {
 	}}
 }
 
-// ReconcileTimeout bounds one reconcile, Vault calls and API requests included.
-const ReconcileTimeout = 2 * time.Minute
+// reconcileTimeout bounds one reconcile, Vault calls and API requests included.
+const reconcileTimeout = 2 * time.Minute
 
 // Setup registers keyroll's reconcilers with a manager. Both share one Connector, and so one Vault
 // client (one login, one rate limit) per VaultConnection. It returns the RedisCluster reconciler.
@@ -67,12 +69,15 @@ func Setup(mgr ctrl.Manager, o Options) (*RedisClusterReconciler, error) {
 			o.VaultObserver(conn, op, outcome, seconds)
 		}
 	}
-	conn := &Connector{
+	conn := &vaultconnection.Connector{
 		Reader: mgr.GetAPIReader(), Tokens: o.Tokens, ServiceAccount: o.ServiceAccount,
 		Writer: mgr.GetClient(), TokenNamespace: o.ServiceAccount.Namespace,
 		Cache: vault.NewCache(), Clock: o.Clock, Observer: observe,
 	}
-	if err := (&VaultConnectionReconciler{
+	if err := vaultconnection.IndexClusters(mgr); err != nil {
+		return nil, err
+	}
+	if err := (&vaultconnection.Reconciler{
 		Client: mgr.GetClient(), Recorder: o.Recorder, Clock: o.Clock, Connector: conn, Metrics: m,
 	}).SetupWithManager(mgr); err != nil {
 		return nil, err

@@ -1,10 +1,9 @@
-package controllers
+package vaultconnection
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
@@ -39,11 +38,6 @@ type Connector struct {
 	Clock          clock.Clock
 	// Observer, when set, sees every Vault request, with the name of its VaultConnection.
 	Observer func(connection, op, outcome string, seconds float64)
-}
-
-// namespaceAllowed says whether RedisClusters in ns may use vc: listed, or "*".
-func namespaceAllowed(vc *v1alpha1.VaultConnection, ns string) bool {
-	return slices.Contains(vc.Spec.AllowedNamespaces, "*") || slices.Contains(vc.Spec.AllowedNamespaces, ns)
 }
 
 // Client returns the Vault client of a VaultConnection.

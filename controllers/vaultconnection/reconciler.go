@@ -1,4 +1,4 @@
-package controllers
+package vaultconnection
 
 import (
 	"context"
@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/keyroll/keyroll/controllers/statustime"
 
 	"github.com/keyroll/keyroll/controllers/apply"
 	"github.com/keyroll/keyroll/controllers/conditions"
@@ -36,11 +38,11 @@ const connectionCheckInterval = 5 * time.Minute
 // deletionRecheck is how often a VaultConnection being deleted looks again for its users.
 const deletionRecheck = 10 * time.Second
 
-// VaultConnectionReconciler reconciles VaultConnections: it logs in to Vault, keeps alive every
+// Reconciler reconciles VaultConnections: it logs in to Vault, keeps alive every
 // token that owns a lease in a RedisCluster's ledger, and reports the login, the tokens and
 // Vault's version and seal state. It never writes a token anywhere but the connection's token
 // Secret. A VaultConnection that RedisClusters use is not deleted under them.
-type VaultConnectionReconciler struct {
+type Reconciler struct {
 	client.Client
 	Recorder  events.EventRecorder
 	Clock     clock.Clock
@@ -49,7 +51,7 @@ type VaultConnectionReconciler struct {
 }
 
 // Reconcile checks one VaultConnection.
-func (r *VaultConnectionReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Result, reterr error) {
+func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Result, reterr error) {
 	vc := &v1alpha1.VaultConnection{}
 	if err := r.Get(ctx, req.NamespacedName, vc); err != nil {
 		if client.IgnoreNotFound(err) == nil {
@@ -82,7 +84,7 @@ func (r *VaultConnectionReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 }
 
 // forget drops what the reconciler keeps of a deleted VaultConnection.
-func (r *VaultConnectionReconciler) forget(name string) {
+func (r *Reconciler) forget(name string) {
 	r.Connector.Forget(name)
 	r.Metrics.SetTokenExpiry(name, time.Time{})
 	r.Metrics.SetTokens(name, 0)
@@ -96,10 +98,10 @@ type tokenNeeds struct {
 
 // users lists the RedisClusters that use vc or hold a lease obtained through it, and what their
 // leases need of vc's tokens.
-func (r *VaultConnectionReconciler) users(ctx context.Context, vc *v1alpha1.VaultConnection) ([]string, tokenNeeds, error) {
+func (r *Reconciler) users(ctx context.Context, vc *v1alpha1.VaultConnection) ([]string, tokenNeeds, error) {
 	needs := tokenNeeds{until: map[string]time.Time{}, leases: map[string]int32{}}
 	list := &v1alpha1.RedisClusterList{}
-	if err := r.List(ctx, list, client.MatchingFields{connectionIndex: vc.Name}); err != nil {
+	if err := r.List(ctx, list, client.MatchingFields{ClusterIndex: vc.Name}); err != nil {
 		return nil, needs, fmt.Errorf("listing the RedisClusters of VaultConnection %s: %w", vc.Name, err)
 	}
 	users := make([]string, 0, len(list.Items))
@@ -107,11 +109,11 @@ func (r *VaultConnectionReconciler) users(ctx context.Context, vc *v1alpha1.Vaul
 		rc := &list.Items[i]
 		users = append(users, rc.Namespace+"/"+rc.Name)
 		for _, l := range rc.Status.Leases {
-			if l.TokenAccessor == "" || leaseConnection(rc, l) != vc.Name {
+			if l.TokenAccessor == "" || rc.LeaseConnection(l) != vc.Name {
 				continue
 			}
 			needs.leases[l.TokenAccessor]++
-			if exp := timeOf(l.ExpiresAt); exp.After(needs.until[l.TokenAccessor]) {
+			if exp := statustime.Of(l.ExpiresAt); exp.After(needs.until[l.TokenAccessor]) {
 				needs.until[l.TokenAccessor] = exp
 			}
 		}
@@ -122,7 +124,7 @@ func (r *VaultConnectionReconciler) users(ctx context.Context, vc *v1alpha1.Vaul
 
 // check reads Vault's health, keeps the tokens alive (logging in when there is no valid one) and
 // sets the status.
-func (r *VaultConnectionReconciler) check(ctx context.Context, vc *v1alpha1.VaultConnection, needs tokenNeeds) (ctrl.Result, error) {
+func (r *Reconciler) check(ctx context.Context, vc *v1alpha1.VaultConnection, needs tokenNeeds) (ctrl.Result, error) {
 	conds := conditions.Setter{Obj: vc, Conditions: &vc.Status.Conditions, Recorder: r.Recorder}
 	now := metav1.NewTime(r.Clock.Now())
 	vc.Status.LastCheckedAt = &now
@@ -154,7 +156,7 @@ func (r *VaultConnectionReconciler) check(ctx context.Context, vc *v1alpha1.Vaul
 }
 
 // observe reads Vault's health and keeps the tokens alive. It returns the tokens held.
-func (r *VaultConnectionReconciler) observe(ctx context.Context, vc *v1alpha1.VaultConnection, vcl vault.Client, needs tokenNeeds) ([]vault.TokenStatus, error) {
+func (r *Reconciler) observe(ctx context.Context, vc *v1alpha1.VaultConnection, vcl vault.Client, needs tokenNeeds) ([]vault.TokenStatus, error) {
 	h, err := vcl.Health(ctx)
 	if err != nil {
 		return nil, err
@@ -169,7 +171,7 @@ func (r *VaultConnectionReconciler) observe(ctx context.Context, vc *v1alpha1.Va
 	r.Metrics.SetTokens(vc.Name, len(held))
 	ti := vcl.TokenInfo()
 	r.Metrics.SetTokenExpiry(vc.Name, ti.ExpiresAt)
-	vc.Status.TokenExpiresAt = timeOrNil(ti.ExpiresAt)
+	vc.Status.TokenExpiresAt = statustime.At(ti.ExpiresAt)
 	return held, err
 }
 
@@ -182,7 +184,7 @@ func tokenStatuses(held []vault.TokenStatus, needs tokenNeeds) []v1alpha1.TokenS
 	for _, t := range held[:min(len(held), 64)] {
 		out = append(out, v1alpha1.TokenStatus{
 			Accessor: t.Accessor, Current: t.Current, Leases: needs.leases[t.Accessor],
-			ExpiresAt: timeOrNil(t.ExpiresAt), EndsAt: timeOrNil(t.EndsAt),
+			ExpiresAt: statustime.At(t.ExpiresAt), EndsAt: statustime.At(t.EndsAt),
 		})
 	}
 	return out
@@ -191,7 +193,7 @@ func tokenStatuses(held []vault.TokenStatus, needs tokenNeeds) []v1alpha1.TokenS
 // reportTokenLifetime sets Degraded when the connection's tokens end (their max TTL) before the
 // leases they created: Vault would revoke those leases with them, so keyroll rotates the
 // credentials early, once per token lifetime. It names the auth role setting to change.
-func (r *VaultConnectionReconciler) reportTokenLifetime(vc *v1alpha1.VaultConnection, conds conditions.Setter, ti vault.TokenInfo, held []vault.TokenStatus, needs tokenNeeds) {
+func (r *Reconciler) reportTokenLifetime(vc *v1alpha1.VaultConnection, conds conditions.Setter, ti vault.TokenInfo, held []vault.TokenStatus, needs tokenNeeds) {
 	var short *vault.TokenStatus
 	for i, t := range held {
 		if !t.EndsAt.IsZero() && needs.until[t.Accessor].After(t.EndsAt) {
@@ -230,7 +232,7 @@ func roleCommand(a v1alpha1.VaultAuth) string {
 
 // nextCheck is the next periodic check: when the first token is due for renewal, at the latest
 // after connectionCheckInterval, and not sooner than a second.
-func (r *VaultConnectionReconciler) nextCheck(held []vault.TokenStatus) time.Duration {
+func (r *Reconciler) nextCheck(held []vault.TokenStatus) time.Duration {
 	next := connectionCheckInterval
 	now := r.Clock.Now()
 	for _, t := range held {
@@ -256,7 +258,7 @@ func retryWait(held []vault.TokenStatus, now time.Time) time.Duration {
 // reconcileDelete removes the finalizer of a VaultConnection being deleted once no RedisCluster
 // uses it or holds a lease obtained through it; until then it keeps its tokens alive and says which
 // RedisClusters it waits for.
-func (r *VaultConnectionReconciler) reconcileDelete(ctx context.Context, vc *v1alpha1.VaultConnection, users []string, res ctrl.Result) (ctrl.Result, error) {
+func (r *Reconciler) reconcileDelete(ctx context.Context, vc *v1alpha1.VaultConnection, users []string, res ctrl.Result) (ctrl.Result, error) {
 	if !controllerutil.ContainsFinalizer(vc, v1alpha1.ConnectionFinalizer) {
 		return res, nil
 	}
@@ -290,7 +292,7 @@ func listSome(names []string, n int) string {
 // SetupWithManager registers the reconciler. Spec changes and deletions trigger it (its own status
 // writes do not); the periodic check comes from RequeueAfter. A deleted RedisCluster wakes the
 // VaultConnections it used, one of which may be waiting to be deleted.
-func (r *VaultConnectionReconciler) SetupWithManager(mgr ctrl.Manager) error {
+func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&v1alpha1.VaultConnection{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Watches(&v1alpha1.RedisCluster{}, handler.EnqueueRequestsFromMapFunc(connectionsOf),
@@ -300,14 +302,14 @@ func (r *VaultConnectionReconciler) SetupWithManager(mgr ctrl.Manager) error {
 				GenericFunc: func(event.GenericEvent) bool { return false },
 			})).
 		Named("vaultconnection").
-		WithOptions(controller.Options{ReconciliationTimeout: ReconcileTimeout}).
+		WithOptions(controller.Options{ReconciliationTimeout: reconcileTimeout}).
 		Complete(r)
 }
 
 // connectionsOf maps a RedisCluster to the VaultConnections it uses or holds leases from.
 func connectionsOf(_ context.Context, o client.Object) []ctrl.Request {
 	var reqs []ctrl.Request
-	for _, name := range clusterConnections(o.(*v1alpha1.RedisCluster)) {
+	for _, name := range o.(*v1alpha1.RedisCluster).VaultConnections() {
 		reqs = append(reqs, ctrl.Request{NamespacedName: client.ObjectKey{Name: name}})
 	}
 	return reqs

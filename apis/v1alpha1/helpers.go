@@ -1,0 +1,54 @@
+package v1alpha1
+
+import "slices"
+
+// VaultConnectionName is the VaultConnection the RedisCluster uses: always in VaultLease mode, in
+// ExternalSecret mode only to renew and revoke the leases External Secrets Operator obtains ("" if
+// none).
+func (rc *RedisCluster) VaultConnectionName() string {
+	c := rc.Spec.Credentials
+	switch {
+	case c.VaultLease != nil:
+		return c.VaultLease.ConnectionRef.Name
+	case c.ExternalSecret != nil && c.ExternalSecret.ConnectionRef != nil:
+		return c.ExternalSecret.ConnectionRef.Name
+	}
+	return ""
+}
+
+// VaultConnectionField names the spec field of VaultConnectionName, for messages.
+func (rc *RedisCluster) VaultConnectionField() string {
+	if rc.Spec.Credentials.ExternalSecret != nil {
+		return "credentials.externalSecret.connectionRef.name"
+	}
+	return "credentials.vaultLease.connectionRef.name"
+}
+
+// LeaseConnection is the VaultConnection a lease of the ledger was obtained through: the one its
+// record names, or (records made before keyroll recorded it) the one the cluster uses.
+func (rc *RedisCluster) LeaseConnection(l LeaseRecord) string {
+	if l.Connection != "" {
+		return l.Connection
+	}
+	return rc.VaultConnectionName()
+}
+
+// VaultConnections lists the VaultConnections the RedisCluster uses or holds leases from.
+func (rc *RedisCluster) VaultConnections() []string {
+	var names []string
+	add := func(n string) {
+		if n != "" && !slices.Contains(names, n) {
+			names = append(names, n)
+		}
+	}
+	add(rc.VaultConnectionName())
+	for _, l := range rc.Status.Leases {
+		add(rc.LeaseConnection(l))
+	}
+	return names
+}
+
+// AllowsNamespace says whether RedisClusters in ns may use the VaultConnection: listed, or "*".
+func (vc *VaultConnection) AllowsNamespace(ns string) bool {
+	return slices.Contains(vc.Spec.AllowedNamespaces, "*") || slices.Contains(vc.Spec.AllowedNamespaces, ns)
+}

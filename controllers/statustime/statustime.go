@@ -1,0 +1,37 @@
+// Package statustime converts times for keyroll's status fields.
+package statustime
+
+import (
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// Of is a status time as a time.Time; nil is zero.
+func Of(t *metav1.Time) time.Time {
+	if t == nil {
+		return time.Time{}
+	}
+	return t.Time
+}
+
+// At converts a time for the status, at the second precision the API keeps (so that a reconcile
+// that computes the same time again writes nothing); zero is nil.
+func At(t time.Time) *metav1.Time {
+	if t.IsZero() {
+		return nil
+	}
+	mt := metav1.NewTime(t.Truncate(time.Second))
+	return &mt
+}
+
+// RequeueAfter turns a time into a RequeueAfter from now, at least a second away; zero is zero.
+func RequeueAfter(now, at time.Time) time.Duration {
+	if at.IsZero() {
+		return 0
+	}
+	if d := at.Sub(now); d > time.Second {
+		return d
+	}
+	return time.Second
+}
