@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/keyroll/keyroll/controllers/rediscluster"
+
 	"github.com/keyroll/keyroll/controllers/vaultconnection"
 
 	"github.com/keyroll/keyroll/controllers/metrics"
@@ -24,7 +26,6 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
-	"github.com/keyroll/keyroll/rotation"
 
 	"github.com/keyroll/keyroll/vault"
 )
@@ -56,12 +57,12 @@ func CacheOptions() cache.Options {
 	}}
 }
 
-// reconcileTimeout bounds one reconcile, Vault calls and API requests included.
-const reconcileTimeout = 2 * time.Minute
+// DefaultLeaseCheckInterval is how often a live lease is looked up in Vault besides its renewals.
+const DefaultLeaseCheckInterval = rediscluster.DefaultLeaseCheckInterval
 
 // Setup registers keyroll's reconcilers with a manager. Both share one Connector, and so one Vault
 // client (one login, one rate limit) per VaultConnection. It returns the RedisCluster reconciler.
-func Setup(mgr ctrl.Manager, o Options) (*RedisClusterReconciler, error) {
+func Setup(mgr ctrl.Manager, o Options) (*rediscluster.Reconciler, error) {
 	m := metrics.For(o.Clock)
 	observe := func(conn, op, outcome string, seconds float64) {
 		m.ObserveVault(op, outcome, seconds)
@@ -82,28 +83,15 @@ func Setup(mgr ctrl.Manager, o Options) (*RedisClusterReconciler, error) {
 	}).SetupWithManager(mgr); err != nil {
 		return nil, err
 	}
-	// The scheduler runs only in the elected leader, and only wakes the reconciler.
-	sched := rotation.NewScheduler(o.Clock)
-	if err := mgr.Add(sched); err != nil {
-		return nil, err
-	}
 	if err := addProbes(mgr); err != nil {
 		return nil, err
 	}
-	rcr := &RedisClusterReconciler{
+	rcr := rediscluster.New(rediscluster.Config{
 		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: o.Recorder, Clock: o.Clock,
-		Connector: conn, Scheduler: sched, Metrics: m, ExternalSecrets: externalSecretsServed(mgr), sightings: &sightings{},
-		leaseChecks: newLeaseChecks(leaseCheckInterval(o.LeaseCheckInterval)),
-	}
+		Connector: conn, Metrics: m, ExternalSecrets: externalSecretsServed(mgr), LeaseCheckInterval: o.LeaseCheckInterval,
+	})
 	mgr.GetLogger().Info("External Secrets Operator's API", "served", rcr.ExternalSecrets)
 	return rcr, rcr.SetupWithManager(mgr)
-}
-
-func leaseCheckInterval(d time.Duration) time.Duration {
-	if d == 0 {
-		return DefaultLeaseCheckInterval
-	}
-	return d
 }
 
 // externalSecretsServed says whether the API server serves external-secrets.io/v1 ExternalSecrets

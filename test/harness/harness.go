@@ -24,6 +24,7 @@ import (
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
 	"github.com/keyroll/keyroll/controllers"
+	"github.com/keyroll/keyroll/controllers/rediscluster"
 	"github.com/keyroll/keyroll/test/testground"
 )
 
@@ -81,7 +82,7 @@ type Options struct {
 // Operator is a running manager.
 type Operator struct {
 	Manager    ctrl.Manager
-	Reconciler *controllers.RedisClusterReconciler
+	Reconciler *rediscluster.Reconciler
 	cancel     context.CancelFunc
 	done       chan error
 	broadcast  events.EventBroadcaster

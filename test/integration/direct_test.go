@@ -61,8 +61,7 @@ func TestIssueGivesAWorkingCredentialAndASteadyStateWritesNothing(t *testing.T) 
 	// Reconcile again with nothing changed: no write to the API server, no call to Vault.
 	var writes atomic.Int64
 	count := func() { writes.Add(1) }
-	r := *reconciler
-	r.Client = interceptor.NewClient(withoutWatch{reconciler.Client}, interceptor.Funcs{
+	r := reconciler.WithClient(interceptor.NewClient(withoutWatch{reconciler.Client}, interceptor.Funcs{
 		Create: func(ctx context.Context, c client.WithWatch, o client.Object, opts ...client.CreateOption) error {
 			count()
 			return c.Create(ctx, o, opts...)
@@ -87,7 +86,7 @@ func TestIssueGivesAWorkingCredentialAndASteadyStateWritesNothing(t *testing.T) 
 			count()
 			return c.SubResource(s).Update(ctx, o, opts...)
 		},
-	})
+	}))
 	req := ctrl.Request{NamespacedName: client.ObjectKeyFromObject(rc)}
 	calls := vaultCalls.of("vault-issue")
 	for i := range 2 {

@@ -20,7 +20,7 @@ import (
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
-	"github.com/keyroll/keyroll/controllers"
+	"github.com/keyroll/keyroll/controllers/rediscluster"
 	"github.com/keyroll/keyroll/test/harness"
 	"github.com/keyroll/keyroll/test/testground"
 )
@@ -32,7 +32,7 @@ var (
 	ground     *testground.Ground
 	k8s        client.Client
 	cs         *kubernetes.Clientset
-	reconciler *controllers.RedisClusterReconciler
+	reconciler *rediscluster.Reconciler
 	// operatorLogs holds everything the operator logged.
 	operatorLogs = &syncBuffer{}
 	// metricsURL and probesURL are the running operator's metrics and probe endpoints.

@@ -1,4 +1,4 @@
-package controllers
+package rediscluster
 
 import (
 	"context"
@@ -26,7 +26,7 @@ const waitForConnection = time.Minute
 // connect resolves the RedisCluster's VaultConnection and returns its Vault client. Without a
 // client it sets a condition, records an event on the transition and says when to look again.
 // forDelete skips the namespace check: revoking leases keyroll already holds is always allowed.
-func (r *RedisClusterReconciler) connect(ctx context.Context, s *scope, forDelete bool) (vault.Client, time.Duration, error) {
+func (r *deps) connect(ctx context.Context, s *scope, forDelete bool) (vault.Client, time.Duration, error) {
 	rc := s.rc
 	name := rc.VaultConnectionName()
 	vc := &v1alpha1.VaultConnection{}
@@ -50,7 +50,7 @@ func (r *RedisClusterReconciler) connect(ctx context.Context, s *scope, forDelet
 }
 
 // refuse marks the credential as not ready for a reason the RedisCluster owner must act on.
-func (r *RedisClusterReconciler) refuse(s *scope, reason, message string) {
+func (r *deps) refuse(s *scope, reason, message string) {
 	if s.conds.Set(v1alpha1.ConditionCredentialsReady, metav1.ConditionFalse, reason, message) {
 		s.conds.Event(true, v1alpha1.EventAccessDenied, "Connect", "%s", message)
 	}
@@ -59,7 +59,7 @@ func (r *RedisClusterReconciler) refuse(s *scope, reason, message string) {
 
 // checkSecretsFree makes sure the Secrets keyroll writes are either absent or its own, before a
 // credential is issued that could not be written anywhere.
-func (r *RedisClusterReconciler) checkSecretsFree(ctx context.Context, s *scope) (bool, error) {
+func (r *deps) checkSecretsFree(ctx context.Context, s *scope) (bool, error) {
 	for _, name := range []string{render.CredentialsSecretName(s.rc), render.ACLSecretName(s.rc)} {
 		err := r.secretOwned(ctx, s.rc, name)
 		var conflict *apply.ConflictError
@@ -79,7 +79,7 @@ func (r *RedisClusterReconciler) checkSecretsFree(ctx context.Context, s *scope)
 
 // secretOwned says whether a Secret is absent or controlled by rc. The cache only holds Secrets
 // that carry keyroll's label, so a Secret it does not have is looked up past the cache.
-func (r *RedisClusterReconciler) secretOwned(ctx context.Context, rc *v1alpha1.RedisCluster, name string) error {
+func (r *deps) secretOwned(ctx context.Context, rc *v1alpha1.RedisCluster, name string) error {
 	sec := &corev1.Secret{}
 	key := client.ObjectKey{Namespace: rc.Namespace, Name: name}
 	err := r.Get(ctx, key, sec)

@@ -1,4 +1,4 @@
-package controllers
+package rediscluster
 
 import (
 	"context"
@@ -18,7 +18,7 @@ import (
 
 // reconcileObjects writes the objects the RedisCluster owns, Secrets first so that pods created
 // from the StatefulSet find the credential they are annotated with.
-func (r *RedisClusterReconciler) reconcileObjects(ctx context.Context, s *scope, cred *render.Credential) error {
+func (r *deps) reconcileObjects(ctx context.Context, s *scope, cred *render.Credential) error {
 	rc := s.rc
 	steps := []func() error{
 		func() error { return r.ensureACLSecret(ctx, rc, cred) },
@@ -55,7 +55,7 @@ func (r *RedisClusterReconciler) reconcileObjects(ctx context.Context, s *scope,
 
 // ensureACLSecret writes the aclfile the Redis pods load, and the reload user's password. cred is
 // the current credential; nil leaves the current user out (its lease was revoked outside keyroll).
-func (r *RedisClusterReconciler) ensureACLSecret(ctx context.Context, rc *v1alpha1.RedisCluster, cred *render.Credential) error {
+func (r *deps) ensureACLSecret(ctx context.Context, rc *v1alpha1.RedisCluster, cred *render.Credential) error {
 	old := &corev1.Secret{}
 	err := r.Get(ctx, client.ObjectKey{Namespace: rc.Namespace, Name: render.ACLSecretName(rc)}, old)
 	if client.IgnoreNotFound(err) != nil {

@@ -1,4 +1,4 @@
-package controllers
+package rediscluster
 
 import (
 	"context"
@@ -63,7 +63,7 @@ func (s *sightings) forget(key types.NamespacedName, ids []string) {
 
 // syncedSecretEvents enqueues the RedisCluster of a Secret that ESO writes for it, and records the
 // lease of every version of that Secret it sees.
-func (r *RedisClusterReconciler) syncedSecretEvents() handler.EventHandler {
+func (r *Reconciler) syncedSecretEvents() handler.EventHandler {
 	see := func(o client.Object) []ctrl.Request {
 		sec, ok := o.(*corev1.Secret)
 		cluster := o.GetLabels()[v1alpha1.LabelCluster]

@@ -1,4 +1,4 @@
-package controllers
+package rediscluster
 
 import (
 	"hash/fnv"

@@ -1,4 +1,4 @@
-package controllers
+package rediscluster
 
 import (
 	"context"
@@ -28,7 +28,7 @@ import (
 // new one, renew the lease, look it up, or nothing. A lease found gone was revoked outside
 // keyroll (its token is kept alive, so it did not die with it): it is honoured and replaced at
 // once. It returns the live credential and when to look again.
-func (r *RedisClusterReconciler) reconcileCredential(ctx context.Context, s *scope, vcl vault.Client) (*render.Credential, time.Duration, error) {
+func (r *vaultLease) credential(ctx context.Context, s *scope, vcl vault.Client) (*render.Credential, time.Duration, error) {
 	cur, err := r.currentCredential(ctx, s.rc)
 	if err != nil {
 		return nil, 0, err
@@ -67,7 +67,7 @@ func (r *RedisClusterReconciler) reconcileCredential(ctx context.Context, s *sco
 // decisionInput translates the RedisCluster's status into rotation's plain input. vcl, when
 // set, says when the token that created the lease ends, as far as keyroll knows; that end is kept
 // in the status.
-func (r *RedisClusterReconciler) decisionInput(s *scope, vcl vault.Client, hasCredential bool) rotation.Input {
+func (r *deps) decisionInput(s *scope, vcl vault.Client, hasCredential bool) rotation.Input {
 	rc := s.rc
 	in := rotation.Input{
 		Now: r.Clock.Now(), HasCredential: hasCredential, RenewalPercent: defaultRenewalPercent,
@@ -107,7 +107,7 @@ func (r *RedisClusterReconciler) decisionInput(s *scope, vcl vault.Client, hasCr
 }
 
 // checkLease looks the live lease up in Vault. gone says Vault no longer knows it.
-func (r *RedisClusterReconciler) checkLease(ctx context.Context, s *scope, vcl vault.Client) (gone bool, err error) {
+func (r *deps) checkLease(ctx context.Context, s *scope, vcl vault.Client) (gone bool, err error) {
 	c := s.rc.Status.Credential
 	info, err := vcl.Lookup(ctx, c.LeaseID)
 	if err != nil {
@@ -122,7 +122,7 @@ func (r *RedisClusterReconciler) checkLease(ctx context.Context, s *scope, vcl v
 // say so, and, with onRevokedOutside CutOff (the default), its user leaves the aclfile at once;
 // with RollOver the user stays there until the new credential has rolled out. The caller issues a
 // new credential next, ahead of any other work.
-func (r *RedisClusterReconciler) revokedOutside(ctx context.Context, s *scope) error {
+func (r *vaultLease) revokedOutside(ctx context.Context, s *scope) error {
 	rc := s.rc
 	c := rc.Status.Credential
 	r.Metrics.RevokedOutside.Inc()
@@ -144,7 +144,7 @@ func (r *RedisClusterReconciler) revokedOutside(ctx context.Context, s *scope) e
 
 // tokenEnding says, in an event, that a credential is rotated because the token that created its
 // lease ends before it.
-func (r *RedisClusterReconciler) tokenEnding(s *scope, d rotation.Decision) {
+func (r *vaultLease) tokenEnding(s *scope, d rotation.Decision) {
 	if d.Reason != rotation.ReasonTokenEnding {
 		return
 	}
@@ -157,7 +157,7 @@ func (r *RedisClusterReconciler) tokenEnding(s *scope, d rotation.Decision) {
 // parseRotation parses the rotation schedule and window once per reconcile. An invalid one is
 // reported (Degraded, InvalidSchedule) and ignored, so that renewals go on; the report is
 // withdrawn once the spec is fixed.
-func (r *RedisClusterReconciler) parseRotation(s *scope) {
+func (r *deps) parseRotation(s *scope) {
 	spec := s.rc.Spec.Rotation
 	var err error
 	if spec.Schedule != "" {
@@ -180,7 +180,7 @@ func (r *RedisClusterReconciler) parseRotation(s *scope) {
 
 // currentCredential reads the credential of status.credential from the credentials Secret. It
 // returns nil when the Secret does not hold that credential (then a new one is issued).
-func (r *RedisClusterReconciler) currentCredential(ctx context.Context, rc *v1alpha1.RedisCluster) (*render.Credential, error) {
+func (r *vaultLease) currentCredential(ctx context.Context, rc *v1alpha1.RedisCluster) (*render.Credential, error) {
 	c := rc.Status.Credential
 	if c == nil || c.Version == "" {
 		return nil, nil
@@ -195,7 +195,7 @@ func (r *RedisClusterReconciler) currentCredential(ctx context.Context, rc *v1al
 	return cred, err
 }
 
-func (r *RedisClusterReconciler) readCredential(ctx context.Context, rd client.Reader, key client.ObjectKey, rc *v1alpha1.RedisCluster, version string) (*render.Credential, error) {
+func (r *vaultLease) readCredential(ctx context.Context, rd client.Reader, key client.ObjectKey, rc *v1alpha1.RedisCluster, version string) (*render.Credential, error) {
 	sec := &corev1.Secret{}
 	if err := rd.Get(ctx, key, sec); err != nil {
 		return nil, client.IgnoreNotFound(err)
@@ -212,7 +212,7 @@ func (r *RedisClusterReconciler) readCredential(ctx context.Context, rd client.R
 
 // issue obtains a new credential and records its lease in the ledger before anything uses it.
 // The lease it replaces stays in the ledger as Superseded until it is revoked.
-func (r *RedisClusterReconciler) issue(ctx context.Context, s *scope, vcl vault.Client, d rotation.Decision) (*render.Credential, error) {
+func (r *vaultLease) issue(ctx context.Context, s *scope, vcl vault.Client, d rotation.Decision) (*render.Credential, error) {
 	rc := s.rc
 	path := rc.Spec.Credentials.VaultLease.Path
 	lease, err := vcl.Issue(ctx, path)
@@ -240,7 +240,7 @@ func (r *RedisClusterReconciler) issue(ctx context.Context, s *scope, vcl vault.
 }
 
 // countIssue counts an issue, and a rotation when the issue replaces a live credential.
-func (r *RedisClusterReconciler) countIssue(d rotation.Decision, err error) {
+func (r *vaultLease) countIssue(d rotation.Decision, err error) {
 	r.Metrics.Issues.WithLabelValues(metrics.Result(err)).Inc()
 	if d.Action == rotation.ActionRotate {
 		r.Metrics.Rotations.WithLabelValues(metrics.Result(err)).Inc()
@@ -248,7 +248,7 @@ func (r *RedisClusterReconciler) countIssue(d rotation.Decision, err error) {
 }
 
 // recordLease puts a new lease into the ledger and the credential status.
-func (r *RedisClusterReconciler) recordLease(s *scope, lease *vault.Lease, cred *render.Credential, d rotation.Decision) {
+func (r *vaultLease) recordLease(s *scope, lease *vault.Lease, cred *render.Credential, d rotation.Decision) {
 	rc := s.rc
 	now := statustime.At(r.Clock.Now())
 	supersede(rc)
@@ -276,7 +276,7 @@ func (r *RedisClusterReconciler) recordLease(s *scope, lease *vault.Lease, cred 
 
 // issueFailed reports a failed issue; a denied or invalid request waits for a human, anything
 // else is retried with backoff.
-func (r *RedisClusterReconciler) issueFailed(s *scope, err error) error {
+func (r *vaultLease) issueFailed(s *scope, err error) error {
 	reason := v1alpha1.ReasonIssueFailed
 	switch {
 	case vault.IsPermissionDenied(err):
@@ -296,7 +296,7 @@ func (r *RedisClusterReconciler) issueFailed(s *scope, err error) error {
 }
 
 // renew extends the current lease. gone says the lease no longer exists in Vault.
-func (r *RedisClusterReconciler) renew(ctx context.Context, s *scope, vcl vault.Client) (gone bool, err error) {
+func (r *deps) renew(ctx context.Context, s *scope, vcl vault.Client) (gone bool, err error) {
 	c := s.rc.Status.Credential
 	increment := time.Duration(0)
 	if c.LeaseDuration != nil {

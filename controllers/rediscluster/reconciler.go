@@ -1,4 +1,4 @@
-package controllers
+package rediscluster
 
 import (
 	"context"
@@ -6,9 +6,9 @@ import (
 	"maps"
 	"time"
 
-	"github.com/keyroll/keyroll/controllers/vaultconnection"
+	"github.com/keyroll/keyroll/controllers/rollout"
 
-	"github.com/keyroll/keyroll/controllers/statustime"
+	"github.com/keyroll/keyroll/controllers/vaultconnection"
 
 	"github.com/keyroll/keyroll/controllers/apply"
 	"github.com/keyroll/keyroll/controllers/conditions"
@@ -34,32 +34,112 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
-	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
 	"github.com/keyroll/keyroll/rotation"
 	"github.com/keyroll/keyroll/vault"
 )
 
-// RedisClusterReconciler reconciles RedisClusters: credentials from Vault, the Redis StatefulSet and
+// Reconciler reconciles RedisClusters: credentials from Vault, the Redis StatefulSet and
 // the Secrets it mounts, renewals, re-issues and revocation on delete.
-type RedisClusterReconciler struct {
-	client.Client
-	// APIReader reads past the cache, where a stale cache could make keyroll issue a second
-	// credential or overwrite a Secret it does not own.
-	APIReader client.Reader
-	Recorder  events.EventRecorder
-	Clock     clock.Clock
-	Connector *vaultconnection.Connector
-	// Scheduler wakes this reconciler when a cluster's rotation falls due (leader only).
-	Scheduler *rotation.Scheduler
-	Metrics   *metrics.Metrics
+type Reconciler struct {
+	*deps
+	Recorder events.EventRecorder
 	// ExternalSecrets says that External Secrets Operator's ExternalSecret API was there when
 	// keyroll started: only then does ExternalSecret mode work (and is the API watched).
 	ExternalSecrets bool
-	sightings       *sightings
-	leaseChecks     *leaseChecks
+	rollout         *rollout.Engine
+	vaultLease      *vaultLease
+	externalSecret  *externalSecret
 }
+
+// deps are what the phases of a reconcile share: the clients, the clock, the metrics, the Vault
+// connector, and what is kept in memory between reconciles.
+type deps struct {
+	client.Client
+	// APIReader reads past the cache, where a stale cache could make keyroll issue a second
+	// credential or overwrite a Secret it does not own.
+	APIReader   client.Reader
+	Clock       clock.Clock
+	Connector   *vaultconnection.Connector
+	Metrics     *metrics.Metrics
+	leaseChecks *leaseChecks
+	sightings   *sightings
+}
+
+// source is where a RedisCluster's credential comes from: a Vault lease keyroll holds
+// (vaultLease) or External Secrets Operator (externalSecret).
+type source interface {
+	// credential brings the credential up to date (issue, adopt, renew, look up, refresh) and
+	// returns it; nil while there is none. It says when to look again. vcl is the Vault client of
+	// the cluster's VaultConnection, nil when it has none.
+	credential(ctx context.Context, s *scope, vcl vault.Client) (*render.Credential, time.Duration, error)
+	// writesSecret says whether keyroll writes the credentials Secret (External Secrets Operator
+	// writes it otherwise).
+	writesSecret() bool
+	// retire stops the source before the cluster's leases are revoked on delete, and says how
+	// long to wait for it.
+	retire(ctx context.Context, s *scope) (time.Duration, error)
+}
+
+// Config is what a Reconciler is made of.
+type Config struct {
+	Client          client.Client
+	APIReader       client.Reader
+	Recorder        events.EventRecorder
+	Clock           clock.Clock
+	Connector       *vaultconnection.Connector
+	Metrics         *metrics.Metrics
+	ExternalSecrets bool
+	// LeaseCheckInterval is how often a live lease is looked up (zero: DefaultLeaseCheckInterval;
+	// negative: never).
+	LeaseCheckInterval time.Duration
+}
+
+// New returns a Reconciler for cfg.
+func New(cfg Config) *Reconciler {
+	interval := cfg.LeaseCheckInterval
+	if interval == 0 {
+		interval = DefaultLeaseCheckInterval
+	}
+	d := &deps{Client: cfg.Client, APIReader: cfg.APIReader, Clock: cfg.Clock, Connector: cfg.Connector,
+		Metrics: cfg.Metrics, leaseChecks: newLeaseChecks(interval), sightings: &sightings{}}
+	return &Reconciler{
+		deps: d, Recorder: cfg.Recorder, ExternalSecrets: cfg.ExternalSecrets,
+		rollout:    &rollout.Engine{Client: d.Client, APIReader: d.APIReader, Clock: d.Clock, Metrics: d.Metrics},
+		vaultLease: &vaultLease{deps: d}, externalSecret: &externalSecret{deps: d},
+	}
+}
+
+// WithClient returns a copy of r whose every phase writes through c (tests count the writes of a
+// reconcile with it).
+func (r *Reconciler) WithClient(c client.Client) *Reconciler {
+	out := New(Config{Client: c, APIReader: r.APIReader, Recorder: r.Recorder, Clock: r.Clock, Connector: r.Connector,
+		Metrics: r.Metrics, ExternalSecrets: r.ExternalSecrets})
+	out.leaseChecks, out.sightings = r.leaseChecks, r.sightings // the same memory as r
+	return out
+}
+
+// source is the cluster's credential source.
+func (r *Reconciler) source(rc *v1alpha1.RedisCluster) source {
+	if rc.Spec.Credentials.Source == v1alpha1.SourceExternalSecret {
+		return r.externalSecret
+	}
+	return r.vaultLease
+}
+
+// vaultLease is the VaultLease source: keyroll reads the Vault path and holds the lease.
+type vaultLease struct{ *deps }
+
+func (*vaultLease) writesSecret() bool { return true }
+
+func (*vaultLease) retire(context.Context, *scope) (time.Duration, error) { return 0, nil }
+
+// externalSecret is the ExternalSecret source: External Secrets Operator syncs the credential
+// through an ExternalSecret keyroll owns.
+type externalSecret struct{ *deps }
+
+func (*externalSecret) writesSecret() bool { return false }
 
 // scope is one reconcile's view of a RedisCluster: the object, its status as last written, and
 // its conditions.
@@ -74,7 +154,7 @@ type scope struct {
 
 // Reconcile brings one RedisCluster towards its spec. Status is written once, at the end, except
 // that a newly issued lease is written to the ledger before anything uses it.
-func (r *RedisClusterReconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.Result, reterr error) {
+func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.Result, reterr error) {
 	rc := &v1alpha1.RedisCluster{}
 	if err := r.Get(ctx, req.NamespacedName, rc); err != nil {
 		if apierrors.IsNotFound(err) {
@@ -113,7 +193,7 @@ func (r *RedisClusterReconciler) Reconcile(ctx context.Context, req ctrl.Request
 }
 
 // ensureFinalizer adds the finalizer before anything is created in Vault.
-func (r *RedisClusterReconciler) ensureFinalizer(ctx context.Context, rc *v1alpha1.RedisCluster) (bool, error) {
+func (r *Reconciler) ensureFinalizer(ctx context.Context, rc *v1alpha1.RedisCluster) (bool, error) {
 	if controllerutil.ContainsFinalizer(rc, v1alpha1.Finalizer) {
 		return false, nil
 	}
@@ -123,7 +203,7 @@ func (r *RedisClusterReconciler) ensureFinalizer(ctx context.Context, rc *v1alph
 }
 
 // reconcileNormal runs the phases in order; each returns early when it cannot go on.
-func (r *RedisClusterReconciler) reconcileNormal(ctx context.Context, s *scope) (ctrl.Result, error) {
+func (r *Reconciler) reconcileNormal(ctx context.Context, s *scope) (ctrl.Result, error) {
 	rc := s.rc
 	external := rc.Spec.Credentials.Source == v1alpha1.SourceExternalSecret
 	if external && !r.ExternalSecrets {
@@ -142,18 +222,14 @@ func (r *RedisClusterReconciler) reconcileNormal(ctx context.Context, s *scope) 
 		}
 		vcl = c
 	}
-	reconcileCredential := r.reconcileCredential
-	if external {
-		reconcileCredential = r.reconcileSynced
-	}
-	cred, next, err := reconcileCredential(ctx, s, vcl)
+	cred, next, err := r.source(rc).credential(ctx, s, vcl)
 	if err != nil || cred == nil {
 		return ctrl.Result{RequeueAfter: next}, err
 	}
 	if err := r.reconcileObjects(ctx, s, cred); err != nil {
 		return ctrl.Result{}, err
 	}
-	rolledOut, wait, err := r.reconcileRollout(ctx, s, cred)
+	rolledOut, wait, err := r.rollout.Roll(ctx, s.rc, s.conds, cred.Version, pending(s.rc))
 	if err != nil {
 		return ctrl.Result{}, err
 	}
@@ -162,7 +238,6 @@ func (r *RedisClusterReconciler) reconcileNormal(ctx context.Context, s *scope) 
 			return ctrl.Result{}, err
 		}
 	}
-	r.scheduleRotation(s)
 	r.setReady(ctx, s)
 	rc.Status.ObservedGeneration = rc.Generation
 	return ctrl.Result{RequeueAfter: soonest(next, wait)}, nil
@@ -171,7 +246,7 @@ func (r *RedisClusterReconciler) reconcileNormal(ctx context.Context, s *scope) 
 // retireSuperseded revokes the leases the current credential replaced, once it runs everywhere,
 // and then drops their users (and those of replaced credentials without a tracked lease) from the
 // ACL Secret. vcl is nil when no lease is tracked.
-func (r *RedisClusterReconciler) retireSuperseded(ctx context.Context, s *scope, vcl vault.Client, cred *render.Credential) error {
+func (r *deps) retireSuperseded(ctx context.Context, s *scope, vcl vault.Client, cred *render.Credential) error {
 	c := s.rc.Status.Credential
 	if len(supersededLeases(s.rc)) == 0 && len(c.SupersededUsers) == 0 {
 		return nil
@@ -186,25 +261,9 @@ func (r *RedisClusterReconciler) retireSuperseded(ctx context.Context, s *scope,
 }
 
 // forget drops what the reconciler keeps of a deleted cluster: its scheduler entry and metrics.
-func (r *RedisClusterReconciler) forget(key types.NamespacedName) {
-	if r.Scheduler != nil {
-		r.Scheduler.Remove(key)
-	}
+func (r *Reconciler) forget(key types.NamespacedName) {
 	r.leaseChecks.forget(key)
 	r.Metrics.Forget(key)
-}
-
-// scheduleRotation keeps the leader's scheduler entry for this cluster in step with its schedule.
-func (r *RedisClusterReconciler) scheduleRotation(s *scope) {
-	if r.Scheduler == nil {
-		return
-	}
-	key := client.ObjectKeyFromObject(s.rc)
-	if s.schedule == nil || s.rc.Status.Credential == nil {
-		r.Scheduler.Remove(key)
-		return
-	}
-	r.Scheduler.Set(key, s.schedule, statustime.Of(s.rc.Status.Credential.LastRotation))
 }
 
 // soonest is the shorter of two non-zero requeue delays.
@@ -217,7 +276,7 @@ func soonest(a, b time.Duration) time.Duration {
 
 // setReady reads the Redis pods' readiness and sets Ready; Degraded is cleared here unless a
 // phase of this reconcile found something that needs attention.
-func (r *RedisClusterReconciler) setReady(ctx context.Context, s *scope) {
+func (r *Reconciler) setReady(ctx context.Context, s *scope) {
 	rc := s.rc
 	sts := &appsv1.StatefulSet{}
 	if err := r.Get(ctx, client.ObjectKey{Namespace: rc.Namespace, Name: rc.Name}, sts); err == nil {
@@ -236,7 +295,7 @@ func (r *RedisClusterReconciler) setReady(ctx context.Context, s *scope) {
 }
 
 // externalSecretsMissing reports that ExternalSecret mode cannot work in this operator.
-func (r *RedisClusterReconciler) externalSecretsMissing(s *scope) {
+func (r *Reconciler) externalSecretsMissing(s *scope) {
 	msg := "credentials.source is ExternalSecret, but External Secrets Operator's API (external-secrets.io/v1 ExternalSecret) was not installed when keyroll started: install External Secrets Operator, then restart keyroll"
 	if s.conds.Set(v1alpha1.ConditionCredentialsReady, metav1.ConditionFalse, v1alpha1.ReasonExternalSecretsNotInstalled, msg) {
 		s.conds.Event(true, v1alpha1.ReasonExternalSecretsNotInstalled, "Sync", "%s", msg)
@@ -245,7 +304,7 @@ func (r *RedisClusterReconciler) externalSecretsMissing(s *scope) {
 }
 
 // writeStatus derives the phase and writes the status if it changed.
-func (r *RedisClusterReconciler) writeStatus(ctx context.Context, s *scope) error {
+func (r *deps) writeStatus(ctx context.Context, s *scope) error {
 	s.rc.Status.Phase = phaseOf(s.rc)
 	err := apply.PatchStatus(ctx, r.Client, s.before, s.rc, func(o client.Object) any { return o.(*v1alpha1.RedisCluster).Status })
 	if err == nil {
@@ -274,7 +333,7 @@ func phaseOf(rc *v1alpha1.RedisCluster) v1alpha1.Phase {
 
 // SetupWithManager registers the reconciler: it watches RedisClusters, what they own, and the
 // VaultConnections they use.
-func (r *RedisClusterReconciler) SetupWithManager(mgr ctrl.Manager) error {
+func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if err := indexConsumers(mgr); err != nil {
 		return err
 	}
@@ -299,15 +358,12 @@ func (r *RedisClusterReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		b = b.Owns(&esv1.ExternalSecret{}).
 			Watches(&corev1.Secret{}, r.syncedSecretEvents())
 	}
-	if r.Scheduler != nil {
-		b = b.WatchesRawSource(source.Channel(r.Scheduler.Events(), &handler.EnqueueRequestForObject{}))
-	}
 	return b.Complete(r)
 }
 
 // indexConsumers indexes RedisClusters by their consumers, "Kind/name".
 func indexConsumers(mgr ctrl.Manager) error {
-	return mgr.GetFieldIndexer().IndexField(context.Background(), &v1alpha1.RedisCluster{}, consumerIndex,
+	return mgr.GetFieldIndexer().IndexField(context.Background(), &v1alpha1.RedisCluster{}, rollout.ConsumerIndex,
 		func(o client.Object) []string {
 			var keys []string
 			for _, c := range o.(*v1alpha1.RedisCluster).Spec.Rollout.Consumers {
@@ -318,10 +374,10 @@ func indexConsumers(mgr ctrl.Manager) error {
 }
 
 // clustersConsuming maps a workload to the RedisClusters that list it as a consumer.
-func (r *RedisClusterReconciler) clustersConsuming(kind string) handler.MapFunc {
+func (r *Reconciler) clustersConsuming(kind string) handler.MapFunc {
 	return func(ctx context.Context, o client.Object) []ctrl.Request {
 		list := &v1alpha1.RedisClusterList{}
-		if err := r.List(ctx, list, client.InNamespace(o.GetNamespace()), client.MatchingFields{consumerIndex: kind + "/" + o.GetName()}); err != nil {
+		if err := r.List(ctx, list, client.InNamespace(o.GetNamespace()), client.MatchingFields{rollout.ConsumerIndex: kind + "/" + o.GetName()}); err != nil {
 			return nil
 		}
 		reqs := make([]ctrl.Request, 0, len(list.Items))
@@ -342,7 +398,7 @@ func clusterOfPod(_ context.Context, o client.Object) []ctrl.Request {
 }
 
 // clustersUsing maps a VaultConnection to the RedisClusters that use it.
-func (r *RedisClusterReconciler) clustersUsing(ctx context.Context, o client.Object) []ctrl.Request {
+func (r *Reconciler) clustersUsing(ctx context.Context, o client.Object) []ctrl.Request {
 	list := &v1alpha1.RedisClusterList{}
 	if err := r.List(ctx, list, client.MatchingFields{vaultconnection.ClusterIndex: o.GetName()}); err != nil {
 		return nil
@@ -385,3 +441,23 @@ func readyStatus(c []metav1.Condition) metav1.ConditionStatus {
 	}
 	return metav1.ConditionUnknown
 }
+
+// supersededLeases are the leases of the ledger that a newer credential replaced.
+func supersededLeases(rc *v1alpha1.RedisCluster) []v1alpha1.LeaseRecord {
+	var out []v1alpha1.LeaseRecord
+	for _, l := range rc.Status.Leases {
+		if l.State != v1alpha1.LeaseActive {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// pending says that a replaced credential is still out there: a superseded lease not revoked
+// yet, or the user of a replaced credential whose lease is not tracked.
+func pending(rc *v1alpha1.RedisCluster) bool {
+	return len(supersededLeases(rc)) > 0 || (rc.Status.Credential != nil && len(rc.Status.Credential.SupersededUsers) > 0)
+}
+
+// reconcileTimeout bounds one reconcile, Vault calls and API requests included.
+const reconcileTimeout = 2 * time.Minute

@@ -1,4 +1,4 @@
-package controllers
+package rediscluster
 
 import (
 	"context"
@@ -21,7 +21,7 @@ import (
 // revokeSuperseded revokes the leases that a newer credential has replaced; it is called only once
 // that credential runs on every Redis pod and consumer. A failed revocation stays in the ledger as
 // Revoking and is retried with backoff.
-func (r *RedisClusterReconciler) revokeSuperseded(ctx context.Context, s *scope, vcl vault.Client) error {
+func (r *deps) revokeSuperseded(ctx context.Context, s *scope, vcl vault.Client) error {
 	var errs []error
 	for _, l := range s.rc.Status.Leases {
 		if l.State == v1alpha1.LeaseActive {
@@ -33,7 +33,7 @@ func (r *RedisClusterReconciler) revokeSuperseded(ctx context.Context, s *scope,
 }
 
 // revoke revokes one lease: on success it leaves the ledger, on failure it is marked Revoking.
-func (r *RedisClusterReconciler) revoke(ctx context.Context, s *scope, vcl vault.Client, id string) error {
+func (r *deps) revoke(ctx context.Context, s *scope, vcl vault.Client, id string) error {
 	err := vcl.Revoke(ctx, id)
 	r.Metrics.Revocations.WithLabelValues(metrics.Result(err)).Inc()
 	if err != nil {
@@ -51,7 +51,7 @@ func (r *RedisClusterReconciler) revoke(ctx context.Context, s *scope, vcl vault
 }
 
 // revocationOutcome sets Degraded for pending revocations, with an event on the transition.
-func (r *RedisClusterReconciler) revocationOutcome(s *scope, err error) error {
+func (r *deps) revocationOutcome(s *scope, err error) error {
 	if err == nil {
 		if c := meta.FindStatusCondition(s.rc.Status.Conditions, v1alpha1.ConditionDegraded); c != nil && c.Reason == v1alpha1.ReasonRevocationPending {
 			s.conds.Set(v1alpha1.ConditionDegraded, metav1.ConditionFalse, v1alpha1.ReasonAvailable, "All superseded leases are revoked")
@@ -67,7 +67,7 @@ func (r *RedisClusterReconciler) revocationOutcome(s *scope, err error) error {
 
 // reconcileDelete revokes every lease in the ledger, then removes the finalizer. While a lease may
 // still be live, the finalizer stays.
-func (r *RedisClusterReconciler) reconcileDelete(ctx context.Context, s *scope) (ctrl.Result, error) {
+func (r *Reconciler) reconcileDelete(ctx context.Context, s *scope) (ctrl.Result, error) {
 	rc := s.rc
 	if !controllerutil.ContainsFinalizer(rc, v1alpha1.Finalizer) {
 		return ctrl.Result{}, nil
@@ -80,8 +80,8 @@ func (r *RedisClusterReconciler) reconcileDelete(ctx context.Context, s *scope) 
 		return ctrl.Result{}, r.removeFinalizer(ctx, s)
 	}
 	r.forget(client.ObjectKeyFromObject(rc))
-	if rc.Spec.Credentials.Source == v1alpha1.SourceExternalSecret && r.ExternalSecrets {
-		if wait, err := r.retireExternalSecret(ctx, s); err != nil || wait > 0 {
+	if src := r.source(rc); src.writesSecret() || r.ExternalSecrets {
+		if wait, err := src.retire(ctx, s); err != nil || wait > 0 {
 			return ctrl.Result{RequeueAfter: wait}, err
 		}
 	}
@@ -94,7 +94,7 @@ func (r *RedisClusterReconciler) reconcileDelete(ctx context.Context, s *scope) 
 }
 
 // revokeAll revokes every lease in the ledger, superseded ones included.
-func (r *RedisClusterReconciler) revokeAll(ctx context.Context, s *scope) (ctrl.Result, error) {
+func (r *deps) revokeAll(ctx context.Context, s *scope) (ctrl.Result, error) {
 	vcl, wait, err := r.connect(ctx, s, true)
 	if vcl == nil {
 		msg := fmt.Sprintf("%d lease(s) cannot be revoked: %s", len(s.rc.Status.Leases), conditionMessage(s.rc, v1alpha1.ConditionCredentialsReady))
@@ -111,7 +111,7 @@ func (r *RedisClusterReconciler) revokeAll(ctx context.Context, s *scope) (ctrl.
 }
 
 // removeFinalizer writes the (now empty) ledger first, then lets the object go.
-func (r *RedisClusterReconciler) removeFinalizer(ctx context.Context, s *scope) error {
+func (r *Reconciler) removeFinalizer(ctx context.Context, s *scope) error {
 	if err := r.writeStatus(ctx, s); err != nil {
 		return err
 	}

@@ -1,4 +1,4 @@
-package controllers
+package rollout
 
 import (
 	"context"
@@ -7,6 +7,11 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"k8s.io/utils/clock"
+
+	"github.com/keyroll/keyroll/controllers/conditions"
+	"github.com/keyroll/keyroll/controllers/metrics"
 
 	"github.com/keyroll/keyroll/controllers/statustime"
 
@@ -28,19 +33,37 @@ const lagWait = 100 * time.Millisecond
 // defaultReadinessTimeout applies when spec.rollout.readinessTimeout is not set.
 const defaultReadinessTimeout = 5 * time.Minute
 
-// reconcileRollout moves the Redis pods, then the consumers, to the current credential, one at a
-// time and each only while the previous one is Ready on it (make before break). Progress lives in
-// status.rollout, so that a restarted operator resumes where it was. done says every pod and
-// consumer runs the credential; until then the superseded leases stay live.
-func (r *RedisClusterReconciler) reconcileRollout(ctx context.Context, s *scope, cred *render.Credential) (done bool, wait time.Duration, err error) {
-	rc := s.rc
+// Engine moves a RedisCluster's Redis pods, then its consumers, to a credential: one at a time,
+// each only while the previous one is Ready on it (make before break). Its state is the cluster's
+// status.rollout, so that a restarted operator resumes where it was; it records its conditions
+// and events through the caller's condition setter.
+type Engine struct {
+	Client client.Client
+	// APIReader reads past the cache, where a lagging cache could make a step be taken twice.
+	APIReader client.Reader
+	Clock     clock.Clock
+	Metrics   *metrics.Metrics
+}
+
+// step is one call of Roll: the cluster, its conditions, and the version rolled out.
+type step struct {
+	rc    *v1alpha1.RedisCluster
+	conds conditions.Setter
+}
+
+// Roll takes the next steps of moving rc's pods and consumers to version. pending says that a
+// superseded credential is still out there (its lease or user not retired yet), so that a rollout
+// runs even when every pod already runs version (the consumers may not). done says every pod and
+// consumer runs version; until then the superseded leases stay live. wait is when to look again.
+func (r *Engine) Roll(ctx context.Context, rc *v1alpha1.RedisCluster, conds conditions.Setter, version string, pending bool) (done bool, wait time.Duration, err error) {
+	s := &step{rc: rc, conds: conds}
 	pods, err := r.redisPods(ctx, rc)
 	if err != nil {
 		return false, 0, err
 	}
-	r.Metrics.SetStalePods(client.ObjectKeyFromObject(rc), len(pods)-countOnVersion(pods, cred.Version))
+	r.Metrics.SetStalePods(client.ObjectKeyFromObject(rc), len(pods)-countOnVersion(pods, version))
 	ro := rc.Status.Rollout
-	if ro == nil && allOnVersion(pods, cred.Version) && len(supersededLeases(rc)) == 0 {
+	if ro == nil && allOnVersion(pods, version) && !pending {
 		return true, 0, nil
 	}
 	if stale, err := r.staleRead(ctx, rc); stale || err != nil {
@@ -49,11 +72,11 @@ func (r *RedisClusterReconciler) reconcileRollout(ctx context.Context, s *scope,
 		return false, lagWait, err
 	}
 	if ro == nil {
-		ro = r.startRollout(ctx, s, cred.Version)
+		ro = r.startRollout(ctx, s, version)
 	}
-	if ro.TargetVersion != cred.Version {
+	if ro.TargetVersion != version {
 		// A newer credential arrived during the rollout: roll to that one instead.
-		ro.TargetVersion, ro.PodInFlight, ro.PodRestartedAt, ro.ConsumersUpdated = cred.Version, "", nil, 0
+		ro.TargetVersion, ro.PodInFlight, ro.PodRestartedAt, ro.ConsumersUpdated = version, "", nil, 0
 	}
 	if podsDone, wait, err := r.rollPods(ctx, s, pods, ro); !podsDone || err != nil {
 		return false, wait, err
@@ -67,7 +90,7 @@ func (r *RedisClusterReconciler) reconcileRollout(ctx context.Context, s *scope,
 
 // staleRead says whether the cache gave this reconcile an older version of the RedisCluster than
 // the API server has: acting on it could repeat a step that a previous reconcile took.
-func (r *RedisClusterReconciler) staleRead(ctx context.Context, rc *v1alpha1.RedisCluster) (bool, error) {
+func (r *Engine) staleRead(ctx context.Context, rc *v1alpha1.RedisCluster) (bool, error) {
 	cur := &v1alpha1.RedisCluster{}
 	if err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(rc), cur); err != nil {
 		return false, client.IgnoreNotFound(err)
@@ -75,7 +98,7 @@ func (r *RedisClusterReconciler) staleRead(ctx context.Context, rc *v1alpha1.Red
 	return cur.ResourceVersion != rc.ResourceVersion, nil
 }
 
-func (r *RedisClusterReconciler) startRollout(ctx context.Context, s *scope, version string) *v1alpha1.RolloutStatus {
+func (r *Engine) startRollout(ctx context.Context, s *step, version string) *v1alpha1.RolloutStatus {
 	now := statustime.At(r.Clock.Now())
 	ro := &v1alpha1.RolloutStatus{TargetVersion: version, StartedAt: now}
 	s.rc.Status.Rollout = ro
@@ -86,7 +109,7 @@ func (r *RedisClusterReconciler) startRollout(ctx context.Context, s *scope, ver
 	return ro
 }
 
-func (r *RedisClusterReconciler) finishRollout(ctx context.Context, s *scope) {
+func (r *Engine) finishRollout(ctx context.Context, s *step) {
 	ro := s.rc.Status.Rollout
 	took := r.Clock.Since(ro.StartedAt.Time).Round(time.Second)
 	r.Metrics.RolloutDuration.Observe(r.Clock.Since(ro.StartedAt.Time).Seconds())
@@ -104,7 +127,7 @@ func (r *RedisClusterReconciler) finishRollout(ctx context.Context, s *scope) {
 // rollPods restarts the Redis pods not yet on the target version, replicas first (highest ordinal
 // first) and the primary (pod 0) last; the next only once the one in flight is Ready on the target
 // version and every other pod is Ready.
-func (r *RedisClusterReconciler) rollPods(ctx context.Context, s *scope, pods []*corev1.Pod, ro *v1alpha1.RolloutStatus) (bool, time.Duration, error) {
+func (r *Engine) rollPods(ctx context.Context, s *step, pods []*corev1.Pod, ro *v1alpha1.RolloutStatus) (bool, time.Duration, error) {
 	if p := unreadyOnVersion(pods, ro.TargetVersion); ro.PodInFlight == "" && p != nil {
 		// A restart whose record was lost (its status write conflicted): take it up again, timed
 		// from the new pod's creation, so that a pod that never becomes Ready still stalls the rollout.
@@ -135,18 +158,18 @@ func (r *RedisClusterReconciler) rollPods(ctx context.Context, s *scope, pods []
 	if seen, err := r.templateObserved(ctx, s.rc); !seen || err != nil {
 		return false, lagWait, err
 	}
-	if err := r.Delete(ctx, next, client.Preconditions{UID: &next.UID}); client.IgnoreNotFound(err) != nil {
+	if err := r.Client.Delete(ctx, next, client.Preconditions{UID: &next.UID}); client.IgnoreNotFound(err) != nil {
 		return false, 0, fmt.Errorf("restarting pod %s: %w", next.Name, err)
 	}
 	ro.PodInFlight, ro.PodRestartedAt = next.Name, statustime.At(r.Clock.Now())
 	s.conds.Event(false, v1alpha1.EventPodRestarted, "Rollout", "Restarted pod %s for credential %s", next.Name, ro.TargetVersion)
 	log.FromContext(ctx).Info("Pod restarted", "pod", next.Name, "version", ro.TargetVersion)
-	return false, r.readinessTimeout(s.rc), nil
+	return false, readinessTimeout(s.rc), nil
 }
 
 // templateObserved says whether the StatefulSet controller has observed the StatefulSet's current
 // spec (read past the cache).
-func (r *RedisClusterReconciler) templateObserved(ctx context.Context, rc *v1alpha1.RedisCluster) (bool, error) {
+func (r *Engine) templateObserved(ctx context.Context, rc *v1alpha1.RedisCluster) (bool, error) {
 	sts := &appsv1.StatefulSet{}
 	if err := r.APIReader.Get(ctx, client.ObjectKey{Namespace: rc.Namespace, Name: rc.Name}, sts); err != nil {
 		return false, fmt.Errorf("reading StatefulSet %s: %w", rc.Name, err)
@@ -157,7 +180,7 @@ func (r *RedisClusterReconciler) templateObserved(ctx context.Context, rc *v1alp
 // podSettled says whether the pod in flight is back, Ready, on the target version. When it takes
 // longer than the readiness timeout, the rollout stalls (Degraded) and touches no further pod; it
 // resumes by itself when the pod becomes Ready.
-func (r *RedisClusterReconciler) podSettled(s *scope, pods []*corev1.Pod, ro *v1alpha1.RolloutStatus) (bool, time.Duration) {
+func (r *Engine) podSettled(s *step, pods []*corev1.Pod, ro *v1alpha1.RolloutStatus) (bool, time.Duration) {
 	for _, p := range pods {
 		if p.Name == ro.PodInFlight && p.Annotations[v1alpha1.AnnotationCredentialVersion] == ro.TargetVersion && podReady(p) {
 			ro.PodInFlight, ro.PodRestartedAt = "", nil
@@ -167,18 +190,18 @@ func (r *RedisClusterReconciler) podSettled(s *scope, pods []*corev1.Pod, ro *v1
 			return true, 0
 		}
 	}
-	deadline := statustime.Of(ro.PodRestartedAt).Add(r.readinessTimeout(s.rc))
+	deadline := statustime.Of(ro.PodRestartedAt).Add(readinessTimeout(s.rc))
 	if left := deadline.Sub(r.Clock.Now()); left > 0 {
 		return false, left
 	}
-	msg := fmt.Sprintf("Pod %s is not Ready on credential %s after %s; no further pod is restarted until it is", ro.PodInFlight, ro.TargetVersion, r.readinessTimeout(s.rc))
+	msg := fmt.Sprintf("Pod %s is not Ready on credential %s after %s; no further pod is restarted until it is", ro.PodInFlight, ro.TargetVersion, readinessTimeout(s.rc))
 	if s.conds.Set(v1alpha1.ConditionDegraded, metav1.ConditionTrue, v1alpha1.ReasonRolloutStalled, msg) {
 		s.conds.Event(true, v1alpha1.EventRolloutStalled, "Rollout", "%s", msg)
 	}
 	return false, time.Minute
 }
 
-func (r *RedisClusterReconciler) readinessTimeout(rc *v1alpha1.RedisCluster) time.Duration {
+func readinessTimeout(rc *v1alpha1.RedisCluster) time.Duration {
 	if t := rc.Spec.Rollout.ReadinessTimeout; t != nil {
 		return t.Duration
 	}
@@ -186,9 +209,9 @@ func (r *RedisClusterReconciler) readinessTimeout(rc *v1alpha1.RedisCluster) tim
 }
 
 // redisPods lists the cluster's pods (the cache holds only pods with keyroll's cluster label).
-func (r *RedisClusterReconciler) redisPods(ctx context.Context, rc *v1alpha1.RedisCluster) ([]*corev1.Pod, error) {
+func (r *Engine) redisPods(ctx context.Context, rc *v1alpha1.RedisCluster) ([]*corev1.Pod, error) {
 	list := &corev1.PodList{}
-	if err := r.List(ctx, list, client.InNamespace(rc.Namespace), client.MatchingLabels(render.SelectorLabels(rc))); err != nil {
+	if err := r.Client.List(ctx, list, client.InNamespace(rc.Namespace), client.MatchingLabels(render.SelectorLabels(rc))); err != nil {
 		return nil, fmt.Errorf("listing Redis pods: %w", err)
 	}
 	pods := make([]*corev1.Pod, 0, len(list.Items))
@@ -274,14 +297,4 @@ func allOnVersion(pods []*corev1.Pod, version string) bool {
 		}
 	}
 	return true
-}
-
-func supersededLeases(rc *v1alpha1.RedisCluster) []v1alpha1.LeaseRecord {
-	var out []v1alpha1.LeaseRecord
-	for _, l := range rc.Status.Leases {
-		if l.State != v1alpha1.LeaseActive {
-			out = append(out, l)
-		}
-	}
-	return out
 }

@@ -1,4 +1,4 @@
-package controllers
+package rediscluster
 
 import (
 	"context"
@@ -38,7 +38,7 @@ const defaultRenewalPercent = 67
 // reconcileSynced is reconcileCredential for ExternalSecret mode: it keeps the ExternalSecret as
 // specified, adopts the credential ESO synced, renews its lease when tracked (vcl is nil when
 // externalSecret.connectionRef is not set) and asks ESO for a new credential when one is due.
-func (r *RedisClusterReconciler) reconcileSynced(ctx context.Context, s *scope, vcl vault.Client) (*render.Credential, time.Duration, error) {
+func (r *externalSecret) credential(ctx context.Context, s *scope, vcl vault.Client) (*render.Credential, time.Duration, error) {
 	rc := s.rc
 	es, err := r.ensureExternalSecret(ctx, s)
 	if err != nil || es == nil {
@@ -102,7 +102,7 @@ const syncSettle = 3 * time.Second
 
 // settling says how long to wait before rolling out a credential that ESO wrote a moment ago,
 // while Redis pods run an older one. The first credential of a cluster does not wait.
-func (r *RedisClusterReconciler) settling(rc *v1alpha1.RedisCluster) time.Duration {
+func (r *externalSecret) settling(rc *v1alpha1.RedisCluster) time.Duration {
 	c := rc.Status.Credential
 	if rc.Status.ReadyReplicas == 0 || c.IssuedAt == nil {
 		return 0
@@ -114,7 +114,7 @@ func (r *RedisClusterReconciler) settling(rc *v1alpha1.RedisCluster) time.Durati
 }
 
 // ensureExternalSecret creates or repairs the ExternalSecret and returns it as the API has it.
-func (r *RedisClusterReconciler) ensureExternalSecret(ctx context.Context, s *scope) (*esv1.ExternalSecret, error) {
+func (r *externalSecret) ensureExternalSecret(ctx context.Context, s *scope) (*esv1.ExternalSecret, error) {
 	es := &esv1.ExternalSecret{}
 	err := apply.Ensure(ctx, r.Client, s.rc, render.ExternalSecret(s.rc), es, apply.SameExternalSecret, apply.UpdateExternalSecret)
 	var conflict *apply.ConflictError
@@ -129,7 +129,7 @@ func (r *RedisClusterReconciler) ensureExternalSecret(ctx context.Context, s *sc
 }
 
 // syncedSecret reads the credentials Secret ESO writes; nil while it does not exist.
-func (r *RedisClusterReconciler) syncedSecret(ctx context.Context, rc *v1alpha1.RedisCluster) (*corev1.Secret, error) {
+func (r *externalSecret) syncedSecret(ctx context.Context, rc *v1alpha1.RedisCluster) (*corev1.Secret, error) {
 	key := client.ObjectKey{Namespace: rc.Namespace, Name: render.CredentialsSecretName(rc)}
 	sec := &corev1.Secret{}
 	err := r.Get(ctx, key, sec)
@@ -150,7 +150,7 @@ func (r *RedisClusterReconciler) syncedSecret(ctx context.Context, rc *v1alpha1.
 
 // notSynced reports that there is no usable credential from ESO: none yet, or (invalid) a Secret
 // without one. ESO's own reason is added when its Ready condition is False.
-func (r *RedisClusterReconciler) notSynced(s *scope, es *esv1.ExternalSecret, problem string, invalid bool) {
+func (r *externalSecret) notSynced(s *scope, es *esv1.ExternalSecret, problem string, invalid bool) {
 	reason := v1alpha1.ReasonExternalSecretNotReady
 	if invalid {
 		reason = v1alpha1.ReasonInvalidCredentialSecret
@@ -178,7 +178,7 @@ func esReady(es *esv1.ExternalSecret) *esv1.ExternalSecretStatusCondition {
 // adopt takes a credential ESO synced into the status. A new one is recorded, and its lease put
 // into the ledger when tracked, before anything uses it; the credential it replaces is superseded
 // and its lease revoked after the rollout. gone says the tracked lease no longer exists in Vault.
-func (r *RedisClusterReconciler) adopt(ctx context.Context, s *scope, sc *render.SyncedCredential, vcl vault.Client, tracked bool) (gone bool, err error) {
+func (r *externalSecret) adopt(ctx context.Context, s *scope, sc *render.SyncedCredential, vcl vault.Client, tracked bool) (gone bool, err error) {
 	rc := s.rc
 	key := client.ObjectKeyFromObject(rc)
 	sighted := r.sightings.peek(key)
@@ -236,7 +236,7 @@ func unrecorded(rc *v1alpha1.RedisCluster, sighted []string, current string, tra
 }
 
 // recordSynced puts a synced credential into the status, and its lease into the ledger.
-func (r *RedisClusterReconciler) recordSynced(s *scope, sc *render.SyncedCredential, tracked bool, info *vault.LeaseInfo, now *metav1.Time, fresh bool) {
+func (r *externalSecret) recordSynced(s *scope, sc *render.SyncedCredential, tracked bool, info *vault.LeaseInfo, now *metav1.Time, fresh bool) {
 	rc := s.rc
 	prev := rc.Status.Credential
 	cs := &v1alpha1.CredentialStatus{
@@ -314,7 +314,7 @@ const refreshRequestTimeout = 10 * time.Minute
 // requestRefresh asks ESO for a new credential: it records the request in the status first, then
 // puts it on the ExternalSecret as an annotation, which makes ESO refresh at once. A pending
 // request (no new credential since) is not repeated until refreshRequestTimeout.
-func (r *RedisClusterReconciler) requestRefresh(ctx context.Context, s *scope, d rotation.Decision) error {
+func (r *externalSecret) requestRefresh(ctx context.Context, s *scope, d rotation.Decision) error {
 	rc := s.rc
 	c := rc.Status.Credential
 	if d.AcknowledgeRotateNow {
@@ -340,7 +340,7 @@ func (r *RedisClusterReconciler) requestRefresh(ctx context.Context, s *scope, d
 
 // reportSynced sets CredentialsReady for a synced credential, says whether its lease is tracked,
 // and flags ESO trouble and a refresh interval that would leave an expired credential in place.
-func (r *RedisClusterReconciler) reportSynced(s *scope, es *esv1.ExternalSecret, sc *render.SyncedCredential, tracked bool) {
+func (r *externalSecret) reportSynced(s *scope, es *esv1.ExternalSecret, sc *render.SyncedCredential, tracked bool) {
 	rc := s.rc
 	src := rc.Spec.Credentials.ExternalSecret
 	secret := render.CredentialsSecretName(rc)
@@ -393,7 +393,7 @@ const esDeletionGrace = 30 * time.Second
 // retireExternalSecret stops ESO before the leases are revoked: it takes the lease ESO wrote last
 // (and any seen before) into the ledger, deletes the ExternalSecret and waits until it is gone,
 // so that no lease is minted after the revocation. It returns how long to wait.
-func (r *RedisClusterReconciler) retireExternalSecret(ctx context.Context, s *scope) (time.Duration, error) {
+func (r *externalSecret) retire(ctx context.Context, s *scope) (time.Duration, error) {
 	rc := s.rc
 	key := client.ObjectKeyFromObject(rc)
 	if rc.VaultConnectionName() == "" {
@@ -442,7 +442,7 @@ func (r *RedisClusterReconciler) retireExternalSecret(ctx context.Context, s *sc
 // endedEarly reports, as Degraded=LeaseEndedEarly, that a tracked lease ended before its expiry
 // (status.credential.leaseEndedEarlyAfter), until the current lease has outlived that age. It says
 // whether it did.
-func (r *RedisClusterReconciler) endedEarly(s *scope, tracked bool) bool {
+func (r *externalSecret) endedEarly(s *scope, tracked bool) bool {
 	c := s.rc.Status.Credential
 	if c.LeaseEndedEarlyAfter == nil {
 		return false
@@ -471,7 +471,7 @@ func durationOr(d *metav1.Duration) string {
 // synced is gone from Vault before its expiry: revoked outside keyroll, or ended with External
 // Secrets Operator's own Vault token, which keyroll cannot keep alive. The lease leaves the
 // ledger; the caller asks External Secrets Operator for a new credential at once.
-func (r *RedisClusterReconciler) leaseGoneExternally(ctx context.Context, s *scope) {
+func (r *externalSecret) leaseGoneExternally(ctx context.Context, s *scope) {
 	c := s.rc.Status.Credential
 	if c == nil || c.LeaseID == "" {
 		return

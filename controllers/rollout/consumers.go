@@ -1,4 +1,4 @@
-package controllers
+package rollout
 
 import (
 	"context"
@@ -14,28 +14,28 @@ import (
 	"github.com/keyroll/keyroll/apis/v1alpha1"
 )
 
-// consumerIndex indexes RedisClusters by the consumers they restart ("Kind/name").
-const consumerIndex = "spec.rollout.consumers"
+// ConsumerIndex indexes RedisClusters by the consumers they restart ("Kind/name").
+const ConsumerIndex = "spec.rollout.consumers"
 
 // rollConsumers restarts the consumer workloads one after the other, after the Redis pods: each
 // gets the credential version hash as a pod-template annotation (never a timestamp, so that a
 // repeated reconcile changes nothing), and the next waits until its rollout is complete. A missing
 // consumer is reported and passed over (it runs nothing that uses the credential); a paused
 // Deployment is reported and waited for.
-func (r *RedisClusterReconciler) rollConsumers(ctx context.Context, s *scope, ro *v1alpha1.RolloutStatus) (bool, time.Duration, error) {
+func (r *Engine) rollConsumers(ctx context.Context, s *step, ro *v1alpha1.RolloutStatus) (bool, time.Duration, error) {
 	rc := s.rc
 	ro.ConsumersUpdated = 0
 	for _, ref := range rc.Spec.Rollout.Consumers {
 		w, err := r.consumer(ctx, rc.Namespace, ref)
 		if apierrors.IsNotFound(err) {
-			r.reportConsumer(s, v1alpha1.ReasonConsumerMissing, fmt.Sprintf("consumer %s %s does not exist; passed over", ref.Kind, ref.Name))
+			reportConsumer(s, v1alpha1.ReasonConsumerMissing, fmt.Sprintf("consumer %s %s does not exist; passed over", ref.Kind, ref.Name))
 			continue
 		}
 		if err != nil {
 			return false, 0, err
 		}
 		if w.paused() {
-			r.reportConsumer(s, v1alpha1.ReasonConsumerPaused, fmt.Sprintf("consumer %s %s is paused; the rollout waits for it", ref.Kind, ref.Name))
+			reportConsumer(s, v1alpha1.ReasonConsumerPaused, fmt.Sprintf("consumer %s %s is paused; the rollout waits for it", ref.Kind, ref.Name))
 			return false, time.Minute, nil
 		}
 		if w.template().Annotations[v1alpha1.AnnotationCredentialVersion] != ro.TargetVersion {
@@ -50,14 +50,14 @@ func (r *RedisClusterReconciler) rollConsumers(ctx context.Context, s *scope, ro
 }
 
 // restartConsumer patches the pod-template annotation, which makes the workload roll its pods.
-func (r *RedisClusterReconciler) restartConsumer(ctx context.Context, s *scope, w workload, ref v1alpha1.ConsumerReference, version string) error {
+func (r *Engine) restartConsumer(ctx context.Context, s *step, w workload, ref v1alpha1.ConsumerReference, version string) error {
 	patch := client.MergeFrom(w.object().DeepCopyObject().(client.Object))
 	t := w.template()
 	if t.Annotations == nil {
 		t.Annotations = map[string]string{}
 	}
 	t.Annotations[v1alpha1.AnnotationCredentialVersion] = version
-	if err := r.Patch(ctx, w.object(), patch); err != nil {
+	if err := r.Client.Patch(ctx, w.object(), patch); err != nil {
 		return fmt.Errorf("restarting consumer %s %s: %w", ref.Kind, ref.Name, err)
 	}
 	s.conds.Event(false, v1alpha1.EventConsumerRestarted, "Rollout", "Restarted %s %s for credential %s", ref.Kind, ref.Name, version)
@@ -65,7 +65,7 @@ func (r *RedisClusterReconciler) restartConsumer(ctx context.Context, s *scope, 
 	return nil
 }
 
-func (r *RedisClusterReconciler) reportConsumer(s *scope, reason, msg string) {
+func reportConsumer(s *step, reason, msg string) {
 	if s.conds.Set(v1alpha1.ConditionDegraded, metav1.ConditionTrue, reason, msg) {
 		s.conds.Event(true, reason, "Rollout", "%s", msg)
 	}
@@ -79,7 +79,7 @@ type workload interface {
 	rolledOut() bool
 }
 
-func (r *RedisClusterReconciler) consumer(ctx context.Context, ns string, ref v1alpha1.ConsumerReference) (workload, error) {
+func (r *Engine) consumer(ctx context.Context, ns string, ref v1alpha1.ConsumerReference) (workload, error) {
 	key := client.ObjectKey{Namespace: ns, Name: ref.Name}
 	var w workload
 	var obj client.Object
@@ -96,7 +96,7 @@ func (r *RedisClusterReconciler) consumer(ctx context.Context, ns string, ref v1
 	default:
 		return nil, fmt.Errorf("consumer kind %q is not supported", ref.Kind)
 	}
-	return w, r.Get(ctx, key, obj)
+	return w, r.Client.Get(ctx, key, obj)
 }
 
 type deployment struct{ *appsv1.Deployment }
