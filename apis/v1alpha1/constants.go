@@ -38,14 +38,26 @@ const (
 
 // Condition types.
 const (
-	// ConditionReady: the object does what it was asked to do.
+	// ConditionReady: the object does what it was asked to do; on a RedisCluster, the summary of
+	// CredentialsReady and the Redis pods' readiness.
 	ConditionReady = "Ready"
 	// ConditionCredentialsReady: a live credential is issued and written to the credentials Secret.
 	ConditionCredentialsReady = "CredentialsReady"
 	// ConditionRolloutProgressing: pods or consumers are being moved to a new credential.
 	ConditionRolloutProgressing = "RolloutProgressing"
-	// ConditionDegraded: something needs attention (a stalled rollout, a revocation that failed, ...).
+	// ConditionDegraded: something needs attention: on a RedisCluster, the summary of ScheduleValid,
+	// RolloutHealthy, LeasesRevoked and SourceHealthy (True when one of them is False).
 	ConditionDegraded = "Degraded"
+	// ConditionScheduleValid: spec.rotation (schedule and maintenance window) parses.
+	ConditionScheduleValid = "ScheduleValid"
+	// ConditionRolloutHealthy: the rollout (if one runs) moves on: no pod stuck not Ready, no consumer
+	// missing or paused.
+	ConditionRolloutHealthy = "RolloutHealthy"
+	// ConditionLeasesRevoked: every superseded lease that should be revoked is.
+	ConditionLeasesRevoked = "LeasesRevoked"
+	// ConditionSourceHealthy: the credential source needs no attention (ExternalSecret mode: External
+	// Secrets Operator syncs, its refresh interval and tokens fit the credential's life).
+	ConditionSourceHealthy = "SourceHealthy"
 	// ConditionDeletionBlocked: a VaultConnection being deleted waits for the RedisClusters that
 	// still use it.
 	ConditionDeletionBlocked = "DeletionBlocked"

@@ -12,7 +12,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
@@ -51,10 +50,7 @@ func (r *deps) connect(ctx context.Context, s *scope, forDelete bool) (vault.Cli
 
 // refuse marks the credential as not ready for a reason the RedisCluster owner must act on.
 func (r *deps) refuse(s *scope, reason, message string) {
-	if s.conds.Set(v1alpha1.ConditionCredentialsReady, metav1.ConditionFalse, reason, message) {
-		s.conds.Event(true, v1alpha1.EventAccessDenied, "Connect", "%s", message)
-	}
-	s.conds.Set(v1alpha1.ConditionReady, metav1.ConditionFalse, reason, message)
+	s.credentialsNotReady(reason, v1alpha1.EventAccessDenied, "Connect", message, true)
 }
 
 // checkSecretsFree makes sure the Secrets keyroll writes are either absent or its own, before a
@@ -64,10 +60,7 @@ func (r *deps) checkSecretsFree(ctx context.Context, s *scope) (bool, error) {
 		err := r.secretOwned(ctx, s.rc, name)
 		var conflict *apply.ConflictError
 		if errors.As(err, &conflict) {
-			if s.conds.Set(v1alpha1.ConditionCredentialsReady, metav1.ConditionFalse, v1alpha1.ReasonSecretConflict, err.Error()) {
-				s.conds.Event(true, v1alpha1.EventSecretConflict, "WriteSecret", "%s", err.Error())
-			}
-			s.conds.Set(v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.ReasonSecretConflict, err.Error())
+			s.credentialsNotReady(v1alpha1.ReasonSecretConflict, v1alpha1.EventSecretConflict, "WriteSecret", err.Error(), true)
 			return false, nil
 		}
 		if err != nil {

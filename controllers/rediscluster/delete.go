@@ -53,13 +53,11 @@ func (r *deps) revoke(ctx context.Context, s *scope, vcl vault.Client, id string
 // revocationOutcome sets Degraded for pending revocations, with an event on the transition.
 func (r *deps) revocationOutcome(s *scope, err error) error {
 	if err == nil {
-		if c := meta.FindStatusCondition(s.rc.Status.Conditions, v1alpha1.ConditionDegraded); c != nil && c.Reason == v1alpha1.ReasonRevocationPending {
-			s.conds.Set(v1alpha1.ConditionDegraded, metav1.ConditionFalse, v1alpha1.ReasonAvailable, "All superseded leases are revoked")
-		}
+		s.conds.Set(v1alpha1.ConditionLeasesRevoked, metav1.ConditionTrue, v1alpha1.ReasonAvailable, "Every superseded lease is revoked")
 		return nil
 	}
 	msg := fmt.Sprintf("%d lease(s) not revoked yet, retrying: %v", countState(s.rc, v1alpha1.LeaseRevoking), err)
-	if s.conds.Set(v1alpha1.ConditionDegraded, metav1.ConditionTrue, v1alpha1.ReasonRevocationPending, msg) {
+	if s.conds.Set(v1alpha1.ConditionLeasesRevoked, metav1.ConditionFalse, v1alpha1.ReasonRevocationPending, msg) {
 		s.conds.Event(true, v1alpha1.EventRevocationFailed, "Revoke", "%s", msg)
 	}
 	return err
@@ -98,7 +96,7 @@ func (r *deps) revokeAll(ctx context.Context, s *scope) (ctrl.Result, error) {
 	vcl, wait, err := r.connect(ctx, s, true)
 	if vcl == nil {
 		msg := fmt.Sprintf("%d lease(s) cannot be revoked: %s", len(s.rc.Status.Leases), conditionMessage(s.rc, v1alpha1.ConditionCredentialsReady))
-		if s.conds.Set(v1alpha1.ConditionDegraded, metav1.ConditionTrue, v1alpha1.ReasonRevocationPending, msg) {
+		if s.conds.Set(v1alpha1.ConditionLeasesRevoked, metav1.ConditionFalse, v1alpha1.ReasonRevocationPending, msg) {
 			s.conds.Event(true, v1alpha1.EventRevocationFailed, "Revoke", "%s", msg)
 		}
 		return ctrl.Result{RequeueAfter: wait}, err

@@ -17,7 +17,6 @@ import (
 	esv1 "github.com/external-secrets/external-secrets/apis/externalsecrets/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
@@ -119,10 +118,7 @@ func (r *externalSecret) ensureExternalSecret(ctx context.Context, s *scope) (*e
 	err := apply.Ensure(ctx, r.Client, s.rc, render.ExternalSecret(s.rc), es, apply.SameExternalSecret, apply.UpdateExternalSecret)
 	var conflict *apply.ConflictError
 	if errors.As(err, &conflict) {
-		if s.conds.Set(v1alpha1.ConditionCredentialsReady, metav1.ConditionFalse, v1alpha1.ReasonSecretConflict, err.Error()) {
-			s.conds.Event(true, v1alpha1.EventSecretConflict, "WriteExternalSecret", "%s", err.Error())
-		}
-		s.conds.Set(v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.ReasonSecretConflict, err.Error())
+		s.credentialsNotReady(v1alpha1.ReasonSecretConflict, v1alpha1.EventSecretConflict, "WriteExternalSecret", err.Error(), true)
 		return nil, nil
 	}
 	return es, err
@@ -160,10 +156,7 @@ func (r *externalSecret) notSynced(s *scope, es *esv1.ExternalSecret, problem st
 		problem = fmt.Sprintf("%s; ExternalSecret %s is not Ready (%s): %s", problem, es.Name, c.Reason, c.Message)
 		warn = true
 	}
-	if s.conds.Set(v1alpha1.ConditionCredentialsReady, metav1.ConditionFalse, reason, problem) && warn {
-		s.conds.Event(true, reason, "Sync", "%s", problem)
-	}
-	s.conds.Set(v1alpha1.ConditionReady, metav1.ConditionFalse, reason, problem)
+	s.credentialsNotReady(reason, reason, "Sync", problem, warn)
 }
 
 func esReady(es *esv1.ExternalSecret) *esv1.ExternalSecretStatusCondition {
@@ -365,7 +358,7 @@ func (r *externalSecret) reportSynced(s *scope, es *esv1.ExternalSecret, sc *ren
 	if !tracked && lifetime > 0 && interval != nil && interval.Duration >= lifetime {
 		msg := fmt.Sprintf("externalSecret.refreshInterval (%s) is not shorter than the credential's lifetime (%s): External Secrets Operator will leave an expired credential in place",
 			interval.Duration, lifetime)
-		if s.conds.Set(v1alpha1.ConditionDegraded, metav1.ConditionTrue, v1alpha1.ReasonRefreshIntervalTooLong, msg) {
+		if s.conds.Set(v1alpha1.ConditionSourceHealthy, metav1.ConditionFalse, v1alpha1.ReasonRefreshIntervalTooLong, msg) {
 			s.conds.Event(true, v1alpha1.ReasonRefreshIntervalTooLong, "Adopt", "%s", msg)
 		}
 		return
@@ -375,15 +368,12 @@ func (r *externalSecret) reportSynced(s *scope, es *esv1.ExternalSecret, sc *ren
 	}
 	if c := esReady(es); c != nil && c.Status == corev1.ConditionFalse {
 		msg := fmt.Sprintf("ExternalSecret %s is not Ready (%s): %s", es.Name, c.Reason, c.Message)
-		if s.conds.Set(v1alpha1.ConditionDegraded, metav1.ConditionTrue, v1alpha1.ReasonExternalSecretNotReady, msg) {
+		if s.conds.Set(v1alpha1.ConditionSourceHealthy, metav1.ConditionFalse, v1alpha1.ReasonExternalSecretNotReady, msg) {
 			s.conds.Event(true, v1alpha1.ReasonExternalSecretNotReady, "Sync", "%s", msg)
 		}
 		return
 	}
-	if c := meta.FindStatusCondition(rc.Status.Conditions, v1alpha1.ConditionDegraded); c != nil &&
-		(c.Reason == v1alpha1.ReasonRefreshIntervalTooLong || c.Reason == v1alpha1.ReasonExternalSecretNotReady || c.Reason == v1alpha1.ReasonLeaseEndedEarly) {
-		s.conds.Set(v1alpha1.ConditionDegraded, metav1.ConditionFalse, v1alpha1.ReasonAvailable, "External Secrets Operator syncs the credential")
-	}
+	s.conds.Set(v1alpha1.ConditionSourceHealthy, metav1.ConditionTrue, v1alpha1.ReasonAvailable, "External Secrets Operator syncs the credential")
 }
 
 // esDeletionGrace is how long a RedisCluster being deleted waits for its ExternalSecret to go
@@ -447,14 +437,14 @@ func (r *externalSecret) endedEarly(s *scope, tracked bool) bool {
 	if c.LeaseEndedEarlyAfter == nil {
 		return false
 	}
-	age := r.Clock.Since(statustime.Of(c.IssuedAt))
-	if !tracked || (c.IssuedAt != nil && age > c.LeaseEndedEarlyAfter.Duration) {
+	alive := c.LeaseID != "" && hasLease(s.rc.Status.Leases, c.LeaseID) // not the lease that ended
+	if !tracked || (alive && r.Clock.Since(statustime.Of(c.IssuedAt)) > c.LeaseEndedEarlyAfter.Duration) {
 		c.LeaseEndedEarlyAfter = nil // the current lease lives longer: it was a one-off
 		return false
 	}
 	msg := fmt.Sprintf("A lease External Secrets Operator obtained was gone from Vault %s after it was issued, before its expiry: most likely External Secrets Operator's own Vault token ended, and Vault revoked the lease with it (keyroll cannot keep that token alive; it replaced the credential as soon as it noticed, within --lease-check-interval). Give External Secrets Operator's auth role a token TTL well above externalSecret.refreshInterval (%s), so that each credential is refreshed before its token ends",
 		c.LeaseEndedEarlyAfter.Duration, durationOr(s.rc.Spec.Credentials.ExternalSecret.RefreshInterval))
-	if s.conds.Set(v1alpha1.ConditionDegraded, metav1.ConditionTrue, v1alpha1.ReasonLeaseEndedEarly, msg) {
+	if s.conds.Set(v1alpha1.ConditionSourceHealthy, metav1.ConditionFalse, v1alpha1.ReasonLeaseEndedEarly, msg) {
 		s.conds.Event(true, v1alpha1.ReasonLeaseEndedEarly, "Adopt", "%s", msg)
 	}
 	return true

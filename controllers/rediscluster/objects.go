@@ -10,7 +10,6 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
@@ -45,7 +44,7 @@ func (r *deps) reconcileObjects(ctx context.Context, s *scope, cred *render.Cred
 		if err := step(); err != nil {
 			var conflict *apply.ConflictError
 			if errors.As(err, &conflict) {
-				s.conds.Set(v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.ReasonSecretConflict, err.Error())
+				s.conflict = err.Error()
 			}
 			return err
 		}

@@ -147,6 +147,8 @@ type scope struct {
 	rc     *v1alpha1.RedisCluster
 	before *v1alpha1.RedisCluster
 	conds  conditions.Setter
+	// conflict names an owned object that exists and is not keyroll's, when one does.
+	conflict string
 	// schedule and window are the parsed spec.rotation (nil when unset or invalid).
 	schedule rotation.Schedule
 	window   *rotation.Window
@@ -238,7 +240,7 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, s *scope) (ctrl.Result
 			return ctrl.Result{}, err
 		}
 	}
-	r.setReady(ctx, s)
+	r.readyReplicas(ctx, s)
 	rc.Status.ObservedGeneration = rc.Generation
 	return ctrl.Result{RequeueAfter: soonest(next, wait)}, nil
 }
@@ -274,37 +276,24 @@ func soonest(a, b time.Duration) time.Duration {
 	return a
 }
 
-// setReady reads the Redis pods' readiness and sets Ready; Degraded is cleared here unless a
-// phase of this reconcile found something that needs attention.
-func (r *Reconciler) setReady(ctx context.Context, s *scope) {
-	rc := s.rc
+// readyReplicas records how many Redis pods are Ready (the StatefulSet's count).
+func (r *Reconciler) readyReplicas(ctx context.Context, s *scope) {
 	sts := &appsv1.StatefulSet{}
-	if err := r.Get(ctx, client.ObjectKey{Namespace: rc.Namespace, Name: rc.Name}, sts); err == nil {
-		rc.Status.ReadyReplicas = sts.Status.ReadyReplicas
+	if err := r.Get(ctx, client.ObjectKey{Namespace: s.rc.Namespace, Name: s.rc.Name}, sts); err == nil {
+		s.rc.Status.ReadyReplicas = sts.Status.ReadyReplicas
 	}
-	if !meta.IsStatusConditionTrue(rc.Status.Conditions, v1alpha1.ConditionDegraded) {
-		s.conds.Set(v1alpha1.ConditionDegraded, metav1.ConditionFalse, v1alpha1.ReasonAvailable, "Nothing needs attention")
-	}
-	if rc.Status.ReadyReplicas < rc.Spec.Replicas {
-		s.conds.Set(v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.ReasonReconciling,
-			"Waiting for the Redis pods to be Ready")
-		return
-	}
-	s.conds.Set(v1alpha1.ConditionReady, metav1.ConditionTrue, v1alpha1.ReasonAvailable,
-		"Redis runs with a live credential from Vault")
 }
 
 // externalSecretsMissing reports that ExternalSecret mode cannot work in this operator.
 func (r *Reconciler) externalSecretsMissing(s *scope) {
 	msg := "credentials.source is ExternalSecret, but External Secrets Operator's API (external-secrets.io/v1 ExternalSecret) was not installed when keyroll started: install External Secrets Operator, then restart keyroll"
-	if s.conds.Set(v1alpha1.ConditionCredentialsReady, metav1.ConditionFalse, v1alpha1.ReasonExternalSecretsNotInstalled, msg) {
-		s.conds.Event(true, v1alpha1.ReasonExternalSecretsNotInstalled, "Sync", "%s", msg)
-	}
-	s.conds.Set(v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.ReasonExternalSecretsNotInstalled, msg)
+	s.credentialsNotReady(v1alpha1.ReasonExternalSecretsNotInstalled, v1alpha1.ReasonExternalSecretsNotInstalled, "Sync", msg, true)
 }
 
-// writeStatus derives the phase and writes the status if it changed.
+// writeStatus sums the conditions up (Ready, Degraded), derives the phase and writes the status if
+// it changed.
 func (r *deps) writeStatus(ctx context.Context, s *scope) error {
+	s.summarize()
 	s.rc.Status.Phase = phaseOf(s.rc)
 	err := apply.PatchStatus(ctx, r.Client, s.before, s.rc, func(o client.Object) any { return o.(*v1alpha1.RedisCluster).Status })
 	if err == nil {

@@ -14,7 +14,6 @@ import (
 	"github.com/keyroll/keyroll/controllers/render"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
@@ -167,13 +166,11 @@ func (r *deps) parseRotation(s *scope) {
 		s.window, err = rotation.ParseWindow(w.Start, w.Duration.Duration, w.TimeZone)
 	}
 	if err == nil {
-		if c := meta.FindStatusCondition(s.rc.Status.Conditions, v1alpha1.ConditionDegraded); c != nil && c.Reason == v1alpha1.ReasonInvalidSchedule {
-			s.conds.Set(v1alpha1.ConditionDegraded, metav1.ConditionFalse, v1alpha1.ReasonAvailable, "spec.rotation is valid")
-		}
+		s.conds.Set(v1alpha1.ConditionScheduleValid, metav1.ConditionTrue, v1alpha1.ReasonAvailable, "spec.rotation is valid")
 		return
 	}
 	s.schedule, s.window = nil, nil
-	if s.conds.Set(v1alpha1.ConditionDegraded, metav1.ConditionTrue, v1alpha1.ReasonInvalidSchedule, "spec.rotation: "+err.Error()) {
+	if s.conds.Set(v1alpha1.ConditionScheduleValid, metav1.ConditionFalse, v1alpha1.ReasonInvalidSchedule, "spec.rotation: "+err.Error()) {
 		s.conds.Event(true, v1alpha1.ReasonInvalidSchedule, "Schedule", "spec.rotation: %v", err)
 	}
 }
@@ -285,10 +282,7 @@ func (r *vaultLease) issueFailed(s *scope, err error) error {
 		reason = v1alpha1.ReasonVaultUnavailable
 	}
 	msg := fmt.Sprintf("issuing a credential from %s: %v", s.rc.Spec.Credentials.VaultLease.Path, err)
-	if s.conds.Set(v1alpha1.ConditionCredentialsReady, metav1.ConditionFalse, reason, msg) {
-		s.conds.Event(true, reason, "Issue", "%s", msg)
-	}
-	s.conds.Set(v1alpha1.ConditionReady, metav1.ConditionFalse, reason, msg)
+	s.credentialsNotReady(reason, reason, "Issue", msg, true)
 	if vault.IsPermissionDenied(err) || vault.IsBadRequest(err) || vault.IsNotFound(err) {
 		return nil
 	}

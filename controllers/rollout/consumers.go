@@ -66,7 +66,7 @@ func (r *Engine) restartConsumer(ctx context.Context, s *step, w workload, ref v
 }
 
 func reportConsumer(s *step, reason, msg string) {
-	if s.conds.Set(v1alpha1.ConditionDegraded, metav1.ConditionTrue, reason, msg) {
+	if s.conds.Set(v1alpha1.ConditionRolloutHealthy, metav1.ConditionFalse, reason, msg) {
 		s.conds.Event(true, reason, "Rollout", "%s", msg)
 	}
 }

@@ -117,9 +117,8 @@ func (r *Engine) finishRollout(ctx context.Context, s *step) {
 	s.conds.Set(v1alpha1.ConditionRolloutProgressing, metav1.ConditionFalse, v1alpha1.ReasonRolloutComplete,
 		"Every Redis pod and consumer runs credential "+ro.TargetVersion)
 	s.conds.Event(false, v1alpha1.EventRotationFinished, "Rollout", "Credential %s rolled out in %s", ro.TargetVersion, took)
-	if c := meta.FindStatusCondition(s.rc.Status.Conditions, v1alpha1.ConditionDegraded); c != nil &&
-		slices.Contains([]string{v1alpha1.ReasonRolloutStalled, v1alpha1.ReasonConsumerPaused, v1alpha1.ReasonConsumerMissing}, c.Reason) {
-		s.conds.Set(v1alpha1.ConditionDegraded, metav1.ConditionFalse, v1alpha1.ReasonRolloutComplete, "The rollout is complete")
+	if meta.FindStatusCondition(s.rc.Status.Conditions, v1alpha1.ConditionRolloutHealthy) != nil {
+		s.conds.Set(v1alpha1.ConditionRolloutHealthy, metav1.ConditionTrue, v1alpha1.ReasonRolloutComplete, "The rollout is complete")
 	}
 	log.FromContext(ctx).Info("Rollout finished", "version", ro.TargetVersion, "duration", took)
 }
@@ -184,8 +183,8 @@ func (r *Engine) podSettled(s *step, pods []*corev1.Pod, ro *v1alpha1.RolloutSta
 	for _, p := range pods {
 		if p.Name == ro.PodInFlight && p.Annotations[v1alpha1.AnnotationCredentialVersion] == ro.TargetVersion && podReady(p) {
 			ro.PodInFlight, ro.PodRestartedAt = "", nil
-			if c := meta.FindStatusCondition(s.rc.Status.Conditions, v1alpha1.ConditionDegraded); c != nil && c.Reason == v1alpha1.ReasonRolloutStalled {
-				s.conds.Set(v1alpha1.ConditionDegraded, metav1.ConditionFalse, v1alpha1.ReasonRolloutInProgress, "Pod "+p.Name+" is Ready again; the rollout goes on")
+			if c := meta.FindStatusCondition(s.rc.Status.Conditions, v1alpha1.ConditionRolloutHealthy); c != nil && c.Reason == v1alpha1.ReasonRolloutStalled {
+				s.conds.Set(v1alpha1.ConditionRolloutHealthy, metav1.ConditionTrue, v1alpha1.ReasonRolloutInProgress, "Pod "+p.Name+" is Ready again; the rollout goes on")
 			}
 			return true, 0
 		}
@@ -195,7 +194,7 @@ func (r *Engine) podSettled(s *step, pods []*corev1.Pod, ro *v1alpha1.RolloutSta
 		return false, left
 	}
 	msg := fmt.Sprintf("Pod %s is not Ready on credential %s after %s; no further pod is restarted until it is", ro.PodInFlight, ro.TargetVersion, readinessTimeout(s.rc))
-	if s.conds.Set(v1alpha1.ConditionDegraded, metav1.ConditionTrue, v1alpha1.ReasonRolloutStalled, msg) {
+	if s.conds.Set(v1alpha1.ConditionRolloutHealthy, metav1.ConditionFalse, v1alpha1.ReasonRolloutStalled, msg) {
 		s.conds.Event(true, v1alpha1.EventRolloutStalled, "Rollout", "%s", msg)
 	}
 	return false, time.Minute

@@ -1,0 +1,65 @@
+package rediscluster
+
+import (
+	"strings"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/keyroll/keyroll/apis/v1alpha1"
+)
+
+// concerns are the conditions that Degraded sums up, the most pressing first: a lease that cannot
+// be revoked, a rollout that does not move on, a credential source that needs attention, a schedule
+// that does not parse.
+var concerns = []string{
+	v1alpha1.ConditionLeasesRevoked, v1alpha1.ConditionRolloutHealthy,
+	v1alpha1.ConditionSourceHealthy, v1alpha1.ConditionScheduleValid,
+}
+
+// summarize computes Ready and Degraded from the conditions of each concern, in this one place,
+// so that two problems never overwrite each other: Degraded is True while any concern is False
+// (with the first one's reason and every one's message); Ready is True when a live credential is
+// in place and every Redis pod is Ready. Their events are those of the concerns.
+func (s *scope) summarize() {
+	rc := s.rc
+	var reason string
+	var msgs []string
+	for _, t := range concerns {
+		if c := meta.FindStatusCondition(rc.Status.Conditions, t); c != nil && c.Status == metav1.ConditionFalse {
+			if reason == "" {
+				reason = c.Reason
+			}
+			msgs = append(msgs, c.Message)
+		}
+	}
+	if reason != "" {
+		s.conds.Set(v1alpha1.ConditionDegraded, metav1.ConditionTrue, reason, strings.Join(msgs, "; "))
+	} else {
+		s.conds.Set(v1alpha1.ConditionDegraded, metav1.ConditionFalse, v1alpha1.ReasonAvailable, "Nothing needs attention")
+	}
+	if !rc.DeletionTimestamp.IsZero() {
+		return
+	}
+	creds := meta.FindStatusCondition(rc.Status.Conditions, v1alpha1.ConditionCredentialsReady)
+	switch {
+	case creds == nil:
+		s.conds.Set(v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.ReasonReconciling, "Waiting for a credential")
+	case creds.Status != metav1.ConditionTrue:
+		s.conds.Set(v1alpha1.ConditionReady, metav1.ConditionFalse, creds.Reason, creds.Message)
+	case s.conflict != "":
+		s.conds.Set(v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.ReasonSecretConflict, s.conflict)
+	case rc.Status.ReadyReplicas < rc.Spec.Replicas:
+		s.conds.Set(v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.ReasonReconciling, "Waiting for the Redis pods to be Ready")
+	default:
+		s.conds.Set(v1alpha1.ConditionReady, metav1.ConditionTrue, v1alpha1.ReasonAvailable, "Redis runs with a live credential from Vault")
+	}
+}
+
+// credentialsNotReady says that there is no usable credential, for reason; when warn is set, a
+// Warning event says so too when the condition changes.
+func (s *scope) credentialsNotReady(reason, eventReason, action, msg string, warn bool) {
+	if s.conds.Set(v1alpha1.ConditionCredentialsReady, metav1.ConditionFalse, reason, msg) && warn {
+		s.conds.Event(true, eventReason, action, "%s", msg)
+	}
+}
