@@ -61,37 +61,53 @@ func (r *externalSecret) credential(ctx context.Context, s *scope, vcl vault.Cli
 	if err != nil {
 		return nil, 0, err
 	}
-	d := rotation.Decide(r.decisionInput(s, vcl, true))
-	switch {
-	case gone:
-	case d.Action == rotation.ActionRenew && tracked:
-		gone, err = r.renew(ctx, s, vcl)
-	case d.Action == rotation.ActionCheck && tracked:
-		gone, err = r.checkLease(ctx, s, vcl)
-	}
-	if err != nil {
+	if err := r.decideSynced(ctx, s, vcl, tracked, gone); err != nil {
 		return nil, 0, err
 	}
-	if gone {
-		// External Secrets Operator's token is not keyroll's to keep alive: a lease that is gone
-		// was revoked outside keyroll or died with that token.
-		r.leaseGoneExternally(ctx, s)
-		d = rotation.Decision{Action: rotation.ActionIssue, Reason: rotation.ReasonLeaseGone}
-	}
-	if d.Action == rotation.ActionIssue || d.Action == rotation.ActionRotate {
-		if err := r.requestRefresh(ctx, s, d); err != nil {
-			return nil, 0, err
-		}
-	}
-	next := rotation.Decide(r.decisionInput(s, vcl, true))
 	c := rc.Status.Credential
-	c.NextRenewal, c.NextRotation = statustime.At(next.NextRenewal), statustime.At(next.NextRotation)
-	r.Metrics.SetLeaseExpiry(client.ObjectKeyFromObject(rc), statustime.Of(c.ExpiresAt))
+	next := rotation.Decide(r.decisionInput(s, vcl, true, false))
+	r.planned(s, next)
 	r.reportSynced(s, es, sc, tracked)
 	if wait := r.settling(rc); wait > 0 {
 		return nil, wait, nil
 	}
-	return &sc.Credential, statustime.RequeueAfter(r.Clock.Now(), next.When), nil
+	when := statustime.RequeueAfter(r.Clock.Now(), next.When)
+	if next.Action != rotation.ActionNothing {
+		when = syncSettle // a refresh is asked for: look again once ESO may have answered
+	}
+	_ = c
+	return &sc.Credential, when, nil
+}
+
+// decideSynced lets rotation.Decide say what the synced credential needs and does it: renew or
+// look up a tracked lease, or ask ESO for a new credential, until nothing more is due or a
+// refresh is asked for (ESO answers with a new Secret, which starts the next reconcile).
+func (r *externalSecret) decideSynced(ctx context.Context, s *scope, vcl vault.Client, tracked, gone bool) error {
+	for range maxSteps {
+		d := rotation.Decide(r.decisionInput(s, vcl, true, gone))
+		var err error
+		switch {
+		case d.Action == rotation.ActionNothing:
+			return nil
+		case d.Action == rotation.ActionRenew && tracked:
+			gone, err = r.renew(ctx, s, vcl)
+		case d.Action == rotation.ActionCheck && tracked:
+			gone, err = r.checkLease(ctx, s, vcl)
+		case d.Action == rotation.ActionIssue || d.Action == rotation.ActionRotate:
+			if d.Reason == rotation.ReasonLeaseGone {
+				// External Secrets Operator's token is not keyroll's to keep alive: a lease that
+				// is gone was revoked outside keyroll or died with that token.
+				r.leaseGoneExternally(ctx, s)
+			}
+			return r.requestRefresh(ctx, s, d)
+		default:
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // syncSettle is how long a new credential from ESO must stay in place before Redis pods are

@@ -23,53 +23,68 @@ import (
 	"github.com/keyroll/keyroll/vault"
 )
 
-// reconcileCredential decides what the credential needs (rotation.Decide) and does it: issue a
-// new one, renew the lease, look it up, or nothing. A lease found gone was revoked outside
-// keyroll (its token is kept alive, so it did not die with it): it is honoured and replaced at
-// once. It returns the live credential and when to look again.
+// maxSteps bounds the decide-and-act steps of one reconcile: a renewal or lookup that finds the
+// lease gone, the issue that replaces it, and the decision that nothing more is due.
+const maxSteps = 4
+
+// credential lets rotation.Decide say what the credential needs, and does it (issue, renew, look
+// the lease up), until nothing more is due: each decision is Decide's alone, on the state the
+// previous step left. A lease found gone was revoked outside keyroll (its token is kept alive, so
+// it did not die with it): it is honoured and replaced at once. It returns the live credential
+// and when to look again.
 func (r *vaultLease) credential(ctx context.Context, s *scope, vcl vault.Client) (*render.Credential, time.Duration, error) {
 	cur, err := r.currentCredential(ctx, s.rc)
 	if err != nil {
 		return nil, 0, err
 	}
-	d := rotation.Decide(r.decisionInput(s, vcl, cur != nil))
 	gone := false
-	switch d.Action {
-	case rotation.ActionRenew:
-		gone, err = r.renew(ctx, s, vcl)
-	case rotation.ActionCheck:
-		gone, err = r.checkLease(ctx, s, vcl)
-	}
-	if err != nil {
-		return nil, 0, err
-	}
-	if gone {
-		if err := r.revokedOutside(ctx, s); err != nil {
+	for range maxSteps {
+		d := rotation.Decide(r.decisionInput(s, vcl, cur != nil, gone))
+		switch d.Action {
+		case rotation.ActionNothing:
+			r.planned(s, d)
+			s.conds.Set(v1alpha1.ConditionCredentialsReady, metav1.ConditionTrue, v1alpha1.ReasonIssued, "A live credential from Vault is in Secret "+render.CredentialsSecretName(s.rc))
+			return cur, statustime.RequeueAfter(r.Clock.Now(), d.When), nil
+		case rotation.ActionRenew:
+			gone, err = r.renew(ctx, s, vcl)
+		case rotation.ActionCheck:
+			gone, err = r.checkLease(ctx, s, vcl)
+		case rotation.ActionIssue, rotation.ActionRotate:
+			if d.Reason == rotation.ReasonLeaseGone {
+				err = r.revokedOutside(ctx, s)
+			}
+			if err == nil {
+				r.tokenEnding(s, d)
+				cur, err = r.issue(ctx, s, vcl, d)
+			}
+			if err == nil && cur == nil {
+				return nil, 0, nil // refused: the condition says why
+			}
+			gone = false
+		}
+		if err != nil {
 			return nil, 0, err
 		}
-		d = rotation.Decision{Action: rotation.ActionIssue, Reason: rotation.ReasonLeaseGone}
 	}
-	if d.Action == rotation.ActionIssue || d.Action == rotation.ActionRotate {
-		r.tokenEnding(s, d)
-		if cur, err = r.issue(ctx, s, vcl, d); err != nil || cur == nil {
-			return nil, 0, err
-		}
-	}
-	next := rotation.Decide(r.decisionInput(s, vcl, true))
-	c := s.rc.Status.Credential
-	r.Metrics.SetLeaseExpiry(client.ObjectKeyFromObject(s.rc), statustime.Of(c.ExpiresAt))
-	c.NextRenewal, c.NextRotation = statustime.At(next.NextRenewal), statustime.At(next.NextRotation)
-	s.conds.Set(v1alpha1.ConditionCredentialsReady, metav1.ConditionTrue, v1alpha1.ReasonIssued, "A live credential from Vault is in Secret "+render.CredentialsSecretName(s.rc))
-	return cur, statustime.RequeueAfter(r.Clock.Now(), next.When), nil
+	return cur, time.Second, nil // more is due: look again in a moment
 }
 
-// decisionInput translates the RedisCluster's status into rotation's plain input. vcl, when
+// planned records what the decision plans next: the renewal and rotation times, the lease's
+// expiry for the metric.
+func (r *deps) planned(s *scope, d rotation.Decision) {
+	c := s.rc.Status.Credential
+	r.Metrics.SetLeaseExpiry(client.ObjectKeyFromObject(s.rc), statustime.Of(c.ExpiresAt))
+	c.NextRenewal, c.NextRotation = statustime.At(d.NextRenewal), statustime.At(d.NextRotation)
+}
+
+// decisionInput translates the RedisCluster's status into rotation's plain input; leaseGone says a
+// renewal or lookup found the lease gone from Vault. vcl, when
 // set, says when the token that created the lease ends, as far as keyroll knows; that end is kept
 // in the status.
-func (r *deps) decisionInput(s *scope, vcl vault.Client, hasCredential bool) rotation.Input {
+func (r *deps) decisionInput(s *scope, vcl vault.Client, hasCredential, leaseGone bool) rotation.Input {
 	rc := s.rc
 	in := rotation.Input{
-		Now: r.Clock.Now(), HasCredential: hasCredential, RenewalPercent: defaultRenewalPercent,
+		Now: r.Clock.Now(), HasCredential: hasCredential, LeaseGone: leaseGone, RenewalPercent: defaultRenewalPercent,
 		Paused: rc.Spec.Rotation.Paused, RotateNow: rc.Annotations[v1alpha1.AnnotationRotateNow],
 		RotateNowAcknowledged: rc.Status.RotateNowAcknowledged, RolloutInProgress: rc.Status.Rollout != nil,
 	}
