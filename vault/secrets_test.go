@@ -147,7 +147,6 @@ func TestNoSecretInErrorsOrLogs(t *testing.T) {
 	for name, run := range failurePaths {
 		t.Run(name, func(t *testing.T) {
 			c := newTestClient(t, nil)
-			autoStep(t, c.clock)
 
 			seen := run(t, c)
 
