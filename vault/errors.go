@@ -38,7 +38,7 @@ const (
 	// ClassUnknown: anything else, for example a response the client cannot understand.
 	ClassUnknown = "Unknown"
 
-	// OutcomeSuccess is the outcome passed to Config.Observer for a successful attempt.
+	// OutcomeSuccess is the outcome passed to Config.Observer for a successful request.
 	OutcomeSuccess = "Success"
 )
 
