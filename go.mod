@@ -6,6 +6,8 @@ require (
 	github.com/external-secrets/external-secrets v0.20.4
 	github.com/go-logr/logr v1.4.4
 	github.com/hashicorp/vault/api v1.22.0
+	github.com/hashicorp/vault/api/auth/approle v0.11.0
+	github.com/hashicorp/vault/api/auth/kubernetes v0.10.0
 	github.com/prometheus/client_golang v1.23.2
 	github.com/prometheus/client_model v0.6.2
 	github.com/prometheus/common v0.67.1

@@ -8,42 +8,36 @@ import "sync"
 // settings under a name change (Config.Key), the next Get builds a new client; the new one takes
 // over the tokens of the old one from the token store. A Cache is safe for concurrent use.
 type Cache struct {
-	newClient func(Config) (Client, error)
-
 	mu      sync.Mutex
 	entries map[string]*cacheEntry // by name
 }
 
 type cacheEntry struct {
 	key    string
-	client Client
+	client *Client
 }
 
 // NewCache returns an empty cache that builds clients with New.
 func NewCache() *Cache {
-	return newCache(func(cfg Config) (Client, error) { return New(cfg) })
-}
-
-func newCache(newClient func(Config) (Client, error)) *Cache {
-	return &Cache{newClient: newClient, entries: make(map[string]*cacheEntry)}
+	return &Cache{entries: make(map[string]*cacheEntry)}
 }
 
 // Get returns the client of name for cfg, creating it on first use or when cfg's key differs from
 // the one the client was made with. Settings that are not part of the key (Clock, Logger,
 // Observer, Tokens, the Kubernetes token source) come from the Get that created the client.
-func (c *Cache) Get(name string, cfg Config) (Client, error) {
+func (c *Cache) Get(name string, cfg Config) (*Client, error) {
 	key := cfg.Key()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if e, ok := c.entries[name]; ok && e.key == key {
 		return e.client, nil
 	}
-	cl, err := c.newClient(cfg)
+	cl, err := New(cfg)
 	if err != nil {
 		return nil, err
 	}
 	if old, ok := c.entries[name]; ok {
-		closeIdle(old.client)
+		old.client.closeIdleConnections()
 	}
 	c.entries[name] = &cacheEntry{key: key, client: cl}
 	return cl, nil
@@ -54,7 +48,7 @@ func (c *Cache) Forget(name string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if e, ok := c.entries[name]; ok {
-		closeIdle(e.client)
+		e.client.closeIdleConnections()
 		delete(c.entries, name)
 	}
 }
@@ -64,10 +58,4 @@ func (c *Cache) Len() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return len(c.entries)
-}
-
-func closeIdle(cl Client) {
-	if i, ok := cl.(interface{ closeIdleConnections() }); ok {
-		i.closeIdleConnections()
-	}
 }

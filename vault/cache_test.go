@@ -29,6 +29,7 @@ func TestConfigKey(t *testing.T) {
 		"role id":                       {change: func(c *Config) { c.Auth.AppRole.RoleID = "role-2" }},
 		"mount":                         {change: func(c *Config) { c.Auth.AppRole.Mount = "approle-2" }},
 		"rate limit":                    {change: func(c *Config) { c.RateLimit = RateLimit{QPS: 1, Burst: 1} }},
+		"timeout":                       {change: func(c *Config) { c.Timeout = time.Minute }},
 		"auth method":                   {change: func(c *Config) { c.Auth = Auth{Kubernetes: &KubernetesAuth{Role: "role", JWT: jwt}} }},
 		"kubernetes audiences": {change: func(c *Config) {
 			c.Auth = Auth{Kubernetes: &KubernetesAuth{Role: "role", JWT: jwt, Audiences: []string{"vault-2"}}}

@@ -3,7 +3,6 @@ package vault
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"net"
 	"net/http"
 	"strconv"
@@ -17,16 +16,27 @@ import (
 	"k8s.io/utils/clock"
 )
 
-var _ Client = (*client)(nil)
+var (
+	_ LeaseClient      = (*Client)(nil)
+	_ ConnectionClient = (*Client)(nil)
+)
 
-// client is the Client of one Vault connection and login.
-type client struct {
+// Client is the Vault client of one connection and login; it implements LeaseClient and
+// ConnectionClient, and is safe for concurrent use.
+//
+// A call makes one request to Vault, after the rate limiter lets it through, and fails at once
+// with a classified error when Vault cannot serve it: it does not retry, so that no caller waits
+// on a failing Vault; the caller tries again later (a workqueue's backoff, a requeue). The only
+// second request is made when Vault calls the client's token invalid: the client logs in once
+// more and repeats the request with the new token. Before a call the client may renew its token
+// or log in again, as the token's life requires (see KeepTokens).
+type Client struct {
 	cfg      Config
 	loginAPI *vaultapi.Client // no token: logins and sys/health
 	http     *http.Client
 	clock    clock.Clock
 	log      logr.Logger
-	limiter  *rate.Limiter
+	limiter  *rate.Limiter // shared by every API client of this Client
 	secrets  *redactor
 
 	authSem chan struct{} // held while logging in, renewing tokens or loading the token store
@@ -41,11 +51,7 @@ type client struct {
 }
 
 // New returns a client for cfg. It does not contact Vault: the first call (or Login) logs in.
-func New(cfg Config) (Client, error) {
-	return newClient(cfg)
-}
-
-func newClient(cfg Config) (*client, error) {
+func New(cfg Config) (*Client, error) {
 	cfg, err := cfg.withDefaults()
 	if err != nil {
 		return nil, err
@@ -54,7 +60,7 @@ func newClient(cfg Config) (*client, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &client{
+	c := &Client{
 		cfg:     cfg,
 		http:    hc,
 		clock:   cfg.Clock,
@@ -65,13 +71,13 @@ func newClient(cfg Config) (*client, error) {
 		held:    map[string]*heldToken{},
 	}
 	c.rememberConfigSecrets()
-	if c.loginAPI, err = newAPIClient(cfg, hc); err != nil {
+	if c.loginAPI, err = c.newAPIClient(); err != nil {
 		return nil, err
 	}
 	return c, nil
 }
 
-func (c *client) rememberConfigSecrets() {
+func (c *Client) rememberConfigSecrets() {
 	switch a := c.cfg.Auth; {
 	case a.AppRole != nil:
 		c.secrets.add(a.AppRole.SecretID, a.AppRole.RoleID)
@@ -99,22 +105,24 @@ func newHTTPClient(cfg Config) (*http.Client, error) {
 	return &http.Client{Transport: tr}, nil
 }
 
-// newAPIClient builds a Vault API client that never retries on its own (this package does),
-// has no timeout of its own (the context carries one), and ignores VAULT_TOKEN and
-// VAULT_NAMESPACE from the environment.
-func newAPIClient(cfg Config, hc *http.Client) (*vaultapi.Client, error) {
+// newAPIClient builds a Vault API client that carries no token, never retries (a failure goes
+// back to the caller), has no timeout of its own (the call's context carries one), waits for the
+// client's rate limiter before each request, and ignores VAULT_TOKEN and VAULT_NAMESPACE from
+// the environment.
+func (c *Client) newAPIClient() (*vaultapi.Client, error) {
 	ac, err := vaultapi.NewClient(&vaultapi.Config{
-		Address:    cfg.Address,
-		HttpClient: hc,
+		Address:    c.cfg.Address,
+		HttpClient: c.http,
 		MaxRetries: 0,
 		CheckRetry: func(context.Context, *http.Response, error) (bool, error) { return false, nil },
+		Limiter:    c.limiter,
 	})
 	if err != nil {
 		return nil, &Error{Op: opConfigure, Class: ClassInvalidConfig, detail: "creating the vault api client"}
 	}
 	ac.ClearToken()
-	if cfg.Namespace != "" {
-		ac.SetNamespace(cfg.Namespace)
+	if c.cfg.Namespace != "" {
+		ac.SetNamespace(c.cfg.Namespace)
 	} else {
 		ac.ClearNamespace()
 	}
@@ -122,29 +130,26 @@ func newAPIClient(cfg Config, hc *http.Client) (*vaultapi.Client, error) {
 }
 
 // String names the connection, never the credentials.
-func (c *client) String() string {
+func (c *Client) String() string {
 	return "vault.Client{address: " + c.cfg.Address + ", auth: " + c.cfg.Auth.method() + "}"
 }
 
 // GoString keeps %#v from printing the client's fields.
-func (c *client) GoString() string { return c.String() }
+func (c *Client) GoString() string { return c.String() }
 
 // MarshalLog keeps logr from printing the client's fields.
-func (c *client) MarshalLog() any { return c.String() }
+func (c *Client) MarshalLog() any { return c.String() }
 
 // closeIdleConnections releases the connections kept for reuse.
-func (c *client) closeIdleConnections() { c.http.CloseIdleConnections() }
+func (c *Client) closeIdleConnections() { c.http.CloseIdleConnections() }
 
-// withTimeout applies Config.Timeout to a context without a deadline.
-func (c *client) withTimeout(ctx context.Context) (context.Context, context.CancelFunc) {
-	if _, ok := ctx.Deadline(); ok {
-		return context.WithCancel(ctx)
-	}
+// withTimeout bounds a call by Config.Timeout, or by the context's own deadline if it is sooner.
+func (c *Client) withTimeout(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(ctx, c.cfg.Timeout)
 }
 
 // Issue reads path and returns the credential and its lease.
-func (c *client) Issue(ctx context.Context, path string) (*Lease, error) {
+func (c *Client) Issue(ctx context.Context, path string) (*Lease, error) {
 	path = strings.Trim(path, "/")
 	if path == "" {
 		return nil, &Error{Op: opIssue, Class: ClassBadRequest, detail: "empty path"}
@@ -153,7 +158,7 @@ func (c *client) Issue(ctx context.Context, path string) (*Lease, error) {
 	defer cancel()
 	var s *vaultapi.Secret
 	h, err := c.call(ctx, opIssue, path, issueToken, func(ctx context.Context, h *heldToken) (err error) {
-		s, err = c.get(ctx, h.api, path)
+		s, err = readSecret(ctx, h.api, path)
 		return err
 	})
 	if err != nil {
@@ -172,7 +177,7 @@ func (c *client) Issue(ctx context.Context, path string) (*Lease, error) {
 	return lease, nil
 }
 
-func (c *client) newLease(s *vaultapi.Secret, h *heldToken) *Lease {
+func (c *Client) newLease(s *vaultapi.Secret, h *heldToken) *Lease {
 	now := c.clock.Now()
 	l := &Lease{
 		ID:        s.LeaseID,
@@ -195,7 +200,7 @@ func (c *client) newLease(s *vaultapi.Secret, h *heldToken) *Lease {
 }
 
 // Renew asks Vault to extend a lease by increment.
-func (c *client) Renew(ctx context.Context, leaseID string, increment time.Duration) (*Renewal, error) {
+func (c *Client) Renew(ctx context.Context, leaseID string, increment time.Duration) (*Renewal, error) {
 	if leaseID == "" {
 		return nil, &Error{Op: opRenew, Class: ClassBadRequest, detail: "empty lease ID"}
 	}
@@ -204,7 +209,7 @@ func (c *client) Renew(ctx context.Context, leaseID string, increment time.Durat
 	asked := wholeSeconds(increment)
 	var s *vaultapi.Secret
 	_, err := c.call(ctx, opRenew, leaseID, currentToken, func(ctx context.Context, h *heldToken) (err error) {
-		s, err = c.put(ctx, h.api, "sys/leases/renew", map[string]any{"lease_id": leaseID, "increment": asked})
+		s, err = h.api.Sys().RenewWithContext(ctx, leaseID, asked)
 		return err
 	})
 	if err != nil {
@@ -224,16 +229,16 @@ func (c *client) Renew(ctx context.Context, leaseID string, increment time.Durat
 	return r, nil
 }
 
-// Revoke revokes a lease synchronously.
-func (c *client) Revoke(ctx context.Context, leaseID string) error {
+// Revoke revokes a lease. Vault revokes synchronously unless asked not to: the call returns once
+// the credential is gone.
+func (c *Client) Revoke(ctx context.Context, leaseID string) error {
 	if leaseID == "" {
 		return &Error{Op: opRevoke, Class: ClassBadRequest, detail: "empty lease ID"}
 	}
 	ctx, cancel := c.withTimeout(ctx)
 	defer cancel()
 	_, err := c.call(ctx, opRevoke, leaseID, currentToken, func(ctx context.Context, h *heldToken) error {
-		_, err := c.put(ctx, h.api, "sys/leases/revoke", map[string]any{"lease_id": leaseID, "sync": true})
-		return err
+		return h.api.Sys().RevokeWithContext(ctx, leaseID)
 	})
 	if err != nil {
 		return err
@@ -244,7 +249,7 @@ func (c *client) Revoke(ctx context.Context, leaseID string) error {
 
 // Lookup reports whether a lease exists and when it expires. A lease Vault does not know is
 // reported as not existing, not as an error.
-func (c *client) Lookup(ctx context.Context, leaseID string) (*LeaseInfo, error) {
+func (c *Client) Lookup(ctx context.Context, leaseID string) (*LeaseInfo, error) {
 	if leaseID == "" {
 		return nil, &Error{Op: opLookup, Class: ClassBadRequest, detail: "empty lease ID"}
 	}
@@ -252,7 +257,7 @@ func (c *client) Lookup(ctx context.Context, leaseID string) (*LeaseInfo, error)
 	defer cancel()
 	var s *vaultapi.Secret
 	_, err := c.call(ctx, opLookup, leaseID, currentToken, func(ctx context.Context, h *heldToken) (err error) {
-		s, err = c.put(ctx, h.api, "sys/leases/lookup", map[string]any{"lease_id": leaseID})
+		s, err = h.api.Sys().LookupWithContext(ctx, leaseID)
 		return err
 	})
 	if IsLeaseGone(err) {
@@ -275,7 +280,7 @@ func (c *client) Lookup(ctx context.Context, leaseID string) (*LeaseInfo, error)
 }
 
 // Health reports sys/health. It needs no token.
-func (c *client) Health(ctx context.Context) (*Health, error) {
+func (c *Client) Health(ctx context.Context) (*Health, error) {
 	ctx, cancel := c.withTimeout(ctx)
 	defer cancel()
 	var h *vaultapi.HealthResponse
@@ -301,37 +306,20 @@ func (c *client) Health(ctx context.Context) (*Health, error) {
 	return out, nil
 }
 
-// get reads a path with the given API client and parses the answer.
-func (c *client) get(ctx context.Context, ac *vaultapi.Client, path string) (*vaultapi.Secret, error) {
+// readSecret reads a path with the given API client and parses the answer. Unlike
+// Logical().Read, it keeps a 404 an error, so that a path that does not exist says so.
+func readSecret(ctx context.Context, ac *vaultapi.Client, path string) (*vaultapi.Secret, error) {
 	resp, err := ac.Logical().ReadRawWithContext(ctx, path)
-	return parseResponse(resp, err)
-}
-
-// put writes a JSON body to a path with the given API client and parses the answer.
-func (c *client) put(ctx context.Context, ac *vaultapi.Client, path string, body map[string]any) (*vaultapi.Secret, error) {
-	b, err := json.Marshal(body)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := ac.Logical().WriteRawWithContext(ctx, path, b)
-	return parseResponse(resp, err)
-}
-
-func parseResponse(resp *vaultapi.Response, err error) (*vaultapi.Secret, error) {
 	if resp != nil {
 		defer resp.Body.Close()
 	}
 	if err != nil {
 		return nil, err
 	}
-	s, err := vaultapi.ParseSecret(resp.Body)
-	if err != nil {
-		return nil, errors.New("the response is not a Vault secret document")
-	}
-	return s, nil
+	return vaultapi.ParseSecret(resp.Body)
 }
 
-func (c *client) redactAll(msgs []string) []string {
+func (c *Client) redactAll(msgs []string) []string {
 	if len(msgs) == 0 {
 		return nil
 	}

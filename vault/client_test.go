@@ -6,9 +6,11 @@ import (
 	"errors"
 	"io"
 	"log"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -53,71 +55,74 @@ func TestNewValidatesConfig(t *testing.T) {
 }
 
 func TestNewAppliesDefaults(t *testing.T) {
-	c, err := newClient(Config{Address: "https://vault/", Auth: Auth{AppRole: &AppRoleAuth{RoleID: "r", SecretID: "s"}}})
+	c, err := New(Config{Address: "https://vault/", Auth: Auth{AppRole: &AppRoleAuth{RoleID: "r", SecretID: "s"}}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	cfg := c.cfg
-	if cfg.Address != "https://vault" || cfg.Auth.AppRole.Mount != "approle" || cfg.Timeout != DefaultTimeout ||
-		cfg.Retry != (Retry{DefaultAttempts, DefaultBaseBackoff, DefaultMaxBackoff}) ||
+	if cfg.Address != "https://vault" || cfg.Auth.AppRole.Mount != "approle" || cfg.Timeout != 10*time.Second ||
 		cfg.RateLimit != (RateLimit{DefaultQPS, DefaultBurst}) || cfg.Clock != (clock.RealClock{}) {
 		t.Errorf("defaults not applied: %+v", cfg)
 	}
+	if l := c.loginAPI.Limiter(); l != c.limiter || l.Limit() != DefaultQPS || l.Burst() != DefaultBurst {
+		t.Errorf("the API client's rate limiter is not the client's, at the default rate")
+	}
 }
 
-// TestCallsClassifyAndRetry checks which failures are retried, how often, and how they are
-// classified, counting the HTTP attempts with the Observer.
-func TestCallsClassifyAndRetry(t *testing.T) {
+// TestCallsFailFast: a failed request is not retried, whatever the failure; it comes back at once,
+// classified, counted by the Observer as one request. Once Vault answers again, the next call
+// succeeds with the same token.
+func TestCallsFailFast(t *testing.T) {
 	cases := map[string]struct {
-		handler      http.HandlerFunc
-		wantClass    string // "" for success
-		wantAttempts int
-		is           func(error) bool
+		handler   http.HandlerFunc
+		wantClass string
+		is        func(error) bool
 	}{
-		"500 is retried, then unavailable": {handler: status(500, "internal error"), wantClass: ClassUnavailable, wantAttempts: 3, is: IsUnavailable},
-		"502 is retried, then unavailable": {handler: status(502), wantClass: ClassUnavailable, wantAttempts: 3, is: IsUnavailable},
-		"429 is retried, then unavailable": {handler: status(429, "rate limit quota exceeded"), wantClass: ClassUnavailable, wantAttempts: 3, is: IsUnavailable},
-		"sealed is retried, then sealed":   {handler: status(503, "Vault is sealed"), wantClass: ClassSealed, wantAttempts: 3, is: IsUnavailable},
-		"standby is retried":               {handler: status(503, "node not active but active cluster node not found"), wantClass: ClassUnavailable, wantAttempts: 3, is: IsUnavailable},
-		"412 is retried":                   {handler: status(412, "required index state not present"), wantClass: ClassUnavailable, wantAttempts: 3, is: IsUnavailable},
-		"403 is not retried":               {handler: status(403, "permission denied"), wantClass: ClassPermissionDenied, wantAttempts: 1, is: IsPermissionDenied},
-		"400 is not retried":               {handler: status(400, "unsupported path"), wantClass: ClassBadRequest, wantAttempts: 1, is: IsBadRequest},
-		"404 is not retried":               {handler: status(404), wantClass: ClassNotFound, wantAttempts: 1, is: IsNotFound},
-		"405 is a bad request":             {handler: status(405), wantClass: ClassBadRequest, wantAttempts: 1, is: IsBadRequest},
-		"html 502 is retried": {handler: func(w http.ResponseWriter, _ *http.Request) {
+		"500":     {handler: status(500, "internal error"), wantClass: ClassUnavailable, is: IsUnavailable},
+		"502":     {handler: status(502), wantClass: ClassUnavailable, is: IsUnavailable},
+		"429":     {handler: status(429, "rate limit quota exceeded"), wantClass: ClassUnavailable, is: IsUnavailable},
+		"sealed":  {handler: status(503, "Vault is sealed"), wantClass: ClassSealed, is: IsSealed},
+		"standby": {handler: status(503, "node not active but active cluster node not found"), wantClass: ClassUnavailable, is: IsUnavailable},
+		"412":     {handler: status(412, "required index state not present"), wantClass: ClassUnavailable, is: IsUnavailable},
+		"403":     {handler: status(403, "permission denied"), wantClass: ClassPermissionDenied, is: IsPermissionDenied},
+		"400":     {handler: status(400, "unsupported path"), wantClass: ClassBadRequest, is: IsBadRequest},
+		"404":     {handler: status(404), wantClass: ClassNotFound, is: IsNotFound},
+		"405":     {handler: status(405), wantClass: ClassBadRequest, is: IsBadRequest},
+		"html 502": {handler: func(w http.ResponseWriter, _ *http.Request) {
 			w.Header().Set("Content-Type", "text/html")
 			w.WriteHeader(502)
 			_, _ = w.Write([]byte("<html>bad gateway</html>"))
-		}, wantClass: ClassUnavailable, wantAttempts: 3, is: IsUnavailable},
-		"garbage 200 is not retried": {handler: func(w http.ResponseWriter, _ *http.Request) {
+		}, wantClass: ClassUnavailable, is: IsUnavailable},
+		"garbage 200": {handler: func(w http.ResponseWriter, _ *http.Request) {
 			_, _ = w.Write([]byte("{not json"))
-		}, wantClass: ClassUnknown, wantAttempts: 1},
-		"success after two failures": {handler: sequence(status(500), status(503, "Vault is sealed"), issueOK("l1", time.Minute, nil)), wantAttempts: 3},
+		}, wantClass: ClassUnknown, is: func(err error) bool { return !IsUnavailable(err) }},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
 			c := newTestClient(t, nil)
 			c.vault.handle("auth/approle/login", loginOK(testToken, time.Hour, true))
 			c.vault.handle(credsPath, tc.handler)
-			autoStep(t, c.clock)
 
 			_, err := c.Issue(context.Background(), credsPath)
 
-			if got := ClassOf(err); got != tc.wantClass {
+			if got := ClassOf(err); got != tc.wantClass || !tc.is(err) {
 				t.Fatalf("ClassOf(%v) = %q, want %q", err, got, tc.wantClass)
 			}
-			if got := c.obs.count(opIssue); got != tc.wantAttempts {
-				t.Errorf("observed %d issue attempts, want %d", got, tc.wantAttempts)
-			}
-			if got := c.vault.count(credsPath); got != tc.wantAttempts {
-				t.Errorf("server saw %d requests, want %d", got, tc.wantAttempts)
-			}
-			if tc.is != nil && !tc.is(err) {
-				t.Errorf("predicate is false for %v", err)
+			if got := [2]int{c.obs.count(opIssue), c.vault.count(credsPath)}; got != [2]int{1, 1} {
+				t.Errorf("observed and served issue requests = %v, want one of each", got)
 			}
 			var e *Error
-			if err != nil && (!errors.As(err, &e) || e.Attempts != tc.wantAttempts || e.Op != opIssue || e.Path != credsPath) {
-				t.Errorf("error = %#v, want an *Error of op issue, path %s, %d attempts", err, credsPath, tc.wantAttempts)
+			if !errors.As(err, &e) || e.Attempts != 1 || e.Op != opIssue || e.Path != credsPath {
+				t.Errorf("error = %#v, want an *Error of op issue, path %s, 1 attempt", err, credsPath)
+			}
+
+			c.vault.handle(credsPath, issueOK("l1", time.Minute, nil)) // Vault answers again
+
+			if _, err := c.Issue(context.Background(), credsPath); err != nil {
+				t.Fatalf("the next Issue() = %v", err)
+			}
+			if got := [2]int{c.vault.count(credsPath), c.vault.count("auth/approle/login")}; got != [2]int{2, 1} {
+				t.Errorf("issue requests, logins = %v, want [2 1]", got)
 			}
 		})
 	}
@@ -128,40 +133,146 @@ func TestUnreachableVaultIsUnavailable(t *testing.T) {
 	addr := srv.URL
 	srv.Close() // nothing listens there any more
 	c := newTestClient(t, func(cfg *Config) { cfg.Address = addr })
-	autoStep(t, c.clock)
 
 	_, err := c.Health(context.Background())
 
 	if !IsUnavailable(err) || ClassOf(err) != ClassUnavailable {
 		t.Fatalf("Health() error = %v, want Unavailable", err)
 	}
-	if got := c.obs.count(opHealth); got != 3 {
-		t.Errorf("observed %d attempts, want 3", got)
+	if got := c.obs.count(opHealth); got != 1 {
+		t.Errorf("observed %d requests, want 1", got)
 	}
 }
 
-// TestDeadlineBoundsRetries: with many attempts allowed, the context's deadline ends the retries,
-// and the error reports the last failure Vault gave.
-func TestDeadlineBoundsRetries(t *testing.T) {
-	c := newTestClient(t, func(cfg *Config) {
-		cfg.Clock = clock.RealClock{}
-		cfg.Retry = Retry{Attempts: 1000, BaseBackoff: 20 * time.Millisecond, MaxBackoff: 50 * time.Millisecond}
+// hang answers no request: it holds each until the client gives up.
+func hang(w http.ResponseWriter, r *http.Request) { <-r.Context().Done() }
+
+// TestUnansweredCallsEndByTheTimeout: when Vault takes a request and never answers, every call ends
+// by Config.Timeout, although the caller's context would wait an hour, after one request, as
+// Unavailable with the deadline as its cause. A token renewal that is never answered holds
+// KeepTokens up no longer, and the token, still valid, goes on being used.
+func TestUnansweredCallsEndByTheTimeout(t *testing.T) {
+	const timeout = 300 * time.Millisecond
+	cases := map[string]struct {
+		hang    string // the path that never answers
+		op      string
+		call    func(ctx context.Context, c *testClient) error
+		wantErr bool
+	}{
+		"issue": {hang: credsPath, op: opIssue, wantErr: true, call: func(ctx context.Context, c *testClient) error {
+			_, err := c.Issue(ctx, credsPath)
+			return err
+		}},
+		"issue, its login unanswered": {hang: "auth/approle/login", op: opLogin, wantErr: true, call: func(ctx context.Context, c *testClient) error {
+			_, err := c.Issue(ctx, credsPath)
+			return err
+		}},
+		"renew": {hang: "sys/leases/renew", op: opRenew, wantErr: true, call: func(ctx context.Context, c *testClient) error {
+			_, err := c.Renew(ctx, "l", time.Minute)
+			return err
+		}},
+		"revoke": {hang: "sys/leases/revoke", op: opRevoke, wantErr: true, call: func(ctx context.Context, c *testClient) error {
+			return c.Revoke(ctx, "l")
+		}},
+		"lookup": {hang: "sys/leases/lookup", op: opLookup, wantErr: true, call: func(ctx context.Context, c *testClient) error {
+			_, err := c.Lookup(ctx, "l")
+			return err
+		}},
+		"health": {hang: "sys/health", op: opHealth, wantErr: true, call: func(ctx context.Context, c *testClient) error {
+			_, err := c.Health(ctx)
+			return err
+		}},
+		"login": {hang: "auth/approle/login", op: opLogin, wantErr: true, call: func(ctx context.Context, c *testClient) error {
+			return c.Login(ctx)
+		}},
+		"keep tokens, renewal unanswered": {hang: "auth/token/renew-self", op: opRenewSelf, call: func(ctx context.Context, c *testClient) error {
+			if err := c.Login(ctx); err != nil {
+				return err
+			}
+			c.clock.Step(41 * time.Minute) // due for renewal, valid for 19 more minutes
+			_, err := c.KeepTokens(ctx, nil)
+			return err
+		}},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			c := newTestClient(t, func(cfg *Config) { cfg.Timeout = timeout })
+			c.vault.handle("auth/approle/login", loginOK(testToken, time.Hour, true))
+			c.vault.handle(credsPath, issueOK("l", time.Hour, nil))
+			c.vault.handle(tc.hang, hang)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+			defer cancel()
+			start := time.Now()
+
+			err := tc.call(ctx, c)
+
+			elapsed := time.Since(start)
+			if tc.wantErr && (!IsUnavailable(err) || !errors.Is(err, context.DeadlineExceeded)) || !tc.wantErr && err != nil {
+				t.Fatalf("error = %v, want an Unavailable deadline error: %v", err, tc.wantErr)
+			}
+			if elapsed < timeout || elapsed > timeout+time.Second {
+				t.Errorf("the call took %v, want about the timeout of %v", elapsed, timeout)
+			}
+			if got := [2]int{c.obs.count(tc.op), c.vault.count(tc.hang)}; got != [2]int{1, 1} {
+				t.Errorf("observed and served %s requests = %v, want one of each", tc.op, got)
+			}
+		})
+	}
+}
+
+// blackhole accepts TCP connections and never reads from or answers them, as a Vault that hangs
+// (or a firewall that swallows packets after the handshake) does. It returns its URL.
+func blackhole(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var conns []net.Conn
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, conn)
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		_ = ln.Close()
+		<-done
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			_ = c.Close()
+		}
 	})
-	c.vault.handle("sys/health", status(503, "Vault is sealed"))
-	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
-	defer cancel()
-	start := time.Now()
+	return "http://" + ln.Addr().String()
+}
 
-	_, err := c.Health(ctx)
-
-	if elapsed := time.Since(start); elapsed > 2*time.Second {
-		t.Errorf("Health took %v with a 300ms deadline", elapsed)
+// TestBlackholedVaultEndsEveryCallByTheTimeout: a server that accepts connections and never
+// answers ends each call by the timeout, one after the other, each after one request.
+func TestBlackholedVaultEndsEveryCallByTheTimeout(t *testing.T) {
+	addr := blackhole(t)
+	c := newTestClient(t, func(cfg *Config) { cfg.Address, cfg.Timeout = addr, 200*time.Millisecond })
+	for _, call := range []func() error{
+		func() error { _, err := c.Health(context.Background()); return err },
+		func() error { return c.Login(context.Background()) },
+		func() error { _, err := c.Issue(context.Background(), credsPath); return err },
+	} {
+		start := time.Now()
+		err := call()
+		if elapsed := time.Since(start); !IsUnavailable(err) || !errors.Is(err, context.DeadlineExceeded) || elapsed > 2*time.Second {
+			t.Errorf("a call to a blackholed Vault = %v after %v, want an Unavailable deadline error after about 200ms", err, elapsed)
+		}
 	}
-	if !IsSealed(err) || !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("Health() error = %v, want Sealed and DeadlineExceeded", err)
-	}
-	if n := c.obs.count(opHealth); n < 2 || n > 100 {
-		t.Errorf("observed %d attempts, want a few", n)
+	if got := [2]int{c.obs.count(opHealth), c.obs.count(opLogin)}; got != [2]int{1, 2} {
+		t.Errorf("health and login requests = %v, want [1 2]", got)
 	}
 }
 
@@ -169,16 +280,8 @@ func TestDefaultTimeoutAppliesWithoutDeadline(t *testing.T) {
 	c := newTestClient(t, func(cfg *Config) {
 		cfg.Clock = clock.RealClock{}
 		cfg.Timeout = 200 * time.Millisecond
-		cfg.Retry = Retry{Attempts: 1}
 	})
-	release := make(chan struct{})
-	defer close(release)
-	c.vault.handle("sys/health", func(w http.ResponseWriter, r *http.Request) {
-		select {
-		case <-release:
-		case <-r.Context().Done():
-		}
-	})
+	c.vault.handle("sys/health", hang)
 	start := time.Now()
 
 	_, err := c.Health(context.Background())
@@ -234,7 +337,7 @@ func TestTLS(t *testing.T) {
 				t.Errorf("version = %q", h.Version)
 			}
 			if n := c.obs.count(opHealth); n != 1 {
-				t.Errorf("observed %d attempts, want 1 (a certificate error is not retried)", n)
+				t.Errorf("observed %d requests, want 1", n)
 			}
 		})
 	}
@@ -377,8 +480,8 @@ func TestRevoke(t *testing.T) {
 	if err := c.Revoke(context.Background(), "database/creds/orders/abc"); err != nil {
 		t.Fatal(err)
 	}
-	if body := c.vault.lastBody("sys/leases/revoke"); body["lease_id"] != "database/creds/orders/abc" || body["sync"] != true {
-		t.Errorf("revoke body = %v, want the lease id and sync", body)
+	if body := c.vault.lastBody("sys/leases/revoke"); body["lease_id"] != "database/creds/orders/abc" || (body["sync"] != nil && body["sync"] != true) {
+		t.Errorf("revoke body = %v, want the lease id, and no asynchronous revocation (Vault's default is sync)", body)
 	}
 	if err := c.Revoke(context.Background(), ""); !IsBadRequest(err) {
 		t.Errorf("Revoke(\"\") = %v, want BadRequest", err)
@@ -468,10 +571,10 @@ func TestSecretDataPrintsKeysOnly(t *testing.T) {
 	tok := &TokenAuth{Token: testToken}
 	c := newTestClient(t, nil)
 	ll := &logLines{}
-	ll.logger().Info("Printing", "lease", l, "data", l.Data, "approle", a, "token", tok, "client", c.client,
+	ll.logger().Info("Printing", "lease", l, "data", l.Data, "approle", a, "token", tok, "client", c.Client,
 		"config", c.cfg)
 	outputs := append(ll.all(),
-		fmtAll(l)+fmtAll(*l)+fmtAll(l.Data)+fmtAll(a)+fmtAll(&a)+fmtAll(tok)+fmtAll(c.client)+fmtAll(c.cfg.Auth))
+		fmtAll(l)+fmtAll(*l)+fmtAll(l.Data)+fmtAll(a)+fmtAll(&a)+fmtAll(tok)+fmtAll(c.Client)+fmtAll(c.cfg.Auth))
 	for _, out := range outputs {
 		for _, secret := range []string{"u-1234", "pw-secret-42", testSecretID, testRoleID, testToken} {
 			if strings.Contains(out, secret) {

@@ -20,12 +20,9 @@ import (
 
 // Defaults applied by New to the zero values of Config.
 const (
-	DefaultTimeout     = 30 * time.Second
-	DefaultQPS         = 20
-	DefaultBurst       = 40
-	DefaultAttempts    = 4
-	DefaultBaseBackoff = 250 * time.Millisecond
-	DefaultMaxBackoff  = 5 * time.Second
+	DefaultTimeout = 10 * time.Second
+	DefaultQPS     = 20
+	DefaultBurst   = 40
 
 	defaultKubernetesMount = "kubernetes"
 	defaultAppRoleMount    = "approle"
@@ -45,11 +42,12 @@ type Config struct {
 	Namespace string
 	// Auth is how the client logs in: exactly one of its fields is set.
 	Auth Auth
-	// RateLimit bounds the requests sent to Vault (all attempts, logins included).
+	// RateLimit bounds the requests sent to Vault (logins and token renewals included).
 	RateLimit RateLimit
-	// Retry bounds the retries of transient failures.
-	Retry Retry
-	// Timeout applies to a call whose context has no deadline. Default DefaultTimeout.
+	// Timeout bounds every call, however long the caller's context lasts (a sooner deadline of
+	// the context wins), so that a Vault that never answers ends each call in time. A call is
+	// not retried: it fails with a classified error, and the caller tries again later.
+	// Default DefaultTimeout.
 	Timeout time.Duration
 	// Clock is the source of time. Default: the real clock.
 	Clock clock.Clock
@@ -59,9 +57,10 @@ type Config struct {
 	// and is read once, before the first call, to take over tokens another process left: they
 	// are kept alive while their leases live.
 	Tokens TokenStore
-	// Observer, when set, is called once per HTTP attempt with the operation ("issue", "renew",
+	// Observer, when set, is called once per HTTP request with the operation ("issue", "renew",
 	// "revoke", "lookup", "health", "login", "renew-self", "lookup-self"), its outcome
-	// (OutcomeSuccess or an error class) and how long the attempt took.
+	// (OutcomeSuccess or an error class) and how long the request took, the wait for the rate
+	// limiter included (a request whose deadline passed in that wait counts as Unavailable).
 	Observer func(op, outcome string, d time.Duration)
 }
 
@@ -108,16 +107,6 @@ type RateLimit struct {
 	Burst int
 }
 
-// Retry bounds the retries of transient failures. Zero fields take the defaults.
-type Retry struct {
-	// Attempts is the maximum number of HTTP attempts per operation (1 means no retry).
-	Attempts int
-	// BaseBackoff is the wait before the second attempt; it doubles for each further attempt,
-	// with jitter, up to MaxBackoff.
-	BaseBackoff time.Duration
-	MaxBackoff  time.Duration
-}
-
 // method names the configured auth method ("kubernetes", "approle" or "token").
 func (a Auth) method() string {
 	switch {
@@ -142,7 +131,6 @@ func (cfg Config) withDefaults() (Config, error) {
 	if cfg.RateLimit.QPS == 0 && cfg.RateLimit.Burst == 0 {
 		cfg.RateLimit = RateLimit{QPS: DefaultQPS, Burst: DefaultBurst}
 	}
-	cfg.Retry = cfg.Retry.withDefaults()
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = DefaultTimeout
 	}
@@ -164,22 +152,6 @@ func (a Auth) withDefaults() Auth {
 		a.AppRole = &r
 	}
 	return a
-}
-
-func (r Retry) withDefaults() Retry {
-	if r.Attempts <= 0 {
-		r.Attempts = DefaultAttempts
-	}
-	if r.BaseBackoff <= 0 {
-		r.BaseBackoff = DefaultBaseBackoff
-	}
-	if r.MaxBackoff <= 0 {
-		r.MaxBackoff = DefaultMaxBackoff
-	}
-	if r.MaxBackoff < r.BaseBackoff {
-		r.MaxBackoff = r.BaseBackoff
-	}
-	return r
 }
 
 func mountOr(mount, def string) string {
@@ -238,7 +210,7 @@ func (cfg Config) tlsConfig() (*tls.Config, error) {
 }
 
 // Key identifies the connection and login that cfg describes: address, CA bundle, server name,
-// namespace, rate limit, retry settings, auth method and its parameters, with secret material
+// namespace, rate limit, timeout, auth method and its parameters, with secret material
 // (secret ID, token) hashed in, so that a changed secret yields a different key. The key itself
 // reveals nothing of the secrets. A Kubernetes token source is not part of the key (its audiences
 // and token lifetime are).
@@ -252,7 +224,7 @@ func (cfg Config) Key() string {
 	field("servername", cfg.TLSServerName)
 	field("namespace", strings.Trim(cfg.Namespace, "/"))
 	field("ratelimit", strconv.FormatFloat(cfg.RateLimit.QPS, 'g', -1, 64)+"/"+strconv.Itoa(cfg.RateLimit.Burst))
-	field("retry", fmt.Sprintf("%d/%s/%s/%s", cfg.Retry.Attempts, cfg.Retry.BaseBackoff, cfg.Retry.MaxBackoff, cfg.Timeout))
+	field("timeout", cfg.Timeout.String())
 	a := cfg.Auth.withDefaults()
 	field("method", a.method())
 	switch {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -37,7 +38,7 @@ const (
 	// ClassUnknown: anything else, for example a response the client cannot understand.
 	ClassUnknown = "Unknown"
 
-	// OutcomeSuccess is the outcome passed to Config.Observer for a successful attempt.
+	// OutcomeSuccess is the outcome passed to Config.Observer for a successful request.
 	OutcomeSuccess = "Success"
 )
 
@@ -70,7 +71,8 @@ type Error struct {
 	Class string
 	// StatusCode is the HTTP status Vault answered with, 0 if there was no answer.
 	StatusCode int
-	// Attempts is the number of HTTP attempts made.
+	// Attempts is the number of requests the operation made: 1, or 2 when Vault called the token
+	// invalid and the request was made again after a new login. Nothing else is retried.
 	Attempts int
 	// Messages are Vault's error strings, with secrets removed.
 	Messages []string
@@ -175,11 +177,6 @@ func IsLoginFailed(err error) bool {
 	return errors.As(err, &e) && (e.Op == opLogin || e.Op == opLookupSelf)
 }
 
-// retryable reports whether a failure of this class may succeed on another attempt.
-func retryable(class string) bool {
-	return class == ClassUnavailable || class == ClassSealed
-}
-
 // classify maps an error from the Vault API client (or the network) to a class.
 func classify(err error) string {
 	var re *vaultapi.ResponseError
@@ -247,14 +244,25 @@ func isTLSVerification(err error) bool {
 	return errors.As(err, &verr) || errors.As(err, &uerr) || errors.As(err, &herr) || errors.As(err, &cerr)
 }
 
+// isDecodeError reports whether a response body could not be decoded as the JSON expected: the
+// decoder's message may quote a piece of it.
+func isDecodeError(err error) bool {
+	var (
+		serr *json.SyntaxError
+		terr *json.UnmarshalTypeError
+	)
+	return errors.As(err, &serr) || errors.As(err, &terr)
+}
+
 func isNetwork(err error) bool {
 	var nerr net.Error
 	return errors.As(err, &nerr) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
 		errors.Is(err, net.ErrClosed)
 }
 
-// newError describes a failed attempt: status and Vault's error strings (redacted) for an HTTP
-// answer, the redacted error text otherwise. A response body that is not JSON is never quoted.
+// newError describes a failed request: status and Vault's error strings (redacted) for an HTTP
+// answer, the redacted error text otherwise. A response body that Vault did not send as an error
+// document, or that is not the JSON expected, is never quoted.
 func newError(op, path string, err error, r *redactor) *Error {
 	e := &Error{Op: op, Path: path, Class: classify(err)}
 	var re *vaultapi.ResponseError
@@ -266,6 +274,8 @@ func newError(op, path string, err error, r *redactor) *Error {
 		} else {
 			e.Messages = redactMessages(re.Errors, r)
 		}
+	case isDecodeError(err):
+		e.detail = "the response is not a Vault secret document"
 	default:
 		e.detail = r.redact(err.Error())
 	}

@@ -202,22 +202,21 @@ const (
 var testEpoch = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 
 type testClient struct {
-	*client
+	*Client
 	vault *fakeVault
 	clock *testclock.FakeClock
 	obs   *observed
 	logs  *logLines
 }
 
-// newTestClient returns a client of a fake Vault with AppRole auth, a fake clock, quick retries,
-// an observer and captured logs; mutate adjusts the Config.
+// newTestClient returns a client of a fake Vault with AppRole auth, a fake clock, an observer
+// and captured logs; mutate adjusts the Config.
 func newTestClient(t *testing.T, mutate func(*Config)) *testClient {
 	t.Helper()
 	tc := &testClient{vault: newFakeVault(t), clock: testclock.NewFakeClock(testEpoch), obs: &observed{}, logs: &logLines{}}
 	cfg := Config{
 		Address:  tc.vault.srv.URL,
 		Auth:     Auth{AppRole: &AppRoleAuth{RoleID: testRoleID, SecretID: testSecretID}},
-		Retry:    Retry{Attempts: 3, BaseBackoff: 10 * time.Millisecond, MaxBackoff: 40 * time.Millisecond},
 		Clock:    tc.clock,
 		Logger:   tc.logs.logger(),
 		Observer: tc.obs.observe,
@@ -225,32 +224,11 @@ func newTestClient(t *testing.T, mutate func(*Config)) *testClient {
 	if mutate != nil {
 		mutate(&cfg)
 	}
-	c, err := newClient(cfg)
+	c, err := New(cfg)
 	if err != nil {
-		t.Fatalf("newClient: %v", err)
+		t.Fatalf("New: %v", err)
 	}
-	tc.client = c
+	tc.Client = c
 	t.Cleanup(c.closeIdleConnections)
 	return tc
-}
-
-// autoStep advances the fake clock whenever something waits on it (backoff, rate limiter), so
-// that retries run without real waiting. It stops when the test ends.
-func autoStep(t *testing.T, clk *testclock.FakeClock) {
-	t.Helper()
-	stop, stopped := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(stopped)
-		for {
-			select {
-			case <-stop:
-				return
-			case <-time.After(200 * time.Microsecond):
-			}
-			if clk.HasWaiters() {
-				clk.Step(5 * time.Millisecond)
-			}
-		}
-	}()
-	t.Cleanup(func() { close(stop); <-stopped })
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -153,7 +154,7 @@ func kubernetesAuth(g *testground.Ground, role string) vault.Auth {
 	}}}
 }
 
-func newClient(t *testing.T, cfg vault.Config) vault.Client {
+func newClient(t *testing.T, cfg vault.Config) *vault.Client {
 	t.Helper()
 	c, err := vault.New(cfg)
 	if err != nil {
@@ -448,7 +449,7 @@ func TestIntegrationReplacedTokenKeepsItsLeaseAlive(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, c := range []vault.Client{kept, dropped} {
+	for _, c := range []*vault.Client{kept, dropped} {
 		if err := c.Login(ctx); err != nil { // new work moves to a new token
 			t.Fatal(err)
 		}
@@ -482,7 +483,7 @@ func TestIntegrationReplacedTokenKeepsItsLeaseAlive(t *testing.T) {
 	_ = kept.Revoke(ctx, keptLease.ID)
 }
 
-func waitGone(t *testing.T, ctx context.Context, c vault.Client, l *vault.Lease) {
+func waitGone(t *testing.T, ctx context.Context, c vault.LeaseClient, l *vault.Lease) {
 	t.Helper()
 	for end := time.Now().Add(5 * time.Second); ; time.Sleep(200 * time.Millisecond) {
 		info, err := c.Lookup(ctx, l.ID)
@@ -509,51 +510,73 @@ func ownVault(t *testing.T) *testground.Vault {
 	return v
 }
 
-// TestIntegrationVaultUnavailable: a sealed and a stopped Vault yield Unavailable errors after
-// the configured attempts, or when the context's deadline comes first, in time.
+// TestIntegrationVaultUnavailable: a sealed, a stopped and a blackholed Vault (its process
+// paused: the kernel still accepts connections, nothing answers) each fail a call after one
+// request, as Sealed or Unavailable, at once or by Config.Timeout although the caller would wait
+// longer; once Vault answers again, the next call works.
 func TestIntegrationVaultUnavailable(t *testing.T) {
+	const timeout = time.Second
 	cases := map[string]struct {
-		breakVault   func(t *testing.T, v *testground.Vault)
-		attempts     int
-		deadline     time.Duration
+		breakVault   func(t *testing.T, v *testground.Vault) (restore func())
 		wantClass    string
-		wantAttempts int // 0: several, bounded by the deadline
+		wantDeadline bool
 	}{
-		"sealed, bounded by attempts": {breakVault: seal, attempts: 4, deadline: 20 * time.Second, wantClass: vault.ClassSealed, wantAttempts: 4},
-		"sealed, bounded by deadline": {breakVault: seal, attempts: 1000, deadline: time.Second, wantClass: vault.ClassSealed},
-		"stopped, bounded by attempts": {breakVault: func(_ *testing.T, v *testground.Vault) { v.Stop() }, attempts: 4,
-			deadline: 20 * time.Second, wantClass: vault.ClassUnavailable, wantAttempts: 4},
-		"stopped, bounded by deadline": {breakVault: func(_ *testing.T, v *testground.Vault) { v.Stop() }, attempts: 1000,
-			deadline: time.Second, wantClass: vault.ClassUnavailable},
+		"sealed": {breakVault: func(t *testing.T, v *testground.Vault) func() { seal(t, v); return nil }, wantClass: vault.ClassSealed},
+		"stopped": {breakVault: func(_ *testing.T, v *testground.Vault) func() { v.Stop(); return nil },
+			wantClass: vault.ClassUnavailable},
+		"blackholed": {breakVault: pause, wantClass: vault.ClassUnavailable, wantDeadline: true},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
 			v := ownVault(t)
 			obs := &attempts{}
-			c := newClient(t, vault.Config{Address: v.Addr, Auth: vault.Auth{Token: &vault.TokenAuth{Token: v.RootToken}}, Observer: obs.observe,
-				Retry: vault.Retry{Attempts: tc.attempts, BaseBackoff: 100 * time.Millisecond, MaxBackoff: 400 * time.Millisecond}})
+			c := newClient(t, vault.Config{Address: v.Addr, Auth: vault.Auth{Token: &vault.TokenAuth{Token: v.RootToken}},
+				Observer: obs.observe, Timeout: timeout})
 			if err := c.Login(testContext(t, 10*time.Second)); err != nil {
 				t.Fatal(err)
 			}
-			tc.breakVault(t, v)
+			restore := tc.breakVault(t, v)
 			start := time.Now()
 
-			_, err := c.Issue(testContext(t, tc.deadline), "database/creds/anything")
+			_, err := c.Issue(testContext(t, 20*time.Second), "database/creds/anything")
 
 			elapsed := time.Since(start)
-			if vault.ClassOf(err) != tc.wantClass || !vault.IsUnavailable(err) {
-				t.Fatalf("Issue() error = %v, want class %s", err, tc.wantClass)
+			if vault.ClassOf(err) != tc.wantClass || !vault.IsUnavailable(err) || errors.Is(err, context.DeadlineExceeded) != tc.wantDeadline {
+				t.Fatalf("Issue() error = %v, want class %s (deadline: %v)", err, tc.wantClass, tc.wantDeadline)
 			}
-			n := obs.count("issue")
-			if tc.wantAttempts > 0 && n != tc.wantAttempts || tc.wantAttempts == 0 && (n < 2 || !errors.Is(err, context.DeadlineExceeded)) {
-				t.Errorf("%d attempts, error %v; want %d attempts (0: several, then the deadline)", n, err, tc.wantAttempts)
+			if n := obs.count("issue"); n != 1 {
+				t.Errorf("%d issue requests, want 1", n)
 			}
-			if elapsed > tc.deadline+time.Second {
-				t.Errorf("Issue() took %v with a deadline of %v", elapsed, tc.deadline)
+			switch {
+			case tc.wantDeadline && (elapsed < timeout || elapsed > timeout+time.Second):
+				t.Errorf("Issue() took %v, want the timeout of %v", elapsed, timeout)
+			case !tc.wantDeadline && elapsed > timeout/2:
+				t.Errorf("Issue() took %v, want it to fail at once", elapsed)
 			}
-			t.Logf("%s after %d attempts in %v", err, n, elapsed.Round(time.Millisecond))
+			t.Logf("%s after %v", err, elapsed.Round(time.Millisecond))
+			if restore == nil {
+				return
+			}
+			restore()
+			if h, err := c.Health(testContext(t, 10*time.Second)); err != nil || h.Sealed {
+				t.Errorf("Health() once Vault answers again = %+v, %v", h, err)
+			}
 		})
 	}
+}
+
+// pause stops the Vault process (SIGSTOP) until the returned restore, or the test's end,
+// continues it.
+func pause(t *testing.T, v *testground.Vault) func() {
+	t.Helper()
+	pid := v.Process().PID()
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatalf("pausing vault: %v", err)
+	}
+	var once sync.Once
+	restore := func() { once.Do(func() { _ = syscall.Kill(pid, syscall.SIGCONT) }) }
+	t.Cleanup(restore) // before ownVault's Stop
+	return restore
 }
 
 func seal(t *testing.T, v *testground.Vault) {
@@ -577,7 +600,7 @@ func TestIntegrationHealth(t *testing.T) {
 	}
 }
 
-// TestIntegrationPermissionDenied: a token whose policy forbids the path is refused once, not retried.
+// TestIntegrationPermissionDenied: a token whose policy forbids the path is refused after one request.
 func TestIntegrationPermissionDenied(t *testing.T) {
 	g := sharedGround(t)
 	ctx := testContext(t, time.Minute)

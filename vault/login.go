@@ -8,19 +8,22 @@ import (
 	"time"
 
 	vaultapi "github.com/hashicorp/vault/api"
+	"github.com/hashicorp/vault/api/auth/approle"
+	"github.com/hashicorp/vault/api/auth/kubernetes"
 )
 
 // login logs in with the configured auth method and makes the new token current, once the token
 // store holds it. The previous token is kept, not revoked: revoking it would revoke the leases it
 // created, and it is kept alive while they may be live (KeepTokens).
-func (c *client) login(ctx context.Context) error {
-	path, body, err := c.loginRequest(ctx)
+func (c *Client) login(ctx context.Context) error {
+	method, path, err := c.loginMethod(ctx)
 	if err != nil {
 		return err
 	}
 	var s *vaultapi.Secret
 	_, err = c.call(ctx, opLogin, path, noToken, func(ctx context.Context, _ *heldToken) (err error) {
-		s, err = c.put(ctx, c.loginAPI, path, body)
+		// Not c.loginAPI.Auth().Login: that would set the new token on the login client.
+		s, err = method.Login(ctx, c.loginAPI)
 		return err
 	})
 	if err != nil {
@@ -60,8 +63,8 @@ func (c *client) login(ctx context.Context) error {
 }
 
 // hold wraps a token state with an API client that carries the token.
-func (c *client) hold(st tokenState) (*heldToken, error) {
-	ac, err := newAPIClient(c.cfg, c.http)
+func (c *Client) hold(st tokenState) (*heldToken, error) {
+	ac, err := c.newAPIClient()
 	if err != nil {
 		return nil, err
 	}
@@ -79,27 +82,52 @@ func accessorOf(accessor, token string) string {
 	return "sha256-" + hex.EncodeToString(sum[:12])
 }
 
-// loginRequest returns the login path and body of the configured auth method.
-func (c *client) loginRequest(ctx context.Context) (string, map[string]any, error) {
+// loginMethod returns vault/api's login for the configured auth method, and the path it logs in
+// at. A Kubernetes login gets a fresh service-account token from the caller's source.
+func (c *Client) loginMethod(ctx context.Context) (vaultapi.AuthMethod, string, error) {
+	var (
+		method vaultapi.AuthMethod
+		path   string
+		err    error
+	)
 	switch a := c.cfg.Auth; {
 	case a.Kubernetes != nil:
-		path := "auth/" + a.Kubernetes.Mount + "/login"
-		jwt, err := a.Kubernetes.JWT(ctx)
-		if err != nil {
-			e := newError(opLogin, path, err, c.secrets)
-			e.Class = classifyTokenSource(err)
-			e.detail = "obtaining a service-account token: " + e.detail
-			return "", nil, e
+		path = "auth/" + a.Kubernetes.Mount + "/login"
+		var jwt string
+		if jwt, err = c.serviceAccountToken(ctx, path); err != nil {
+			return nil, path, err
 		}
-		if jwt == "" {
-			return "", nil, &Error{Op: opLogin, Path: path, Class: ClassInvalidConfig, detail: "the service-account token is empty"}
-		}
-		c.secrets.add(jwt)
-		return path, map[string]any{"role": a.Kubernetes.Role, "jwt": jwt}, nil
+		method, err = kubernetes.NewKubernetesAuth(a.Kubernetes.Role,
+			kubernetes.WithServiceAccountToken(jwt), kubernetes.WithMountPath(a.Kubernetes.Mount))
 	case a.AppRole != nil:
-		return "auth/" + a.AppRole.Mount + "/login", map[string]any{"role_id": a.AppRole.RoleID, "secret_id": a.AppRole.SecretID}, nil
+		path = "auth/" + a.AppRole.Mount + "/login"
+		method, err = approle.NewAppRoleAuth(a.AppRole.RoleID, &approle.SecretID{FromString: a.AppRole.SecretID},
+			approle.WithMountPath(a.AppRole.Mount))
+	default:
+		return nil, "", &Error{Op: opLogin, Class: ClassInvalidConfig, detail: "a static token cannot log in"}
 	}
-	return "", nil, &Error{Op: opLogin, Class: ClassInvalidConfig, detail: "a static token cannot log in"}
+	if err != nil {
+		return nil, path, &Error{Op: opLogin, Path: path, Class: ClassInvalidConfig, detail: "setting up the login: " + c.secrets.redact(err.Error())}
+	}
+	return method, path, nil
+}
+
+// serviceAccountToken obtains a service-account token for a Kubernetes login from the caller's
+// source, and remembers it as a secret. An empty token is refused: vault/api would read the
+// pod's mounted token instead.
+func (c *Client) serviceAccountToken(ctx context.Context, path string) (string, error) {
+	jwt, err := c.cfg.Auth.Kubernetes.JWT(ctx)
+	if err != nil {
+		e := newError(opLogin, path, err, c.secrets)
+		e.Class = classifyTokenSource(err)
+		e.detail = "obtaining a service-account token: " + e.detail
+		return "", e
+	}
+	if jwt == "" {
+		return "", &Error{Op: opLogin, Path: path, Class: ClassInvalidConfig, detail: "the service-account token is empty"}
+	}
+	c.secrets.add(jwt)
+	return jwt, nil
 }
 
 // classifyTokenSource classifies a failure of the caller's service-account token source:
@@ -113,7 +141,7 @@ func classifyTokenSource(err error) string {
 
 // lookupStatic learns the TTL, renewability and policies of the static token and makes it
 // current. A token whose policies forbid looking itself up is assumed not to expire.
-func (c *client) lookupStatic(ctx context.Context) error {
+func (c *Client) lookupStatic(ctx context.Context) error {
 	token := c.cfg.Auth.Token.Token
 	h, err := c.hold(tokenState{token: token, accessor: accessorOf("", token)})
 	if err != nil {
@@ -139,10 +167,10 @@ func (c *client) lookupStatic(ctx context.Context) error {
 }
 
 // lookupSelf reads what Vault knows of a held token, with that token.
-func (c *client) lookupSelf(ctx context.Context, h *heldToken) (map[string]any, error) {
+func (c *Client) lookupSelf(ctx context.Context, h *heldToken) (map[string]any, error) {
 	var s *vaultapi.Secret
 	_, err := c.call(ctx, opLookupSelf, "auth/token/lookup-self", noToken, func(ctx context.Context, _ *heldToken) (err error) {
-		s, err = c.get(ctx, h.api, "auth/token/lookup-self")
+		s, err = h.api.Auth().Token().LookupSelfWithContext(ctx)
 		return err
 	})
 	if err != nil {

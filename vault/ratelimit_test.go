@@ -2,6 +2,7 @@ package vault
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"sort"
 	"sync"
@@ -15,93 +16,128 @@ func healthy(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, 200, map[string]any{"initialized": true, "version": "1.21.0"})
 }
 
-// burstOfHealthCalls makes n concurrent Health calls and returns their errors.
-func burstOfHealthCalls(c *testClient, n int) []error {
+// arrivals records when requests reach the server.
+type arrivals struct {
+	mu    sync.Mutex
+	times []time.Time
+}
+
+func (a *arrivals) wrap(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		a.mu.Lock()
+		a.times = append(a.times, time.Now())
+		a.mu.Unlock()
+		h(w, r)
+	}
+}
+
+func (a *arrivals) sorted() []time.Time {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	out := append([]time.Time(nil), a.times...)
+	sort.Slice(out, func(i, j int) bool { return out[i].Before(out[j]) })
+	return out
+}
+
+// burstOfCalls makes n concurrent calls, Health and Lookup in turn (the login client and a
+// token's client), and returns their errors.
+func burstOfCalls(c *testClient, n int) []error {
 	var wg sync.WaitGroup
 	errs := make([]error, n)
 	for i := range n {
 		wg.Go(func() {
-			_, errs[i] = c.Health(context.Background())
+			if i%2 == 0 {
+				_, errs[i] = c.Health(context.Background())
+				return
+			}
+			_, errs[i] = c.Lookup(context.Background(), "l")
 		})
 	}
 	wg.Wait()
 	return errs
 }
 
-// TestRateLimiterHoldsRate: a burst of concurrent calls passes Burst at once, then QPS per second,
-// on the client's clock (here a fake one, so the accounting is exact).
-func TestRateLimiterHoldsRate(t *testing.T) {
-	cases := map[string]struct {
-		qps   float64
-		burst int
-		calls int
-	}{
-		"10 qps, burst 2, 12 calls":  {qps: 10, burst: 2, calls: 12},
-		"50 qps, burst 10, 60 calls": {qps: 50, burst: 10, calls: 60},
-		"within the burst":           {qps: 1, burst: 5, calls: 5},
-	}
-	for name, tc := range cases {
-		t.Run(name, func(t *testing.T) {
-			c := newTestClient(t, func(cfg *Config) { cfg.RateLimit = RateLimit{QPS: tc.qps, Burst: tc.burst} })
-			c.vault.handle("sys/health", healthy)
-			autoStep(t, c.clock)
-
-			for _, err := range burstOfHealthCalls(c, tc.calls) {
-				if err != nil {
-					t.Fatal(err)
-				}
-			}
-
-			if got := c.vault.count("sys/health"); got != tc.calls {
-				t.Errorf("server saw %d calls, want %d", got, tc.calls)
-			}
-			want := time.Duration(float64(tc.calls-tc.burst) / tc.qps * float64(time.Second))
-			if elapsed := c.clock.Since(testEpoch); elapsed < want || elapsed > want+500*time.Millisecond {
-				t.Errorf("the burst took %v on the client's clock, want about %v", elapsed, want)
-			}
-		})
-	}
+func lookupOK(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, 200, map[string]any{"data": map[string]any{"id": "l", "ttl": 60, "renewable": true}})
 }
 
-// TestRateLimiterRealTime checks the same on the real clock, with generous bounds: no one-second
-// window sees more than Burst+QPS requests, and the whole burst takes at least (n-Burst)/QPS.
+// TestRateLimiterRealTime: a burst of concurrent calls, with and without a token, passes Burst at
+// once, then QPS per second: no one-second window sees more than Burst+QPS requests, and the whole
+// burst takes at least (n-Burst)/QPS.
 func TestRateLimiterRealTime(t *testing.T) {
 	const qps, burst, calls = 20, 5, 45
 	c := newTestClient(t, func(cfg *Config) {
 		cfg.Clock = clock.RealClock{}
 		cfg.RateLimit = RateLimit{QPS: qps, Burst: burst}
 	})
-	var mu sync.Mutex
-	var arrivals []time.Time
-	c.vault.handle("sys/health", func(w http.ResponseWriter, r *http.Request) {
-		mu.Lock()
-		arrivals = append(arrivals, time.Now())
-		mu.Unlock()
-		healthy(w, r)
-	})
+	seen := &arrivals{}
+	c.vault.handle("auth/approle/login", seen.wrap(loginOK(testToken, time.Hour, true)))
+	c.vault.handle("sys/health", seen.wrap(healthy))
+	c.vault.handle("sys/leases/lookup", seen.wrap(lookupOK))
 	start := time.Now()
 
-	for _, err := range burstOfHealthCalls(c, calls) {
+	for _, err := range burstOfCalls(c, calls) {
 		if err != nil {
 			t.Fatal(err)
 		}
 	}
 
 	elapsed := time.Since(start)
-	if min := time.Duration(calls-burst) * time.Second / qps; elapsed < min*9/10 || elapsed > 4*min {
-		t.Errorf("%d calls took %v, want about %v", calls, elapsed, min)
+	requests := calls + 1 // and the login
+	if min := time.Duration(requests-burst) * time.Second / qps; elapsed < min*9/10 || elapsed > 4*min {
+		t.Errorf("%d requests took %v, want about %v", requests, elapsed, min)
 	}
-	if len(arrivals) != calls {
-		t.Fatalf("server saw %d calls, want %d", len(arrivals), calls)
+	times := seen.sorted()
+	if len(times) != requests || c.vault.count("sys/leases/lookup") != calls/2 {
+		t.Fatalf("server saw %d requests (%d lookups), want %d", len(times), c.vault.count("sys/leases/lookup"), requests)
 	}
-	sort.Slice(arrivals, func(i, j int) bool { return arrivals[i].Before(arrivals[j]) })
-	for i := range arrivals {
+	for i := range times {
 		n := 0
-		for j := i; j < len(arrivals) && arrivals[j].Sub(arrivals[i]) < time.Second; j++ {
+		for j := i; j < len(times) && times[j].Sub(times[i]) < time.Second; j++ {
 			n++
 		}
 		if n > burst+qps+1 {
 			t.Fatalf("%d requests within one second from request %d, want at most %d", n, i, burst+qps)
 		}
+	}
+}
+
+// TestRateLimitHoldsWhenTheWaitOutlastsTheDeadline: calls that would wait for the rate limiter
+// past their deadline are not sent (vault/api alone would send them at once); they fail as
+// Unavailable when the deadline ends their wait.
+func TestRateLimitHoldsWhenTheWaitOutlastsTheDeadline(t *testing.T) {
+	const qps, burst, calls, timeout = 5, 1, 10, 300 * time.Millisecond
+	c := newTestClient(t, func(cfg *Config) {
+		cfg.Clock = clock.RealClock{}
+		cfg.RateLimit = RateLimit{QPS: qps, Burst: burst}
+		cfg.Timeout = timeout
+	})
+	seen := &arrivals{}
+	c.vault.handle("sys/health", seen.wrap(healthy))
+	var wg sync.WaitGroup
+	errs := make([]error, calls)
+	start := time.Now()
+	for i := range calls {
+		wg.Go(func() { _, errs[i] = c.Health(context.Background()) })
+	}
+	wg.Wait()
+
+	elapsed := time.Since(start)
+	served := len(seen.sorted())
+	if want := burst + int(timeout.Seconds()*qps) + 1; served < burst || served > want {
+		t.Errorf("server saw %d of %d requests within %v, want at most %d", served, calls, elapsed, want)
+	}
+	failed := 0
+	for _, err := range errs {
+		switch {
+		case err == nil:
+		case IsUnavailable(err) && errors.Is(err, context.DeadlineExceeded):
+			failed++
+		default:
+			t.Errorf("Health() = %v, want success or an Unavailable deadline error", err)
+		}
+	}
+	if failed != calls-served || elapsed > timeout+time.Second {
+		t.Errorf("%d calls failed after %v, want %d after about %v", failed, elapsed, calls-served, timeout)
 	}
 }

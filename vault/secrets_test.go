@@ -120,6 +120,57 @@ var failurePaths = map[string]func(t *testing.T, c *testClient) []any{
 		_, err := c.Renew(context.Background(), "l", time.Hour)
 		return []any{err}
 	},
+	"answers that are not the JSON expected": func(t *testing.T, c *testClient) []any {
+		loginAndIssue(t, c)
+		tooBig := `{"lease_id": "l", "lease_duration": ` + bodyNumber + `}` // the decoder would quote the number
+		c.vault.handle("sys/leases/renew", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, tooBig) })
+		c.vault.handle("sys/leases/lookup", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, `{"data": `+bodyNumber+`}`) })
+		c.vault.handle(credsPath, func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, tooBig) })
+		c.vault.handle("sys/health", func(w http.ResponseWriter, _ *http.Request) {
+			_, _ = io.WriteString(w, `{"server_time_utc": `+bodyNumber+`}`)
+		})
+		ctx := context.Background()
+		_, e1 := c.Renew(ctx, "l", time.Hour)
+		_, e2 := c.Lookup(ctx, "l")
+		_, e3 := c.Issue(ctx, credsPath)
+		_, e4 := c.Health(ctx)
+		return []any{e1, e2, e3, e4}
+	},
+	"renewing a replaced token failing": func(t *testing.T, c *testClient) []any {
+		loginAndIssue(t, c) // with token A
+		c.vault.handle("auth/approle/login", loginOK(tokenB, time.Hour, true))
+		if err := c.Login(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		c.vault.handle("auth/token/renew-self", echo(400))
+		c.clock.Step(41 * time.Minute)
+		_, err := c.KeepTokens(context.Background(), map[string]time.Time{accessorFor(tokenA): c.clock.Now().Add(time.Hour)})
+		return []any{err}
+	},
+	"taking over a stored token failing": func(t *testing.T, c *testClient) []any {
+		c.cfg.Tokens = &memStore{tokens: map[string]string{accessorFor(tokenA): tokenA}}
+		c.vault.handle("auth/token/lookup-self", echo(500))
+		_, err := c.Issue(context.Background(), credsPath)
+		return []any{err}
+	},
+	"token store refusing a new token": func(t *testing.T, c *testClient) []any {
+		c.cfg.Tokens = echoStore{}
+		c.vault.handle("auth/approle/login", loginOK(tokenA, time.Hour, true))
+		_, err := c.Issue(context.Background(), credsPath)
+		return []any{err}
+	},
+}
+
+// bodyNumber is a piece of a response body that no error may quote.
+const bodyNumber = "271828182845904523536028747135"
+
+// echoStore is a TokenStore whose writes fail with an error that quotes what it was given.
+type echoStore struct{}
+
+func (echoStore) Load(context.Context) (map[string]string, error) { return nil, nil }
+
+func (echoStore) Save(_ context.Context, put map[string]string, _ []string) error {
+	return fmt.Errorf("cannot write %v", put)
 }
 
 // loginAndIssue logs in with tokenA and issues a credential with testPassword.
@@ -137,7 +188,10 @@ func loginAndIssue(t *testing.T, c *testClient) {
 // quotes the token, the secret ID, the service-account token and the password back, and checks
 // that none of them reaches an error string (however printed, unwrapped or not) or a log line.
 func TestNoSecretInErrorsOrLogs(t *testing.T) {
-	secrets := []string{testToken, tokenA, testSecretID, testRoleID, testJWT, testPassword}
+	secrets := []string{testToken, tokenA, tokenB, testSecretID, testRoleID, testJWT, testPassword, bodyNumber}
+	// Paths whose failures are only logged, and paths where nothing echoes a secret to redact.
+	noError := map[string]bool{"warnings quoting secrets": true, "token renewal and login failing while the token is valid": true}
+	noEcho := map[string]bool{"unreachable vault": true, "approle login answering html": true, "answers that are not the JSON expected": true}
 	logLinesSeen := 0
 	t.Cleanup(func() {
 		if logLinesSeen == 0 {
@@ -147,7 +201,6 @@ func TestNoSecretInErrorsOrLogs(t *testing.T) {
 	for name, run := range failurePaths {
 		t.Run(name, func(t *testing.T) {
 			c := newTestClient(t, nil)
-			autoStep(t, c.clock)
 
 			seen := run(t, c)
 
@@ -163,7 +216,7 @@ func TestNoSecretInErrorsOrLogs(t *testing.T) {
 				}
 				texts = append(texts, fmtAll(v))
 			}
-			if name != "warnings quoting secrets" && name != "token renewal and login failing while the token is valid" && !failed {
+			if !noError[name] && !failed {
 				t.Fatalf("no error came back: %v", seen)
 			}
 			logs := c.logs.all()
@@ -175,8 +228,7 @@ func TestNoSecretInErrorsOrLogs(t *testing.T) {
 					}
 				}
 			}
-			if !strings.Contains(strings.Join(append(texts, logs...), "\n"), redacted) && name != "unreachable vault" &&
-				name != "approle login answering html" {
+			if !strings.Contains(strings.Join(append(texts, logs...), "\n"), redacted) && !noEcho[name] {
 				t.Errorf("nothing was redacted, so the test did not see the echoed secrets: %q", texts)
 			}
 		})

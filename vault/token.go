@@ -76,14 +76,14 @@ type heldToken struct {
 }
 
 // current returns the token new work uses, nil before the first login.
-func (c *client) current() *heldToken {
+func (c *Client) current() *heldToken {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	return c.cur
 }
 
 // state is a copy of the current token's state (zero before the first login).
-func (c *client) state() tokenState {
+func (c *Client) state() tokenState {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	if c.cur == nil {
@@ -93,16 +93,16 @@ func (c *client) state() tokenState {
 }
 
 // updateToken changes the state of a held token under the lock.
-func (c *client) updateToken(h *heldToken, f func(s *tokenState)) {
+func (c *Client) updateToken(h *heldToken, f func(s *tokenState)) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	f(&h.tokenState)
 }
 
-func (c *client) canLogin() bool { return c.cfg.Auth.Token == nil }
+func (c *Client) canLogin() bool { return c.cfg.Auth.Token == nil }
 
 // TokenInfo describes the client's current token, never the token itself.
-func (c *client) TokenInfo() TokenInfo {
+func (c *Client) TokenInfo() TokenInfo {
 	c.mu.RLock()
 	logins, renewals, maxTTL := c.logins, c.renewals, c.learnedMaxTTL
 	c.mu.RUnlock()
@@ -127,7 +127,7 @@ func (c *client) TokenInfo() TokenInfo {
 
 // Login obtains a new token now (a static token is looked up again). The token it replaces is
 // kept alive while leases it created may be live.
-func (c *client) Login(ctx context.Context) error {
+func (c *Client) Login(ctx context.Context) error {
 	ctx, cancel := c.withTimeout(ctx)
 	defer cancel()
 	if err := c.lockAuth(ctx); err != nil {
@@ -140,7 +140,7 @@ func (c *client) Login(ctx context.Context) error {
 	return c.obtain(ctx)
 }
 
-func (c *client) lockAuth(ctx context.Context) error {
+func (c *Client) lockAuth(ctx context.Context) error {
 	select {
 	case c.authSem <- struct{}{}:
 		return nil
@@ -149,11 +149,11 @@ func (c *client) lockAuth(ctx context.Context) error {
 	}
 }
 
-func (c *client) unlockAuth() { <-c.authSem }
+func (c *Client) unlockAuth() { <-c.authSem }
 
 // refreshDue says whether the current token must be obtained, renewed or replaced before a call.
 // forIssue also asks for a token that can still carry a new lease for long (see fitForLeases).
-func (c *client) refreshDue(forIssue bool) bool {
+func (c *Client) refreshDue(forIssue bool) bool {
 	s := c.state()
 	if s.token == "" {
 		return true
@@ -172,7 +172,7 @@ func (c *client) refreshDue(forIssue bool) bool {
 // fitForLeases says whether a token may still create leases: one whose end is known must have at
 // least two thirds of its whole life left, so that a lease it creates can be rolled out and replaced
 // in time before the token, and with it the lease, ends.
-func (c *client) fitForLeases(s tokenState, now time.Time) bool {
+func (c *Client) fitForLeases(s tokenState, now time.Time) bool {
 	end := s.deadline()
 	if end.IsZero() {
 		return true
@@ -182,7 +182,7 @@ func (c *client) fitForLeases(s tokenState, now time.Time) bool {
 }
 
 // forgetToken drops a token Vault refused as invalid: it no longer exists, nor do its leases.
-func (c *client) forgetToken(h *heldToken) {
+func (c *Client) forgetToken(h *heldToken) {
 	c.mu.Lock()
 	delete(c.held, h.accessor)
 	if c.cur == h {
@@ -194,7 +194,7 @@ func (c *client) forgetToken(h *heldToken) {
 
 // ensureToken makes sure the client holds a current token that is not due for renewal: it logs
 // in, renews or logs in again as needed. One goroutine does so while the others wait for it.
-func (c *client) ensureToken(ctx context.Context, forIssue bool) error {
+func (c *Client) ensureToken(ctx context.Context, forIssue bool) error {
 	if c.loaded() && !c.refreshDue(forIssue) {
 		return nil
 	}
@@ -215,7 +215,7 @@ func (c *client) ensureToken(ctx context.Context, forIssue bool) error {
 // renewable, the renewal fails, the renewal was capped short of a useful TTL, or (forIssue) the
 // token is too close to its end to create leases. While the current token is still valid, a
 // failed refresh is logged and tried again later, and the call goes ahead.
-func (c *client) refresh(ctx context.Context, forIssue bool) error {
+func (c *Client) refresh(ctx context.Context, forIssue bool) error {
 	h := c.current()
 	if h == nil {
 		return c.obtain(ctx)
@@ -248,7 +248,7 @@ func (c *client) refresh(ctx context.Context, forIssue bool) error {
 	return nil
 }
 
-func (c *client) renewOrLogin(ctx context.Context, h *heldToken) error {
+func (c *Client) renewOrLogin(ctx context.Context, h *heldToken) error {
 	short, err := c.renewSelf(ctx, h)
 	switch {
 	case !c.canLogin():
@@ -264,7 +264,7 @@ func (c *client) renewOrLogin(ctx context.Context, h *heldToken) error {
 }
 
 // obtain gets a token: a login, or a lookup of the static token.
-func (c *client) obtain(ctx context.Context) error {
+func (c *Client) obtain(ctx context.Context) error {
 	if c.canLogin() {
 		return c.login(ctx)
 	}
@@ -275,7 +275,7 @@ func (c *client) obtain(ctx context.Context) error {
 // was issued with, or more when a lease it owns lives longer, so that the token outlives its leases
 // where Vault allows. A renewal that Vault caps (its max TTL) tells when the token ends for good.
 // short says the capped renewal left less than half of the login TTL.
-func (c *client) renewSelf(ctx context.Context, h *heldToken) (short bool, err error) {
+func (c *Client) renewSelf(ctx context.Context, h *heldToken) (short bool, err error) {
 	c.mu.RLock()
 	s, need := h.tokenState, h.need
 	c.mu.RUnlock()
@@ -283,7 +283,7 @@ func (c *client) renewSelf(ctx context.Context, h *heldToken) (short bool, err e
 	asked := max(s.loginTTL, need.Sub(now))
 	var out *vaultapi.Secret
 	_, err = c.call(ctx, opRenewSelf, "auth/token/renew-self", noToken, func(ctx context.Context, _ *heldToken) (err error) {
-		out, err = c.put(ctx, h.api, "auth/token/renew-self", map[string]any{"increment": wholeSeconds(asked)})
+		out, err = h.api.Auth().Token().RenewSelfWithContext(ctx, wholeSeconds(asked))
 		return err
 	})
 	if err != nil {

@@ -49,7 +49,7 @@ func (h *heldToken) status(current bool) TokenStatus {
 }
 
 // Token describes a token the client holds, by accessor.
-func (c *client) Token(accessor string) (TokenStatus, bool) {
+func (c *Client) Token(accessor string) (TokenStatus, bool) {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	h, ok := c.held[accessor]
@@ -60,7 +60,7 @@ func (c *client) Token(accessor string) (TokenStatus, bool) {
 }
 
 // Tokens describes every token the client holds, the current one first, then oldest first.
-func (c *client) Tokens() []TokenStatus {
+func (c *Client) Tokens() []TokenStatus {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	out := make([]TokenStatus, 0, len(c.held))
@@ -90,7 +90,7 @@ func (c *client) Tokens() []TokenStatus {
 // creating a lease) is given up: dropped from memory and from the store, not revoked. It returns
 // the tokens held afterwards, and the first renewal error (the others are retried at their next
 // due time).
-func (c *client) KeepTokens(ctx context.Context, needs map[string]time.Time) ([]TokenStatus, error) {
+func (c *Client) KeepTokens(ctx context.Context, needs map[string]time.Time) ([]TokenStatus, error) {
 	ctx, cancel := c.withTimeout(ctx)
 	defer cancel()
 	if err := c.lockAuth(ctx); err != nil {
@@ -137,7 +137,7 @@ func (c *client) KeepTokens(ctx context.Context, needs map[string]time.Time) ([]
 }
 
 // heldTokens records needs on the held tokens and returns them.
-func (c *client) heldTokens(needs map[string]time.Time) []*heldToken {
+func (c *Client) heldTokens(needs map[string]time.Time) []*heldToken {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	out := make([]*heldToken, 0, len(c.held))
@@ -150,7 +150,7 @@ func (c *client) heldTokens(needs map[string]time.Time) []*heldToken {
 
 // needed says whether a token that is not current must be kept: a lease of it lives, or it
 // created a lease (or was taken over) a moment ago.
-func (c *client) needed(h *heldToken) bool {
+func (c *Client) needed(h *heldToken) bool {
 	now := c.clock.Now()
 	c.mu.RLock()
 	defer c.mu.RUnlock()
@@ -163,7 +163,7 @@ func (c *client) needed(h *heldToken) bool {
 
 // keepAlive renews a token that is not current when it is due. A token Vault no longer knows is
 // forgotten: its leases are gone with it.
-func (c *client) keepAlive(ctx context.Context, h *heldToken) error {
+func (c *Client) keepAlive(ctx context.Context, h *heldToken) error {
 	c.mu.RLock()
 	s := h.tokenState
 	c.mu.RUnlock()
@@ -186,7 +186,7 @@ func (c *client) keepAlive(ctx context.Context, h *heldToken) error {
 }
 
 // loaded says whether the token store has been read (always, without one).
-func (c *client) loaded() bool {
+func (c *Client) loaded() bool {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	return c.storeLoaded
@@ -196,7 +196,7 @@ func (c *client) loaded() bool {
 // Vault no longer knows is removed from the store, and the freshest one that can still create
 // leases becomes current, so that a restarted operator needs no new login. It runs under the auth
 // lock.
-func (c *client) loadTokens(ctx context.Context) error {
+func (c *Client) loadTokens(ctx context.Context) error {
 	if c.loaded() {
 		return nil
 	}
@@ -235,14 +235,14 @@ func (c *client) loadTokens(ctx context.Context) error {
 	return nil
 }
 
-func (c *client) markLoaded() {
+func (c *Client) markLoaded() {
 	c.mu.Lock()
 	c.storeLoaded = true
 	c.mu.Unlock()
 }
 
 // adopt looks a persisted token up and holds it.
-func (c *client) adopt(ctx context.Context, token string) (*heldToken, error) {
+func (c *Client) adopt(ctx context.Context, token string) (*heldToken, error) {
 	h, err := c.hold(tokenState{token: token, accessor: accessorOf("", token)})
 	if err != nil {
 		return nil, err
@@ -259,7 +259,7 @@ func (c *client) adopt(ctx context.Context, token string) (*heldToken, error) {
 
 // chooseCurrent makes the freshest valid held token that can still create leases current, when
 // there is no current token.
-func (c *client) chooseCurrent() {
+func (c *Client) chooseCurrent() {
 	now := c.clock.Now()
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -275,7 +275,7 @@ func (c *client) chooseCurrent() {
 
 // saveTokens writes to the token store, if there is one. A failure to drop tokens is only logged:
 // a stale entry is dropped at the next load.
-func (c *client) saveTokens(ctx context.Context, put map[string]string, drop []string) error {
+func (c *Client) saveTokens(ctx context.Context, put map[string]string, drop []string) error {
 	if c.cfg.Tokens == nil || (len(put) == 0 && len(drop) == 0) {
 		return nil
 	}
@@ -288,7 +288,7 @@ func (c *client) saveTokens(ctx context.Context, put map[string]string, drop []s
 }
 
 // noteIssue records that a token created a lease now.
-func (c *client) noteIssue(h *heldToken) {
+func (c *Client) noteIssue(h *heldToken) {
 	if h == nil {
 		return
 	}

@@ -180,7 +180,7 @@ func TestTokenTooCloseToItsEndLogsInBeforeIssuing(t *testing.T) {
 // a store that refuses it fails the call rather than create an unpersisted lease.
 func TestNewTokenIsStoredBeforeItIsUsed(t *testing.T) {
 	store := &memStore{fail: errors.New("secrets is forbidden")}
-	c := newTestClient(t, func(cfg *Config) { cfg.Tokens = store; cfg.Retry.Attempts = 1 })
+	c := newTestClient(t, func(cfg *Config) { cfg.Tokens = store })
 	c.vault.handle("auth/approle/login", loginOK(tokenA, time.Minute, true))
 	c.vault.handle(credsPath, issueOK("l", time.Hour, nil))
 	ctx := context.Background()

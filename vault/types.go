@@ -8,10 +8,11 @@ import (
 	"time"
 )
 
-// Client is what keyroll needs from Vault. Every method honours the context's deadline (a call
-// without one gets Config.Timeout), retries transient failures, and returns errors that the
-// Is* predicates and ClassOf classify.
-type Client interface {
+// LeaseClient is what the RedisCluster controller needs of a Vault connection: the leases of
+// dynamic credentials, and the state of the token that created one. Every call ends by
+// Config.Timeout at the latest, makes one request (see Client), and returns errors that the Is*
+// predicates and ClassOf classify.
+type LeaseClient interface {
 	// Issue reads a path that issues a dynamic credential, e.g. database/creds/orders.
 	Issue(ctx context.Context, path string) (*Lease, error)
 	// Renew extends a lease by increment (0: the role's default); Vault may grant less.
@@ -21,19 +22,28 @@ type Client interface {
 	Revoke(ctx context.Context, leaseID string) error
 	// Lookup says whether a lease still exists and when it expires.
 	Lookup(ctx context.Context, leaseID string) (*LeaseInfo, error)
+	// Token describes a held token by its accessor (Lease.TokenAccessor): when it ends, and with
+	// it the leases it created.
+	Token(accessor string) (TokenStatus, bool)
+}
+
+// ConnectionClient is what the VaultConnection controller needs of a Vault connection: the
+// server's health, the login, and the tokens that keep leases alive. Its calls end, fail and
+// classify their errors as LeaseClient's do.
+type ConnectionClient interface {
 	// Health reports the server's version and seal state; a sealed or standby server is not
 	// an error here.
 	Health(ctx context.Context) (*Health, error)
-	// TokenInfo describes the client's current Vault token, never the token itself.
-	TokenInfo() TokenInfo
 	// Login logs in now (for a static token: looks it up), replacing the current token; the
 	// replaced token is kept alive while leases it created may be live.
 	Login(ctx context.Context) error
 	// KeepTokens renews, before they expire, the tokens that own live leases (needs: accessor to
 	// the latest expiry of its leases), and gives up the others but the current one.
 	KeepTokens(ctx context.Context, needs map[string]time.Time) ([]TokenStatus, error)
-	// Token describes a held token by its accessor.
-	Token(accessor string) (TokenStatus, bool)
+	// Tokens describes every held token, the current one first.
+	Tokens() []TokenStatus
+	// TokenInfo describes the client's current Vault token, never the token itself.
+	TokenInfo() TokenInfo
 }
 
 // Lease is a credential issued by Vault.

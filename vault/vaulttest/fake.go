@@ -1,6 +1,6 @@
-// Package vaulttest provides an in-memory fake of vault.Client for controller unit tests: it
-// issues, renews, looks up and revokes leases against a clock, counts the calls, and fails them
-// on demand with classified errors.
+// Package vaulttest provides an in-memory fake of the Vault client for controller unit tests: it
+// implements vault.LeaseClient and vault.ConnectionClient, issues, renews, looks up and revokes
+// leases against a clock, counts the calls, and fails them on demand with classified errors.
 package vaulttest
 
 import (
@@ -29,9 +29,13 @@ const (
 	OpKeep   = "keep-tokens"
 )
 
-var _ vault.Client = (*Fake)(nil)
+var (
+	_ vault.LeaseClient      = (*Fake)(nil)
+	_ vault.ConnectionClient = (*Fake)(nil)
+)
 
-// Fake is an in-memory vault.Client. Set its exported fields before the first call; they are read
+// Fake is an in-memory Vault client, for the callers of vault.LeaseClient and
+// vault.ConnectionClient. Set its exported fields before the first call; they are read
 // under its lock, so a test may also change them between calls.
 type Fake struct {
 	mu sync.Mutex
@@ -49,7 +53,7 @@ type Fake struct {
 	// Current is what TokenInfo returns. Its Accessor names the token that issues leases
 	// (default "fake-accessor").
 	Current vault.TokenInfo
-	// Held is what KeepTokens returns and Token looks up (default: one current token).
+	// Held is what KeepTokens and Tokens return and Token looks up (default: one current token).
 	Held []vault.TokenStatus
 	// Needs is what KeepTokens was last told.
 	Needs map[string]time.Time
@@ -285,6 +289,13 @@ func (f *Fake) Token(accessor string) (vault.TokenStatus, bool) {
 		}
 	}
 	return vault.TokenStatus{}, false
+}
+
+// Tokens returns Held.
+func (f *Fake) Tokens() []vault.TokenStatus {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.held()
 }
 
 func (f *Fake) held() []vault.TokenStatus {

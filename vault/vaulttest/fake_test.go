@@ -2,6 +2,7 @@ package vaulttest
 
 import (
 	"context"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -141,5 +142,32 @@ func TestTokenDeadlineAndHealth(t *testing.T) {
 	f.HealthStatus = &vault.Health{Initialized: true, Sealed: true}
 	if h, _ := f.Health(context.Background()); !h.Sealed {
 		t.Errorf("Health() = %+v", h)
+	}
+}
+
+func TestTokens(t *testing.T) {
+	f := New(nil)
+	f.TokenDeadline = epoch
+	if got := f.Tokens(); len(got) != 1 || got[0].Accessor != "fake-accessor" || !got[0].Current || !got[0].EndsAt.Equal(epoch) {
+		t.Errorf("default Tokens() = %+v, want one current token ending at TokenDeadline", got)
+	}
+	f.Held = []vault.TokenStatus{{Accessor: "a", Current: true}, {Accessor: "b"}}
+	needs := map[string]time.Time{"b": epoch}
+
+	held, err := f.KeepTokens(context.Background(), needs)
+
+	if err != nil || !reflect.DeepEqual(held, f.Held) || !reflect.DeepEqual(f.Tokens(), f.Held) || !f.Needs["b"].Equal(epoch) {
+		t.Errorf("KeepTokens() = %+v, %v; Tokens() = %+v; Needs = %v", held, err, f.Tokens(), f.Needs)
+	}
+	if ts, ok := f.Token("b"); !ok || ts.Current {
+		t.Errorf("Token(b) = %+v, %v", ts, ok)
+	}
+	if _, ok := f.Token("c"); ok {
+		t.Errorf("Token(c) found a token that is not held")
+	}
+	got := f.Tokens()
+	got[0].Accessor = "changed"
+	if f.Held[0].Accessor != "a" {
+		t.Errorf("Tokens() returned Held itself, not a copy")
 	}
 }
