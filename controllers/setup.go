@@ -26,8 +26,6 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
-
-	"github.com/keyroll/keyroll/vault"
 )
 
 // Options are what the reconcilers share.
@@ -73,7 +71,7 @@ func Setup(mgr ctrl.Manager, o Options) (*rediscluster.Reconciler, error) {
 	conn := &vaultconnection.Connector{
 		Reader: mgr.GetAPIReader(), Tokens: o.Tokens, ServiceAccount: o.ServiceAccount,
 		Writer: mgr.GetClient(), TokenNamespace: o.ServiceAccount.Namespace,
-		Cache: vault.NewCache(), Clock: o.Clock, Observer: observe,
+		Clients: vaultconnection.NewClients(), Clock: o.Clock, Observer: observe,
 	}
 	if err := vaultconnection.IndexClusters(mgr); err != nil {
 		return nil, err

@@ -25,7 +25,7 @@ const waitForConnection = time.Minute
 // connect resolves the RedisCluster's VaultConnection and returns its Vault client. Without a
 // client it sets a condition, records an event on the transition and says when to look again.
 // forDelete skips the namespace check: revoking leases keyroll already holds is always allowed.
-func (r *deps) connect(ctx context.Context, s *scope, forDelete bool) (vault.Client, time.Duration, error) {
+func (r *deps) connect(ctx context.Context, s *scope, forDelete bool) (vault.LeaseClient, time.Duration, error) {
 	rc := s.rc
 	name := rc.VaultConnectionName()
 	vc := &v1alpha1.VaultConnection{}

@@ -21,7 +21,7 @@ import (
 // revokeSuperseded revokes the leases that a newer credential has replaced; it is called only once
 // that credential runs on every Redis pod and consumer. A failed revocation stays in the ledger as
 // Revoking and is retried with backoff.
-func (r *deps) revokeSuperseded(ctx context.Context, s *scope, vcl vault.Client) error {
+func (r *deps) revokeSuperseded(ctx context.Context, s *scope, vcl vault.LeaseClient) error {
 	var errs []error
 	for _, l := range s.rc.Status.Leases {
 		if l.State == v1alpha1.LeaseActive {
@@ -33,7 +33,7 @@ func (r *deps) revokeSuperseded(ctx context.Context, s *scope, vcl vault.Client)
 }
 
 // revoke revokes one lease: on success it leaves the ledger, on failure it is marked Revoking.
-func (r *deps) revoke(ctx context.Context, s *scope, vcl vault.Client, id string) error {
+func (r *deps) revoke(ctx context.Context, s *scope, vcl vault.LeaseClient, id string) error {
 	err := vcl.Revoke(ctx, id)
 	r.Metrics.Revocations.WithLabelValues(metrics.Result(err)).Inc()
 	if err != nil {

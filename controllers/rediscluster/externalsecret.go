@@ -37,7 +37,7 @@ const defaultRenewalPercent = 67
 // reconcileSynced is reconcileCredential for ExternalSecret mode: it keeps the ExternalSecret as
 // specified, adopts the credential ESO synced, renews its lease when tracked (vcl is nil when
 // externalSecret.connectionRef is not set) and asks ESO for a new credential when one is due.
-func (r *externalSecret) credential(ctx context.Context, s *scope, vcl vault.Client) (*render.Credential, time.Duration, error) {
+func (r *externalSecret) credential(ctx context.Context, s *scope, vcl vault.LeaseClient) (*render.Credential, time.Duration, error) {
 	rc := s.rc
 	es, err := r.ensureExternalSecret(ctx, s)
 	if err != nil || es == nil {
@@ -82,7 +82,7 @@ func (r *externalSecret) credential(ctx context.Context, s *scope, vcl vault.Cli
 // decideSynced lets rotation.Decide say what the synced credential needs and does it: renew or
 // look up a tracked lease, or ask ESO for a new credential, until nothing more is due or a
 // refresh is asked for (ESO answers with a new Secret, which starts the next reconcile).
-func (r *externalSecret) decideSynced(ctx context.Context, s *scope, vcl vault.Client, tracked, gone bool) error {
+func (r *externalSecret) decideSynced(ctx context.Context, s *scope, vcl vault.LeaseClient, tracked, gone bool) error {
 	for range maxSteps {
 		d := rotation.Decide(r.decisionInput(s, vcl, true, gone))
 		var err error
@@ -187,7 +187,7 @@ func esReady(es *esv1.ExternalSecret) *esv1.ExternalSecretStatusCondition {
 // adopt takes a credential ESO synced into the status. A new one is recorded, and its lease put
 // into the ledger when tracked, before anything uses it; the credential it replaces is superseded
 // and its lease revoked after the rollout. gone says the tracked lease no longer exists in Vault.
-func (r *externalSecret) adopt(ctx context.Context, s *scope, sc *render.SyncedCredential, vcl vault.Client, tracked bool) (gone bool, err error) {
+func (r *externalSecret) adopt(ctx context.Context, s *scope, sc *render.SyncedCredential, vcl vault.LeaseClient, tracked bool) (gone bool, err error) {
 	rc := s.rc
 	key := client.ObjectKeyFromObject(rc)
 	sighted := r.sightings.peek(key)

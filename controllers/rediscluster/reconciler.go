@@ -73,7 +73,7 @@ type source interface {
 	// credential brings the credential up to date (issue, adopt, renew, look up, refresh) and
 	// returns it; nil while there is none. It says when to look again. vcl is the Vault client of
 	// the cluster's VaultConnection, nil when it has none.
-	credential(ctx context.Context, s *scope, vcl vault.Client) (*render.Credential, time.Duration, error)
+	credential(ctx context.Context, s *scope, vcl vault.LeaseClient) (*render.Credential, time.Duration, error)
 	// writesSecret says whether keyroll writes the credentials Secret (External Secrets Operator
 	// writes it otherwise).
 	writesSecret() bool
@@ -188,8 +188,13 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 	if !rc.DeletionTimestamp.IsZero() {
 		return r.reconcileDelete(ctx, s)
 	}
-	if added, err := r.ensureFinalizer(ctx, rc); err != nil || added {
+	if added, err := r.ensureFinalizer(ctx, rc); err != nil {
 		return ctrl.Result{}, err
+	} else if added {
+		// The finalizer patch starts no reconcile (the watch ignores metadata-only changes): look
+		// again at once, from the patched object.
+		s.before = rc.DeepCopy()
+		return ctrl.Result{RequeueAfter: time.Millisecond}, nil
 	}
 	return r.reconcileNormal(ctx, s)
 }
@@ -216,7 +221,7 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, s *scope) (ctrl.Result
 	if free, err := r.checkSecretsFree(ctx, s); !free || err != nil {
 		return ctrl.Result{RequeueAfter: waitForConnection}, err
 	}
-	var vcl vault.Client // none in ExternalSecret mode without connectionRef
+	var vcl vault.LeaseClient // none in ExternalSecret mode without connectionRef
 	if rc.VaultConnectionName() != "" {
 		c, wait, err := r.connect(ctx, s, false)
 		if c == nil {
@@ -248,7 +253,7 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, s *scope) (ctrl.Result
 // retireSuperseded revokes the leases the current credential replaced, once it runs everywhere,
 // and then drops their users (and those of replaced credentials without a tracked lease) from the
 // ACL Secret. vcl is nil when no lease is tracked.
-func (r *deps) retireSuperseded(ctx context.Context, s *scope, vcl vault.Client, cred *render.Credential) error {
+func (r *deps) retireSuperseded(ctx context.Context, s *scope, vcl vault.LeaseClient, cred *render.Credential) error {
 	c := s.rc.Status.Credential
 	if len(supersededLeases(s.rc)) == 0 && len(c.SupersededUsers) == 0 {
 		return nil
@@ -352,14 +357,16 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 
 // indexConsumers indexes RedisClusters by their consumers, "Kind/name".
 func indexConsumers(mgr ctrl.Manager) error {
-	return mgr.GetFieldIndexer().IndexField(context.Background(), &v1alpha1.RedisCluster{}, rollout.ConsumerIndex,
-		func(o client.Object) []string {
-			var keys []string
-			for _, c := range o.(*v1alpha1.RedisCluster).Spec.Rollout.Consumers {
-				keys = append(keys, c.Kind+"/"+c.Name)
-			}
-			return keys
-		})
+	return mgr.GetFieldIndexer().IndexField(context.Background(), &v1alpha1.RedisCluster{}, rollout.ConsumerIndex, consumerKeys)
+}
+
+// consumerKeys are the rollout.ConsumerIndex values of a RedisCluster: "Kind/name" of each consumer.
+func consumerKeys(o client.Object) []string {
+	var keys []string
+	for _, c := range o.(*v1alpha1.RedisCluster).Spec.Rollout.Consumers {
+		keys = append(keys, c.Kind+"/"+c.Name)
+	}
+	return keys
 }
 
 // clustersConsuming maps a workload to the RedisClusters that list it as a consumer.

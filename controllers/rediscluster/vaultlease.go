@@ -2,6 +2,7 @@ package rediscluster
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -32,7 +33,7 @@ const maxSteps = 4
 // previous step left. A lease found gone was revoked outside keyroll (its token is kept alive, so
 // it did not die with it): it is honoured and replaced at once. It returns the live credential
 // and when to look again.
-func (r *vaultLease) credential(ctx context.Context, s *scope, vcl vault.Client) (*render.Credential, time.Duration, error) {
+func (r *vaultLease) credential(ctx context.Context, s *scope, vcl vault.LeaseClient) (*render.Credential, time.Duration, error) {
 	cur, err := r.currentCredential(ctx, s.rc)
 	if err != nil {
 		return nil, 0, err
@@ -62,6 +63,10 @@ func (r *vaultLease) credential(ctx context.Context, s *scope, vcl vault.Client)
 			}
 			gone = false
 		}
+		var later *retryLater
+		if errors.As(err, &later) {
+			return nil, later.after, nil
+		}
 		if err != nil {
 			return nil, 0, err
 		}
@@ -81,7 +86,7 @@ func (r *deps) planned(s *scope, d rotation.Decision) {
 // renewal or lookup found the lease gone from Vault. vcl, when
 // set, says when the token that created the lease ends, as far as keyroll knows; that end is kept
 // in the status.
-func (r *deps) decisionInput(s *scope, vcl vault.Client, hasCredential, leaseGone bool) rotation.Input {
+func (r *deps) decisionInput(s *scope, vcl vault.LeaseClient, hasCredential, leaseGone bool) rotation.Input {
 	rc := s.rc
 	in := rotation.Input{
 		Now: r.Clock.Now(), HasCredential: hasCredential, LeaseGone: leaseGone, RenewalPercent: defaultRenewalPercent,
@@ -121,7 +126,7 @@ func (r *deps) decisionInput(s *scope, vcl vault.Client, hasCredential, leaseGon
 }
 
 // checkLease looks the live lease up in Vault. gone says Vault no longer knows it.
-func (r *deps) checkLease(ctx context.Context, s *scope, vcl vault.Client) (gone bool, err error) {
+func (r *deps) checkLease(ctx context.Context, s *scope, vcl vault.LeaseClient) (gone bool, err error) {
 	c := s.rc.Status.Credential
 	info, err := vcl.Lookup(ctx, c.LeaseID)
 	if err != nil {
@@ -224,7 +229,7 @@ func (r *vaultLease) readCredential(ctx context.Context, rd client.Reader, key c
 
 // issue obtains a new credential and records its lease in the ledger before anything uses it.
 // The lease it replaces stays in the ledger as Superseded until it is revoked.
-func (r *vaultLease) issue(ctx context.Context, s *scope, vcl vault.Client, d rotation.Decision) (*render.Credential, error) {
+func (r *vaultLease) issue(ctx context.Context, s *scope, vcl vault.LeaseClient, d rotation.Decision) (*render.Credential, error) {
 	rc := s.rc
 	path := rc.Spec.Credentials.VaultLease.Path
 	lease, err := vcl.Issue(ctx, path)
@@ -297,15 +302,31 @@ func (r *vaultLease) issueFailed(s *scope, err error) error {
 		reason = v1alpha1.ReasonVaultUnavailable
 	}
 	msg := fmt.Sprintf("issuing a credential from %s: %v", s.rc.Spec.Credentials.VaultLease.Path, err)
+	refused := vault.IsPermissionDenied(err) || vault.IsBadRequest(err) || vault.IsNotFound(err)
+	if refused {
+		// Waits for a fix in Vault, which no event here announces: tried again after a while.
+		msg += fmt.Sprintf("; tried again in %s, or at once when the RedisCluster or its VaultConnection changes", refusedRetry)
+	}
 	s.credentialsNotReady(reason, reason, "Issue", msg, true)
-	if vault.IsPermissionDenied(err) || vault.IsBadRequest(err) || vault.IsNotFound(err) {
-		return nil
+	if refused {
+		return &retryLater{after: refusedRetry}
 	}
 	return fmt.Errorf("issuing credential: %w", err)
 }
 
+// refusedRetry is how long a credential request that Vault refused (a policy, a role or path that
+// does not exist) waits before it is tried again: long enough not to hammer Vault, short enough
+// that a fix made in Vault is seen.
+const refusedRetry = 5 * time.Minute
+
+// retryLater says that a step cannot succeed now and is tried again after a while; its condition
+// already says why.
+type retryLater struct{ after time.Duration }
+
+func (e *retryLater) Error() string { return fmt.Sprintf("tried again in %s", e.after) }
+
 // renew extends the current lease. gone says the lease no longer exists in Vault.
-func (r *deps) renew(ctx context.Context, s *scope, vcl vault.Client) (gone bool, err error) {
+func (r *deps) renew(ctx context.Context, s *scope, vcl vault.LeaseClient) (gone bool, err error) {
 	c := s.rc.Status.Credential
 	increment := time.Duration(0)
 	if c.LeaseDuration != nil {

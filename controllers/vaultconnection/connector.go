@@ -34,23 +34,53 @@ type Connector struct {
 	// (the operator's own namespace); without a namespace, tokens are not persisted.
 	Writer         client.Client
 	TokenNamespace string
-	Cache          *vault.Cache
-	Clock          clock.Clock
+	// Clients hands out one Vault client per VaultConnection: NewClients, or fakes in tests.
+	Clients Clients
+	Clock   clock.Clock
 	// Observer, when set, sees every Vault request, with the name of its VaultConnection.
 	Observer func(connection, op, outcome string, seconds float64)
 }
 
+// Client is what the controllers use of a Vault client: leases for RedisClusters; login, health
+// and tokens for VaultConnections. *vault.Client is one, and so is vaulttest.Fake.
+type Client interface {
+	vault.LeaseClient
+	vault.ConnectionClient
+}
+
+// Clients hands out the Vault client of each VaultConnection for its settings, a new one when
+// they change, and drops it when the VaultConnection is gone.
+type Clients interface {
+	Get(name string, cfg vault.Config) (Client, error)
+	Forget(name string)
+}
+
+// NewClients is Clients on a vault.Cache: real Vault clients, one per VaultConnection.
+func NewClients() Clients { return cacheClients{vault.NewCache()} }
+
+type cacheClients struct{ cache *vault.Cache }
+
+func (c cacheClients) Get(name string, cfg vault.Config) (Client, error) {
+	cl, err := c.cache.Get(name, cfg)
+	if err != nil {
+		return nil, err // not a nil *vault.Client in a non-nil interface
+	}
+	return cl, nil
+}
+
+func (c cacheClients) Forget(name string) { c.cache.Forget(name) }
+
 // Client returns the Vault client of a VaultConnection.
-func (c *Connector) Client(ctx context.Context, vc *v1alpha1.VaultConnection) (vault.Client, error) {
+func (c *Connector) Client(ctx context.Context, vc *v1alpha1.VaultConnection) (Client, error) {
 	cfg, err := c.config(ctx, vc)
 	if err != nil {
 		return nil, err
 	}
-	return c.Cache.Get(vc.Name, cfg)
+	return c.Clients.Get(vc.Name, cfg)
 }
 
 // Forget drops the client of a deleted VaultConnection.
-func (c *Connector) Forget(name string) { c.Cache.Forget(name) }
+func (c *Connector) Forget(name string) { c.Clients.Forget(name) }
 
 func (c *Connector) config(ctx context.Context, vc *v1alpha1.VaultConnection) (vault.Config, error) {
 	spec := vc.Spec

@@ -156,7 +156,7 @@ func (r *Reconciler) check(ctx context.Context, vc *v1alpha1.VaultConnection, ne
 }
 
 // observe reads Vault's health and keeps the tokens alive. It returns the tokens held.
-func (r *Reconciler) observe(ctx context.Context, vc *v1alpha1.VaultConnection, vcl vault.Client, needs tokenNeeds) ([]vault.TokenStatus, error) {
+func (r *Reconciler) observe(ctx context.Context, vc *v1alpha1.VaultConnection, vcl vault.ConnectionClient, needs tokenNeeds) ([]vault.TokenStatus, error) {
 	h, err := vcl.Health(ctx)
 	if err != nil {
 		return nil, err

@@ -1,0 +1,382 @@
+package rediscluster
+
+import (
+	"context"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	esv1 "github.com/external-secrets/external-secrets/apis/externalsecrets/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/tools/events"
+	testclock "k8s.io/utils/clock/testing"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+
+	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/controllers/metrics"
+	"github.com/keyroll/keyroll/controllers/render"
+	"github.com/keyroll/keyroll/controllers/rollout"
+	"github.com/keyroll/keyroll/controllers/vaultconnection"
+	"github.com/keyroll/keyroll/vault"
+	"github.com/keyroll/keyroll/vault/vaulttest"
+)
+
+// These tests drive the reconciler with controller-runtime's fake client and the Vault fake: no
+// API server, no Vault, no pods. They run in make unit, in seconds.
+
+var epoch = time.Date(2026, 3, 4, 5, 6, 7, 0, time.UTC)
+
+// fakeClients hands out one Vault fake for every VaultConnection.
+type fakeClients struct{ fake *vaulttest.Fake }
+
+func (f fakeClients) Get(string, vault.Config) (vaultconnection.Client, error) { return f.fake, nil }
+func (fakeClients) Forget(string)                                           {}
+
+type harness struct {
+	r      *Reconciler
+	k8s    client.Client
+	vault  *vaulttest.Fake
+	clock  *testclock.FakeClock
+	events *events.FakeRecorder
+}
+
+func newHarness(t *testing.T, objs ...client.Object) *harness {
+	t.Helper()
+	s := runtime.NewScheme()
+	for _, add := range []func(*runtime.Scheme) error{clientgoscheme.AddToScheme, v1alpha1.AddToScheme, esv1.AddToScheme} {
+		if err := add(s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	vc := &v1alpha1.VaultConnection{ObjectMeta: metav1.ObjectMeta{Name: "vault", UID: "vc-uid"}, Spec: v1alpha1.VaultConnectionSpec{
+		Address: "https://vault.example:8200", AllowedNamespaces: []string{"*"},
+		Auth: v1alpha1.VaultAuth{Kubernetes: &v1alpha1.KubernetesAuth{Mount: "kubernetes", Role: "keyroll", Audiences: []string{"vault"}}},
+	}}
+	k8s := fake.NewClientBuilder().WithScheme(s).WithObjects(append(objs, vc)...).
+		WithStatusSubresource(&v1alpha1.RedisCluster{}, &v1alpha1.VaultConnection{}).
+		WithIndex(&v1alpha1.RedisCluster{}, vaultconnection.ClusterIndex, func(o client.Object) []string {
+			return o.(*v1alpha1.RedisCluster).VaultConnections()
+		}).
+		WithIndex(&v1alpha1.RedisCluster{}, rollout.ConsumerIndex, consumerKeys).
+		Build()
+	clk := testclock.NewFakeClock(epoch)
+	fv := vaulttest.New(clk)
+	fv.LeaseDuration = 10 * time.Minute
+	rec := events.NewFakeRecorder(100)
+	r := New(Config{
+		Client: k8s, APIReader: k8s, Recorder: rec, Clock: clk, Metrics: metrics.For(clk),
+		Connector: &vaultconnection.Connector{Reader: k8s, Clients: fakeClients{fv}, Clock: clk},
+	})
+	return &harness{r: r, k8s: k8s, vault: fv, clock: clk, events: rec}
+}
+
+// cluster is a RedisCluster as the API server stores it, defaults filled in.
+func cluster(mutate ...func(*v1alpha1.RedisCluster)) *v1alpha1.RedisCluster {
+	rc := &v1alpha1.RedisCluster{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "orders", UID: "rc-uid", Generation: 1},
+		Spec: v1alpha1.RedisClusterSpec{
+			Replicas: 1, Image: "docker.io/library/redis", Version: "7.0", DeletionPolicy: v1alpha1.DeletionRevoke,
+			Credentials: v1alpha1.CredentialsSpec{
+				Source: v1alpha1.SourceVaultLease, UsernameKey: "username", PasswordKey: "password",
+				ACLRules: []string{"~*", "&*", "+@all"}, OnRevokedOutside: v1alpha1.RevokedOutsideCutOff,
+				VaultLease: &v1alpha1.VaultLeaseSource{ConnectionRef: v1alpha1.ConnectionReference{Name: "vault"},
+					Path: "database/creds/orders", RenewalPercent: 67, MinTTL: &metav1.Duration{Duration: time.Minute}},
+			},
+			Rollout: v1alpha1.RolloutSpec{ReadinessTimeout: &metav1.Duration{Duration: 5 * time.Minute}},
+		},
+	}
+	for _, m := range mutate {
+		m(rc)
+	}
+	return rc
+}
+
+func (h *harness) reconcile(t *testing.T) ctrl.Result {
+	t.Helper()
+	res, err := h.r.Reconcile(context.Background(), ctrl.Request{NamespacedName: client.ObjectKey{Namespace: "shop", Name: "orders"}})
+	if err != nil {
+		t.Fatalf("Reconcile: %v", err)
+	}
+	return res
+}
+
+func (h *harness) get(t *testing.T) *v1alpha1.RedisCluster {
+	t.Helper()
+	rc := &v1alpha1.RedisCluster{}
+	if err := h.k8s.Get(context.Background(), client.ObjectKey{Namespace: "shop", Name: "orders"}, rc); err != nil {
+		t.Fatal(err)
+	}
+	return rc
+}
+
+// settle reconciles until the status stops changing.
+func (h *harness) settle(t *testing.T) *v1alpha1.RedisCluster {
+	t.Helper()
+	last := ""
+	for range 10 {
+		h.reconcile(t)
+		rc := h.get(t)
+		if rc.ResourceVersion == last {
+			return rc
+		}
+		last = rc.ResourceVersion
+	}
+	t.Fatal("the reconciler did not settle in 10 reconciles")
+	return nil
+}
+
+func (h *harness) eventReasons() []string {
+	var out []string
+	for {
+		select {
+		case e := <-h.events.Events:
+			out = append(out, strings.Fields(e)[1])
+		default:
+			return out
+		}
+	}
+}
+
+func condition(rc *v1alpha1.RedisCluster, t string) *metav1.Condition {
+	return meta.FindStatusCondition(rc.Status.Conditions, t)
+}
+
+// Defect: after adding the finalizer the reconcile went on only because the status patch happened
+// to conflict; with no status change nothing requeued, and the cluster idled.
+func TestAddingTheFinalizerLooksAgainAtOnce(t *testing.T) {
+	rc := cluster()
+	rc.Status.Phase = v1alpha1.PhaseIssuing // a status the first reconcile leaves as it is
+	h := newHarness(t, rc)
+
+	res := h.reconcile(t)
+
+	if res.RequeueAfter <= 0 || res.RequeueAfter > time.Second {
+		t.Errorf("result %+v after adding the finalizer, want a requeue at once", res)
+	}
+	if got := h.get(t).Finalizers; len(got) != 1 || got[0] != v1alpha1.Finalizer {
+		t.Errorf("finalizers %v", got)
+	}
+	if n := h.vault.Calls(vaulttest.OpIssue); n != 0 {
+		t.Errorf("%d issues before the finalizer was written", n)
+	}
+}
+
+func TestIssueRecordsTheLeaseWithItsTokenAndConnectionBeforeTheSecret(t *testing.T) {
+	h := newHarness(t, cluster())
+	rc := h.settle(t)
+
+	if n := h.vault.Calls(vaulttest.OpIssue); n != 1 {
+		t.Fatalf("%d issues, want exactly 1", n)
+	}
+	if len(rc.Status.Leases) != 1 {
+		t.Fatalf("ledger %+v", rc.Status.Leases)
+	}
+	l := rc.Status.Leases[0]
+	if l.State != v1alpha1.LeaseActive || l.Connection != "vault" || l.TokenAccessor != "fake-accessor" || l.ExpiresAt == nil {
+		t.Errorf("lease record %+v: want Active, through vault, with the token's accessor and expiry", l)
+	}
+	sec := &corev1.Secret{}
+	if err := h.k8s.Get(context.Background(), client.ObjectKey{Namespace: "shop", Name: "orders-credentials"}, sec); err != nil {
+		t.Fatal(err)
+	}
+	if render.CredentialVersion(string(sec.Data["username"]), string(sec.Data["password"])) != rc.Status.Credential.Version {
+		t.Errorf("the credentials Secret does not hold the credential of status.credential")
+	}
+	if c := condition(rc, v1alpha1.ConditionCredentialsReady); c == nil || c.Status != metav1.ConditionTrue {
+		t.Errorf("CredentialsReady %+v", c)
+	}
+	if c := condition(rc, v1alpha1.ConditionReady); c == nil || c.Reason != v1alpha1.ReasonReconciling {
+		t.Errorf("Ready %+v: no pod is Ready in a fake cluster", c)
+	}
+}
+
+func TestSteadyStateMakesNoWriteAndNoVaultCall(t *testing.T) {
+	h := newHarness(t, cluster())
+	h.settle(t)
+	var writes atomic.Int64
+	count := func() { writes.Add(1) }
+	counting := interceptor.NewClient(h.k8s.(client.WithWatch), interceptor.Funcs{
+		Create: func(ctx context.Context, c client.WithWatch, o client.Object, opts ...client.CreateOption) error {
+			count()
+			return c.Create(ctx, o, opts...)
+		},
+		Update: func(ctx context.Context, c client.WithWatch, o client.Object, opts ...client.UpdateOption) error {
+			count()
+			return c.Update(ctx, o, opts...)
+		},
+		Patch: func(ctx context.Context, c client.WithWatch, o client.Object, p client.Patch, opts ...client.PatchOption) error {
+			count()
+			return c.Patch(ctx, o, p, opts...)
+		},
+		Delete: func(ctx context.Context, c client.WithWatch, o client.Object, opts ...client.DeleteOption) error {
+			count()
+			return c.Delete(ctx, o, opts...)
+		},
+		SubResourcePatch: func(ctx context.Context, c client.Client, s string, o client.Object, p client.Patch, opts ...client.SubResourcePatchOption) error {
+			count()
+			return c.SubResource(s).Patch(ctx, o, p, opts...)
+		},
+	})
+	h.r = h.r.WithClient(counting)
+	calls := h.vault.Calls(vaulttest.OpIssue) + h.vault.Calls(vaulttest.OpRenew) + h.vault.Calls(vaulttest.OpLookup)
+
+	for range 2 {
+		if res := h.reconcile(t); res.RequeueAfter <= 0 {
+			t.Errorf("no RequeueAfter for the next timed work: %+v", res)
+		}
+	}
+
+	if n := writes.Load(); n != 0 {
+		t.Errorf("an unchanged RedisCluster was written to %d times", n)
+	}
+	if n := h.vault.Calls(vaulttest.OpIssue) + h.vault.Calls(vaulttest.OpRenew) + h.vault.Calls(vaulttest.OpLookup) - calls; n != 0 {
+		t.Errorf("an unchanged RedisCluster made %d Vault calls", n)
+	}
+}
+
+// Defect: a credential request Vault refused (PermissionDenied, BadRequest, NotFound) was never
+// tried again, so a fix made in Vault was never seen.
+func TestRefusedIssueIsTriedAgainAfterAWhile(t *testing.T) {
+	for name, class := range map[string]string{"permission denied": vault.ClassPermissionDenied, "bad request": vault.ClassBadRequest, "not found": vault.ClassNotFound} {
+		t.Run(name, func(t *testing.T) {
+			h := newHarness(t, cluster())
+			h.vault.SetFailure(vaulttest.OpIssue, vaulttest.Err(vaulttest.OpIssue, class))
+			h.reconcile(t) // the finalizer
+
+			res := h.reconcile(t)
+
+			if res.RequeueAfter != refusedRetry {
+				t.Errorf("result %+v, want a retry in %s", res, refusedRetry)
+			}
+			c := condition(h.get(t), v1alpha1.ConditionCredentialsReady)
+			if c == nil || c.Status != metav1.ConditionFalse || !strings.Contains(c.Message, "tried again in 5m0s") {
+				t.Errorf("CredentialsReady %+v: want False, saying when it is tried again", c)
+			}
+			h.vault.SetFailure(vaulttest.OpIssue, nil) // fixed in Vault
+			h.clock.Step(refusedRetry)
+			if rc := h.settle(t); rc.Status.Credential == nil {
+				t.Errorf("no credential once Vault allows it")
+			}
+		})
+	}
+}
+
+func TestLeaseRevokedOutsideIsFoundByTheLeaseCheckAndReplaced(t *testing.T) {
+	h := newHarness(t, cluster())
+	old := h.settle(t).Status.Credential
+	h.vault.RevokeOutside(old.LeaseID)
+	h.eventReasons()
+
+	h.clock.Step(DefaultLeaseCheckInterval)
+	rc := h.settle(t)
+
+	if rc.Status.Credential.LeaseID == old.LeaseID || h.vault.Calls(vaulttest.OpLookup) == 0 {
+		t.Fatalf("credential %+v after the lease check: want a new lease", rc.Status.Credential)
+	}
+	if reasons := strings.Join(h.eventReasons(), " "); !strings.Contains(reasons, v1alpha1.EventLeaseRevokedOutside) {
+		t.Errorf("events %s: want %s", reasons, v1alpha1.EventLeaseRevokedOutside)
+	}
+	for _, l := range rc.Status.Leases {
+		if l.LeaseID == old.LeaseID {
+			t.Errorf("the revoked lease is still in the ledger")
+		}
+	}
+	acl := &corev1.Secret{}
+	if err := h.k8s.Get(context.Background(), client.ObjectKey{Namespace: "shop", Name: "orders-acl"}, acl); err != nil {
+		t.Fatal(err)
+	}
+	if users := render.ParseACLUsers(string(acl.Data[render.ACLFileKey])); users[old.Username].Username != "" {
+		t.Errorf("CutOff: the revoked user %s is still in the aclfile", old.Username)
+	}
+}
+
+// Defect: one Degraded condition was fought over by several reasons; an invalid schedule and a
+// failing revocation alternated. Each concern has its condition now, and Degraded sums them up.
+func TestTwoProblemsAreBothReportedAndNeitherFlaps(t *testing.T) {
+	h := newHarness(t, cluster(func(rc *v1alpha1.RedisCluster) { rc.Spec.Rotation.Schedule = "61 * * * *" }))
+	h.settle(t)
+	h.vault.SetFailure(vaulttest.OpRevoke, vaulttest.Err(vaulttest.OpRevoke, vault.ClassUnavailable))
+	rc := h.get(t)
+	if err := h.k8s.Delete(context.Background(), rc); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		_, _ = h.r.Reconcile(context.Background(), ctrl.Request{NamespacedName: client.ObjectKeyFromObject(rc)})
+	}
+	first := condition(h.get(t), v1alpha1.ConditionDegraded)
+
+	_, _ = h.r.Reconcile(context.Background(), ctrl.Request{NamespacedName: client.ObjectKeyFromObject(rc)})
+	rc = h.get(t)
+
+	d := condition(rc, v1alpha1.ConditionDegraded)
+	if d == nil || d.Status != metav1.ConditionTrue || d.Reason != v1alpha1.ReasonRevocationPending ||
+		!strings.Contains(d.Message, "not revoked") || !strings.Contains(d.Message, "spec.rotation") {
+		t.Fatalf("Degraded %+v: want RevocationPending first, both problems in the message", d)
+	}
+	if !d.LastTransitionTime.Equal(&first.LastTransitionTime) || d.Message != first.Message {
+		t.Errorf("Degraded changed between two reconciles with the same problems: %+v, then %+v", first, d)
+	}
+	for _, c := range []string{v1alpha1.ConditionScheduleValid, v1alpha1.ConditionLeasesRevoked} {
+		if cond := condition(rc, c); cond == nil || cond.Status != metav1.ConditionFalse {
+			t.Errorf("%s %+v, want False", c, cond)
+		}
+	}
+	if len(rc.Finalizers) != 1 {
+		t.Errorf("the finalizer went while a lease could not be revoked")
+	}
+}
+
+func TestSummary(t *testing.T) {
+	cond := func(t, status, reason string) metav1.Condition {
+		return metav1.Condition{Type: t, Status: metav1.ConditionStatus(status), Reason: reason, Message: reason + " message"}
+	}
+	cases := map[string]struct {
+		conds                    []metav1.Condition
+		ready                    int32
+		wantReady, wantDegraded  string // reasons
+		wantReadyTrue, wantDeg   bool
+		wantDegradedMessageParts []string
+	}{
+		"all well": {conds: []metav1.Condition{cond(v1alpha1.ConditionCredentialsReady, "True", v1alpha1.ReasonIssued), cond(v1alpha1.ConditionScheduleValid, "True", v1alpha1.ReasonAvailable)},
+			ready: 3, wantReadyTrue: true, wantReady: v1alpha1.ReasonAvailable, wantDegraded: v1alpha1.ReasonAvailable},
+		"pods starting": {conds: []metav1.Condition{cond(v1alpha1.ConditionCredentialsReady, "True", v1alpha1.ReasonIssued)},
+			ready: 1, wantReady: v1alpha1.ReasonReconciling, wantDegraded: v1alpha1.ReasonAvailable},
+		"no credential": {conds: []metav1.Condition{cond(v1alpha1.ConditionCredentialsReady, "False", v1alpha1.ReasonPermissionDenied)},
+			ready: 3, wantReady: v1alpha1.ReasonPermissionDenied, wantDegraded: v1alpha1.ReasonAvailable},
+		"two concerns, the most pressing first": {conds: []metav1.Condition{cond(v1alpha1.ConditionCredentialsReady, "True", v1alpha1.ReasonIssued),
+			cond(v1alpha1.ConditionScheduleValid, "False", v1alpha1.ReasonInvalidSchedule), cond(v1alpha1.ConditionRolloutHealthy, "False", v1alpha1.ReasonRolloutStalled)},
+			ready: 3, wantReadyTrue: true, wantReady: v1alpha1.ReasonAvailable, wantDeg: true, wantDegraded: v1alpha1.ReasonRolloutStalled,
+			wantDegradedMessageParts: []string{"RolloutStalled message", "InvalidSchedule message"}},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			rc := cluster(func(rc *v1alpha1.RedisCluster) { rc.Spec.Replicas = 3 })
+			rc.Status.Conditions, rc.Status.ReadyReplicas = tc.conds, tc.ready
+			s := &scope{rc: rc}
+			s.conds.Obj, s.conds.Conditions = rc, &rc.Status.Conditions
+
+			s.summarize()
+
+			r, d := condition(rc, v1alpha1.ConditionReady), condition(rc, v1alpha1.ConditionDegraded)
+			if (r.Status == metav1.ConditionTrue) != tc.wantReadyTrue || r.Reason != tc.wantReady {
+				t.Errorf("Ready %+v", r)
+			}
+			if (d.Status == metav1.ConditionTrue) != tc.wantDeg || d.Reason != tc.wantDegraded {
+				t.Errorf("Degraded %+v", d)
+			}
+			for _, part := range tc.wantDegradedMessageParts {
+				if !strings.Contains(d.Message, part) {
+					t.Errorf("Degraded message %q lacks %q", d.Message, part)
+				}
+			}
+		})
+	}
+}
