@@ -22,6 +22,7 @@ import (
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
 	"github.com/keyroll/keyroll/controllers"
+	"github.com/keyroll/keyroll/controllers/rediscluster"
 )
 
 func main() {
@@ -35,6 +36,7 @@ func main() {
 		retryPeriod   = flag.Duration("leader-elect-retry-period", 2*time.Second, "How long candidates wait between tries to acquire or renew leadership.")
 		saNamespace   = flag.String("service-account-namespace", os.Getenv("POD_NAMESPACE"), "Namespace of the operator's service account, which logs in to Vault with Kubernetes auth.")
 		saName        = flag.String("service-account-name", "keyroll-manager", "Name of the operator's service account.")
+		workers       = flag.Int("max-concurrent-reconciles", rediscluster.DefaultWorkers, "How many RedisClusters are reconciled at once.")
 		leaseCheck    = flag.Duration("lease-check-interval", controllers.DefaultLeaseCheckInterval, "How often a live lease is looked up in Vault besides its renewals, so that a lease revoked outside keyroll is noticed within about that long; negative turns the lookups off.")
 	)
 	zapOpts := zap.Options{}
@@ -48,7 +50,7 @@ func main() {
 		leaderElect: *leaderElect, leaderNS: *leaderNS,
 		leaseDuration: *leaseDuration, renewDeadline: *renewDeadline, retryPeriod: *retryPeriod,
 		serviceAccount:     types.NamespacedName{Namespace: *saNamespace, Name: *saName},
-		leaseCheckInterval: *leaseCheck,
+		leaseCheckInterval: *leaseCheck, workers: *workers,
 	}); err != nil {
 		log.Error(err, "Manager stopped with an error")
 		os.Exit(1)
@@ -62,6 +64,7 @@ type managerOptions struct {
 	leaseDuration, renewDeadline, retryPeriod time.Duration
 	serviceAccount                            types.NamespacedName
 	leaseCheckInterval                        time.Duration
+	workers                                   int
 }
 
 func newScheme() *runtime.Scheme {
@@ -102,7 +105,7 @@ func run(ctx context.Context, o managerOptions) error {
 	}
 	if _, err := controllers.Setup(mgr, controllers.Options{
 		Recorder: recorder, Clock: clock.RealClock{}, Tokens: cs, ServiceAccount: o.serviceAccount,
-		LeaseCheckInterval: o.leaseCheckInterval,
+		LeaseCheckInterval: o.leaseCheckInterval, Workers: o.workers,
 	}); err != nil {
 		return err
 	}

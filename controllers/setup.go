@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
+
 	"github.com/keyroll/keyroll/controllers/rediscluster"
 
 	"github.com/keyroll/keyroll/controllers/vaultconnection"
@@ -41,15 +43,19 @@ type Options struct {
 	// LeaseCheckInterval is how often a live lease is looked up in Vault besides its renewals
 	// (zero: DefaultLeaseCheckInterval; negative: never).
 	LeaseCheckInterval time.Duration
+	// Workers is how many RedisClusters are reconciled at once (zero: rediscluster.DefaultWorkers).
+	Workers int
 }
 
-// CacheOptions are the manager's cache settings: Secrets only with keyroll's label, never every
-// Secret of the cluster.
+// CacheOptions are the manager's cache settings: of Secrets, ConfigMaps, Services, StatefulSets and
+// ExternalSecrets only those keyroll labels, of pods only the Redis pods; never every object of
+// the cluster. (Consumer workloads are watched by their metadata only.)
 func CacheOptions() cache.Options {
-	managed := labels.SelectorFromSet(labels.Set{v1alpha1.LabelManagedBy: v1alpha1.ManagedByValue})
+	managed := cache.ByObject{Label: labels.SelectorFromSet(labels.Set{v1alpha1.LabelManagedBy: v1alpha1.ManagedByValue})}
 	redisPods, _ := labels.Parse(v1alpha1.LabelCluster)
 	return cache.Options{ByObject: map[client.Object]cache.ByObject{
-		&corev1.Secret{}: {Label: managed},
+		&corev1.Secret{}: managed, &corev1.ConfigMap{}: managed, &corev1.Service{}: managed,
+		&appsv1.StatefulSet{}: managed, &esv1.ExternalSecret{}: managed,
 		// Only the Redis pods keyroll restarts, not every pod of the cluster.
 		&corev1.Pod{}: {Label: redisPods},
 	}}
@@ -87,6 +93,7 @@ func Setup(mgr ctrl.Manager, o Options) (*rediscluster.Reconciler, error) {
 	rcr := rediscluster.New(rediscluster.Config{
 		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: o.Recorder, Clock: o.Clock,
 		Connector: conn, Metrics: m, ExternalSecrets: externalSecretsServed(mgr), LeaseCheckInterval: o.LeaseCheckInterval,
+		Workers: o.Workers,
 	})
 	mgr.GetLogger().Info("External Secrets Operator's API", "served", rcr.ExternalSecrets)
 	return rcr, rcr.SetupWithManager(mgr)

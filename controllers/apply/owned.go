@@ -31,8 +31,9 @@ func (e *ConflictError) Error() string {
 
 // Ensure creates desired, or updates the existing object when the fields keyroll sets differ
 // (same reports whether they are equal; update copies them over). It makes no write when nothing
-// differs, and refuses to touch an object that the RedisCluster does not control.
-func Ensure[T client.Object](ctx context.Context, r client.Client, rc *v1alpha1.RedisCluster,
+// differs, and refuses to touch an object that the RedisCluster does not control. rd reads past
+// the cache, which holds keyroll's own objects only: it tells a foreign object from a lagging cache.
+func Ensure[T client.Object](ctx context.Context, r client.Client, rd client.Reader, rc *v1alpha1.RedisCluster,
 	desired, existing T, same func(desired, existing T) bool, update func(desired, existing T)) error {
 	key := client.ObjectKeyFromObject(desired)
 	kind := fmt.Sprintf("%T", desired)[1:]
@@ -44,7 +45,18 @@ func Ensure[T client.Object](ctx context.Context, r client.Client, rc *v1alpha1.
 		if err := controllerutil.SetControllerReference(rc, desired, r.Scheme()); err != nil {
 			return err
 		}
-		if err := r.Create(ctx, desired); err != nil {
+		err := r.Create(ctx, desired)
+		if apierrors.IsAlreadyExists(err) {
+			// The cache holds keyroll's own objects only, or lags: ask the API server whose it is.
+			if err := rd.Get(ctx, key, existing); err != nil {
+				return fmt.Errorf("reading %s %s: %w", kind, key.Name, err)
+			}
+			if !OwnedBy(existing, rc) {
+				return &ConflictError{Kind: kind, Name: key.Name}
+			}
+			return fmt.Errorf("creating %s %s: %w", kind, key.Name, err) // ours, the cache lagged: again soon
+		}
+		if err != nil {
 			return fmt.Errorf("creating %s %s: %w", kind, key.Name, err)
 		}
 		return nil

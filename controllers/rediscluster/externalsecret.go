@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/keyroll/keyroll/controllers/statustime"
@@ -131,7 +130,7 @@ func (r *externalSecret) settling(rc *v1alpha1.RedisCluster) time.Duration {
 // ensureExternalSecret creates or repairs the ExternalSecret and returns it as the API has it.
 func (r *externalSecret) ensureExternalSecret(ctx context.Context, s *scope) (*esv1.ExternalSecret, error) {
 	es := &esv1.ExternalSecret{}
-	err := apply.Ensure(ctx, r.Client, s.rc, render.ExternalSecret(s.rc), es, apply.SameExternalSecret, apply.UpdateExternalSecret)
+	err := apply.Ensure(ctx, r.Client, r.APIReader, s.rc, render.ExternalSecret(s.rc), es, apply.SameExternalSecret, apply.UpdateExternalSecret)
 	var conflict *apply.ConflictError
 	if errors.As(err, &conflict) {
 		s.credentialsNotReady(v1alpha1.ReasonSecretConflict, v1alpha1.EventSecretConflict, "WriteExternalSecret", err.Error(), true)
@@ -182,138 +181,6 @@ func esReady(es *esv1.ExternalSecret) *esv1.ExternalSecretStatusCondition {
 		}
 	}
 	return nil
-}
-
-// adopt takes a credential ESO synced into the status. A new one is recorded, and its lease put
-// into the ledger when tracked, before anything uses it; the credential it replaces is superseded
-// and its lease revoked after the rollout. gone says the tracked lease no longer exists in Vault.
-func (r *externalSecret) adopt(ctx context.Context, s *scope, sc *render.SyncedCredential, vcl vault.LeaseClient, tracked bool) (gone bool, err error) {
-	rc := s.rc
-	key := client.ObjectKeyFromObject(rc)
-	sighted := r.sightings.peek(key)
-	if !tracked {
-		r.sightings.forget(key, nil)
-		sighted = nil
-	}
-	c := rc.Status.Credential
-	fresh := c == nil || c.Version != sc.Version
-	untrackedLease := tracked && c != nil && !fresh && c.LeaseID == ""
-	if !fresh && !untrackedLease && !unrecorded(rc, sighted, sc.LeaseID, tracked) {
-		return false, nil
-	}
-	now := statustime.At(r.Clock.Now())
-	if fresh || untrackedLease {
-		info := &vault.LeaseInfo{Exists: true}
-		if tracked {
-			if info, err = vcl.Lookup(ctx, sc.LeaseID); err != nil {
-				return false, fmt.Errorf("looking up the lease External Secrets Operator obtained: %w", err)
-			}
-		}
-		r.recordSynced(s, sc, tracked, info, now, fresh)
-		gone = tracked && !info.Exists
-	}
-	if tracked {
-		rc.Status.Leases = addSighted(rc.Status.Leases, sighted, now)
-	}
-	if err := r.writeStatus(ctx, s); err != nil {
-		return false, fmt.Errorf("recording the synced credential: %w", err)
-	}
-	r.sightings.forget(key, sighted)
-	if fresh {
-		note := "its lease is tracked"
-		if !tracked {
-			note = "leases are not tracked"
-		}
-		s.conds.Event(false, v1alpha1.EventCredentialsIssued, "Adopt", "Adopted credential %s for user %s that External Secrets Operator synced into Secret %s (%s)",
-			sc.Version, sc.Username, render.CredentialsSecretName(rc), note)
-		log.FromContext(ctx).Info("Synced credential adopted", "version", sc.Version, "username", sc.Username, "leaseTracked", tracked)
-	}
-	return gone, nil
-}
-
-// unrecorded says whether leases seen in the Secret are missing from the ledger.
-func unrecorded(rc *v1alpha1.RedisCluster, sighted []string, current string, tracked bool) bool {
-	if !tracked {
-		return false
-	}
-	for _, id := range sighted {
-		if id != current && !hasLease(rc.Status.Leases, id) {
-			return true
-		}
-	}
-	return false
-}
-
-// recordSynced puts a synced credential into the status, and its lease into the ledger.
-func (r *externalSecret) recordSynced(s *scope, sc *render.SyncedCredential, tracked bool, info *vault.LeaseInfo, now *metav1.Time, fresh bool) {
-	rc := s.rc
-	prev := rc.Status.Credential
-	cs := &v1alpha1.CredentialStatus{
-		Version: sc.Version, Source: v1alpha1.SourceExternalSecret, Username: sc.Username,
-		IssuedAt: now, LastRotation: now, LeasesTracked: &tracked,
-	}
-	if prev != nil {
-		// A new credential answers a pending refresh request; the same one keeps it pending.
-		cs.LastRotation, cs.SupersededUsers, cs.LeaseEndedEarlyAfter = prev.LastRotation, prev.SupersededUsers, prev.LeaseEndedEarlyAfter
-		if !fresh {
-			cs.IssuedAt, cs.RefreshRequestedAt = prev.IssuedAt, prev.RefreshRequestedAt
-		} else if !tracked && prev.Username != "" && !slices.Contains(cs.SupersededUsers, prev.Username) {
-			// No lease keeps the replaced user in the aclfile until the rollout is done: this does.
-			cs.SupersededUsers = append(slices.Clone(cs.SupersededUsers), prev.Username)
-		}
-	}
-	if sc.LeaseDuration > 0 {
-		cs.LeaseDuration = &metav1.Duration{Duration: sc.LeaseDuration}
-	}
-	if tracked {
-		cs.LeaseID, cs.Renewable = sc.LeaseID, info.Renewable
-		cs.ExpiresAt = statustime.At(info.ExpiresAt)
-		if !info.IssuedAt.IsZero() {
-			cs.IssuedAt = statustime.At(info.IssuedAt)
-		}
-		if !info.LastRenewal.IsZero() {
-			cs.LastRenewal = statustime.At(info.LastRenewal)
-		}
-		if fresh {
-			supersede(rc)
-		}
-		if info.Exists && !hasLease(rc.Status.Leases, sc.LeaseID) {
-			rc.Status.Leases = append(rc.Status.Leases, v1alpha1.LeaseRecord{
-				LeaseID: sc.LeaseID, State: v1alpha1.LeaseActive, Version: sc.Version, Username: sc.Username,
-				IssuedAt: cs.IssuedAt, ExpiresAt: cs.ExpiresAt,
-			})
-		}
-	}
-	rc.Status.Credential = cs
-}
-
-// supersede marks the active lease superseded: a newer credential replaces it.
-func supersede(rc *v1alpha1.RedisCluster) {
-	for i := range rc.Status.Leases {
-		if rc.Status.Leases[i].State == v1alpha1.LeaseActive {
-			rc.Status.Leases[i].State = v1alpha1.LeaseSuperseded
-		}
-	}
-}
-
-// addSighted puts leases seen in earlier versions of the Secret (ESO may mint more than one, on a
-// first sync for instance) into the ledger as superseded, to be revoked after the rollout.
-func addSighted(leases []v1alpha1.LeaseRecord, sighted []string, now *metav1.Time) []v1alpha1.LeaseRecord {
-	for _, id := range sighted {
-		if !hasLease(leases, id) {
-			leases = append(leases, v1alpha1.LeaseRecord{LeaseID: id, State: v1alpha1.LeaseSuperseded, IssuedAt: now})
-		}
-	}
-	return leases
-}
-
-func hasLease(leases []v1alpha1.LeaseRecord, id string) bool {
-	for _, l := range leases {
-		if l.LeaseID == id {
-			return true
-		}
-	}
-	return false
 }
 
 // refreshRequestTimeout is how long a refresh request that ESO has not answered with a new

@@ -38,7 +38,7 @@ var epoch = time.Date(2026, 3, 4, 5, 6, 7, 0, time.UTC)
 type fakeClients struct{ fake *vaulttest.Fake }
 
 func (f fakeClients) Get(string, vault.Config) (vaultconnection.Client, error) { return f.fake, nil }
-func (fakeClients) Forget(string)                                           {}
+func (fakeClients) Forget(string)                                              {}
 
 type harness struct {
 	r      *Reconciler

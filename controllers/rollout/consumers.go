@@ -14,6 +14,10 @@ import (
 	"github.com/keyroll/keyroll/apis/v1alpha1"
 )
 
+// consumerPoll is how soon a consumer that is still rolling is looked at again: consumer
+// StatefulSets are not watched, and a missed event must not hold a rollout up for long.
+const consumerPoll = 5 * time.Second
+
 // ConsumerIndex indexes RedisClusters by the consumers they restart ("Kind/name").
 const ConsumerIndex = "spec.rollout.consumers"
 
@@ -42,7 +46,7 @@ func (r *Engine) rollConsumers(ctx context.Context, s *step, ro *v1alpha1.Rollou
 			return false, 0, r.restartConsumer(ctx, s, w, ref, ro.TargetVersion)
 		}
 		if !w.rolledOut() {
-			return false, 0, nil // a watch on the workload wakes the reconcile
+			return false, consumerPoll, nil // a watch of the workload's metadata wakes the reconcile sooner
 		}
 		ro.ConsumersUpdated++
 	}
@@ -96,7 +100,8 @@ func (r *Engine) consumer(ctx context.Context, ns string, ref v1alpha1.ConsumerR
 	default:
 		return nil, fmt.Errorf("consumer kind %q is not supported", ref.Kind)
 	}
-	return w, r.Client.Get(ctx, key, obj)
+	// Past the cache: keyroll caches no consumer (other teams' workloads) beyond its metadata.
+	return w, r.APIReader.Get(ctx, key, obj)
 }
 
 type deployment struct{ *appsv1.Deployment }

@@ -1,0 +1,209 @@
+package rediscluster
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/keyroll/keyroll/controllers/apply"
+	"github.com/keyroll/keyroll/controllers/conditions"
+
+	"github.com/keyroll/keyroll/controllers/render"
+
+	appsv1 "k8s.io/api/apps/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/rotation"
+	"github.com/keyroll/keyroll/vault"
+)
+
+// scope is one reconcile's view of a RedisCluster: the object, its status as last written, and
+// its conditions.
+type scope struct {
+	rc     *v1alpha1.RedisCluster
+	before *v1alpha1.RedisCluster
+	conds  conditions.Setter
+	// conflict names an owned object that exists and is not keyroll's, when one does.
+	conflict string
+	// schedule and window are the parsed spec.rotation (nil when unset or invalid).
+	schedule rotation.Schedule
+	window   *rotation.Window
+}
+
+// Reconcile brings one RedisCluster towards its spec. Status is written once, at the end, except
+// that a newly issued lease is written to the ledger before anything uses it.
+func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.Result, reterr error) {
+	rc := &v1alpha1.RedisCluster{}
+	if err := r.Get(ctx, req.NamespacedName, rc); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.forget(req.NamespacedName)
+			r.sightings.forget(req.NamespacedName, nil)
+		}
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	s := &scope{rc: rc, before: rc.DeepCopy(), conds: conditions.Setter{Obj: rc, Conditions: &rc.Status.Conditions, Recorder: r.Recorder}}
+	defer func() {
+		err := r.writeStatus(ctx, s)
+		if apierrors.IsNotFound(err) && !rc.DeletionTimestamp.IsZero() {
+			err = nil // deleted meanwhile: its finalizer was removed
+		}
+		if apierrors.IsConflict(reterr) && err == nil {
+			// An owned object changed after the cache saw it (kube-controller-manager writes the
+			// StatefulSet's status, for one): the next look uses the newer version.
+			log.FromContext(ctx).V(1).Info("An object changed meanwhile; reconciling again", "error", reterr.Error())
+			res, reterr = ctrl.Result{RequeueAfter: time.Second}, nil
+		}
+		if apierrors.IsConflict(err) && reterr == nil {
+			// The cache lagged behind a newer version: look again from that one. Nothing is lost:
+			// every step is recomputed from the cluster and Vault, and repeating one is harmless.
+			log.FromContext(ctx).V(1).Info("Status changed meanwhile; reconciling again")
+			res, err = ctrl.Result{RequeueAfter: time.Second}, nil
+		}
+		reterr = errors.Join(reterr, err)
+	}()
+	if !rc.DeletionTimestamp.IsZero() {
+		return r.reconcileDelete(ctx, s)
+	}
+	if added, err := r.ensureFinalizer(ctx, rc); err != nil {
+		return ctrl.Result{}, err
+	} else if added {
+		// The finalizer patch starts no reconcile (the watch ignores metadata-only changes): look
+		// again at once, from the patched object.
+		s.before = rc.DeepCopy()
+		return ctrl.Result{RequeueAfter: time.Millisecond}, nil
+	}
+	return r.reconcileNormal(ctx, s)
+}
+
+// ensureFinalizer adds the finalizer before anything is created in Vault.
+func (r *Reconciler) ensureFinalizer(ctx context.Context, rc *v1alpha1.RedisCluster) (bool, error) {
+	if controllerutil.ContainsFinalizer(rc, v1alpha1.Finalizer) {
+		return false, nil
+	}
+	patch := client.MergeFrom(rc.DeepCopy())
+	controllerutil.AddFinalizer(rc, v1alpha1.Finalizer)
+	return true, r.Patch(ctx, rc, patch)
+}
+
+// reconcileNormal runs the phases in order; each returns early when it cannot go on.
+func (r *Reconciler) reconcileNormal(ctx context.Context, s *scope) (ctrl.Result, error) {
+	rc := s.rc
+	external := rc.Spec.Credentials.Source == v1alpha1.SourceExternalSecret
+	if external && !r.ExternalSecrets {
+		r.externalSecretsMissing(s)
+		return ctrl.Result{}, nil
+	}
+	r.parseRotation(s)
+	if free, err := r.checkSecretsFree(ctx, s); !free || err != nil {
+		return ctrl.Result{RequeueAfter: waitForConnection}, err
+	}
+	var vcl vault.LeaseClient // none in ExternalSecret mode without connectionRef
+	if rc.VaultConnectionName() != "" {
+		c, wait, err := r.connect(ctx, s, false)
+		if c == nil {
+			return ctrl.Result{RequeueAfter: wait}, err
+		}
+		vcl = c
+	}
+	cred, next, err := r.source(rc).credential(ctx, s, vcl)
+	if err != nil || cred == nil {
+		return ctrl.Result{RequeueAfter: next}, err
+	}
+	if err := r.reconcileObjects(ctx, s, cred); err != nil {
+		return ctrl.Result{}, err
+	}
+	rolledOut, wait, err := r.rollout.Roll(ctx, s.rc, s.conds, cred.Version, pending(s.rc))
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	if rolledOut {
+		if err := r.retireSuperseded(ctx, s, vcl, cred); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
+	r.readyReplicas(ctx, s)
+	rc.Status.ObservedGeneration = rc.Generation
+	return ctrl.Result{RequeueAfter: soonest(next, wait)}, nil
+}
+
+// retireSuperseded revokes the leases the current credential replaced, once it runs everywhere,
+// and then drops their users (and those of replaced credentials without a tracked lease) from the
+// ACL Secret. vcl is nil when no lease is tracked.
+func (r *deps) retireSuperseded(ctx context.Context, s *scope, vcl vault.LeaseClient, cred *render.Credential) error {
+	c := s.rc.Status.Credential
+	if len(supersededLeases(s.rc)) == 0 && len(c.SupersededUsers) == 0 {
+		return nil
+	}
+	if vcl != nil && len(supersededLeases(s.rc)) > 0 {
+		if err := r.revokeSuperseded(ctx, s, vcl); err != nil {
+			return err
+		}
+	}
+	c.SupersededUsers = nil
+	return r.ensureACLSecret(ctx, s.rc, cred)
+}
+
+// forget drops what the reconciler keeps of a deleted cluster: its scheduler entry and metrics.
+func (r *Reconciler) forget(key types.NamespacedName) {
+	r.leaseChecks.forget(key)
+	r.Metrics.Forget(key)
+}
+
+// soonest is the shorter of two non-zero requeue delays.
+func soonest(a, b time.Duration) time.Duration {
+	if a == 0 || (b != 0 && b < a) {
+		return b
+	}
+	return a
+}
+
+// readyReplicas records how many Redis pods are Ready (the StatefulSet's count).
+func (r *Reconciler) readyReplicas(ctx context.Context, s *scope) {
+	sts := &appsv1.StatefulSet{}
+	if err := r.Get(ctx, client.ObjectKey{Namespace: s.rc.Namespace, Name: s.rc.Name}, sts); err == nil {
+		s.rc.Status.ReadyReplicas = sts.Status.ReadyReplicas
+	}
+}
+
+// externalSecretsMissing reports that ExternalSecret mode cannot work in this operator.
+func (r *Reconciler) externalSecretsMissing(s *scope) {
+	msg := "credentials.source is ExternalSecret, but External Secrets Operator's API (external-secrets.io/v1 ExternalSecret) was not installed when keyroll started: install External Secrets Operator, then restart keyroll"
+	s.credentialsNotReady(v1alpha1.ReasonExternalSecretsNotInstalled, v1alpha1.ReasonExternalSecretsNotInstalled, "Sync", msg, true)
+}
+
+// writeStatus sums the conditions up (Ready, Degraded), derives the phase and writes the status if
+// it changed.
+func (r *deps) writeStatus(ctx context.Context, s *scope) error {
+	s.summarize()
+	s.rc.Status.Phase = phaseOf(s.rc)
+	err := apply.PatchStatus(ctx, r.Client, s.before, s.rc, func(o client.Object) any { return o.(*v1alpha1.RedisCluster).Status })
+	if err == nil {
+		s.before = s.rc.DeepCopy()
+	}
+	return err
+}
+
+// phaseOf summarises the conditions for kubectl get.
+func phaseOf(rc *v1alpha1.RedisCluster) v1alpha1.Phase {
+	c := rc.Status.Conditions
+	switch {
+	case !rc.DeletionTimestamp.IsZero():
+		return v1alpha1.PhaseDeleting
+	case meta.IsStatusConditionTrue(c, v1alpha1.ConditionDegraded):
+		return v1alpha1.PhaseDegraded
+	case meta.IsStatusConditionTrue(c, v1alpha1.ConditionRolloutProgressing):
+		return v1alpha1.PhaseRolling
+	case meta.IsStatusConditionTrue(c, v1alpha1.ConditionReady):
+		return v1alpha1.PhaseReady
+	case rc.Status.Credential == nil:
+		return v1alpha1.PhaseIssuing
+	}
+	return v1alpha1.PhasePending
+}

@@ -1,0 +1,162 @@
+package rediscluster
+
+import (
+	"context"
+	"maps"
+	"time"
+
+	"github.com/keyroll/keyroll/controllers/rollout"
+
+	"github.com/keyroll/keyroll/controllers/vaultconnection"
+
+	esv1 "github.com/external-secrets/external-secrets/apis/externalsecrets/v1"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+
+	"github.com/keyroll/keyroll/apis/v1alpha1"
+)
+
+// SetupWithManager registers the reconciler: it watches RedisClusters, what they own, and the
+// VaultConnections they use.
+func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
+	if err := indexConsumers(mgr); err != nil {
+		return err
+	}
+	b := ctrl.NewControllerManagedBy(mgr).
+		For(&v1alpha1.RedisCluster{}, builder.WithPredicates(predicate.Or(
+			predicate.GenerationChangedPredicate{}, predicate.AnnotationChangedPredicate{}))).
+		Owns(&appsv1.StatefulSet{}).
+		Owns(&corev1.Secret{}).
+		Owns(&corev1.Service{}).
+		Owns(&corev1.ConfigMap{}).
+		Watches(&v1alpha1.VaultConnection{}, handler.EnqueueRequestsFromMapFunc(r.clustersUsing),
+			builder.WithPredicates(connectionChanged())).
+		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(clusterOfPod)).
+		// Consumers are other teams' workloads: only their metadata is watched (and cached), to
+		// wake the cluster that rolls them; the rollout reads them past the cache. Consumer
+		// StatefulSets are not seen at all (the StatefulSet cache holds keyroll's own only): the
+		// rollout looks at them again on a timer.
+		Watches(&appsv1.Deployment{}, handler.EnqueueRequestsFromMapFunc(r.clustersConsuming("Deployment")), builder.OnlyMetadata).
+		Watches(&appsv1.DaemonSet{}, handler.EnqueueRequestsFromMapFunc(r.clustersConsuming("DaemonSet")), builder.OnlyMetadata).
+		Named("rediscluster").
+		WithOptions(controller.Options{ReconciliationTimeout: reconcileTimeout, MaxConcurrentReconciles: r.Workers})
+	if r.ExternalSecrets {
+		// The ExternalSecret keyroll owns, and the Secret External Secrets Operator writes for it
+		// (controlled by the ExternalSecret, so it is watched by its label).
+		b = b.Owns(&esv1.ExternalSecret{}).
+			Watches(&corev1.Secret{}, r.syncedSecretEvents())
+	}
+	return b.Complete(r)
+}
+
+// indexConsumers indexes RedisClusters by their consumers, "Kind/name".
+func indexConsumers(mgr ctrl.Manager) error {
+	return mgr.GetFieldIndexer().IndexField(context.Background(), &v1alpha1.RedisCluster{}, rollout.ConsumerIndex, consumerKeys)
+}
+
+// consumerKeys are the rollout.ConsumerIndex values of a RedisCluster: "Kind/name" of each consumer.
+func consumerKeys(o client.Object) []string {
+	var keys []string
+	for _, c := range o.(*v1alpha1.RedisCluster).Spec.Rollout.Consumers {
+		keys = append(keys, c.Kind+"/"+c.Name)
+	}
+	return keys
+}
+
+// clustersConsuming maps a workload to the RedisClusters that list it as a consumer.
+func (r *Reconciler) clustersConsuming(kind string) handler.MapFunc {
+	return func(ctx context.Context, o client.Object) []ctrl.Request {
+		list := &v1alpha1.RedisClusterList{}
+		if err := r.List(ctx, list, client.InNamespace(o.GetNamespace()), client.MatchingFields{rollout.ConsumerIndex: kind + "/" + o.GetName()}); err != nil {
+			return nil
+		}
+		reqs := make([]ctrl.Request, 0, len(list.Items))
+		for _, rc := range list.Items {
+			reqs = append(reqs, ctrl.Request{NamespacedName: client.ObjectKeyFromObject(&rc)})
+		}
+		return reqs
+	}
+}
+
+// clusterOfPod maps a Redis pod to its RedisCluster, named by its label.
+func clusterOfPod(_ context.Context, o client.Object) []ctrl.Request {
+	name := o.GetLabels()[v1alpha1.LabelCluster]
+	if name == "" {
+		return nil
+	}
+	return []ctrl.Request{{NamespacedName: client.ObjectKey{Namespace: o.GetNamespace(), Name: name}}}
+}
+
+// clustersUsing maps a VaultConnection to the RedisClusters that use it.
+func (r *Reconciler) clustersUsing(ctx context.Context, o client.Object) []ctrl.Request {
+	list := &v1alpha1.RedisClusterList{}
+	if err := r.List(ctx, list, client.MatchingFields{vaultconnection.ClusterIndex: o.GetName()}); err != nil {
+		return nil
+	}
+	reqs := make([]ctrl.Request, 0, len(list.Items))
+	for _, rc := range list.Items {
+		reqs = append(reqs, ctrl.Request{NamespacedName: client.ObjectKeyFromObject(&rc)})
+	}
+	return reqs
+}
+
+// connectionChanged passes VaultConnection events that can matter to a RedisCluster: a new spec,
+// a change of its Ready condition, or a token whose end became known (its leases may have to be
+// replaced before it).
+func connectionChanged() predicate.Predicate {
+	return predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
+		if e.ObjectOld.GetGeneration() != e.ObjectNew.GetGeneration() {
+			return true
+		}
+		o, n := e.ObjectOld.(*v1alpha1.VaultConnection), e.ObjectNew.(*v1alpha1.VaultConnection)
+		return readyStatus(o.Status.Conditions) != readyStatus(n.Status.Conditions) ||
+			!maps.Equal(tokenEnds(o.Status.Tokens), tokenEnds(n.Status.Tokens))
+	}}
+}
+
+// tokenEnds maps the accessors of tokens with a known end to that end.
+func tokenEnds(tokens []v1alpha1.TokenStatus) map[string]time.Time {
+	out := map[string]time.Time{}
+	for _, t := range tokens {
+		if t.EndsAt != nil {
+			out[t.Accessor] = t.EndsAt.Time
+		}
+	}
+	return out
+}
+
+func readyStatus(c []metav1.Condition) metav1.ConditionStatus {
+	if cond := meta.FindStatusCondition(c, v1alpha1.ConditionReady); cond != nil {
+		return cond.Status
+	}
+	return metav1.ConditionUnknown
+}
+
+// supersededLeases are the leases of the ledger that a newer credential replaced.
+func supersededLeases(rc *v1alpha1.RedisCluster) []v1alpha1.LeaseRecord {
+	var out []v1alpha1.LeaseRecord
+	for _, l := range rc.Status.Leases {
+		if l.State != v1alpha1.LeaseActive {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// pending says that a replaced credential is still out there: a superseded lease not revoked
+// yet, or the user of a replaced credential whose lease is not tracked.
+func pending(rc *v1alpha1.RedisCluster) bool {
+	return len(supersededLeases(rc)) > 0 || (rc.Status.Credential != nil && len(rc.Status.Credential.SupersededUsers) > 0)
+}
+
+// reconcileTimeout bounds one reconcile, Vault calls and API requests included.
+const reconcileTimeout = 2 * time.Minute
