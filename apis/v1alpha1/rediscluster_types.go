@@ -598,6 +598,8 @@ type RolloutStatus struct {
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
 // +kubebuilder:resource:scope=Namespaced,shortName=rdc,categories=keyroll
+// +kubebuilder:validation:XValidation:rule="size(self.metadata.name) <= 52",message="metadata.name must be at most 52 characters: the Redis pods' controller-revision-hash label is the name and 11 more characters, and must fit in 63"
+// +kubebuilder:validation:XValidation:rule="!has(self.spec.credentials.secretName) || self.spec.credentials.secretName != self.metadata.name + '-acl'",message="spec.credentials.secretName must not be <name>-acl: that is the ACL Secret keyroll writes for the Redis pods",fieldPath=".spec.credentials.secretName"
 // +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
 // +kubebuilder:printcolumn:name="Ready",type=integer,JSONPath=`.status.readyReplicas`
 // +kubebuilder:printcolumn:name="Replicas",type=integer,JSONPath=`.spec.replicas`

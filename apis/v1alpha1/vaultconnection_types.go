@@ -11,7 +11,7 @@ type VaultConnectionSpec struct {
 	// +required
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=2048
-	// +kubebuilder:validation:XValidation:rule="self.startsWith('https://') || self.startsWith('http://')",message="address must be an http:// or https:// URL"
+	// +kubebuilder:validation:XValidation:rule="isURL(self) && url(self).getScheme() in ['http', 'https'] && url(self).getHostname() != ''",message="address must be an http:// or https:// URL with a host"
 	Address string `json:"address"`
 
 	// tls configures how the Vault server's certificate is verified. Verification is never

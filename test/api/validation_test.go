@@ -114,6 +114,12 @@ func TestInvalidObjectsAreRefusedNamingTheField(t *testing.T) {
 		"zero credential lifetime":     {es, set("spec.credentials.externalSecret.credentialLifetime", "0s"), "spec.credentials.externalSecret.credentialLifetime"},
 		"connection without name":      {es, set("spec.credentials.externalSecret.connectionRef", map[string]any{}), "spec.credentials.externalSecret.connectionRef.name"},
 		"address not a URL":            {vc, set("spec.address", "vault:8200"), "spec.address"},
+		"address without a host":       {vc, set("spec.address", "http://"), "spec.address"},
+		"name too long for its pods": {rc, set("metadata.name", strings.Repeat("a", 53)), "metadata.name must be at most 52"},
+		"credentials Secret named as the ACL Secret": {rc, func(o map[string]any) {
+			set("metadata.name", "orders")(o)
+			set("spec.credentials.secretName", "orders-acl")(o)
+		}, "spec.credentials.secretName"},
 		"no auth method":               {vc, set("spec.auth", map[string]any{}), "spec.auth"},
 		"two auth methods":             {vc, set("spec.auth.token", map[string]any{"secretRef": map[string]any{"namespace": "a", "name": "b", "key": "c"}}), "spec.auth"},
 		"kubernetes auth without role": {vc, del("spec.auth.kubernetes.role"), "spec.auth.kubernetes.role"},
