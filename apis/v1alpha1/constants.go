@@ -71,7 +71,6 @@ const (
 	ReasonLoginFailed                 = "LoginFailed"
 	ReasonVaultUnavailable            = "VaultUnavailable"
 	ReasonVaultSealed                 = "VaultSealed"
-	ReasonInvalidSpec                 = "InvalidSpec"
 	ReasonConnectionNotFound          = "ConnectionNotFound"
 	ReasonConnectionNotReady          = "ConnectionNotReady"
 	ReasonNamespaceNotAllowed         = "NamespaceNotAllowed"
@@ -79,7 +78,6 @@ const (
 	ReasonIssued                      = "Issued"
 	ReasonIssueFailed                 = "IssueFailed"
 	ReasonSecretConflict              = "SecretConflict"
-	ReasonLeaseExpired                = "LeaseExpired"
 	ReasonLeasesNotTracked            = "LeasesNotTracked"
 	ReasonExternalSecretNotReady      = "ExternalSecretNotReady"
 	ReasonExternalSecretsNotInstalled = "ExternalSecretsNotInstalled"
@@ -92,9 +90,7 @@ const (
 	ReasonConsumerMissing             = "ConsumerMissing"
 	ReasonConsumerPaused              = "ConsumerPaused"
 	ReasonRevocationPending           = "RevocationPending"
-	ReasonRevocationSkipped           = "RevocationSkipped"
 	ReasonInvalidSchedule             = "InvalidSchedule"
-	ReasonOutsideMaintenanceWindow    = "OutsideMaintenanceWindow"
 	ReasonTokenMaxTTLTooShort         = "TokenMaxTTLTooShort"
 	ReasonTokensOutliveLeases         = "TokensOutliveLeases"
 	ReasonInUse                       = "InUse"
@@ -104,7 +100,6 @@ const (
 // Event reasons (UpperCamelCase; events fire on transitions only).
 const (
 	EventCredentialsIssued = "CredentialsIssued"
-	EventLeaseRenewed      = "LeaseRenewed"
 	EventRotationStarted   = "RotationStarted"
 	EventRotationFinished  = "RotationFinished"
 	EventPodRestarted      = "PodRestarted"
