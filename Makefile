@@ -31,10 +31,8 @@ generate: ## Generate the deepcopy functions of the API types.
 	$(CONTROLLER_GEN) object paths=./apis/...
 
 .PHONY: verify-generated
-verify-generated: manifests generate ## Fail when regenerating changes a tracked file.
-	@if ! git diff --quiet -- apis deploy; then \
-		echo "Generated files are out of date; run 'make manifests generate' and commit:"; \
-		git --no-pager diff --stat -- apis deploy; exit 1; fi
+verify-generated: ## Fail when regenerating the CRDs, RBAC or deepcopy code from the staged files changes one.
+	test/tools/verify-generated.sh
 
 .PHONY: fmt
 fmt: ## Format the Go code.
@@ -45,8 +43,8 @@ vet: ## Run go vet.
 	$(GO) vet ./...
 
 .PHONY: lint
-lint: vet ## Check formatting and run go vet.
-	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "Not gofmt-ed:"; echo "$$out"; exit 1; fi
+lint: testground ## Run golangci-lint (.golangci.yml: vet, staticcheck, unused, errcheck, goimports, logr checks).
+	$(TESTGROUND_BIN)/golangci-lint run ./...
 
 ##@ Test
 
@@ -58,6 +56,11 @@ deps: ## Install what the tests need (redis-server) and build the test ground (c
 .PHONY: testground
 testground: ## Build the test-ground binaries, or reuse the cached ones.
 	test/tools/build.sh $(TESTGROUND_BIN)
+
+.PHONY: unit
+unit: ## The fast tier: unit tests with fakes (and a local redis-server), no test ground; seconds.
+	test/tools/install-deps.sh
+	$(GO) test -race -count=1 -skip '^TestIntegration' ./apis/... ./rotation/... ./vault/... ./controllers/...
 
 .PHONY: test
 test: deps lint verify-generated ## The whole test suite (what CI runs): unit, integration and end-to-end, with -race.

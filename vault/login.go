@@ -50,7 +50,7 @@ func (c *Client) login(ctx context.Context) error {
 		return err
 	}
 	// Persisted before it creates anything: a lease it creates must survive this process.
-	if err := c.saveTokens(ctx, map[string]string{st.accessor: st.token}, nil); err != nil {
+	if err := c.saveTokens(ctx, map[string]string{st.accessor: st.token}); err != nil {
 		return &Error{Op: opLogin, Path: path, Class: ClassUnavailable, detail: "the token store refused the new token: " + redactMessages([]string{err.Error()}, c.secrets)[0]}
 	}
 	c.mu.Lock()

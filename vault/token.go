@@ -189,7 +189,7 @@ func (c *Client) forgetToken(h *heldToken) {
 		c.cur = nil
 	}
 	c.mu.Unlock()
-	c.saveTokens(context.Background(), nil, []string{h.accessor})
+	c.dropTokens(context.Background(), []string{h.accessor})
 }
 
 // ensureToken makes sure the client holds a current token that is not due for renewal: it logs

@@ -131,7 +131,7 @@ func (c *Client) KeepTokens(ctx context.Context, needs map[string]time.Time) ([]
 		}
 		c.mu.Unlock()
 		c.log.Info("Gave up Vault tokens that own no live lease", "accessors", drop)
-		c.saveTokens(ctx, nil, drop)
+		c.dropTokens(ctx, drop)
 	}
 	return c.Tokens(), first
 }
@@ -227,7 +227,7 @@ func (c *Client) loadTokens(ctx context.Context) error {
 	c.markLoaded()
 	if len(gone) > 0 {
 		c.log.Info("Vault no longer knows persisted tokens; removing them", "accessors", gone)
-		c.saveTokens(ctx, nil, gone)
+		c.dropTokens(ctx, gone)
 	}
 	if n := len(stored) - len(gone); n > 0 {
 		c.log.Info("Took over persisted Vault tokens", "count", n, "current", c.state().accessor)
@@ -273,18 +273,23 @@ func (c *Client) chooseCurrent() {
 	}
 }
 
-// saveTokens writes to the token store, if there is one. A failure to drop tokens is only logged:
-// a stale entry is dropped at the next load.
-func (c *Client) saveTokens(ctx context.Context, put map[string]string, drop []string) error {
-	if c.cfg.Tokens == nil || (len(put) == 0 && len(drop) == 0) {
+// saveTokens adds tokens to the token store, if there is one.
+func (c *Client) saveTokens(ctx context.Context, put map[string]string) error {
+	if c.cfg.Tokens == nil || len(put) == 0 {
 		return nil
 	}
-	err := c.cfg.Tokens.Save(ctx, put, drop)
-	if err != nil && len(put) == 0 {
+	return c.cfg.Tokens.Save(ctx, put, nil)
+}
+
+// dropTokens removes tokens from the token store, if there is one. A failure is only logged: a
+// stale entry is dropped at the next load, when Vault no longer knows the token.
+func (c *Client) dropTokens(ctx context.Context, accessors []string) {
+	if c.cfg.Tokens == nil || len(accessors) == 0 {
+		return
+	}
+	if err := c.cfg.Tokens.Save(ctx, nil, accessors); err != nil {
 		c.log.Info("Could not remove given-up tokens from the token store", "error", redactMessages([]string{err.Error()}, c.secrets)[0])
-		return nil
 	}
-	return err
 }
 
 // noteIssue records that a token created a lease now.

@@ -148,7 +148,10 @@ trap 'kill -TERM "$redis" 2>/dev/null || true' TERM INT
 reloader=$!
 status=0
 wait "$redis" || status=$?
-if kill -0 "$redis" 2>/dev/null; then
+if [ "$status" -gt 128 ]; then
+  # wait was interrupted by the signal passed on to Redis: wait for Redis itself, whose status is
+  # the pod's (0 after a clean shutdown).
+  status=0
   wait "$redis" || status=$?
 fi
 kill "$reloader" 2>/dev/null || true

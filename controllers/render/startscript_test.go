@@ -137,7 +137,10 @@ func TestStartScriptReloadsTheACLFileAndStopsOnSIGTERM(t *testing.T) {
 
 	_ = syscall.Kill(cmd.Process.Pid, syscall.SIGTERM)
 	select {
-	case <-exited:
+	case err := <-exited:
+		if err != nil {
+			t.Errorf("the script exited with %v after SIGTERM, want 0 (Redis stops cleanly)\n%s", err, out)
+		}
 	case <-time.After(10 * time.Second):
 		t.Fatalf("the script did not stop within 10 s of SIGTERM\n%s", out)
 	}

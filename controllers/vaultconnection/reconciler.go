@@ -164,7 +164,7 @@ func (r *Reconciler) observe(ctx context.Context, vc *v1alpha1.VaultConnection, 
 	vc.Status.VaultVersion = h.Version
 	vc.Status.Sealed = &h.Sealed
 	if h.Sealed {
-		return nil, errors.New("Vault is sealed")
+		return nil, errors.New("the Vault server is sealed")
 	}
 	held, err := vcl.KeepTokens(ctx, needs.until)
 	vc.Status.Tokens = tokenStatuses(held, needs)

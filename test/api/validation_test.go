@@ -111,10 +111,10 @@ func TestInvalidObjectsAreRefusedNamingTheField(t *testing.T) {
 			set("spec.credentials.externalSecret.refreshInterval", "1h")(o)
 			set("spec.credentials.externalSecret.credentialLifetime", "1h")(o)
 		}, "spec.credentials.externalSecret"},
-		"zero credential lifetime":     {es, set("spec.credentials.externalSecret.credentialLifetime", "0s"), "spec.credentials.externalSecret.credentialLifetime"},
-		"connection without name":      {es, set("spec.credentials.externalSecret.connectionRef", map[string]any{}), "spec.credentials.externalSecret.connectionRef.name"},
-		"address not a URL":            {vc, set("spec.address", "vault:8200"), "spec.address"},
-		"address without a host":       {vc, set("spec.address", "http://"), "spec.address"},
+		"zero credential lifetime":   {es, set("spec.credentials.externalSecret.credentialLifetime", "0s"), "spec.credentials.externalSecret.credentialLifetime"},
+		"connection without name":    {es, set("spec.credentials.externalSecret.connectionRef", map[string]any{}), "spec.credentials.externalSecret.connectionRef.name"},
+		"address not a URL":          {vc, set("spec.address", "vault:8200"), "spec.address"},
+		"address without a host":     {vc, set("spec.address", "http://"), "spec.address"},
 		"name too long for its pods": {rc, set("metadata.name", strings.Repeat("a", 53)), "metadata.name must be at most 52"},
 		"credentials Secret named as the ACL Secret": {rc, func(o map[string]any) {
 			set("metadata.name", "orders")(o)

@@ -69,11 +69,11 @@ func StartControlPlane(dir string, opts ControlPlaneOptions) (*ControlPlane, err
 	cp := &ControlPlane{Env: env, Config: cfg}
 	cp.watchdog = startWatchdog(childrenNamed("etcd", "kube-apiserver"))
 	if err := cp.writeKubeconfig(dir); err != nil {
-		cp.Stop()
+		_ = cp.Stop()
 		return nil, err
 	}
 	if cp.Clientset, err = kubernetes.NewForConfig(cfg); err != nil {
-		cp.Stop()
+		_ = cp.Stop()
 		return nil, err
 	}
 	return cp, nil

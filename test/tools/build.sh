@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the binaries of the keyroll test ground (etcd, kube-apiserver, kube-controller-manager, kwok,
-# vault, external-secrets, kubectl) from the tool modules beside this script, into a cache outside the checkout, and links them
+# vault, external-secrets, kubectl, golangci-lint) from the tool modules beside this script, into a cache outside the checkout, and links them
 # into one directory for the tests (default: test/bin, ignored by git).
 #
 # A binary is cached under a key made of its tool module's go.mod, go.sum and sources, so it is
@@ -72,6 +72,7 @@ lane2() {
 	build kube-apiserver kube k8s.io/kubernetes/cmd/kube-apiserver "$k8s_ldflags"
 	build kube-controller-manager kube k8s.io/kubernetes/cmd/kube-controller-manager "$k8s_ldflags"
 	build external-secrets eso . "-s -w"
+	build golangci-lint lint github.com/golangci/golangci-lint/v2/cmd/golangci-lint "-s -w"
 }
 
 # kwok refuses to start without stages: take the "fast" node and pod stages from the kwok module
