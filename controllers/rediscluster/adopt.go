@@ -21,7 +21,7 @@ import (
 // into the ledger when tracked, before anything uses it; the credential it replaces is superseded
 // and its lease revoked after the rollout. gone says the tracked lease no longer exists in Vault.
 func (r *externalSecret) adopt(ctx context.Context, s *scope, sc *render.SyncedCredential, vcl vault.LeaseClient, tracked bool) (gone bool, err error) {
-	rc := s.rc
+	rc := s.RC
 	key := client.ObjectKeyFromObject(rc)
 	sighted := r.sightings.peek(key)
 	if !tracked {
@@ -57,7 +57,7 @@ func (r *externalSecret) adopt(ctx context.Context, s *scope, sc *render.SyncedC
 		if !tracked {
 			note = "leases are not tracked"
 		}
-		s.conds.Event(false, v1alpha1.EventCredentialsIssued, "Adopt", "Adopted credential %s for user %s that External Secrets Operator synced into Secret %s (%s)",
+		s.Conds.Event(false, v1alpha1.EventCredentialsIssued, "Adopt", "Adopted credential %s for user %s that External Secrets Operator synced into Secret %s (%s)",
 			sc.Version, sc.Username, render.CredentialsSecretName(rc), note)
 		log.FromContext(ctx).Info("Synced credential adopted", "version", sc.Version, "username", sc.Username, "leaseTracked", tracked)
 	}
@@ -79,7 +79,7 @@ func unrecorded(rc *v1alpha1.RedisCluster, sighted []string, current string, tra
 
 // recordSynced puts a synced credential into the status, and its lease into the ledger.
 func (r *externalSecret) recordSynced(s *scope, sc *render.SyncedCredential, tracked bool, info *vault.LeaseInfo, now *metav1.Time, fresh bool) {
-	rc := s.rc
+	rc := s.RC
 	prev := rc.Status.Credential
 	cs := &v1alpha1.CredentialStatus{
 		Version: sc.Version, Source: v1alpha1.SourceExternalSecret, Username: sc.Username,

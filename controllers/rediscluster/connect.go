@@ -26,7 +26,7 @@ const waitForConnection = time.Minute
 // client it sets a condition, records an event on the transition and says when to look again.
 // forDelete skips the namespace check: revoking leases keyroll already holds is always allowed.
 func (r *deps) connect(ctx context.Context, s *scope, forDelete bool) (vault.LeaseClient, time.Duration, error) {
-	rc := s.rc
+	rc := s.RC
 	name := rc.VaultConnectionName()
 	vc := &v1alpha1.VaultConnection{}
 	if err := r.Get(ctx, client.ObjectKey{Name: name}, vc); err != nil {
@@ -50,17 +50,17 @@ func (r *deps) connect(ctx context.Context, s *scope, forDelete bool) (vault.Lea
 
 // refuse marks the credential as not ready for a reason the RedisCluster owner must act on.
 func (r *deps) refuse(s *scope, reason, message string) {
-	s.credentialsNotReady(reason, v1alpha1.EventAccessDenied, "Connect", message, true)
+	s.NotReady(reason, v1alpha1.EventAccessDenied, "Connect", message, true)
 }
 
 // checkSecretsFree makes sure the Secrets keyroll writes are either absent or its own, before a
 // credential is issued that could not be written anywhere.
 func (r *deps) checkSecretsFree(ctx context.Context, s *scope) (bool, error) {
-	for _, name := range []string{render.CredentialsSecretName(s.rc), render.ACLSecretName(s.rc)} {
-		err := r.secretOwned(ctx, s.rc, name)
+	for _, name := range []string{render.CredentialsSecretName(s.RC), render.ACLSecretName(s.RC)} {
+		err := r.secretOwned(ctx, s.RC, name)
 		var conflict *apply.ConflictError
 		if errors.As(err, &conflict) {
-			s.credentialsNotReady(v1alpha1.ReasonSecretConflict, v1alpha1.EventSecretConflict, "WriteSecret", err.Error(), true)
+			s.NotReady(v1alpha1.ReasonSecretConflict, v1alpha1.EventSecretConflict, "WriteSecret", err.Error(), true)
 			return false, nil
 		}
 		if err != nil {

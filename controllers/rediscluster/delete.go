@@ -23,7 +23,7 @@ import (
 // Revoking and is retried with backoff.
 func (r *deps) revokeSuperseded(ctx context.Context, s *scope, vcl vault.LeaseClient) error {
 	var errs []error
-	for _, l := range s.rc.Status.Leases {
+	for _, l := range s.RC.Status.Leases {
 		if l.State == v1alpha1.LeaseActive {
 			continue
 		}
@@ -37,15 +37,15 @@ func (r *deps) revoke(ctx context.Context, s *scope, vcl vault.LeaseClient, id s
 	err := vcl.Revoke(ctx, id)
 	r.Metrics.Revocations.WithLabelValues(metrics.Result(err)).Inc()
 	if err != nil {
-		for i := range s.rc.Status.Leases {
-			if s.rc.Status.Leases[i].LeaseID == id {
-				s.rc.Status.Leases[i].State = v1alpha1.LeaseRevoking
+		for i := range s.RC.Status.Leases {
+			if s.RC.Status.Leases[i].LeaseID == id {
+				s.RC.Status.Leases[i].State = v1alpha1.LeaseRevoking
 			}
 		}
 		return fmt.Errorf("revoking lease %s (%s): %w", id, vault.ClassOf(err), err)
 	}
-	s.rc.Status.Leases = removeLease(s.rc.Status.Leases, id)
-	s.conds.Event(false, v1alpha1.EventLeaseRevoked, "Revoke", "Revoked lease %s", id)
+	s.RC.Status.Leases = removeLease(s.RC.Status.Leases, id)
+	s.Conds.Event(false, v1alpha1.EventLeaseRevoked, "Revoke", "Revoked lease %s", id)
 	log.FromContext(ctx).Info("Lease revoked", "lease", id)
 	return nil
 }
@@ -53,12 +53,12 @@ func (r *deps) revoke(ctx context.Context, s *scope, vcl vault.LeaseClient, id s
 // revocationOutcome sets Degraded for pending revocations, with an event on the transition.
 func (r *deps) revocationOutcome(s *scope, err error) error {
 	if err == nil {
-		s.conds.Set(v1alpha1.ConditionLeasesRevoked, metav1.ConditionTrue, v1alpha1.ReasonAvailable, "Every superseded lease is revoked")
+		s.Conds.Set(v1alpha1.ConditionLeasesRevoked, metav1.ConditionTrue, v1alpha1.ReasonAvailable, "Every superseded lease is revoked")
 		return nil
 	}
-	msg := fmt.Sprintf("%d lease(s) not revoked yet, retrying: %v", countState(s.rc, v1alpha1.LeaseRevoking), err)
-	if s.conds.Set(v1alpha1.ConditionLeasesRevoked, metav1.ConditionFalse, v1alpha1.ReasonRevocationPending, msg) {
-		s.conds.Event(true, v1alpha1.EventRevocationFailed, "Revoke", "%s", msg)
+	msg := fmt.Sprintf("%d lease(s) not revoked yet, retrying: %v", countState(s.RC, v1alpha1.LeaseRevoking), err)
+	if s.Conds.Set(v1alpha1.ConditionLeasesRevoked, metav1.ConditionFalse, v1alpha1.ReasonRevocationPending, msg) {
+		s.Conds.Event(true, v1alpha1.EventRevocationFailed, "Revoke", "%s", msg)
 	}
 	return err
 }
@@ -66,13 +66,13 @@ func (r *deps) revocationOutcome(s *scope, err error) error {
 // reconcileDelete revokes every lease in the ledger, then removes the finalizer. While a lease may
 // still be live, the finalizer stays.
 func (r *Reconciler) reconcileDelete(ctx context.Context, s *scope) (ctrl.Result, error) {
-	rc := s.rc
+	rc := s.RC
 	if !controllerutil.ContainsFinalizer(rc, v1alpha1.Finalizer) {
 		return ctrl.Result{}, nil
 	}
 	if rc.Spec.DeletionPolicy == v1alpha1.DeletionRetain {
 		if len(rc.Status.Leases) > 0 {
-			s.conds.Event(false, v1alpha1.EventRevocationSkipped, "Delete",
+			s.Conds.Event(false, v1alpha1.EventRevocationSkipped, "Delete",
 				"deletionPolicy Retain: %d lease(s) left to expire in Vault, not revoked", len(rc.Status.Leases))
 		}
 		return ctrl.Result{}, r.removeFinalizer(ctx, s)
@@ -95,14 +95,14 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, s *scope) (ctrl.Result
 func (r *deps) revokeAll(ctx context.Context, s *scope) (ctrl.Result, error) {
 	vcl, wait, err := r.connect(ctx, s, true)
 	if vcl == nil {
-		msg := fmt.Sprintf("%d lease(s) cannot be revoked: %s", len(s.rc.Status.Leases), conditionMessage(s.rc, v1alpha1.ConditionCredentialsReady))
-		if s.conds.Set(v1alpha1.ConditionLeasesRevoked, metav1.ConditionFalse, v1alpha1.ReasonRevocationPending, msg) {
-			s.conds.Event(true, v1alpha1.EventRevocationFailed, "Revoke", "%s", msg)
+		msg := fmt.Sprintf("%d lease(s) cannot be revoked: %s", len(s.RC.Status.Leases), conditionMessage(s.RC, v1alpha1.ConditionCredentialsReady))
+		if s.Conds.Set(v1alpha1.ConditionLeasesRevoked, metav1.ConditionFalse, v1alpha1.ReasonRevocationPending, msg) {
+			s.Conds.Event(true, v1alpha1.EventRevocationFailed, "Revoke", "%s", msg)
 		}
 		return ctrl.Result{RequeueAfter: wait}, err
 	}
 	var errs []error
-	for _, l := range s.rc.Status.Leases {
+	for _, l := range s.RC.Status.Leases {
 		errs = append(errs, r.revoke(ctx, s, vcl, l.LeaseID))
 	}
 	return ctrl.Result{}, r.revocationOutcome(s, errors.Join(errs...))
@@ -113,12 +113,12 @@ func (r *Reconciler) removeFinalizer(ctx context.Context, s *scope) error {
 	if err := r.writeStatus(ctx, s); err != nil {
 		return err
 	}
-	patch := client.MergeFrom(s.rc.DeepCopy())
-	controllerutil.RemoveFinalizer(s.rc, v1alpha1.Finalizer)
-	if err := r.Patch(ctx, s.rc, patch); err != nil {
+	patch := client.MergeFrom(s.RC.DeepCopy())
+	controllerutil.RemoveFinalizer(s.RC, v1alpha1.Finalizer)
+	if err := r.Patch(ctx, s.RC, patch); err != nil {
 		return client.IgnoreNotFound(err)
 	}
-	s.before = s.rc.DeepCopy()
+	s.before = s.RC.DeepCopy()
 	return nil
 }
 

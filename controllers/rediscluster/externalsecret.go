@@ -37,7 +37,7 @@ const defaultRenewalPercent = 67
 // specified, adopts the credential ESO synced, renews its lease when tracked (vcl is nil when
 // externalSecret.connectionRef is not set) and asks ESO for a new credential when one is due.
 func (r *externalSecret) credential(ctx context.Context, s *scope, vcl vault.LeaseClient) (*render.Credential, time.Duration, error) {
-	rc := s.rc
+	rc := s.RC
 	es, err := r.ensureExternalSecret(ctx, s)
 	if err != nil || es == nil {
 		return nil, waitForConnection, err
@@ -130,10 +130,10 @@ func (r *externalSecret) settling(rc *v1alpha1.RedisCluster) time.Duration {
 // ensureExternalSecret creates or repairs the ExternalSecret and returns it as the API has it.
 func (r *externalSecret) ensureExternalSecret(ctx context.Context, s *scope) (*esv1.ExternalSecret, error) {
 	es := &esv1.ExternalSecret{}
-	err := apply.Ensure(ctx, r.Client, r.APIReader, s.rc, render.ExternalSecret(s.rc), es, apply.SameExternalSecret, apply.UpdateExternalSecret)
+	err := apply.Ensure(ctx, r.Client, r.APIReader, s.RC, render.ExternalSecret(s.RC), es, apply.SameExternalSecret, apply.UpdateExternalSecret)
 	var conflict *apply.ConflictError
 	if errors.As(err, &conflict) {
-		s.credentialsNotReady(v1alpha1.ReasonSecretConflict, v1alpha1.EventSecretConflict, "WriteExternalSecret", err.Error(), true)
+		s.NotReady(v1alpha1.ReasonSecretConflict, v1alpha1.EventSecretConflict, "WriteExternalSecret", err.Error(), true)
 		return nil, nil
 	}
 	return es, err
@@ -171,7 +171,7 @@ func (r *externalSecret) notSynced(s *scope, es *esv1.ExternalSecret, problem st
 		problem = fmt.Sprintf("%s; ExternalSecret %s is not Ready (%s): %s", problem, es.Name, c.Reason, c.Message)
 		warn = true
 	}
-	s.credentialsNotReady(reason, reason, "Sync", problem, warn)
+	s.NotReady(reason, reason, "Sync", problem, warn)
 }
 
 func esReady(es *esv1.ExternalSecret) *esv1.ExternalSecretStatusCondition {
@@ -191,7 +191,7 @@ const refreshRequestTimeout = 10 * time.Minute
 // puts it on the ExternalSecret as an annotation, which makes ESO refresh at once. A pending
 // request (no new credential since) is not repeated until refreshRequestTimeout.
 func (r *externalSecret) requestRefresh(ctx context.Context, s *scope, d rotation.Decision) error {
-	rc := s.rc
+	rc := s.RC
 	c := rc.Status.Credential
 	if d.AcknowledgeRotateNow {
 		rc.Status.RotateNowAcknowledged = rc.Annotations[v1alpha1.AnnotationRotateNow]
@@ -208,7 +208,7 @@ func (r *externalSecret) requestRefresh(ctx context.Context, s *scope, d rotatio
 	if err := r.writeStatus(ctx, s); err != nil {
 		return fmt.Errorf("recording the refresh request: %w", err)
 	}
-	s.conds.Event(false, v1alpha1.EventRefreshRequested, "Rotate", "Asked External Secrets Operator for a new credential (%s)", d.Reason)
+	s.Conds.Event(false, v1alpha1.EventRefreshRequested, "Rotate", "Asked External Secrets Operator for a new credential (%s)", d.Reason)
 	log.FromContext(ctx).Info("New credential requested from External Secrets Operator", "reason", string(d.Reason))
 	_, err := r.ensureExternalSecret(ctx, s)
 	return err
@@ -217,11 +217,11 @@ func (r *externalSecret) requestRefresh(ctx context.Context, s *scope, d rotatio
 // reportSynced sets CredentialsReady for a synced credential, says whether its lease is tracked,
 // and flags ESO trouble and a refresh interval that would leave an expired credential in place.
 func (r *externalSecret) reportSynced(s *scope, es *esv1.ExternalSecret, sc *render.SyncedCredential, tracked bool) {
-	rc := s.rc
+	rc := s.RC
 	src := rc.Spec.Credentials.ExternalSecret
 	secret := render.CredentialsSecretName(rc)
 	if tracked {
-		s.conds.Set(v1alpha1.ConditionCredentialsReady, metav1.ConditionTrue, v1alpha1.ReasonLeasesTracked,
+		s.Conds.Set(v1alpha1.ConditionCredentialsReady, metav1.ConditionTrue, v1alpha1.ReasonLeasesTracked,
 			fmt.Sprintf("External Secrets Operator synced a credential into Secret %s; keyroll renews and revokes its lease", secret))
 	} else {
 		why := "set externalSecret.connectionRef so that keyroll can renew and revoke it"
@@ -229,8 +229,8 @@ func (r *externalSecret) reportSynced(s *scope, es *esv1.ExternalSecret, sc *ren
 			why = "the generator does not hand over the lease (VaultDynamicSecret resultType Raw does)"
 		}
 		msg := fmt.Sprintf("External Secrets Operator synced a credential into Secret %s; its lease is not tracked: %s. Nobody renews or revokes it; it lives until its Vault TTL", secret, why)
-		if s.conds.Set(v1alpha1.ConditionCredentialsReady, metav1.ConditionTrue, v1alpha1.ReasonLeasesNotTracked, msg) {
-			s.conds.Event(false, v1alpha1.EventLeasesNotTracked, "Adopt", "%s", msg)
+		if s.Conds.Set(v1alpha1.ConditionCredentialsReady, metav1.ConditionTrue, v1alpha1.ReasonLeasesNotTracked, msg) {
+			s.Conds.Event(false, v1alpha1.EventLeasesNotTracked, "Adopt", "%s", msg)
 		}
 	}
 	lifetime := sc.LeaseDuration
@@ -241,8 +241,8 @@ func (r *externalSecret) reportSynced(s *scope, es *esv1.ExternalSecret, sc *ren
 	if !tracked && lifetime > 0 && interval != nil && interval.Duration >= lifetime {
 		msg := fmt.Sprintf("externalSecret.refreshInterval (%s) is not shorter than the credential's lifetime (%s): External Secrets Operator will leave an expired credential in place",
 			interval.Duration, lifetime)
-		if s.conds.Set(v1alpha1.ConditionSourceHealthy, metav1.ConditionFalse, v1alpha1.ReasonRefreshIntervalTooLong, msg) {
-			s.conds.Event(true, v1alpha1.ReasonRefreshIntervalTooLong, "Adopt", "%s", msg)
+		if s.Conds.Set(v1alpha1.ConditionSourceHealthy, metav1.ConditionFalse, v1alpha1.ReasonRefreshIntervalTooLong, msg) {
+			s.Conds.Event(true, v1alpha1.ReasonRefreshIntervalTooLong, "Adopt", "%s", msg)
 		}
 		return
 	}
@@ -251,12 +251,12 @@ func (r *externalSecret) reportSynced(s *scope, es *esv1.ExternalSecret, sc *ren
 	}
 	if c := esReady(es); c != nil && c.Status == corev1.ConditionFalse {
 		msg := fmt.Sprintf("ExternalSecret %s is not Ready (%s): %s", es.Name, c.Reason, c.Message)
-		if s.conds.Set(v1alpha1.ConditionSourceHealthy, metav1.ConditionFalse, v1alpha1.ReasonExternalSecretNotReady, msg) {
-			s.conds.Event(true, v1alpha1.ReasonExternalSecretNotReady, "Sync", "%s", msg)
+		if s.Conds.Set(v1alpha1.ConditionSourceHealthy, metav1.ConditionFalse, v1alpha1.ReasonExternalSecretNotReady, msg) {
+			s.Conds.Event(true, v1alpha1.ReasonExternalSecretNotReady, "Sync", "%s", msg)
 		}
 		return
 	}
-	s.conds.Set(v1alpha1.ConditionSourceHealthy, metav1.ConditionTrue, v1alpha1.ReasonAvailable, "External Secrets Operator syncs the credential")
+	s.Conds.Set(v1alpha1.ConditionSourceHealthy, metav1.ConditionTrue, v1alpha1.ReasonAvailable, "External Secrets Operator syncs the credential")
 }
 
 // esDeletionGrace is how long a RedisCluster being deleted waits for its ExternalSecret to go
@@ -267,7 +267,7 @@ const esDeletionGrace = 30 * time.Second
 // (and any seen before) into the ledger, deletes the ExternalSecret and waits until it is gone,
 // so that no lease is minted after the revocation. It returns how long to wait.
 func (r *externalSecret) retire(ctx context.Context, s *scope) (time.Duration, error) {
-	rc := s.rc
+	rc := s.RC
 	key := client.ObjectKeyFromObject(rc)
 	if rc.VaultConnectionName() == "" {
 		r.sightings.forget(key, nil)
@@ -301,7 +301,7 @@ func (r *externalSecret) retire(ctx context.Context, s *scope) (time.Duration, e
 			return 0, fmt.Errorf("deleting ExternalSecret %s: %w", es.Name, err)
 		}
 		if rc.VaultConnectionName() == "" {
-			s.conds.Event(false, v1alpha1.EventRevocationSkipped, "Delete",
+			s.Conds.Event(false, v1alpha1.EventRevocationSkipped, "Delete",
 				"Leases are not tracked (no credentials.externalSecret.connectionRef): the leases External Secrets Operator obtained live until their Vault TTL")
 		}
 		return time.Second, nil
@@ -316,19 +316,19 @@ func (r *externalSecret) retire(ctx context.Context, s *scope) (time.Duration, e
 // (status.credential.leaseEndedEarlyAfter), until the current lease has outlived that age. It says
 // whether it did.
 func (r *externalSecret) endedEarly(s *scope, tracked bool) bool {
-	c := s.rc.Status.Credential
+	c := s.RC.Status.Credential
 	if c.LeaseEndedEarlyAfter == nil {
 		return false
 	}
-	alive := c.LeaseID != "" && hasLease(s.rc.Status.Leases, c.LeaseID) // not the lease that ended
+	alive := c.LeaseID != "" && hasLease(s.RC.Status.Leases, c.LeaseID) // not the lease that ended
 	if !tracked || (alive && r.Clock.Since(statustime.Of(c.IssuedAt)) > c.LeaseEndedEarlyAfter.Duration) {
 		c.LeaseEndedEarlyAfter = nil // the current lease lives longer: it was a one-off
 		return false
 	}
 	msg := fmt.Sprintf("A lease External Secrets Operator obtained was gone from Vault %s after it was issued, before its expiry: most likely External Secrets Operator's own Vault token ended, and Vault revoked the lease with it (keyroll cannot keep that token alive; it replaced the credential as soon as it noticed, within --lease-check-interval). Give External Secrets Operator's auth role a token TTL well above externalSecret.refreshInterval (%s), so that each credential is refreshed before its token ends",
-		c.LeaseEndedEarlyAfter.Duration, durationOr(s.rc.Spec.Credentials.ExternalSecret.RefreshInterval))
-	if s.conds.Set(v1alpha1.ConditionSourceHealthy, metav1.ConditionFalse, v1alpha1.ReasonLeaseEndedEarly, msg) {
-		s.conds.Event(true, v1alpha1.ReasonLeaseEndedEarly, "Adopt", "%s", msg)
+		c.LeaseEndedEarlyAfter.Duration, durationOr(s.RC.Spec.Credentials.ExternalSecret.RefreshInterval))
+	if s.Conds.Set(v1alpha1.ConditionSourceHealthy, metav1.ConditionFalse, v1alpha1.ReasonLeaseEndedEarly, msg) {
+		s.Conds.Event(true, v1alpha1.ReasonLeaseEndedEarly, "Adopt", "%s", msg)
 	}
 	return true
 }
@@ -345,16 +345,16 @@ func durationOr(d *metav1.Duration) string {
 // Secrets Operator's own Vault token, which keyroll cannot keep alive. The lease leaves the
 // ledger; the caller asks External Secrets Operator for a new credential at once.
 func (r *externalSecret) leaseGoneExternally(ctx context.Context, s *scope) {
-	c := s.rc.Status.Credential
+	c := s.RC.Status.Credential
 	if c == nil || c.LeaseID == "" {
 		return
 	}
 	r.Metrics.RevokedOutside.Inc()
-	s.rc.Status.Leases = removeLease(s.rc.Status.Leases, c.LeaseID)
+	s.RC.Status.Leases = removeLease(s.RC.Status.Leases, c.LeaseID)
 	if now := r.Clock.Now(); c.IssuedAt != nil && c.ExpiresAt != nil && now.Before(c.ExpiresAt.Time) {
 		c.LeaseEndedEarlyAfter = &metav1.Duration{Duration: now.Sub(c.IssuedAt.Time).Truncate(time.Second)}
 	}
-	s.conds.Event(true, v1alpha1.EventLeaseRevokedOutside, "Revoke",
+	s.Conds.Event(true, v1alpha1.EventLeaseRevokedOutside, "Revoke",
 		"Lease %s that External Secrets Operator obtained is gone from Vault before its expiry (revoked outside keyroll, or ended with External Secrets Operator's own Vault token): asking for a new credential at once",
 		c.LeaseID)
 	log.FromContext(ctx).Info("Tracked lease gone from Vault; asking External Secrets Operator for a new credential", "lease", c.LeaseID)

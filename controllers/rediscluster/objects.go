@@ -18,7 +18,7 @@ import (
 // reconcileObjects writes the objects the RedisCluster owns, Secrets first so that pods created
 // from the StatefulSet find the credential they are annotated with.
 func (r *deps) reconcileObjects(ctx context.Context, s *scope, cred *render.Credential) error {
-	rc := s.rc
+	rc := s.RC
 	steps := []func() error{
 		func() error { return r.ensureACLSecret(ctx, rc, cred) },
 		func() error {

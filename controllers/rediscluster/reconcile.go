@@ -5,6 +5,8 @@ import (
 	"errors"
 	"time"
 
+	"github.com/keyroll/keyroll/controllers/ledger"
+
 	"github.com/keyroll/keyroll/controllers/apply"
 	"github.com/keyroll/keyroll/controllers/conditions"
 
@@ -20,21 +22,17 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
-	"github.com/keyroll/keyroll/rotation"
 	"github.com/keyroll/keyroll/vault"
 )
 
 // scope is one reconcile's view of a RedisCluster: the object, its status as last written, and
 // its conditions.
 type scope struct {
-	rc     *v1alpha1.RedisCluster
+	*ledger.Cluster
+	// before is the RedisCluster as last written: the status patch is computed against it.
 	before *v1alpha1.RedisCluster
-	conds  conditions.Setter
 	// conflict names an owned object that exists and is not keyroll's, when one does.
 	conflict string
-	// schedule and window are the parsed spec.rotation (nil when unset or invalid).
-	schedule rotation.Schedule
-	window   *rotation.Window
 }
 
 // Reconcile brings one RedisCluster towards its spec. Status is written once, at the end, except
@@ -48,7 +46,10 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
-	s := &scope{rc: rc, before: rc.DeepCopy(), conds: conditions.Setter{Obj: rc, Conditions: &rc.Status.Conditions, Recorder: r.Recorder}}
+	s := &scope{before: rc.DeepCopy(), Cluster: &ledger.Cluster{RC: rc,
+		Conds: conditions.Setter{Obj: rc, Conditions: &rc.Status.Conditions, Recorder: r.Recorder}}}
+	s.Persist = func(ctx context.Context) error { return r.writeStatus(ctx, s) }
+	s.WriteACL = func(ctx context.Context, cred *render.Credential) error { return r.ensureACLSecret(ctx, rc, cred) }
 	defer func() {
 		err := r.writeStatus(ctx, s)
 		if apierrors.IsNotFound(err) && !rc.DeletionTimestamp.IsZero() {
@@ -94,7 +95,7 @@ func (r *Reconciler) ensureFinalizer(ctx context.Context, rc *v1alpha1.RedisClus
 
 // reconcileNormal runs the phases in order; each returns early when it cannot go on.
 func (r *Reconciler) reconcileNormal(ctx context.Context, s *scope) (ctrl.Result, error) {
-	rc := s.rc
+	rc := s.RC
 	external := rc.Spec.Credentials.Source == v1alpha1.SourceExternalSecret
 	if external && !r.ExternalSecrets {
 		r.externalSecretsMissing(s)
@@ -119,7 +120,7 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, s *scope) (ctrl.Result
 	if err := r.reconcileObjects(ctx, s, cred); err != nil {
 		return ctrl.Result{}, err
 	}
-	rolledOut, wait, err := r.rollout.Roll(ctx, s.rc, s.conds, cred.Version, pending(s.rc))
+	rolledOut, wait, err := r.rollout.Roll(ctx, s.RC, s.Conds, cred.Version, pending(s.RC))
 	if err != nil {
 		return ctrl.Result{}, err
 	}
@@ -137,17 +138,17 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, s *scope) (ctrl.Result
 // and then drops their users (and those of replaced credentials without a tracked lease) from the
 // ACL Secret. vcl is nil when no lease is tracked.
 func (r *deps) retireSuperseded(ctx context.Context, s *scope, vcl vault.LeaseClient, cred *render.Credential) error {
-	c := s.rc.Status.Credential
-	if len(supersededLeases(s.rc)) == 0 && len(c.SupersededUsers) == 0 {
+	c := s.RC.Status.Credential
+	if len(supersededLeases(s.RC)) == 0 && len(c.SupersededUsers) == 0 {
 		return nil
 	}
-	if vcl != nil && len(supersededLeases(s.rc)) > 0 {
+	if vcl != nil && len(supersededLeases(s.RC)) > 0 {
 		if err := r.revokeSuperseded(ctx, s, vcl); err != nil {
 			return err
 		}
 	}
 	c.SupersededUsers = nil
-	return r.ensureACLSecret(ctx, s.rc, cred)
+	return r.ensureACLSecret(ctx, s.RC, cred)
 }
 
 // forget drops what the reconciler keeps of a deleted cluster: its scheduler entry and metrics.
@@ -167,25 +168,25 @@ func soonest(a, b time.Duration) time.Duration {
 // readyReplicas records how many Redis pods are Ready (the StatefulSet's count).
 func (r *Reconciler) readyReplicas(ctx context.Context, s *scope) {
 	sts := &appsv1.StatefulSet{}
-	if err := r.Get(ctx, client.ObjectKey{Namespace: s.rc.Namespace, Name: s.rc.Name}, sts); err == nil {
-		s.rc.Status.ReadyReplicas = sts.Status.ReadyReplicas
+	if err := r.Get(ctx, client.ObjectKey{Namespace: s.RC.Namespace, Name: s.RC.Name}, sts); err == nil {
+		s.RC.Status.ReadyReplicas = sts.Status.ReadyReplicas
 	}
 }
 
 // externalSecretsMissing reports that ExternalSecret mode cannot work in this operator.
 func (r *Reconciler) externalSecretsMissing(s *scope) {
 	msg := "credentials.source is ExternalSecret, but External Secrets Operator's API (external-secrets.io/v1 ExternalSecret) was not installed when keyroll started: install External Secrets Operator, then restart keyroll"
-	s.credentialsNotReady(v1alpha1.ReasonExternalSecretsNotInstalled, v1alpha1.ReasonExternalSecretsNotInstalled, "Sync", msg, true)
+	s.NotReady(v1alpha1.ReasonExternalSecretsNotInstalled, v1alpha1.ReasonExternalSecretsNotInstalled, "Sync", msg, true)
 }
 
 // writeStatus sums the conditions up (Ready, Degraded), derives the phase and writes the status if
 // it changed.
 func (r *deps) writeStatus(ctx context.Context, s *scope) error {
 	s.summarize()
-	s.rc.Status.Phase = phaseOf(s.rc)
-	err := apply.PatchStatus(ctx, r.Client, s.before, s.rc, func(o client.Object) any { return o.(*v1alpha1.RedisCluster).Status })
+	s.RC.Status.Phase = phaseOf(s.RC)
+	err := apply.PatchStatus(ctx, r.Client, s.before, s.RC, func(o client.Object) any { return o.(*v1alpha1.RedisCluster).Status })
 	if err == nil {
-		s.before = s.rc.DeepCopy()
+		s.before = s.RC.DeepCopy()
 	}
 	return err
 }

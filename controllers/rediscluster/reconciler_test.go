@@ -21,6 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/controllers/ledger"
 	"github.com/keyroll/keyroll/controllers/metrics"
 	"github.com/keyroll/keyroll/controllers/render"
 	"github.com/keyroll/keyroll/controllers/rollout"
@@ -360,8 +361,8 @@ func TestSummary(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			rc := cluster(func(rc *v1alpha1.RedisCluster) { rc.Spec.Replicas = 3 })
 			rc.Status.Conditions, rc.Status.ReadyReplicas = tc.conds, tc.ready
-			s := &scope{rc: rc}
-			s.conds.Obj, s.conds.Conditions = rc, &rc.Status.Conditions
+			s := &scope{Cluster: &ledger.Cluster{RC: rc}}
+			s.Conds.Obj, s.Conds.Conditions = rc, &rc.Status.Conditions
 
 			s.summarize()
 

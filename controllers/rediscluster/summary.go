@@ -22,7 +22,7 @@ var concerns = []string{
 // (with the first one's reason and every one's message); Ready is True when a live credential is
 // in place and every Redis pod is Ready. Their events are those of the concerns.
 func (s *scope) summarize() {
-	rc := s.rc
+	rc := s.RC
 	var reason string
 	var msgs []string
 	for _, t := range concerns {
@@ -34,9 +34,9 @@ func (s *scope) summarize() {
 		}
 	}
 	if reason != "" {
-		s.conds.Set(v1alpha1.ConditionDegraded, metav1.ConditionTrue, reason, strings.Join(msgs, "; "))
+		s.Conds.Set(v1alpha1.ConditionDegraded, metav1.ConditionTrue, reason, strings.Join(msgs, "; "))
 	} else {
-		s.conds.Set(v1alpha1.ConditionDegraded, metav1.ConditionFalse, v1alpha1.ReasonAvailable, "Nothing needs attention")
+		s.Conds.Set(v1alpha1.ConditionDegraded, metav1.ConditionFalse, v1alpha1.ReasonAvailable, "Nothing needs attention")
 	}
 	if !rc.DeletionTimestamp.IsZero() {
 		return
@@ -44,22 +44,14 @@ func (s *scope) summarize() {
 	creds := meta.FindStatusCondition(rc.Status.Conditions, v1alpha1.ConditionCredentialsReady)
 	switch {
 	case creds == nil:
-		s.conds.Set(v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.ReasonReconciling, "Waiting for a credential")
+		s.Conds.Set(v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.ReasonReconciling, "Waiting for a credential")
 	case creds.Status != metav1.ConditionTrue:
-		s.conds.Set(v1alpha1.ConditionReady, metav1.ConditionFalse, creds.Reason, creds.Message)
+		s.Conds.Set(v1alpha1.ConditionReady, metav1.ConditionFalse, creds.Reason, creds.Message)
 	case s.conflict != "":
-		s.conds.Set(v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.ReasonSecretConflict, s.conflict)
+		s.Conds.Set(v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.ReasonSecretConflict, s.conflict)
 	case rc.Status.ReadyReplicas < rc.Spec.Replicas:
-		s.conds.Set(v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.ReasonReconciling, "Waiting for the Redis pods to be Ready")
+		s.Conds.Set(v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.ReasonReconciling, "Waiting for the Redis pods to be Ready")
 	default:
-		s.conds.Set(v1alpha1.ConditionReady, metav1.ConditionTrue, v1alpha1.ReasonAvailable, "Redis runs with a live credential from Vault")
-	}
-}
-
-// credentialsNotReady says that there is no usable credential, for reason; when warn is set, a
-// Warning event says so too when the condition changes.
-func (s *scope) credentialsNotReady(reason, eventReason, action, msg string, warn bool) {
-	if s.conds.Set(v1alpha1.ConditionCredentialsReady, metav1.ConditionFalse, reason, msg) && warn {
-		s.conds.Event(true, eventReason, action, "%s", msg)
+		s.Conds.Set(v1alpha1.ConditionReady, metav1.ConditionTrue, v1alpha1.ReasonAvailable, "Redis runs with a live credential from Vault")
 	}
 }

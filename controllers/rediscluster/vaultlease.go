@@ -34,7 +34,7 @@ const maxSteps = 4
 // it did not die with it): it is honoured and replaced at once. It returns the live credential
 // and when to look again.
 func (r *vaultLease) credential(ctx context.Context, s *scope, vcl vault.LeaseClient) (*render.Credential, time.Duration, error) {
-	cur, err := r.currentCredential(ctx, s.rc)
+	cur, err := r.currentCredential(ctx, s.RC)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -44,7 +44,7 @@ func (r *vaultLease) credential(ctx context.Context, s *scope, vcl vault.LeaseCl
 		switch d.Action {
 		case rotation.ActionNothing:
 			r.planned(s, d)
-			s.conds.Set(v1alpha1.ConditionCredentialsReady, metav1.ConditionTrue, v1alpha1.ReasonIssued, "A live credential from Vault is in Secret "+render.CredentialsSecretName(s.rc))
+			s.Conds.Set(v1alpha1.ConditionCredentialsReady, metav1.ConditionTrue, v1alpha1.ReasonIssued, "A live credential from Vault is in Secret "+render.CredentialsSecretName(s.RC))
 			return cur, statustime.RequeueAfter(r.Clock.Now(), d.When), nil
 		case rotation.ActionRenew:
 			gone, err = r.renew(ctx, s, vcl)
@@ -77,8 +77,8 @@ func (r *vaultLease) credential(ctx context.Context, s *scope, vcl vault.LeaseCl
 // planned records what the decision plans next: the renewal and rotation times, the lease's
 // expiry for the metric.
 func (r *deps) planned(s *scope, d rotation.Decision) {
-	c := s.rc.Status.Credential
-	r.Metrics.SetLeaseExpiry(client.ObjectKeyFromObject(s.rc), statustime.Of(c.ExpiresAt))
+	c := s.RC.Status.Credential
+	r.Metrics.SetLeaseExpiry(client.ObjectKeyFromObject(s.RC), statustime.Of(c.ExpiresAt))
 	c.NextRenewal, c.NextRotation = statustime.At(d.NextRenewal), statustime.At(d.NextRotation)
 }
 
@@ -87,7 +87,7 @@ func (r *deps) planned(s *scope, d rotation.Decision) {
 // set, says when the token that created the lease ends, as far as keyroll knows; that end is kept
 // in the status.
 func (r *deps) decisionInput(s *scope, vcl vault.LeaseClient, hasCredential, leaseGone bool) rotation.Input {
-	rc := s.rc
+	rc := s.RC
 	in := rotation.Input{
 		Now: r.Clock.Now(), HasCredential: hasCredential, LeaseGone: leaseGone, RenewalPercent: defaultRenewalPercent,
 		Paused: rc.Spec.Rotation.Paused, RotateNow: rc.Annotations[v1alpha1.AnnotationRotateNow],
@@ -99,7 +99,7 @@ func (r *deps) decisionInput(s *scope, vcl vault.LeaseClient, hasCredential, lea
 			in.MinTTL = vl.MinTTL.Duration
 		}
 	}
-	in.Schedule, in.Window = s.schedule, s.window
+	in.Schedule, in.Window = s.Schedule, s.Window
 	c := rc.Status.Credential
 	if c == nil {
 		return in
@@ -127,12 +127,12 @@ func (r *deps) decisionInput(s *scope, vcl vault.LeaseClient, hasCredential, lea
 
 // checkLease looks the live lease up in Vault. gone says Vault no longer knows it.
 func (r *deps) checkLease(ctx context.Context, s *scope, vcl vault.LeaseClient) (gone bool, err error) {
-	c := s.rc.Status.Credential
+	c := s.RC.Status.Credential
 	info, err := vcl.Lookup(ctx, c.LeaseID)
 	if err != nil {
 		return false, fmt.Errorf("looking up lease: %w", err)
 	}
-	r.leaseChecks.checked(client.ObjectKeyFromObject(s.rc), c.LeaseID, r.Clock.Now())
+	r.leaseChecks.checked(client.ObjectKeyFromObject(s.RC), c.LeaseID, r.Clock.Now())
 	return !info.Exists, nil
 }
 
@@ -142,7 +142,7 @@ func (r *deps) checkLease(ctx context.Context, s *scope, vcl vault.LeaseClient) 
 // with RollOver the user stays there until the new credential has rolled out. The caller issues a
 // new credential next, ahead of any other work.
 func (r *vaultLease) revokedOutside(ctx context.Context, s *scope) error {
-	rc := s.rc
+	rc := s.RC
 	c := rc.Status.Credential
 	r.Metrics.RevokedOutside.Inc()
 	rc.Status.Leases = removeLease(rc.Status.Leases, c.LeaseID)
@@ -150,12 +150,12 @@ func (r *vaultLease) revokedOutside(ctx context.Context, s *scope) error {
 		if c.Username != "" && !slices.Contains(c.SupersededUsers, c.Username) {
 			c.SupersededUsers = append(c.SupersededUsers, c.Username)
 		}
-		s.conds.Event(true, v1alpha1.EventLeaseRevokedOutside, "Revoke",
+		s.Conds.Event(true, v1alpha1.EventLeaseRevokedOutside, "Revoke",
 			"Lease %s of user %s was revoked outside keyroll; issuing a new credential at once (onRevokedOutside RollOver: the user stays on the Redis nodes until the new credential has rolled out)", c.LeaseID, c.Username)
 		log.FromContext(ctx).Info("Lease revoked outside keyroll; rolling over", "lease", c.LeaseID, "username", c.Username)
 		return nil
 	}
-	s.conds.Event(true, v1alpha1.EventLeaseRevokedOutside, "Revoke",
+	s.Conds.Event(true, v1alpha1.EventLeaseRevokedOutside, "Revoke",
 		"Lease %s of user %s was revoked outside keyroll; the user is cut off on every Redis node and a new credential is issued at once (onRevokedOutside CutOff)", c.LeaseID, c.Username)
 	log.FromContext(ctx).Info("Lease revoked outside keyroll; cutting its user off", "lease", c.LeaseID, "username", c.Username)
 	return r.ensureACLSecret(ctx, rc, nil)
@@ -167,8 +167,8 @@ func (r *vaultLease) tokenEnding(s *scope, d rotation.Decision) {
 	if d.Reason != rotation.ReasonTokenEnding {
 		return
 	}
-	c := s.rc.Status.Credential
-	s.conds.Event(true, v1alpha1.EventTokenEnding, "Rotate",
+	c := s.RC.Status.Credential
+	s.Conds.Event(true, v1alpha1.EventTokenEnding, "Rotate",
 		"The Vault token that created lease %s ends at %s (its max TTL), before the lease: rotating now, so that the new credential is rolled out and this lease revoked before Vault revokes it with its token. A periodic token on the auth role avoids this (see the VaultConnection's Degraded condition)",
 		c.LeaseID, statustime.Of(c.TokenEndsAt).UTC().Format(time.RFC3339))
 }
@@ -177,21 +177,21 @@ func (r *vaultLease) tokenEnding(s *scope, d rotation.Decision) {
 // reported (Degraded, InvalidSchedule) and ignored, so that renewals go on; the report is
 // withdrawn once the spec is fixed.
 func (r *deps) parseRotation(s *scope) {
-	spec := s.rc.Spec.Rotation
+	spec := s.RC.Spec.Rotation
 	var err error
 	if spec.Schedule != "" {
-		s.schedule, err = rotation.ParseSchedule(spec.Schedule)
+		s.Schedule, err = rotation.ParseSchedule(spec.Schedule)
 	}
 	if w := spec.MaintenanceWindow; err == nil && w != nil {
-		s.window, err = rotation.ParseWindow(w.Start, w.Duration.Duration, w.TimeZone)
+		s.Window, err = rotation.ParseWindow(w.Start, w.Duration.Duration, w.TimeZone)
 	}
 	if err == nil {
-		s.conds.Set(v1alpha1.ConditionScheduleValid, metav1.ConditionTrue, v1alpha1.ReasonAvailable, "spec.rotation is valid")
+		s.Conds.Set(v1alpha1.ConditionScheduleValid, metav1.ConditionTrue, v1alpha1.ReasonAvailable, "spec.rotation is valid")
 		return
 	}
-	s.schedule, s.window = nil, nil
-	if s.conds.Set(v1alpha1.ConditionScheduleValid, metav1.ConditionFalse, v1alpha1.ReasonInvalidSchedule, "spec.rotation: "+err.Error()) {
-		s.conds.Event(true, v1alpha1.ReasonInvalidSchedule, "Schedule", "spec.rotation: %v", err)
+	s.Schedule, s.Window = nil, nil
+	if s.Conds.Set(v1alpha1.ConditionScheduleValid, metav1.ConditionFalse, v1alpha1.ReasonInvalidSchedule, "spec.rotation: "+err.Error()) {
+		s.Conds.Event(true, v1alpha1.ReasonInvalidSchedule, "Schedule", "spec.rotation: %v", err)
 	}
 }
 
@@ -230,7 +230,7 @@ func (r *vaultLease) readCredential(ctx context.Context, rd client.Reader, key c
 // issue obtains a new credential and records its lease in the ledger before anything uses it.
 // The lease it replaces stays in the ledger as Superseded until it is revoked.
 func (r *vaultLease) issue(ctx context.Context, s *scope, vcl vault.LeaseClient, d rotation.Decision) (*render.Credential, error) {
-	rc := s.rc
+	rc := s.RC
 	path := rc.Spec.Credentials.VaultLease.Path
 	lease, err := vcl.Issue(ctx, path)
 	r.countIssue(d, err)
@@ -251,7 +251,7 @@ func (r *vaultLease) issue(ctx context.Context, s *scope, vcl vault.LeaseClient,
 		_ = vcl.Revoke(ctx, lease.ID)
 		return nil, fmt.Errorf("recording lease in the ledger: %w", err)
 	}
-	s.conds.Event(false, v1alpha1.EventCredentialsIssued, "Issue", "Issued credential %s for user %s from %s (%s)", cred.Version, u, path, d.Reason)
+	s.Conds.Event(false, v1alpha1.EventCredentialsIssued, "Issue", "Issued credential %s for user %s from %s (%s)", cred.Version, u, path, d.Reason)
 	log.FromContext(ctx).Info("Credential issued", "version", cred.Version, "username", u, "reason", string(d.Reason), "leaseDuration", lease.Duration)
 	return cred, nil
 }
@@ -266,7 +266,7 @@ func (r *vaultLease) countIssue(d rotation.Decision, err error) {
 
 // recordLease puts a new lease into the ledger and the credential status.
 func (r *vaultLease) recordLease(s *scope, lease *vault.Lease, cred *render.Credential, d rotation.Decision) {
-	rc := s.rc
+	rc := s.RC
 	now := statustime.At(r.Clock.Now())
 	supersede(rc)
 	expires := statustime.At(lease.ExpiresAt)
@@ -301,13 +301,13 @@ func (r *vaultLease) issueFailed(s *scope, err error) error {
 	case vault.IsUnavailable(err):
 		reason = v1alpha1.ReasonVaultUnavailable
 	}
-	msg := fmt.Sprintf("issuing a credential from %s: %v", s.rc.Spec.Credentials.VaultLease.Path, err)
+	msg := fmt.Sprintf("issuing a credential from %s: %v", s.RC.Spec.Credentials.VaultLease.Path, err)
 	refused := vault.IsPermissionDenied(err) || vault.IsBadRequest(err) || vault.IsNotFound(err)
 	if refused {
 		// Waits for a fix in Vault, which no event here announces: tried again after a while.
 		msg += fmt.Sprintf("; tried again in %s, or at once when the RedisCluster or its VaultConnection changes", refusedRetry)
 	}
-	s.credentialsNotReady(reason, reason, "Issue", msg, true)
+	s.NotReady(reason, reason, "Issue", msg, true)
 	if refused {
 		return &retryLater{after: refusedRetry}
 	}
@@ -327,7 +327,7 @@ func (e *retryLater) Error() string { return fmt.Sprintf("tried again in %s", e.
 
 // renew extends the current lease. gone says the lease no longer exists in Vault.
 func (r *deps) renew(ctx context.Context, s *scope, vcl vault.LeaseClient) (gone bool, err error) {
-	c := s.rc.Status.Credential
+	c := s.RC.Status.Credential
 	increment := time.Duration(0)
 	if c.LeaseDuration != nil {
 		increment = c.LeaseDuration.Duration
@@ -342,12 +342,12 @@ func (r *deps) renew(ctx context.Context, s *scope, vcl vault.LeaseClient) (gone
 	}
 	expires := statustime.At(ren.ExpiresAt)
 	c.LastRenewal, c.ExpiresAt, c.Renewable, c.RenewalCapped = statustime.At(r.Clock.Now()), expires, ren.Renewable, ren.Capped
-	for i := range s.rc.Status.Leases {
-		if s.rc.Status.Leases[i].LeaseID == c.LeaseID {
-			s.rc.Status.Leases[i].ExpiresAt = expires
+	for i := range s.RC.Status.Leases {
+		if s.RC.Status.Leases[i].LeaseID == c.LeaseID {
+			s.RC.Status.Leases[i].ExpiresAt = expires
 		}
 	}
-	r.leaseChecks.checked(client.ObjectKeyFromObject(s.rc), c.LeaseID, r.Clock.Now())
+	r.leaseChecks.checked(client.ObjectKeyFromObject(s.RC), c.LeaseID, r.Clock.Now())
 	log.FromContext(ctx).V(1).Info("Lease renewed", "lease", c.LeaseID, "granted", ren.Duration, "capped", ren.Capped)
 	return false, nil
 }
