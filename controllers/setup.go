@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/keyroll/keyroll/controllers/ledger"
+
 	appsv1 "k8s.io/api/apps/v1"
 
 	"github.com/keyroll/keyroll/controllers/rediscluster"
@@ -62,7 +64,7 @@ func CacheOptions() cache.Options {
 }
 
 // DefaultLeaseCheckInterval is how often a live lease is looked up in Vault besides its renewals.
-const DefaultLeaseCheckInterval = rediscluster.DefaultLeaseCheckInterval
+const DefaultLeaseCheckInterval = ledger.DefaultLeaseCheckInterval
 
 // Setup registers keyroll's reconcilers with a manager. Both share one Connector, and so one Vault
 // client (one login, one rate limit) per VaultConnection. It returns the RedisCluster reconciler.

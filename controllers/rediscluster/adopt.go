@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"slices"
 
+	"github.com/keyroll/keyroll/controllers/ledger"
+
 	"github.com/keyroll/keyroll/controllers/statustime"
 
 	"github.com/keyroll/keyroll/controllers/render"
@@ -46,7 +48,7 @@ func (r *externalSecret) adopt(ctx context.Context, s *scope, sc *render.SyncedC
 		gone = tracked && !info.Exists
 	}
 	if tracked {
-		rc.Status.Leases = addSighted(rc.Status.Leases, sighted, now)
+		rc.Status.Leases = ledger.AddSighted(rc.Status.Leases, sighted, now)
 	}
 	if err := r.writeStatus(ctx, s); err != nil {
 		return false, fmt.Errorf("recording the synced credential: %w", err)
@@ -70,7 +72,7 @@ func unrecorded(rc *v1alpha1.RedisCluster, sighted []string, current string, tra
 		return false
 	}
 	for _, id := range sighted {
-		if id != current && !hasLease(rc.Status.Leases, id) {
+		if id != current && !ledger.Has(rc.Status.Leases, id) {
 			return true
 		}
 	}
@@ -108,9 +110,9 @@ func (r *externalSecret) recordSynced(s *scope, sc *render.SyncedCredential, tra
 			cs.LastRenewal = statustime.At(info.LastRenewal)
 		}
 		if fresh {
-			supersede(rc)
+			ledger.Supersede(rc)
 		}
-		if info.Exists && !hasLease(rc.Status.Leases, sc.LeaseID) {
+		if info.Exists && !ledger.Has(rc.Status.Leases, sc.LeaseID) {
 			rc.Status.Leases = append(rc.Status.Leases, v1alpha1.LeaseRecord{
 				LeaseID: sc.LeaseID, State: v1alpha1.LeaseActive, Version: sc.Version, Username: sc.Username,
 				IssuedAt: cs.IssuedAt, ExpiresAt: cs.ExpiresAt,
@@ -118,33 +120,4 @@ func (r *externalSecret) recordSynced(s *scope, sc *render.SyncedCredential, tra
 		}
 	}
 	rc.Status.Credential = cs
-}
-
-// supersede marks the active lease superseded: a newer credential replaces it.
-func supersede(rc *v1alpha1.RedisCluster) {
-	for i := range rc.Status.Leases {
-		if rc.Status.Leases[i].State == v1alpha1.LeaseActive {
-			rc.Status.Leases[i].State = v1alpha1.LeaseSuperseded
-		}
-	}
-}
-
-// addSighted puts leases seen in earlier versions of the Secret (ESO may mint more than one, on a
-// first sync for instance) into the ledger as superseded, to be revoked after the rollout.
-func addSighted(leases []v1alpha1.LeaseRecord, sighted []string, now *metav1.Time) []v1alpha1.LeaseRecord {
-	for _, id := range sighted {
-		if !hasLease(leases, id) {
-			leases = append(leases, v1alpha1.LeaseRecord{LeaseID: id, State: v1alpha1.LeaseSuperseded, IssuedAt: now})
-		}
-	}
-	return leases
-}
-
-func hasLease(leases []v1alpha1.LeaseRecord, id string) bool {
-	for _, l := range leases {
-		if l.LeaseID == id {
-			return true
-		}
-	}
-	return false
 }

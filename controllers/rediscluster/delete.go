@@ -5,63 +5,14 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/keyroll/keyroll/controllers/metrics"
-
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
-	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
-	"github.com/keyroll/keyroll/vault"
 )
-
-// revokeSuperseded revokes the leases that a newer credential has replaced; it is called only once
-// that credential runs on every Redis pod and consumer. A failed revocation stays in the ledger as
-// Revoking and is retried with backoff.
-func (r *deps) revokeSuperseded(ctx context.Context, s *scope, vcl vault.LeaseClient) error {
-	var errs []error
-	for _, l := range s.RC.Status.Leases {
-		if l.State == v1alpha1.LeaseActive {
-			continue
-		}
-		errs = append(errs, r.revoke(ctx, s, vcl, l.LeaseID))
-	}
-	return r.revocationOutcome(s, errors.Join(errs...))
-}
-
-// revoke revokes one lease: on success it leaves the ledger, on failure it is marked Revoking.
-func (r *deps) revoke(ctx context.Context, s *scope, vcl vault.LeaseClient, id string) error {
-	err := vcl.Revoke(ctx, id)
-	r.Metrics.Revocations.WithLabelValues(metrics.Result(err)).Inc()
-	if err != nil {
-		for i := range s.RC.Status.Leases {
-			if s.RC.Status.Leases[i].LeaseID == id {
-				s.RC.Status.Leases[i].State = v1alpha1.LeaseRevoking
-			}
-		}
-		return fmt.Errorf("revoking lease %s (%s): %w", id, vault.ClassOf(err), err)
-	}
-	s.RC.Status.Leases = removeLease(s.RC.Status.Leases, id)
-	s.Conds.Event(false, v1alpha1.EventLeaseRevoked, "Revoke", "Revoked lease %s", id)
-	log.FromContext(ctx).Info("Lease revoked", "lease", id)
-	return nil
-}
-
-// revocationOutcome sets Degraded for pending revocations, with an event on the transition.
-func (r *deps) revocationOutcome(s *scope, err error) error {
-	if err == nil {
-		s.Conds.Set(v1alpha1.ConditionLeasesRevoked, metav1.ConditionTrue, v1alpha1.ReasonAvailable, "Every superseded lease is revoked")
-		return nil
-	}
-	msg := fmt.Sprintf("%d lease(s) not revoked yet, retrying: %v", countState(s.RC, v1alpha1.LeaseRevoking), err)
-	if s.Conds.Set(v1alpha1.ConditionLeasesRevoked, metav1.ConditionFalse, v1alpha1.ReasonRevocationPending, msg) {
-		s.Conds.Event(true, v1alpha1.EventRevocationFailed, "Revoke", "%s", msg)
-	}
-	return err
-}
 
 // reconcileDelete revokes every lease in the ledger, then removes the finalizer. While a lease may
 // still be live, the finalizer stays.
@@ -103,9 +54,9 @@ func (r *deps) revokeAll(ctx context.Context, s *scope) (ctrl.Result, error) {
 	}
 	var errs []error
 	for _, l := range s.RC.Status.Leases {
-		errs = append(errs, r.revoke(ctx, s, vcl, l.LeaseID))
+		errs = append(errs, r.Ledger.Revoke(ctx, s.Cluster, vcl, l.LeaseID))
 	}
-	return ctrl.Result{}, r.revocationOutcome(s, errors.Join(errs...))
+	return ctrl.Result{}, r.Ledger.Outcome(s.Cluster, errors.Join(errs...))
 }
 
 // removeFinalizer writes the (now empty) ledger first, then lets the object go.
@@ -127,14 +78,4 @@ func conditionMessage(rc *v1alpha1.RedisCluster, t string) string {
 		return c.Message
 	}
 	return ""
-}
-
-func countState(rc *v1alpha1.RedisCluster, st v1alpha1.LeaseState) int {
-	n := 0
-	for _, l := range rc.Status.Leases {
-		if l.State == st {
-			n++
-		}
-	}
-	return n
 }

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/keyroll/keyroll/controllers/ledger"
+
 	"github.com/keyroll/keyroll/controllers/statustime"
 
 	"github.com/keyroll/keyroll/controllers/apply"
@@ -29,9 +31,6 @@ import (
 // ExternalSecret that keyroll owns. keyroll adopts each credential ESO writes, runs the same
 // rollout as in VaultLease mode and, when the generator hands over the raw Vault response, takes
 // the lease into its ledger to renew and revoke it (ESO does neither).
-
-// defaultRenewalPercent is how far into a lease ESO obtained keyroll renews it.
-const defaultRenewalPercent = 67
 
 // reconcileSynced is reconcileCredential for ExternalSecret mode: it keeps the ExternalSecret as
 // specified, adopts the credential ESO synced, renews its lease when tracked (vcl is nil when
@@ -64,8 +63,8 @@ func (r *externalSecret) credential(ctx context.Context, s *scope, vcl vault.Lea
 		return nil, 0, err
 	}
 	c := rc.Status.Credential
-	next := rotation.Decide(r.decisionInput(s, vcl, true, false))
-	r.planned(s, next)
+	next := rotation.Decide(r.Ledger.Input(s.Cluster, vcl, true, false))
+	r.Ledger.Planned(s.Cluster, next)
 	r.reportSynced(s, es, sc, tracked)
 	if wait := r.settling(rc); wait > 0 {
 		return nil, wait, nil
@@ -83,15 +82,15 @@ func (r *externalSecret) credential(ctx context.Context, s *scope, vcl vault.Lea
 // refresh is asked for (ESO answers with a new Secret, which starts the next reconcile).
 func (r *externalSecret) decideSynced(ctx context.Context, s *scope, vcl vault.LeaseClient, tracked, gone bool) error {
 	for range maxSteps {
-		d := rotation.Decide(r.decisionInput(s, vcl, true, gone))
+		d := rotation.Decide(r.Ledger.Input(s.Cluster, vcl, true, gone))
 		var err error
 		switch {
 		case d.Action == rotation.ActionNothing:
 			return nil
 		case d.Action == rotation.ActionRenew && tracked:
-			gone, err = r.renew(ctx, s, vcl)
+			gone, err = r.Ledger.Renew(ctx, s.Cluster, vcl)
 		case d.Action == rotation.ActionCheck && tracked:
-			gone, err = r.checkLease(ctx, s, vcl)
+			gone, err = r.Ledger.Check(ctx, s.Cluster, vcl)
 		case d.Action == rotation.ActionIssue || d.Action == rotation.ActionRotate:
 			if d.Reason == rotation.ReasonLeaseGone {
 				// External Secrets Operator's token is not keyroll's to keep alive: a lease that
@@ -282,7 +281,7 @@ func (r *externalSecret) retire(ctx context.Context, s *scope) (time.Duration, e
 				sighted = append(sighted, sc.LeaseID)
 			}
 		}
-		rc.Status.Leases = addSighted(rc.Status.Leases, sighted, statustime.At(r.Clock.Now()))
+		rc.Status.Leases = ledger.AddSighted(rc.Status.Leases, sighted, statustime.At(r.Clock.Now()))
 		if err := r.writeStatus(ctx, s); err != nil {
 			return 0, err
 		}
@@ -320,7 +319,7 @@ func (r *externalSecret) endedEarly(s *scope, tracked bool) bool {
 	if c.LeaseEndedEarlyAfter == nil {
 		return false
 	}
-	alive := c.LeaseID != "" && hasLease(s.RC.Status.Leases, c.LeaseID) // not the lease that ended
+	alive := c.LeaseID != "" && ledger.Has(s.RC.Status.Leases, c.LeaseID) // not the lease that ended
 	if !tracked || (alive && r.Clock.Since(statustime.Of(c.IssuedAt)) > c.LeaseEndedEarlyAfter.Duration) {
 		c.LeaseEndedEarlyAfter = nil // the current lease lives longer: it was a one-off
 		return false
@@ -350,7 +349,7 @@ func (r *externalSecret) leaseGoneExternally(ctx context.Context, s *scope) {
 		return
 	}
 	r.Metrics.RevokedOutside.Inc()
-	s.RC.Status.Leases = removeLease(s.RC.Status.Leases, c.LeaseID)
+	s.RC.Status.Leases = ledger.Remove(s.RC.Status.Leases, c.LeaseID)
 	if now := r.Clock.Now(); c.IssuedAt != nil && c.ExpiresAt != nil && now.Before(c.ExpiresAt.Time) {
 		c.LeaseEndedEarlyAfter = &metav1.Duration{Duration: now.Sub(c.IssuedAt.Time).Truncate(time.Second)}
 	}

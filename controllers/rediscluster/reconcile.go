@@ -120,7 +120,7 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, s *scope) (ctrl.Result
 	if err := r.reconcileObjects(ctx, s, cred); err != nil {
 		return ctrl.Result{}, err
 	}
-	rolledOut, wait, err := r.rollout.Roll(ctx, s.RC, s.Conds, cred.Version, pending(s.RC))
+	rolledOut, wait, err := r.rollout.Roll(ctx, s.RC, s.Conds, cred.Version, ledger.Pending(s.RC))
 	if err != nil {
 		return ctrl.Result{}, err
 	}
@@ -139,11 +139,11 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, s *scope) (ctrl.Result
 // ACL Secret. vcl is nil when no lease is tracked.
 func (r *deps) retireSuperseded(ctx context.Context, s *scope, vcl vault.LeaseClient, cred *render.Credential) error {
 	c := s.RC.Status.Credential
-	if len(supersededLeases(s.RC)) == 0 && len(c.SupersededUsers) == 0 {
+	if len(ledger.Superseded(s.RC)) == 0 && len(c.SupersededUsers) == 0 {
 		return nil
 	}
-	if vcl != nil && len(supersededLeases(s.RC)) > 0 {
-		if err := r.revokeSuperseded(ctx, s, vcl); err != nil {
+	if vcl != nil && len(ledger.Superseded(s.RC)) > 0 {
+		if err := r.Ledger.RevokeSuperseded(ctx, s.Cluster, vcl); err != nil {
 			return err
 		}
 	}
@@ -153,7 +153,7 @@ func (r *deps) retireSuperseded(ctx context.Context, s *scope, vcl vault.LeaseCl
 
 // forget drops what the reconciler keeps of a deleted cluster: its scheduler entry and metrics.
 func (r *Reconciler) forget(key types.NamespacedName) {
-	r.leaseChecks.forget(key)
+	r.Ledger.Checks.Forget(key)
 	r.Metrics.Forget(key)
 }
 

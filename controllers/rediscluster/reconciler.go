@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/keyroll/keyroll/controllers/ledger"
 	"github.com/keyroll/keyroll/controllers/rollout"
 
 	"github.com/keyroll/keyroll/controllers/vaultconnection"
@@ -41,12 +42,12 @@ type deps struct {
 	client.Client
 	// APIReader reads past the cache, where a stale cache could make keyroll issue a second
 	// credential or overwrite a Secret it does not own.
-	APIReader   client.Reader
-	Clock       clock.Clock
-	Connector   *vaultconnection.Connector
-	Metrics     *metrics.Metrics
-	leaseChecks *leaseChecks
-	sightings   *sightings
+	APIReader client.Reader
+	Clock     clock.Clock
+	Connector *vaultconnection.Connector
+	Metrics   *metrics.Metrics
+	Ledger    *ledger.Ledger
+	sightings *sightings
 }
 
 // source is where a RedisCluster's credential comes from: a Vault lease keyroll holds
@@ -88,10 +89,11 @@ type Config struct {
 func New(cfg Config) *Reconciler {
 	interval := cfg.LeaseCheckInterval
 	if interval == 0 {
-		interval = DefaultLeaseCheckInterval
+		interval = ledger.DefaultLeaseCheckInterval
 	}
 	d := &deps{Client: cfg.Client, APIReader: cfg.APIReader, Clock: cfg.Clock, Connector: cfg.Connector,
-		Metrics: cfg.Metrics, leaseChecks: newLeaseChecks(interval), sightings: &sightings{}}
+		Metrics: cfg.Metrics, sightings: &sightings{},
+		Ledger: &ledger.Ledger{Clock: cfg.Clock, Metrics: cfg.Metrics, Checks: ledger.NewLeaseChecks(interval)}}
 	workers := cfg.Workers
 	if workers <= 0 {
 		workers = DefaultWorkers
@@ -108,7 +110,7 @@ func New(cfg Config) *Reconciler {
 func (r *Reconciler) WithClient(c client.Client) *Reconciler {
 	out := New(Config{Client: c, APIReader: r.APIReader, Recorder: r.Recorder, Clock: r.Clock, Connector: r.Connector,
 		Metrics: r.Metrics, ExternalSecrets: r.ExternalSecrets})
-	out.leaseChecks, out.sightings = r.leaseChecks, r.sightings // the same memory as r
+	out.Ledger, out.sightings = r.Ledger, r.sightings // the same memory as r
 	return out
 }
 

@@ -276,7 +276,7 @@ func TestLeaseRevokedOutsideIsFoundByTheLeaseCheckAndReplaced(t *testing.T) {
 	h.vault.RevokeOutside(old.LeaseID)
 	h.eventReasons()
 
-	h.clock.Step(DefaultLeaseCheckInterval)
+	h.clock.Step(ledger.DefaultLeaseCheckInterval)
 	rc := h.settle(t)
 
 	if rc.Status.Credential.LeaseID == old.LeaseID || h.vault.Calls(vaulttest.OpLookup) == 0 {

@@ -7,6 +7,8 @@ import (
 	"slices"
 	"time"
 
+	"github.com/keyroll/keyroll/controllers/ledger"
+
 	"github.com/keyroll/keyroll/controllers/statustime"
 
 	"github.com/keyroll/keyroll/controllers/apply"
@@ -40,16 +42,16 @@ func (r *vaultLease) credential(ctx context.Context, s *scope, vcl vault.LeaseCl
 	}
 	gone := false
 	for range maxSteps {
-		d := rotation.Decide(r.decisionInput(s, vcl, cur != nil, gone))
+		d := rotation.Decide(r.Ledger.Input(s.Cluster, vcl, cur != nil, gone))
 		switch d.Action {
 		case rotation.ActionNothing:
-			r.planned(s, d)
+			r.Ledger.Planned(s.Cluster, d)
 			s.Conds.Set(v1alpha1.ConditionCredentialsReady, metav1.ConditionTrue, v1alpha1.ReasonIssued, "A live credential from Vault is in Secret "+render.CredentialsSecretName(s.RC))
 			return cur, statustime.RequeueAfter(r.Clock.Now(), d.When), nil
 		case rotation.ActionRenew:
-			gone, err = r.renew(ctx, s, vcl)
+			gone, err = r.Ledger.Renew(ctx, s.Cluster, vcl)
 		case rotation.ActionCheck:
-			gone, err = r.checkLease(ctx, s, vcl)
+			gone, err = r.Ledger.Check(ctx, s.Cluster, vcl)
 		case rotation.ActionIssue, rotation.ActionRotate:
 			if d.Reason == rotation.ReasonLeaseGone {
 				err = r.revokedOutside(ctx, s)
@@ -74,68 +76,6 @@ func (r *vaultLease) credential(ctx context.Context, s *scope, vcl vault.LeaseCl
 	return cur, time.Second, nil // more is due: look again in a moment
 }
 
-// planned records what the decision plans next: the renewal and rotation times, the lease's
-// expiry for the metric.
-func (r *deps) planned(s *scope, d rotation.Decision) {
-	c := s.RC.Status.Credential
-	r.Metrics.SetLeaseExpiry(client.ObjectKeyFromObject(s.RC), statustime.Of(c.ExpiresAt))
-	c.NextRenewal, c.NextRotation = statustime.At(d.NextRenewal), statustime.At(d.NextRotation)
-}
-
-// decisionInput translates the RedisCluster's status into rotation's plain input; leaseGone says a
-// renewal or lookup found the lease gone from Vault. vcl, when
-// set, says when the token that created the lease ends, as far as keyroll knows; that end is kept
-// in the status.
-func (r *deps) decisionInput(s *scope, vcl vault.LeaseClient, hasCredential, leaseGone bool) rotation.Input {
-	rc := s.RC
-	in := rotation.Input{
-		Now: r.Clock.Now(), HasCredential: hasCredential, LeaseGone: leaseGone, RenewalPercent: defaultRenewalPercent,
-		Paused: rc.Spec.Rotation.Paused, RotateNow: rc.Annotations[v1alpha1.AnnotationRotateNow],
-		RotateNowAcknowledged: rc.Status.RotateNowAcknowledged, RolloutInProgress: rc.Status.Rollout != nil,
-	}
-	if vl := rc.Spec.Credentials.VaultLease; vl != nil {
-		in.RenewalPercent = vl.RenewalPercent
-		if vl.MinTTL != nil {
-			in.MinTTL = vl.MinTTL.Duration
-		}
-	}
-	in.Schedule, in.Window = s.Schedule, s.Window
-	c := rc.Status.Credential
-	if c == nil {
-		return in
-	}
-	in.ExpiresAt, in.Renewable, in.RenewalCapped = statustime.Of(c.ExpiresAt), c.Renewable, c.RenewalCapped
-	in.IssuedAt, in.RenewedAt = statustime.Of(c.IssuedAt), statustime.Of(c.IssuedAt)
-	if c.LastRenewal != nil {
-		in.RenewedAt = c.LastRenewal.Time
-	}
-	in.LeaseDuration = in.ExpiresAt.Sub(in.RenewedAt)
-	in.CappedTTL = in.LeaseDuration
-	in.LastRotation = statustime.Of(c.LastRotation)
-	in.RenewalKey = string(rc.UID) + "/" + c.LeaseID
-	if vcl != nil && c.TokenAccessor != "" {
-		if t, ok := vcl.Token(c.TokenAccessor); ok && !t.EndsAt.IsZero() {
-			c.TokenEndsAt = statustime.At(t.EndsAt)
-		}
-	}
-	in.TokenEndsAt = statustime.Of(c.TokenEndsAt)
-	if c.LeaseID != "" {
-		in.NextLeaseCheck = r.leaseChecks.next(client.ObjectKeyFromObject(rc), c.LeaseID, in.RenewedAt)
-	}
-	return in
-}
-
-// checkLease looks the live lease up in Vault. gone says Vault no longer knows it.
-func (r *deps) checkLease(ctx context.Context, s *scope, vcl vault.LeaseClient) (gone bool, err error) {
-	c := s.RC.Status.Credential
-	info, err := vcl.Lookup(ctx, c.LeaseID)
-	if err != nil {
-		return false, fmt.Errorf("looking up lease: %w", err)
-	}
-	r.leaseChecks.checked(client.ObjectKeyFromObject(s.RC), c.LeaseID, r.Clock.Now())
-	return !info.Exists, nil
-}
-
 // revokedOutside honours a live lease that was revoked outside keyroll (an administrator's `vault
 // lease revoke`, incident response): the lease leaves the ledger, a Warning event and the metric
 // say so, and, with onRevokedOutside CutOff (the default), its user leaves the aclfile at once;
@@ -145,7 +85,7 @@ func (r *vaultLease) revokedOutside(ctx context.Context, s *scope) error {
 	rc := s.RC
 	c := rc.Status.Credential
 	r.Metrics.RevokedOutside.Inc()
-	rc.Status.Leases = removeLease(rc.Status.Leases, c.LeaseID)
+	rc.Status.Leases = ledger.Remove(rc.Status.Leases, c.LeaseID)
 	if rc.Spec.Credentials.OnRevokedOutside == v1alpha1.RevokedOutsideRollOver {
 		if c.Username != "" && !slices.Contains(c.SupersededUsers, c.Username) {
 			c.SupersededUsers = append(c.SupersededUsers, c.Username)
@@ -268,7 +208,7 @@ func (r *vaultLease) countIssue(d rotation.Decision, err error) {
 func (r *vaultLease) recordLease(s *scope, lease *vault.Lease, cred *render.Credential, d rotation.Decision) {
 	rc := s.RC
 	now := statustime.At(r.Clock.Now())
-	supersede(rc)
+	ledger.Supersede(rc)
 	expires := statustime.At(lease.ExpiresAt)
 	if lease.ID != "" {
 		rc.Status.Leases = append(rc.Status.Leases, v1alpha1.LeaseRecord{
@@ -324,40 +264,3 @@ const refusedRetry = 5 * time.Minute
 type retryLater struct{ after time.Duration }
 
 func (e *retryLater) Error() string { return fmt.Sprintf("tried again in %s", e.after) }
-
-// renew extends the current lease. gone says the lease no longer exists in Vault.
-func (r *deps) renew(ctx context.Context, s *scope, vcl vault.LeaseClient) (gone bool, err error) {
-	c := s.RC.Status.Credential
-	increment := time.Duration(0)
-	if c.LeaseDuration != nil {
-		increment = c.LeaseDuration.Duration
-	}
-	ren, err := vcl.Renew(ctx, c.LeaseID, increment)
-	r.Metrics.Renewals.WithLabelValues(metrics.Result(err)).Inc()
-	if vault.IsLeaseGone(err) {
-		return true, nil
-	}
-	if err != nil {
-		return false, fmt.Errorf("renewing lease: %w", err)
-	}
-	expires := statustime.At(ren.ExpiresAt)
-	c.LastRenewal, c.ExpiresAt, c.Renewable, c.RenewalCapped = statustime.At(r.Clock.Now()), expires, ren.Renewable, ren.Capped
-	for i := range s.RC.Status.Leases {
-		if s.RC.Status.Leases[i].LeaseID == c.LeaseID {
-			s.RC.Status.Leases[i].ExpiresAt = expires
-		}
-	}
-	r.leaseChecks.checked(client.ObjectKeyFromObject(s.RC), c.LeaseID, r.Clock.Now())
-	log.FromContext(ctx).V(1).Info("Lease renewed", "lease", c.LeaseID, "granted", ren.Duration, "capped", ren.Capped)
-	return false, nil
-}
-
-func removeLease(leases []v1alpha1.LeaseRecord, id string) []v1alpha1.LeaseRecord {
-	out := leases[:0:0]
-	for _, l := range leases {
-		if l.LeaseID != id {
-			out = append(out, l)
-		}
-	}
-	return out
-}

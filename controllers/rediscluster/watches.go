@@ -141,22 +141,5 @@ func readyStatus(c []metav1.Condition) metav1.ConditionStatus {
 	return metav1.ConditionUnknown
 }
 
-// supersededLeases are the leases of the ledger that a newer credential replaced.
-func supersededLeases(rc *v1alpha1.RedisCluster) []v1alpha1.LeaseRecord {
-	var out []v1alpha1.LeaseRecord
-	for _, l := range rc.Status.Leases {
-		if l.State != v1alpha1.LeaseActive {
-			out = append(out, l)
-		}
-	}
-	return out
-}
-
-// pending says that a replaced credential is still out there: a superseded lease not revoked
-// yet, or the user of a replaced credential whose lease is not tracked.
-func pending(rc *v1alpha1.RedisCluster) bool {
-	return len(supersededLeases(rc)) > 0 || (rc.Status.Credential != nil && len(rc.Status.Credential.SupersededUsers) > 0)
-}
-
 // reconcileTimeout bounds one reconcile, Vault calls and API requests included.
 const reconcileTimeout = 2 * time.Minute

@@ -1,4 +1,4 @@
-package rediscluster
+package ledger
 
 import (
 	"hash/fnv"
@@ -12,11 +12,11 @@ import (
 // so that a lease revoked outside keyroll is noticed within about that long.
 const DefaultLeaseCheckInterval = time.Minute
 
-// leaseChecks remembers, in memory, when each cluster's live lease was last confirmed in Vault
+// LeaseChecks remembers, in memory, when each cluster's live lease was last confirmed in Vault
 // (looked up or renewed), so that it is looked up again one interval later. After a restart the
 // last renewal (or issue) in the status stands in for it. Intervals are jittered per cluster by up
 // to a tenth, so that a thousand clusters do not look up in the same second.
-type leaseChecks struct {
+type LeaseChecks struct {
 	interval time.Duration
 
 	mu   sync.Mutex
@@ -28,13 +28,14 @@ type leaseCheck struct {
 	at    time.Time
 }
 
-func newLeaseChecks(interval time.Duration) *leaseChecks {
-	return &leaseChecks{interval: interval, last: map[types.NamespacedName]leaseCheck{}}
+// NewLeaseChecks looks each live lease up every interval (zero or less: never).
+func NewLeaseChecks(interval time.Duration) *LeaseChecks {
+	return &LeaseChecks{interval: interval, last: map[types.NamespacedName]leaseCheck{}}
 }
 
-// next is when the lease of key is next looked up; confirmed is when the status last saw it
+// Next is when the lease of key is next looked up; confirmed is when the status last saw it
 // alive (its last renewal or issue). Zero when lease checks are off.
-func (l *leaseChecks) next(key types.NamespacedName, lease string, confirmed time.Time) time.Time {
+func (l *LeaseChecks) Next(key types.NamespacedName, lease string, confirmed time.Time) time.Time {
 	if l == nil || l.interval <= 0 {
 		return time.Time{}
 	}
@@ -54,8 +55,8 @@ func (l *leaseChecks) next(key types.NamespacedName, lease string, confirmed tim
 	return at.Add(l.interval - jitter)
 }
 
-// checked records that the lease of key was confirmed alive at at.
-func (l *leaseChecks) checked(key types.NamespacedName, lease string, at time.Time) {
+// Checked records that the lease of key was confirmed alive at at.
+func (l *LeaseChecks) Checked(key types.NamespacedName, lease string, at time.Time) {
 	if l == nil {
 		return
 	}
@@ -64,8 +65,8 @@ func (l *leaseChecks) checked(key types.NamespacedName, lease string, at time.Ti
 	l.last[key] = leaseCheck{lease: lease, at: at}
 }
 
-// forget drops what is kept of a deleted cluster.
-func (l *leaseChecks) forget(key types.NamespacedName) {
+// Forget drops what is kept of a deleted cluster.
+func (l *LeaseChecks) Forget(key types.NamespacedName) {
 	if l == nil {
 		return
 	}

@@ -1,0 +1,230 @@
+package ledger
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/clock"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/controllers/metrics"
+	"github.com/keyroll/keyroll/controllers/statustime"
+	"github.com/keyroll/keyroll/rotation"
+	"github.com/keyroll/keyroll/vault"
+)
+
+// Ledger works on the lease ledger of RedisClusters through their Vault connections.
+type Ledger struct {
+	Clock   clock.Clock
+	Metrics *metrics.Metrics
+	// Checks remembers when each live lease was last confirmed in Vault.
+	Checks *LeaseChecks
+}
+
+// Input translates the RedisCluster's status into rotation's plain input; leaseGone says a
+// renewal or lookup found the lease gone from Vault. vcl, when
+// set, says when the token that created the lease ends, as far as keyroll knows; that end is kept
+// in the status.
+func (l *Ledger) Input(cl *Cluster, vcl vault.LeaseClient, hasCredential, leaseGone bool) rotation.Input {
+	rc := cl.RC
+	in := rotation.Input{
+		Now: l.Clock.Now(), HasCredential: hasCredential, LeaseGone: leaseGone, RenewalPercent: DefaultRenewalPercent,
+		Paused: rc.Spec.Rotation.Paused, RotateNow: rc.Annotations[v1alpha1.AnnotationRotateNow],
+		RotateNowAcknowledged: rc.Status.RotateNowAcknowledged, RolloutInProgress: rc.Status.Rollout != nil,
+	}
+	if vl := rc.Spec.Credentials.VaultLease; vl != nil {
+		in.RenewalPercent = vl.RenewalPercent
+		if vl.MinTTL != nil {
+			in.MinTTL = vl.MinTTL.Duration
+		}
+	}
+	in.Schedule, in.Window = cl.Schedule, cl.Window
+	c := rc.Status.Credential
+	if c == nil {
+		return in
+	}
+	in.ExpiresAt, in.Renewable, in.RenewalCapped = statustime.Of(c.ExpiresAt), c.Renewable, c.RenewalCapped
+	in.IssuedAt, in.RenewedAt = statustime.Of(c.IssuedAt), statustime.Of(c.IssuedAt)
+	if c.LastRenewal != nil {
+		in.RenewedAt = c.LastRenewal.Time
+	}
+	in.LeaseDuration = in.ExpiresAt.Sub(in.RenewedAt)
+	in.CappedTTL = in.LeaseDuration
+	in.LastRotation = statustime.Of(c.LastRotation)
+	in.RenewalKey = string(rc.UID) + "/" + c.LeaseID
+	if vcl != nil && c.TokenAccessor != "" {
+		if t, ok := vcl.Token(c.TokenAccessor); ok && !t.EndsAt.IsZero() {
+			c.TokenEndsAt = statustime.At(t.EndsAt)
+		}
+	}
+	in.TokenEndsAt = statustime.Of(c.TokenEndsAt)
+	if c.LeaseID != "" {
+		in.NextLeaseCheck = l.Checks.Next(client.ObjectKeyFromObject(rc), c.LeaseID, in.RenewedAt)
+	}
+	return in
+}
+
+// Check looks the live lease up in Vault. gone says Vault no longer knows it.
+func (l *Ledger) Check(ctx context.Context, cl *Cluster, vcl vault.LeaseClient) (gone bool, err error) {
+	c := cl.RC.Status.Credential
+	info, err := vcl.Lookup(ctx, c.LeaseID)
+	if err != nil {
+		return false, fmt.Errorf("looking up lease: %w", err)
+	}
+	l.Checks.Checked(client.ObjectKeyFromObject(cl.RC), c.LeaseID, l.Clock.Now())
+	return !info.Exists, nil
+}
+
+// Renew extends the current lease. gone says the lease no longer exists in Vault.
+func (l *Ledger) Renew(ctx context.Context, cl *Cluster, vcl vault.LeaseClient) (gone bool, err error) {
+	c := cl.RC.Status.Credential
+	increment := time.Duration(0)
+	if c.LeaseDuration != nil {
+		increment = c.LeaseDuration.Duration
+	}
+	ren, err := vcl.Renew(ctx, c.LeaseID, increment)
+	l.Metrics.Renewals.WithLabelValues(metrics.Result(err)).Inc()
+	if vault.IsLeaseGone(err) {
+		return true, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("renewing lease: %w", err)
+	}
+	expires := statustime.At(ren.ExpiresAt)
+	c.LastRenewal, c.ExpiresAt, c.Renewable, c.RenewalCapped = statustime.At(l.Clock.Now()), expires, ren.Renewable, ren.Capped
+	for i := range cl.RC.Status.Leases {
+		if cl.RC.Status.Leases[i].LeaseID == c.LeaseID {
+			cl.RC.Status.Leases[i].ExpiresAt = expires
+		}
+	}
+	l.Checks.Checked(client.ObjectKeyFromObject(cl.RC), c.LeaseID, l.Clock.Now())
+	log.FromContext(ctx).V(1).Info("Lease renewed", "lease", c.LeaseID, "granted", ren.Duration, "capped", ren.Capped)
+	return false, nil
+}
+
+// Planned records what the decision plans next: the renewal and rotation times, the lease's
+// expiry for the metric.
+func (l *Ledger) Planned(cl *Cluster, d rotation.Decision) {
+	c := cl.RC.Status.Credential
+	l.Metrics.SetLeaseExpiry(client.ObjectKeyFromObject(cl.RC), statustime.Of(c.ExpiresAt))
+	c.NextRenewal, c.NextRotation = statustime.At(d.NextRenewal), statustime.At(d.NextRotation)
+}
+
+func Remove(leases []v1alpha1.LeaseRecord, id string) []v1alpha1.LeaseRecord {
+	out := leases[:0:0]
+	for _, l := range leases {
+		if l.LeaseID != id {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// RevokeSuperseded revokes the leases that a newer credential has replaced; it is called only once
+// that credential runs on every Redis pod and consumer. A failed revocation stays in the ledger as
+// Revoking and is retried with backoff.
+func (l *Ledger) RevokeSuperseded(ctx context.Context, cl *Cluster, vcl vault.LeaseClient) error {
+	var errs []error
+	for _, lease := range cl.RC.Status.Leases {
+		if lease.State == v1alpha1.LeaseActive {
+			continue
+		}
+		errs = append(errs, l.Revoke(ctx, cl, vcl, lease.LeaseID))
+	}
+	return l.Outcome(cl, errors.Join(errs...))
+}
+
+// Revoke revokes one lease: on success it leaves the ledger, on failure it is marked Revoking.
+func (l *Ledger) Revoke(ctx context.Context, cl *Cluster, vcl vault.LeaseClient, id string) error {
+	err := vcl.Revoke(ctx, id)
+	l.Metrics.Revocations.WithLabelValues(metrics.Result(err)).Inc()
+	if err != nil {
+		for i := range cl.RC.Status.Leases {
+			if cl.RC.Status.Leases[i].LeaseID == id {
+				cl.RC.Status.Leases[i].State = v1alpha1.LeaseRevoking
+			}
+		}
+		return fmt.Errorf("revoking lease %s (%s): %w", id, vault.ClassOf(err), err)
+	}
+	cl.RC.Status.Leases = Remove(cl.RC.Status.Leases, id)
+	cl.Conds.Event(false, v1alpha1.EventLeaseRevoked, "Revoke", "Revoked lease %s", id)
+	log.FromContext(ctx).Info("Lease revoked", "lease", id)
+	return nil
+}
+
+// Outcome sets Degraded for pending revocations, with an event on the transition.
+func (l *Ledger) Outcome(cl *Cluster, err error) error {
+	if err == nil {
+		cl.Conds.Set(v1alpha1.ConditionLeasesRevoked, metav1.ConditionTrue, v1alpha1.ReasonAvailable, "Every superseded lease is revoked")
+		return nil
+	}
+	msg := fmt.Sprintf("%d lease(s) not revoked yet, retrying: %v", Count(cl.RC, v1alpha1.LeaseRevoking), err)
+	if cl.Conds.Set(v1alpha1.ConditionLeasesRevoked, metav1.ConditionFalse, v1alpha1.ReasonRevocationPending, msg) {
+		cl.Conds.Event(true, v1alpha1.EventRevocationFailed, "Revoke", "%s", msg)
+	}
+	return err
+}
+
+func Count(rc *v1alpha1.RedisCluster, st v1alpha1.LeaseState) int {
+	n := 0
+	for _, l := range rc.Status.Leases {
+		if l.State == st {
+			n++
+		}
+	}
+	return n
+}
+
+// Supersede marks the active lease superseded: a newer credential replaces it.
+func Supersede(rc *v1alpha1.RedisCluster) {
+	for i := range rc.Status.Leases {
+		if rc.Status.Leases[i].State == v1alpha1.LeaseActive {
+			rc.Status.Leases[i].State = v1alpha1.LeaseSuperseded
+		}
+	}
+}
+
+// AddSighted puts leases seen in earlier versions of the Secret (ESO may mint more than one, on a
+// first sync for instance) into the ledger as superseded, to be revoked after the rollout.
+func AddSighted(leases []v1alpha1.LeaseRecord, sighted []string, now *metav1.Time) []v1alpha1.LeaseRecord {
+	for _, id := range sighted {
+		if !Has(leases, id) {
+			leases = append(leases, v1alpha1.LeaseRecord{LeaseID: id, State: v1alpha1.LeaseSuperseded, IssuedAt: now})
+		}
+	}
+	return leases
+}
+
+func Has(leases []v1alpha1.LeaseRecord, id string) bool {
+	for _, l := range leases {
+		if l.LeaseID == id {
+			return true
+		}
+	}
+	return false
+}
+
+// Superseded are the leases of the ledger that a newer credential replaced.
+func Superseded(rc *v1alpha1.RedisCluster) []v1alpha1.LeaseRecord {
+	var out []v1alpha1.LeaseRecord
+	for _, l := range rc.Status.Leases {
+		if l.State != v1alpha1.LeaseActive {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// Pending says that a replaced credential is still out there: a superseded lease not revoked
+// yet, or the user of a replaced credential whose lease is not tracked.
+func Pending(rc *v1alpha1.RedisCluster) bool {
+	return len(Superseded(rc)) > 0 || (rc.Status.Credential != nil && len(rc.Status.Credential.SupersededUsers) > 0)
+}
+
+// DefaultRenewalPercent is how far into a lease ESO obtained keyroll renews it.
+const DefaultRenewalPercent = 67
