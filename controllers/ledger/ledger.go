@@ -18,6 +18,10 @@ import (
 	"github.com/keyroll/keyroll/vault"
 )
 
+// MaxSteps bounds the decide-and-act steps of one reconcile: a renewal or lookup that finds the
+// lease gone, the issue that replaces it, and the decision that nothing more is due.
+const MaxSteps = 4
+
 // Ledger works on the lease ledger of RedisClusters through their Vault connections.
 type Ledger struct {
 	Clock   clock.Clock

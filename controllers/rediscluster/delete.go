@@ -29,8 +29,8 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, s *scope) (ctrl.Result
 		return ctrl.Result{}, r.removeFinalizer(ctx, s)
 	}
 	r.forget(client.ObjectKeyFromObject(rc))
-	if src := r.source(rc); src.writesSecret() || r.ExternalSecrets {
-		if wait, err := src.retire(ctx, s); err != nil || wait > 0 {
+	if src := r.source(rc); src.WritesSecret() || r.ExternalSecrets {
+		if wait, err := src.Retire(ctx, s.Cluster); err != nil || wait > 0 {
 			return ctrl.Result{RequeueAfter: wait}, err
 		}
 	}

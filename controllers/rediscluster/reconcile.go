@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/keyroll/keyroll/controllers/ledger"
+	"github.com/keyroll/keyroll/rotation"
 
 	"github.com/keyroll/keyroll/controllers/apply"
 	"github.com/keyroll/keyroll/controllers/conditions"
@@ -15,6 +16,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -42,7 +44,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 	if err := r.Get(ctx, req.NamespacedName, rc); err != nil {
 		if apierrors.IsNotFound(err) {
 			r.forget(req.NamespacedName)
-			r.sightings.forget(req.NamespacedName, nil)
+			r.externalSecret.Forget(req.NamespacedName)
 		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
@@ -113,7 +115,7 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, s *scope) (ctrl.Result
 		}
 		vcl = c
 	}
-	cred, next, err := r.source(rc).credential(ctx, s, vcl)
+	cred, next, err := r.source(rc).Credential(ctx, s.Cluster, vcl)
 	if err != nil || cred == nil {
 		return ctrl.Result{RequeueAfter: next}, err
 	}
@@ -207,4 +209,26 @@ func phaseOf(rc *v1alpha1.RedisCluster) v1alpha1.Phase {
 		return v1alpha1.PhaseIssuing
 	}
 	return v1alpha1.PhasePending
+}
+
+// parseRotation parses the rotation schedule and window once per reconcile. An invalid one is
+// reported (Degraded, InvalidSchedule) and ignored, so that renewals go on; the report is
+// withdrawn once the spec is fixed.
+func (r *deps) parseRotation(s *scope) {
+	spec := s.RC.Spec.Rotation
+	var err error
+	if spec.Schedule != "" {
+		s.Schedule, err = rotation.ParseSchedule(spec.Schedule)
+	}
+	if w := spec.MaintenanceWindow; err == nil && w != nil {
+		s.Window, err = rotation.ParseWindow(w.Start, w.Duration.Duration, w.TimeZone)
+	}
+	if err == nil {
+		s.Conds.Set(v1alpha1.ConditionScheduleValid, metav1.ConditionTrue, v1alpha1.ReasonAvailable, "spec.rotation is valid")
+		return
+	}
+	s.Schedule, s.Window = nil, nil
+	if s.Conds.Set(v1alpha1.ConditionScheduleValid, metav1.ConditionFalse, v1alpha1.ReasonInvalidSchedule, "spec.rotation: "+err.Error()) {
+		s.Conds.Event(true, v1alpha1.ReasonInvalidSchedule, "Schedule", "spec.rotation: %v", err)
+	}
 }

@@ -4,6 +4,9 @@ import (
 	"context"
 	"time"
 
+	"github.com/keyroll/keyroll/controllers/externalsecret"
+	"github.com/keyroll/keyroll/controllers/vaultlease"
+
 	"github.com/keyroll/keyroll/controllers/ledger"
 	"github.com/keyroll/keyroll/controllers/rollout"
 
@@ -32,8 +35,8 @@ type Reconciler struct {
 	// Workers is how many RedisClusters are reconciled at once.
 	Workers        int
 	rollout        *rollout.Engine
-	vaultLease     *vaultLease
-	externalSecret *externalSecret
+	vaultLease     *vaultlease.Source
+	externalSecret *externalsecret.Source
 }
 
 // deps are what the phases of a reconcile share: the clients, the clock, the metrics, the Vault
@@ -47,22 +50,21 @@ type deps struct {
 	Connector *vaultconnection.Connector
 	Metrics   *metrics.Metrics
 	Ledger    *ledger.Ledger
-	sightings *sightings
 }
 
 // source is where a RedisCluster's credential comes from: a Vault lease keyroll holds
-// (vaultLease) or External Secrets Operator (externalSecret).
+// (vaultlease.Source) or External Secrets Operator (externalsecret.Source).
 type source interface {
-	// credential brings the credential up to date (issue, adopt, renew, look up, refresh) and
+	// Credential brings the credential up to date (issue, adopt, renew, look up, refresh) and
 	// returns it; nil while there is none. It says when to look again. vcl is the Vault client of
 	// the cluster's VaultConnection, nil when it has none.
-	credential(ctx context.Context, s *scope, vcl vault.LeaseClient) (*render.Credential, time.Duration, error)
-	// writesSecret says whether keyroll writes the credentials Secret (External Secrets Operator
+	Credential(ctx context.Context, c *ledger.Cluster, vcl vault.LeaseClient) (*render.Credential, time.Duration, error)
+	// WritesSecret says whether keyroll writes the credentials Secret (External Secrets Operator
 	// writes it otherwise).
-	writesSecret() bool
-	// retire stops the source before the cluster's leases are revoked on delete, and says how
+	WritesSecret() bool
+	// Retire stops the source before the cluster's leases are revoked on delete, and says how
 	// long to wait for it.
-	retire(ctx context.Context, s *scope) (time.Duration, error)
+	Retire(ctx context.Context, c *ledger.Cluster) (time.Duration, error)
 }
 
 // DefaultWorkers is how many RedisClusters are reconciled at once by default: enough that a slow
@@ -92,16 +94,16 @@ func New(cfg Config) *Reconciler {
 		interval = ledger.DefaultLeaseCheckInterval
 	}
 	d := &deps{Client: cfg.Client, APIReader: cfg.APIReader, Clock: cfg.Clock, Connector: cfg.Connector,
-		Metrics: cfg.Metrics, sightings: &sightings{},
-		Ledger: &ledger.Ledger{Clock: cfg.Clock, Metrics: cfg.Metrics, Checks: ledger.NewLeaseChecks(interval)}}
+		Metrics: cfg.Metrics, Ledger: &ledger.Ledger{Clock: cfg.Clock, Metrics: cfg.Metrics, Checks: ledger.NewLeaseChecks(interval)}}
 	workers := cfg.Workers
 	if workers <= 0 {
 		workers = DefaultWorkers
 	}
 	return &Reconciler{
 		deps: d, Recorder: cfg.Recorder, ExternalSecrets: cfg.ExternalSecrets, Workers: workers,
-		rollout:    &rollout.Engine{Client: d.Client, APIReader: d.APIReader, Clock: d.Clock, Metrics: d.Metrics},
-		vaultLease: &vaultLease{deps: d}, externalSecret: &externalSecret{deps: d},
+		rollout:        &rollout.Engine{Client: d.Client, APIReader: d.APIReader, Clock: d.Clock, Metrics: d.Metrics},
+		vaultLease:     &vaultlease.Source{Client: d.Client, APIReader: d.APIReader, Clock: d.Clock, Metrics: d.Metrics, Ledger: d.Ledger},
+		externalSecret: externalsecret.NewSource(d.Client, d.APIReader, d.Clock, d.Metrics, d.Ledger),
 	}
 }
 
@@ -110,7 +112,8 @@ func New(cfg Config) *Reconciler {
 func (r *Reconciler) WithClient(c client.Client) *Reconciler {
 	out := New(Config{Client: c, APIReader: r.APIReader, Recorder: r.Recorder, Clock: r.Clock, Connector: r.Connector,
 		Metrics: r.Metrics, ExternalSecrets: r.ExternalSecrets})
-	out.Ledger, out.sightings = r.Ledger, r.sightings // the same memory as r
+	out.Ledger, out.externalSecret = r.Ledger, r.externalSecret.WithClient(c) // the same memory as r
+	out.vaultLease.Ledger = r.Ledger
 	return out
 }
 
@@ -121,16 +124,3 @@ func (r *Reconciler) source(rc *v1alpha1.RedisCluster) source {
 	}
 	return r.vaultLease
 }
-
-// vaultLease is the VaultLease source: keyroll reads the Vault path and holds the lease.
-type vaultLease struct{ *deps }
-
-func (*vaultLease) writesSecret() bool { return true }
-
-func (*vaultLease) retire(context.Context, *scope) (time.Duration, error) { return 0, nil }
-
-// externalSecret is the ExternalSecret source: External Secrets Operator syncs the credential
-// through an ExternalSecret keyroll owns.
-type externalSecret struct{ *deps }
-
-func (*externalSecret) writesSecret() bool { return false }

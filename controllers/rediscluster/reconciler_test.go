@@ -26,6 +26,7 @@ import (
 	"github.com/keyroll/keyroll/controllers/render"
 	"github.com/keyroll/keyroll/controllers/rollout"
 	"github.com/keyroll/keyroll/controllers/vaultconnection"
+	"github.com/keyroll/keyroll/controllers/vaultlease"
 	"github.com/keyroll/keyroll/vault"
 	"github.com/keyroll/keyroll/vault/vaulttest"
 )
@@ -254,15 +255,15 @@ func TestRefusedIssueIsTriedAgainAfterAWhile(t *testing.T) {
 
 			res := h.reconcile(t)
 
-			if res.RequeueAfter != refusedRetry {
-				t.Errorf("result %+v, want a retry in %s", res, refusedRetry)
+			if res.RequeueAfter != vaultlease.RefusedRetry {
+				t.Errorf("result %+v, want a retry in %s", res, vaultlease.RefusedRetry)
 			}
 			c := condition(h.get(t), v1alpha1.ConditionCredentialsReady)
 			if c == nil || c.Status != metav1.ConditionFalse || !strings.Contains(c.Message, "tried again in 5m0s") {
 				t.Errorf("CredentialsReady %+v: want False, saying when it is tried again", c)
 			}
 			h.vault.SetFailure(vaulttest.OpIssue, nil) // fixed in Vault
-			h.clock.Step(refusedRetry)
+			h.clock.Step(vaultlease.RefusedRetry)
 			if rc := h.settle(t); rc.Status.Credential == nil {
 				t.Errorf("no credential once Vault allows it")
 			}

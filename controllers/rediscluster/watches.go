@@ -53,7 +53,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		// The ExternalSecret keyroll owns, and the Secret External Secrets Operator writes for it
 		// (controlled by the ExternalSecret, so it is watched by its label).
 		b = b.Owns(&esv1.ExternalSecret{}).
-			Watches(&corev1.Secret{}, r.syncedSecretEvents())
+			Watches(&corev1.Secret{}, r.externalSecret.SecretEvents())
 	}
 	return b.Complete(r)
 }

@@ -1,4 +1,4 @@
-package rediscluster
+package vaultlease
 
 import (
 	"context"
@@ -26,39 +26,35 @@ import (
 	"github.com/keyroll/keyroll/vault"
 )
 
-// maxSteps bounds the decide-and-act steps of one reconcile: a renewal or lookup that finds the
-// lease gone, the issue that replaces it, and the decision that nothing more is due.
-const maxSteps = 4
-
 // credential lets rotation.Decide say what the credential needs, and does it (issue, renew, look
 // the lease up), until nothing more is due: each decision is Decide's alone, on the state the
 // previous step left. A lease found gone was revoked outside keyroll (its token is kept alive, so
 // it did not die with it): it is honoured and replaced at once. It returns the live credential
 // and when to look again.
-func (r *vaultLease) credential(ctx context.Context, s *scope, vcl vault.LeaseClient) (*render.Credential, time.Duration, error) {
-	cur, err := r.currentCredential(ctx, s.RC)
+func (r *Source) Credential(ctx context.Context, cl *ledger.Cluster, vcl vault.LeaseClient) (*render.Credential, time.Duration, error) {
+	cur, err := r.currentCredential(ctx, cl.RC)
 	if err != nil {
 		return nil, 0, err
 	}
 	gone := false
-	for range maxSteps {
-		d := rotation.Decide(r.Ledger.Input(s.Cluster, vcl, cur != nil, gone))
+	for range ledger.MaxSteps {
+		d := rotation.Decide(r.Ledger.Input(cl, vcl, cur != nil, gone))
 		switch d.Action {
 		case rotation.ActionNothing:
-			r.Ledger.Planned(s.Cluster, d)
-			s.Conds.Set(v1alpha1.ConditionCredentialsReady, metav1.ConditionTrue, v1alpha1.ReasonIssued, "A live credential from Vault is in Secret "+render.CredentialsSecretName(s.RC))
+			r.Ledger.Planned(cl, d)
+			cl.Conds.Set(v1alpha1.ConditionCredentialsReady, metav1.ConditionTrue, v1alpha1.ReasonIssued, "A live credential from Vault is in Secret "+render.CredentialsSecretName(cl.RC))
 			return cur, statustime.RequeueAfter(r.Clock.Now(), d.When), nil
 		case rotation.ActionRenew:
-			gone, err = r.Ledger.Renew(ctx, s.Cluster, vcl)
+			gone, err = r.Ledger.Renew(ctx, cl, vcl)
 		case rotation.ActionCheck:
-			gone, err = r.Ledger.Check(ctx, s.Cluster, vcl)
+			gone, err = r.Ledger.Check(ctx, cl, vcl)
 		case rotation.ActionIssue, rotation.ActionRotate:
 			if d.Reason == rotation.ReasonLeaseGone {
-				err = r.revokedOutside(ctx, s)
+				err = r.revokedOutside(ctx, cl)
 			}
 			if err == nil {
-				r.tokenEnding(s, d)
-				cur, err = r.issue(ctx, s, vcl, d)
+				r.tokenEnding(cl, d)
+				cur, err = r.issue(ctx, cl, vcl, d)
 			}
 			if err == nil && cur == nil {
 				return nil, 0, nil // refused: the condition says why
@@ -81,8 +77,8 @@ func (r *vaultLease) credential(ctx context.Context, s *scope, vcl vault.LeaseCl
 // say so, and, with onRevokedOutside CutOff (the default), its user leaves the aclfile at once;
 // with RollOver the user stays there until the new credential has rolled out. The caller issues a
 // new credential next, ahead of any other work.
-func (r *vaultLease) revokedOutside(ctx context.Context, s *scope) error {
-	rc := s.RC
+func (r *Source) revokedOutside(ctx context.Context, cl *ledger.Cluster) error {
+	rc := cl.RC
 	c := rc.Status.Credential
 	r.Metrics.RevokedOutside.Inc()
 	rc.Status.Leases = ledger.Remove(rc.Status.Leases, c.LeaseID)
@@ -90,25 +86,25 @@ func (r *vaultLease) revokedOutside(ctx context.Context, s *scope) error {
 		if c.Username != "" && !slices.Contains(c.SupersededUsers, c.Username) {
 			c.SupersededUsers = append(c.SupersededUsers, c.Username)
 		}
-		s.Conds.Event(true, v1alpha1.EventLeaseRevokedOutside, "Revoke",
+		cl.Conds.Event(true, v1alpha1.EventLeaseRevokedOutside, "Revoke",
 			"Lease %s of user %s was revoked outside keyroll; issuing a new credential at once (onRevokedOutside RollOver: the user stays on the Redis nodes until the new credential has rolled out)", c.LeaseID, c.Username)
 		log.FromContext(ctx).Info("Lease revoked outside keyroll; rolling over", "lease", c.LeaseID, "username", c.Username)
 		return nil
 	}
-	s.Conds.Event(true, v1alpha1.EventLeaseRevokedOutside, "Revoke",
+	cl.Conds.Event(true, v1alpha1.EventLeaseRevokedOutside, "Revoke",
 		"Lease %s of user %s was revoked outside keyroll; the user is cut off on every Redis node and a new credential is issued at once (onRevokedOutside CutOff)", c.LeaseID, c.Username)
 	log.FromContext(ctx).Info("Lease revoked outside keyroll; cutting its user off", "lease", c.LeaseID, "username", c.Username)
-	return r.ensureACLSecret(ctx, rc, nil)
+	return cl.WriteACL(ctx, nil)
 }
 
 // tokenEnding says, in an event, that a credential is rotated because the token that created its
 // lease ends before it.
-func (r *vaultLease) tokenEnding(s *scope, d rotation.Decision) {
+func (r *Source) tokenEnding(cl *ledger.Cluster, d rotation.Decision) {
 	if d.Reason != rotation.ReasonTokenEnding {
 		return
 	}
-	c := s.RC.Status.Credential
-	s.Conds.Event(true, v1alpha1.EventTokenEnding, "Rotate",
+	c := cl.RC.Status.Credential
+	cl.Conds.Event(true, v1alpha1.EventTokenEnding, "Rotate",
 		"The Vault token that created lease %s ends at %s (its max TTL), before the lease: rotating now, so that the new credential is rolled out and this lease revoked before Vault revokes it with its token. A periodic token on the auth role avoids this (see the VaultConnection's Degraded condition)",
 		c.LeaseID, statustime.Of(c.TokenEndsAt).UTC().Format(time.RFC3339))
 }
@@ -116,28 +112,28 @@ func (r *vaultLease) tokenEnding(s *scope, d rotation.Decision) {
 // parseRotation parses the rotation schedule and window once per reconcile. An invalid one is
 // reported (Degraded, InvalidSchedule) and ignored, so that renewals go on; the report is
 // withdrawn once the spec is fixed.
-func (r *deps) parseRotation(s *scope) {
-	spec := s.RC.Spec.Rotation
+func (r *Source) parseRotation(cl *ledger.Cluster) {
+	spec := cl.RC.Spec.Rotation
 	var err error
 	if spec.Schedule != "" {
-		s.Schedule, err = rotation.ParseSchedule(spec.Schedule)
+		cl.Schedule, err = rotation.ParseSchedule(spec.Schedule)
 	}
 	if w := spec.MaintenanceWindow; err == nil && w != nil {
-		s.Window, err = rotation.ParseWindow(w.Start, w.Duration.Duration, w.TimeZone)
+		cl.Window, err = rotation.ParseWindow(w.Start, w.Duration.Duration, w.TimeZone)
 	}
 	if err == nil {
-		s.Conds.Set(v1alpha1.ConditionScheduleValid, metav1.ConditionTrue, v1alpha1.ReasonAvailable, "spec.rotation is valid")
+		cl.Conds.Set(v1alpha1.ConditionScheduleValid, metav1.ConditionTrue, v1alpha1.ReasonAvailable, "spec.rotation is valid")
 		return
 	}
-	s.Schedule, s.Window = nil, nil
-	if s.Conds.Set(v1alpha1.ConditionScheduleValid, metav1.ConditionFalse, v1alpha1.ReasonInvalidSchedule, "spec.rotation: "+err.Error()) {
-		s.Conds.Event(true, v1alpha1.ReasonInvalidSchedule, "Schedule", "spec.rotation: %v", err)
+	cl.Schedule, cl.Window = nil, nil
+	if cl.Conds.Set(v1alpha1.ConditionScheduleValid, metav1.ConditionFalse, v1alpha1.ReasonInvalidSchedule, "spec.rotation: "+err.Error()) {
+		cl.Conds.Event(true, v1alpha1.ReasonInvalidSchedule, "Schedule", "spec.rotation: %v", err)
 	}
 }
 
 // currentCredential reads the credential of status.credential from the credentials Secret. It
 // returns nil when the Secret does not hold that credential (then a new one is issued).
-func (r *vaultLease) currentCredential(ctx context.Context, rc *v1alpha1.RedisCluster) (*render.Credential, error) {
+func (r *Source) currentCredential(ctx context.Context, rc *v1alpha1.RedisCluster) (*render.Credential, error) {
 	c := rc.Status.Credential
 	if c == nil || c.Version == "" {
 		return nil, nil
@@ -152,7 +148,7 @@ func (r *vaultLease) currentCredential(ctx context.Context, rc *v1alpha1.RedisCl
 	return cred, err
 }
 
-func (r *vaultLease) readCredential(ctx context.Context, rd client.Reader, key client.ObjectKey, rc *v1alpha1.RedisCluster, version string) (*render.Credential, error) {
+func (r *Source) readCredential(ctx context.Context, rd client.Reader, key client.ObjectKey, rc *v1alpha1.RedisCluster, version string) (*render.Credential, error) {
 	sec := &corev1.Secret{}
 	if err := rd.Get(ctx, key, sec); err != nil {
 		return nil, client.IgnoreNotFound(err)
@@ -169,35 +165,35 @@ func (r *vaultLease) readCredential(ctx context.Context, rd client.Reader, key c
 
 // issue obtains a new credential and records its lease in the ledger before anything uses it.
 // The lease it replaces stays in the ledger as Superseded until it is revoked.
-func (r *vaultLease) issue(ctx context.Context, s *scope, vcl vault.LeaseClient, d rotation.Decision) (*render.Credential, error) {
-	rc := s.RC
+func (r *Source) issue(ctx context.Context, cl *ledger.Cluster, vcl vault.LeaseClient, d rotation.Decision) (*render.Credential, error) {
+	rc := cl.RC
 	path := rc.Spec.Credentials.VaultLease.Path
 	lease, err := vcl.Issue(ctx, path)
 	r.countIssue(d, err)
 	if err != nil {
-		return nil, r.issueFailed(s, err)
+		return nil, r.issueFailed(cl, err)
 	}
 	u, p := lease.Data["username"], lease.Data["password"]
 	if u == "" || p == "" || !render.ValidUsername(u) {
 		if lease.ID != "" {
 			_ = vcl.Revoke(ctx, lease.ID)
 		}
-		return nil, r.issueFailed(s, fmt.Errorf("vault path %s returned no usable username and password (keys: %v)", path, lease.Data))
+		return nil, r.issueFailed(cl, fmt.Errorf("vault path %s returned no usable username and password (keys: %v)", path, lease.Data))
 	}
 	cred := &render.Credential{Username: u, Password: p, Version: render.CredentialVersion(u, p)}
-	r.recordLease(s, lease, cred, d)
-	if err := r.writeStatus(ctx, s); err != nil {
+	r.recordLease(cl, lease, cred, d)
+	if err := cl.Persist(ctx); err != nil {
 		// Not recorded, so never used: give it back at once.
 		_ = vcl.Revoke(ctx, lease.ID)
 		return nil, fmt.Errorf("recording lease in the ledger: %w", err)
 	}
-	s.Conds.Event(false, v1alpha1.EventCredentialsIssued, "Issue", "Issued credential %s for user %s from %s (%s)", cred.Version, u, path, d.Reason)
+	cl.Conds.Event(false, v1alpha1.EventCredentialsIssued, "Issue", "Issued credential %s for user %s from %s (%s)", cred.Version, u, path, d.Reason)
 	log.FromContext(ctx).Info("Credential issued", "version", cred.Version, "username", u, "reason", string(d.Reason), "leaseDuration", lease.Duration)
 	return cred, nil
 }
 
 // countIssue counts an issue, and a rotation when the issue replaces a live credential.
-func (r *vaultLease) countIssue(d rotation.Decision, err error) {
+func (r *Source) countIssue(d rotation.Decision, err error) {
 	r.Metrics.Issues.WithLabelValues(metrics.Result(err)).Inc()
 	if d.Action == rotation.ActionRotate {
 		r.Metrics.Rotations.WithLabelValues(metrics.Result(err)).Inc()
@@ -205,8 +201,8 @@ func (r *vaultLease) countIssue(d rotation.Decision, err error) {
 }
 
 // recordLease puts a new lease into the ledger and the credential status.
-func (r *vaultLease) recordLease(s *scope, lease *vault.Lease, cred *render.Credential, d rotation.Decision) {
-	rc := s.RC
+func (r *Source) recordLease(cl *ledger.Cluster, lease *vault.Lease, cred *render.Credential, d rotation.Decision) {
+	rc := cl.RC
 	now := statustime.At(r.Clock.Now())
 	ledger.Supersede(rc)
 	expires := statustime.At(lease.ExpiresAt)
@@ -233,7 +229,7 @@ func (r *vaultLease) recordLease(s *scope, lease *vault.Lease, cred *render.Cred
 
 // issueFailed reports a failed issue; a denied or invalid request waits for a human, anything
 // else is retried with backoff.
-func (r *vaultLease) issueFailed(s *scope, err error) error {
+func (r *Source) issueFailed(cl *ledger.Cluster, err error) error {
 	reason := v1alpha1.ReasonIssueFailed
 	switch {
 	case vault.IsPermissionDenied(err):
@@ -241,23 +237,23 @@ func (r *vaultLease) issueFailed(s *scope, err error) error {
 	case vault.IsUnavailable(err):
 		reason = v1alpha1.ReasonVaultUnavailable
 	}
-	msg := fmt.Sprintf("issuing a credential from %s: %v", s.RC.Spec.Credentials.VaultLease.Path, err)
+	msg := fmt.Sprintf("issuing a credential from %s: %v", cl.RC.Spec.Credentials.VaultLease.Path, err)
 	refused := vault.IsPermissionDenied(err) || vault.IsBadRequest(err) || vault.IsNotFound(err)
 	if refused {
 		// Waits for a fix in Vault, which no event here announces: tried again after a while.
-		msg += fmt.Sprintf("; tried again in %s, or at once when the RedisCluster or its VaultConnection changes", refusedRetry)
+		msg += fmt.Sprintf("; tried again in %s, or at once when the RedisCluster or its VaultConnection changes", RefusedRetry)
 	}
-	s.NotReady(reason, reason, "Issue", msg, true)
+	cl.NotReady(reason, reason, "Issue", msg, true)
 	if refused {
-		return &retryLater{after: refusedRetry}
+		return &retryLater{after: RefusedRetry}
 	}
 	return fmt.Errorf("issuing credential: %w", err)
 }
 
-// refusedRetry is how long a credential request that Vault refused (a policy, a role or path that
+// RefusedRetry is how long a credential request that Vault refused (a policy, a role or path that
 // does not exist) waits before it is tried again: long enough not to hammer Vault, short enough
 // that a fix made in Vault is seen.
-const refusedRetry = 5 * time.Minute
+const RefusedRetry = 5 * time.Minute
 
 // retryLater says that a step cannot succeed now and is tried again after a while; its condition
 // already says why.

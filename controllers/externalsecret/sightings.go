@@ -1,4 +1,4 @@
-package rediscluster
+package externalsecret
 
 import (
 	"context"
@@ -61,9 +61,9 @@ func (s *sightings) forget(key types.NamespacedName, ids []string) {
 	}
 }
 
-// syncedSecretEvents enqueues the RedisCluster of a Secret that ESO writes for it, and records the
+// SecretEvents enqueues the RedisCluster of a Secret that ESO writes for it, and records the
 // lease of every version of that Secret it sees.
-func (r *Reconciler) syncedSecretEvents() handler.EventHandler {
+func (r *Source) SecretEvents() handler.EventHandler {
 	see := func(o client.Object) []ctrl.Request {
 		sec, ok := o.(*corev1.Secret)
 		cluster := o.GetLabels()[v1alpha1.LabelCluster]

@@ -1,4 +1,4 @@
-package rediscluster
+package externalsecret
 
 import (
 	"context"
@@ -22,8 +22,8 @@ import (
 // adopt takes a credential ESO synced into the status. A new one is recorded, and its lease put
 // into the ledger when tracked, before anything uses it; the credential it replaces is superseded
 // and its lease revoked after the rollout. gone says the tracked lease no longer exists in Vault.
-func (r *externalSecret) adopt(ctx context.Context, s *scope, sc *render.SyncedCredential, vcl vault.LeaseClient, tracked bool) (gone bool, err error) {
-	rc := s.RC
+func (r *Source) adopt(ctx context.Context, cl *ledger.Cluster, sc *render.SyncedCredential, vcl vault.LeaseClient, tracked bool) (gone bool, err error) {
+	rc := cl.RC
 	key := client.ObjectKeyFromObject(rc)
 	sighted := r.sightings.peek(key)
 	if !tracked {
@@ -44,13 +44,13 @@ func (r *externalSecret) adopt(ctx context.Context, s *scope, sc *render.SyncedC
 				return false, fmt.Errorf("looking up the lease External Secrets Operator obtained: %w", err)
 			}
 		}
-		r.recordSynced(s, sc, tracked, info, now, fresh)
+		r.recordSynced(cl, sc, tracked, info, now, fresh)
 		gone = tracked && !info.Exists
 	}
 	if tracked {
 		rc.Status.Leases = ledger.AddSighted(rc.Status.Leases, sighted, now)
 	}
-	if err := r.writeStatus(ctx, s); err != nil {
+	if err := cl.Persist(ctx); err != nil {
 		return false, fmt.Errorf("recording the synced credential: %w", err)
 	}
 	r.sightings.forget(key, sighted)
@@ -59,7 +59,7 @@ func (r *externalSecret) adopt(ctx context.Context, s *scope, sc *render.SyncedC
 		if !tracked {
 			note = "leases are not tracked"
 		}
-		s.Conds.Event(false, v1alpha1.EventCredentialsIssued, "Adopt", "Adopted credential %s for user %s that External Secrets Operator synced into Secret %s (%s)",
+		cl.Conds.Event(false, v1alpha1.EventCredentialsIssued, "Adopt", "Adopted credential %s for user %s that External Secrets Operator synced into Secret %s (%s)",
 			sc.Version, sc.Username, render.CredentialsSecretName(rc), note)
 		log.FromContext(ctx).Info("Synced credential adopted", "version", sc.Version, "username", sc.Username, "leaseTracked", tracked)
 	}
@@ -80,8 +80,8 @@ func unrecorded(rc *v1alpha1.RedisCluster, sighted []string, current string, tra
 }
 
 // recordSynced puts a synced credential into the status, and its lease into the ledger.
-func (r *externalSecret) recordSynced(s *scope, sc *render.SyncedCredential, tracked bool, info *vault.LeaseInfo, now *metav1.Time, fresh bool) {
-	rc := s.RC
+func (r *Source) recordSynced(cl *ledger.Cluster, sc *render.SyncedCredential, tracked bool, info *vault.LeaseInfo, now *metav1.Time, fresh bool) {
+	rc := cl.RC
 	prev := rc.Status.Credential
 	cs := &v1alpha1.CredentialStatus{
 		Version: sc.Version, Source: v1alpha1.SourceExternalSecret, Username: sc.Username,

@@ -1,4 +1,4 @@
-package rediscluster
+package externalsecret
 
 import (
 	"context"
@@ -35,9 +35,9 @@ import (
 // reconcileSynced is reconcileCredential for ExternalSecret mode: it keeps the ExternalSecret as
 // specified, adopts the credential ESO synced, renews its lease when tracked (vcl is nil when
 // externalSecret.connectionRef is not set) and asks ESO for a new credential when one is due.
-func (r *externalSecret) credential(ctx context.Context, s *scope, vcl vault.LeaseClient) (*render.Credential, time.Duration, error) {
-	rc := s.RC
-	es, err := r.ensureExternalSecret(ctx, s)
+func (r *Source) Credential(ctx context.Context, cl *ledger.Cluster, vcl vault.LeaseClient) (*render.Credential, time.Duration, error) {
+	rc := cl.RC
+	es, err := r.ensureExternalSecret(ctx, cl)
 	if err != nil || es == nil {
 		return nil, waitForConnection, err
 	}
@@ -46,26 +46,26 @@ func (r *externalSecret) credential(ctx context.Context, s *scope, vcl vault.Lea
 		return nil, 0, err
 	}
 	if sec == nil {
-		r.notSynced(s, es, fmt.Sprintf("waiting for External Secrets Operator to sync Secret %s", render.CredentialsSecretName(rc)), false)
+		r.notSynced(cl, es, fmt.Sprintf("waiting for External Secrets Operator to sync Secret %s", render.CredentialsSecretName(rc)), false)
 		return nil, 0, nil
 	}
 	sc, problem := render.ParseSynced(sec, rc)
 	if sc == nil {
-		r.notSynced(s, es, problem, true)
+		r.notSynced(cl, es, problem, true)
 		return nil, 0, nil
 	}
 	tracked := vcl != nil && sc.LeaseID != ""
-	gone, err := r.adopt(ctx, s, sc, vcl, tracked)
+	gone, err := r.adopt(ctx, cl, sc, vcl, tracked)
 	if err != nil {
 		return nil, 0, err
 	}
-	if err := r.decideSynced(ctx, s, vcl, tracked, gone); err != nil {
+	if err := r.decideSynced(ctx, cl, vcl, tracked, gone); err != nil {
 		return nil, 0, err
 	}
 	c := rc.Status.Credential
-	next := rotation.Decide(r.Ledger.Input(s.Cluster, vcl, true, false))
-	r.Ledger.Planned(s.Cluster, next)
-	r.reportSynced(s, es, sc, tracked)
+	next := rotation.Decide(r.Ledger.Input(cl, vcl, true, false))
+	r.Ledger.Planned(cl, next)
+	r.reportSynced(cl, es, sc, tracked)
 	if wait := r.settling(rc); wait > 0 {
 		return nil, wait, nil
 	}
@@ -80,24 +80,24 @@ func (r *externalSecret) credential(ctx context.Context, s *scope, vcl vault.Lea
 // decideSynced lets rotation.Decide say what the synced credential needs and does it: renew or
 // look up a tracked lease, or ask ESO for a new credential, until nothing more is due or a
 // refresh is asked for (ESO answers with a new Secret, which starts the next reconcile).
-func (r *externalSecret) decideSynced(ctx context.Context, s *scope, vcl vault.LeaseClient, tracked, gone bool) error {
-	for range maxSteps {
-		d := rotation.Decide(r.Ledger.Input(s.Cluster, vcl, true, gone))
+func (r *Source) decideSynced(ctx context.Context, cl *ledger.Cluster, vcl vault.LeaseClient, tracked, gone bool) error {
+	for range ledger.MaxSteps {
+		d := rotation.Decide(r.Ledger.Input(cl, vcl, true, gone))
 		var err error
 		switch {
 		case d.Action == rotation.ActionNothing:
 			return nil
 		case d.Action == rotation.ActionRenew && tracked:
-			gone, err = r.Ledger.Renew(ctx, s.Cluster, vcl)
+			gone, err = r.Ledger.Renew(ctx, cl, vcl)
 		case d.Action == rotation.ActionCheck && tracked:
-			gone, err = r.Ledger.Check(ctx, s.Cluster, vcl)
+			gone, err = r.Ledger.Check(ctx, cl, vcl)
 		case d.Action == rotation.ActionIssue || d.Action == rotation.ActionRotate:
 			if d.Reason == rotation.ReasonLeaseGone {
 				// External Secrets Operator's token is not keyroll's to keep alive: a lease that
 				// is gone was revoked outside keyroll or died with that token.
-				r.leaseGoneExternally(ctx, s)
+				r.leaseGoneExternally(ctx, cl)
 			}
-			return r.requestRefresh(ctx, s, d)
+			return r.requestRefresh(ctx, cl, d)
 		default:
 			return nil
 		}
@@ -115,7 +115,7 @@ const syncSettle = 3 * time.Second
 
 // settling says how long to wait before rolling out a credential that ESO wrote a moment ago,
 // while Redis pods run an older one. The first credential of a cluster does not wait.
-func (r *externalSecret) settling(rc *v1alpha1.RedisCluster) time.Duration {
+func (r *Source) settling(rc *v1alpha1.RedisCluster) time.Duration {
 	c := rc.Status.Credential
 	if rc.Status.ReadyReplicas == 0 || c.IssuedAt == nil {
 		return 0
@@ -127,22 +127,22 @@ func (r *externalSecret) settling(rc *v1alpha1.RedisCluster) time.Duration {
 }
 
 // ensureExternalSecret creates or repairs the ExternalSecret and returns it as the API has it.
-func (r *externalSecret) ensureExternalSecret(ctx context.Context, s *scope) (*esv1.ExternalSecret, error) {
+func (r *Source) ensureExternalSecret(ctx context.Context, cl *ledger.Cluster) (*esv1.ExternalSecret, error) {
 	es := &esv1.ExternalSecret{}
-	err := apply.Ensure(ctx, r.Client, r.APIReader, s.RC, render.ExternalSecret(s.RC), es, apply.SameExternalSecret, apply.UpdateExternalSecret)
+	err := apply.Ensure(ctx, r.Client, r.APIReader, cl.RC, render.ExternalSecret(cl.RC), es, apply.SameExternalSecret, apply.UpdateExternalSecret)
 	var conflict *apply.ConflictError
 	if errors.As(err, &conflict) {
-		s.NotReady(v1alpha1.ReasonSecretConflict, v1alpha1.EventSecretConflict, "WriteExternalSecret", err.Error(), true)
+		cl.NotReady(v1alpha1.ReasonSecretConflict, v1alpha1.EventSecretConflict, "WriteExternalSecret", err.Error(), true)
 		return nil, nil
 	}
 	return es, err
 }
 
 // syncedSecret reads the credentials Secret ESO writes; nil while it does not exist.
-func (r *externalSecret) syncedSecret(ctx context.Context, rc *v1alpha1.RedisCluster) (*corev1.Secret, error) {
+func (r *Source) syncedSecret(ctx context.Context, rc *v1alpha1.RedisCluster) (*corev1.Secret, error) {
 	key := client.ObjectKey{Namespace: rc.Namespace, Name: render.CredentialsSecretName(rc)}
 	sec := &corev1.Secret{}
-	err := r.Get(ctx, key, sec)
+	err := r.Client.Get(ctx, key, sec)
 	if client.IgnoreNotFound(err) != nil {
 		return nil, err
 	}
@@ -160,7 +160,7 @@ func (r *externalSecret) syncedSecret(ctx context.Context, rc *v1alpha1.RedisClu
 
 // notSynced reports that there is no usable credential from ESO: none yet, or (invalid) a Secret
 // without one. ESO's own reason is added when its Ready condition is False.
-func (r *externalSecret) notSynced(s *scope, es *esv1.ExternalSecret, problem string, invalid bool) {
+func (r *Source) notSynced(cl *ledger.Cluster, es *esv1.ExternalSecret, problem string, invalid bool) {
 	reason := v1alpha1.ReasonExternalSecretNotReady
 	if invalid {
 		reason = v1alpha1.ReasonInvalidCredentialSecret
@@ -170,7 +170,7 @@ func (r *externalSecret) notSynced(s *scope, es *esv1.ExternalSecret, problem st
 		problem = fmt.Sprintf("%s; ExternalSecret %s is not Ready (%s): %s", problem, es.Name, c.Reason, c.Message)
 		warn = true
 	}
-	s.NotReady(reason, reason, "Sync", problem, warn)
+	cl.NotReady(reason, reason, "Sync", problem, warn)
 }
 
 func esReady(es *esv1.ExternalSecret) *esv1.ExternalSecretStatusCondition {
@@ -189,8 +189,8 @@ const refreshRequestTimeout = 10 * time.Minute
 // requestRefresh asks ESO for a new credential: it records the request in the status first, then
 // puts it on the ExternalSecret as an annotation, which makes ESO refresh at once. A pending
 // request (no new credential since) is not repeated until refreshRequestTimeout.
-func (r *externalSecret) requestRefresh(ctx context.Context, s *scope, d rotation.Decision) error {
-	rc := s.RC
+func (r *Source) requestRefresh(ctx context.Context, cl *ledger.Cluster, d rotation.Decision) error {
+	rc := cl.RC
 	c := rc.Status.Credential
 	if d.AcknowledgeRotateNow {
 		rc.Status.RotateNowAcknowledged = rc.Annotations[v1alpha1.AnnotationRotateNow]
@@ -204,23 +204,23 @@ func (r *externalSecret) requestRefresh(ctx context.Context, s *scope, d rotatio
 		c.LastRotation = now
 		r.Metrics.Rotations.WithLabelValues(metrics.Result(nil)).Inc()
 	}
-	if err := r.writeStatus(ctx, s); err != nil {
+	if err := cl.Persist(ctx); err != nil {
 		return fmt.Errorf("recording the refresh request: %w", err)
 	}
-	s.Conds.Event(false, v1alpha1.EventRefreshRequested, "Rotate", "Asked External Secrets Operator for a new credential (%s)", d.Reason)
+	cl.Conds.Event(false, v1alpha1.EventRefreshRequested, "Rotate", "Asked External Secrets Operator for a new credential (%s)", d.Reason)
 	log.FromContext(ctx).Info("New credential requested from External Secrets Operator", "reason", string(d.Reason))
-	_, err := r.ensureExternalSecret(ctx, s)
+	_, err := r.ensureExternalSecret(ctx, cl)
 	return err
 }
 
 // reportSynced sets CredentialsReady for a synced credential, says whether its lease is tracked,
 // and flags ESO trouble and a refresh interval that would leave an expired credential in place.
-func (r *externalSecret) reportSynced(s *scope, es *esv1.ExternalSecret, sc *render.SyncedCredential, tracked bool) {
-	rc := s.RC
+func (r *Source) reportSynced(cl *ledger.Cluster, es *esv1.ExternalSecret, sc *render.SyncedCredential, tracked bool) {
+	rc := cl.RC
 	src := rc.Spec.Credentials.ExternalSecret
 	secret := render.CredentialsSecretName(rc)
 	if tracked {
-		s.Conds.Set(v1alpha1.ConditionCredentialsReady, metav1.ConditionTrue, v1alpha1.ReasonLeasesTracked,
+		cl.Conds.Set(v1alpha1.ConditionCredentialsReady, metav1.ConditionTrue, v1alpha1.ReasonLeasesTracked,
 			fmt.Sprintf("External Secrets Operator synced a credential into Secret %s; keyroll renews and revokes its lease", secret))
 	} else {
 		why := "set externalSecret.connectionRef so that keyroll can renew and revoke it"
@@ -228,8 +228,8 @@ func (r *externalSecret) reportSynced(s *scope, es *esv1.ExternalSecret, sc *ren
 			why = "the generator does not hand over the lease (VaultDynamicSecret resultType Raw does)"
 		}
 		msg := fmt.Sprintf("External Secrets Operator synced a credential into Secret %s; its lease is not tracked: %s. Nobody renews or revokes it; it lives until its Vault TTL", secret, why)
-		if s.Conds.Set(v1alpha1.ConditionCredentialsReady, metav1.ConditionTrue, v1alpha1.ReasonLeasesNotTracked, msg) {
-			s.Conds.Event(false, v1alpha1.EventLeasesNotTracked, "Adopt", "%s", msg)
+		if cl.Conds.Set(v1alpha1.ConditionCredentialsReady, metav1.ConditionTrue, v1alpha1.ReasonLeasesNotTracked, msg) {
+			cl.Conds.Event(false, v1alpha1.EventLeasesNotTracked, "Adopt", "%s", msg)
 		}
 	}
 	lifetime := sc.LeaseDuration
@@ -240,22 +240,22 @@ func (r *externalSecret) reportSynced(s *scope, es *esv1.ExternalSecret, sc *ren
 	if !tracked && lifetime > 0 && interval != nil && interval.Duration >= lifetime {
 		msg := fmt.Sprintf("externalSecret.refreshInterval (%s) is not shorter than the credential's lifetime (%s): External Secrets Operator will leave an expired credential in place",
 			interval.Duration, lifetime)
-		if s.Conds.Set(v1alpha1.ConditionSourceHealthy, metav1.ConditionFalse, v1alpha1.ReasonRefreshIntervalTooLong, msg) {
-			s.Conds.Event(true, v1alpha1.ReasonRefreshIntervalTooLong, "Adopt", "%s", msg)
+		if cl.Conds.Set(v1alpha1.ConditionSourceHealthy, metav1.ConditionFalse, v1alpha1.ReasonRefreshIntervalTooLong, msg) {
+			cl.Conds.Event(true, v1alpha1.ReasonRefreshIntervalTooLong, "Adopt", "%s", msg)
 		}
 		return
 	}
-	if r.endedEarly(s, tracked) {
+	if r.endedEarly(cl, tracked) {
 		return
 	}
 	if c := esReady(es); c != nil && c.Status == corev1.ConditionFalse {
 		msg := fmt.Sprintf("ExternalSecret %s is not Ready (%s): %s", es.Name, c.Reason, c.Message)
-		if s.Conds.Set(v1alpha1.ConditionSourceHealthy, metav1.ConditionFalse, v1alpha1.ReasonExternalSecretNotReady, msg) {
-			s.Conds.Event(true, v1alpha1.ReasonExternalSecretNotReady, "Sync", "%s", msg)
+		if cl.Conds.Set(v1alpha1.ConditionSourceHealthy, metav1.ConditionFalse, v1alpha1.ReasonExternalSecretNotReady, msg) {
+			cl.Conds.Event(true, v1alpha1.ReasonExternalSecretNotReady, "Sync", "%s", msg)
 		}
 		return
 	}
-	s.Conds.Set(v1alpha1.ConditionSourceHealthy, metav1.ConditionTrue, v1alpha1.ReasonAvailable, "External Secrets Operator syncs the credential")
+	cl.Conds.Set(v1alpha1.ConditionSourceHealthy, metav1.ConditionTrue, v1alpha1.ReasonAvailable, "External Secrets Operator syncs the credential")
 }
 
 // esDeletionGrace is how long a RedisCluster being deleted waits for its ExternalSecret to go
@@ -265,8 +265,8 @@ const esDeletionGrace = 30 * time.Second
 // retireExternalSecret stops ESO before the leases are revoked: it takes the lease ESO wrote last
 // (and any seen before) into the ledger, deletes the ExternalSecret and waits until it is gone,
 // so that no lease is minted after the revocation. It returns how long to wait.
-func (r *externalSecret) retire(ctx context.Context, s *scope) (time.Duration, error) {
-	rc := s.RC
+func (r *Source) Retire(ctx context.Context, cl *ledger.Cluster) (time.Duration, error) {
+	rc := cl.RC
 	key := client.ObjectKeyFromObject(rc)
 	if rc.VaultConnectionName() == "" {
 		r.sightings.forget(key, nil)
@@ -282,13 +282,13 @@ func (r *externalSecret) retire(ctx context.Context, s *scope) (time.Duration, e
 			}
 		}
 		rc.Status.Leases = ledger.AddSighted(rc.Status.Leases, sighted, statustime.At(r.Clock.Now()))
-		if err := r.writeStatus(ctx, s); err != nil {
+		if err := cl.Persist(ctx); err != nil {
 			return 0, err
 		}
 		r.sightings.forget(key, sighted)
 	}
 	es := &esv1.ExternalSecret{}
-	err := r.Get(ctx, client.ObjectKey{Namespace: rc.Namespace, Name: render.ExternalSecretName(rc)}, es)
+	err := r.Client.Get(ctx, client.ObjectKey{Namespace: rc.Namespace, Name: render.ExternalSecretName(rc)}, es)
 	if apierrors.IsNotFound(err) || (err == nil && !apply.OwnedBy(es, rc)) {
 		return 0, nil
 	}
@@ -296,11 +296,11 @@ func (r *externalSecret) retire(ctx context.Context, s *scope) (time.Duration, e
 		return 0, err
 	}
 	if es.DeletionTimestamp.IsZero() {
-		if err := r.Delete(ctx, es); client.IgnoreNotFound(err) != nil {
+		if err := r.Client.Delete(ctx, es); client.IgnoreNotFound(err) != nil {
 			return 0, fmt.Errorf("deleting ExternalSecret %s: %w", es.Name, err)
 		}
 		if rc.VaultConnectionName() == "" {
-			s.Conds.Event(false, v1alpha1.EventRevocationSkipped, "Delete",
+			cl.Conds.Event(false, v1alpha1.EventRevocationSkipped, "Delete",
 				"Leases are not tracked (no credentials.externalSecret.connectionRef): the leases External Secrets Operator obtained live until their Vault TTL")
 		}
 		return time.Second, nil
@@ -314,20 +314,20 @@ func (r *externalSecret) retire(ctx context.Context, s *scope) (time.Duration, e
 // endedEarly reports, as Degraded=LeaseEndedEarly, that a tracked lease ended before its expiry
 // (status.credential.leaseEndedEarlyAfter), until the current lease has outlived that age. It says
 // whether it did.
-func (r *externalSecret) endedEarly(s *scope, tracked bool) bool {
-	c := s.RC.Status.Credential
+func (r *Source) endedEarly(cl *ledger.Cluster, tracked bool) bool {
+	c := cl.RC.Status.Credential
 	if c.LeaseEndedEarlyAfter == nil {
 		return false
 	}
-	alive := c.LeaseID != "" && ledger.Has(s.RC.Status.Leases, c.LeaseID) // not the lease that ended
+	alive := c.LeaseID != "" && ledger.Has(cl.RC.Status.Leases, c.LeaseID) // not the lease that ended
 	if !tracked || (alive && r.Clock.Since(statustime.Of(c.IssuedAt)) > c.LeaseEndedEarlyAfter.Duration) {
 		c.LeaseEndedEarlyAfter = nil // the current lease lives longer: it was a one-off
 		return false
 	}
 	msg := fmt.Sprintf("A lease External Secrets Operator obtained was gone from Vault %s after it was issued, before its expiry: most likely External Secrets Operator's own Vault token ended, and Vault revoked the lease with it (keyroll cannot keep that token alive; it replaced the credential as soon as it noticed, within --lease-check-interval). Give External Secrets Operator's auth role a token TTL well above externalSecret.refreshInterval (%s), so that each credential is refreshed before its token ends",
-		c.LeaseEndedEarlyAfter.Duration, durationOr(s.RC.Spec.Credentials.ExternalSecret.RefreshInterval))
-	if s.Conds.Set(v1alpha1.ConditionSourceHealthy, metav1.ConditionFalse, v1alpha1.ReasonLeaseEndedEarly, msg) {
-		s.Conds.Event(true, v1alpha1.ReasonLeaseEndedEarly, "Adopt", "%s", msg)
+		c.LeaseEndedEarlyAfter.Duration, durationOr(cl.RC.Spec.Credentials.ExternalSecret.RefreshInterval))
+	if cl.Conds.Set(v1alpha1.ConditionSourceHealthy, metav1.ConditionFalse, v1alpha1.ReasonLeaseEndedEarly, msg) {
+		cl.Conds.Event(true, v1alpha1.ReasonLeaseEndedEarly, "Adopt", "%s", msg)
 	}
 	return true
 }
@@ -343,17 +343,17 @@ func durationOr(d *metav1.Duration) string {
 // synced is gone from Vault before its expiry: revoked outside keyroll, or ended with External
 // Secrets Operator's own Vault token, which keyroll cannot keep alive. The lease leaves the
 // ledger; the caller asks External Secrets Operator for a new credential at once.
-func (r *externalSecret) leaseGoneExternally(ctx context.Context, s *scope) {
-	c := s.RC.Status.Credential
+func (r *Source) leaseGoneExternally(ctx context.Context, cl *ledger.Cluster) {
+	c := cl.RC.Status.Credential
 	if c == nil || c.LeaseID == "" {
 		return
 	}
 	r.Metrics.RevokedOutside.Inc()
-	s.RC.Status.Leases = ledger.Remove(s.RC.Status.Leases, c.LeaseID)
+	cl.RC.Status.Leases = ledger.Remove(cl.RC.Status.Leases, c.LeaseID)
 	if now := r.Clock.Now(); c.IssuedAt != nil && c.ExpiresAt != nil && now.Before(c.ExpiresAt.Time) {
 		c.LeaseEndedEarlyAfter = &metav1.Duration{Duration: now.Sub(c.IssuedAt.Time).Truncate(time.Second)}
 	}
-	s.Conds.Event(true, v1alpha1.EventLeaseRevokedOutside, "Revoke",
+	cl.Conds.Event(true, v1alpha1.EventLeaseRevokedOutside, "Revoke",
 		"Lease %s that External Secrets Operator obtained is gone from Vault before its expiry (revoked outside keyroll, or ended with External Secrets Operator's own Vault token): asking for a new credential at once",
 		c.LeaseID)
 	log.FromContext(ctx).Info("Tracked lease gone from Vault; asking External Secrets Operator for a new credential", "lease", c.LeaseID)

@@ -1,0 +1,32 @@
+// Package vaultlease is the VaultLease credential source of a RedisCluster: keyroll reads the
+// Vault path itself, records the lease in the ledger before anything uses it, renews it, honours
+// a revocation made outside keyroll, and rotates before the lease or its token ends.
+package vaultlease
+
+import (
+	"context"
+	"time"
+
+	"k8s.io/utils/clock"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/keyroll/keyroll/controllers/ledger"
+	"github.com/keyroll/keyroll/controllers/metrics"
+)
+
+// Source is the VaultLease source.
+type Source struct {
+	Client client.Client
+	// APIReader reads past the cache, where a lagging cache could make keyroll issue a second
+	// credential.
+	APIReader client.Reader
+	Clock     clock.Clock
+	Metrics   *metrics.Metrics
+	Ledger    *ledger.Ledger
+}
+
+// WritesSecret says that keyroll writes the credentials Secret in this mode.
+func (*Source) WritesSecret() bool { return true }
+
+// Retire has nothing to stop before the leases are revoked.
+func (*Source) Retire(context.Context, *ledger.Cluster) (time.Duration, error) { return 0, nil }
