@@ -1,0 +1,113 @@
+package controllers
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+)
+
+const module = "github.com/keyroll/keyroll/"
+
+// allowed lists, for each package of ours, the packages of ours it may import: imports go one way,
+// from the wiring down to the API types (docs/development.md draws it).
+var allowed = map[string][]string{
+	"apis/v1alpha1":               {},
+	"rotation":                    {},
+	"vault":                       {},
+	"controllers/statustime":      {},
+	"controllers/conditions":      {},
+	"controllers/metrics":         {},
+	"controllers/apply":           {"apis/v1alpha1"},
+	"controllers/render":          {"apis/v1alpha1"},
+	"controllers/ledger":          {"apis/v1alpha1", "controllers/conditions", "controllers/metrics", "controllers/render", "controllers/statustime", "rotation", "vault"},
+	"controllers/rollout":         {"apis/v1alpha1", "controllers/conditions", "controllers/metrics", "controllers/render", "controllers/statustime"},
+	"controllers/vaultconnection": {"apis/v1alpha1", "controllers/apply", "controllers/conditions", "controllers/metrics", "controllers/statustime", "vault"},
+	"controllers/vaultlease": {"apis/v1alpha1", "controllers/apply", "controllers/ledger", "controllers/metrics", "controllers/render",
+		"controllers/statustime", "rotation", "vault"},
+	"controllers/externalsecret": {"apis/v1alpha1", "controllers/apply", "controllers/ledger", "controllers/metrics", "controllers/render",
+		"controllers/statustime", "rotation", "vault"},
+	"controllers/rediscluster": {"apis/v1alpha1", "controllers/apply", "controllers/conditions", "controllers/externalsecret",
+		"controllers/ledger", "controllers/metrics", "controllers/render", "controllers/rollout", "controllers/statustime",
+		"controllers/vaultconnection", "controllers/vaultlease", "rotation", "vault"},
+	"controllers": {"apis/v1alpha1", "controllers/ledger", "controllers/metrics", "controllers/rediscluster", "controllers/vaultconnection", "vault"},
+}
+
+type listed struct {
+	ImportPath string
+	Dir        string
+	GoFiles    []string
+	Imports    []string
+}
+
+// TestImportsGoOneWay: no package imports one of ours that it should not (no cycles, no reaching
+// up), and vault/ and rotation/ import neither controller-runtime nor our API types.
+func TestImportsGoOneWay(t *testing.T) {
+	for _, p := range goList(t) {
+		name := strings.TrimPrefix(p.ImportPath, module)
+		want, ok := allowed[name]
+		if !ok {
+			t.Errorf("package %s is not in the layout (add it to allowed and to docs/development.md)", name)
+			continue
+		}
+		for _, imp := range p.Imports {
+			if (name == "vault" || name == "rotation" || name == "apis/v1alpha1") && strings.HasPrefix(imp, "sigs.k8s.io/controller-runtime/pkg/client") {
+				t.Errorf("%s imports %s: it takes and returns plain values", name, imp)
+			}
+			if !strings.HasPrefix(imp, module) {
+				continue
+			}
+			if dep := strings.TrimPrefix(imp, module); !slices.Contains(want, dep) {
+				t.Errorf("%s imports %s, which it may not", name, dep)
+			}
+		}
+	}
+}
+
+// TestPackagesAndFilesStaySmall: no package of controllers/ over about a thousand lines, no file
+// of ours over about four hundred (tests excepted).
+func TestPackagesAndFilesStaySmall(t *testing.T) {
+	for _, p := range goList(t) {
+		total := 0
+		for _, f := range p.GoFiles {
+			b, err := os.ReadFile(filepath.Join(p.Dir, f))
+			if err != nil {
+				t.Fatal(err)
+			}
+			n := bytes.Count(b, []byte("\n"))
+			total += n
+			if n > 420 && f != "zz_generated.deepcopy.go" && !strings.HasSuffix(f, "_types.go") {
+				t.Errorf("%s/%s has %d lines: is it one job?", strings.TrimPrefix(p.ImportPath, module), f, n)
+			}
+		}
+		if strings.HasPrefix(p.ImportPath, module+"controllers") && total > 1050 {
+			t.Errorf("package %s has %d lines: split it by concern", strings.TrimPrefix(p.ImportPath, module), total)
+		}
+	}
+}
+
+func goList(t *testing.T) []listed {
+	t.Helper()
+	cmd := exec.Command("go", "list", "-json", "../apis/...", "../rotation/...", "../vault", "./...")
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	var pkgs []listed
+	dec := json.NewDecoder(bytes.NewReader(out))
+	for dec.More() {
+		var p listed
+		if err := dec.Decode(&p); err != nil {
+			t.Fatal(err)
+		}
+		pkgs = append(pkgs, p)
+	}
+	if len(pkgs) < 10 {
+		t.Fatalf("go list found %d packages", len(pkgs))
+	}
+	return pkgs
+}
