@@ -44,7 +44,7 @@ vet: ## Run go vet.
 
 .PHONY: lint
 lint: testground ## Run golangci-lint (.golangci.yml: vet, staticcheck, unused, errcheck, goimports, logr checks).
-	$(TESTGROUND_BIN)/golangci-lint run ./...
+	$(TESTGROUND_BIN)/golangci-lint run --allow-parallel-runners ./...
 
 ##@ Test
 

@@ -128,14 +128,24 @@ func (r *Source) settling(rc *v1alpha1.RedisCluster) time.Duration {
 
 // ensureExternalSecret creates or repairs the ExternalSecret and returns it as the API has it.
 func (r *Source) ensureExternalSecret(ctx context.Context, cl *ledger.Cluster) (*esv1.ExternalSecret, error) {
-	es := &esv1.ExternalSecret{}
-	err := apply.Ensure(ctx, r.Client, r.APIReader, cl.RC, render.ExternalSecret(cl.RC), es, apply.SameExternalSecret, apply.UpdateExternalSecret)
+	desired := render.ExternalSecret(cl.RC)
+	err := apply.Owned(ctx, r.Client, r.APIReader, cl.RC, desired)
 	var conflict *apply.ConflictError
 	if errors.As(err, &conflict) {
 		cl.NotReady(v1alpha1.ReasonSecretConflict, v1alpha1.EventSecretConflict, "WriteExternalSecret", err.Error(), true)
 		return nil, nil
 	}
-	return es, err
+	if err != nil {
+		return nil, err
+	}
+	es := &esv1.ExternalSecret{}
+	if err := r.Client.Get(ctx, client.ObjectKeyFromObject(desired), es); err != nil {
+		if !apierrors.IsNotFound(err) {
+			return nil, err
+		}
+		return desired, nil // created a moment ago: the cache has not seen it yet
+	}
+	return es, nil
 }
 
 // syncedSecret reads the credentials Secret ESO writes; nil while it does not exist.

@@ -8,7 +8,6 @@ import (
 
 	"github.com/keyroll/keyroll/controllers/render"
 
-	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -25,19 +24,19 @@ func (r *deps) reconcileObjects(ctx context.Context, s *scope, cred *render.Cred
 			if rc.Spec.Credentials.Source == v1alpha1.SourceExternalSecret {
 				return nil // External Secrets Operator writes it
 			}
-			return apply.Ensure(ctx, r.Client, r.APIReader, rc, render.CredentialsSecret(rc, cred.Username, cred.Password, cred.Version), &corev1.Secret{}, apply.SameSecret, apply.UpdateSecret)
+			return apply.Owned(ctx, r.Client, r.APIReader, rc, render.CredentialsSecret(rc, cred.Username, cred.Password, cred.Version))
 		},
 		func() error {
-			return apply.Ensure(ctx, r.Client, r.APIReader, rc, render.ConfigMap(rc), &corev1.ConfigMap{}, apply.SameConfigMap, apply.UpdateConfigMap)
+			return apply.Owned(ctx, r.Client, r.APIReader, rc, render.ConfigMap(rc))
 		},
 		func() error {
-			return apply.Ensure(ctx, r.Client, r.APIReader, rc, render.HeadlessService(rc), &corev1.Service{}, apply.SameService, apply.UpdateService)
+			return apply.Owned(ctx, r.Client, r.APIReader, rc, render.HeadlessService(rc))
 		},
 		func() error {
-			return apply.Ensure(ctx, r.Client, r.APIReader, rc, render.ClientService(rc), &corev1.Service{}, apply.SameService, apply.UpdateService)
+			return apply.Owned(ctx, r.Client, r.APIReader, rc, render.ClientService(rc))
 		},
 		func() error {
-			return apply.Ensure(ctx, r.Client, r.APIReader, rc, render.StatefulSet(rc, cred.Version), &appsv1.StatefulSet{}, apply.SameStatefulSet, apply.UpdateStatefulSet)
+			return apply.Owned(ctx, r.Client, r.APIReader, rc, render.StatefulSet(rc, cred.Version))
 		},
 	}
 	for _, step := range steps {
@@ -70,5 +69,5 @@ func (r *deps) ensureACLSecret(ctx context.Context, rc *v1alpha1.RedisCluster, c
 	if err != nil {
 		return err
 	}
-	return apply.Ensure(ctx, r.Client, r.APIReader, rc, render.ACLSecret(rc, aclFile, reload), &corev1.Secret{}, apply.SameSecret, apply.UpdateSecret)
+	return apply.Owned(ctx, r.Client, r.APIReader, rc, render.ACLSecret(rc, aclFile, reload))
 }

@@ -62,7 +62,7 @@ func newHarness(t *testing.T, objs ...client.Object) *harness {
 		Address: "https://vault.example:8200", AllowedNamespaces: []string{"*"},
 		Auth: v1alpha1.VaultAuth{Kubernetes: &v1alpha1.KubernetesAuth{Mount: "kubernetes", Role: "keyroll", Audiences: []string{"vault"}}},
 	}}
-	k8s := fake.NewClientBuilder().WithScheme(s).WithObjects(append(objs, vc)...).
+	k8s := fake.NewClientBuilder().WithScheme(s).WithObjects(append(objs, vc)...).WithReturnManagedFields().
 		WithStatusSubresource(&v1alpha1.RedisCluster{}, &v1alpha1.VaultConnection{}).
 		WithIndex(&v1alpha1.RedisCluster{}, vaultconnection.ClusterIndex, func(o client.Object) []string {
 			return o.(*v1alpha1.RedisCluster).VaultConnections()

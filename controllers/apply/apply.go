@@ -1,0 +1,172 @@
+package apply
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"reflect"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/util/managedfields"
+	appsv1ac "k8s.io/client-go/applyconfigurations/apps/v1"
+	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/structured-merge-diff/v6/typed"
+
+	"github.com/keyroll/keyroll/apis/v1alpha1"
+)
+
+// FieldOwner is the field manager of keyroll's server-side applies.
+const FieldOwner = "keyroll"
+
+// Owned writes desired, an object the RedisCluster owns, by server-side apply as FieldOwner:
+// the API server merges the fields keyroll sets and leaves the rest (defaults, other managers'
+// fields) alone, and fields someone else changed are taken back. It makes no request when the
+// fields keyroll owns in the cached object already hold desired's values, so that a steady state
+// writes nothing. An object of that name that the RedisCluster does not control is refused with a
+// ConflictError; rd reads past the cache, which holds keyroll's own objects only.
+func Owned(ctx context.Context, c client.Client, rd client.Reader, owner *v1alpha1.RedisCluster, desired client.Object) error {
+	gvk, err := apiutil.GVKForObject(desired, c.Scheme())
+	if err != nil {
+		return err
+	}
+	desired.GetObjectKind().SetGroupVersionKind(gvk)
+	if err := controllerutil.SetControllerReference(owner, desired, c.Scheme()); err != nil {
+		return err
+	}
+	key := client.ObjectKeyFromObject(desired)
+	current, err := c.Scheme().New(gvk)
+	if err != nil {
+		return err
+	}
+	cur := current.(client.Object)
+	err = c.Get(ctx, key, cur)
+	if apierrors.IsNotFound(err) {
+		err = rd.Get(ctx, key, cur)
+	}
+	switch {
+	case apierrors.IsNotFound(err):
+	case err != nil:
+		return fmt.Errorf("reading %s %s: %w", gvk.Kind, key.Name, err)
+	case !OwnedBy(cur, owner):
+		return &ConflictError{Kind: gvk.Kind, Name: key.Name}
+	default:
+		if same, err := applied(cur, desired); err != nil || same {
+			return err
+		}
+	}
+	if err := c.Patch(ctx, desired, client.Apply, client.FieldOwner(FieldOwner), client.ForceOwnership); err != nil {
+		return fmt.Errorf("applying %s %s: %w", gvk.Kind, key.Name, err)
+	}
+	return nil
+}
+
+// applied says whether the fields FieldOwner owns in current hold exactly what desired sets.
+func applied(current, desired client.Object) (bool, error) {
+	have, err := ownedFields(current)
+	if err != nil || have == nil {
+		return false, err
+	}
+	want, err := asMap(desired)
+	if err != nil {
+		return false, err
+	}
+	return reflect.DeepEqual(comparable(have), comparable(want)), nil
+}
+
+// ownedFields are the fields of obj that FieldOwner owns, with their values, as JSON would have
+// them; nil when it owns none (the object was not written by server-side apply).
+func ownedFields(obj client.Object) (map[string]any, error) {
+	gvk := obj.GetObjectKind().GroupVersionKind()
+	var ac any
+	var err error
+	switch o := obj.(type) {
+	case *corev1.Secret:
+		ac, err = corev1ac.ExtractSecret(o, FieldOwner)
+	case *corev1.ConfigMap:
+		ac, err = corev1ac.ExtractConfigMap(o, FieldOwner)
+	case *corev1.Service:
+		ac, err = corev1ac.ExtractService(o, FieldOwner)
+	case *appsv1.StatefulSet:
+		ac, err = appsv1ac.ExtractStatefulSet(o, FieldOwner)
+	default: // a custom resource (ExternalSecret): its schema is not compiled in, so deduce it
+		m := map[string]any{}
+		err = managedfields.ExtractInto(obj, typed.DeducedParseableType, FieldOwner, &m, "")
+		ac = m
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading the fields %s owns in %s %s: %w", FieldOwner, gvk.Kind, obj.GetName(), err)
+	}
+	m, err := asMap(ac)
+	if err != nil {
+		return nil, err
+	}
+	if md, _ := m["metadata"].(map[string]any); len(m) <= 3 && len(md) <= 2 {
+		return nil, nil // apiVersion, kind, name and namespace only: nothing owned
+	}
+	return m, nil
+}
+
+// asMap is v as JSON would have it.
+func asMap(v any) (map[string]any, error) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return nil, err
+	}
+	m := map[string]any{}
+	return m, json.Unmarshal(b, &m)
+}
+
+// comparable keeps what keyroll sets: no status, no server-kept metadata, no empty values.
+func comparable(m map[string]any) any {
+	delete(m, "status")
+	delete(m, "apiVersion")
+	delete(m, "kind")
+	if md, ok := m["metadata"].(map[string]any); ok {
+		for k := range md {
+			switch k {
+			case "name", "namespace", "labels", "annotations", "ownerReferences":
+			default:
+				delete(md, k)
+			}
+		}
+	}
+	return prune(m)
+}
+
+// prune drops nulls, empty maps and empty lists, at every depth.
+func prune(v any) any {
+	switch t := v.(type) {
+	case map[string]any:
+		for k, e := range t {
+			if p := prune(e); isEmpty(p) {
+				delete(t, k)
+			} else {
+				t[k] = p
+			}
+		}
+		return t
+	case []any:
+		for i := range t {
+			t[i] = prune(t[i])
+		}
+		return t
+	}
+	return v
+}
+
+func isEmpty(v any) bool {
+	switch t := v.(type) {
+	case nil:
+		return true
+	case map[string]any:
+		return len(t) == 0
+	case []any:
+		return len(t) == 0
+	}
+	return false
+}
