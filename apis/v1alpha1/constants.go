@@ -120,4 +120,21 @@ const (
 	EventTokenEnding = "TokenEnding"
 	// EventTokenMaxTTLTooShort: a VaultConnection's tokens end before the leases they create.
 	EventTokenMaxTTLTooShort = "TokenMaxTTLTooShort"
+
+	// Events of a condition's change carry the condition's reason.
+	EventLoggedIn                    = ReasonLoggedIn
+	EventLoginFailed                 = ReasonLoginFailed
+	EventVaultUnavailable            = ReasonVaultUnavailable
+	EventVaultSealed                 = ReasonVaultSealed
+	EventInUse                       = ReasonInUse
+	EventIssueFailed                 = ReasonIssueFailed
+	EventPermissionDenied            = ReasonPermissionDenied
+	EventInvalidSchedule             = ReasonInvalidSchedule
+	EventConsumerMissing             = ReasonConsumerMissing
+	EventConsumerPaused              = ReasonConsumerPaused
+	EventExternalSecretNotReady      = ReasonExternalSecretNotReady
+	EventExternalSecretsNotInstalled = ReasonExternalSecretsNotInstalled
+	EventInvalidCredentialSecret     = ReasonInvalidCredentialSecret
+	EventRefreshIntervalTooLong      = ReasonRefreshIntervalTooLong
+	EventLeaseEndedEarly             = ReasonLeaseEndedEarly
 )

@@ -171,16 +171,16 @@ func (r *Source) syncedSecret(ctx context.Context, rc *v1alpha1.RedisCluster) (*
 // notSynced reports that there is no usable credential from ESO: none yet, or (invalid) a Secret
 // without one. ESO's own reason is added when its Ready condition is False.
 func (r *Source) notSynced(cl *ledger.Cluster, es *esv1.ExternalSecret, problem string, invalid bool) {
-	reason := v1alpha1.ReasonExternalSecretNotReady
+	reason, event := v1alpha1.ReasonExternalSecretNotReady, v1alpha1.EventExternalSecretNotReady
 	if invalid {
-		reason = v1alpha1.ReasonInvalidCredentialSecret
+		reason, event = v1alpha1.ReasonInvalidCredentialSecret, v1alpha1.EventInvalidCredentialSecret
 	}
 	warn := invalid
 	if c := esReady(es); c != nil && c.Status == corev1.ConditionFalse {
 		problem = fmt.Sprintf("%s; ExternalSecret %s is not Ready (%s): %s", problem, es.Name, c.Reason, c.Message)
 		warn = true
 	}
-	cl.NotReady(reason, reason, "Sync", problem, warn)
+	cl.NotReady(reason, event, "Sync", problem, warn)
 }
 
 func esReady(es *esv1.ExternalSecret) *esv1.ExternalSecretStatusCondition {
@@ -251,7 +251,7 @@ func (r *Source) reportSynced(cl *ledger.Cluster, es *esv1.ExternalSecret, sc *r
 		msg := fmt.Sprintf("externalSecret.refreshInterval (%s) is not shorter than the credential's lifetime (%s): External Secrets Operator will leave an expired credential in place",
 			interval.Duration, lifetime)
 		if cl.Conds.Set(v1alpha1.ConditionSourceHealthy, metav1.ConditionFalse, v1alpha1.ReasonRefreshIntervalTooLong, msg) {
-			cl.Conds.Event(true, v1alpha1.ReasonRefreshIntervalTooLong, "Adopt", "%s", msg)
+			cl.Conds.Event(true, v1alpha1.EventRefreshIntervalTooLong, "Adopt", "%s", msg)
 		}
 		return
 	}
@@ -261,7 +261,7 @@ func (r *Source) reportSynced(cl *ledger.Cluster, es *esv1.ExternalSecret, sc *r
 	if c := esReady(es); c != nil && c.Status == corev1.ConditionFalse {
 		msg := fmt.Sprintf("ExternalSecret %s is not Ready (%s): %s", es.Name, c.Reason, c.Message)
 		if cl.Conds.Set(v1alpha1.ConditionSourceHealthy, metav1.ConditionFalse, v1alpha1.ReasonExternalSecretNotReady, msg) {
-			cl.Conds.Event(true, v1alpha1.ReasonExternalSecretNotReady, "Sync", "%s", msg)
+			cl.Conds.Event(true, v1alpha1.EventExternalSecretNotReady, "Sync", "%s", msg)
 		}
 		return
 	}
@@ -337,7 +337,7 @@ func (r *Source) endedEarly(cl *ledger.Cluster, tracked bool) bool {
 	msg := fmt.Sprintf("A lease External Secrets Operator obtained was gone from Vault %s after it was issued, before its expiry: most likely External Secrets Operator's own Vault token ended, and Vault revoked the lease with it (keyroll cannot keep that token alive; it replaced the credential as soon as it noticed, within --lease-check-interval). Give External Secrets Operator's auth role a token TTL well above externalSecret.refreshInterval (%s), so that each credential is refreshed before its token ends",
 		c.LeaseEndedEarlyAfter.Duration, durationOr(cl.RC.Spec.Credentials.ExternalSecret.RefreshInterval))
 	if cl.Conds.Set(v1alpha1.ConditionSourceHealthy, metav1.ConditionFalse, v1alpha1.ReasonLeaseEndedEarly, msg) {
-		cl.Conds.Event(true, v1alpha1.ReasonLeaseEndedEarly, "Adopt", "%s", msg)
+		cl.Conds.Event(true, v1alpha1.EventLeaseEndedEarly, "Adopt", "%s", msg)
 	}
 	return true
 }

@@ -178,7 +178,7 @@ func (r *Reconciler) readyReplicas(ctx context.Context, s *scope) {
 // externalSecretsMissing reports that ExternalSecret mode cannot work in this operator.
 func (r *Reconciler) externalSecretsMissing(s *scope) {
 	msg := "credentials.source is ExternalSecret, but External Secrets Operator's API (external-secrets.io/v1 ExternalSecret) was not installed when keyroll started: install External Secrets Operator, then restart keyroll"
-	s.NotReady(v1alpha1.ReasonExternalSecretsNotInstalled, v1alpha1.ReasonExternalSecretsNotInstalled, "Sync", msg, true)
+	s.NotReady(v1alpha1.ReasonExternalSecretsNotInstalled, v1alpha1.EventExternalSecretsNotInstalled, "Sync", msg, true)
 }
 
 // writeStatus sums the conditions up (Ready, Degraded), derives the phase and writes the status if
@@ -229,6 +229,6 @@ func (r *deps) parseRotation(s *scope) {
 	}
 	s.Schedule, s.Window = nil, nil
 	if s.Conds.Set(v1alpha1.ConditionScheduleValid, metav1.ConditionFalse, v1alpha1.ReasonInvalidSchedule, "spec.rotation: "+err.Error()) {
-		s.Conds.Event(true, v1alpha1.ReasonInvalidSchedule, "Schedule", "spec.rotation: %v", err)
+		s.Conds.Event(true, v1alpha1.EventInvalidSchedule, "Schedule", "spec.rotation: %v", err)
 	}
 }

@@ -134,21 +134,21 @@ func (r *Reconciler) check(ctx context.Context, vc *v1alpha1.VaultConnection, ne
 		held, err = r.observe(ctx, vc, vcl, needs)
 	}
 	if err != nil {
-		reason := v1alpha1.ReasonLoginFailed
+		reason, event := v1alpha1.ReasonLoginFailed, v1alpha1.EventLoginFailed
 		if vault.IsUnavailable(err) {
-			reason = v1alpha1.ReasonVaultUnavailable
+			reason, event = v1alpha1.ReasonVaultUnavailable, v1alpha1.EventVaultUnavailable
 		}
 		if vault.IsSealed(err) || (vc.Status.Sealed != nil && *vc.Status.Sealed) {
-			reason = v1alpha1.ReasonVaultSealed
+			reason, event = v1alpha1.ReasonVaultSealed, v1alpha1.EventVaultSealed
 		}
 		if conds.Set(v1alpha1.ConditionReady, metav1.ConditionFalse, reason, err.Error()) {
-			conds.Event(true, reason, "Login", "Vault connection not ready: %v", err)
+			conds.Event(true, event, "Login", "Vault connection not ready: %v", err)
 		}
 		log.FromContext(ctx).V(1).Info("Vault connection not ready", "reason", reason, "error", err.Error())
 		return ctrl.Result{RequeueAfter: retryWait(held, r.Clock.Now())}, nil
 	}
 	if conds.Set(v1alpha1.ConditionReady, metav1.ConditionTrue, v1alpha1.ReasonLoggedIn, "Logged in to Vault "+vc.Status.VaultVersion) {
-		conds.Event(false, v1alpha1.ReasonLoggedIn, "Login", "Logged in to Vault %s", vc.Status.VaultVersion)
+		conds.Event(false, v1alpha1.EventLoggedIn, "Login", "Logged in to Vault %s", vc.Status.VaultVersion)
 	}
 	r.reportTokenLifetime(vc, conds, vcl.TokenInfo(), held, needs)
 	vc.Status.ObservedGeneration = vc.Generation
@@ -267,7 +267,7 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, vc *v1alpha1.VaultConn
 		msg := fmt.Sprintf("VaultConnection is used by %d RedisCluster(s) (%s): it is deleted once none uses it or holds a lease obtained through it",
 			len(users), listSome(users, 10))
 		if conds.Set(v1alpha1.ConditionDeletionBlocked, metav1.ConditionTrue, v1alpha1.ReasonInUse, msg) {
-			conds.Event(true, v1alpha1.ReasonInUse, "Delete", "%s", msg)
+			conds.Event(true, v1alpha1.EventInUse, "Delete", "%s", msg)
 		}
 		return ctrl.Result{RequeueAfter: min(res.RequeueAfter, deletionRecheck)}, nil
 	}

@@ -109,28 +109,6 @@ func (r *Source) tokenEnding(cl *ledger.Cluster, d rotation.Decision) {
 		c.LeaseID, statustime.Of(c.TokenEndsAt).UTC().Format(time.RFC3339))
 }
 
-// parseRotation parses the rotation schedule and window once per reconcile. An invalid one is
-// reported (Degraded, InvalidSchedule) and ignored, so that renewals go on; the report is
-// withdrawn once the spec is fixed.
-func (r *Source) parseRotation(cl *ledger.Cluster) {
-	spec := cl.RC.Spec.Rotation
-	var err error
-	if spec.Schedule != "" {
-		cl.Schedule, err = rotation.ParseSchedule(spec.Schedule)
-	}
-	if w := spec.MaintenanceWindow; err == nil && w != nil {
-		cl.Window, err = rotation.ParseWindow(w.Start, w.Duration.Duration, w.TimeZone)
-	}
-	if err == nil {
-		cl.Conds.Set(v1alpha1.ConditionScheduleValid, metav1.ConditionTrue, v1alpha1.ReasonAvailable, "spec.rotation is valid")
-		return
-	}
-	cl.Schedule, cl.Window = nil, nil
-	if cl.Conds.Set(v1alpha1.ConditionScheduleValid, metav1.ConditionFalse, v1alpha1.ReasonInvalidSchedule, "spec.rotation: "+err.Error()) {
-		cl.Conds.Event(true, v1alpha1.ReasonInvalidSchedule, "Schedule", "spec.rotation: %v", err)
-	}
-}
-
 // currentCredential reads the credential of status.credential from the credentials Secret. It
 // returns nil when the Secret does not hold that credential (then a new one is issued).
 func (r *Source) currentCredential(ctx context.Context, rc *v1alpha1.RedisCluster) (*render.Credential, error) {
@@ -230,12 +208,12 @@ func (r *Source) recordLease(cl *ledger.Cluster, lease *vault.Lease, cred *rende
 // issueFailed reports a failed issue; a denied or invalid request waits for a human, anything
 // else is retried with backoff.
 func (r *Source) issueFailed(cl *ledger.Cluster, err error) error {
-	reason := v1alpha1.ReasonIssueFailed
+	reason, event := v1alpha1.ReasonIssueFailed, v1alpha1.EventIssueFailed
 	switch {
 	case vault.IsPermissionDenied(err):
-		reason = v1alpha1.ReasonPermissionDenied
+		reason, event = v1alpha1.ReasonPermissionDenied, v1alpha1.EventPermissionDenied
 	case vault.IsUnavailable(err):
-		reason = v1alpha1.ReasonVaultUnavailable
+		reason, event = v1alpha1.ReasonVaultUnavailable, v1alpha1.EventVaultUnavailable
 	}
 	msg := fmt.Sprintf("issuing a credential from %s: %v", cl.RC.Spec.Credentials.VaultLease.Path, err)
 	refused := vault.IsPermissionDenied(err) || vault.IsBadRequest(err) || vault.IsNotFound(err)
@@ -243,7 +221,7 @@ func (r *Source) issueFailed(cl *ledger.Cluster, err error) error {
 		// Waits for a fix in Vault, which no event here announces: tried again after a while.
 		msg += fmt.Sprintf("; tried again in %s, or at once when the RedisCluster or its VaultConnection changes", RefusedRetry)
 	}
-	cl.NotReady(reason, reason, "Issue", msg, true)
+	cl.NotReady(reason, event, "Issue", msg, true)
 	if refused {
 		return &retryLater{after: RefusedRetry}
 	}
