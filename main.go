@@ -90,7 +90,7 @@ func run(ctx context.Context, o managerOptions) error {
 		RenewDeadline:                 &o.renewDeadline,
 		RetryPeriod:                   &o.retryPeriod,
 		// Only Secrets that keyroll labels are cached: never every Secret of the cluster.
-		Cache: controllers.CacheOptions(),
+		Cache: controllers.CacheOptions(cfg),
 	})
 	if err != nil {
 		return err

@@ -24,7 +24,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -52,15 +54,38 @@ type Options struct {
 // CacheOptions are the manager's cache settings: of Secrets, ConfigMaps, Services, StatefulSets and
 // ExternalSecrets only those keyroll labels, of pods only the Redis pods; never every object of
 // the cluster. (Consumer workloads are watched by their metadata only.)
-func CacheOptions() cache.Options {
+func CacheOptions(cfg *rest.Config) cache.Options {
 	managed := cache.ByObject{Label: labels.SelectorFromSet(labels.Set{v1alpha1.LabelManagedBy: v1alpha1.ManagedByValue})}
 	redisPods, _ := labels.Parse(v1alpha1.LabelCluster)
-	return cache.Options{ByObject: map[client.Object]cache.ByObject{
+	opts := cache.Options{ByObject: map[client.Object]cache.ByObject{
 		&corev1.Secret{}: managed, &corev1.ConfigMap{}: managed, &corev1.Service{}: managed,
-		&appsv1.StatefulSet{}: managed, &esv1.ExternalSecret{}: managed,
+		&appsv1.StatefulSet{}: managed,
 		// Only the Redis pods keyroll restarts, not every pod of the cluster.
 		&corev1.Pod{}: {Label: redisPods},
 	}}
+	if ExternalSecretsServed(cfg) { // a cache setting for a kind the API server does not serve fails
+		opts.ByObject[&esv1.ExternalSecret{}] = managed
+	}
+	return opts
+}
+
+// ExternalSecretsServed says whether the API server serves External Secrets Operator's
+// external-secrets.io/v1 ExternalSecrets.
+func ExternalSecretsServed(cfg *rest.Config) bool {
+	dc, err := discovery.NewDiscoveryClientForConfig(cfg)
+	if err != nil {
+		return false
+	}
+	list, err := dc.ServerResourcesForGroupVersion(esv1.SchemeGroupVersion.String())
+	if err != nil {
+		return false
+	}
+	for _, r := range list.APIResources {
+		if r.Kind == esv1.ExtSecretKind {
+			return true
+		}
+	}
+	return false
 }
 
 // DefaultLeaseCheckInterval is how often a live lease is looked up in Vault besides its renewals.

@@ -5,6 +5,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"reflect"
+	"strings"
+
+	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -55,9 +58,11 @@ func Owned(ctx context.Context, c client.Client, rd client.Reader, owner *v1alph
 	case !OwnedBy(cur, owner):
 		return &ConflictError{Kind: gvk.Kind, Name: key.Name}
 	default:
-		if same, err := applied(cur, desired); err != nil || same {
+		same, diff, err := applied(cur, desired)
+		if err != nil || same {
 			return err
 		}
+		log.FromContext(ctx).V(1).Info("Applying an owned object whose fields differ", "kind", gvk.Kind, "object", key.Name, "fields", diff)
 	}
 	if err := c.Patch(ctx, desired, client.Apply, client.FieldOwner(FieldOwner), client.ForceOwnership); err != nil {
 		return fmt.Errorf("applying %s %s: %w", gvk.Kind, key.Name, err)
@@ -65,17 +70,44 @@ func Owned(ctx context.Context, c client.Client, rd client.Reader, owner *v1alph
 	return nil
 }
 
-// applied says whether the fields FieldOwner owns in current hold exactly what desired sets.
-func applied(current, desired client.Object) (bool, error) {
+// applied says whether the fields FieldOwner owns in current hold exactly what desired sets; if
+// not, diff names the top fields that differ (never their values: they may be secret).
+func applied(current, desired client.Object) (same bool, diff []string, err error) {
 	have, err := ownedFields(current)
 	if err != nil || have == nil {
-		return false, err
+		return false, []string{"(none owned yet)"}, err
 	}
 	want, err := asMap(desired)
 	if err != nil {
-		return false, err
+		return false, nil, err
 	}
-	return reflect.DeepEqual(comparable(have), comparable(want)), nil
+	h, w := comparable(have), comparable(want)
+	if reflect.DeepEqual(h, w) {
+		return true, nil, nil
+	}
+	return false, differing("", h, w), nil
+}
+
+// differing lists the paths, two levels deep at most, where a and b differ.
+func differing(path string, a, b any) []string {
+	am, aok := a.(map[string]any)
+	bm, bok := b.(map[string]any)
+	if !aok || !bok || strings.Count(path, ".") >= 4 {
+		if reflect.DeepEqual(a, b) {
+			return nil
+		}
+		return []string{path}
+	}
+	var out []string
+	for k := range am {
+		out = append(out, differing(path+"."+k, am[k], bm[k])...)
+	}
+	for k := range bm {
+		if _, ok := am[k]; !ok {
+			out = append(out, path+"."+k)
+		}
+	}
+	return out
 }
 
 // ownedFields are the fields of obj that FieldOwner owns, with their values, as JSON would have

@@ -219,8 +219,27 @@ func (r *Source) requestRefresh(ctx context.Context, cl *ledger.Cluster, d rotat
 	}
 	cl.Conds.Event(false, v1alpha1.EventRefreshRequested, "Rotate", "Asked External Secrets Operator for a new credential (%s)", d.Reason)
 	log.FromContext(ctx).Info("New credential requested from External Secrets Operator", "reason", string(d.Reason))
-	_, err := r.ensureExternalSecret(ctx, cl)
-	return err
+	return r.askForRefresh(ctx, rc, now.Time)
+}
+
+// askForRefresh puts the time of a refresh request on the ExternalSecret (annotation
+// keyroll.dev/refresh-requested): a new value makes External Secrets Operator refresh at once. It
+// is a merge patch of its own, not part of the applied spec, so that the annotation stays when
+// the request has been answered.
+func (r *Source) askForRefresh(ctx context.Context, rc *v1alpha1.RedisCluster, at time.Time) error {
+	es := &esv1.ExternalSecret{}
+	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: rc.Namespace, Name: render.ExternalSecretName(rc)}, es); err != nil {
+		return fmt.Errorf("reading ExternalSecret %s: %w", render.ExternalSecretName(rc), err)
+	}
+	patch := client.MergeFrom(es.DeepCopy())
+	if es.Annotations == nil {
+		es.Annotations = map[string]string{}
+	}
+	es.Annotations[v1alpha1.AnnotationRefreshRequested] = at.UTC().Format(time.RFC3339)
+	if err := r.Client.Patch(ctx, es, patch); err != nil {
+		return fmt.Errorf("asking ExternalSecret %s for a refresh: %w", es.Name, err)
+	}
+	return nil
 }
 
 // reportSynced sets CredentialsReady for a synced credential, says whether its lease is tracked,

@@ -69,9 +69,6 @@ func ExternalSecret(rc *v1alpha1.RedisCluster) *esv1.ExternalSecret {
 		from.Extract = &esv1.ExternalSecretDataRemoteRef{Key: src.RemoteKey}
 	}
 	es.Spec.DataFrom = []esv1.ExternalSecretDataFromRemoteRef{from}
-	if c := rc.Status.Credential; c != nil && c.RefreshRequestedAt != nil {
-		es.Annotations = map[string]string{v1alpha1.AnnotationRefreshRequested: c.RefreshRequestedAt.UTC().Format(time.RFC3339)}
-	}
 	return es
 }
 

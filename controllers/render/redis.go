@@ -261,7 +261,7 @@ func redisContainer(rc *v1alpha1.RedisCluster) corev1.Container {
 		Image:     rc.Spec.Image + ":" + rc.Spec.Version,
 		Command:   []string{"sh", configMountDir + "/start.sh"},
 		Ports:     []corev1.ContainerPort{{Name: "redis", ContainerPort: redisPort, Protocol: corev1.ProtocolTCP}},
-		Env:       []corev1.EnvVar{{Name: "POD_NAME", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.name"}}}},
+		Env:       []corev1.EnvVar{{Name: "POD_NAME", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{APIVersion: "v1", FieldPath: "metadata.name"}}}}, // apiVersion as the API server defaults it: the selector is applied whole
 		Resources: rc.Spec.Resources,
 		// Every probe field the API server would default is set, so that comparing with the stored
 		// StatefulSet finds no change where there is none.
