@@ -31,9 +31,7 @@ func TestConfigKey(t *testing.T) {
 		"rate limit":                    {change: func(c *Config) { c.RateLimit = RateLimit{QPS: 1, Burst: 1} }},
 		"timeout":                       {change: func(c *Config) { c.Timeout = time.Minute }},
 		"auth method":                   {change: func(c *Config) { c.Auth = Auth{Kubernetes: &KubernetesAuth{Role: "role", JWT: jwt}} }},
-		"kubernetes audiences": {change: func(c *Config) {
-			c.Auth = Auth{Kubernetes: &KubernetesAuth{Role: "role", JWT: jwt, Audiences: []string{"vault-2"}}}
-		}},
+
 		"token": {change: func(c *Config) { c.Auth = Auth{Token: &TokenAuth{Token: "secret-1"}} }},
 	}
 	for name, tc := range cases {
@@ -47,6 +45,28 @@ func TestConfigKey(t *testing.T) {
 	}
 	if k := base().Key(); len(k) != 64 {
 		t.Errorf("key %q is not a sha256 hex digest", k)
+	}
+}
+
+// Defect: the audiences and lifetime of the service-account token were not part of the key, so
+// editing them changed nothing.
+func TestConfigKeyCoversTheKubernetesTokenRequest(t *testing.T) {
+	jwt := func(context.Context) (string, error) { return "", nil }
+	k := func(mutate func(*KubernetesAuth)) string {
+		a := &KubernetesAuth{Role: "keyroll", JWT: jwt, Audiences: []string{"vault"}, TokenExpiration: 10 * time.Minute}
+		if mutate != nil {
+			mutate(a)
+		}
+		return Config{Address: "https://vault:8200", Auth: Auth{Kubernetes: a}}.Key()
+	}
+	if k(nil) != k(nil) {
+		t.Fatal("the same settings give different keys")
+	}
+	if k(nil) == k(func(a *KubernetesAuth) { a.Audiences = []string{"vault-2"} }) {
+		t.Error("other audiences give the same key")
+	}
+	if k(nil) == k(func(a *KubernetesAuth) { a.TokenExpiration = time.Hour }) {
+		t.Error("another token lifetime gives the same key")
 	}
 }
 

@@ -6,6 +6,7 @@ package docs
 import (
 	"context"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -229,4 +230,58 @@ func secretPassword(t *testing.T, k8s client.Client, ctx context.Context) string
 		t.Fatalf("reading the credentials Secret: %v", err)
 	}
 	return string(s.Data["password"])
+}
+
+// TestREADMEFlagDefaultsAreTheBinarys: the defaults in the README's table of manager flags are
+// those of the binary: its --help for every flag that shows one, and for --zap-encoder, which
+// shows none, the encoding of the lines it logs by default.
+func TestREADMEFlagDefaultsAreTheBinarys(t *testing.T) {
+	bin := filepath.Join(t.TempDir(), "keyroll")
+	if out, err := exec.Command("go", "build", "-o", bin, filepath.Join(root)).CombinedOutput(); err != nil {
+		t.Fatalf("building the manager: %v\n%s", err, out)
+	}
+	help, _ := exec.Command(bin, "--help").CombinedOutput()
+	defaults := map[string]string{}
+	lines := strings.Split(string(help), "\n")
+	for i, l := range lines {
+		if m := regexp.MustCompile(`^\s+-([a-z-]+)\b`).FindStringSubmatch(l); m != nil && i+1 < len(lines) {
+			if d := regexp.MustCompile(`\(default "?([^")]*)"?\)`).FindStringSubmatch(lines[i+1]); d != nil {
+				defaults[m[1]] = d[1]
+			}
+		}
+	}
+	readme, err := os.ReadFile(filepath.Join(root, "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows := regexp.MustCompile("(?m)^\\| `--([a-z-]+)`[^|]*\\| `([^`]*)`").FindAllStringSubmatch(string(readme), -1)
+	if len(rows) < 8 {
+		t.Fatalf("found %d flag rows in the README", len(rows))
+	}
+	for _, r := range rows {
+		flag, documented := r[1], r[2]
+		switch got, ok := defaults[flag]; {
+		case flag == "zap-encoder":
+			cmd := exec.Command(bin, "--metrics-bind-address=0")
+			cmd.Env = []string{"HOME=" + t.TempDir()} // no kubeconfig: it logs the error and stops
+			out, _ := cmd.CombinedOutput()
+			encoding := "console"
+			if strings.HasPrefix(strings.TrimSpace(string(out)), "{") {
+				encoding = "json"
+			}
+			if documented != encoding {
+				t.Errorf("README says --zap-encoder defaults to %q; the manager logs %s by default:\n%.300s", documented, encoding, out)
+			}
+		case !ok:
+			t.Errorf("README documents --%s with default %q; --help shows no default for it", flag, documented)
+		case got != documented && !sameDuration(got, documented):
+			t.Errorf("README says --%s defaults to %q; --help says %q", flag, documented, got)
+		}
+	}
+}
+
+func sameDuration(a, b string) bool {
+	da, errA := time.ParseDuration(a)
+	db, errB := time.ParseDuration(b)
+	return errA == nil && errB == nil && da == db
 }
