@@ -59,7 +59,7 @@ func TestConfigKeyCoversTheKubernetesTokenRequest(t *testing.T) {
 		}
 		return Config{Address: "https://vault:8200", Auth: Auth{Kubernetes: a}}.Key()
 	}
-	if k(nil) != k(nil) {
+	if first, again := k(nil), k(nil); first != again {
 		t.Fatal("the same settings give different keys")
 	}
 	if k(nil) == k(func(a *KubernetesAuth) { a.Audiences = []string{"vault-2"} }) {
