@@ -273,7 +273,7 @@ func writePasswd(rootfs, user string) error {
 
 // sharedLibraries lists the files ldd says a binary loads, the loader included.
 func sharedLibraries(bin string) ([]string, error) {
-	out, err := exec.Command("ldd", bin).Output()
+	out, err := exec.Command("ldd", bin).CombinedOutput()
 	if err != nil {
 		if strings.Contains(string(out), "not a dynamic executable") {
 			return nil, nil

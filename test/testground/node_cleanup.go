@@ -395,6 +395,9 @@ func runJanitor() int {
 		fmt.Fprintf(os.Stderr, "testground janitor: %v\n", err)
 		return 1
 	}
+	if os.Getenv("KEYROLL_KEEP_TESTGROUND") == "" {
+		_ = os.RemoveAll(s.Dir)
+	}
 	return 0
 }
 

@@ -108,6 +108,10 @@ func (n *Node) ImportImage(archive string) error {
 	return nil
 }
 
+// KubeletSyncFrequency is how often the kubelet syncs each pod, and so refreshes its Secret and
+// ConfigMap volumes (the default, a minute, is too long for tests).
+const KubeletSyncFrequency = 10 * time.Second
+
 // startKubelet starts the kubelet with a configuration that works on this machine (TESTGROUND.md,
 // "A real node") and waits until its Node is Ready.
 func (n *Node) startKubelet(ctx context.Context) error {
@@ -172,7 +176,7 @@ makeIPTablesUtilChains: false
 maxOpenFiles: 20000
 oomScoreAdj: 0
 failSwapOn: false
-syncFrequency: 10s
+syncFrequency: %[9]s
 fileCheckFrequency: 10s
 nodeStatusUpdateFrequency: 5s
 imageGCHighThresholdPercent: 100
@@ -186,7 +190,7 @@ clusterDNS: [%[2]s]
 clusterDomain: %[7]s
 resolvConf: %[8]q
 serializeImagePulls: false
-`, n.ContainerdSocket, n.IP, port, healthzPort, n.kubeletClientCA, filepath.Join(n.Dir, "pod-logs"), ClusterDomain, resolvConf)
+`, n.ContainerdSocket, n.IP, port, healthzPort, n.kubeletClientCA, filepath.Join(n.Dir, "pod-logs"), ClusterDomain, resolvConf, KubeletSyncFrequency)
 }
 
 // startKubeProxy runs kube-proxy in iptables mode for the node: ClusterIP Services route to pods;
