@@ -58,6 +58,33 @@ func loadNodeState() (*nodeState, error) {
 	return s, json.Unmarshal(b, s)
 }
 
+// NodeLeftovers describes what a real node left on the machine: its record, its bridge, its
+// iptables chains, its cgroups, the mounts under its directory (none once it has stopped).
+func NodeLeftovers(nodeDir string) []string {
+	var out []string
+	if _, err := os.Stat(nodeStateFile); err == nil {
+		out = append(out, "the record "+nodeStateFile)
+	}
+	if bridgeExists() {
+		out = append(out, "the bridge "+NodeBridge)
+	}
+	for _, c := range NodeIPTablesChains() {
+		out = append(out, "iptables chain "+c)
+	}
+	for _, c := range cgroupDirs() {
+		out = append(out, "cgroup "+c)
+	}
+	if nodeDir != "" {
+		for _, m := range MountsUnder(nodeDir) {
+			out = append(out, "mount "+m)
+		}
+		for _, pid := range processesNaming(nodeDir) {
+			out = append(out, fmt.Sprintf("process %d", pid))
+		}
+	}
+	return out
+}
+
 // cleanupNode undoes everything a node did: it ends the node's processes (those whose command
 // line names the node's directory, which includes containerd's shims) and every process left in
 // the node's cgroups (the containers), unmounts what is mounted under the directory deepest
