@@ -56,9 +56,10 @@ func TestNodeDNSHasNoForwarderAndPodsResolveOnlyThroughIt(t *testing.T) {
 			t.Errorf("pod with dnsPolicy %s has a default route:\n%s", policy, routes)
 		}
 	}
-	out, _, err := ground.Node.Exec(ctx, "dns", "dns-clusterfirst", "sleeper", "nslookup", "kubernetes.default")
+	name := "kubernetes.default.svc." + testground.ClusterDomain
+	out, _, err := ground.Node.Exec(ctx, "dns", "dns-clusterfirst", "sleeper", "nslookup", name)
 	if err != nil || !strings.Contains(out, testground.KubernetesServiceIP.String()) {
-		t.Errorf("a pod resolves kubernetes.default to:\n%s(%v), want %s", out, err, testground.KubernetesServiceIP)
+		t.Errorf("a pod resolves %s to:\n%s(%v), want %s", name, out, err, testground.KubernetesServiceIP)
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/keyroll/keyroll/test/testground"
@@ -51,17 +52,31 @@ func TestRealNodeRunsRedisWithARealProbe(t *testing.T) {
 		t.Errorf("cache-0.cache-headless resolves to %v (%v), want pod 0's IP %s", ips, err, primaryIP)
 	}
 	for _, replica := range []string{"cache-1", "cache-2"} {
-		info, err := redisCLI(ctx, "probe", replica, "INFO", "replication")
-		if err != nil {
-			t.Fatalf("INFO replication on %s: %v", replica, err)
-		}
-		for _, want := range []string{"role:slave", "master_host:cache-0.cache-headless", "master_link_status:up"} {
-			if !strings.Contains(info, want) {
-				t.Errorf("INFO replication on %s lacks %q:\n%s", replica, want, info)
+		// A replica is Ready once its own Redis knows the credential; its link to the primary
+		// comes up within a few seconds.
+		eventually(t, 30*time.Second, func() string {
+			info, err := redisCLI(ctx, "probe", replica, "INFO", "replication")
+			if err != nil {
+				return fmt.Sprintf("INFO replication on %s: %v", replica, err)
 			}
-		}
+			for _, want := range []string{"role:slave", "master_host:cache-0.cache-headless", "master_link_status:up"} {
+				if !strings.Contains(info, want) {
+					return fmt.Sprintf("INFO replication on %s lacks %q:\n%s\nits log:\n%s", replica, want, info, podLog(ctx, "probe", replica))
+				}
+			}
+			return ""
+		})
 	}
 	checkClientService(t, ctx, user, pass)
+}
+
+// podLog is the end of a pod's log, for failure messages.
+func podLog(ctx context.Context, ns, pod string) string {
+	b, err := cs.CoreV1().Pods(ns).GetLogs(pod, &corev1.PodLogOptions{TailLines: ptr.To[int64](30)}).DoRaw(ctx)
+	if err != nil {
+		return err.Error()
+	}
+	return string(b)
 }
 
 // checkRealPod asserts that a pod runs on the real node, in containerd, and that the kubelet
