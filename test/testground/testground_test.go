@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -155,10 +156,11 @@ type record struct {
 }
 
 func TestEveryProcessStopsWhenATestFails(t *testing.T) {
-	// A failed test runs its cleanups; a panic runs none, and the parent-death signal and the
-	// control plane's watchdog must end the processes all the same.
-	// The second run must also find the machine as the first left it: clean.
-	for _, mode := range []string{"fail", "panic"} {
+	// A failed test runs its cleanups, and so does a panicking one (the testing package runs them
+	// before it re-panics); a killed process runs nothing at all (as when a CI runner kills it), and
+	// the parent-death signal, the control plane's watchdog and the node's janitor must clean up
+	// all the same. Each run must also find the machine as the one before left it: clean.
+	for _, mode := range []string{"fail", "panic", "kill"} {
 		t.Run(mode, func(t *testing.T) {
 			before := machineState()
 			out := filepath.Join(t.TempDir(), "record.json")
@@ -292,8 +294,11 @@ func TestHelperFailsWithEverythingRunning(t *testing.T) {
 	if err := os.WriteFile(out, b, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if mode == "panic" {
+	switch mode {
+	case "panic":
 		panic("panicking on purpose, with every component running")
+	case "kill":
+		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
 	}
 	t.Fatal("failing on purpose, with every component running")
 }
