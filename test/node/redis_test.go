@@ -51,6 +51,7 @@ func TestRealNodeRunsRedisWithARealProbe(t *testing.T) {
 	if err != nil || len(ips) != 1 || ips[0] != primaryIP {
 		t.Errorf("cache-0.cache-headless resolves to %v (%v), want pod 0's IP %s", ips, err, primaryIP)
 	}
+	ready := time.Now()
 	for _, replica := range []string{"cache-1", "cache-2"} {
 		// A replica is Ready once its own Redis knows the credential; its link to the primary
 		// comes up within a few seconds.
@@ -67,6 +68,7 @@ func TestRealNodeRunsRedisWithARealProbe(t *testing.T) {
 			return ""
 		})
 	}
+	t.Logf("both replicas' links to cache-0 up %s after the RedisCluster was Ready", time.Since(ready).Round(time.Millisecond))
 	checkClientService(t, ctx, user, pass)
 }
 
