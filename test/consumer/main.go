@@ -14,6 +14,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -74,7 +75,7 @@ func main() {
 	}
 	go func() { log.Fatal(http.Serve(ln, nil)) }()
 	log.Printf("consumer: SET/GET %s against %s every %s; stats on http://%s/stats", c.key, c.addr, c.interval, ln.Addr())
-	c.loop()
+	c.loop(context.Background())
 }
 
 func (c *consumer) serveStats(w http.ResponseWriter, _ *http.Request) {
@@ -85,10 +86,10 @@ func (c *consumer) serveStats(w http.ResponseWriter, _ *http.Request) {
 	_ = json.NewEncoder(w).Encode(s)
 }
 
-// loop runs SET and GET until the process ends; a failed command closes the connection and the
-// next round connects again.
-func (c *consumer) loop() {
-	for n := 0; ; n++ {
+// loop runs SET and GET until ctx ends; a failed command closes the connection and the next round
+// connects again.
+func (c *consumer) loop(ctx context.Context) {
+	for n := 0; ctx.Err() == nil; n++ {
 		c.reloadCredentials()
 		value := strconv.Itoa(n)
 		c.do("SET", func() error {
@@ -104,6 +105,9 @@ func (c *consumer) loop() {
 		})
 		time.Sleep(c.interval)
 	}
+	c.mu.Lock()
+	c.closeLocked()
+	c.mu.Unlock()
 }
 
 // do runs one command (connecting first when needed) and counts it.
@@ -125,10 +129,17 @@ func (c *consumer) do(op string, f func() error) {
 	c.closeLocked()
 }
 
-// reloadCredentials reads the files; when they changed, the next command connects with them.
+// reloadCredentials reads the files; when they changed, the next command connects with them. A
+// Secret volume swaps all its files at once by pointing ..data at a new directory: both files are
+// read from the directory ..data points at, so that a username is never paired with the password
+// of another credential.
 func (c *consumer) reloadCredentials() {
-	user, err1 := os.ReadFile(filepath.Join(c.dir, "username"))
-	pass, err2 := os.ReadFile(filepath.Join(c.dir, "password"))
+	base := c.dir
+	if snapshot, err := filepath.EvalSymlinks(filepath.Join(c.dir, "..data")); err == nil {
+		base = snapshot
+	}
+	user, err1 := os.ReadFile(filepath.Join(base, "username"))
+	pass, err2 := os.ReadFile(filepath.Join(base, "password"))
 	if err := errors.Join(err1, err2); err != nil {
 		c.mu.Lock()
 		c.stats.LastError = "reading the credential: " + err.Error()

@@ -74,6 +74,7 @@ func PrepareNode(dir string) (n *Node, err error) {
 	defer func() {
 		if err != nil {
 			n.Stop()
+			n = nil
 		}
 	}()
 	if err := cleanStaleNode(); err != nil {
