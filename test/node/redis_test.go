@@ -70,6 +70,31 @@ func TestRealNodeRunsRedisWithARealProbe(t *testing.T) {
 	}
 	t.Logf("both replicas' links to cache-0 up %s after the RedisCluster was Ready", time.Since(ready).Round(time.Millisecond))
 	checkClientService(t, ctx, user, pass)
+	checkConsumer(t, ctx)
+}
+
+// checkConsumer runs the test consumer (ConsumerImage) against the client Service, by its DNS
+// name, with the credentials Secret mounted: it runs commands and none fails.
+func checkConsumer(t *testing.T, ctx context.Context) {
+	t.Helper()
+	pod := testground.ConsumerPod("probe", "consumer", "cache:6379", "cache-credentials")
+	if _, err := cs.CoreV1().Pods("probe").Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, time.Minute, func() string {
+		p, err := cs.CoreV1().Pods("probe").Get(ctx, "consumer", metav1.GetOptions{})
+		if err != nil || p.Status.PodIP == "" {
+			return fmt.Sprintf("consumer pod has no IP yet (%v): %s", err, podSummary("probe"))
+		}
+		s, err := testground.ReadConsumerStats(p.Status.PodIP)
+		if err != nil || s.OK < 20 {
+			return fmt.Sprintf("consumer stats %+v (%v); log:\n%s", s, err, podLog(ctx, "probe", "consumer"))
+		}
+		if s.Failed != 0 {
+			t.Fatalf("the consumer counted failed commands against a healthy cluster: %+v", s)
+		}
+		return ""
+	})
 }
 
 // podLog is the end of a pod's log, for failure messages.
