@@ -97,7 +97,7 @@ func StartControlPlane(dir string, opts ControlPlaneOptions) (*ControlPlane, err
 	if cp.CAFile == "" {
 		cp.CAFile = filepath.Join(dir, "apiserver-ca.crt")
 		if err := os.WriteFile(cp.CAFile, cfg.CAData, 0o644); err != nil {
-			cp.Stop()
+			_ = cp.Stop()
 			return nil, err
 		}
 	}
@@ -150,7 +150,7 @@ func configureForNode(env *envtest.Environment, dir string, n *NodeAPIServer) (s
 	}
 	api := env.ControlPlane.GetAPIServer()
 	api.CertDir = certDir
-	api.SecureServing.CA = ca.CertPEM
+	api.CA = ca.CertPEM
 	api.Configure().
 		Set("service-cluster-ip-range", n.ServiceCIDR).
 		Set("advertise-address", n.AdvertiseIP.String()).
