@@ -42,7 +42,9 @@ func TestMain(m *testing.M) {
 func run(m *testing.M) int {
 	ctrllog.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.UseDevMode(true)))
 	start := time.Now()
-	g, c, stop, err := harness.StartPackage(testground.Options{Node: true, Redis: true, Vault: true},
+	// External Secrets Operator's CRDs: the manager watches ExternalSecrets and does not start
+	// without their API.
+	g, c, stop, err := harness.StartPackage(testground.Options{Node: true, Redis: true, Vault: true, ExternalSecretsCRDs: true},
 		func(ctx context.Context, g *testground.Ground) error { return harness.SetupVault(ctx, g, roles...) })
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
