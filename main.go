@@ -8,6 +8,8 @@ import (
 	"os"
 	"time"
 
+	"github.com/go-logr/logr"
+	uzap "go.uber.org/zap"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
@@ -23,6 +25,7 @@ import (
 	"github.com/keyroll/keyroll/apis/v1alpha1"
 	"github.com/keyroll/keyroll/controllers"
 	"github.com/keyroll/keyroll/controllers/rediscluster"
+	"github.com/keyroll/keyroll/internal/consolelog"
 )
 
 func main() {
@@ -42,7 +45,7 @@ func main() {
 	zapOpts := zap.Options{}
 	zapOpts.BindFlags(flag.CommandLine)
 	flag.Parse()
-	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&zapOpts)))
+	ctrl.SetLogger(newLogger(&zapOpts))
 	log := ctrl.Log.WithName("setup")
 
 	if err := run(ctrl.SetupSignalHandler(), managerOptions{
@@ -55,6 +58,16 @@ func main() {
 		log.Error(err, "Manager stopped with an error")
 		os.Exit(1)
 	}
+}
+
+// newLogger is zap as the flags say; console lines leave out the reconcile context fields
+// (consolelog), JSON lines keep them.
+func newLogger(o *zap.Options) logr.Logger {
+	encoder := flag.Lookup("zap-encoder").Value.String()
+	if encoder == "console" || (encoder == "" && o.Development) {
+		return zap.New(zap.UseFlagOptions(o), zap.RawZapOpts(uzap.WrapCore(consolelog.Short)))
+	}
+	return zap.New(zap.UseFlagOptions(o))
 }
 
 type managerOptions struct {

@@ -1,8 +1,9 @@
 // Command playground runs keyroll on this machine without a cluster: a real kube-apiserver and
-// etcd, kube-controller-manager with kwok (so that pods become Ready), External Secrets Operator's
+// etcd, kube-controller-manager, a real node (containerd, the kubelet, kube-proxy and CoreDNS on a
+// bridge network of its own, so that the Redis pods really run), External Secrets Operator's
 // controller, a Vault dev server with the database secrets engine and Kubernetes auth, and
-// redis-server, all on loopback ports. It applies the CRDs and the samples of deploy/, runs the
-// operator in the foreground, and prints how to watch it work. It writes the admin kubeconfig and
+// redis-server, on loopback ports and the node's bridge. It applies the CRDs and the samples of
+// deploy/, runs the operator in the foreground, and prints how to watch it work. It writes the admin kubeconfig and
 // an environment file (playground.env: KUBECONFIG, VAULT_ADDR, VAULT_TOKEN, and PATH with the
 // test ground's kubectl and vault) beside it. Ctrl-C stops everything it started and removes its
 // files.
@@ -57,8 +58,8 @@ type State struct {
 func run(kubeconfigOut, stateFile string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	say("starting kube-apiserver, etcd, kube-controller-manager, kwok, External Secrets Operator, Vault and Redis on loopback")
-	g, err := testground.Start(testground.Options{Workloads: true, Redis: true, Vault: true, ExternalSecrets: true})
+	say("starting kube-apiserver, etcd, kube-controller-manager, a real node (containerd, kubelet, kube-proxy, CoreDNS), External Secrets Operator, Vault and Redis")
+	g, err := testground.Start(testground.Options{Node: true, Redis: true, Vault: true, ExternalSecrets: true})
 	if err != nil {
 		return err
 	}
@@ -224,6 +225,9 @@ In another terminal, in this directory:
   kubectl get redisclusters -w                     # phase, ready pods, credential expiry, next rotation
   kubectl get rediscluster orders -o yaml          # conditions, the current credential, the lease ledger
   vault lease lookup "$(kubectl get rediscluster orders -o jsonpath='{.status.credential.leaseID}')"
+
+The Redis pods are real; look inside one:
+  kubectl exec orders-1 -- sh -c 'REDISCLI_AUTH="$(cat /etc/keyroll/credentials/password)" redis-cli --no-auth-warning --user "$(cat /etc/keyroll/credentials/username)" INFO replication'
 
 Rotate now:
   kubectl annotate rediscluster orders keyroll.dev/rotate-now="$(date +%%s)" --overwrite

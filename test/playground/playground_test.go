@@ -29,9 +29,10 @@ import (
 
 // The playground command, run as a newcomer would run it (make playground, non-interactively),
 // with the README's five-minute tour and the owners' guide run against it block by block, as
-// written: the samples become Ready with credentials that work against the playground's Redis, a
-// rotation asked for with the annotation completes, a deleted RedisCluster leaves no lease in
-// Vault, and Ctrl-C leaves no process, no port and no file behind.
+// written: the samples become Ready on real Redis pods (the tour logs in inside one and sees a
+// replica replicating) with credentials that work against the playground's Redis, a rotation
+// asked for with the annotation completes, a deleted RedisCluster leaves no lease in Vault, and
+// Ctrl-C leaves no process, no port, no file and nothing of the real node behind.
 func TestPlaygroundRunsTheSamplesAndCleansUp(t *testing.T) {
 	dir := t.TempDir()
 	kubeconfig, stateFile, envFile := filepath.Join(dir, "playground.kubeconfig"), filepath.Join(dir, "state.json"), filepath.Join(dir, "playground.env")
@@ -87,7 +88,19 @@ func TestPlaygroundRunsTheSamplesAndCleansUp(t *testing.T) {
 		t.Errorf("the tour's first look does not show the lease %s:\n%s", orders.Status.Credential.LeaseID, out)
 	}
 	if out := run("login"); strings.TrimSpace(out) != user {
-		t.Errorf("the tour's login printed %q, want the user %s", out, user)
+		t.Errorf("the tour's login (inside orders-0) printed %q, want the user %s", out, user)
+	}
+	// A replica is Ready once its own Redis knows the credential; its link to the primary comes up
+	// seconds later (it retries every second), so the look is repeated until it shows the link.
+	replication, out := tour["replication"], ""
+	delete(tour, "replication")
+	deadline := time.Now().Add(time.Minute)
+	for out = docblocks.Run(t, replication, dir, env, time.Minute); !strings.Contains(out, "master_link_status:up") && time.Now().Before(deadline); {
+		time.Sleep(time.Second)
+		out = docblocks.Run(t, replication, dir, env, time.Minute)
+	}
+	if !strings.Contains(out, "master_host:orders-0.orders-headless") || !strings.Contains(out, "master_link_status:up") {
+		t.Errorf("the tour's replication look printed:\n%s\nwant orders-1 replicating from orders-0 by its DNS name", out)
 	}
 	run("renew")
 	run("explain")
@@ -128,24 +141,24 @@ func TestPlaygroundRunsTheSamplesAndCleansUp(t *testing.T) {
 
 	pids := descendants(cmd.Process.Pid)
 	ports := []int{portOf(t, state.VaultAddr), portOf(t, "http://"+state.RedisAddr), apiServerPort(t, state.Kubeconfig)}
-	if len(pids) < 8 {
-		t.Fatalf("the playground runs %d processes, want at least 8 (etcd, kube-apiserver, kube-controller-manager, kwok, external-secrets, vault, redis-server, keyroll)", len(pids))
+	if len(pids) < 11 {
+		t.Fatalf("the playground runs %d processes, want at least 11 (etcd, kube-apiserver, kube-controller-manager, containerd, kubelet, kube-proxy, coredns, external-secrets, vault, redis-server, keyroll)", len(pids))
 	}
-	// Every server the playground started listens on loopback only.
+	// Every server the playground started listens on loopback or on the real node's own bridge.
 	addrs, err := testground.ListeningAddrs(pids)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(addrs) < 6 {
-		t.Errorf("the playground's processes listen on %v; want at least etcd, kube-apiserver, kwok, Vault, Redis and keyroll", addrs)
+	if len(addrs) < 8 {
+		t.Errorf("the playground's processes listen on %v; want at least etcd, kube-apiserver, the kubelet, CoreDNS, Vault, Redis and keyroll", addrs)
 	}
 	for _, a := range addrs {
 		host, _, _ := net.SplitHostPort(a)
-		if ip := net.ParseIP(host); ip == nil || !ip.IsLoopback() {
-			t.Errorf("a playground process listens on %s, not on loopback (all: %v)", a, addrs)
+		if ip := net.ParseIP(host); ip == nil || (!ip.IsLoopback() && !ip.Equal(testground.NodeIP)) {
+			t.Errorf("a playground process listens on %s, neither on loopback nor on the node's bridge %s (all: %v)", a, testground.NodeIP, addrs)
 		}
 	}
-	t.Logf("listening, all on loopback: %v", addrs)
+	t.Logf("listening, all on loopback or the node's bridge: %v", addrs)
 	// Ctrl-C: the terminal sends SIGINT to the whole foreground process group.
 	_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGINT)
 	select {
@@ -174,6 +187,9 @@ func TestPlaygroundRunsTheSamplesAndCleansUp(t *testing.T) {
 		if _, err := os.Stat(f); err == nil {
 			t.Errorf("%s was left behind", f)
 		}
+	}
+	if left := testground.NodeLeftovers(""); len(left) > 0 {
+		t.Errorf("the real node left behind: %v", left)
 	}
 }
 

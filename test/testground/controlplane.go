@@ -3,6 +3,7 @@ package testground
 import (
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -29,6 +30,8 @@ type ControlPlane struct {
 	// Kubeconfig is the path of a kubeconfig file for an admin user.
 	Kubeconfig string
 	Clientset  *kubernetes.Clientset
+	// CAFile holds the CA certificate that signed the API server's serving certificate.
+	CAFile string
 
 	watchdog *exec.Cmd
 }
@@ -37,6 +40,23 @@ type ControlPlane struct {
 type ControlPlaneOptions struct {
 	// ExternalSecretsCRDs installs External Secrets Operator's CRDs from its Go module.
 	ExternalSecretsCRDs bool
+	// Node readies the API server for a real node (nil: kwok only).
+	Node *NodeAPIServer
+}
+
+// NodeAPIServer is how the API server must run for a real node: its serving certificate names the
+// node's bridge address and the kubernetes Service's ClusterIP (pods check it), it reaches the
+// kubelet by the node's InternalIP only (never by a hostname, which the machine's resolver would
+// be asked for), with a client certificate the kubelet trusts; Node and RBAC authorization; the
+// ServiceAccount admission plugin, so that pods get service-account tokens.
+type NodeAPIServer struct {
+	AdvertiseIP net.IP
+	ServiceCIDR string
+	// ServiceIP is the kubernetes Service's ClusterIP (the first address of ServiceCIDR).
+	ServiceIP net.IP
+	// KubeletClientCert and KubeletClientKey are the files of the API server's client certificate
+	// towards the kubelet.
+	KubeletClientCert, KubeletClientKey string
 }
 
 // StartControlPlane starts etcd and kube-apiserver and installs the CRDs of deploy/crd.
@@ -62,11 +82,25 @@ func StartControlPlane(dir string, opts ControlPlaneOptions) (*ControlPlane, err
 		ControlPlaneStartTimeout: 90 * time.Second,
 		ControlPlaneStopTimeout:  30 * time.Second,
 	}
+	var caFile string
+	if opts.Node != nil {
+		var err error
+		if caFile, err = configureForNode(env, dir, opts.Node); err != nil {
+			return nil, err
+		}
+	}
 	cfg, err := env.Start()
 	if err != nil {
 		return nil, fmt.Errorf("starting kube-apiserver and etcd: %w", err)
 	}
-	cp := &ControlPlane{Env: env, Config: cfg}
+	cp := &ControlPlane{Env: env, Config: cfg, CAFile: caFile}
+	if cp.CAFile == "" {
+		cp.CAFile = filepath.Join(dir, "apiserver-ca.crt")
+		if err := os.WriteFile(cp.CAFile, cfg.CAData, 0o644); err != nil {
+			_ = cp.Stop()
+			return nil, err
+		}
+	}
 	cp.watchdog = startWatchdog(childrenNamed("etcd", "kube-apiserver"))
 	if err := cp.writeKubeconfig(dir); err != nil {
 		_ = cp.Stop()
@@ -77,6 +111,57 @@ func StartControlPlane(dir string, opts ControlPlaneOptions) (*ControlPlane, err
 		return nil, err
 	}
 	return cp, nil
+}
+
+// configureForNode sets the API server's flags for a real node and writes its certificates into a
+// directory of the ground's own (envtest uses certificates it finds there). It returns the CA file.
+func configureForNode(env *envtest.Environment, dir string, n *NodeAPIServer) (string, error) {
+	certDir := filepath.Join(dir, "apiserver")
+	if err := os.MkdirAll(certDir, 0o700); err != nil {
+		return "", err
+	}
+	ca, err := newCA("keyroll-testground-apiserver-ca")
+	if err != nil {
+		return "", err
+	}
+	certPEM, keyPEM, err := ca.issue(certRequest{
+		CommonName: "kube-apiserver", Server: true,
+		IPs: []net.IP{net.IPv4(127, 0, 0, 1), n.AdvertiseIP, n.ServiceIP},
+		DNSNames: []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc",
+			"kubernetes.default.svc." + ClusterDomain},
+	})
+	if err != nil {
+		return "", err
+	}
+	if err := writeKeyPair(filepath.Join(certDir, "apiserver.crt"), filepath.Join(certDir, "apiserver.key"), certPEM, keyPEM); err != nil {
+		return "", err
+	}
+	saCert, saKey, err := newSigningKey()
+	if err != nil {
+		return "", err
+	}
+	// envtest's names for the service-account signing key pair.
+	if err := writeKeyPair(filepath.Join(certDir, "sa-signer.crt"), filepath.Join(certDir, "sa-signer.key"), saCert, saKey); err != nil {
+		return "", err
+	}
+	caFile := filepath.Join(dir, "apiserver-ca.crt")
+	if err := os.WriteFile(caFile, ca.CertPEM, 0o644); err != nil {
+		return "", err
+	}
+	api := env.ControlPlane.GetAPIServer()
+	api.CertDir = certDir
+	api.CA = ca.CertPEM
+	api.Configure().
+		Set("service-cluster-ip-range", n.ServiceCIDR).
+		Set("advertise-address", n.AdvertiseIP.String()).
+		Set("endpoint-reconciler-type", "none").
+		Set("kubelet-preferred-address-types", "InternalIP").
+		Set("kubelet-client-certificate", n.KubeletClientCert).
+		Set("kubelet-client-key", n.KubeletClientKey).
+		Set("authorization-mode", "Node,RBAC").
+		// ServiceAccount admission on; no not-ready taint on new nodes (no node lifecycle controller runs).
+		Set("disable-admission-plugins", "TaintNodesByCondition")
+	return caFile, nil
 }
 
 func (cp *ControlPlane) writeKubeconfig(dir string) error {

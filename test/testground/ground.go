@@ -1,6 +1,7 @@
 package testground
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -15,6 +16,10 @@ type Options struct {
 	ExternalSecrets bool
 	// Workloads starts kube-controller-manager, kwok and the pod binder, so that pods become Ready.
 	Workloads bool
+	// Node runs a real node (containerd, the kubelet, kube-proxy, CoreDNS; see Node) with
+	// kube-controller-manager and the pod binder. Pods go to the real node; with Workloads too,
+	// kwok's fake node runs beside it and takes the pods that select it (NodeLabel).
+	Node bool
 	// Redis starts a redis-server with an admin user.
 	Redis bool
 	// Vault starts a Vault dev server; with Redis it also enables the database secrets engine
@@ -27,8 +32,10 @@ type Ground struct {
 	Dir       string
 	CP        *ControlPlane
 	Workloads *Workloads
-	Redis     *Redis
-	Vault     *Vault
+	// Node is the real node, when asked for.
+	Node  *Node
+	Redis *Redis
+	Vault *Vault
 	// ExternalSecrets is External Secrets Operator's controller, when asked for.
 	ExternalSecrets *Process
 
@@ -49,8 +56,14 @@ func Start(opts Options) (g *Ground, err error) {
 			g = nil
 		}
 	}()
-	esoCRDs := opts.ExternalSecretsCRDs || opts.ExternalSecrets
-	if g.CP, err = StartControlPlane(dir, ControlPlaneOptions{ExternalSecretsCRDs: esoCRDs}); err != nil {
+	cpOpts := ControlPlaneOptions{ExternalSecretsCRDs: opts.ExternalSecretsCRDs || opts.ExternalSecrets}
+	if opts.Node {
+		if g.Node, err = PrepareNode(dir); err != nil {
+			return g, err
+		}
+		cpOpts.Node = g.Node.APIServerSettings()
+	}
+	if g.CP, err = StartControlPlane(dir, cpOpts); err != nil {
 		return g, err
 	}
 	if opts.ExternalSecrets {
@@ -58,8 +71,13 @@ func Start(opts Options) (g *Ground, err error) {
 			return g, err
 		}
 	}
-	if opts.Workloads {
-		if g.Workloads, err = StartWorkloads(dir, g.CP); err != nil {
+	if opts.Workloads || opts.Node {
+		if g.Workloads, err = StartWorkloads(dir, g.CP, WorkloadsOptions{Kwok: opts.Workloads, RealNode: opts.Node}); err != nil {
+			return g, err
+		}
+	}
+	if opts.Node {
+		if err = g.Node.Start(context.Background(), g.CP); err != nil {
 			return g, err
 		}
 	}
@@ -71,6 +89,13 @@ func Start(opts Options) (g *Ground, err error) {
 	if opts.Vault {
 		if g.Vault, err = StartVault(dir); err != nil {
 			return g, err
+		}
+		if g.Node != nil {
+			addr, err := g.Node.Expose(fmt.Sprintf("127.0.0.1:%d", g.Vault.Port))
+			if err != nil {
+				return g, err
+			}
+			g.Vault.PodAddr = "http://" + addr
 		}
 	}
 	return g, nil
@@ -102,6 +127,7 @@ func (g *Ground) Stop() {
 	if g.Redis != nil {
 		g.Redis.Stop()
 	}
+	g.Node.Stop()
 	g.Workloads.Stop()
 	var errs []error
 	if err := g.CP.Stop(); err != nil {

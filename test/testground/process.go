@@ -1,11 +1,16 @@
 // Package testground starts the real components keyroll's tests run against: a kube-apiserver and
-// etcd (envtest), kube-controller-manager with kwok so that pods become Ready, a Vault dev server
-// with the database secrets engine and Kubernetes auth, and redis-server. Every component is a real
-// process on a loopback port, and every Stop ends it.
+// etcd (envtest), kube-controller-manager, kwok's fake node (pods become Ready, nothing runs in
+// them), a real node (Options.Node: containerd and runc, a CNI bridge of the ground's own, the
+// kubelet, kube-proxy, CoreDNS without forwarder, and images built on the machine; see Node), a
+// Vault dev server with the database secrets engine and Kubernetes auth, External Secrets
+// Operator's controller, and redis-server. Every component is a real process on a loopback port
+// (or, for the real node, on its bridge), and every Stop ends it; the real node also undoes what
+// it changed on the machine, through a janitor process when the test process dies.
 //
 // The binaries come from test/tools/build.sh (make testground), which links them into test/bin;
-// KEYROLL_TESTGROUND_BIN names another directory. A missing binary is an error that says how to
-// build it: tests fail, they never skip.
+// KEYROLL_TESTGROUND_BIN names another directory. Debian packages come from
+// test/tools/install-deps.sh. A missing binary or package is an error that says how to get it:
+// tests fail, they never skip.
 package testground
 
 import (

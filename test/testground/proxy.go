@@ -4,12 +4,14 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strconv"
 	"sync"
 )
 
 // Proxy is a loopback TCP proxy that a test can cut and restore, to stand for a network path
 // between the operator and a server (for example Vault) that fails and comes back.
 type Proxy struct {
+	Host   string
 	Port   int
 	target string
 	ln     net.Listener
@@ -21,19 +23,25 @@ type Proxy struct {
 }
 
 // StartProxy forwards 127.0.0.1:<free port> to target (host:port).
-func StartProxy(target string) (*Proxy, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+func StartProxy(target string) (*Proxy, error) { return StartProxyOn("127.0.0.1", target) }
+
+// StartProxyOn forwards host:<free port> to target; host is a loopback address or the real node's
+// bridge address (never a wildcard).
+func StartProxyOn(host, target string) (*Proxy, error) {
+	ln, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
 	if err != nil {
 		return nil, err
 	}
-	p := &Proxy{Port: ln.Addr().(*net.TCPAddr).Port, target: target, ln: ln, conns: map[net.Conn]struct{}{}}
+	p := &Proxy{Host: host, Port: ln.Addr().(*net.TCPAddr).Port, target: target, ln: ln, conns: map[net.Conn]struct{}{}}
 	p.wg.Add(1)
 	go p.accept()
 	return p, nil
 }
 
-// URL is http://127.0.0.1:<port>.
-func (p *Proxy) URL() string { return fmt.Sprintf("http://127.0.0.1:%d", p.Port) }
+// URL is http://<host>:<port>.
+func (p *Proxy) URL() string {
+	return fmt.Sprintf("http://%s", net.JoinHostPort(p.Host, strconv.Itoa(p.Port)))
+}
 
 // Cut drops every open connection and refuses new ones until Restore.
 func (p *Proxy) Cut() {

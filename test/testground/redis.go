@@ -112,7 +112,8 @@ func dialRedis(addr string) error {
 	return err
 }
 
-// redisCommand sends one command in RESP and reads a simple or bulk string reply.
+// redisCommand sends one command in RESP and reads a simple string, integer or bulk string reply
+// (an integer as its decimal digits).
 func redisCommand(c net.Conn, rd *bufio.Reader, args ...string) (string, error) {
 	var b strings.Builder
 	fmt.Fprintf(&b, "*%d\r\n", len(args))
@@ -128,7 +129,7 @@ func redisCommand(c net.Conn, rd *bufio.Reader, args ...string) (string, error) 
 	}
 	line = strings.TrimRight(line, "\r\n")
 	switch {
-	case strings.HasPrefix(line, "+"):
+	case strings.HasPrefix(line, "+"), strings.HasPrefix(line, ":"):
 		return line[1:], nil
 	case strings.HasPrefix(line, "-"):
 		return "", fmt.Errorf("redis: %s", line[1:])

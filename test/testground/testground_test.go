@@ -3,12 +3,15 @@ package testground
 import (
 	"context"
 	"encoding/json"
+	"maps"
 	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -148,13 +151,18 @@ const helperEnv = "KEYROLL_TESTGROUND_FAILING_HELPER"
 type record struct {
 	PIDs  []int `json:"pids"`
 	Ports []int `json:"ports"`
+	// NodeDir is the real node's directory; the containerd shims name it.
+	NodeDir string `json:"nodeDir"`
 }
 
 func TestEveryProcessStopsWhenATestFails(t *testing.T) {
-	// A failed test runs its cleanups; a panic runs none, and the parent-death signal and the
-	// control plane's watchdog must end the processes all the same.
-	for _, mode := range []string{"fail", "panic"} {
+	// A failed test runs its cleanups, and so does a panicking one (the testing package runs them
+	// before it re-panics); a killed process runs nothing at all (as when a CI runner kills it), and
+	// the parent-death signal, the control plane's watchdog and the node's janitor must clean up
+	// all the same. Each run must also find the machine as the one before left it: clean.
+	for _, mode := range []string{"fail", "panic", "kill"} {
 		t.Run(mode, func(t *testing.T) {
+			before := machineState()
 			out := filepath.Join(t.TempDir(), "record.json")
 			cmd := exec.Command(os.Args[0], "-test.run=^TestHelperFailsWithEverythingRunning$", "-test.count=1")
 			cmd.Env = append(os.Environ(), helperEnv+"="+mode+":"+out)
@@ -170,11 +178,16 @@ func TestEveryProcessStopsWhenATestFails(t *testing.T) {
 			if err := json.Unmarshal(b, &rec); err != nil {
 				t.Fatal(err)
 			}
-			// etcd, kube-apiserver, kube-controller-manager, kwok, redis-server, vault and external-secrets.
-			if len(rec.PIDs) < 7 {
-				t.Fatalf("the helper started %d processes, want at least 7: %v", len(rec.PIDs), rec.PIDs)
+			// etcd, kube-apiserver, kube-controller-manager, kwok, redis-server, vault, external-secrets,
+			// and the node's containerd, kubelet, kube-proxy, coredns, janitor and a shim.
+			if len(rec.PIDs) < 13 {
+				t.Fatalf("the helper started %d processes, want at least 13: %v", len(rec.PIDs), rec.PIDs)
 			}
-			deadline := time.Now().Add(5 * time.Second) // the watchdog looks once a second
+			if strings.Contains(string(output), "cleaning up what an earlier real node left") {
+				t.Errorf("the helper's node did not start clean:\n%s", output)
+			}
+			// The watchdog looks once a second; the node's janitor cleans up after the test process is gone.
+			deadline := time.Now().Add(time.Minute)
 			for _, pid := range rec.PIDs {
 				for Alive(pid) && time.Now().Before(deadline) {
 					time.Sleep(100 * time.Millisecond)
@@ -188,7 +201,69 @@ func TestEveryProcessStopsWhenATestFails(t *testing.T) {
 					t.Errorf("port %d is still bound after the test ended (%s)", port, mode)
 				}
 			}
+			checkNodeCleanedUp(t, rec.NodeDir, before, deadline)
 		})
+	}
+}
+
+// hostState is what a real node may change on the machine.
+type hostState struct {
+	Links, FixedPaths []string
+	Sysctls           map[string]string
+}
+
+func machineState() hostState {
+	s := hostState{Sysctls: readSysctls()}
+	links, _ := os.ReadDir("/sys/class/net")
+	for _, l := range links {
+		s.Links = append(s.Links, l.Name())
+	}
+	for _, p := range fixedHostPaths {
+		if _, err := os.Lstat(p); err == nil {
+			s.FixedPaths = append(s.FixedPaths, p)
+		}
+	}
+	return s
+}
+
+// checkNodeCleanedUp asserts that the node left nothing: no process naming its directory (the
+// shims), no mount under it, no network device, iptables chain, cgroup, fixed host path or
+// changed sysctl, and no record of what to clean.
+func checkNodeCleanedUp(t *testing.T, nodeDir string, before hostState, deadline time.Time) {
+	t.Helper()
+	if nodeDir == "" {
+		t.Fatal("the helper recorded no node directory")
+	}
+	for time.Now().Before(deadline) {
+		if _, err := os.Stat(nodeStateFile); os.IsNotExist(err) && len(processesNaming(nodeDir)) == 0 {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if pids := processesNaming(nodeDir); len(pids) > 0 {
+		t.Errorf("processes of the node are still running: %v", pids)
+	}
+	if _, err := os.Stat(nodeStateFile); err == nil {
+		t.Errorf("the node's record %s is still there: nothing cleaned up", nodeStateFile)
+	}
+	if m := MountsUnder(nodeDir); len(m) > 0 {
+		t.Errorf("still mounted under the node's directory: %v", m)
+	}
+	after := machineState()
+	if !slices.Equal(after.Links, before.Links) {
+		t.Errorf("network devices changed: before %v, after %v", before.Links, after.Links)
+	}
+	if !slices.Equal(after.FixedPaths, before.FixedPaths) {
+		t.Errorf("fixed host paths changed: before %v, after %v", before.FixedPaths, after.FixedPaths)
+	}
+	if !maps.Equal(after.Sysctls, before.Sysctls) {
+		t.Errorf("sysctls changed: before %v, after %v", before.Sysctls, after.Sysctls)
+	}
+	if c := NodeIPTablesChains(); len(c) > 0 {
+		t.Errorf("iptables chains left: %v", c)
+	}
+	if c := NodeCgroups(); len(c) > 0 {
+		t.Errorf("cgroups left: %v", c)
 	}
 }
 
@@ -200,19 +275,30 @@ func TestHelperFailsWithEverythingRunning(t *testing.T) {
 		t.Log("runs only as the child of TestEveryProcessStopsWhenATestFails")
 		return
 	}
-	g := StartT(t, Options{Workloads: true, Redis: true, Vault: true, ExternalSecrets: true})
+	g := StartT(t, Options{Node: true, Workloads: true, Redis: true, Vault: true, ExternalSecrets: true})
 	u, err := url.Parse(g.CP.Config.Host)
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A running pod: a shim, mounts, cgroups, a veth on the bridge.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	waitNamespaceReady(t, ctx, g, "default")
+	if _, err := g.CP.Clientset.CoreV1().Pods("default").Create(ctx, sleeperPod("left-running", nil), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitPodReady(t, ctx, g, "default", "left-running")
 	apiPort, _ := strconv.Atoi(u.Port())
-	rec := record{PIDs: ChildPIDs(), Ports: []int{apiPort, g.Redis.Port, g.Vault.Port}}
+	rec := record{PIDs: append(ChildPIDs(), processesNaming(g.Node.Dir)...), Ports: []int{apiPort, g.Redis.Port, g.Vault.Port}, NodeDir: g.Node.Dir}
 	b, _ := json.Marshal(rec)
 	if err := os.WriteFile(out, b, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if mode == "panic" {
+	switch mode {
+	case "panic":
 		panic("panicking on purpose, with every component running")
+	case "kill":
+		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
 	}
 	t.Fatal("failing on purpose, with every component running")
 }

@@ -14,7 +14,10 @@ import (
 
 // Vault is a Vault dev server (in memory, unsealed, loopback only) with a known root token.
 type Vault struct {
-	Addr      string
+	Addr string
+	// PodAddr is Vault's address for pods on the real node (a proxy on the node's bridge), when
+	// the ground runs one.
+	PodAddr   string
 	Port      int
 	RootToken string
 	// Root is a client logged in with the root token.

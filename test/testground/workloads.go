@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -18,13 +19,16 @@ import (
 	"k8s.io/client-go/tools/cache"
 )
 
-// NodeName is the fake Node that kwok manages and the binder places every pod on.
+// NodeName is the fake Node that kwok manages and the binder places pods on when no real node
+// runs (or when they select it, see NodeLabel).
 const NodeName = "kwok-node-0"
 
-// Workloads makes pods happen on a control plane that has no kubelets: kube-controller-manager runs
-// the workload controllers (StatefulSet, Deployment, ReplicaSet, DaemonSet) and the garbage
-// collector; a binder places every pending pod on one fake Node; kwok plays that Node's kubelet
-// and marks its pods Running and Ready.
+// Workloads makes pods happen: kube-controller-manager runs the workload controllers
+// (StatefulSet, Deployment, ReplicaSet, DaemonSet) and the garbage collector; a binder (the
+// ground has no scheduler) places each pending pod on a node; kwok plays a fake Node's kubelet and
+// marks its pods Running and Ready. With a real node, the binder places pods there by default and
+// kube-controller-manager also runs what real pods need (service accounts, the root CA ConfigMap,
+// EndpointSlices, namespace deletion).
 type Workloads struct {
 	kcm, kwok *Process
 	cancel    context.CancelFunc
@@ -34,63 +38,101 @@ type Workloads struct {
 	kwokArgs     []string
 }
 
+// WorkloadsOptions selects the nodes pods go to.
+type WorkloadsOptions struct {
+	// Kwok runs kwok and its fake node.
+	Kwok bool
+	// RealNode means a real node (Node) runs; it is the default placement.
+	RealNode bool
+}
+
 // Controllers that kube-controller-manager runs for the tests.
 var kcmControllers = []string{
 	"statefulset-controller", "deployment-controller", "replicaset-controller",
 	"daemonset-controller", "garbage-collector-controller",
 }
 
-// StartWorkloads starts kube-controller-manager, kwok and the binder against cp.
-func StartWorkloads(dir string, cp *ControlPlane) (*Workloads, error) {
+// Controllers that kube-controller-manager runs besides kcmControllers when a real node runs.
+var realNodeControllers = []string{
+	"serviceaccount-controller", "root-ca-certificate-publisher-controller", "endpointslice-controller",
+	"namespace-controller",
+}
+
+// StartWorkloads starts kube-controller-manager, the binder and, with opts.Kwok, kwok against cp.
+func StartWorkloads(dir string, cp *ControlPlane, opts WorkloadsOptions) (*Workloads, error) {
 	kcmBin, err := Binary("kube-controller-manager")
 	if err != nil {
 		return nil, err
 	}
+	w := &Workloads{done: make(chan struct{}), dir: dir}
+	if opts.Kwok {
+		if err := w.prepareKwok(cp); err != nil {
+			return nil, err
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	w.cancel = cancel
+	if opts.Kwok {
+		if err := createFakeNode(ctx, cp); err != nil {
+			w.Stop()
+			return nil, err
+		}
+	}
+	controllers, args := kcmControllers, []string(nil)
+	if opts.RealNode {
+		controllers = append(slices.Clone(kcmControllers), realNodeControllers...)
+		args = append(args, "--root-ca-file="+cp.CAFile)
+	}
+	w.kcm, err = StartProcess(dir, "kube-controller-manager", kcmBin, append([]string{
+		"--kubeconfig=" + cp.Kubeconfig,
+		"--controllers=" + strings.Join(controllers, ","),
+		"--leader-elect=false", "--secure-port=0",
+		"--concurrent-statefulset-syncs=5", "--concurrent-deployment-syncs=5",
+	}, args...), nil)
+	if err != nil {
+		w.Stop()
+		return nil, err
+	}
+	placement := []string{NodeName}
+	if opts.RealNode {
+		placement = []string{RealNodeName, NodeName}
+	}
+	go func() {
+		defer close(w.done)
+		runBinder(ctx, cp, placement)
+	}()
+	if opts.Kwok {
+		if err := w.startKwok(func() error { return nodeReady(ctx, cp) }); err != nil {
+			w.Stop()
+			return nil, fmt.Errorf("kwok did not make node %s Ready: %w", NodeName, err)
+		}
+	}
+	return w, nil
+}
+
+// prepareKwok finds kwok and its stages and sets its arguments: it manages only the nodes the
+// ground marks as fake, so that it never takes over a real node.
+func (w *Workloads) prepareKwok(cp *ControlPlane) error {
 	kwokBin, err := Binary("kwok")
 	if err != nil {
-		return nil, err
+		return err
 	}
 	stages, err := filepath.Glob(filepath.Join(BinDir(), "kwok-stages", "*.yaml"))
 	if err != nil || len(stages) == 0 {
-		return nil, fmt.Errorf("kwok stages not found in %s: run `make testground`", filepath.Join(BinDir(), "kwok-stages"))
-	}
-	w := &Workloads{done: make(chan struct{})}
-	ctx, cancel := context.WithCancel(context.Background())
-	w.cancel = cancel
-	if err := createFakeNode(ctx, cp); err != nil {
-		w.Stop()
-		return nil, err
-	}
-	w.kcm, err = StartProcess(dir, "kube-controller-manager", kcmBin, []string{
-		"--kubeconfig=" + cp.Kubeconfig,
-		"--controllers=" + strings.Join(kcmControllers, ","),
-		"--leader-elect=false", "--secure-port=0",
-		"--concurrent-statefulset-syncs=5", "--concurrent-deployment-syncs=5",
-	}, nil)
-	if err != nil {
-		w.Stop()
-		return nil, err
+		return fmt.Errorf("kwok stages not found in %s: run `make testground`", filepath.Join(BinDir(), "kwok-stages"))
 	}
 	kwokPort, err := FreePort()
 	if err != nil {
-		w.Stop()
-		return nil, err
+		return err
 	}
-	args := []string{"--kubeconfig=" + cp.Kubeconfig, "--manage-all-nodes=true",
+	args := []string{"--kubeconfig=" + cp.Kubeconfig, "--manage-all-nodes=false",
+		"--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
 		"--server-address=127.0.0.1:" + strconv.Itoa(kwokPort), "--node-ip=127.0.0.1"}
 	for _, s := range stages {
 		args = append(args, "--config="+s)
 	}
-	w.dir, w.kwokBin, w.kwokArgs = dir, kwokBin, args
-	go func() {
-		defer close(w.done)
-		runBinder(ctx, cp)
-	}()
-	if err := w.startKwok(func() error { return nodeReady(ctx, cp) }); err != nil {
-		w.Stop()
-		return nil, fmt.Errorf("kwok did not make node %s Ready: %w", NodeName, err)
-	}
-	return w, nil
+	w.kwokBin, w.kwokArgs = kwokBin, args
+	return nil
 }
 
 // kwokStartTries bounds the starts of kwok. kwok v0.8.0 sometimes dies at start with "concurrent
@@ -125,8 +167,8 @@ func (w *Workloads) startKwok(ready func() error) error {
 	return err
 }
 
-// PauseKubelets stops kwok: pods are still created and bound, but none becomes Ready (or goes
-// away when deleted) until ResumeKubelets.
+// PauseKubelets stops kwok: pods are still created and bound, but none on the kwok node becomes
+// Ready (or goes away when deleted) until ResumeKubelets.
 func (w *Workloads) PauseKubelets() { w.kwok.Stop() }
 
 // ResumeKubelets starts kwok again.
@@ -134,8 +176,13 @@ func (w *Workloads) ResumeKubelets() error {
 	return w.startKwok(func() error { return nil })
 }
 
-// Processes are kube-controller-manager and kwok.
-func (w *Workloads) Processes() []*Process { return []*Process{w.kcm, w.kwok} }
+// Processes are kube-controller-manager and kwok (when it runs).
+func (w *Workloads) Processes() []*Process {
+	if w.kwok == nil {
+		return []*Process{w.kcm}
+	}
+	return []*Process{w.kcm, w.kwok}
+}
 
 // Stop ends the binder, kwok and kube-controller-manager.
 func (w *Workloads) Stop() {
@@ -155,7 +202,7 @@ func createFakeNode(ctx context.Context, cp *ControlPlane) error {
 	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{
 		Name:        NodeName,
 		Annotations: map[string]string{"kwok.x-k8s.io/node": "fake"},
-		Labels:      map[string]string{"type": "kwok", corev1.LabelHostname: NodeName},
+		Labels:      map[string]string{"type": "kwok", corev1.LabelHostname: NodeName, NodeLabel: "kwok"},
 	}}
 	created, err := cp.Clientset.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
 	if apierrors.IsAlreadyExists(err) {
@@ -186,8 +233,13 @@ func nodeReady(ctx context.Context, cp *ControlPlane) error {
 	return fmt.Errorf("node %s not Ready yet", NodeName)
 }
 
-// runBinder binds every pod without a node to the fake node: the test ground has no scheduler.
-func runBinder(ctx context.Context, cp *ControlPlane) {
+// runBinder binds every pod without a node, as the test ground has no scheduler: to the first node
+// of placement whose labels the pod's nodeSelector matches (the first node when it has none).
+func runBinder(ctx context.Context, cp *ControlPlane, placement []string) {
+	nodeLabels := map[string]map[string]string{
+		NodeName:     {"type": "kwok", corev1.LabelHostname: NodeName, NodeLabel: "kwok"},
+		RealNodeName: {corev1.LabelHostname: RealNodeName, NodeLabel: "real"},
+	}
 	lw := cache.NewFilteredListWatchFromClient(cp.Clientset.CoreV1().RESTClient(), "pods", metav1.NamespaceAll,
 		func(o *metav1.ListOptions) {
 			o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", "").String()
@@ -197,9 +249,13 @@ func runBinder(ctx context.Context, cp *ControlPlane) {
 		if !ok || pod.Spec.NodeName != "" || pod.DeletionTimestamp != nil {
 			return
 		}
+		node := placeFor(pod, placement, nodeLabels)
+		if node == "" {
+			return // no node of the ground matches: the pod stays Pending
+		}
 		b := &corev1.Binding{
 			ObjectMeta: metav1.ObjectMeta{Name: pod.Name, Namespace: pod.Namespace, UID: pod.UID},
-			Target:     corev1.ObjectReference{Kind: "Node", Name: NodeName},
+			Target:     corev1.ObjectReference{Kind: "Node", Name: node},
 		}
 		// A failed bind (the pod is gone, or already bound) needs no retry; a pending pod is seen again on resync.
 		_ = cp.Clientset.CoreV1().Pods(pod.Namespace).Bind(ctx, b, metav1.CreateOptions{})
@@ -210,4 +266,21 @@ func runBinder(ctx context.Context, cp *ControlPlane) {
 		UpdateFunc: func(_, obj any) { bind(obj) },
 	})
 	inf.Run(ctx.Done())
+}
+
+// placeFor is the first node of placement whose labels hold every entry of the pod's nodeSelector.
+func placeFor(pod *corev1.Pod, placement []string, labels map[string]map[string]string) string {
+	for _, node := range placement {
+		ok := true
+		for k, v := range pod.Spec.NodeSelector {
+			if labels[node][k] != v {
+				ok = false
+				break
+			}
+		}
+		if ok {
+			return node
+		}
+	}
+	return ""
 }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the binaries of the keyroll test ground (etcd, kube-apiserver, kube-controller-manager, kwok,
-# vault, external-secrets, kubectl, golangci-lint) from the tool modules beside this script, into a cache outside the checkout, and links them
-# into one directory for the tests (default: test/bin, ignored by git).
+# vault, external-secrets, kubectl, golangci-lint, and for the real node kubelet, kube-proxy, coredns
+# and the ociimage tool) from the tool modules beside this script, into a cache outside the
+# checkout, and links them into one directory for the tests (default: test/bin, ignored by git).
 #
 # A binary is cached under a key made of its tool module's go.mod, go.sum and sources, so it is
 # built once per machine and never again until that module changes. Progress is printed while a
@@ -60,17 +61,22 @@ build() {
 
 # Two lanes of about the same CPU time keep both cores busy and stay within memory (Vault peaks at
 # about 4.7 GB at link, External Secrets at 2.6 GB, kube-apiserver at 2.4 GB). Measured CPU-minutes:
-# vault 37, kwok 6, kubectl | etcd 3, kube-apiserver 20, kube-controller-manager 7, external-secrets 20.
+# vault 37, kwok 6, kubectl | etcd 3, kube-apiserver 20, kube-controller-manager 7, external-secrets 20,
+# coredns 3, ociimage 1; kubelet and kube-proxy share most of their packages with the API server.
 lane1() {
 	build vault vault . "-s -w"
 	build kwok kwok sigs.k8s.io/kwok/cmd/kwok "-s -w"
 	kwok_stages
 	build kubectl kubectl . "$kubectl_ldflags"
+	build coredns coredns . "-s -w"
+	build ociimage ociimage . "-s -w"
 }
 lane2() {
 	build etcd etcd . "-s -w"
 	build kube-apiserver kube k8s.io/kubernetes/cmd/kube-apiserver "$k8s_ldflags"
 	build kube-controller-manager kube k8s.io/kubernetes/cmd/kube-controller-manager "$k8s_ldflags"
+	build kubelet kube k8s.io/kubernetes/cmd/kubelet "$k8s_ldflags"
+	build kube-proxy kube k8s.io/kubernetes/cmd/kube-proxy "$k8s_ldflags"
 	build external-secrets eso . "-s -w"
 	build golangci-lint lint github.com/golangci/golangci-lint/v2/cmd/golangci-lint "-s -w"
 }

@@ -1,0 +1,234 @@
+// Command consumer is a Redis client for the test ground's real node: it stands for an application
+// that uses a RedisCluster's credential, so that tests can prove that a rotation drops no command.
+//
+// It reads the username and password from files (a mounted Secret; read again whenever they
+// change), runs SET then GET of its own key against a Redis address continuously, reconnects
+// after a failure, and counts commands that succeeded and failed. Its counters are served as JSON
+// on /stats, and it logs one line per failure (never the password).
+//
+// Flags: -redis host:port (required), -credentials DIR (files username and password; default
+// /etc/consumer/credentials), -listen host:port (default :8080; in a pod, $(POD_IP):8080),
+// -interval (default 100ms), -key (default consumer:$HOSTNAME).
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Stats are the consumer's counters, as /stats serves them.
+type Stats struct {
+	// OK and Failed count commands (each SET and each GET is one).
+	OK     int64 `json:"ok"`
+	Failed int64 `json:"failed"`
+	// Connects counts connections that authenticated; CredentialReloads, changes of the files.
+	Connects          int64  `json:"connects"`
+	CredentialReloads int64  `json:"credentialReloads"`
+	User              string `json:"user"`
+	LastError         string `json:"lastError,omitempty"`
+	LastFailure       string `json:"lastFailure,omitempty"`
+}
+
+type consumer struct {
+	addr, dir, key string
+	interval       time.Duration
+
+	mu    sync.Mutex
+	stats Stats
+
+	user, pass string
+	conn       net.Conn
+	rd         *bufio.Reader
+}
+
+func main() {
+	c := &consumer{}
+	host, _ := os.Hostname()
+	flag.StringVar(&c.addr, "redis", "", "Redis address host:port (required).")
+	flag.StringVar(&c.dir, "credentials", "/etc/consumer/credentials", "Directory with the files username and password.")
+	flag.StringVar(&c.key, "key", "consumer:"+host, "The key this consumer writes and reads.")
+	flag.DurationVar(&c.interval, "interval", 100*time.Millisecond, "Pause between two SET/GET rounds.")
+	listen := flag.String("listen", ":8080", "Where /stats is served.")
+	flag.Parse()
+	if c.addr == "" {
+		log.Fatal("consumer: -redis is required")
+	}
+	http.HandleFunc("/stats", c.serveStats)
+	ln, err := net.Listen("tcp", *listen)
+	if err != nil {
+		log.Fatalf("consumer: %v", err)
+	}
+	go func() { log.Fatal(http.Serve(ln, nil)) }()
+	log.Printf("consumer: SET/GET %s against %s every %s; stats on http://%s/stats", c.key, c.addr, c.interval, ln.Addr())
+	c.loop(context.Background())
+}
+
+func (c *consumer) serveStats(w http.ResponseWriter, _ *http.Request) {
+	c.mu.Lock()
+	s := c.stats
+	c.mu.Unlock()
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(s)
+}
+
+// loop runs SET and GET until ctx ends; a failed command closes the connection and the next round
+// connects again.
+func (c *consumer) loop(ctx context.Context) {
+	for n := 0; ctx.Err() == nil; n++ {
+		c.reloadCredentials()
+		value := strconv.Itoa(n)
+		c.do("SET", func() error {
+			_, err := c.command("SET", c.key, value)
+			return err
+		})
+		c.do("GET", func() error {
+			got, err := c.command("GET", c.key)
+			if err == nil && got != value {
+				err = fmt.Errorf("GET returned %q, want %q", got, value)
+			}
+			return err
+		})
+		time.Sleep(c.interval)
+	}
+	c.mu.Lock()
+	c.closeLocked()
+	c.mu.Unlock()
+}
+
+// do runs one command (connecting first when needed) and counts it.
+func (c *consumer) do(op string, f func() error) {
+	err := c.ensureConnected()
+	if err == nil {
+		err = f()
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err == nil {
+		c.stats.OK++
+		return
+	}
+	c.stats.Failed++
+	c.stats.LastError = err.Error()
+	c.stats.LastFailure = time.Now().UTC().Format(time.RFC3339Nano)
+	log.Printf("consumer: failure %d: %s as %q: %v", c.stats.Failed, op, c.user, err)
+	c.closeLocked()
+}
+
+// reloadCredentials reads the files; when they changed, the next command connects with them. A
+// Secret volume swaps all its files at once by pointing ..data at a new directory: both files are
+// read from the directory ..data points at, so that a username is never paired with the password
+// of another credential.
+func (c *consumer) reloadCredentials() {
+	base := c.dir
+	if snapshot, err := filepath.EvalSymlinks(filepath.Join(c.dir, "..data")); err == nil {
+		base = snapshot
+	}
+	user, err1 := os.ReadFile(filepath.Join(base, "username"))
+	pass, err2 := os.ReadFile(filepath.Join(base, "password"))
+	if err := errors.Join(err1, err2); err != nil {
+		c.mu.Lock()
+		c.stats.LastError = "reading the credential: " + err.Error()
+		c.mu.Unlock()
+		return
+	}
+	u, p := strings.TrimSpace(string(user)), strings.TrimSpace(string(pass))
+	if u == c.user && p == c.pass {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.user != "" {
+		c.stats.CredentialReloads++
+		log.Printf("consumer: credential changed from %q to %q; reconnecting", c.user, u)
+	}
+	c.user, c.pass, c.stats.User = u, p, u
+	c.closeLocked()
+}
+
+func (c *consumer) ensureConnected() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.conn != nil {
+		return nil
+	}
+	if c.user == "" {
+		return errors.New("no credential yet")
+	}
+	conn, err := net.DialTimeout("tcp", c.addr, 2*time.Second)
+	if err != nil {
+		return err
+	}
+	c.conn, c.rd = conn, bufio.NewReader(conn)
+	if _, err := c.commandLocked("AUTH", c.user, c.pass); err != nil {
+		c.closeLocked()
+		return fmt.Errorf("AUTH: %w", err)
+	}
+	c.stats.Connects++
+	return nil
+}
+
+func (c *consumer) closeLocked() {
+	if c.conn != nil {
+		c.conn.Close()
+		c.conn, c.rd = nil, nil
+	}
+}
+
+func (c *consumer) command(args ...string) (string, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.conn == nil {
+		return "", errors.New("not connected")
+	}
+	return c.commandLocked(args...)
+}
+
+// commandLocked sends one command in RESP and reads a simple string, bulk string or error reply.
+func (c *consumer) commandLocked(args ...string) (string, error) {
+	_ = c.conn.SetDeadline(time.Now().Add(2 * time.Second))
+	var b bytes.Buffer
+	fmt.Fprintf(&b, "*%d\r\n", len(args))
+	for _, a := range args {
+		fmt.Fprintf(&b, "$%d\r\n%s\r\n", len(a), a)
+	}
+	if _, err := c.conn.Write(b.Bytes()); err != nil {
+		return "", err
+	}
+	line, err := c.rd.ReadString('\n')
+	if err != nil {
+		return "", err
+	}
+	line = strings.TrimRight(line, "\r\n")
+	switch {
+	case strings.HasPrefix(line, "+"):
+		return line[1:], nil
+	case strings.HasPrefix(line, "-"):
+		return "", errors.New("redis: " + line[1:])
+	case strings.HasPrefix(line, "$"):
+		n, err := strconv.Atoi(line[1:])
+		if err != nil || n < 0 {
+			return "", fmt.Errorf("redis: unexpected reply %q", line)
+		}
+		buf := make([]byte, n+2)
+		if _, err := io.ReadFull(c.rd, buf); err != nil {
+			return "", err
+		}
+		return string(buf[:n]), nil
+	}
+	return "", fmt.Errorf("redis: unexpected reply %q", line)
+}

@@ -1,0 +1,230 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
+
+	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/test/harness"
+	"github.com/keyroll/keyroll/test/testground"
+)
+
+// The manager installed as a user installs it: `kubectl apply -k` of an overlay of deploy/default
+// that points the image at the locally built one (make image). Its pods run under the restricted
+// Pod Security Standard, one wins the leader election, it reaches the API server (through the
+// kubernetes Service) and Vault (through the node's bridge), brings the sample RedisCluster
+// (deploy/samples) to Ready on real Redis pods, and serves /metrics.
+func TestManagerRunsAsAPodFromDeployDefault(t *testing.T) {
+	// A cold build of the manager's static binary takes minutes on two cores; later ones seconds.
+	imageCtx, cancelImage := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancelImage()
+	start := time.Now()
+	if err := ground.Node.LoadManagerImage(imageCtx); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("make image and import: %s", time.Since(start).Round(time.Millisecond))
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
+	defer cancel()
+	start = time.Now()
+	stopOperator() // the in-process manager releases the Lease; the deployed one takes over
+	t.Cleanup(func() {
+		undeployManager(t)
+		if err := startOperator(); err != nil {
+			t.Errorf("restarting the in-process operator: %v", err)
+		}
+	})
+	kubectl(t, "apply", "-k", managerOverlay(t))
+	pods := waitManagerReady(t, ctx)
+	checkRestricted(t, ctx)
+	leader := waitLeader(t, ctx, pods)
+	t.Logf("manager pods Ready and %s leads, %s after apply", leader.Name, time.Since(start).Round(time.Millisecond))
+
+	rc := applySamples(t, ctx)
+	waitReady(t, client.ObjectKeyFromObject(rc), 3*time.Minute)
+	t.Logf("sample RedisCluster orders Ready under the deployed manager, %s after apply", time.Since(start).Round(time.Millisecond))
+	checkMetrics(t, leader)
+	deleteAndWait(t, rc)
+}
+
+// managerOverlay writes a kustomization that takes deploy/default and sets the manager's image.
+func managerOverlay(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	base, err := filepath.Rel(dir, filepath.Join(testground.RepoRoot(), "deploy", "default"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	name, tag, _ := strings.Cut(testground.ManagerImage, ":")
+	k := fmt.Sprintf("resources:\n- %s\nimages:\n- name: keyroll\n  newName: %s\n  newTag: %s\n", base, name, tag)
+	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(k), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// kubectl runs the test ground's kubectl against the ground's API server.
+func kubectl(t *testing.T, args ...string) string {
+	t.Helper()
+	bin, err := testground.Binary("kubectl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+ground.CP.Kubeconfig)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("kubectl %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+// waitManagerReady waits until both replicas of the manager are Ready, on the real node, running
+// the local image.
+func waitManagerReady(t *testing.T, ctx context.Context) []corev1.Pod {
+	t.Helper()
+	var pods []corev1.Pod
+	eventually(t, 3*time.Minute, func() string {
+		list, err := cs.CoreV1().Pods(harness.OperatorNS).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=manager"})
+		if err != nil {
+			return err.Error()
+		}
+		pods = nil
+		for _, p := range list.Items {
+			if podReady(&p) && p.Spec.NodeName == testground.RealNodeName && p.DeletionTimestamp == nil {
+				pods = append(pods, p)
+			}
+		}
+		if len(pods) < 2 {
+			return fmt.Sprintf("%d of 2 manager pods Ready:%s", len(pods), podSummary(harness.OperatorNS))
+		}
+		return ""
+	})
+	for _, p := range pods {
+		if img := p.Spec.Containers[0].Image; img != testground.ManagerImage {
+			t.Errorf("manager pod %s runs %s, want the locally built %s", p.Name, img, testground.ManagerImage)
+		}
+	}
+	return pods
+}
+
+// checkRestricted asserts that the manager's namespace enforces the restricted Pod Security
+// Standard: it says so, and a pod that breaks the standard is refused there.
+func checkRestricted(t *testing.T, ctx context.Context) {
+	t.Helper()
+	ns, err := cs.CoreV1().Namespaces().Get(ctx, harness.OperatorNS, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := ns.Labels["pod-security.kubernetes.io/enforce"]; got != "restricted" {
+		t.Errorf("namespace %s enforces %q, want restricted", harness.OperatorNS, got)
+	}
+	rogue := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "rogue", Namespace: harness.OperatorNS},
+		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: testground.RedisImage}}},
+	}
+	_, err = cs.CoreV1().Pods(harness.OperatorNS).Create(ctx, rogue, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+	if !apierrors.IsForbidden(err) {
+		t.Errorf("a pod without a restricted security context was not refused in %s: %v", harness.OperatorNS, err)
+	}
+}
+
+// waitLeader waits until one of the manager pods holds the leader-election Lease.
+func waitLeader(t *testing.T, ctx context.Context, pods []corev1.Pod) corev1.Pod {
+	t.Helper()
+	var leader corev1.Pod
+	eventually(t, time.Minute, func() string {
+		l, err := cs.CoordinationV1().Leases(harness.OperatorNS).Get(ctx, "keyroll.keyroll.dev", metav1.GetOptions{})
+		if err != nil {
+			return err.Error()
+		}
+		holder := ptr.Deref(l.Spec.HolderIdentity, "")
+		for _, p := range pods {
+			if strings.HasPrefix(holder, p.Name+"_") {
+				leader = p
+				return ""
+			}
+		}
+		return fmt.Sprintf("the Lease is held by %q, not by a manager pod", holder)
+	})
+	return leader
+}
+
+// applySamples applies the samples' VaultConnection (pointed at the ground's Vault on the node's
+// bridge), the RedisCluster orders and its consumer Deployment.
+func applySamples(t *testing.T, ctx context.Context) *v1alpha1.RedisCluster {
+	t.Helper()
+	for _, f := range []string{"vaultconnection.yaml", "rediscluster-vaultlease.yaml", "consumer-deployment.yaml"} {
+		b, err := os.ReadFile(filepath.Join(testground.RepoRoot(), "deploy", "samples", f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		obj := &unstructured.Unstructured{}
+		if err := yaml.Unmarshal(b, &obj.Object); err != nil {
+			t.Fatalf("%s: %v", f, err)
+		}
+		if obj.GetKind() == "VaultConnection" {
+			_ = unstructured.SetNestedField(obj.Object, ground.Vault.PodAddr, "spec", "address")
+		}
+		if err := k8s.Create(ctx, obj); err != nil {
+			t.Fatalf("%s: %v", f, err)
+		}
+		t.Cleanup(func() { _ = k8s.Delete(context.Background(), obj) })
+	}
+	return &v1alpha1.RedisCluster{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "orders"}}
+}
+
+// checkMetrics reads the leader's /metrics on its pod IP.
+func checkMetrics(t *testing.T, leader corev1.Pod) {
+	t.Helper()
+	c := http.Client{Timeout: 5 * time.Second}
+	resp, err := c.Get("http://" + net.JoinHostPort(leader.Status.PodIP, "8080") + "/metrics")
+	if err != nil {
+		t.Fatalf("the manager's /metrics: %v", err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), `controller_runtime_reconcile_total{controller="rediscluster"`) {
+		t.Errorf("the manager's /metrics answered %s without RedisCluster reconcile counts:\n%.2000s", resp.Status, body)
+	}
+}
+
+// undeployManager scales the deployed manager to zero and waits until its pods are gone (their
+// Lease is released), so that the in-process operator can lead again.
+func undeployManager(t *testing.T) {
+	ctx := context.Background()
+	d := &appsv1.Deployment{}
+	key := client.ObjectKey{Namespace: harness.OperatorNS, Name: "keyroll-manager"}
+	if err := k8s.Get(ctx, key, d); err != nil {
+		return
+	}
+	d.Spec.Replicas = ptr.To[int32](0)
+	if err := k8s.Update(ctx, d); err != nil {
+		t.Errorf("scaling the manager down: %v", err)
+		return
+	}
+	eventually(t, time.Minute, func() string {
+		list, err := cs.CoreV1().Pods(harness.OperatorNS).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=manager"})
+		if err != nil || len(list.Items) > 0 {
+			return fmt.Sprintf("manager pods still there: %s", podSummary(harness.OperatorNS))
+		}
+		return ""
+	})
+}

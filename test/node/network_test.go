@@ -1,0 +1,107 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	"github.com/keyroll/keyroll/test/testground"
+)
+
+// Nothing the node runs may ask a resolver outside the machine: CoreDNS has no forwarder (not in
+// its configuration, not even compiled in) and refuses names outside the cluster, and every pod,
+// whatever its dnsPolicy, resolves through CoreDNS only and has no default route.
+func TestNodeDNSHasNoForwarderAndPodsResolveOnlyThroughIt(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	for _, line := range strings.Split(ground.Node.Corefile, "\n") {
+		if f := strings.Fields(line); len(f) > 0 && (f[0] == "forward" || f[0] == "proxy" || f[0] == "grpc") {
+			t.Errorf("the Corefile forwards: %q", line)
+		}
+	}
+	bin, err := testground.Binary("coredns")
+	if err != nil {
+		t.Fatal(err)
+	}
+	plugins, err := exec.Command(bin, "-plugins").Output()
+	if err != nil || !strings.Contains(string(plugins), "kubernetes") || strings.Contains(string(plugins), "forward") {
+		t.Errorf("coredns -plugins (%v) lists:\n%s\nwant kubernetes and no forward", err, plugins)
+	}
+	if ips, err := ground.Node.LookupHost(ctx, "example.com"); err == nil {
+		t.Errorf("CoreDNS answered a name outside the cluster: %v", ips)
+	}
+	namespace(t, "dns")
+	for _, policy := range []corev1.DNSPolicy{corev1.DNSClusterFirst, corev1.DNSDefault} {
+		name := "dns-" + strings.ToLower(string(policy))
+		startSleeper(t, ctx, "dns", name, policy)
+		resolv, _, err := ground.Node.Exec(ctx, "dns", name, "sleeper", "cat", "/etc/resolv.conf")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ns := nameservers(resolv); len(ns) != 1 || ns[0] != testground.NodeIP.String() {
+			t.Errorf("pod with dnsPolicy %s has nameservers %v, want only the cluster DNS %s:\n%s", policy, ns, testground.NodeIP, resolv)
+		}
+		routes, _, err := ground.Node.Exec(ctx, "dns", name, "sleeper", "ip", "route")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(routes, "default") {
+			t.Errorf("pod with dnsPolicy %s has a default route:\n%s", policy, routes)
+		}
+	}
+	name := "kubernetes.default.svc." + testground.ClusterDomain
+	out, _, err := ground.Node.Exec(ctx, "dns", "dns-clusterfirst", "sleeper", "nslookup", name)
+	if err != nil || !strings.Contains(out, testground.KubernetesServiceIP.String()) {
+		t.Errorf("a pod resolves %s to:\n%s(%v), want %s", name, out, err, testground.KubernetesServiceIP)
+	}
+}
+
+func nameservers(resolv string) []string {
+	var out []string
+	for _, line := range strings.Split(resolv, "\n") {
+		if f := strings.Fields(line); len(f) == 2 && f[0] == "nameserver" {
+			out = append(out, f[1])
+		}
+	}
+	return out
+}
+
+// startSleeper runs a pod of the Redis image (it has busybox) that sleeps, and waits until it runs.
+func startSleeper(t *testing.T, ctx context.Context, ns, name string, policy corev1.DNSPolicy) {
+	t.Helper()
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		Spec: corev1.PodSpec{
+			DNSPolicy:                     policy,
+			TerminationGracePeriodSeconds: ptr.To[int64](1),
+			Containers: []corev1.Container{{
+				Name: "sleeper", Image: testground.RedisImage, ImagePullPolicy: corev1.PullNever,
+				Command: []string{"sleep", "3600"},
+			}},
+		},
+	}
+	var err error
+	eventually(t, 30*time.Second, func() string { // the namespace's default ServiceAccount comes first
+		if _, err = cs.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+			return err.Error()
+		}
+		return ""
+	})
+	eventually(t, time.Minute, func() string {
+		p, err := cs.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return err.Error()
+		}
+		if p.Status.Phase != corev1.PodRunning {
+			return fmt.Sprintf("pod %s is %s: %s", name, p.Status.Phase, podSummary(ns))
+		}
+		return ""
+	})
+}

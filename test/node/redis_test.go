@@ -1,0 +1,192 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/keyroll/keyroll/test/testground"
+)
+
+// A RedisCluster on the real node: its pods become Ready through the kubelet's own exec probe (no
+// kwok runs here, so nothing else could set Ready), the replicas replicate from pod 0 reached by
+// its DNS name, and the credential keyroll wrote authenticates on every pod by pod IP and through
+// the client Service's ClusterIP (kube-proxy's rules), from the host and from a pod.
+func TestRealNodeRunsRedisWithARealProbe(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	namespace(t, "probe")
+	vaultConnection(t, "vault-probe", "probe")
+	start := time.Now()
+	rc := redisCluster(t, "probe", "cache", "vault-probe", "database/creds/node", 3)
+	waitReady(t, client.ObjectKeyFromObject(rc), 3*time.Minute)
+	t.Logf("RedisCluster Ready with 3 real pods %s after it was created", time.Since(start).Round(time.Millisecond))
+	defer deleteAndWait(t, rc)
+
+	user, pass := credentials(t, "probe", "cache")
+	pods := map[string]*corev1.Pod{}
+	for i := range 3 {
+		name := fmt.Sprintf("cache-%d", i)
+		p, err := cs.CoreV1().Pods("probe").Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		pods[name] = p
+		checkRealPod(t, p)
+		addr := net.JoinHostPort(p.Status.PodIP, "6379")
+		if who, err := testground.RedisWhoAmI(addr, user, pass); err != nil || who != user {
+			t.Errorf("the credential does not authenticate on %s at %s: %q, %v", name, addr, who, err)
+		}
+	}
+	primaryIP := pods["cache-0"].Status.PodIP
+	ips, err := ground.Node.LookupHost(ctx, "cache-0.cache-headless.probe.svc."+testground.ClusterDomain)
+	if err != nil || len(ips) != 1 || ips[0] != primaryIP {
+		t.Errorf("cache-0.cache-headless resolves to %v (%v), want pod 0's IP %s", ips, err, primaryIP)
+	}
+	ready := time.Now()
+	for _, replica := range []string{"cache-1", "cache-2"} {
+		// A replica is Ready once its own Redis knows the credential; its link to the primary
+		// comes up within a few seconds.
+		eventually(t, 30*time.Second, func() string {
+			info, err := redisCLI(ctx, "probe", replica, "INFO", "replication")
+			if err != nil {
+				return fmt.Sprintf("INFO replication on %s: %v", replica, err)
+			}
+			for _, want := range []string{"role:slave", "master_host:cache-0.cache-headless", "master_link_status:up"} {
+				if !strings.Contains(info, want) {
+					return fmt.Sprintf("INFO replication on %s lacks %q:\n%s\nits log:\n%s", replica, want, info, podLog(ctx, "probe", replica))
+				}
+			}
+			return ""
+		})
+	}
+	t.Logf("both replicas' links to cache-0 up %s after the RedisCluster was Ready", time.Since(ready).Round(time.Millisecond))
+	checkClientService(t, ctx, user, pass)
+	checkConsumer(t, ctx)
+}
+
+// checkConsumer runs the test consumer (ConsumerImage) against the client Service, by its DNS
+// name, with the credentials Secret mounted: it runs commands and none fails.
+func checkConsumer(t *testing.T, ctx context.Context) {
+	t.Helper()
+	pod := testground.ConsumerPod("probe", "consumer", "cache:6379", "cache-credentials")
+	if _, err := cs.CoreV1().Pods("probe").Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, time.Minute, func() string {
+		p, err := cs.CoreV1().Pods("probe").Get(ctx, "consumer", metav1.GetOptions{})
+		if err != nil || p.Status.PodIP == "" {
+			return fmt.Sprintf("consumer pod has no IP yet (%v): %s", err, podSummary("probe"))
+		}
+		s, err := testground.ReadConsumerStats(p.Status.PodIP)
+		if err != nil || s.OK < 20 {
+			return fmt.Sprintf("consumer stats %+v (%v); log:\n%s", s, err, podLog(ctx, "probe", "consumer"))
+		}
+		if s.Failed != 0 {
+			t.Fatalf("the consumer counted failed commands against a healthy cluster: %+v", s)
+		}
+		return ""
+	})
+}
+
+// podLog is the end of a pod's log, for failure messages.
+func podLog(ctx context.Context, ns, pod string) string {
+	b, err := cs.CoreV1().Pods(ns).GetLogs(pod, &corev1.PodLogOptions{TailLines: ptr.To[int64](30)}).DoRaw(ctx)
+	if err != nil {
+		return err.Error()
+	}
+	return string(b)
+}
+
+// checkRealPod asserts that a pod runs on the real node, in containerd, and that the kubelet
+// found it Ready.
+func checkRealPod(t *testing.T, p *corev1.Pod) {
+	t.Helper()
+	if p.Spec.NodeName != testground.RealNodeName {
+		t.Errorf("%s runs on %q, want the real node %s", p.Name, p.Spec.NodeName, testground.RealNodeName)
+	}
+	if len(p.Status.ContainerStatuses) != 1 {
+		t.Fatalf("%s has container statuses %+v", p.Name, p.Status.ContainerStatuses)
+	}
+	c := p.Status.ContainerStatuses[0]
+	if !c.Ready || c.State.Running == nil || !strings.HasPrefix(c.ContainerID, "containerd://") {
+		t.Errorf("%s: container ready=%v state=%+v id=%q: want a running, Ready containerd container", p.Name, c.Ready, c.State, c.ContainerID)
+	}
+	if !podReady(p) {
+		t.Errorf("%s is not Ready", p.Name)
+	}
+}
+
+// checkClientService connects through the client Service's ClusterIP: from the host (kube-proxy's
+// OUTPUT rules) and from a replica pod by the Service's DNS name (the pod's resolver is CoreDNS).
+func checkClientService(t *testing.T, ctx context.Context, user, pass string) {
+	t.Helper()
+	svc, err := cs.CoreV1().Services("probe").Get(ctx, "cache", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := net.JoinHostPort(svc.Spec.ClusterIP, "6379")
+	// kube-proxy may still be writing the rules of a new Service.
+	var who string
+	eventually(t, 30*time.Second, func() string {
+		if who, err = testground.RedisWhoAmI(addr, user, pass); err != nil || who != user {
+			return fmt.Sprintf("through the client Service %s: %q, %v", addr, who, err)
+		}
+		return ""
+	})
+	out, err := redisCLI(ctx, "probe", "cache-2", "-h", "cache", "ROLE")
+	if err != nil || !strings.HasPrefix(out, "master") {
+		t.Errorf("from cache-2, the client Service cache answers ROLE with %q (%v), want the primary", out, err)
+	}
+}
+
+// A change to the ACL Secret of a running RedisCluster is in its pods' volume within the kubelet's
+// sync period. The operator is stopped meanwhile, so that it does not undo the change.
+func TestMountedSecretChangeReachesThePod(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	namespace(t, "mounted")
+	vaultConnection(t, "vault-mounted", "mounted")
+	rc := redisCluster(t, "mounted", "sessions", "vault-mounted", "database/creds/node", 1)
+	waitReady(t, client.ObjectKeyFromObject(rc), 3*time.Minute)
+	defer deleteAndWait(t, rc)
+	stopOperator()
+	defer func() {
+		if err := startOperator(); err != nil {
+			t.Errorf("restarting the operator: %v", err)
+		}
+	}()
+	acl, err := cs.CoreV1().Secrets("mounted").Get(ctx, "sessions-acl", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const key = "propagation-check"
+	nonce := fmt.Sprintf("changed-%d", time.Now().UnixNano())
+	acl.Data[key] = []byte(nonce)
+	if _, err := cs.CoreV1().Secrets("mounted").Update(ctx, acl, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	changed := time.Now()
+	var took time.Duration
+	eventually(t, 2*testground.KubeletSyncFrequency+10*time.Second, func() string {
+		out, _, err := ground.Node.Exec(ctx, "mounted", "sessions-0", "redis", "cat", "/etc/keyroll/acl/"+key)
+		if err != nil || strings.TrimSpace(out) != nonce {
+			return fmt.Sprintf("the pod's /etc/keyroll/acl/%s holds %q (%v), want %q", key, out, err, nonce)
+		}
+		took = time.Since(changed)
+		return ""
+	})
+	t.Logf("the ACL Secret's change reached the running pod's volume after %s (kubelet syncFrequency %s)", took.Round(time.Millisecond), testground.KubeletSyncFrequency)
+	// The pod refreshes its volume on its sync, every syncFrequency with up to half of it as jitter.
+	if limit := testground.KubeletSyncFrequency * 3 / 2; took > limit+2*time.Second {
+		t.Errorf("the change took %s, longer than the kubelet's sync period (%s with jitter)", took, limit)
+	}
+}

@@ -1,0 +1,74 @@
+package testground
+
+import (
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+)
+
+// ConsumerStats are the counters test/consumer serves on /stats.
+type ConsumerStats struct {
+	OK                int64  `json:"ok"`
+	Failed            int64  `json:"failed"`
+	Connects          int64  `json:"connects"`
+	CredentialReloads int64  `json:"credentialReloads"`
+	User              string `json:"user"`
+	LastError         string `json:"lastError,omitempty"`
+	LastFailure       string `json:"lastFailure,omitempty"`
+}
+
+// ConsumerPort is where a consumer pod serves /stats, on its pod IP.
+const ConsumerPort = 8080
+
+// ConsumerPod is a pod of ConsumerImage (restricted Pod Security Standard) that runs SET and GET
+// against redisAddr (host:port, e.g. a client Service's name and 6379) with the credential of
+// the Secret secretName (keys username and password, mounted; a change of the Secret reaches it
+// as the kubelet refreshes the volume), and serves its counters on ConsumerPort.
+func ConsumerPod(namespace, name, redisAddr, secretName string) *corev1.Pod {
+	const dir = "/etc/consumer/credentials"
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace, Labels: map[string]string{"app": name}},
+		Spec: corev1.PodSpec{
+			TerminationGracePeriodSeconds: ptr.To[int64](1),
+			AutomountServiceAccountToken:  ptr.To(false),
+			SecurityContext: &corev1.PodSecurityContext{
+				RunAsNonRoot: ptr.To(true), SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+			},
+			Containers: []corev1.Container{{
+				Name: "consumer", Image: ConsumerImage, ImagePullPolicy: corev1.PullNever,
+				Args: []string{"-redis=" + redisAddr, "-credentials=" + dir, fmt.Sprintf("-listen=$(POD_IP):%d", ConsumerPort)},
+				Env: []corev1.EnvVar{{Name: "POD_IP", ValueFrom: &corev1.EnvVarSource{
+					FieldRef: &corev1.ObjectFieldSelector{FieldPath: "status.podIP"}}}},
+				Ports:        []corev1.ContainerPort{{Name: "stats", ContainerPort: ConsumerPort}},
+				VolumeMounts: []corev1.VolumeMount{{Name: "credentials", MountPath: dir, ReadOnly: true}},
+				SecurityContext: &corev1.SecurityContext{
+					AllowPrivilegeEscalation: ptr.To(false), ReadOnlyRootFilesystem: ptr.To(true),
+					Capabilities: &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+				},
+			}},
+			Volumes: []corev1.Volume{{Name: "credentials", VolumeSource: corev1.VolumeSource{
+				Secret: &corev1.SecretVolumeSource{SecretName: secretName}}}},
+		},
+	}
+}
+
+// ReadConsumerStats asks a consumer pod (by its pod IP) for its counters.
+func ReadConsumerStats(podIP string) (ConsumerStats, error) {
+	var s ConsumerStats
+	c := http.Client{Timeout: 2 * time.Second}
+	resp, err := c.Get(fmt.Sprintf("http://%s/stats", net.JoinHostPort(podIP, fmt.Sprint(ConsumerPort))))
+	if err != nil {
+		return s, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return s, fmt.Errorf("consumer stats: %s", resp.Status)
+	}
+	return s, json.NewDecoder(resp.Body).Decode(&s)
+}
