@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the binaries of the keyroll test ground (etcd, kube-apiserver, kube-controller-manager, kwok,
-# vault, external-secrets, kubectl, golangci-lint) from the tool modules beside this script, into a cache outside the checkout, and links them
+# vault, external-secrets, kubectl, golangci-lint, helm, kube-score) from the tool modules beside this script, into a cache outside the checkout, and links them
 # into one directory for the tests (default: test/bin, ignored by git).
 #
 # A binary is cached under a key made of its tool module's go.mod, go.sum and sources, so it is
@@ -22,6 +22,13 @@ k8s_version=v1.37.2
 k8s_ldflags="-s -w -X k8s.io/component-base/version.gitVersion=$k8s_version -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=37 -X k8s.io/component-base/version.gitTreeState=clean"
 
 kubectl_ldflags="-s -w -X k8s.io/component-base/version.gitVersion=$k8s_version -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=37"
+
+helm_version=v3.22.0
+# As helm's Makefile does: the Kubernetes version that helm template and helm lint assume, from the
+# client-go the module builds with (v0.37: Kubernetes 1.37).
+helm_k8s="-X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=37 -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=37"
+helm_ldflags="-s -w -X helm.sh/helm/v3/internal/version.version=$helm_version -X helm.sh/helm/v3/internal/version.gitTreeState=clean $helm_k8s"
+kube_score_ldflags="-s -w -X main.version=v1.20.0"
 
 log() { printf '[testground %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
 
@@ -60,12 +67,15 @@ build() {
 
 # Two lanes of about the same CPU time keep both cores busy and stay within memory (Vault peaks at
 # about 4.7 GB at link, External Secrets at 2.6 GB, kube-apiserver at 2.4 GB). Measured CPU-minutes:
-# vault 37, kwok 6, kubectl | etcd 3, kube-apiserver 20, kube-controller-manager 7, external-secrets 20.
+# vault 37, kwok 6, kubectl 3, helm 4, kube-score 2 | etcd 3, kube-apiserver 20,
+# kube-controller-manager 7, external-secrets 20, golangci-lint.
 lane1() {
 	build vault vault . "-s -w"
 	build kwok kwok sigs.k8s.io/kwok/cmd/kwok "-s -w"
 	kwok_stages
 	build kubectl kubectl . "$kubectl_ldflags"
+	build helm helm helm.sh/helm/v3/cmd/helm "$helm_ldflags"
+	build kube-score kubescore github.com/zegl/kube-score/cmd/kube-score "$kube_score_ldflags"
 }
 lane2() {
 	build etcd etcd . "-s -w"
