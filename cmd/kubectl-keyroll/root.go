@@ -32,6 +32,11 @@ type options struct {
 func newRootCommand(streams genericiooptions.IOStreams) *cobra.Command {
 	o := &options{streams: streams, flags: genericclioptions.NewConfigFlags(true), now: time.Now}
 	o.newClient = o.kubeClient
+	return o.command()
+}
+
+// command is the root command with its subcommands, all sharing o.
+func (o *options) command() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "kubectl-keyroll",
 		Short: "Operate keyroll's RedisClusters: credential, lease ledger, rollout, rotations",
@@ -51,9 +56,9 @@ func newRootCommand(streams genericiooptions.IOStreams) *cobra.Command {
 		CompletionOptions: cobra.CompletionOptions{DisableDefaultCmd: true},
 		PersistentPreRunE: func(*cobra.Command, []string) error { return o.validateOutput() },
 	}
-	cmd.SetIn(streams.In)
-	cmd.SetOut(streams.Out)
-	cmd.SetErr(streams.ErrOut)
+	cmd.SetIn(o.streams.In)
+	cmd.SetOut(o.streams.Out)
+	cmd.SetErr(o.streams.ErrOut)
 	o.flags.AddFlags(cmd.PersistentFlags())
 	cmd.PersistentFlags().StringVarP(&o.output, "output", "o", "", "Output format: empty for a human-readable table, json or yaml.")
 	cmd.AddCommand(newStatusCommand(o), newRotateCommand(o), newPauseCommand(o, true), newPauseCommand(o, false), newLeasesCommand(o))
