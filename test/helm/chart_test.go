@@ -25,6 +25,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
+	"github.com/keyroll/keyroll/test/docblocks"
 	"github.com/keyroll/keyroll/test/render"
 	"github.com/keyroll/keyroll/test/testground"
 )
@@ -464,4 +465,35 @@ func (w *warningRecorder) all() []string {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return append([]string(nil), w.list...)
+}
+
+// TestHelmInstallCommands runs the README's helm install as written, with the test ground's helm
+// and kubectl: the release is deployed, its manager Deployment runs the image it names in the
+// restricted namespace, and its pods are Ready (kwok).
+func TestHelmInstallCommands(t *testing.T) {
+	home := t.TempDir()
+	env := []string{
+		"KUBECONFIG=" + ground.CP.Kubeconfig, "PATH=" + testground.BinDir() + ":" + os.Getenv("PATH"),
+		"HELM_CONFIG_HOME=" + filepath.Join(home, "config"), "HELM_CACHE_HOME=" + filepath.Join(home, "cache"),
+		"HELM_DATA_HOME=" + filepath.Join(home, "data"),
+	}
+	for _, b := range docblocks.Tagged(t, testground.RepoRoot(), "helm-install") {
+		docblocks.Run(t, b, testground.RepoRoot(), env, 4*time.Minute)
+	}
+	out, err := render.Helm(t, []string{"KUBECONFIG=" + ground.CP.Kubeconfig}, "status", "keyroll", "--namespace", "keyroll-system")
+	if err != nil || !strings.Contains(out, "STATUS: deployed") {
+		t.Errorf("helm status keyroll: %v\n%s", err, out)
+	}
+	d := &appsv1.Deployment{}
+	if err := k8s.Get(context.Background(), client.ObjectKey{Namespace: "keyroll-system", Name: "keyroll-manager"}, d); err != nil {
+		t.Fatalf("the README's helm install did not create the manager Deployment: %v", err)
+	}
+	if img := d.Spec.Template.Spec.Containers[0].Image; img != "registry.example/keyroll:v0.1.0" || d.Status.AvailableReplicas != 2 {
+		t.Errorf("the installed manager runs %s with %d available replicas", img, d.Status.AvailableReplicas)
+	}
+	ns := &corev1.Namespace{}
+	if err := k8s.Get(context.Background(), client.ObjectKey{Name: "keyroll-system"}, ns); err != nil || ns.Labels["pod-security.kubernetes.io/enforce"] != "restricted" {
+		t.Errorf("keyroll-system is not labelled restricted: %v %v", err, ns.Labels)
+	}
+	checkChartRBAC(t, "keyroll-system", "keyroll-manager")
 }
