@@ -23,10 +23,16 @@ help: ## List the targets.
 
 ##@ Development
 
+HELM_CHART := deploy/helm/keyroll
+
 .PHONY: manifests
-manifests: ## Generate the CRDs (deploy/crd) and RBAC (deploy/rbac) from the API markers.
+manifests: ## Generate the CRDs (deploy/crd) and RBAC (deploy/rbac) from the markers, and copy them, with the alerts, into the Helm chart.
 	$(CONTROLLER_GEN) crd paths=./apis/... output:crd:artifacts:config=deploy/crd
-	$(CONTROLLER_GEN) rbac:roleName=keyroll-manager paths=./controllers/... output:rbac:artifacts:config=deploy/rbac
+	$(CONTROLLER_GEN) rbac:roleName=keyroll-manager "paths={./controllers/...,./}" output:rbac:artifacts:config=deploy/rbac
+	rm -f $(HELM_CHART)/crds/*.yaml
+	cp deploy/crd/keyroll.dev_*.yaml $(HELM_CHART)/crds/
+	cp deploy/rbac/role.yaml deploy/rbac/metrics_reader_role.yaml $(HELM_CHART)/files/rbac/
+	cp deploy/monitoring/alerts.yaml $(HELM_CHART)/files/monitoring/
 
 .PHONY: generate
 generate: ## Generate the deepcopy functions of the API types.
@@ -81,6 +87,10 @@ bench: deps ## Run the benchmarks and report their numbers.
 .PHONY: build
 build: ## Build the manager binary into bin/keyroll.
 	CGO_ENABLED=0 $(GO) build -trimpath -o bin/keyroll .
+
+.PHONY: plugin
+plugin: ## Build the kubectl plugin into bin/kubectl-keyroll (put it on PATH: kubectl keyroll ...).
+	CGO_ENABLED=0 $(GO) build -trimpath -o bin/kubectl-keyroll ./cmd/kubectl-keyroll
 
 .PHONY: run
 run: ## Run the manager against the cluster of the current kubeconfig.

@@ -30,7 +30,9 @@ import (
 
 func main() {
 	var (
-		metricsAddr   = flag.String("metrics-bind-address", ":8080", "Address the metrics endpoint binds to; 0 disables it.")
+		metricsAddr   = flag.String("metrics-bind-address", ":8443", "Address the metrics endpoint binds to; 0 disables it.")
+		metricsSecure = flag.Bool("metrics-secure", true, "Serve metrics over HTTPS to scrapers whose token the API server authenticates and authorises (get on /metrics); false serves plain HTTP to anyone, for local use only.")
+		metricsCerts  = flag.String("metrics-cert-dir", "", "Directory with tls.crt and tls.key for the metrics endpoint, reloaded when they change; empty: a self-signed certificate made at start.")
 		probeAddr     = flag.String("health-probe-bind-address", ":8081", "Address the /healthz and /readyz endpoints bind to.")
 		leaderElect   = flag.Bool("leader-elect", true, "Elect one active manager through a Lease, so that only one replica renews, rotates and revokes.")
 		leaderNS      = flag.String("leader-election-namespace", "", "Namespace of the leader-election Lease; defaults to the pod's namespace.")
@@ -49,7 +51,7 @@ func main() {
 	log := ctrl.Log.WithName("setup")
 
 	if err := run(ctrl.SetupSignalHandler(), managerOptions{
-		metricsAddr: *metricsAddr, probeAddr: *probeAddr,
+		metrics: metricsOptions(*metricsAddr, *metricsSecure, *metricsCerts), probeAddr: *probeAddr,
 		leaderElect: *leaderElect, leaderNS: *leaderNS,
 		leaseDuration: *leaseDuration, renewDeadline: *renewDeadline, retryPeriod: *retryPeriod,
 		serviceAccount:     types.NamespacedName{Namespace: *saNamespace, Name: *saName},
@@ -71,7 +73,8 @@ func newLogger(o *zap.Options) logr.Logger {
 }
 
 type managerOptions struct {
-	metricsAddr, probeAddr                    string
+	metrics                                   metricsserver.Options
+	probeAddr                                 string
 	leaderElect                               bool
 	leaderNS                                  string
 	leaseDuration, renewDeadline, retryPeriod time.Duration
@@ -93,7 +96,7 @@ func run(ctx context.Context, o managerOptions) error {
 	scheme := newScheme()
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                        scheme,
-		Metrics:                       metricsserver.Options{BindAddress: o.metricsAddr},
+		Metrics:                       o.metrics,
 		HealthProbeBindAddress:        o.probeAddr,
 		LeaderElection:                o.leaderElect,
 		LeaderElectionID:              "keyroll.keyroll.dev",

@@ -76,7 +76,8 @@ func TestDeployDefaultInstallsUnderRestrictedPodSecurity(t *testing.T) {
 		kinds[o.GetKind()]++
 	}
 	for kind, n := range map[string]int{"CustomResourceDefinition": 2, "Namespace": 1, "ServiceAccount": 1,
-		"ClusterRole": 1, "ClusterRoleBinding": 1, "Role": 1, "RoleBinding": 1, "Deployment": 1} {
+		"ClusterRole": 2, "ClusterRoleBinding": 1, "Role": 1, "RoleBinding": 1, "Deployment": 1,
+		"Service": 1, "PodDisruptionBudget": 1, "NetworkPolicy": 1} {
 		if kinds[kind] != n {
 			t.Errorf("deploy/default renders %d %s, want %d", kinds[kind], kind, n)
 		}
@@ -244,6 +245,9 @@ func TestManagerServiceAccountMayDoWhatTheRoleSays(t *testing.T) {
 		{"delete", "keyroll.dev", "vaultconnections", "", false},
 		{"create", "", "pods", "default", false},
 		{"delete", "apps", "deployments", "default", false},
+		// Secure metrics: each scrape's token and permission are checked with the API server.
+		{"create", "authentication.k8s.io", "tokenreviews", "", true},
+		{"create", "authorization.k8s.io", "subjectaccessreviews", "", true},
 	}
 	for _, tc := range cases {
 		ok := canI(t, cs, user, tc.verb, tc.group, tc.resource, tc.namespace)

@@ -22,6 +22,7 @@ import (
 var Tags = map[string]string{
 	"two-commands": "test/docs TestTheTwoCommandsAreWhatCIAndThePlaygroundTestRun (make test is .ci/run; make playground is run by test/playground)",
 	"install":      "test/docs TestInstallAndVaultAdministratorCommands",
+	"helm-install": "test/helm TestHelmInstallCommands",
 	"vault-setup":  "test/docs TestInstallAndVaultAdministratorCommands",
 	"tour":         "test/playground TestPlaygroundRunsTheSamplesAndCleansUp",
 	"watch":        "test/playground TestPlaygroundRunsTheSamplesAndCleansUp (each line runs until a timeout, and must print)",

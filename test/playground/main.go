@@ -192,7 +192,7 @@ func startOperator(g *testground.Ground) (*operator, error) {
 		return nil, fmt.Errorf("building keyroll: %w", err)
 	}
 	cmd := exec.Command(bin, "--kubeconfig="+g.CP.Kubeconfig, "--zap-devel",
-		"--metrics-bind-address=127.0.0.1:0", "--health-probe-bind-address=127.0.0.1:0",
+		"--metrics-bind-address=127.0.0.1:0", "--metrics-secure=false", "--health-probe-bind-address=127.0.0.1:0",
 		"--leader-election-namespace="+operatorNS, "--service-account-namespace="+operatorNS)
 	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds the binaries of the keyroll test ground (etcd, kube-apiserver, kube-controller-manager, kwok,
-# vault, external-secrets, kubectl, golangci-lint, and for the real node kubelet, kube-proxy, coredns
-# and the ociimage tool) from the tool modules beside this script, into a cache outside the
-# checkout, and links them into one directory for the tests (default: test/bin, ignored by git).
+# vault, external-secrets, kubectl, golangci-lint, helm, kube-score, and for the real node kubelet,
+# kube-proxy, coredns and the ociimage tool) from the tool modules beside this script, into a cache
+# outside the checkout, and links them into one directory for the tests (default: test/bin, ignored
+# by git).
 #
 # A binary is cached under a key made of its tool module's go.mod, go.sum and sources, so it is
 # built once per machine and never again until that module changes. Progress is printed while a
@@ -23,6 +24,13 @@ k8s_version=v1.37.2
 k8s_ldflags="-s -w -X k8s.io/component-base/version.gitVersion=$k8s_version -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=37 -X k8s.io/component-base/version.gitTreeState=clean"
 
 kubectl_ldflags="-s -w -X k8s.io/component-base/version.gitVersion=$k8s_version -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=37"
+
+helm_version=v3.22.0
+# As helm's Makefile does: the Kubernetes version that helm template and helm lint assume, from the
+# client-go the module builds with (v0.37: Kubernetes 1.37).
+helm_k8s="-X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=37 -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=37"
+helm_ldflags="-s -w -X helm.sh/helm/v3/internal/version.version=$helm_version -X helm.sh/helm/v3/internal/version.gitTreeState=clean $helm_k8s"
+kube_score_ldflags="-s -w -X main.version=v1.20.0"
 
 log() { printf '[testground %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
 
@@ -61,8 +69,9 @@ build() {
 
 # Two lanes of about the same CPU time keep both cores busy and stay within memory (Vault peaks at
 # about 4.7 GB at link, External Secrets at 2.6 GB, kube-apiserver at 2.4 GB). Measured CPU-minutes:
-# vault 37, kwok 6, kubectl | etcd 3, kube-apiserver 20, kube-controller-manager 7, external-secrets 20,
-# coredns 3, ociimage 1; kubelet and kube-proxy share most of their packages with the API server.
+# vault 37, kwok 6, kubectl 3, helm 4, kube-score 2, coredns 3, ociimage 1 | etcd 3,
+# kube-apiserver 20, kube-controller-manager 7, external-secrets 20, golangci-lint; kubelet and
+# kube-proxy share most of their packages with the API server.
 lane1() {
 	build vault vault . "-s -w"
 	build kwok kwok sigs.k8s.io/kwok/cmd/kwok "-s -w"
@@ -70,6 +79,8 @@ lane1() {
 	build kubectl kubectl . "$kubectl_ldflags"
 	build coredns coredns . "-s -w"
 	build ociimage ociimage . "-s -w"
+	build helm helm helm.sh/helm/v3/cmd/helm "$helm_ldflags"
+	build kube-score kubescore github.com/zegl/kube-score/cmd/kube-score "$kube_score_ldflags"
 }
 lane2() {
 	build etcd etcd . "-s -w"

@@ -1,0 +1,215 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/spf13/cobra"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/cli-runtime/pkg/printers"
+
+	"github.com/keyroll/keyroll/apis/v1alpha1"
+)
+
+// clusterView is what status prints: the RedisCluster's state without anything secret (the
+// status never holds a password; the plugin reads no Secret).
+type clusterView struct {
+	Namespace     string                     `json:"namespace"`
+	Name          string                     `json:"name"`
+	Phase         v1alpha1.Phase             `json:"phase,omitempty"`
+	Replicas      int32                      `json:"replicas"`
+	ReadyReplicas int32                      `json:"readyReplicas"`
+	Source        v1alpha1.CredentialSource  `json:"source"`
+	Rotation      rotationView               `json:"rotation"`
+	Conditions    []metav1.Condition         `json:"conditions,omitempty"`
+	Credential    *v1alpha1.CredentialStatus `json:"credential,omitempty"`
+	Leases        []v1alpha1.LeaseRecord     `json:"leases"`
+	Rollout       *v1alpha1.RolloutStatus    `json:"rollout,omitempty"`
+	Consumers     int                        `json:"consumers"`
+}
+
+type rotationView struct {
+	Schedule string `json:"schedule,omitempty"`
+	Paused   bool   `json:"paused"`
+	// RotateNow is the value of the keyroll.dev/rotate-now annotation, and Pending says keyroll
+	// has not acted on it yet.
+	RotateNow             string `json:"rotateNow,omitempty"`
+	RotateNowAcknowledged string `json:"rotateNowAcknowledged,omitempty"`
+	Pending               bool   `json:"pending"`
+}
+
+func viewOf(rc *v1alpha1.RedisCluster) clusterView {
+	now := rc.Annotations[v1alpha1.AnnotationRotateNow]
+	leases := rc.Status.Leases
+	if leases == nil {
+		leases = []v1alpha1.LeaseRecord{}
+	}
+	return clusterView{
+		Namespace: rc.Namespace, Name: rc.Name, Phase: rc.Status.Phase,
+		Replicas: rc.Spec.Replicas, ReadyReplicas: rc.Status.ReadyReplicas,
+		Source: rc.Spec.Credentials.Source,
+		Rotation: rotationView{
+			Schedule: rc.Spec.Rotation.Schedule, Paused: rc.Spec.Rotation.Paused,
+			RotateNow: now, RotateNowAcknowledged: rc.Status.RotateNowAcknowledged,
+			Pending: now != "" && now != rc.Status.RotateNowAcknowledged,
+		},
+		Conditions: rc.Status.Conditions, Credential: rc.Status.Credential,
+		Leases: leases, Rollout: rc.Status.Rollout, Consumers: len(rc.Spec.Rollout.Consumers),
+	}
+}
+
+func newStatusCommand(o *options) *cobra.Command {
+	return &cobra.Command{
+		Use:   "status NAME",
+		Short: "Show a RedisCluster's phase, conditions, credential, lease ledger, rollout and next renewal and rotation",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, ns, err := o.newClient()
+			if err != nil {
+				return err
+			}
+			rc, err := getCluster(cmd.Context(), c, ns, args[0])
+			if err != nil {
+				return err
+			}
+			if o.output != "" {
+				return o.print(viewOf(rc))
+			}
+			return o.printStatus(rc)
+		},
+	}
+}
+
+// printStatus writes the human-readable status, section by section.
+func (o *options) printStatus(rc *v1alpha1.RedisCluster) error {
+	v := viewOf(rc)
+	w := printers.GetNewTabWriter(o.streams.Out)
+	row := func(cells ...string) { fmt.Fprintln(w, strings.Join(cells, "\t")) }
+	row("Name:", v.Namespace+"/"+v.Name)
+	row("Phase:", orDash(string(v.Phase)))
+	row("Redis pods:", fmt.Sprintf("%d/%d ready", v.ReadyReplicas, v.Replicas))
+	row("Source:", o.source(rc))
+	row("Rotation:", o.rotation(v.Rotation))
+	w.Flush()
+
+	fmt.Fprintln(o.streams.Out, "\nConditions:")
+	if len(v.Conditions) == 0 {
+		fmt.Fprintln(o.streams.Out, "  none yet")
+	} else {
+		row("  TYPE", "STATUS", "REASON", "SINCE", "MESSAGE")
+		for _, c := range v.Conditions {
+			row("  "+c.Type, string(c.Status), c.Reason, o.ago(c.LastTransitionTime), c.Message)
+		}
+		w.Flush()
+	}
+
+	fmt.Fprintln(o.streams.Out, "\nCredential:")
+	if cr := v.Credential; cr == nil {
+		fmt.Fprintln(o.streams.Out, "  none issued yet")
+	} else {
+		o.printCredential(w, cr)
+		w.Flush()
+	}
+
+	fmt.Fprintln(o.streams.Out, "\nLeases:")
+	o.printLedger(o.streams.Out, rc)
+
+	fmt.Fprintln(o.streams.Out, "\nRollout:")
+	fmt.Fprintf(o.streams.Out, "  %s\n", o.rollout(v))
+	return nil
+}
+
+// printCredential writes the credential's rows; the caller flushes w.
+func (o *options) printCredential(w io.Writer, cr *v1alpha1.CredentialStatus) {
+	row := func(cells ...string) { fmt.Fprintln(w, "  "+strings.Join(cells, "\t")) }
+	row("Version:", orDash(cr.Version))
+	row("Username:", orDash(cr.Username))
+	if cr.LeasesTracked != nil && !*cr.LeasesTracked {
+		row("Lease:", "not tracked (the ExternalSecret's generator does not hand over the lease)")
+	} else {
+		row("Lease:", orDash(cr.LeaseID))
+	}
+	row("Issued:", o.when(cr.IssuedAt))
+	row("Expires:", o.when(cr.ExpiresAt))
+	row("Renewable:", fmt.Sprint(cr.Renewable))
+	if cr.RenewalCapped {
+		row("Renewal capped:", "yes: the lease has reached its max TTL and is replaced before it lapses")
+	}
+	row("Token accessor:", orDash(cr.TokenAccessor))
+	if cr.TokenEndsAt != nil {
+		row("Token ends:", o.when(cr.TokenEndsAt))
+	}
+	row("Last renewal:", o.when(cr.LastRenewal))
+	row("Next renewal:", o.when(cr.NextRenewal))
+	row("Last rotation:", o.when(cr.LastRotation))
+	row("Next rotation:", o.when(cr.NextRotation))
+	if cr.RefreshRequestedAt != nil {
+		row("Refresh requested:", o.when(cr.RefreshRequestedAt))
+	}
+}
+
+// printLedger writes a RedisCluster's lease ledger as a table.
+func (o *options) printLedger(out io.Writer, rc *v1alpha1.RedisCluster) {
+	if len(rc.Status.Leases) == 0 {
+		fmt.Fprintln(out, "  none in the ledger")
+		return
+	}
+	w := printers.GetNewTabWriter(out)
+	fmt.Fprintln(w, "  LEASE\tSTATE\tEXPIRES\tCONNECTION\tTOKEN ACCESSOR\tVERSION")
+	for _, l := range rc.Status.Leases {
+		fmt.Fprintf(w, "  %s\t%s\t%s\t%s\t%s\t%s\n", l.LeaseID, l.State, o.when(l.ExpiresAt),
+			orDash(l.Connection), orDash(l.TokenAccessor), orDash(l.Version))
+	}
+	w.Flush()
+}
+
+func (o *options) source(rc *v1alpha1.RedisCluster) string {
+	cr := rc.Spec.Credentials
+	switch {
+	case cr.VaultLease != nil:
+		return fmt.Sprintf("%s: %s through VaultConnection %s", cr.Source, cr.VaultLease.Path, cr.VaultLease.ConnectionRef.Name)
+	case cr.ExternalSecret != nil && cr.ExternalSecret.GeneratorRef != nil:
+		g := cr.ExternalSecret.GeneratorRef
+		return fmt.Sprintf("%s: generator %s %s", cr.Source, g.Kind, g.Name)
+	case cr.ExternalSecret != nil && cr.ExternalSecret.StoreRef != nil:
+		return fmt.Sprintf("%s: %s from store %s", cr.Source, cr.ExternalSecret.RemoteKey, cr.ExternalSecret.StoreRef.Name)
+	}
+	return string(cr.Source)
+}
+
+func (o *options) rotation(r rotationView) string {
+	var parts []string
+	if r.Schedule != "" {
+		parts = append(parts, fmt.Sprintf("schedule %q", r.Schedule))
+	} else {
+		parts = append(parts, "no schedule")
+	}
+	if r.Paused {
+		parts = append(parts, "paused (renewals go on)")
+	}
+	if r.Pending {
+		parts = append(parts, fmt.Sprintf("rotate-now %q requested, not yet acted upon", r.RotateNow))
+	}
+	return strings.Join(parts, ", ")
+}
+
+func (o *options) rollout(v clusterView) string {
+	r := v.Rollout
+	if r == nil {
+		return "none in progress"
+	}
+	s := fmt.Sprintf("to version %s: %d/%d Redis pods updated", orDash(r.TargetVersion), r.PodsUpdated, v.Replicas)
+	if r.PodInFlight != "" {
+		s += fmt.Sprintf(", %s in flight (restarted %s)", r.PodInFlight, o.agoPtr(r.PodRestartedAt))
+	}
+	s += fmt.Sprintf(", %d/%d consumers updated, started %s", r.ConsumersUpdated, v.Consumers, o.agoPtr(r.StartedAt))
+	return s
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
