@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"io"
 	"net"
@@ -191,11 +192,29 @@ func applySamples(t *testing.T, ctx context.Context) *v1alpha1.RedisCluster {
 	return &v1alpha1.RedisCluster{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "orders"}}
 }
 
-// checkMetrics reads the leader's /metrics on its pod IP.
+// checkMetrics reads the leader's /metrics on its pod IP, over HTTPS (the manager's certificate is
+// self-signed when no --metrics-cert-dir is given) with the token of a service account bound to
+// keyroll-metrics-reader, as a scraper would.
 func checkMetrics(t *testing.T, leader corev1.Pod) {
 	t.Helper()
-	c := http.Client{Timeout: 5 * time.Second}
-	resp, err := c.Get("http://" + net.JoinHostPort(leader.Status.PodIP, "8080") + "/metrics")
+	ctx := context.Background()
+	if err := ground.CP.EnsureServiceAccount(ctx, "default", "scraper"); err != nil {
+		t.Fatal(err)
+	}
+	if err := ground.CP.BindClusterRole(ctx, "keyroll-metrics-reader", "default", "scraper"); err != nil {
+		t.Fatal(err)
+	}
+	token, err := ground.CP.ServiceAccountToken(ctx, "default", "scraper", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "https://"+net.JoinHostPort(leader.Status.PodIP, "8443")+"/metrics", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+token)
+	c := http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} //nolint:gosec // the manager's certificate is self-signed
+	resp, err := c.Do(req)
 	if err != nil {
 		t.Fatalf("the manager's /metrics: %v", err)
 	}

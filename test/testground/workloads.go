@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	goruntime "runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -202,7 +203,8 @@ func createFakeNode(ctx context.Context, cp *ControlPlane) error {
 	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{
 		Name:        NodeName,
 		Annotations: map[string]string{"kwok.x-k8s.io/node": "fake"},
-		Labels:      map[string]string{"type": "kwok", corev1.LabelHostname: NodeName, NodeLabel: "kwok"},
+		Labels: map[string]string{"type": "kwok", corev1.LabelHostname: NodeName, NodeLabel: "kwok",
+			corev1.LabelOSStable: "linux", corev1.LabelArchStable: goruntime.GOARCH},
 	}}
 	created, err := cp.Clientset.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
 	if apierrors.IsAlreadyExists(err) {
@@ -239,6 +241,9 @@ func runBinder(ctx context.Context, cp *ControlPlane, placement []string) {
 	nodeLabels := map[string]map[string]string{
 		NodeName:     {"type": "kwok", corev1.LabelHostname: NodeName, NodeLabel: "kwok"},
 		RealNodeName: {corev1.LabelHostname: RealNodeName, NodeLabel: "real"},
+	}
+	for _, l := range nodeLabels { // as a kubelet labels its node
+		l[corev1.LabelOSStable], l[corev1.LabelArchStable] = "linux", goruntime.GOARCH
 	}
 	lw := cache.NewFilteredListWatchFromClient(cp.Clientset.CoreV1().RESTClient(), "pods", metav1.NamespaceAll,
 		func(o *metav1.ListOptions) {
