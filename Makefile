@@ -68,7 +68,7 @@ testground: ## Build the test-ground binaries, or reuse the cached ones.
 .PHONY: unit
 unit: ## The fast tier: unit tests with fakes (and a local redis-server), no test ground; seconds.
 	test/tools/install-deps.sh
-	$(GO) test -race -count=1 -skip '^TestIntegration' ./apis/... ./rotation/... ./vault/... ./controllers/...
+	$(GO) test -race -count=1 -skip '^TestIntegration' ./apis/... ./rotation/... ./vault/... ./redisnode/... ./controllers/...
 
 .PHONY: test
 test: deps lint verify-generated ## The whole test suite (what CI runs): unit, integration and end-to-end, with -race.

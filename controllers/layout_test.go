@@ -27,14 +27,15 @@ var allowed = map[string][]string{
 	"controllers/render":          {"apis/v1alpha1"},
 	"controllers/ledger":          {"apis/v1alpha1", "controllers/conditions", "controllers/metrics", "controllers/render", "controllers/statustime", "rotation", "vault"},
 	"controllers/rollout":         {"apis/v1alpha1", "controllers/conditions", "controllers/metrics", "controllers/render", "controllers/statustime"},
+	"controllers/nodes":           {"apis/v1alpha1", "controllers/conditions", "controllers/render", "controllers/statustime", "redisnode"},
 	"controllers/vaultconnection": {"apis/v1alpha1", "controllers/apply", "controllers/conditions", "controllers/metrics", "controllers/statustime", "vault"},
 	"controllers/vaultlease": {"apis/v1alpha1", "controllers/apply", "controllers/ledger", "controllers/metrics", "controllers/render",
 		"controllers/statustime", "rotation", "vault"},
 	"controllers/externalsecret": {"apis/v1alpha1", "controllers/apply", "controllers/ledger", "controllers/metrics", "controllers/render",
 		"controllers/statustime", "rotation", "vault"},
 	"controllers/rediscluster": {"apis/v1alpha1", "controllers/apply", "controllers/conditions", "controllers/externalsecret",
-		"controllers/ledger", "controllers/metrics", "controllers/render", "controllers/rollout", "controllers/statustime",
-		"controllers/vaultconnection", "controllers/vaultlease", "rotation", "vault"},
+		"controllers/ledger", "controllers/metrics", "controllers/nodes", "controllers/render", "controllers/rollout", "controllers/statustime",
+		"controllers/vaultconnection", "controllers/vaultlease", "redisnode", "rotation", "vault"},
 	"controllers": {"apis/v1alpha1", "controllers/ledger", "controllers/metrics", "controllers/rediscluster", "controllers/vaultconnection", "vault"},
 }
 

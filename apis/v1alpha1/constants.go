@@ -46,7 +46,9 @@ const (
 	// ConditionRolloutProgressing: pods or consumers are being moved to a new credential.
 	ConditionRolloutProgressing = "RolloutProgressing"
 	// ConditionDegraded: something needs attention: on a RedisCluster, the summary of ScheduleValid,
-	// RolloutHealthy, LeasesRevoked and SourceHealthy (True when one of them is False).
+	// RolloutHealthy, LeasesRevoked and SourceHealthy (True when one of them is False), and of
+	// UsersApplied when a node cannot be brought to the users (unreachable, not Ready in time,
+	// refused rules).
 	ConditionDegraded = "Degraded"
 	// ConditionScheduleValid: spec.rotation (schedule and maintenance window) parses.
 	ConditionScheduleValid = "ScheduleValid"
@@ -58,6 +60,10 @@ const (
 	// ConditionSourceHealthy: the credential source needs no attention (ExternalSecret mode: External
 	// Secrets Operator syncs, its refresh interval and tokens fit the credential's life).
 	ConditionSourceHealthy = "SourceHealthy"
+	// ConditionUsersApplied: every Redis node has the cluster's users (the current credential's
+	// among them, confirmed by logging in as it on each node) and none of the retired ones; the
+	// credentials Secret is written only once it is True for that credential.
+	ConditionUsersApplied = "UsersApplied"
 	// ConditionDeletionBlocked: a VaultConnection being deleted waits for the RedisClusters that
 	// still use it.
 	ConditionDeletionBlocked = "DeletionBlocked"
@@ -95,6 +101,12 @@ const (
 	ReasonTokensOutliveLeases         = "TokensOutliveLeases"
 	ReasonInUse                       = "InUse"
 	ReasonLeaseEndedEarly             = "LeaseEndedEarly"
+	ReasonApplied                     = "Applied"
+	ReasonApplying                    = "Applying"
+	ReasonNodeUnreachable             = "NodeUnreachable"
+	ReasonNodeNotReady                = "NodeNotReady"
+	ReasonInvalidACLRules             = "InvalidACLRules"
+	ReasonSecretNotFound              = "SecretNotFound"
 )
 
 // Event reasons (UpperCamelCase; events fire on transitions only).
@@ -103,6 +115,10 @@ const (
 	EventRotationStarted   = "RotationStarted"
 	EventRotationFinished  = "RotationFinished"
 	EventPodRestarted      = "PodRestarted"
+	// EventUsersApplied: a credential's user is on every Redis node, confirmed on each.
+	EventUsersApplied = "UsersApplied"
+	// EventUsersRetired: superseded users are gone from every Redis node.
+	EventUsersRetired      = "UsersRetired"
 	EventConsumerRestarted = "ConsumerRestarted"
 	EventRolloutStalled    = "RolloutStalled"
 	EventLeaseRevoked      = "LeaseRevoked"
@@ -137,4 +153,8 @@ const (
 	EventInvalidCredentialSecret     = ReasonInvalidCredentialSecret
 	EventRefreshIntervalTooLong      = ReasonRefreshIntervalTooLong
 	EventLeaseEndedEarly             = ReasonLeaseEndedEarly
+	EventNodeUnreachable             = ReasonNodeUnreachable
+	EventNodeNotReady                = ReasonNodeNotReady
+	EventInvalidACLRules             = ReasonInvalidACLRules
+	EventSecretNotFound              = ReasonSecretNotFound
 )

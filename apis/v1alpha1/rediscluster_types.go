@@ -4,6 +4,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 )
 
 // CredentialSource says where a RedisCluster's credential comes from.
@@ -38,6 +39,16 @@ const (
 	// RevokedOutsideRollOver keeps the revoked user on the Redis nodes until the new credential
 	// has rolled out.
 	RevokedOutsideRollOver RevokedOutsidePolicy = "RollOver"
+)
+
+// RedisPodsPolicy says what a rotation does to the Redis pods.
+type RedisPodsPolicy string
+
+const (
+	// RedisPodsLive changes the users on the running Redis nodes; no pod restarts.
+	RedisPodsLive RedisPodsPolicy = "Live"
+	// RedisPodsRestart also restarts the Redis pods, one at a time.
+	RedisPodsRestart RedisPodsPolicy = "Restart"
 )
 
 // LeaseState is the state of one lease in the ledger.
@@ -116,6 +127,49 @@ type RedisClusterSpec struct {
 	// +optional
 	// +kubebuilder:default=Revoke
 	DeletionPolicy DeletionPolicy `json:"deletionPolicy,omitempty"`
+
+	// vaultPlugin keeps the administrative user of Vault's Redis database plugin on every Redis
+	// node, so that a Vault administrator can point the database secrets engine at this cluster's
+	// client Service: Vault creates and deletes users on the primary, and keyroll carries them to
+	// every node.
+	// +optional
+	VaultPlugin *VaultPluginSpec `json:"vaultPlugin,omitempty"`
+}
+
+// VaultPluginSpec is the Redis user of Vault's database plugin.
+type VaultPluginSpec struct {
+	// username of the plugin's Redis user.
+	// +optional
+	// +kubebuilder:default=vault
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=64
+	// +kubebuilder:validation:Pattern=`^[A-Za-z0-9_.@-]+$`
+	// +kubebuilder:validation:XValidation:rule="!self.startsWith('keyroll-') && self != 'default'",message="vaultPlugin.username must not be default or start with keyroll-: those users are keyroll's own"
+	Username string `json:"username,omitempty"`
+
+	// passwordSecretRef names a Secret in the RedisCluster's namespace, and the key in it, that
+	// holds the user's password (the administrator keeps it, and gives the same password to
+	// Vault). Without it keyroll generates a password and keeps it, with the username, in Secret
+	// <name>-vault-plugin (keys username and password) for the administrator to read.
+	// +optional
+	PasswordSecretRef *LocalSecretKeyReference `json:"passwordSecretRef,omitempty"`
+}
+
+// LocalSecretKeyReference names one key of a Secret in the object's own namespace.
+type LocalSecretKeyReference struct {
+	// name of the Secret.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
+	Name string `json:"name"`
+
+	// key within the Secret's data.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[-._a-zA-Z0-9]+$`
+	Key string `json:"key"`
 }
 
 // StorageSpec is a persistent volume per Redis pod.
@@ -195,6 +249,7 @@ type CredentialsSpec struct {
 	// +kubebuilder:validation:items:MaxLength=256
 	// +kubebuilder:validation:items:Pattern=`^[~&%+\-@a-zA-Z0-9_:*?|\[\]{}./]+$`
 	// +kubebuilder:validation:XValidation:rule="self.all(r, !(r in ['on', 'off', 'nopass', 'reset', 'resetpass']) && !r.startsWith('>') && !r.startsWith('<') && !r.startsWith('#'))",message="aclRules may hold only key, channel and command rules; passwords and user state are managed by keyroll"
+	// +kubebuilder:validation:XValidation:rule="self.all(r, r in ['allkeys', 'allchannels', 'allcommands', 'nocommands', 'resetkeys', 'resetchannels'] || r.matches('^(~|%R~|%W~|%RW~|&).+$') || r.matches('^[+-]@[a-z]+$') || r.matches('^[+-][a-z][a-z0-9_-]*([|][a-z][a-z0-9_-]*)?$'))",message="aclRules: each rule must be a key pattern (~, %R~, %W~, %RW~), a channel pattern (&), a category (+@name, -@name), a command (+name, -name, +name|subcommand) or one of allkeys, allchannels, allcommands, nocommands, resetkeys, resetchannels"
 	ACLRules []string `json:"aclRules,omitempty"`
 }
 
@@ -367,6 +422,14 @@ type RolloutSpec struct {
 	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('10s') && duration(self) <= duration('1h')",message="rollout.readinessTimeout must be between 10s and 1h"
 	ReadinessTimeout *metav1.Duration `json:"readinessTimeout,omitempty"`
 
+	// redisPods says what a rotation does to the Redis pods. Live (the default) changes the users
+	// on the running nodes and restarts no pod: connections and data stay. Restart also restarts
+	// the pods, one at a time, once the new user is on every node and before the consumers.
+	// +optional
+	// +kubebuilder:default=Live
+	// +kubebuilder:validation:Enum=Live;Restart
+	RedisPods RedisPodsPolicy `json:"redisPods,omitempty"`
+
 	// consumers are workloads in the same namespace restarted, one after the other, once the Redis
 	// pods run the new credential.
 	// +optional
@@ -431,6 +494,43 @@ type RedisClusterStatus struct {
 	// rotateNowAcknowledged is the last value of the keyroll.dev/rotate-now annotation acted upon.
 	// +optional
 	RotateNowAcknowledged string `json:"rotateNowAcknowledged,omitempty"`
+
+	// nodes are the Redis nodes and the set of users each was last confirmed to have.
+	// +optional
+	// +listType=map
+	// +listMapKey=pod
+	// +kubebuilder:validation:MaxItems=15
+	Nodes []NodeStatus `json:"nodes,omitempty"`
+
+	// retiringUsers are Redis users being removed from every node: those of superseded
+	// credentials once the rollout is done, or of a lease revoked outside keyroll.
+	// +optional
+	// +listType=set
+	// +kubebuilder:validation:MaxItems=32
+	RetiringUsers []string `json:"retiringUsers,omitempty"`
+}
+
+// NodeStatus is what keyroll last confirmed on one Redis node (one run of a pod's Redis).
+type NodeStatus struct {
+	// pod is the Redis pod.
+	// +required
+	// +kubebuilder:validation:MaxLength=63
+	Pod string `json:"pod"`
+
+	// podUID and startedAt identify the run of Redis that was confirmed: a restarted Redis is
+	// confirmed again.
+	// +optional
+	PodUID types.UID `json:"podUID,omitempty"`
+	// +optional
+	StartedAt *metav1.Time `json:"startedAt,omitempty"`
+
+	// usersVersion identifies (as a hash) the set of users the node was confirmed to have.
+	// +optional
+	UsersVersion string `json:"usersVersion,omitempty"`
+
+	// confirmedAt is when keyroll last confirmed the node.
+	// +optional
+	ConfirmedAt *metav1.Time `json:"confirmedAt,omitempty"`
 }
 
 // CredentialStatus describes the current credential.
@@ -599,7 +699,7 @@ type RolloutStatus struct {
 // +kubebuilder:subresource:status
 // +kubebuilder:resource:scope=Namespaced,shortName=rdc,categories=keyroll
 // +kubebuilder:validation:XValidation:rule="size(self.metadata.name) <= 52",message="metadata.name must be at most 52 characters: the Redis pods' controller-revision-hash label is the name and 11 more characters, and must fit in 63"
-// +kubebuilder:validation:XValidation:rule="!has(self.spec.credentials.secretName) || self.spec.credentials.secretName != self.metadata.name + '-acl'",message="spec.credentials.secretName must not be <name>-acl: that is the ACL Secret keyroll writes for the Redis pods",fieldPath=".spec.credentials.secretName"
+// +kubebuilder:validation:XValidation:rule="!has(self.spec.credentials.secretName) || !(self.spec.credentials.secretName in [self.metadata.name + '-acl', self.metadata.name + '-keyroll', self.metadata.name + '-eso', self.metadata.name + '-vault-plugin'])",message="spec.credentials.secretName must not be <name>-acl, <name>-keyroll, <name>-eso or <name>-vault-plugin: keyroll writes those Secrets itself",fieldPath=".spec.credentials.secretName"
 // +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
 // +kubebuilder:printcolumn:name="Ready",type=integer,JSONPath=`.status.readyReplicas`
 // +kubebuilder:printcolumn:name="Replicas",type=integer,JSONPath=`.spec.replicas`

@@ -60,7 +60,7 @@ func (r *Source) adopt(ctx context.Context, cl *ledger.Cluster, sc *render.Synce
 			note = "leases are not tracked"
 		}
 		cl.Conds.Event(false, v1alpha1.EventCredentialsIssued, "Adopt", "Adopted credential %s for user %s that External Secrets Operator synced into Secret %s (%s)",
-			sc.Version, sc.Username, render.CredentialsSecretName(rc), note)
+			sc.Version, sc.Username, render.SyncedSecretName(rc), note)
 		log.FromContext(ctx).Info("Synced credential adopted", "version", sc.Version, "username", sc.Username, "leaseTracked", tracked)
 	}
 	return gone, nil

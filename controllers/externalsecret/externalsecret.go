@@ -46,7 +46,7 @@ func (r *Source) Credential(ctx context.Context, cl *ledger.Cluster, vcl vault.L
 		return nil, 0, err
 	}
 	if sec == nil {
-		r.notSynced(cl, es, fmt.Sprintf("waiting for External Secrets Operator to sync Secret %s", render.CredentialsSecretName(rc)), false)
+		r.notSynced(cl, es, fmt.Sprintf("waiting for External Secrets Operator to sync Secret %s", render.SyncedSecretName(rc)), false)
 		return nil, 0, nil
 	}
 	sc, problem := render.ParseSynced(sec, rc)
@@ -150,7 +150,7 @@ func (r *Source) ensureExternalSecret(ctx context.Context, cl *ledger.Cluster) (
 
 // syncedSecret reads the credentials Secret ESO writes; nil while it does not exist.
 func (r *Source) syncedSecret(ctx context.Context, rc *v1alpha1.RedisCluster) (*corev1.Secret, error) {
-	key := client.ObjectKey{Namespace: rc.Namespace, Name: render.CredentialsSecretName(rc)}
+	key := client.ObjectKey{Namespace: rc.Namespace, Name: render.SyncedSecretName(rc)}
 	sec := &corev1.Secret{}
 	err := r.Client.Get(ctx, key, sec)
 	if client.IgnoreNotFound(err) != nil {
@@ -247,7 +247,7 @@ func (r *Source) askForRefresh(ctx context.Context, rc *v1alpha1.RedisCluster, a
 func (r *Source) reportSynced(cl *ledger.Cluster, es *esv1.ExternalSecret, sc *render.SyncedCredential, tracked bool) {
 	rc := cl.RC
 	src := rc.Spec.Credentials.ExternalSecret
-	secret := render.CredentialsSecretName(rc)
+	secret := render.SyncedSecretName(rc)
 	if tracked {
 		cl.Conds.Set(v1alpha1.ConditionCredentialsReady, metav1.ConditionTrue, v1alpha1.ReasonLeasesTracked,
 			fmt.Sprintf("External Secrets Operator synced a credential into Secret %s; keyroll renews and revokes its lease", secret))

@@ -31,9 +31,6 @@ func NewSource(c client.Client, apiReader client.Reader, clk clock.Clock, m *met
 	return &Source{Client: c, APIReader: apiReader, Clock: clk, Metrics: m, Ledger: l, sightings: &sightings{}}
 }
 
-// WritesSecret says that External Secrets Operator, not keyroll, writes the credentials Secret.
-func (*Source) WritesSecret() bool { return false }
-
 // WithClient returns a copy of r that writes through c and shares r's memory.
 func (r *Source) WithClient(c client.Client) *Source {
 	out := *r

@@ -11,13 +11,12 @@ import (
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
 	"github.com/keyroll/keyroll/controllers/conditions"
-	"github.com/keyroll/keyroll/controllers/render"
 	"github.com/keyroll/keyroll/rotation"
 )
 
 // Cluster is one reconcile's view of a RedisCluster, as the credential sources see it: the object
-// (its status is what they change), its conditions, its parsed rotation settings, and the two
-// writes a source may need before it goes on.
+// (its status is what they change), its conditions, its parsed rotation settings, and the write
+// a source may need before it goes on.
 type Cluster struct {
 	RC    *v1alpha1.RedisCluster
 	Conds conditions.Setter
@@ -26,9 +25,6 @@ type Cluster struct {
 	Window   *rotation.Window
 	// Persist writes the status now: a new lease is in the ledger before anything uses it.
 	Persist func(ctx context.Context) error
-	// WriteACL writes the aclfile the Redis pods load, with cred as the current user (nil: none,
-	// its lease was revoked outside keyroll).
-	WriteACL func(ctx context.Context, cred *render.Credential) error
 }
 
 // NotReady says that there is no usable credential, for reason; when warn is set, a Warning event

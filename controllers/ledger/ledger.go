@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -224,10 +225,45 @@ func Superseded(rc *v1alpha1.RedisCluster) []v1alpha1.LeaseRecord {
 	return out
 }
 
-// Pending says that a replaced credential is still out there: a superseded lease not revoked
-// yet, or the user of a replaced credential whose lease is not tracked.
+// Pending says that a replaced credential may still be in use: a superseded lease whose user
+// is not retired yet, or the user of a replaced credential whose lease is not tracked. The
+// rollout runs until the consumers have the current one.
 func Pending(rc *v1alpha1.RedisCluster) bool {
-	return len(Superseded(rc)) > 0 || (rc.Status.Credential != nil && len(rc.Status.Credential.SupersededUsers) > 0)
+	for _, l := range rc.Status.Leases {
+		if l.State == v1alpha1.LeaseSuperseded {
+			return true
+		}
+	}
+	return rc.Status.Credential != nil && len(rc.Status.Credential.SupersededUsers) > 0
+}
+
+// Retiring says that something replaced is on its way out: a pending credential, a lease not
+// revoked yet, or a user not yet removed from every node.
+func Retiring(rc *v1alpha1.RedisCluster) bool {
+	return Pending(rc) || len(Superseded(rc)) > 0 || len(rc.Status.RetiringUsers) > 0
+}
+
+// Retire is called once the current credential runs everywhere: the superseded leases are to be
+// revoked (Revoking), and their users, with those of replaced credentials without a tracked
+// lease, are to leave every node (status.retiringUsers).
+func Retire(rc *v1alpha1.RedisCluster) {
+	retire := func(name string) {
+		if name != "" && !slices.Contains(rc.Status.RetiringUsers, name) && (rc.Status.Credential == nil || rc.Status.Credential.Username != name) {
+			rc.Status.RetiringUsers = append(rc.Status.RetiringUsers, name)
+		}
+	}
+	for i := range rc.Status.Leases {
+		if l := &rc.Status.Leases[i]; l.State == v1alpha1.LeaseSuperseded {
+			l.State = v1alpha1.LeaseRevoking
+			retire(l.Username)
+		}
+	}
+	if c := rc.Status.Credential; c != nil {
+		for _, name := range c.SupersededUsers {
+			retire(name)
+		}
+		c.SupersededUsers = nil
+	}
 }
 
 // DefaultRenewalPercent is how far into a lease ESO obtained keyroll renews it.

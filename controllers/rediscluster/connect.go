@@ -56,7 +56,11 @@ func (r *deps) refuse(s *scope, reason, message string) {
 // checkSecretsFree makes sure the Secrets keyroll writes are either absent or its own, before a
 // credential is issued that could not be written anywhere.
 func (r *deps) checkSecretsFree(ctx context.Context, s *scope) (bool, error) {
-	for _, name := range []string{render.CredentialsSecretName(s.RC), render.ACLSecretName(s.RC)} {
+	names := []string{render.CredentialsSecretName(s.RC), render.ACLSecretName(s.RC), render.StateSecretName(s.RC)}
+	if vp := s.RC.Spec.VaultPlugin; vp != nil && vp.PasswordSecretRef == nil {
+		names = append(names, render.VaultPluginSecretName(s.RC))
+	}
+	for _, name := range names {
 		err := r.secretOwned(ctx, s.RC, name)
 		var conflict *apply.ConflictError
 		if errors.As(err, &conflict) {

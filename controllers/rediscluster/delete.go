@@ -29,7 +29,7 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, s *scope) (ctrl.Result
 		return ctrl.Result{}, r.removeFinalizer(ctx, s)
 	}
 	r.forget(client.ObjectKeyFromObject(rc))
-	if src := r.source(rc); src.WritesSecret() || r.ExternalSecrets {
+	if src := r.source(rc); rc.Spec.Credentials.Source != v1alpha1.SourceExternalSecret || r.ExternalSecrets {
 		if wait, err := src.Retire(ctx, s.Cluster); err != nil || wait > 0 {
 			return ctrl.Result{RequeueAfter: wait}, err
 		}

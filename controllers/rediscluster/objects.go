@@ -7,24 +7,25 @@ import (
 	"github.com/keyroll/keyroll/controllers/apply"
 
 	"github.com/keyroll/keyroll/controllers/render"
-
-	corev1 "k8s.io/api/core/v1"
-	"sigs.k8s.io/controller-runtime/pkg/client"
-
-	"github.com/keyroll/keyroll/apis/v1alpha1"
 )
 
-// reconcileObjects writes the objects the RedisCluster owns, Secrets first so that pods created
-// from the StatefulSet find the credential they are annotated with.
-func (r *deps) reconcileObjects(ctx context.Context, s *scope, cred *render.Credential) error {
+// reconcileObjects writes the objects the RedisCluster owns that do not depend on its credential:
+// the ACL Secret first when there is none yet (with keyroll's own users only), so that the pods
+// the StatefulSet starts find their aclfile, then the ConfigMap, the Services and the
+// StatefulSet. No pod mounts the credential: the Redis pods start before there is one, and the
+// users on them change live.
+func (r *deps) reconcileObjects(ctx context.Context, s *scope, in *internal) error {
 	rc := s.RC
+	version := ""
+	if c := rc.Status.Credential; c != nil {
+		version = c.Version
+	}
 	steps := []func() error{
-		func() error { return r.ensureACLSecret(ctx, rc, cred) },
 		func() error {
-			if rc.Spec.Credentials.Source == v1alpha1.SourceExternalSecret {
-				return nil // External Secrets Operator writes it
+			if in.acl.Name != "" {
+				return nil // it exists: reconcileUsers keeps it
 			}
-			return apply.Owned(ctx, r.Client, r.APIReader, rc, render.CredentialsSecret(rc, cred.Username, cred.Password, cred.Version))
+			return r.writeACLSecret(ctx, rc, render.ClusterUsers(rc, in.Internal, nil), in, "")
 		},
 		func() error {
 			return apply.Owned(ctx, r.Client, r.APIReader, rc, render.ConfigMap(rc))
@@ -36,7 +37,7 @@ func (r *deps) reconcileObjects(ctx context.Context, s *scope, cred *render.Cred
 			return apply.Owned(ctx, r.Client, r.APIReader, rc, render.ClientService(rc))
 		},
 		func() error {
-			return apply.Owned(ctx, r.Client, r.APIReader, rc, render.StatefulSet(rc, cred.Version))
+			return apply.Owned(ctx, r.Client, r.APIReader, rc, render.StatefulSet(rc, version))
 		},
 	}
 	for _, step := range steps {
@@ -49,25 +50,4 @@ func (r *deps) reconcileObjects(ctx context.Context, s *scope, cred *render.Cred
 		}
 	}
 	return nil
-}
-
-// ensureACLSecret writes the aclfile the Redis pods load, and the reload user's password. cred is
-// the current credential; nil leaves the current user out (its lease was revoked outside keyroll).
-func (r *deps) ensureACLSecret(ctx context.Context, rc *v1alpha1.RedisCluster, cred *render.Credential) error {
-	old := &corev1.Secret{}
-	err := r.Get(ctx, client.ObjectKey{Namespace: rc.Namespace, Name: render.ACLSecretName(rc)}, old)
-	if client.IgnoreNotFound(err) != nil {
-		return err
-	}
-	reload := string(old.Data[render.ReloadPasswordKey])
-	if reload == "" {
-		if reload, err = render.RandomPassword(); err != nil {
-			return err
-		}
-	}
-	aclFile, err := render.ACLFile(rc, cred, render.ParseACLUsers(string(old.Data[render.ACLFileKey])), reload)
-	if err != nil {
-		return err
-	}
-	return apply.Owned(ctx, r.Client, r.APIReader, rc, render.ACLSecret(rc, aclFile, reload))
 }

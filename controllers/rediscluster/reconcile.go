@@ -51,7 +51,6 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 	s := &scope{before: rc.DeepCopy(), Cluster: &ledger.Cluster{RC: rc,
 		Conds: conditions.Setter{Obj: rc, Conditions: &rc.Status.Conditions, Recorder: r.Recorder}}}
 	s.Persist = func(ctx context.Context) error { return r.writeStatus(ctx, s) }
-	s.WriteACL = func(ctx context.Context, cred *render.Credential) error { return r.ensureACLSecret(ctx, rc, cred) }
 	defer func() {
 		err := r.writeStatus(ctx, s)
 		if apierrors.IsNotFound(err) && !rc.DeletionTimestamp.IsZero() {
@@ -95,7 +94,9 @@ func (r *Reconciler) ensureFinalizer(ctx context.Context, rc *v1alpha1.RedisClus
 	return true, r.Patch(ctx, rc, patch)
 }
 
-// reconcileNormal runs the phases in order; each returns early when it cannot go on.
+// reconcileNormal runs the phases in order; each returns early when it cannot go on: the Redis
+// objects (which need no credential), the credential, its users on every node (then the
+// consumers' Secret), the rollout to the consumers, and the retirement of what it replaced.
 func (r *Reconciler) reconcileNormal(ctx context.Context, s *scope) (ctrl.Result, error) {
 	rc := s.RC
 	external := rc.Spec.Credentials.Source == v1alpha1.SourceExternalSecret
@@ -106,6 +107,13 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, s *scope) (ctrl.Result
 	r.parseRotation(s)
 	if free, err := r.checkSecretsFree(ctx, s); !free || err != nil {
 		return ctrl.Result{RequeueAfter: waitForConnection}, err
+	}
+	in, err := r.internalUsers(ctx, s)
+	if in == nil || err != nil {
+		return ctrl.Result{RequeueAfter: waitForConnection}, err
+	}
+	if err := r.reconcileObjects(ctx, s, in); err != nil {
+		return ctrl.Result{}, err
 	}
 	var vcl vault.LeaseClient // none in ExternalSecret mode without connectionRef
 	if rc.VaultConnectionName() != "" {
@@ -119,16 +127,21 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, s *scope) (ctrl.Result
 	if err != nil || cred == nil {
 		return ctrl.Result{RequeueAfter: next}, err
 	}
-	if err := r.reconcileObjects(ctx, s, cred); err != nil {
+	if err := r.stage(ctx, s, in, cred); err != nil {
 		return ctrl.Result{}, err
+	}
+	applied, wait, err := r.reconcileUsers(ctx, s, in, cred)
+	if !applied || err != nil {
+		r.readyReplicas(ctx, s)
+		return ctrl.Result{RequeueAfter: soonest(next, wait)}, err
 	}
 	rolledOut, wait, err := r.rollout.Roll(ctx, s.RC, s.Conds, cred.Version, ledger.Pending(s.RC))
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	if rolledOut {
-		if err := r.retireSuperseded(ctx, s, vcl, cred); err != nil {
-			return ctrl.Result{}, err
+	if rolledOut && ledger.Retiring(s.RC) {
+		if done, wait, err := r.retireSuperseded(ctx, s, in, vcl, cred); !done || err != nil {
+			return ctrl.Result{RequeueAfter: wait}, err
 		}
 	}
 	r.readyReplicas(ctx, s)
@@ -136,21 +149,38 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, s *scope) (ctrl.Result
 	return ctrl.Result{RequeueAfter: soonest(next, wait)}, nil
 }
 
-// retireSuperseded revokes the leases the current credential replaced, once it runs everywhere,
-// and then drops their users (and those of replaced credentials without a tracked lease) from the
-// ACL Secret. vcl is nil when no lease is tracked.
-func (r *deps) retireSuperseded(ctx context.Context, s *scope, vcl vault.LeaseClient, cred *render.Credential) error {
-	c := s.RC.Status.Credential
-	if len(ledger.Superseded(s.RC)) == 0 && len(c.SupersededUsers) == 0 {
-		return nil
-	}
-	if vcl != nil && len(ledger.Superseded(s.RC)) > 0 {
-		if err := r.Ledger.RevokeSuperseded(ctx, s.Cluster, vcl); err != nil {
+// stage keeps the current credential where only keyroll reads it (VaultLease mode: Vault hands
+// it over once), before any node or consumer has it; with rollout.redisPods Restart, the
+// StatefulSet's template names it, so that pods restarted for it are told apart.
+func (r *deps) stage(ctx context.Context, s *scope, in *internal, cred *render.Credential) error {
+	rc := s.RC
+	if rc.Spec.Credentials.Source == v1alpha1.SourceVaultLease {
+		if err := r.writeState(ctx, rc, in, cred); err != nil {
 			return err
 		}
 	}
-	c.SupersededUsers = nil
-	return r.ensureACLSecret(ctx, s.RC, cred)
+	if render.RestartsPods(rc) {
+		return apply.Owned(ctx, r.Client, r.APIReader, rc, render.StatefulSet(rc, cred.Version))
+	}
+	return nil
+}
+
+// retireSuperseded retires what the current credential replaced, once it runs everywhere: the
+// users of superseded credentials leave every node (confirmed on each) and the aclfile, then
+// their leases are revoked. A revocation that fails is retried with backoff; the user stays
+// removed. vcl is nil when no lease is tracked.
+func (r *deps) retireSuperseded(ctx context.Context, s *scope, in *internal, vcl vault.LeaseClient, cred *render.Credential) (bool, time.Duration, error) {
+	ledger.Retire(s.RC)
+	applied, wait, err := r.reconcileUsers(ctx, s, in, cred)
+	if !applied || err != nil {
+		return false, wait, err
+	}
+	if vcl != nil && len(ledger.Superseded(s.RC)) > 0 {
+		if err := r.Ledger.RevokeSuperseded(ctx, s.Cluster, vcl); err != nil {
+			return false, 0, err
+		}
+	}
+	return true, 0, nil
 }
 
 // forget drops what the reconciler keeps of a deleted cluster: its scheduler entry and metrics.

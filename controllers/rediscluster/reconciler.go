@@ -21,6 +21,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/controllers/nodes"
+	"github.com/keyroll/keyroll/redisnode"
 	"github.com/keyroll/keyroll/vault"
 )
 
@@ -50,6 +52,8 @@ type deps struct {
 	Connector *vaultconnection.Connector
 	Metrics   *metrics.Metrics
 	Ledger    *ledger.Ledger
+	// nodes changes the users on the Redis nodes.
+	nodes *nodes.Syncer
 }
 
 // source is where a RedisCluster's credential comes from: a Vault lease keyroll holds
@@ -59,9 +63,6 @@ type source interface {
 	// returns it; nil while there is none. It says when to look again. vcl is the Vault client of
 	// the cluster's VaultConnection, nil when it has none.
 	Credential(ctx context.Context, c *ledger.Cluster, vcl vault.LeaseClient) (*render.Credential, time.Duration, error)
-	// WritesSecret says whether keyroll writes the credentials Secret (External Secrets Operator
-	// writes it otherwise).
-	WritesSecret() bool
 	// Retire stops the source before the cluster's leases are revoked on delete, and says how
 	// long to wait for it.
 	Retire(ctx context.Context, c *ledger.Cluster) (time.Duration, error)
@@ -85,6 +86,8 @@ type Config struct {
 	// LeaseCheckInterval is how often a live lease is looked up (zero: DefaultLeaseCheckInterval;
 	// negative: never).
 	LeaseCheckInterval time.Duration
+	// DialRedis opens a connection to one Redis node (nil: redisnode.Dial, the real ones).
+	DialRedis redisnode.Dialer
 }
 
 // New returns a Reconciler for cfg.
@@ -93,8 +96,13 @@ func New(cfg Config) *Reconciler {
 	if interval == 0 {
 		interval = ledger.DefaultLeaseCheckInterval
 	}
+	dial := cfg.DialRedis
+	if dial == nil {
+		dial = redisnode.Dial
+	}
 	d := &deps{Client: cfg.Client, APIReader: cfg.APIReader, Clock: cfg.Clock, Connector: cfg.Connector,
-		Metrics: cfg.Metrics, Ledger: &ledger.Ledger{Clock: cfg.Clock, Metrics: cfg.Metrics, Checks: ledger.NewLeaseChecks(interval)}}
+		Metrics: cfg.Metrics, Ledger: &ledger.Ledger{Clock: cfg.Clock, Metrics: cfg.Metrics, Checks: ledger.NewLeaseChecks(interval)},
+		nodes: &nodes.Syncer{Client: cfg.Client, Dial: dial, Clock: cfg.Clock}}
 	workers := cfg.Workers
 	if workers <= 0 {
 		workers = DefaultWorkers
@@ -111,7 +119,7 @@ func New(cfg Config) *Reconciler {
 // reconcile with it).
 func (r *Reconciler) WithClient(c client.Client) *Reconciler {
 	out := New(Config{Client: c, APIReader: r.APIReader, Recorder: r.Recorder, Clock: r.Clock, Connector: r.Connector,
-		Metrics: r.Metrics, ExternalSecrets: r.ExternalSecrets})
+		Metrics: r.Metrics, ExternalSecrets: r.ExternalSecrets, DialRedis: r.nodes.Dial})
 	out.Ledger, out.externalSecret = r.Ledger, r.externalSecret.WithClient(c) // the same memory as r
 	out.vaultLease.Ledger = r.Ledger
 	return out

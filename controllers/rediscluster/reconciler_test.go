@@ -2,6 +2,7 @@ package rediscluster
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -12,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/events"
 	testclock "k8s.io/utils/clock/testing"
@@ -27,12 +29,14 @@ import (
 	"github.com/keyroll/keyroll/controllers/rollout"
 	"github.com/keyroll/keyroll/controllers/vaultconnection"
 	"github.com/keyroll/keyroll/controllers/vaultlease"
+	"github.com/keyroll/keyroll/redisnode/redisnodetest"
 	"github.com/keyroll/keyroll/vault"
 	"github.com/keyroll/keyroll/vault/vaulttest"
 )
 
-// These tests drive the reconciler with controller-runtime's fake client and the Vault fake: no
-// API server, no Vault, no pods. They run in make unit, in seconds.
+// These tests drive the reconciler with controller-runtime's fake client, the Vault fake and fake
+// Redis nodes: no API server, no Vault, no Redis; the pods are objects that say they run. They run
+// in make unit, in seconds.
 
 var epoch = time.Date(2026, 3, 4, 5, 6, 7, 0, time.UTC)
 
@@ -46,6 +50,7 @@ type harness struct {
 	r      *Reconciler
 	k8s    client.Client
 	vault  *vaulttest.Fake
+	redis  *redisnodetest.Fake
 	clock  *testclock.FakeClock
 	events *events.FakeRecorder
 }
@@ -62,6 +67,11 @@ func newHarness(t *testing.T, objs ...client.Object) *harness {
 		Address: "https://vault.example:8200", AllowedNamespaces: []string{"*"},
 		Auth: v1alpha1.VaultAuth{Kubernetes: &v1alpha1.KubernetesAuth{Mount: "kubernetes", Role: "keyroll", Audiences: []string{"vault"}}},
 	}}
+	for _, o := range objs {
+		if rc, ok := o.(*v1alpha1.RedisCluster); ok {
+			objs = append(objs, runningPods(rc)...)
+		}
+	}
 	k8s := fake.NewClientBuilder().WithScheme(s).WithObjects(append(objs, vc)...).WithReturnManagedFields().
 		WithStatusSubresource(&v1alpha1.RedisCluster{}, &v1alpha1.VaultConnection{}).
 		WithIndex(&v1alpha1.RedisCluster{}, vaultconnection.ClusterIndex, func(o client.Object) []string {
@@ -73,12 +83,35 @@ func newHarness(t *testing.T, objs ...client.Object) *harness {
 	fv := vaulttest.New(clk)
 	fv.LeaseDuration = 10 * time.Minute
 	rec := events.NewFakeRecorder(100)
+	redis := redisnodetest.New()
 	r := New(Config{
 		Client: k8s, APIReader: k8s, Recorder: rec, Clock: clk, Metrics: metrics.For(clk),
 		Connector: &vaultconnection.Connector{Reader: k8s, Clients: fakeClients{fv}, Clock: clk},
+		DialRedis: redis.Dial,
 	})
-	return &harness{r: r, k8s: k8s, vault: fv, clock: clk, events: rec}
+	return &harness{r: r, k8s: k8s, vault: fv, redis: redis, clock: clk, events: rec}
 }
+
+// runningPods are the Redis pods of rc as the kubelet reports them: each running Redis, Ready, at
+// an address of its own.
+func runningPods(rc *v1alpha1.RedisCluster) []client.Object {
+	var pods []client.Object
+	for i := range rc.Spec.Replicas {
+		pods = append(pods, &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Namespace: rc.Namespace, Name: fmt.Sprintf("%s-%d", rc.Name, i), UID: types.UID(fmt.Sprintf("pod-%d", i)),
+				Labels: render.SelectorLabels(rc)},
+			Status: corev1.PodStatus{PodIP: podIP(int(i)),
+				Conditions:        []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}},
+				ContainerStatuses: []corev1.ContainerStatus{{Name: "redis", State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: metav1.NewTime(epoch)}}}}},
+		})
+	}
+	return pods
+}
+
+func podIP(i int) string { return fmt.Sprintf("10.0.0.%d", 10+i) }
+
+// nodeAddr is where the reconciler reaches pod i.
+func nodeAddr(i int) string { return podIP(i) + ":6379" }
 
 // cluster is a RedisCluster as the API server stores it, defaults filled in.
 func cluster(mutate ...func(*v1alpha1.RedisCluster)) *v1alpha1.RedisCluster {
@@ -340,6 +373,8 @@ func TestSummary(t *testing.T) {
 	cond := func(t, status, reason string) metav1.Condition {
 		return metav1.Condition{Type: t, Status: metav1.ConditionStatus(status), Reason: reason, Message: reason + " message"}
 	}
+	creds := cond(v1alpha1.ConditionCredentialsReady, "True", v1alpha1.ReasonIssued)
+	users := cond(v1alpha1.ConditionUsersApplied, "True", v1alpha1.ReasonApplied)
 	cases := map[string]struct {
 		conds                    []metav1.Condition
 		ready                    int32
@@ -347,13 +382,17 @@ func TestSummary(t *testing.T) {
 		wantReadyTrue, wantDeg   bool
 		wantDegradedMessageParts []string
 	}{
-		"all well": {conds: []metav1.Condition{cond(v1alpha1.ConditionCredentialsReady, "True", v1alpha1.ReasonIssued), cond(v1alpha1.ConditionScheduleValid, "True", v1alpha1.ReasonAvailable)},
+		"all well": {conds: []metav1.Condition{creds, users, cond(v1alpha1.ConditionScheduleValid, "True", v1alpha1.ReasonAvailable)},
 			ready: 3, wantReadyTrue: true, wantReady: v1alpha1.ReasonAvailable, wantDegraded: v1alpha1.ReasonAvailable},
-		"pods starting": {conds: []metav1.Condition{cond(v1alpha1.ConditionCredentialsReady, "True", v1alpha1.ReasonIssued)},
+		"pods starting": {conds: []metav1.Condition{creds, users},
 			ready: 1, wantReady: v1alpha1.ReasonReconciling, wantDegraded: v1alpha1.ReasonAvailable},
 		"no credential": {conds: []metav1.Condition{cond(v1alpha1.ConditionCredentialsReady, "False", v1alpha1.ReasonPermissionDenied)},
 			ready: 3, wantReady: v1alpha1.ReasonPermissionDenied, wantDegraded: v1alpha1.ReasonAvailable},
-		"two concerns, the most pressing first": {conds: []metav1.Condition{cond(v1alpha1.ConditionCredentialsReady, "True", v1alpha1.ReasonIssued),
+		"nodes being given the users": {conds: []metav1.Condition{creds, cond(v1alpha1.ConditionUsersApplied, "False", v1alpha1.ReasonApplying)},
+			ready: 3, wantReady: v1alpha1.ReasonApplying, wantDegraded: v1alpha1.ReasonAvailable},
+		"a node unreachable": {conds: []metav1.Condition{creds, cond(v1alpha1.ConditionUsersApplied, "False", v1alpha1.ReasonNodeUnreachable)},
+			ready: 3, wantReady: v1alpha1.ReasonNodeUnreachable, wantDeg: true, wantDegraded: v1alpha1.ReasonNodeUnreachable},
+		"two concerns, the most pressing first": {conds: []metav1.Condition{creds, users,
 			cond(v1alpha1.ConditionScheduleValid, "False", v1alpha1.ReasonInvalidSchedule), cond(v1alpha1.ConditionRolloutHealthy, "False", v1alpha1.ReasonRolloutStalled)},
 			ready: 3, wantReadyTrue: true, wantReady: v1alpha1.ReasonAvailable, wantDeg: true, wantDegraded: v1alpha1.ReasonRolloutStalled,
 			wantDegradedMessageParts: []string{"RolloutStalled message", "InvalidSchedule message"}},

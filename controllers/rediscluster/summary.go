@@ -1,6 +1,7 @@
 package rediscluster
 
 import (
+	"slices"
 	"strings"
 
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -10,23 +11,27 @@ import (
 )
 
 // concerns are the conditions that Degraded sums up, the most pressing first: a lease that cannot
-// be revoked, a rollout that does not move on, a credential source that needs attention, a schedule
-// that does not parse.
+// be revoked, Redis nodes that cannot be given their users, a rollout that does not move on, a
+// credential source that needs attention, a schedule that does not parse.
 var concerns = []string{
-	v1alpha1.ConditionLeasesRevoked, v1alpha1.ConditionRolloutHealthy,
+	v1alpha1.ConditionLeasesRevoked, v1alpha1.ConditionUsersApplied, v1alpha1.ConditionRolloutHealthy,
 	v1alpha1.ConditionSourceHealthy, v1alpha1.ConditionScheduleValid,
 }
+
+// inProgress are reasons of a False concern that are work going on, not a problem: UsersApplied
+// while the nodes are being given their users.
+var inProgress = []string{v1alpha1.ReasonApplying}
 
 // summarize computes Ready and Degraded from the conditions of each concern, in this one place,
 // so that two problems never overwrite each other: Degraded is True while any concern is False
 // (with the first one's reason and every one's message); Ready is True when a live credential is
-// in place and every Redis pod is Ready. Their events are those of the concerns.
+// in place, every Redis node accepts it and every Redis pod is Ready. Their events are those of the concerns.
 func (s *scope) summarize() {
 	rc := s.RC
 	var reason string
 	var msgs []string
 	for _, t := range concerns {
-		if c := meta.FindStatusCondition(rc.Status.Conditions, t); c != nil && c.Status == metav1.ConditionFalse {
+		if c := meta.FindStatusCondition(rc.Status.Conditions, t); c != nil && c.Status == metav1.ConditionFalse && !slices.Contains(inProgress, c.Reason) {
 			if reason == "" {
 				reason = c.Reason
 			}
@@ -42,11 +47,16 @@ func (s *scope) summarize() {
 		return
 	}
 	creds := meta.FindStatusCondition(rc.Status.Conditions, v1alpha1.ConditionCredentialsReady)
+	users := meta.FindStatusCondition(rc.Status.Conditions, v1alpha1.ConditionUsersApplied)
 	switch {
 	case creds == nil:
 		s.Conds.Set(v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.ReasonReconciling, "Waiting for a credential")
 	case creds.Status != metav1.ConditionTrue:
 		s.Conds.Set(v1alpha1.ConditionReady, metav1.ConditionFalse, creds.Reason, creds.Message)
+	case users == nil:
+		s.Conds.Set(v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.ReasonApplying, "Waiting for the Redis nodes to accept the credential")
+	case users.Status != metav1.ConditionTrue:
+		s.Conds.Set(v1alpha1.ConditionReady, metav1.ConditionFalse, users.Reason, users.Message)
 	case s.conflict != "":
 		s.Conds.Set(v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.ReasonSecretConflict, s.conflict)
 	case rc.Status.ReadyReplicas < rc.Spec.Replicas:

@@ -15,28 +15,39 @@ import (
 // ACLFileKey is the key of the aclfile in the ACL Secret that Redis pods mount.
 const ACLFileKey = "users.acl"
 
-// ReloadPasswordKey is the key, in the ACL Secret, of the password of the reload user: a Redis
-// user that may only reload the aclfile (ACL LOAD). Each Redis pod reloads its aclfile with it when
-// the mounted Secret changes, so that a revoked user is forgotten without a restart.
-const ReloadPasswordKey = "reload-password"
+// keyroll's own users on every node of a cluster, each with just the commands it needs, and none
+// changed by a rotation or by aclRules.
+const (
+	// AdminUser is the user keyroll changes the other users with, node by node. Its password is in
+	// the state Secret, which no pod mounts.
+	AdminUser = "keyroll-admin"
+	// ReplicationUser is the user replicas authenticate to their primary as (masteruser).
+	ReplicationUser = "keyroll-repl"
+	// ProbeUser is the user of the readiness probe.
+	ProbeUser = "keyroll-probe"
+)
 
-// reloadUser is the name of the reload user, and reloadRules all it may do.
-const reloadUser = "keyroll-reload"
+var (
+	adminRules       = []string{"+@connection", "+acl", "+info", "+role", "+failover", "+replicaof"}
+	replicationRules = []string{"+psync", "+replconf", "+ping"}
+	probeRules       = []string{"+ping", "+info"}
+	// VaultPluginRules are what Vault's Redis database plugin runs: it creates users (ACL SETUSER),
+	// deletes them (ACL DELUSER) and looks them up before a password change (ACL GETUSER).
+	VaultPluginRules = []string{"+ping", "+acl|setuser", "+acl|deluser", "+acl|getuser"}
+)
 
-var reloadRules = []string{"+acl|load", "+ping"}
-
-// aclUser is one user of the aclfile, with the SHA-256 hash of its password (hex).
+// ACLUser is one user of a cluster's nodes: its name, the SHA-256 of its password (hex) and its
+// rules.
 type ACLUser struct {
 	Username     string
 	PasswordHash string
-	// Rules, when set, replace the cluster's aclRules for this user.
-	Rules []string
+	Rules        []string
 }
 
-// newACLUser hashes a password for the aclfile.
-func NewACLUser(username, password string) ACLUser {
+// HashPassword is the SHA-256 of a password, hex, as an aclfile and ACL SETUSER take it.
+func HashPassword(password string) string {
 	sum := sha256.Sum256([]byte(password))
-	return ACLUser{Username: username, PasswordHash: hex.EncodeToString(sum[:])}
+	return hex.EncodeToString(sum[:])
 }
 
 // ValidUsername says whether keyroll accepts u as a Redis user name (in an aclfile).
@@ -48,10 +59,14 @@ var usernamePattern = regexp.MustCompile(`^[A-Za-z0-9_.@-]{1,256}$`)
 
 var hashPattern = regexp.MustCompile(`^[0-9a-f]{64}$`)
 
-// renderACLFile renders a Redis aclfile: the default user off, and each user on with the given
-// rules. Passwords appear only as SHA-256 hashes (#<hex>), so no character of a password needs
-// escaping and the file never holds a password in clear.
-func RenderACLFile(users []ACLUser, rules []string) (string, error) {
+// aclLinePrefix is what every user line of keyroll's aclfile starts its rules with: the rules
+// that follow are all the user has.
+const aclLinePrefix = "resetkeys resetchannels -@all"
+
+// RenderACLFile renders a Redis aclfile: the default user off, and each user on with its rules.
+// Passwords appear only as SHA-256 hashes (#<hex>), so no character of a password needs escaping
+// and the file never holds a password in clear.
+func RenderACLFile(users []ACLUser) (string, error) {
 	var b strings.Builder
 	b.WriteString("user default off\n")
 	for _, u := range users {
@@ -61,16 +76,13 @@ func RenderACLFile(users []ACLUser, rules []string) (string, error) {
 		if !hashPattern.MatchString(u.PasswordHash) {
 			return "", fmt.Errorf("user %s: malformed password hash", u.Username)
 		}
-		r := rules
-		if u.Rules != nil {
-			r = u.Rules
-		}
-		fmt.Fprintf(&b, "user %s on #%s resetkeys resetchannels -@all %s\n", u.Username, u.PasswordHash, strings.Join(r, " "))
+		fmt.Fprintf(&b, "user %s on #%s %s %s\n", u.Username, u.PasswordHash, aclLinePrefix, strings.Join(u.Rules, " "))
 	}
 	return b.String(), nil
 }
 
-// parseACLUsers reads the users (name and password hash) of an aclfile that renderACLFile wrote.
+// ParseACLUsers reads the users (name, password hash and rules) of an aclfile that RenderACLFile
+// wrote.
 func ParseACLUsers(file string) map[string]ACLUser {
 	users := map[string]ACLUser{}
 	for _, line := range strings.Split(file, "\n") {
@@ -78,33 +90,98 @@ func ParseACLUsers(file string) map[string]ACLUser {
 		if len(f) < 4 || f[0] != "user" || f[2] != "on" || !strings.HasPrefix(f[3], "#") {
 			continue
 		}
-		users[f[1]] = ACLUser{Username: f[1], PasswordHash: strings.TrimPrefix(f[3], "#")}
+		rules := strings.Fields(strings.TrimPrefix(strings.Join(f[4:], " "), aclLinePrefix))
+		users[f[1]] = ACLUser{Username: f[1], PasswordHash: strings.TrimPrefix(f[3], "#"), Rules: rules}
 	}
 	return users
 }
 
-// credentialVersion identifies a credential: a hash of its username and password. Neither can be
+// CredentialVersion identifies a credential: a hash of its username and password. Neither can be
 // recovered from it; it changes whenever the credential does, and is the same for the same credential.
 func CredentialVersion(username, password string) string {
 	sum := sha256.Sum256([]byte("keyroll/v1\x00" + username + "\x00" + password))
 	return hex.EncodeToString(sum[:8])
 }
 
-// ACLFile renders the aclfile: the current user (none while a revoked credential awaits its
-// replacement), the users of superseded leases that are not revoked yet (taken over from the
-// aclfile as it is, where only their password hashes are), and the reload user.
-func ACLFile(rc *v1alpha1.RedisCluster, cred *Credential, existing map[string]ACLUser, reloadPassword string) (string, error) {
+// Internal are the passwords of keyroll's own users of a cluster, and the Vault plugin's user
+// when spec.vaultPlugin asks for one.
+type Internal struct {
+	Admin, Replication, Probe string
+	// VaultPlugin is the plugin's user (name and password hash), or nil.
+	VaultPlugin *ACLUser
+}
+
+// Users is the set of users every node of a cluster must have, and the users it must not have
+// (Retiring), in the order they are applied.
+type Users struct {
+	All      []ACLUser
+	Retiring []string
+}
+
+// ClusterUsers is what every node of rc must have: keyroll's own users, the Vault plugin's user,
+// and app, the app users (AppUsers), minus the retiring ones.
+func ClusterUsers(rc *v1alpha1.RedisCluster, in Internal, app []ACLUser) Users {
+	u := Users{All: []ACLUser{
+		{Username: AdminUser, PasswordHash: HashPassword(in.Admin), Rules: adminRules},
+		{Username: ReplicationUser, PasswordHash: HashPassword(in.Replication), Rules: replicationRules},
+		{Username: ProbeUser, PasswordHash: HashPassword(in.Probe), Rules: probeRules},
+	}}
+	if in.VaultPlugin != nil {
+		p := *in.VaultPlugin
+		p.Rules = VaultPluginRules
+		u.All = append(u.All, p)
+	}
+	for _, a := range app {
+		if !slices.Contains(rc.Status.RetiringUsers, a.Username) && !u.Has(a.Username) {
+			u.All = append(u.All, a)
+		}
+	}
+	u.Retiring = slices.Clone(rc.Status.RetiringUsers)
+	return u
+}
+
+// Has says whether the set has a user of that name.
+func (u Users) Has(name string) bool {
+	return slices.ContainsFunc(u.All, func(x ACLUser) bool { return x.Username == name })
+}
+
+// Version identifies the set (a hash of the users' names, password hashes and rules, and of the
+// retiring names): a node confirmed on a version has exactly that.
+func (u Users) Version() string {
+	h := sha256.New()
+	for _, x := range u.All {
+		fmt.Fprintf(h, "user\x00%s\x00%s\x00%s\n", x.Username, x.PasswordHash, strings.Join(x.Rules, " "))
+	}
+	for _, name := range u.Retiring {
+		fmt.Fprintf(h, "retire\x00%s\n", name)
+	}
+	return hex.EncodeToString(h.Sum(nil)[:8])
+}
+
+// WithoutRetiring is the set once the retiring users are gone from every node.
+func (u Users) WithoutRetiring() Users { return Users{All: u.All} }
+
+// ACLFile renders the aclfile of the set.
+func (u Users) ACLFile() (string, error) { return RenderACLFile(u.All) }
+
+// AppUsers are the app users of rc's nodes, each with spec.credentials.aclRules: the current
+// credential (nil: none, or not yet applied), and the users of superseded credentials that the
+// rollout still needs, taken over from the aclfile as it is (existing), where only their password
+// hashes are.
+func AppUsers(rc *v1alpha1.RedisCluster, cred *Credential, existing map[string]ACLUser) []ACLUser {
+	rules := rc.Spec.Credentials.ACLRules
 	var users []ACLUser
 	if cred != nil {
-		users = append(users, NewACLUser(cred.Username, cred.Password))
+		users = append(users, ACLUser{Username: cred.Username, PasswordHash: HashPassword(cred.Password), Rules: rules})
 	}
 	keep := func(name string) {
-		if u, ok := existing[name]; ok && !slices.ContainsFunc(users, func(x ACLUser) bool { return x.Username == name }) {
-			users = append(users, u)
+		u, ok := existing[name]
+		if ok && !slices.ContainsFunc(users, func(x ACLUser) bool { return x.Username == name }) {
+			users = append(users, ACLUser{Username: name, PasswordHash: u.PasswordHash, Rules: rules})
 		}
 	}
 	for _, l := range rc.Status.Leases {
-		if l.State != v1alpha1.LeaseActive {
+		if l.State == v1alpha1.LeaseSuperseded {
 			keep(l.Username)
 		}
 	}
@@ -113,9 +190,14 @@ func ACLFile(rc *v1alpha1.RedisCluster, cred *Credential, existing map[string]AC
 			keep(name)
 		}
 	}
-	reload := NewACLUser(reloadUser, reloadPassword)
-	reload.Rules = reloadRules
-	return RenderACLFile(append(users, reload), rc.Spec.Credentials.ACLRules)
+	return users
+}
+
+// RulesKey identifies the aclRules and the Redis image they were checked against: rules Redis
+// accepted once are not checked again until either changes.
+func RulesKey(rc *v1alpha1.RedisCluster) string {
+	sum := sha256.Sum256([]byte(rc.Spec.Image + ":" + rc.Spec.Version + "\x00" + strings.Join(rc.Spec.Credentials.ACLRules, "\x00")))
+	return hex.EncodeToString(sum[:8])
 }
 
 // RandomPassword is 32 random bytes, hex-encoded.

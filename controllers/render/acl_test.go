@@ -11,6 +11,10 @@ import (
 	"github.com/keyroll/keyroll/test/testground"
 )
 
+func user(name, password string, rules ...string) ACLUser {
+	return ACLUser{Username: name, PasswordHash: HashPassword(password), Rules: rules}
+}
+
 // The aclfile keyroll renders is loaded by a real redis-server, and the users in it authenticate
 // with their passwords, including passwords whose characters would need care in an aclfile.
 func TestACLFileLoadsInRealRedis(t *testing.T) {
@@ -21,9 +25,9 @@ func TestACLFileLoadsInRealRedis(t *testing.T) {
 	}
 	var list []ACLUser
 	for u, p := range users {
-		list = append(list, NewACLUser(u, p))
+		list = append(list, user(u, p, "~*", "&*", "+@all"))
 	}
-	file, err := RenderACLFile(list, []string{"~*", "&*", "+@all"})
+	file, err := RenderACLFile(list)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,21 +62,17 @@ func TestACLFileLoadsInRealRedis(t *testing.T) {
 func TestACLFileRules(t *testing.T) {
 	cases := map[string]struct {
 		users   []ACLUser
-		rules   []string
 		wantErr string
 		want    string
 	}{
-		"rules follow a reset": {
-			users: []ACLUser{NewACLUser("app", "pw")}, rules: []string{"~orders:*", "+get", "+set"},
-			want: "resetkeys resetchannels -@all ~orders:* +get +set",
-		},
-		"username with a space":   {users: []ACLUser{NewACLUser("bad user", "pw")}, rules: []string{"~*"}, wantErr: "cannot be written"},
-		"username with a newline": {users: []ACLUser{NewACLUser("a\nuser default on nopass", "pw")}, rules: []string{"~*"}, wantErr: "cannot be written"},
-		"malformed hash":          {users: []ACLUser{{Username: "u", PasswordHash: "zz"}}, rules: []string{"~*"}, wantErr: "malformed"},
+		"rules follow a reset":    {users: []ACLUser{user("app", "pw", "~orders:*", "+get", "+set")}, want: "resetkeys resetchannels -@all ~orders:* +get +set"},
+		"username with a space":   {users: []ACLUser{user("bad user", "pw", "~*")}, wantErr: "cannot be written"},
+		"username with a newline": {users: []ACLUser{user("a\nuser default on nopass", "pw", "~*")}, wantErr: "cannot be written"},
+		"malformed hash":          {users: []ACLUser{{Username: "u", PasswordHash: "zz"}}, wantErr: "malformed"},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
-			got, err := RenderACLFile(tc.users, tc.rules)
+			got, err := RenderACLFile(tc.users)
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 					t.Fatalf("want error %q, got %v", tc.wantErr, err)
@@ -87,13 +87,15 @@ func TestACLFileRules(t *testing.T) {
 }
 
 func TestParseACLUsersReadsWhatRenderWrites(t *testing.T) {
-	in := []ACLUser{NewACLUser("a", "1"), NewACLUser("b", "2")}
-	file, err := RenderACLFile(in, []string{"~*"})
+	in := []ACLUser{user("a", "1", "~*", "+@all"), user("b", "2", "+psync", "+replconf")}
+	file, err := RenderACLFile(in)
 	if err != nil {
 		t.Fatal(err)
 	}
 	got := ParseACLUsers(file)
-	same := func(a, b ACLUser) bool { return a.Username == b.Username && a.PasswordHash == b.PasswordHash }
+	same := func(a, b ACLUser) bool {
+		return a.Username == b.Username && a.PasswordHash == b.PasswordHash && slices.Equal(a.Rules, b.Rules)
+	}
 	if len(got) != 2 || !same(got["a"], in[0]) || !same(got["b"], in[1]) {
 		t.Fatalf("parsed %+v from %q", got, file)
 	}
@@ -106,56 +108,76 @@ func TestCredentialVersion(t *testing.T) {
 	}
 }
 
-// The aclfile holds the current user and the reload user, whose rules allow ACL LOAD and nothing
-// else (no keys, no channels), whatever the cluster's aclRules are.
-func TestACLFileHasTheReloadUserWithItsOwnRules(t *testing.T) {
+// keyroll's own users have rules of their own, whatever aclRules say; the app users have aclRules.
+func TestClusterUsersGiveKeyrollsUsersTheirOwnRules(t *testing.T) {
 	rc := &v1alpha1.RedisCluster{}
-	rc.Spec.Credentials.ACLRules = []string{"~orders:*", "+@all"}
-	file, err := ACLFile(rc, &Credential{Username: "app", Password: "p"}, nil, "reload-secret")
+	rc.Spec.Credentials.ACLRules = []string{"~app:*", "+@read", "-@dangerous"}
+	in := Internal{Admin: "a", Replication: "r", Probe: "p", VaultPlugin: &ACLUser{Username: "vault", PasswordHash: HashPassword("v")}}
+	u := ClusterUsers(rc, in, AppUsers(rc, &Credential{Username: "app", Password: "x"}, nil))
+	rules := map[string][]string{}
+	for _, x := range u.All {
+		rules[x.Username] = x.Rules
+	}
+	want := map[string][]string{
+		AdminUser: adminRules, ReplicationUser: {"+psync", "+replconf", "+ping"}, ProbeUser: {"+ping", "+info"},
+		"vault": VaultPluginRules, "app": {"~app:*", "+@read", "-@dangerous"},
+	}
+	for name, w := range want {
+		if !slices.Equal(rules[name], w) {
+			t.Errorf("%s has rules %v, want %v", name, rules[name], w)
+		}
+	}
+	if len(rules) != len(want) {
+		t.Errorf("users %v", rules)
+	}
+	file, err := u.ACLFile()
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []string{
-		"user default off",
-		"user app on #" + NewACLUser("app", "p").PasswordHash + " resetkeys resetchannels -@all ~orders:* +@all",
-		"user keyroll-reload on #" + NewACLUser("keyroll-reload", "reload-secret").PasswordHash + " resetkeys resetchannels -@all +acl|load +ping",
-	}
-	if got := strings.Split(strings.TrimSpace(file), "\n"); !slices.Equal(got, want) {
-		t.Fatalf("aclfile:\n%s\nwant:\n%s", file, strings.Join(want, "\n"))
-	}
-	if strings.Contains(file, "reload-secret") {
-		t.Fatal("the aclfile holds the reload password in clear")
+	for _, secret := range []string{"a", "r", "p", "v", "x"} {
+		if strings.Contains(file, "#"+secret+" ") || strings.Contains(file, ">"+secret) {
+			t.Errorf("password %q in clear in the aclfile", secret)
+		}
 	}
 }
 
-// The users of replaced credentials stay in the aclfile until the rollout is done: those of
-// superseded leases, and those of credentials whose leases are not tracked.
-func TestACLFileKeepsReplacedUsersUntilTheRolloutIsDone(t *testing.T) {
+// The users of replaced credentials stay until the rollout is done: those of superseded leases,
+// and those of credentials whose leases are not tracked; retiring users are left out, and the
+// version says what changed.
+func TestAppUsersKeepReplacedUsersUntilTheyRetire(t *testing.T) {
 	existing := map[string]ACLUser{
-		"leased":    NewACLUser("leased", "1"),
-		"untracked": NewACLUser("untracked", "2"),
-		"revoked":   NewACLUser("revoked", "3"),
+		"leased":    user("leased", "1"),
+		"untracked": user("untracked", "2"),
+		"revoked":   user("revoked", "3"),
+		"revoking":  user("revoking", "4"),
 	}
 	rc := &v1alpha1.RedisCluster{}
+	rc.Spec.Credentials.ACLRules = []string{"~*"}
 	rc.Status.Leases = []v1alpha1.LeaseRecord{
 		{LeaseID: "l1", State: v1alpha1.LeaseSuperseded, Username: "leased"},
 		{LeaseID: "l2", State: v1alpha1.LeaseActive, Username: "current"},
+		{LeaseID: "l3", State: v1alpha1.LeaseRevoking, Username: "revoking"},
 	}
 	rc.Status.Credential = &v1alpha1.CredentialStatus{Username: "current", SupersededUsers: []string{"untracked"}}
-	file, err := ACLFile(rc, &Credential{Username: "current", Password: "p"}, existing, "r")
-	if err != nil {
-		t.Fatal(err)
-	}
-	users := ParseACLUsers(file)
-	for _, name := range []string{"current", "leased", "untracked", reloadUser} {
-		if _, ok := users[name]; !ok {
-			t.Errorf("%s is missing from the aclfile:\n%s", name, file)
+	in := Internal{Admin: "a", Replication: "r", Probe: "p"}
+	u := ClusterUsers(rc, in, AppUsers(rc, &Credential{Username: "current", Password: "p"}, existing))
+	for _, name := range []string{"current", "leased", "untracked", AdminUser} {
+		if !u.Has(name) {
+			t.Errorf("%s is missing", name)
 		}
 	}
-	if _, ok := users["revoked"]; ok {
-		t.Errorf("a user that is neither current nor replaced stays in the aclfile:\n%s", file)
+	for _, name := range []string{"revoked", "revoking"} {
+		if u.Has(name) {
+			t.Errorf("%s, neither current nor in use, stays", name)
+		}
 	}
-	if users["untracked"].PasswordHash != existing["untracked"].PasswordHash {
-		t.Error("a replaced user's password hash changed")
+	before := u.Version()
+	rc.Status.RetiringUsers = []string{"leased"}
+	retiring := ClusterUsers(rc, in, AppUsers(rc, &Credential{Username: "current", Password: "p"}, existing))
+	if retiring.Has("leased") || !slices.Equal(retiring.Retiring, []string{"leased"}) || retiring.Version() == before {
+		t.Errorf("a retiring user: %+v", retiring)
+	}
+	if retiring.WithoutRetiring().Version() == retiring.Version() {
+		t.Error("the version does not tell a set with retiring users from one without")
 	}
 }

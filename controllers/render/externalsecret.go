@@ -35,8 +35,12 @@ type SyncedCredential struct {
 
 func ExternalSecretName(rc *v1alpha1.RedisCluster) string { return rc.Name }
 
-// buildExternalSecret is the ExternalSecret keyroll owns: it targets the credentials Secret, which
-// ESO creates and owns. The template adds the username and password keys (taken from the raw
+// SyncedSecretName is the Secret External Secrets Operator writes for rc: only keyroll reads it,
+// and publishes the credential to the consumers' Secret once every Redis node accepts it.
+func SyncedSecretName(rc *v1alpha1.RedisCluster) string { return rc.Name + "-eso" }
+
+// ExternalSecret is the ExternalSecret keyroll owns: it targets the synced Secret, which ESO
+// creates and owns, and which no consumer reads. The template adds the username and password keys (taken from the raw
 // response's data when the generator hands over the raw response) and keyroll's labels, so that
 // the operator's Secret cache sees the Secret.
 func ExternalSecret(rc *v1alpha1.RedisCluster) *esv1.ExternalSecret {
@@ -47,7 +51,7 @@ func ExternalSecret(rc *v1alpha1.RedisCluster) *esv1.ExternalSecret {
 			RefreshInterval: src.RefreshInterval,
 			RefreshPolicy:   esv1.ExternalSecretRefreshPolicy(src.RefreshPolicy),
 			Target: esv1.ExternalSecretTarget{
-				Name:           CredentialsSecretName(rc),
+				Name:           SyncedSecretName(rc),
 				CreationPolicy: esv1.CreatePolicyOwner,
 				Template: &esv1.ExternalSecretTemplate{
 					EngineVersion: esv1.TemplateEngineV2,
@@ -83,7 +87,7 @@ func credentialField(field string) string {
 func SyncedByExternalSecret(sec *corev1.Secret, rc *v1alpha1.RedisCluster) bool {
 	ref := metav1.GetControllerOf(sec)
 	return ref != nil && ref.Kind == "ExternalSecret" && ref.Name == ExternalSecretName(rc) &&
-		rc.Spec.Credentials.Source == v1alpha1.SourceExternalSecret && sec.Name == CredentialsSecretName(rc)
+		rc.Spec.Credentials.Source == v1alpha1.SourceExternalSecret && sec.Name == SyncedSecretName(rc)
 }
 
 // parseSynced reads the credential ESO wrote. It returns a message naming what is missing when

@@ -71,7 +71,7 @@ func TestBuildExternalSecretFromGeneratorAndFromStore(t *testing.T) {
 		RefreshInterval: hour, RefreshPolicy: "Periodic",
 	})
 	es := ExternalSecret(rc)
-	if es.Name != "orders" || es.Namespace != "shop" || es.Spec.Target.Name != "orders-credentials" || es.Spec.Target.CreationPolicy != "Owner" {
+	if es.Name != "orders" || es.Namespace != "shop" || es.Spec.Target.Name != "orders-eso" || es.Spec.Target.CreationPolicy != "Owner" {
 		t.Fatalf("ExternalSecret %s/%s targets %+v", es.Namespace, es.Name, es.Spec.Target)
 	}
 	if g := es.Spec.DataFrom[0].SourceRef.GeneratorRef; g == nil || g.Kind != "VaultDynamicSecret" || g.Name != "redis" {

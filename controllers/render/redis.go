@@ -21,7 +21,6 @@ const (
 	redisUID       = 999 // the redis user of the official image
 	configMountDir = "/etc/keyroll/config"
 	aclMountDir    = "/etc/keyroll/acl"
-	credsMountDir  = "/etc/keyroll/credentials"
 	runDir         = "/run/keyroll"
 )
 
@@ -100,6 +99,8 @@ dir /data
 aclfile %s/%s
 protected-mode no
 appendonly no
+# Pods start one at a time: a replica's first sync need not wait for others to join it.
+repl-diskless-sync-delay 0
 include %s/runtime.conf
 `, rc.Namespace, rc.Name, redisPort, aclMountDir, ACLFileKey, runDir),
 		"start.sh": startScript(rc),
@@ -107,45 +108,27 @@ include %s/runtime.conf
 	return cm
 }
 
-// startScript copies the credential the pod starts with into a pod-local directory (the readiness
-// probe and replication use that copy, not the mounted Secret, which may change under a running
-// pod), and makes every pod but pod 0 a replica of pod 0. The password reaches redis.conf only as
-// \xHH escapes, so no character of it needs care. While Redis runs, the script reloads the aclfile
-// (ACL LOAD, as the reload user) whenever the mounted Secret changes: a user keyroll drops after
-// its lease is revoked is forgotten by every pod within about a minute (the kubelet's Secret
-// refresh), without a restart. It passes SIGTERM on to Redis.
+// startScript makes every pod but pod 0 a replica of pod 0, authenticating as the replication
+// user, whose password reaches redis.conf only as \xHH escapes (so no character of it needs
+// care), and passes SIGTERM on to Redis. The users come from the aclfile the pod mounts; while
+// Redis runs keyroll changes them live, node by node, and never reloads the file.
 func startScript(rc *v1alpha1.RedisCluster) string {
 	return fmt.Sprintf(`#!/bin/sh
 set -eu
-mkdir -p %[1]s/credentials
-cp %[2]s/username %[2]s/password %[1]s/credentials/
-chmod 0400 %[1]s/credentials/username %[1]s/credentials/password
 : > %[1]s/runtime.conf
 ordinal="${POD_NAME##*-}"
 if [ "$ordinal" != "0" ]; then
-  user="$(cat %[1]s/credentials/username)"
-  pass="$(od -An -v -tx1 %[1]s/credentials/password | tr -d ' \n' | sed 's/../\\x&/g')"
+  pass="$(od -An -v -tx1 %[2]s/%[3]s | tr -d ' \n' | sed 's/../\\x&/g')"
   {
-    echo "replicaof %[3]s-0.%[4]s %[5]d"
-    echo "masteruser $user"
+    echo "replicaof %[4]s-0.%[5]s %[6]d"
+    echo "masteruser %[7]s"
     echo "masterauth \"$pass\""
   } > %[1]s/runtime.conf
   chmod 0400 %[1]s/runtime.conf
 fi
-redis-server %[6]s/redis.conf &
+redis-server %[8]s/redis.conf &
 redis=$!
 trap 'kill -TERM "$redis" 2>/dev/null || true' TERM INT
-(
-  loaded="$(cksum < %[7]s/%[8]s)"
-  while sleep "${KEYROLL_ACL_RELOAD_SECONDS:-10}"; do
-    now="$(cksum < %[7]s/%[8]s)"
-    [ "$now" = "$loaded" ] && continue
-    if REDISCLI_AUTH="$(cat %[7]s/%[9]s)" redis-cli --no-auth-warning --user %[10]s -h 127.0.0.1 -p %[5]d ACL LOAD > /dev/null; then
-      loaded="$now"
-    fi
-  done
-) &
-reloader=$!
 status=0
 wait "$redis" || status=$?
 if [ "$status" -gt 128 ]; then
@@ -154,30 +137,94 @@ if [ "$status" -gt 128 ]; then
   status=0
   wait "$redis" || status=$?
 fi
-kill "$reloader" 2>/dev/null || true
 exit "$status"
-`, runDir, credsMountDir, rc.Name, HeadlessServiceName(rc), redisPort, configMountDir, aclMountDir, ACLFileKey, ReloadPasswordKey, reloadUser)
+`, runDir, aclMountDir, ReplicationPasswordKey, rc.Name, HeadlessServiceName(rc), redisPort, ReplicationUser, configMountDir)
 }
 
-// readinessCommand authenticates with the credential the pod started with: a pod is Ready only
-// when its Redis knows that credential.
+// readinessCommand asks the node, as the probe user, for its replication state: a primary is
+// Ready once it answers; a replica only once its link to the primary is up and its first sync
+// is done, so that a rollout never takes a replica for ready while it has no data.
 func readinessCommand() []string {
 	return []string{"sh", "-c", fmt.Sprintf(
-		`REDISCLI_AUTH="$(cat %[1]s/credentials/password)" redis-cli --no-auth-warning --user "$(cat %[1]s/credentials/username)" -h 127.0.0.1 -p %[2]d ping | grep -q PONG`,
-		runDir, redisPort)}
+		`out="$(REDISCLI_AUTH="$(cat %[1]s/%[2]s)" redis-cli --no-auth-warning --user %[3]s -h 127.0.0.1 -p %[4]d info replication)" || exit 1
+case "$out" in *role:master*) exit 0 ;; esac
+printf '%%s\n' "$out" | grep -q '^master_link_status:up' && printf '%%s\n' "$out" | grep -q '^master_sync_in_progress:0'`,
+		aclMountDir, ProbePasswordKey, ProbeUser, redisPort)}
 }
 
-// buildACLSecret holds the aclfile that every Redis pod loads at start and reloads when it
-// changes, and the password of the reload user that reloads it.
-func ACLSecret(rc *v1alpha1.RedisCluster, aclFile, reloadPassword string) *corev1.Secret {
-	return &corev1.Secret{
+// Keys of the ACL Secret the Redis pods mount: the aclfile (password hashes only) and the
+// passwords of the two users a pod itself needs.
+const (
+	ReplicationPasswordKey = "replication-password"
+	ProbePasswordKey       = "probe-password"
+)
+
+// AnnotationRulesAccepted on the ACL Secret names (RulesKey) the aclRules a Redis node of the
+// cluster's image accepted: the aclfile holds app users only with rules Redis accepts, so that a
+// pod never fails to start on its aclfile.
+const AnnotationRulesAccepted = "keyroll.dev/acl-rules-accepted"
+
+// ACLSecret holds the aclfile every Redis pod loads at start, and the replication and probe
+// passwords. rulesAccepted is RulesKey of the rules the app users in the file have, or empty.
+func ACLSecret(rc *v1alpha1.RedisCluster, aclFile string, in Internal, rulesAccepted string) *corev1.Secret {
+	s := &corev1.Secret{
 		ObjectMeta: objectMeta(rc, ACLSecretName(rc)),
 		Type:       corev1.SecretTypeOpaque,
-		Data:       map[string][]byte{ACLFileKey: []byte(aclFile), ReloadPasswordKey: []byte(reloadPassword)},
+		Data: map[string][]byte{
+			ACLFileKey:             []byte(aclFile),
+			ReplicationPasswordKey: []byte(in.Replication),
+			ProbePasswordKey:       []byte(in.Probe),
+		},
+	}
+	if rulesAccepted != "" {
+		s.Annotations = map[string]string{AnnotationRulesAccepted: rulesAccepted}
+	}
+	return s
+}
+
+// Keys of the state Secret, which only keyroll reads: the admin user's password, and the current
+// credential (VaultLease mode), kept there from its issue on, before any consumer has it.
+const (
+	AdminPasswordKey = "admin-password"
+	StateUsernameKey = "username"
+	StatePasswordKey = "password"
+)
+
+// StateSecretName is the Secret only keyroll reads.
+func StateSecretName(rc *v1alpha1.RedisCluster) string { return rc.Name + "-keyroll" }
+
+// StateSecret holds the admin password and, when cred is set, the current credential.
+func StateSecret(rc *v1alpha1.RedisCluster, adminPassword string, cred *Credential) *corev1.Secret {
+	s := &corev1.Secret{
+		ObjectMeta: objectMeta(rc, StateSecretName(rc)),
+		Type:       corev1.SecretTypeOpaque,
+		Data:       map[string][]byte{AdminPasswordKey: []byte(adminPassword)},
+	}
+	if cred != nil {
+		s.Data[StateUsernameKey], s.Data[StatePasswordKey] = []byte(cred.Username), []byte(cred.Password)
+	}
+	return s
+}
+
+// VaultPluginSecretName is the Secret keyroll generates the Vault plugin user's password into,
+// when spec.vaultPlugin names no Secret of the administrator's.
+func VaultPluginSecretName(rc *v1alpha1.RedisCluster) string { return rc.Name + "-vault-plugin" }
+
+// VaultPluginSecret holds the Vault plugin user's name and password, for the Vault administrator.
+func VaultPluginSecret(rc *v1alpha1.RedisCluster, username, password string) *corev1.Secret {
+	return &corev1.Secret{
+		ObjectMeta: objectMeta(rc, VaultPluginSecretName(rc)),
+		Type:       corev1.SecretTypeOpaque,
+		Data:       map[string][]byte{"username": []byte(username), "password": []byte(password)},
 	}
 }
 
-// buildCredentialsSecret is the Secret consumers read; its annotation names the credential version.
+// RestartsPods says whether a rotation restarts the Redis pods (rollout.redisPods Restart).
+func RestartsPods(rc *v1alpha1.RedisCluster) bool {
+	return rc.Spec.Rollout.RedisPods == v1alpha1.RedisPodsRestart
+}
+
+// CredentialsSecret is the Secret consumers read; its annotation names the credential version.
 func CredentialsSecret(rc *v1alpha1.RedisCluster, username, password, version string) *corev1.Secret {
 	s := &corev1.Secret{
 		ObjectMeta: objectMeta(rc, CredentialsSecretName(rc)),
@@ -191,9 +238,10 @@ func CredentialsSecret(rc *v1alpha1.RedisCluster, username, password, version st
 	return s
 }
 
-// buildStatefulSet runs the Redis pods. Its update strategy is OnDelete: keyroll itself restarts
-// pods, one at a time, when the credential changes. New pods start with the credential version in
-// their annotations.
+// StatefulSet runs the Redis pods. Its update strategy is OnDelete: keyroll itself restarts pods,
+// one at a time. With rollout.redisPods Restart, a rotation restarts them, and new pods start with
+// the credential version in their annotations; with Live (the default) a rotation restarts none,
+// and the template does not change with the credential.
 func StatefulSet(rc *v1alpha1.RedisCluster, version string) *appsv1.StatefulSet {
 	labels := SelectorLabels(rc)
 	podLabels := maps.Clone(labels)
@@ -206,13 +254,13 @@ func StatefulSet(rc *v1alpha1.RedisCluster, version string) *appsv1.StatefulSet 
 			PodManagementPolicy: appsv1.OrderedReadyPodManagement,
 			UpdateStrategy:      appsv1.StatefulSetUpdateStrategy{Type: appsv1.OnDeleteStatefulSetStrategyType},
 			Template: corev1.PodTemplateSpec{
-				ObjectMeta: metav1.ObjectMeta{
-					Labels:      podLabels,
-					Annotations: map[string]string{v1alpha1.AnnotationCredentialVersion: version},
-				},
-				Spec: redisPodSpec(rc),
+				ObjectMeta: metav1.ObjectMeta{Labels: podLabels},
+				Spec:       redisPodSpec(rc),
 			},
 		},
+	}
+	if RestartsPods(rc) {
+		sts.Spec.Template.Annotations = map[string]string{v1alpha1.AnnotationCredentialVersion: version}
 	}
 	if st := rc.Spec.Storage; st != nil {
 		sts.Spec.VolumeClaimTemplates = []corev1.PersistentVolumeClaim{{
@@ -240,12 +288,6 @@ func redisPodSpec(rc *v1alpha1.RedisCluster) corev1.PodSpec {
 				LocalObjectReference: corev1.LocalObjectReference{Name: ConfigMapName(rc)}}}},
 			{Name: "acl", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
 				SecretName: ACLSecretName(rc), DefaultMode: ptr.To[int32](0o440)}}},
-			{Name: "credentials", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
-				SecretName: CredentialsSecretName(rc), DefaultMode: ptr.To[int32](0o440),
-				Items: []corev1.KeyToPath{
-					{Key: rc.Spec.Credentials.UsernameKey, Path: "username"},
-					{Key: rc.Spec.Credentials.PasswordKey, Path: "password"},
-				}}}},
 			{Name: "run", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{Medium: corev1.StorageMediumMemory}}},
 		},
 	}
@@ -276,7 +318,6 @@ func redisContainer(rc *v1alpha1.RedisCluster) corev1.Container {
 		VolumeMounts: []corev1.VolumeMount{
 			{Name: "config", MountPath: configMountDir, ReadOnly: true},
 			{Name: "acl", MountPath: aclMountDir, ReadOnly: true},
-			{Name: "credentials", MountPath: credsMountDir, ReadOnly: true},
 			{Name: "run", MountPath: runDir},
 			{Name: "data", MountPath: "/data"},
 		},

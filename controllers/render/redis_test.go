@@ -20,42 +20,42 @@ func testCluster() *v1alpha1.RedisCluster {
 	}
 }
 
-func TestStatefulSetIsOnDeleteAndCarriesTheCredentialVersion(t *testing.T) {
-	sts := StatefulSet(testCluster(), "v1")
+func TestStatefulSetIsOnDeleteAndMountsNoCredential(t *testing.T) {
+	rc := testCluster()
+	sts := StatefulSet(rc, "v1")
 	if sts.Spec.UpdateStrategy.Type != appsv1.OnDeleteStatefulSetStrategyType {
 		t.Errorf("update strategy %s, want OnDelete: keyroll restarts pods itself", sts.Spec.UpdateStrategy.Type)
 	}
-	if got := sts.Spec.Template.Annotations[v1alpha1.AnnotationCredentialVersion]; got != "v1" {
-		t.Errorf("pod template credential version %q", got)
+	if got, ok := sts.Spec.Template.Annotations[v1alpha1.AnnotationCredentialVersion]; ok {
+		t.Errorf("redisPods Live: the pod template names credential %q, so it changes with each rotation", got)
+	}
+	rc.Spec.Rollout.RedisPods = v1alpha1.RedisPodsRestart
+	if got := StatefulSet(rc, "v1").Spec.Template.Annotations[v1alpha1.AnnotationCredentialVersion]; got != "v1" {
+		t.Errorf("redisPods Restart: pod template credential version %q", got)
 	}
 	c := sts.Spec.Template.Spec.Containers[0]
 	if c.Image != "docker.io/library/redis:7.2" || *sts.Spec.Replicas != 3 || sts.Spec.ServiceName != "orders-headless" {
 		t.Errorf("image %s, replicas %d, service %s", c.Image, *sts.Spec.Replicas, sts.Spec.ServiceName)
 	}
 	probe := strings.Join(c.ReadinessProbe.Exec.Command, " ")
-	if !strings.Contains(probe, "REDISCLI_AUTH") || !strings.Contains(probe, "/run/keyroll/credentials") {
-		t.Errorf("the readiness probe must authenticate with the credential the pod started with, without a password on the command line: %s", probe)
+	if !strings.Contains(probe, "REDISCLI_AUTH") || !strings.Contains(probe, "--user "+ProbeUser) || !strings.Contains(probe, "master_link_status:up") {
+		t.Errorf("the readiness probe must log in as the probe user without a password on the command line, and check replication: %s", probe)
 	}
 	if sc := c.SecurityContext; sc == nil || !*sc.ReadOnlyRootFilesystem || *sc.AllowPrivilegeEscalation {
 		t.Errorf("container security context %+v", sc)
 	}
-	var items []string
 	for _, v := range sts.Spec.Template.Spec.Volumes {
-		if v.Secret != nil && v.Secret.SecretName == "orders-credentials" {
-			for _, it := range v.Secret.Items {
-				items = append(items, it.Key+"->"+it.Path)
-			}
+		if v.Secret != nil && v.Secret.SecretName != ACLSecretName(rc) {
+			t.Errorf("the pods mount Secret %s; they mount the ACL Secret only", v.Secret.SecretName)
 		}
-	}
-	if strings.Join(items, ",") != "user->username,pass->password" {
-		t.Errorf("credentials volume maps %v", items)
 	}
 }
 
 func TestOwnedObjectsCarryTheManagedLabel(t *testing.T) {
 	rc := testCluster()
 	for _, labels := range []map[string]string{
-		ACLSecret(rc, "x", "r").Labels, CredentialsSecret(rc, "u", "p", "v").Labels,
+		ACLSecret(rc, "x", Internal{}, "").Labels, CredentialsSecret(rc, "u", "p", "v").Labels,
+		StateSecret(rc, "a", nil).Labels, VaultPluginSecret(rc, "vault", "p").Labels,
 		ConfigMap(rc).Labels, HeadlessService(rc).Labels, ClientService(rc).Labels,
 		StatefulSet(rc, "v").Labels,
 	} {

@@ -1,6 +1,7 @@
 package render
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -17,132 +18,143 @@ import (
 	"github.com/keyroll/keyroll/test/testground"
 )
 
-// podFiles lays out what a Redis pod mounts (the ConfigMap, the ACL Secret, the credentials
-// Secret) under a temporary directory, with keyroll's mount paths and Redis port moved there.
-type podFiles struct {
-	root, acl string
-	port      int
-	relocate  *strings.Replacer
+// pod runs what a Redis pod runs (the ConfigMap's start script, with the ACL Secret mounted) with
+// a real redis-server, under a temporary directory, with keyroll's mount paths and Redis port
+// moved there; a replica's primary is another such pod.
+type pod struct {
+	t        *testing.T
+	root     string
+	port     int
+	relocate *strings.Replacer
+	out      *strings.Builder
+	cmd      *exec.Cmd
+	exited   chan error
 }
 
-func newPodFiles(t *testing.T) *podFiles {
+func startPod(t *testing.T, rc *v1alpha1.RedisCluster, acl map[string][]byte, name string, primary *pod) *pod {
 	t.Helper()
 	root := t.TempDir()
 	port, err := testground.FreePort()
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &podFiles{root: root, acl: filepath.Join(root, "acl"), port: port}
-	p.relocate = strings.NewReplacer(configMountDir, filepath.Join(root, "config"), aclMountDir, p.acl,
-		credsMountDir, filepath.Join(root, "credentials"), runDir, filepath.Join(root, "run"),
-		"dir /data", "dir "+filepath.Join(root, "data"), strconv.Itoa(redisPort), strconv.Itoa(port))
-	for _, d := range []string{"config", "acl", "credentials", "run", "data"} {
+	p := &pod{t: t, root: root, port: port, out: &strings.Builder{}, exited: make(chan error, 1)}
+	primaryAt := "no-primary 0"
+	if primary != nil {
+		primaryAt = "127.0.0.1 " + strconv.Itoa(primary.port)
+	}
+	p.relocate = strings.NewReplacer(
+		fmt.Sprintf("%s-0.%s %d", rc.Name, HeadlessServiceName(rc), redisPort), primaryAt,
+		configMountDir, filepath.Join(root, "config"), aclMountDir, filepath.Join(root, "acl"),
+		runDir, filepath.Join(root, "run"), "dir /data", "dir "+filepath.Join(root, "data"),
+		strconv.Itoa(redisPort), strconv.Itoa(port))
+	for _, d := range []string{"config", "acl", "run", "data"} {
 		if err := os.MkdirAll(filepath.Join(root, d), 0o700); err != nil {
 			t.Fatal(err)
 		}
 	}
+	cm := ConfigMap(rc)
+	p.write("config", "redis.conf", p.relocate.Replace(cm.Data["redis.conf"])+"bind 127.0.0.1\n")
+	p.write("config", "start.sh", p.relocate.Replace(cm.Data["start.sh"]))
+	for k, v := range acl {
+		p.write("acl", k, string(v))
+	}
+	p.cmd = exec.Command("sh", filepath.Join(root, "config", "start.sh"))
+	p.cmd.Env = append(os.Environ(), "POD_NAME="+name)
+	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL) })
+	go func() { p.exited <- p.cmd.Wait() }()
 	return p
 }
 
-// write writes a file the way the kubelet updates a mounted Secret: atomically.
-func (p *podFiles) write(t *testing.T, dir, name, content string) {
-	t.Helper()
-	tmp := filepath.Join(p.root, dir, "."+name+".tmp")
-	if err := os.WriteFile(tmp, []byte(content), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Rename(tmp, filepath.Join(p.root, dir, name)); err != nil {
-		t.Fatal(err)
+func (p *pod) write(dir, name, content string) {
+	p.t.Helper()
+	if err := os.WriteFile(filepath.Join(p.root, dir, name), []byte(content), 0o600); err != nil {
+		p.t.Fatal(err)
 	}
 }
 
-// setACL writes the ACL Secret for the current credential and the superseded users of rc's ledger.
-func (p *podFiles) setACL(t *testing.T, rc *v1alpha1.RedisCluster, cur *Credential, reload string) {
+func (p *pod) addr() string { return fmt.Sprintf("127.0.0.1:%d", p.port) }
+
+// ready runs the pod's readiness probe.
+func (p *pod) ready() bool {
+	cmd := readinessCommand()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	return exec.CommandContext(ctx, cmd[0], cmd[1], p.relocate.Replace(cmd[2])).Run() == nil
+}
+
+func within(t *testing.T, d time.Duration, what string, ok func() bool, out ...*strings.Builder) {
 	t.Helper()
-	old, _ := os.ReadFile(filepath.Join(p.acl, ACLFileKey))
-	file, err := ACLFile(rc, cur, ParseACLUsers(string(old)), reload)
+	for deadline := time.Now().Add(d); !ok(); time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			var logs []string
+			for _, o := range out {
+				logs = append(logs, o.String())
+			}
+			t.Fatalf("%s: not within %s\n%s", what, d, strings.Join(logs, "\n---\n"))
+		}
+	}
+}
+
+// A primary and a replica as pods run them, with hardened app rules (no dangerous commands, so
+// neither PSYNC nor REPLCONF nor INFO): the replica replicates as keyroll's replication user, the
+// probe passes on the primary at once and on the replica only once its link is up and its first
+// sync done, the app user works with its rules only, and SIGTERM stops Redis and the script.
+func TestPodsReplicateAndProbeOnUsersOfTheirOwn(t *testing.T) {
+	rc := &v1alpha1.RedisCluster{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "orders"}}
+	rc.Spec.Credentials.ACLRules = []string{"~app:*", "+@read", "+@write", "-@dangerous"}
+	in := Internal{Admin: "admin-pw", Replication: "repl \"pw\" with\\odd chars", Probe: "probe-pw"}
+	app := &Credential{Username: "V_ORDERS_A", Password: "pass-a"}
+	users := ClusterUsers(rc, in, AppUsers(rc, app, nil))
+	file, err := users.ACLFile()
 	if err != nil {
 		t.Fatal(err)
 	}
-	p.write(t, "acl", ACLFileKey, file)
-	p.write(t, "acl", ReloadPasswordKey, reload)
-}
+	acl := ACLSecret(rc, file, in, "").Data
 
-// The script a Redis pod runs, with a real redis-server: the pod reloads its aclfile when the
-// mounted Secret changes, so a new user is known and a dropped (revoked) user is forgotten
-// without a restart; SIGTERM stops Redis and the script.
-func TestStartScriptReloadsTheACLFileAndStopsOnSIGTERM(t *testing.T) {
-	rc := &v1alpha1.RedisCluster{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "orders"}}
-	rc.Spec.Credentials.ACLRules = []string{"~*", "&*", "+@all"}
-	p := newPodFiles(t)
-	cm := ConfigMap(rc)
-	p.write(t, "config", "redis.conf", p.relocate.Replace(cm.Data["redis.conf"])+"bind 127.0.0.1\n")
-	p.write(t, "config", "start.sh", p.relocate.Replace(cm.Data["start.sh"]))
-	a := &Credential{Username: "V_ORDERS_A", Password: "pass-a"}
-	b := &Credential{Username: "V_ORDERS_B", Password: "pass-b"}
-	p.write(t, "credentials", "username", a.Username)
-	p.write(t, "credentials", "password", a.Password)
-	p.setACL(t, rc, a, "reload-pw")
+	primary := startPod(t, rc, acl, "orders-0", nil)
+	within(t, 10*time.Second, "the primary is Ready", primary.ready, primary.out)
+	replica := startPod(t, rc, acl, "orders-1", primary)
+	if replica.ready() {
+		t.Fatal("the replica is Ready before its first sync")
+	}
+	within(t, 30*time.Second, "the replica is Ready", replica.ready, primary.out, replica.out)
+	info, err := testground.RedisDo(replica.addr(), AdminUser, in.Admin, "INFO", "replication")
+	if err != nil || !strings.Contains(info, "master_link_status:up") {
+		t.Fatalf("replica's INFO replication: %q, %v", info, err)
+	}
 
-	cmd := exec.Command("sh", filepath.Join(p.root, "config", "start.sh"))
-	cmd.Env = append(os.Environ(), "POD_NAME=orders-0", "KEYROLL_ACL_RELOAD_SECONDS=1")
-	out := &strings.Builder{}
-	cmd.Stdout, cmd.Stderr = out, out
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
+	if out, err := testground.RedisDo(primary.addr(), app.Username, app.Password, "SET", "app:1", "v"); err != nil || out != "OK" {
+		t.Fatalf("the app user writes app:1: %q, %v", out, err)
 	}
-	t.Cleanup(func() { _ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) })
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	addr := fmt.Sprintf("127.0.0.1:%d", p.port)
-	works := func(c *Credential) bool {
-		who, err := testground.RedisWhoAmI(addr, c.Username, c.Password)
-		return err == nil && who == c.Username
+	within(t, 5*time.Second, "the write reaches the replica", func() bool {
+		v, err := testground.RedisDo(replica.addr(), app.Username, app.Password, "GET", "app:1")
+		return err == nil && v == "v"
+	})
+	for _, cmd := range [][]string{{"SET", "other:1", "v"}, {"INFO"}, {"PSYNC", "?", "-1"}} {
+		if _, err := testground.RedisDo(primary.addr(), app.Username, app.Password, cmd...); err == nil || !strings.Contains(err.Error(), "NOPERM") {
+			t.Errorf("the app user may run %v: %v", cmd, err)
+		}
 	}
-	within := func(d time.Duration, what string, ok func() bool) {
-		t.Helper()
-		for deadline := time.Now().Add(d); !ok(); time.Sleep(100 * time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: not within %s\n%s", what, d, out)
+	if _, err := testground.RedisDo(primary.addr(), ProbeUser, in.Probe, "GET", "app:1"); err == nil || !strings.Contains(err.Error(), "NOPERM") {
+		t.Errorf("the probe user may read keys: %v", err)
+	}
+
+	for _, p := range []*pod{replica, primary} {
+		_ = syscall.Kill(p.cmd.Process.Pid, syscall.SIGTERM)
+		select {
+		case err := <-p.exited:
+			if err != nil {
+				t.Errorf("the script exited with %v after SIGTERM, want 0 (Redis stops cleanly)\n%s", err, p.out)
 			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("the script did not stop within 10 s of SIGTERM\n%s", p.out)
 		}
+		within(t, 5*time.Second, "Redis stopped with the script", func() bool { return !testground.PortBound(p.port) })
 	}
-	within(10*time.Second, "credential A works at start", func() bool { return works(a) })
-	if works(b) {
-		t.Fatal("credential B works before it is in the aclfile")
-	}
-
-	// A rotation: B is current, A superseded and still in the aclfile.
-	rc.Status.Leases = []v1alpha1.LeaseRecord{
-		{LeaseID: "l-a", State: v1alpha1.LeaseSuperseded, Username: a.Username},
-		{LeaseID: "l-b", State: v1alpha1.LeaseActive, Username: b.Username},
-	}
-	p.setACL(t, rc, b, "reload-pw")
-	within(5*time.Second, "the running Redis knows B after the aclfile changed", func() bool { return works(b) })
-	if !works(a) {
-		t.Fatal("A stopped working while it was still in the aclfile")
-	}
-	// A's lease is revoked: keyroll drops A from the aclfile, and the running Redis forgets A.
-	rc.Status.Leases = rc.Status.Leases[1:]
-	p.setACL(t, rc, b, "reload-pw")
-	within(5*time.Second, "the running Redis forgets A after it was dropped from the aclfile", func() bool { return !works(a) })
-	if !works(b) {
-		t.Fatal("B stopped working")
-	}
-	// The reload user can reload the aclfile and nothing else.
-	if _, err := testground.RedisDo(addr, reloadUser, "reload-pw", "GET", "k"); err == nil || !strings.Contains(err.Error(), "NOPERM") {
-		t.Errorf("the reload user may read keys: %v", err)
-	}
-
-	_ = syscall.Kill(cmd.Process.Pid, syscall.SIGTERM)
-	select {
-	case err := <-exited:
-		if err != nil {
-			t.Errorf("the script exited with %v after SIGTERM, want 0 (Redis stops cleanly)\n%s", err, out)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatalf("the script did not stop within 10 s of SIGTERM\n%s", out)
-	}
-	within(5*time.Second, "Redis stopped with the script", func() bool { return !testground.PortBound(p.port) })
 }

@@ -33,8 +33,9 @@ const lagWait = 100 * time.Millisecond
 // defaultReadinessTimeout applies when spec.rollout.readinessTimeout is not set.
 const defaultReadinessTimeout = 5 * time.Minute
 
-// Engine moves a RedisCluster's Redis pods, then its consumers, to a credential: one at a time,
-// each only while the previous one is Ready on it (make before break). Its state is the cluster's
+// Engine moves a RedisCluster's consumers to a credential that every Redis node already accepts:
+// one at a time, each only while the previous one is Ready on it (make before break); with
+// rollout.redisPods Restart it restarts the Redis pods first, the same way. Its state is the cluster's
 // status.rollout, so that a restarted operator resumes where it was; it records its conditions
 // and events through the caller's condition setter.
 type Engine struct {
@@ -57,9 +58,11 @@ type step struct {
 // consumer runs version; until then the superseded leases stay live. wait is when to look again.
 func (r *Engine) Roll(ctx context.Context, rc *v1alpha1.RedisCluster, conds conditions.Setter, version string, pending bool) (done bool, wait time.Duration, err error) {
 	s := &step{rc: rc, conds: conds}
-	pods, err := r.redisPods(ctx, rc)
-	if err != nil {
-		return false, 0, err
+	var pods []*corev1.Pod
+	if render.RestartsPods(rc) {
+		if pods, err = r.redisPods(ctx, rc); err != nil {
+			return false, 0, err
+		}
 	}
 	r.Metrics.SetStalePods(client.ObjectKeyFromObject(rc), len(pods)-countOnVersion(pods, version))
 	ro := rc.Status.Rollout
@@ -78,8 +81,10 @@ func (r *Engine) Roll(ctx context.Context, rc *v1alpha1.RedisCluster, conds cond
 		// A newer credential arrived during the rollout: roll to that one instead.
 		ro.TargetVersion, ro.PodInFlight, ro.PodRestartedAt, ro.ConsumersUpdated = version, "", nil, 0
 	}
-	if podsDone, wait, err := r.rollPods(ctx, s, pods, ro); !podsDone || err != nil {
-		return false, wait, err
+	if render.RestartsPods(rc) {
+		if podsDone, wait, err := r.rollPods(ctx, s, pods, ro); !podsDone || err != nil {
+			return false, wait, err
+		}
 	}
 	if consumersDone, wait, err := r.rollConsumers(ctx, s, ro); !consumersDone || err != nil {
 		return false, wait, err
@@ -102,8 +107,11 @@ func (r *Engine) startRollout(ctx context.Context, s *step, version string) *v1a
 	now := statustime.At(r.Clock.Now())
 	ro := &v1alpha1.RolloutStatus{TargetVersion: version, StartedAt: now}
 	s.rc.Status.Rollout = ro
-	s.conds.Set(v1alpha1.ConditionRolloutProgressing, metav1.ConditionTrue, v1alpha1.ReasonRolloutInProgress,
-		"Restarting the Redis pods, then the consumers, one at a time on credential "+version)
+	what := "Restarting the consumers, one at a time, on credential " + version + ", which every Redis node accepts"
+	if render.RestartsPods(s.rc) {
+		what = "Restarting the Redis pods, then the consumers, one at a time, on credential " + version + ", which every Redis node accepts"
+	}
+	s.conds.Set(v1alpha1.ConditionRolloutProgressing, metav1.ConditionTrue, v1alpha1.ReasonRolloutInProgress, what)
 	s.conds.Event(false, v1alpha1.EventRotationStarted, "Rollout", "Rolling out credential %s", version)
 	log.FromContext(ctx).Info("Rollout started", "version", version)
 	return ro
@@ -115,7 +123,7 @@ func (r *Engine) finishRollout(ctx context.Context, s *step) {
 	r.Metrics.RolloutDuration.Observe(r.Clock.Since(ro.StartedAt.Time).Seconds())
 	s.rc.Status.Rollout = nil
 	s.conds.Set(v1alpha1.ConditionRolloutProgressing, metav1.ConditionFalse, v1alpha1.ReasonRolloutComplete,
-		"Every Redis pod and consumer runs credential "+ro.TargetVersion)
+		"Every consumer runs credential "+ro.TargetVersion)
 	s.conds.Event(false, v1alpha1.EventRotationFinished, "Rollout", "Credential %s rolled out in %s", ro.TargetVersion, took)
 	if meta.FindStatusCondition(s.rc.Status.Conditions, v1alpha1.ConditionRolloutHealthy) != nil {
 		s.conds.Set(v1alpha1.ConditionRolloutHealthy, metav1.ConditionTrue, v1alpha1.ReasonRolloutComplete, "The rollout is complete")

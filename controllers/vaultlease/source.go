@@ -25,8 +25,5 @@ type Source struct {
 	Ledger    *ledger.Ledger
 }
 
-// WritesSecret says that keyroll writes the credentials Secret in this mode.
-func (*Source) WritesSecret() bool { return true }
-
 // Retire has nothing to stop before the leases are revoked.
 func (*Source) Retire(context.Context, *ledger.Cluster) (time.Duration, error) { return 0, nil }

@@ -42,7 +42,7 @@ func (r *Source) Credential(ctx context.Context, cl *ledger.Cluster, vcl vault.L
 		switch d.Action {
 		case rotation.ActionNothing:
 			r.Ledger.Planned(cl, d)
-			cl.Conds.Set(v1alpha1.ConditionCredentialsReady, metav1.ConditionTrue, v1alpha1.ReasonIssued, "A live credential from Vault is in Secret "+render.CredentialsSecretName(cl.RC))
+			cl.Conds.Set(v1alpha1.ConditionCredentialsReady, metav1.ConditionTrue, v1alpha1.ReasonIssued, "A live credential from Vault is issued; it is written to Secret "+render.CredentialsSecretName(cl.RC)+" once every Redis node accepts it")
 			return cur, statustime.RequeueAfter(r.Clock.Now(), d.When), nil
 		case rotation.ActionRenew:
 			gone, err = r.Ledger.Renew(ctx, cl, vcl)
@@ -74,8 +74,9 @@ func (r *Source) Credential(ctx context.Context, cl *ledger.Cluster, vcl vault.L
 
 // revokedOutside honours a live lease that was revoked outside keyroll (an administrator's `vault
 // lease revoke`, incident response): the lease leaves the ledger, a Warning event and the metric
-// say so, and, with onRevokedOutside CutOff (the default), its user leaves the aclfile at once;
-// with RollOver the user stays there until the new credential has rolled out. The caller issues a
+// say so, and, with onRevokedOutside CutOff (the default), its user is to leave every node at
+// once (status.retiringUsers), ahead of the new credential; with RollOver the user stays there
+// until the new credential has rolled out. The caller issues a
 // new credential next, ahead of any other work.
 func (r *Source) revokedOutside(ctx context.Context, cl *ledger.Cluster) error {
 	rc := cl.RC
@@ -94,7 +95,10 @@ func (r *Source) revokedOutside(ctx context.Context, cl *ledger.Cluster) error {
 	cl.Conds.Event(true, v1alpha1.EventLeaseRevokedOutside, "Revoke",
 		"Lease %s of user %s was revoked outside keyroll; the user is cut off on every Redis node and a new credential is issued at once (onRevokedOutside CutOff)", c.LeaseID, c.Username)
 	log.FromContext(ctx).Info("Lease revoked outside keyroll; cutting its user off", "lease", c.LeaseID, "username", c.Username)
-	return cl.WriteACL(ctx, nil)
+	if c.Username != "" && !slices.Contains(rc.Status.RetiringUsers, c.Username) {
+		rc.Status.RetiringUsers = append(rc.Status.RetiringUsers, c.Username)
+	}
+	return nil
 }
 
 // tokenEnding says, in an event, that a credential is rotated because the token that created its
@@ -109,14 +113,15 @@ func (r *Source) tokenEnding(cl *ledger.Cluster, d rotation.Decision) {
 		c.LeaseID, statustime.Of(c.TokenEndsAt).UTC().Format(time.RFC3339))
 }
 
-// currentCredential reads the credential of status.credential from the credentials Secret. It
-// returns nil when the Secret does not hold that credential (then a new one is issued).
+// currentCredential reads the credential of status.credential from the state Secret, where it is
+// kept from its issue on. It returns nil when the Secret does not hold that credential (then a
+// new one is issued).
 func (r *Source) currentCredential(ctx context.Context, rc *v1alpha1.RedisCluster) (*render.Credential, error) {
 	c := rc.Status.Credential
 	if c == nil || c.Version == "" {
 		return nil, nil
 	}
-	key := client.ObjectKey{Namespace: rc.Namespace, Name: render.CredentialsSecretName(rc)}
+	key := client.ObjectKey{Namespace: rc.Namespace, Name: render.StateSecretName(rc)}
 	cred, err := r.readCredential(ctx, r.Client, key, rc, c.Version)
 	if err == nil && cred == nil {
 		// The cache may lag behind the Secret written a moment ago: ask the API server before
@@ -134,7 +139,7 @@ func (r *Source) readCredential(ctx context.Context, rd client.Reader, key clien
 	if !apply.OwnedBy(sec, rc) {
 		return nil, nil
 	}
-	u, p := string(sec.Data[rc.Spec.Credentials.UsernameKey]), string(sec.Data[rc.Spec.Credentials.PasswordKey])
+	u, p := string(sec.Data[render.StateUsernameKey]), string(sec.Data[render.StatePasswordKey])
 	if u == "" || p == "" || render.CredentialVersion(u, p) != version {
 		return nil, nil
 	}

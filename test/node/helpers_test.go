@@ -128,10 +128,10 @@ func credentials(t *testing.T, ns, name string) (user, pass string) {
 	return string(s.Data["username"]), string(s.Data["password"])
 }
 
-// redisCLI runs redis-cli inside a Redis pod as the credential the pod started with (the start
-// script's copy under /run/keyroll; the password goes through REDISCLI_AUTH, never argv).
+// redisCLI runs redis-cli inside a Redis pod as keyroll's probe user, whose password the pod
+// mounts (it goes through REDISCLI_AUTH, never argv): it may run PING and INFO.
 func redisCLI(ctx context.Context, ns, pod string, args ...string) (string, error) {
-	script := `REDISCLI_AUTH="$(cat /run/keyroll/credentials/password)" exec redis-cli --no-auth-warning --user "$(cat /run/keyroll/credentials/username)" "$@"`
+	script := `REDISCLI_AUTH="$(cat /etc/keyroll/acl/probe-password)" exec redis-cli --no-auth-warning --user keyroll-probe "$@"`
 	out, _, err := ground.Node.Exec(ctx, ns, pod, "redis", append([]string{"sh", "-c", script, "redis-cli"}, args...)...)
 	return out, err
 }

@@ -142,9 +142,9 @@ func checkClientService(t *testing.T, ctx context.Context, user, pass string) {
 		}
 		return ""
 	})
-	out, err := redisCLI(ctx, "probe", "cache-2", "-h", "cache", "ROLE")
-	if err != nil || !strings.HasPrefix(out, "master") {
-		t.Errorf("from cache-2, the client Service cache answers ROLE with %q (%v), want the primary", out, err)
+	out, err := redisCLI(ctx, "probe", "cache-2", "-h", "cache", "INFO", "replication")
+	if err != nil || !strings.Contains(out, "role:master") {
+		t.Errorf("from cache-2, the client Service cache answers INFO replication with %q (%v), want the primary", out, err)
 	}
 }
 

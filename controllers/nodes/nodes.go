@@ -1,0 +1,312 @@
+// Package nodes brings every Redis node of a RedisCluster to the cluster's users, live: one node
+// after the other, each changed with targeted ACL commands (redisnode) as keyroll's admin user and
+// confirmed, by logging in as the current credential's user, before the next. What each node was
+// last confirmed on is kept in status.nodes, so that a steady cluster costs no Redis command and
+// a restarted Redis is confirmed again.
+package nodes
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/clock"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/controllers/conditions"
+	"github.com/keyroll/keyroll/controllers/render"
+	"github.com/keyroll/keyroll/controllers/statustime"
+	"github.com/keyroll/keyroll/redisnode"
+)
+
+// RedisPort is the port keyroll reaches each Redis pod on, by the pod's IP.
+const RedisPort = 6379
+
+// notRunningWait is how often a cluster with a Redis node that is not running yet looks again (a
+// pod event usually wakes it earlier).
+const notRunningWait = 5 * time.Second
+
+// Syncer changes the users of Redis nodes.
+type Syncer struct {
+	// Client reads the Redis pods (from the cache).
+	Client client.Reader
+	Dial   redisnode.Dialer
+	Clock  clock.Clock
+}
+
+// Want is what every node of a cluster must have.
+type Want struct {
+	Users render.Users
+	// Confirm is the credential every node must accept (nil: none to confirm).
+	Confirm *render.Credential
+	// AdminPassword is the password of render.AdminUser.
+	AdminPassword string
+}
+
+// Sync brings the cluster's nodes to want, one after the other, and records each in
+// status.nodes. done says every one of spec.replicas pods is confirmed on want; then the
+// retiring users are gone from every node and leave status.retiringUsers. The UsersApplied
+// condition says how far it got, and why it stopped.
+func (s *Syncer) Sync(ctx context.Context, rc *v1alpha1.RedisCluster, conds conditions.Setter, want Want) (done bool, wait time.Duration, err error) {
+	pods, err := s.pods(ctx, rc)
+	if err != nil {
+		return false, 0, err
+	}
+	version := want.Users.Version()
+	records := map[string]v1alpha1.NodeStatus{}
+	for _, n := range rc.Status.Nodes {
+		records[n.Pod] = n
+	}
+	confirmed := 0
+	var stopped *problem
+	for _, p := range pods {
+		run, ok := running(p)
+		if !ok {
+			stopped = s.notRunning(rc, p)
+			break
+		}
+		rec, seen := records[p.Name]
+		fresh := !seen || rec.PodUID != p.UID || !statustime.Of(rec.StartedAt).Equal(run.startedAt)
+		if fresh || rec.UsersVersion != version {
+			if err := s.syncNode(ctx, run.addr, want, fresh); err != nil {
+				stopped = unreachable(p, run.addr, err)
+				break
+			}
+			log.FromContext(ctx).V(1).Info("Redis node confirmed", "pod", p.Name, "usersVersion", version)
+			rec = v1alpha1.NodeStatus{Pod: p.Name, PodUID: p.UID, StartedAt: statustime.At(run.startedAt),
+				UsersVersion: version, ConfirmedAt: statustime.At(s.Clock.Now())}
+		}
+		records[p.Name] = rec
+		confirmed++
+	}
+	rc.Status.Nodes = recordsOf(pods, records)
+	if stopped == nil && len(pods) < int(rc.Spec.Replicas) {
+		stopped = &problem{reason: v1alpha1.ReasonApplying, wait: notRunningWait,
+			msg: fmt.Sprintf("%d of %d Redis pods exist", len(pods), rc.Spec.Replicas)}
+	}
+	if stopped != nil {
+		return false, stopped.report(conds, confirmed, int(rc.Spec.Replicas)), nil
+	}
+	s.applied(rc, conds, want)
+	return true, 0, nil
+}
+
+// applied records that every node has want: the retiring users are gone everywhere, and the
+// nodes have the set without them.
+func (s *Syncer) applied(rc *v1alpha1.RedisCluster, conds conditions.Setter, want Want) {
+	msg := fmt.Sprintf("All %d Redis nodes have the cluster's users", len(rc.Status.Nodes))
+	if c := want.Confirm; c != nil {
+		msg += fmt.Sprintf("; each accepts credential %s (user %s)", c.Version, c.Username)
+	}
+	old := meta.FindStatusCondition(rc.Status.Conditions, v1alpha1.ConditionUsersApplied)
+	news := old == nil || old.Message != msg // another credential, or another count of nodes
+	if conds.Set(v1alpha1.ConditionUsersApplied, metav1.ConditionTrue, v1alpha1.ReasonApplied, msg) || news {
+		conds.Event(false, v1alpha1.EventUsersApplied, "ApplyUsers", "%s", msg)
+	}
+	if len(want.Users.Retiring) > 0 {
+		conds.Event(false, v1alpha1.EventUsersRetired, "ApplyUsers", "Users %s removed from all %d Redis nodes",
+			strings.Join(want.Users.Retiring, ", "), len(rc.Status.Nodes))
+		rc.Status.RetiringUsers = nil
+		without := want.Users.WithoutRetiring().Version()
+		for i := range rc.Status.Nodes {
+			rc.Status.Nodes[i].UsersVersion = without
+		}
+	}
+}
+
+// syncNode sets every wanted user on the node at addr, deletes the retiring ones (and, on a
+// fresh run of Redis, every user the set does not have: they came from an aclfile older than
+// the one it mounts), then confirms the current credential by logging in as it.
+func (s *Syncer) syncNode(ctx context.Context, addr string, want Want, fresh bool) error {
+	n := s.Dial(addr, render.AdminUser, want.AdminPassword)
+	defer func() { _ = n.Close() }()
+	present, err := n.Users(ctx)
+	if err != nil {
+		return err
+	}
+	for _, u := range want.Users.All {
+		if err := n.SetUser(ctx, redisnode.User{Name: u.Username, PasswordHash: u.PasswordHash, Rules: u.Rules}); err != nil {
+			return err
+		}
+	}
+	var del []string
+	for _, name := range present {
+		retiring := slices.Contains(want.Users.Retiring, name)
+		stale := fresh && name != "default" && !want.Users.Has(name)
+		if retiring || stale {
+			del = append(del, name)
+		}
+	}
+	if err := n.DelUsers(ctx, del...); err != nil {
+		return err
+	}
+	if c := want.Confirm; c != nil {
+		ok, err := n.Accepts(ctx, c.Username, c.Password)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return fmt.Errorf("the node does not accept user %s after setting it", c.Username)
+		}
+	}
+	return nil
+}
+
+// problem is why a sync stopped, and when to look again.
+type problem struct {
+	reason, msg string
+	warn        bool
+	wait        time.Duration
+}
+
+func (p *problem) report(conds conditions.Setter, confirmed, replicas int) time.Duration {
+	msg := fmt.Sprintf("%d of %d Redis nodes confirmed; %s", confirmed, replicas, p.msg)
+	if p.reason == v1alpha1.ReasonInvalidACLRules {
+		msg = p.msg + "; nothing was applied (the pods run on, with the users they had)"
+	}
+	if conds.Set(v1alpha1.ConditionUsersApplied, metav1.ConditionFalse, p.reason, msg) && p.warn {
+		conds.Event(true, p.reason, "ApplyUsers", "%s", msg)
+	}
+	return p.wait
+}
+
+// notRunning is a pod whose Redis does not run (yet): a wait, unless it has not been Ready for
+// longer than the readiness timeout.
+func (s *Syncer) notRunning(rc *v1alpha1.RedisCluster, p *corev1.Pod) *problem {
+	since := p.CreationTimestamp.Time
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady && c.Status != corev1.ConditionTrue {
+			since = c.LastTransitionTime.Time
+		}
+	}
+	timeout := ReadinessTimeout(rc)
+	if s.Clock.Since(since) > timeout {
+		return &problem{reason: v1alpha1.ReasonNodeNotReady, warn: true, wait: time.Minute,
+			msg: fmt.Sprintf("pod %s has not run Redis for %s (rollout.readinessTimeout %s); no credential change goes on until it does", p.Name, s.Clock.Since(since).Round(time.Second), timeout)}
+	}
+	return &problem{reason: v1alpha1.ReasonApplying, wait: notRunningWait, msg: "waiting for pod " + p.Name + " to run Redis"}
+}
+
+// unreachable is a node keyroll could not change or confirm.
+func unreachable(p *corev1.Pod, addr string, err error) *problem {
+	var re *redisnode.RuleError
+	if errors.As(err, &re) {
+		return &problem{reason: v1alpha1.ReasonInvalidACLRules, warn: true, wait: time.Minute,
+			msg: fmt.Sprintf("pod %s refused spec.credentials.aclRules: %v", p.Name, re)}
+	}
+	hint := ""
+	if redisnode.Unreachable(err) {
+		hint = fmt.Sprintf(" (keyroll connects to every Redis pod on TCP port %d: a NetworkPolicy must let it in)", RedisPort)
+	}
+	return &problem{reason: v1alpha1.ReasonNodeUnreachable, warn: true, wait: 10 * time.Second,
+		msg: fmt.Sprintf("pod %s at %s: %v%s", p.Name, addr, err, hint)}
+}
+
+// ReadinessTimeout is spec.rollout.readinessTimeout, or its default.
+func ReadinessTimeout(rc *v1alpha1.RedisCluster) time.Duration {
+	if t := rc.Spec.Rollout.ReadinessTimeout; t != nil {
+		return t.Duration
+	}
+	return DefaultReadinessTimeout
+}
+
+// DefaultReadinessTimeout applies when spec.rollout.readinessTimeout is not set.
+const DefaultReadinessTimeout = 5 * time.Minute
+
+// run is one run of a pod's Redis: where it listens and when it started.
+type run struct {
+	addr      string
+	startedAt time.Time
+}
+
+// running says whether the pod's Redis container runs, and where.
+func running(p *corev1.Pod) (run, bool) {
+	if !p.DeletionTimestamp.IsZero() || p.Status.PodIP == "" {
+		return run{}, false
+	}
+	for _, c := range p.Status.ContainerStatuses {
+		if c.Name == "redis" && c.State.Running != nil {
+			return run{addr: net.JoinHostPort(p.Status.PodIP, strconv.Itoa(RedisPort)), startedAt: c.State.Running.StartedAt.Time}, true
+		}
+	}
+	return run{}, false
+}
+
+// pods are the cluster's Redis pods, replicas first (highest ordinal first), the primary (pod 0)
+// last.
+func (s *Syncer) pods(ctx context.Context, rc *v1alpha1.RedisCluster) ([]*corev1.Pod, error) {
+	list := &corev1.PodList{}
+	if err := s.Client.List(ctx, list, client.InNamespace(rc.Namespace), client.MatchingLabels(render.SelectorLabels(rc))); err != nil {
+		return nil, fmt.Errorf("listing Redis pods: %w", err)
+	}
+	pods := make([]*corev1.Pod, 0, len(list.Items))
+	for i := range list.Items {
+		pods = append(pods, &list.Items[i])
+	}
+	slices.SortFunc(pods, func(a, b *corev1.Pod) int { return Ordinal(b) - Ordinal(a) })
+	return pods, nil
+}
+
+// Ordinal is a StatefulSet pod's ordinal.
+func Ordinal(p *corev1.Pod) int {
+	n, _ := strconv.Atoi(p.Name[strings.LastIndexByte(p.Name, '-')+1:])
+	return n
+}
+
+// recordsOf keeps the records of the pods that exist, in the pods' order.
+func recordsOf(pods []*corev1.Pod, records map[string]v1alpha1.NodeStatus) []v1alpha1.NodeStatus {
+	out := make([]v1alpha1.NodeStatus, 0, len(pods))
+	for _, p := range pods {
+		if r, ok := records[p.Name]; ok {
+			out = append(out, r)
+		}
+	}
+	slices.SortFunc(out, func(a, b v1alpha1.NodeStatus) int { return strings.Compare(a.Pod, b.Pod) })
+	return out
+}
+
+// CheckRules asks a node of rc that runs Redis (the primary first, then the others until one
+// answers) whether it accepts rules.
+// Unless one accepted them, the UsersApplied condition says why not (refused, with Redis's
+// words; no node running yet; unreachable) and wait says when to look again.
+func (s *Syncer) CheckRules(ctx context.Context, rc *v1alpha1.RedisCluster, conds conditions.Setter, rules []string, adminPassword string) (accepted bool, wait time.Duration, err error) {
+	pods, err := s.pods(ctx, rc)
+	if err != nil {
+		return false, 0, err
+	}
+	var failed *problem
+	for _, p := range slices.Backward(pods) {
+		run, ok := running(p)
+		if !ok {
+			continue
+		}
+		n := s.Dial(run.addr, render.AdminUser, adminPassword)
+		err := n.CheckRules(ctx, rules)
+		_ = n.Close()
+		var refused *redisnode.RuleError
+		switch {
+		case err == nil:
+			return true, 0, nil
+		case errors.As(err, &refused) || failed == nil:
+			failed = unreachable(p, run.addr, err)
+		}
+		if refused != nil {
+			break
+		}
+	}
+	if failed != nil {
+		return false, failed.report(conds, 0, int(rc.Spec.Replicas)), nil
+	}
+	p := &problem{reason: v1alpha1.ReasonApplying, wait: notRunningWait, msg: "waiting for a Redis pod to run, to check spec.credentials.aclRules on it"}
+	return false, p.report(conds, 0, int(rc.Spec.Replicas)), nil
+}

@@ -1,0 +1,167 @@
+package rediscluster
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/controllers/apply"
+	"github.com/keyroll/keyroll/controllers/nodes"
+	"github.com/keyroll/keyroll/controllers/render"
+)
+
+// reconcileUsers puts the cluster's users on every Redis node, live and node by node: first into
+// the aclfile (so that a pod restarting meanwhile starts with them), then on each running node,
+// confirmed there; only once every node accepts the current credential is it written to the
+// consumers' Secret. aclRules that Redis has not accepted yet are checked on a node first: rules
+// it refuses are reported, and nothing is applied.
+func (r *deps) reconcileUsers(ctx context.Context, s *scope, in *internal, cred *render.Credential) (done bool, wait time.Duration, err error) {
+	rc := s.RC
+	rulesKey := render.RulesKey(rc)
+	if in.acl.Annotations[render.AnnotationRulesAccepted] != rulesKey {
+		ok, wait, err := r.nodes.CheckRules(ctx, rc, s.Conds, rc.Spec.Credentials.ACLRules, in.Admin)
+		if !ok || err != nil {
+			return false, wait, err
+		}
+	}
+	users := render.ClusterUsers(rc, in.Internal, render.AppUsers(rc, cred, render.ParseACLUsers(string(in.acl.Data[render.ACLFileKey]))))
+	if err := r.writeACLSecret(ctx, rc, users, in, rulesKey); err != nil {
+		return false, 0, err
+	}
+	done, wait, err = r.nodes.Sync(ctx, rc, s.Conds, nodes.Want{Users: users, Confirm: cred, AdminPassword: in.Admin})
+	if !done || err != nil || cred == nil {
+		return done, wait, err
+	}
+	return true, 0, apply.Owned(ctx, r.Client, r.APIReader, rc, render.CredentialsSecret(rc, cred.Username, cred.Password, cred.Version))
+}
+
+// writeACLSecret writes the aclfile of users; in holds the ACL Secret as written from then on.
+func (r *deps) writeACLSecret(ctx context.Context, rc *v1alpha1.RedisCluster, users render.Users, in *internal, rulesKey string) error {
+	file, err := users.ACLFile()
+	if err != nil {
+		return err
+	}
+	sec := render.ACLSecret(rc, file, in.Internal, rulesKey)
+	if err := apply.Owned(ctx, r.Client, r.APIReader, rc, sec); err != nil {
+		return err
+	}
+	in.acl = sec
+	return nil
+}
+
+// internal are the passwords of keyroll's own users and the Vault plugin's user, with the ACL
+// and state Secrets as they were read.
+type internal struct {
+	render.Internal
+	acl, state *corev1.Secret
+}
+
+// internalUsers reads the passwords of keyroll's own users, generating those that do not exist
+// yet (the admin password is written into the state Secret at once, before any aclfile has its
+// hash; the others go into the ACL Secret with the aclfile), and the Vault plugin's user. It
+// returns nil when the Vault plugin's Secret is missing (the condition says so).
+func (r *deps) internalUsers(ctx context.Context, s *scope) (*internal, error) {
+	rc := s.RC
+	state, err := r.ownedSecret(ctx, rc, render.StateSecretName(rc))
+	if err != nil {
+		return nil, err
+	}
+	acl, err := r.ownedSecret(ctx, rc, render.ACLSecretName(rc))
+	if err != nil {
+		return nil, err
+	}
+	in := &internal{acl: acl, state: state, Internal: render.Internal{Admin: string(state.Data[render.AdminPasswordKey]),
+		Replication: string(acl.Data[render.ReplicationPasswordKey]), Probe: string(acl.Data[render.ProbePasswordKey])}}
+	for _, p := range []*string{&in.Admin, &in.Replication, &in.Probe} {
+		if *p == "" {
+			if *p, err = render.RandomPassword(); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if string(state.Data[render.AdminPasswordKey]) != in.Admin {
+		if err := r.writeState(ctx, rc, in, stagedCredential(state)); err != nil {
+			return nil, err
+		}
+	}
+	if in.VaultPlugin, err = r.vaultPluginUser(ctx, s); err != nil || (rc.Spec.VaultPlugin != nil && in.VaultPlugin == nil) {
+		return nil, err
+	}
+	return in, nil
+}
+
+// writeState writes the state Secret: the admin password and the staged credential (nil: none).
+func (r *deps) writeState(ctx context.Context, rc *v1alpha1.RedisCluster, in *internal, cred *render.Credential) error {
+	return apply.Owned(ctx, r.Client, r.APIReader, rc, render.StateSecret(rc, in.Admin, cred))
+}
+
+// stagedCredential is the credential the state Secret holds, or nil.
+func stagedCredential(state *corev1.Secret) *render.Credential {
+	u, p := string(state.Data[render.StateUsernameKey]), string(state.Data[render.StatePasswordKey])
+	if u == "" || p == "" {
+		return nil
+	}
+	c := render.NewCredential(u, p)
+	return &c
+}
+
+// ownedSecret reads a Secret keyroll writes for rc (an empty one when it does not exist yet).
+func (r *deps) ownedSecret(ctx context.Context, rc *v1alpha1.RedisCluster, name string) (*corev1.Secret, error) {
+	sec := &corev1.Secret{}
+	err := r.Get(ctx, client.ObjectKey{Namespace: rc.Namespace, Name: name}, sec)
+	if apierrors.IsNotFound(err) {
+		return &corev1.Secret{}, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading Secret %s: %w", name, err)
+	}
+	return sec, nil
+}
+
+// vaultPluginUser is the Vault plugin's user of spec.vaultPlugin: its password from the
+// administrator's Secret, or generated into <name>-vault-plugin. nil without spec.vaultPlugin, or
+// when the administrator's Secret or key is missing (UsersApplied says so).
+func (r *deps) vaultPluginUser(ctx context.Context, s *scope) (*render.ACLUser, error) {
+	rc := s.RC
+	vp := rc.Spec.VaultPlugin
+	if vp == nil {
+		return nil, nil
+	}
+	var password string
+	if ref := vp.PasswordSecretRef; ref != nil {
+		// The administrator's Secret carries no keyroll label, so the cache does not hold it.
+		sec := &corev1.Secret{}
+		err := r.APIReader.Get(ctx, client.ObjectKey{Namespace: rc.Namespace, Name: ref.Name}, sec)
+		if client.IgnoreNotFound(err) != nil {
+			return nil, fmt.Errorf("reading Secret %s (spec.vaultPlugin.passwordSecretRef): %w", ref.Name, err)
+		}
+		if password = string(sec.Data[ref.Key]); password == "" {
+			msg := fmt.Sprintf("spec.vaultPlugin.passwordSecretRef: Secret %s has no key %q in namespace %s", ref.Name, ref.Key, rc.Namespace)
+			if s.Conds.Set(v1alpha1.ConditionUsersApplied, metav1.ConditionFalse, v1alpha1.ReasonSecretNotFound, msg) {
+				s.Conds.Event(true, v1alpha1.EventSecretNotFound, "ApplyUsers", "%s", msg)
+			}
+			return nil, nil
+		}
+	} else {
+		sec, err := r.ownedSecret(ctx, rc, render.VaultPluginSecretName(rc))
+		if err != nil {
+			return nil, err
+		}
+		password = string(sec.Data["password"])
+		if password == "" {
+			if password, err = render.RandomPassword(); err != nil {
+				return nil, err
+			}
+		}
+		if err := apply.Owned(ctx, r.Client, r.APIReader, rc, render.VaultPluginSecret(rc, vp.Username, password)); err != nil {
+			return nil, err
+		}
+	}
+	return &render.ACLUser{Username: vp.Username, PasswordHash: render.HashPassword(password)}, nil
+}

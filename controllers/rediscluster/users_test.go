@@ -1,0 +1,202 @@
+package rediscluster
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/controllers/render"
+	"github.com/keyroll/keyroll/redisnode"
+	"github.com/keyroll/keyroll/vault/vaulttest"
+)
+
+func threeNodes(rc *v1alpha1.RedisCluster) { rc.Spec.Replicas = 3 }
+
+func (h *harness) secret(t *testing.T, name string) *corev1.Secret {
+	t.Helper()
+	sec := &corev1.Secret{}
+	err := h.k8s.Get(context.Background(), client.ObjectKey{Namespace: "shop", Name: name}, sec)
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sec
+}
+
+func (h *harness) staged(t *testing.T) render.Credential {
+	t.Helper()
+	st := h.secret(t, "orders-keyroll")
+	return render.NewCredential(string(st.Data["username"]), string(st.Data["password"]))
+}
+
+func TestCredentialReachesConsumersOnlyOnceEveryNodeAcceptsIt(t *testing.T) {
+	h := newHarness(t, cluster(threeNodes))
+	h.redis.Unreachable[nodeAddr(0)] = true // the primary, synced last
+
+	rc := h.settle(t)
+
+	if sec := h.secret(t, "orders-credentials"); sec != nil {
+		t.Fatal("the credentials Secret was written while a node had not accepted the credential")
+	}
+	cred := h.staged(t)
+	for i := 1; i < 3; i++ {
+		if !h.redis.Accepts(nodeAddr(i), cred.Username, cred.Password) {
+			t.Errorf("replica %d does not have the issued user", i)
+		}
+	}
+	c := condition(rc, v1alpha1.ConditionUsersApplied)
+	if c == nil || c.Reason != v1alpha1.ReasonNodeUnreachable || !strings.Contains(c.Message, "orders-0") || !strings.Contains(c.Message, "port 6379") {
+		t.Fatalf("UsersApplied %+v: want NodeUnreachable naming the pod and the port", c)
+	}
+	if d := condition(rc, v1alpha1.ConditionDegraded); d.Status != metav1.ConditionTrue || d.Reason != v1alpha1.ReasonNodeUnreachable {
+		t.Errorf("Degraded %+v", d)
+	}
+
+	delete(h.redis.Unreachable, nodeAddr(0))
+	rc = h.settle(t)
+
+	sec := h.secret(t, "orders-credentials")
+	if sec == nil || string(sec.Data["username"]) != cred.Username || !h.redis.Accepts(nodeAddr(0), cred.Username, cred.Password) {
+		t.Fatalf("once the primary is reachable: Secret %v, primary has the user: %v", sec != nil, h.redis.Accepts(nodeAddr(0), cred.Username, cred.Password))
+	}
+	if c := condition(rc, v1alpha1.ConditionUsersApplied); c.Status != metav1.ConditionTrue || len(rc.Status.Nodes) != 3 {
+		t.Errorf("UsersApplied %+v, nodes %+v", c, rc.Status.Nodes)
+	}
+	if n := h.vault.Calls(vaulttest.OpIssue); n != 1 {
+		t.Errorf("%d issues: the credential waits for the nodes, it is not issued again", n)
+	}
+}
+
+func TestNoPodMountsTheCredentialAndTheAdminPasswordStaysWithKeyroll(t *testing.T) {
+	h := newHarness(t, cluster(threeNodes))
+	h.settle(t)
+	acl := h.secret(t, "orders-acl")
+	admin := string(h.secret(t, "orders-keyroll").Data["admin-password"])
+	if admin == "" || len(acl.Data["replication-password"]) == 0 || len(acl.Data["probe-password"]) == 0 {
+		t.Fatal("an internal password is missing")
+	}
+	for k, v := range acl.Data {
+		if strings.Contains(string(v), admin) {
+			t.Errorf("the ACL Secret, which pods mount, holds the admin password under %s", k)
+		}
+	}
+	users := render.ParseACLUsers(string(acl.Data[render.ACLFileKey]))
+	for _, u := range []string{render.AdminUser, render.ReplicationUser, render.ProbeUser, h.staged(t).Username} {
+		if _, ok := users[u]; !ok {
+			t.Errorf("the aclfile has no user %s", u)
+		}
+	}
+	if !slices.Contains(users[render.ReplicationUser].Rules, "+psync") || slices.Contains(users[render.ReplicationUser].Rules, "+@all") {
+		t.Errorf("replication user's rules %v", users[render.ReplicationUser].Rules)
+	}
+}
+
+func TestRefusedACLRuleIsReportedAndNothingIsApplied(t *testing.T) {
+	h := newHarness(t, cluster(threeNodes, func(rc *v1alpha1.RedisCluster) {
+		rc.Spec.Credentials.ACLRules = []string{"~app:*", "+@read", "+@nosuchcategory"}
+	}))
+	h.redis.Refused["+@nosuchcategory"] = "Unknown command or category name in ACL"
+
+	rc := h.settle(t)
+
+	c := condition(rc, v1alpha1.ConditionUsersApplied)
+	if c == nil || c.Reason != v1alpha1.ReasonInvalidACLRules || !strings.Contains(c.Message, "+@nosuchcategory") || !strings.Contains(c.Message, "Unknown command or category") {
+		t.Fatalf("UsersApplied %+v: want InvalidACLRules naming the rule with Redis's words", c)
+	}
+	if h.secret(t, "orders-credentials") != nil {
+		t.Error("a credentials Secret was written")
+	}
+	users := render.ParseACLUsers(string(h.secret(t, "orders-acl").Data[render.ACLFileKey]))
+	if _, ok := users[h.staged(t).Username]; ok || len(users) != 3 {
+		t.Errorf("the aclfile has users %v: want keyroll's three only", users)
+	}
+	if got := h.redis.Users(nodeAddr(1)); slices.Contains(got, h.staged(t).Username) {
+		t.Errorf("a node has the app user: %v", got)
+	}
+	if !strings.Contains(strings.Join(h.eventReasons(), " "), v1alpha1.EventInvalidACLRules) {
+		t.Error("no InvalidACLRules event")
+	}
+
+	rc.Spec.Credentials.ACLRules = []string{"~app:*", "+@read"}
+	rc.Generation++
+	if err := h.k8s.Update(context.Background(), rc); err != nil {
+		t.Fatal(err)
+	}
+	h.settle(t)
+	if h.secret(t, "orders-credentials") == nil {
+		t.Error("no credentials Secret once the rules are fixed")
+	}
+}
+
+func TestRotationRetiresTheOldUserFromEveryNode(t *testing.T) {
+	h := newHarness(t, cluster(threeNodes))
+	rc := h.settle(t)
+	old := h.staged(t)
+	before := h.redis.Commands
+
+	rc.Annotations = map[string]string{v1alpha1.AnnotationRotateNow: "now"}
+	if err := h.k8s.Update(context.Background(), rc); err != nil {
+		t.Fatal(err)
+	}
+	rc = h.settle(t)
+
+	cur := h.staged(t)
+	if cur.Username == old.Username {
+		t.Fatal("no rotation")
+	}
+	for i := range 3 {
+		if h.redis.Accepts(nodeAddr(i), old.Username, old.Password) || !h.redis.Accepts(nodeAddr(i), cur.Username, cur.Password) {
+			t.Errorf("node %d: users %v; want the new user and not the old", i, h.redis.Users(nodeAddr(i)))
+		}
+	}
+	if len(rc.Status.RetiringUsers) != 0 || len(rc.Status.Leases) != 1 || h.vault.Calls(vaulttest.OpRevoke) != 1 {
+		t.Errorf("retiring %v, ledger %+v, %d revocations", rc.Status.RetiringUsers, rc.Status.Leases, h.vault.Calls(vaulttest.OpRevoke))
+	}
+	if users := render.ParseACLUsers(string(h.secret(t, "orders-acl").Data[render.ACLFileKey])); users[old.Username].Username != "" {
+		t.Error("the old user is still in the aclfile")
+	}
+	if h.redis.Commands == before {
+		t.Error("no Redis command for a rotation")
+	}
+
+	steady := h.redis.Commands
+	h.reconcile(t)
+	if h.redis.Commands != steady {
+		t.Errorf("a steady cluster sent %d Redis commands", h.redis.Commands-steady)
+	}
+}
+
+func TestRestartedRedisIsConfirmedAgainAndForgetsUsersItShouldNotHave(t *testing.T) {
+	h := newHarness(t, cluster(threeNodes))
+	h.settle(t)
+	cur := h.staged(t)
+	// Redis on pod 1 restarted from an old aclfile: the admin user and a user since retired, not
+	// the current one.
+	admin := string(h.secret(t, "orders-keyroll").Data["admin-password"])
+	h.redis.Restart(nodeAddr(1), redisnode.User{Name: render.AdminUser, PasswordHash: render.HashPassword(admin)},
+		redisnode.User{Name: "V_OLD_USER", PasswordHash: render.HashPassword("x")})
+	pod := &corev1.Pod{}
+	if err := h.k8s.Get(context.Background(), client.ObjectKey{Namespace: "shop", Name: "orders-1"}, pod); err != nil {
+		t.Fatal(err)
+	}
+	pod.Status.ContainerStatuses[0].State.Running.StartedAt = metav1.NewTime(epoch.Add(3600e9))
+	if err := h.k8s.Status().Update(context.Background(), pod); err != nil {
+		t.Fatal(err)
+	}
+
+	h.settle(t)
+
+	got := h.redis.Users(nodeAddr(1))
+	if slices.Contains(got, "V_OLD_USER") || !h.redis.Accepts(nodeAddr(1), cur.Username, cur.Password) {
+		t.Errorf("restarted node's users %v: want the current user and not the stale one", got)
+	}
+}
