@@ -3,6 +3,7 @@ package dataplane
 import (
 	"context"
 	"fmt"
+	"os"
 	"testing"
 	"time"
 
@@ -10,36 +11,29 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/test/docblocks"
+	"github.com/keyroll/keyroll/test/testground"
 )
 
-// pointVaultAt configures, as a Vault administrator would, a connection of Vault's database
-// engine to the RedisCluster's client Service as the plugin's user keyroll keeps on every node
-// (its password from the Secret keyroll generated), and a role on it.
-func pointVaultAt(t *testing.T, rc *v1alpha1.RedisCluster, role string) {
+// pointVaultAt runs the Vault administrators' guide's commands for a RedisCluster's own primary
+// (its "vault-plugin" blocks), as written: a connection of Vault's database engine to the
+// cluster's client Service as the plugin user keyroll keeps on every node, with the password
+// keyroll generated, and a role <namespace>-<name> on it.
+func pointVaultAt(t *testing.T, rc *v1alpha1.RedisCluster) {
 	t.Helper()
-	ctx := context.Background()
 	svc := &corev1.Service{}
-	if err := k8s.Get(ctx, client.ObjectKey{Namespace: rc.Namespace, Name: rc.Name}, svc); err != nil {
+	if err := k8s.Get(context.Background(), client.ObjectKey{Namespace: rc.Namespace, Name: rc.Name}, svc); err != nil {
 		t.Fatal(err)
 	}
-	conn := "cluster-" + rc.Namespace + "-" + rc.Name
-	password := secretData(t, rc.Namespace, rc.Name+"-vault-plugin", "password")
-	if password == "" {
-		t.Fatal("keyroll generated no password for Vault's plugin user")
+	env := []string{
+		"KUBECONFIG=" + ground.CP.Kubeconfig, "PATH=" + testground.BinDir() + ":" + os.Getenv("PATH"),
+		"VAULT_ADDR=" + ground.Vault.Addr, "VAULT_TOKEN=" + ground.Vault.RootToken,
+		"CLUSTER_NS=" + rc.Namespace, "CLUSTER=" + rc.Name, "REDIS_SERVICE_HOST=" + svc.Spec.ClusterIP,
 	}
-	_, err := ground.Vault.Root.Logical().WriteWithContext(ctx, "database/config/"+conn, map[string]any{
-		"plugin_name": "redis-database-plugin", "host": svc.Spec.ClusterIP, "port": 6379,
-		"username": secretData(t, rc.Namespace, rc.Name+"-vault-plugin", "username"), "password": password,
-		"allowed_roles": role, "verify_connection": true,
-	})
-	if err != nil {
-		t.Fatalf("configuring Vault's connection to the cluster's Service: %v", err)
-	}
-	_, err = ground.Vault.Root.Logical().WriteWithContext(ctx, "database/roles/"+role, map[string]any{
-		"db_name": conn, "creation_statements": `["~*", "&*", "+@all"]`, "default_ttl": "10m", "max_ttl": "1h",
-	})
-	if err != nil {
-		t.Fatal(err)
+	root := testground.RepoRoot()
+	blocks := docblocks.Tagged(t, root, "vault-plugin")
+	for _, b := range blocks {
+		docblocks.Run(t, b, root, env, time.Minute)
 	}
 }
 
@@ -50,6 +44,7 @@ func pointVaultAt(t *testing.T, rc *v1alpha1.RedisCluster, role string) {
 func TestVaultRevokeCutsTheCredentialOffEverywhere(t *testing.T) {
 	namespace(t, "plugin")
 	vaultConnection(t, "vault-plugin", "plugin")
+	// The role the guide's commands make is named <namespace>-<name>.
 	rc := redisCluster(t, "plugin", "cache", "vault-plugin", "database/creds/plugin-cache", 3, func(rc *v1alpha1.RedisCluster) {
 		rc.Spec.VaultPlugin = &v1alpha1.VaultPluginSpec{Username: "vault"}
 	})
@@ -61,7 +56,7 @@ func TestVaultRevokeCutsTheCredentialOffEverywhere(t *testing.T) {
 		}
 		return ""
 	})
-	pointVaultAt(t, rc, "plugin-cache")
+	pointVaultAt(t, rc)
 	rotateNow(t, rc, "vault-configured") // any change wakes a cluster that waits after a refusal
 	cur := waitReady(t, rc, 2*time.Minute)
 	pods := redisPods(t, rc)
