@@ -108,9 +108,9 @@ func (r *Source) decideSynced(ctx context.Context, cl *ledger.Cluster, vcl vault
 	return nil
 }
 
-// syncSettle is how long a new credential from ESO must stay in place before Redis pods are
-// restarted for it: one refresh can make ESO write the Secret twice in quick succession (each time
-// with a new lease), and a rollout for the first would restart a pod for nothing.
+// syncSettle is how long a new credential from ESO must stay in place before it is rolled out:
+// one refresh can make ESO write the Secret twice in quick succession (each time with a new
+// lease), and a rollout for the first would restart consumers for nothing.
 const syncSettle = 3 * time.Second
 
 // settling says how long to wait before rolling out a credential that ESO wrote a moment ago,
