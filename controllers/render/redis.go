@@ -111,10 +111,14 @@ include %s/runtime.conf
 // startScript makes every pod but pod 0 a replica of pod 0, authenticating as the replication
 // user, whose password reaches redis.conf only as \xHH escapes (so no character of it needs
 // care), and passes SIGTERM on to Redis. The users come from the aclfile the pod mounts; while
-// Redis runs keyroll changes them live, node by node, and never reloads the file.
+// Redis runs keyroll changes them live, node by node, and never reloads the file. It starts
+// again in the same pod as it did the first time (a crashed or killed Redis container is
+// restarted in place, with the run directory of its first start): it replaces runtime.conf, which
+// it left read-only, rather than writing into it.
 func startScript(rc *v1alpha1.RedisCluster) string {
 	return fmt.Sprintf(`#!/bin/sh
 set -eu
+rm -f %[1]s/runtime.conf
 : > %[1]s/runtime.conf
 ordinal="${POD_NAME##*-}"
 if [ "$ordinal" != "0" ]; then

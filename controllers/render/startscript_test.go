@@ -33,7 +33,13 @@ type pod struct {
 
 func startPod(t *testing.T, rc *v1alpha1.RedisCluster, acl map[string][]byte, name string, primary *pod) *pod {
 	t.Helper()
-	root := t.TempDir()
+	return startPodIn(t, rc, acl, name, primary, t.TempDir(), nil)
+}
+
+// startPodIn is startPod in the pod directory root (a container restarted in the same pod finds
+// its volumes as the first left them), as the user of cred (nil: the test's).
+func startPodIn(t *testing.T, rc *v1alpha1.RedisCluster, acl map[string][]byte, name string, primary *pod, root string, cred *syscall.Credential) *pod {
+	t.Helper()
 	port, err := testground.FreePort()
 	if err != nil {
 		t.Fatal(err)
@@ -62,13 +68,30 @@ func startPod(t *testing.T, rc *v1alpha1.RedisCluster, acl map[string][]byte, na
 	p.cmd = exec.Command("sh", filepath.Join(root, "config", "start.sh"))
 	p.cmd.Env = append(os.Environ(), "POD_NAME="+name)
 	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
-	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: cred}
+	if cred != nil {
+		chownAll(t, root, int(cred.Uid), int(cred.Gid))
+	}
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL) })
 	go func() { p.exited <- p.cmd.Wait() }()
 	return p
+}
+
+// chownAll gives a pod directory to the user a container runs as.
+func chownAll(t *testing.T, root string, uid, gid int) {
+	t.Helper()
+	err := filepath.Walk(root, func(path string, _ os.FileInfo, err error) error {
+		if err != nil {
+			return err
+		}
+		return os.Lchown(path, uid, gid)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
 }
 
 func (p *pod) write(dir, name, content string) {
@@ -156,5 +179,54 @@ func TestPodsReplicateAndProbeOnUsersOfTheirOwn(t *testing.T) {
 			t.Fatalf("the script did not stop within 10 s of SIGTERM\n%s", p.out)
 		}
 		within(t, 5*time.Second, "Redis stopped with the script", func() bool { return !testground.PortBound(p.port) })
+	}
+}
+
+// A Redis container that dies is restarted by the kubelet in the same pod, with the volumes of
+// its first start: the start script must run again as it did the first time. A replica runs as
+// an unprivileged user (as the image's redis user does; root would ignore the read-only mode the
+// first start left on runtime.conf), its Redis is killed, and the script started again in the
+// same pod directory: the replica comes back, replicates and is Ready.
+func TestStartScriptStartsAgainInTheSamePod(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("this test runs the pod's script as another user and needs root, as make unit has")
+	}
+	rc := &v1alpha1.RedisCluster{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "orders"}}
+	in := Internal{Admin: "admin-pw", Replication: "repl-pw", Probe: "probe-pw"}
+	file, err := ClusterUsers(rc, in, AppUsers(rc, &Credential{Username: "V_ORDERS_A", Password: "pass-a"}, nil)).ACLFile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	acl := ACLSecret(rc, file, in, "").Data
+	primary := startPod(t, rc, acl, "orders-0", nil)
+	within(t, 10*time.Second, "the primary is Ready", primary.ready, primary.out)
+
+	root := t.TempDir()
+	// The user of the pod must reach its directory: open the temporary directories above it.
+	for _, d := range []string{filepath.Dir(root), root} {
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	nobody := &syscall.Credential{Uid: 65534, Gid: 65534}
+	first := startPodIn(t, rc, acl, "orders-1", primary, root, nobody)
+	within(t, 30*time.Second, "the replica is Ready", first.ready, primary.out, first.out)
+	if fi, err := os.Stat(filepath.Join(root, "run", "runtime.conf")); err != nil || fi.Mode().Perm() != 0o400 {
+		t.Fatalf("runtime.conf after the first start: %v %v", fi, err)
+	}
+	if out, err := exec.Command("pkill", "-KILL", "-f", "redis-server.*"+strconv.Itoa(first.port)).CombinedOutput(); err != nil {
+		t.Fatalf("killing the replica's Redis: %v\n%s", err, out)
+	}
+	select {
+	case <-first.exited:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("the script did not end when its Redis was killed\n%s", first.out)
+	}
+
+	again := startPodIn(t, rc, acl, "orders-1", primary, root, nobody)
+	within(t, 30*time.Second, "the restarted replica is Ready", again.ready, primary.out, again.out)
+	info, err := testground.RedisDo(again.addr(), AdminUser, in.Admin, "INFO", "replication")
+	if err != nil || !strings.Contains(info, "master_link_status:up") {
+		t.Fatalf("the restarted replica's INFO replication: %q, %v\n%s", info, err, again.out)
 	}
 }
