@@ -218,7 +218,8 @@ func TestStartScriptStartsAgainInTheSamePod(t *testing.T) {
 		t.Fatalf("killing the replica's Redis: %v\n%s", err, out)
 	}
 	select {
-	case <-first.exited:
+	case err := <-first.exited:
+		t.Logf("the first start's script ended with %v once its Redis was killed", err)
 	case <-time.After(10 * time.Second):
 		t.Fatalf("the script did not end when its Redis was killed\n%s", first.out)
 	}
