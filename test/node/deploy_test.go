@@ -55,7 +55,7 @@ func TestManagerRunsAsAPodFromDeployDefault(t *testing.T) {
 	kubectl(t, "apply", "-k", managerOverlay(t))
 	pods := waitManagerReady(t, ctx)
 	checkRestricted(t, ctx)
-	leader := waitLeader(t, ctx, pods)
+	leader := waitLeaderIn(t, ctx, harness.OperatorNS, pods)
 	t.Logf("manager pods Ready and %s leads, %s after apply", leader.Name, time.Since(start).Round(time.Millisecond))
 
 	rc := applySamples(t, ctx)
@@ -147,12 +147,13 @@ func checkRestricted(t *testing.T, ctx context.Context) {
 	}
 }
 
-// waitLeader waits until one of the manager pods holds the leader-election Lease.
-func waitLeader(t *testing.T, ctx context.Context, pods []corev1.Pod) corev1.Pod {
+// waitLeaderIn waits until one of the manager pods holds the leader-election Lease in namespace
+// ns.
+func waitLeaderIn(t *testing.T, ctx context.Context, ns string, pods []corev1.Pod) corev1.Pod {
 	t.Helper()
 	var leader corev1.Pod
 	eventually(t, time.Minute, func() string {
-		l, err := cs.CoordinationV1().Leases(harness.OperatorNS).Get(ctx, "keyroll.keyroll.dev", metav1.GetOptions{})
+		l, err := cs.CoordinationV1().Leases(ns).Get(ctx, "keyroll.keyroll.dev", metav1.GetOptions{})
 		if err != nil {
 			return err.Error()
 		}
