@@ -25,8 +25,9 @@ var now = time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
 
 func at(d time.Duration) *metav1.Time { return ptr.To(metav1.NewTime(now.Add(d))) }
 
-// rolling is a RedisCluster in the middle of a rotation: a new Active lease, the superseded one
-// still live, one of three pods updated and one in flight.
+// rolling is a RedisCluster in the middle of a rotation that restarts its Redis pods
+// (rollout.redisPods Restart): a new Active lease, the superseded one still live, every node
+// confirmed with the new user, one of three pods updated and one in flight.
 func rolling(namespace, name string) *v1alpha1.RedisCluster {
 	return &v1alpha1.RedisCluster{
 		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name,
@@ -36,10 +37,16 @@ func rolling(namespace, name string) *v1alpha1.RedisCluster {
 			Credentials: v1alpha1.CredentialsSpec{Source: v1alpha1.SourceVaultLease, VaultLease: &v1alpha1.VaultLeaseSource{
 				ConnectionRef: v1alpha1.ConnectionReference{Name: "vault"}, Path: "database/creds/orders"}},
 			Rotation: v1alpha1.RotationSpec{Schedule: "0 3 * * *"},
-			Rollout:  v1alpha1.RolloutSpec{Consumers: []v1alpha1.ConsumerReference{{Kind: "Deployment", Name: "orders-api"}}},
+			Rollout: v1alpha1.RolloutSpec{RedisPods: v1alpha1.RedisPodsRestart,
+				Consumers: []v1alpha1.ConsumerReference{{Kind: "Deployment", Name: "orders-api"}}},
 		},
 		Status: v1alpha1.RedisClusterStatus{
 			Phase: v1alpha1.PhaseRolling, ReadyReplicas: 3, RotateNowAcknowledged: "1",
+			Nodes: []v1alpha1.NodeStatus{
+				{Pod: name + "-0", UsersVersion: "u2hash", ConfirmedAt: at(-30 * time.Second)},
+				{Pod: name + "-1", UsersVersion: "u2hash", ConfirmedAt: at(-30 * time.Second)},
+				{Pod: name + "-2", UsersVersion: "u2hash", ConfirmedAt: at(-30 * time.Second)},
+			},
 			Conditions: []metav1.Condition{{Type: v1alpha1.ConditionReady, Status: metav1.ConditionTrue, Reason: v1alpha1.ReasonAvailable,
 				Message: "credential issued", LastTransitionTime: *at(-5 * time.Minute)}},
 			Credential: &v1alpha1.CredentialStatus{
@@ -122,6 +129,7 @@ func TestStatusShowsLedgerRolloutAndSchedule(t *testing.T) {
 		"Next renewal:", "2026-12-01T12:05:00Z (in 5m)", "Next rotation:", "2026-12-02T03:00:00Z (in 15h)",
 		"database/creds/orders/old", "Superseded", "acc-old", "2026-12-01T12:03:00Z (in 3m)",
 		"Active", "to version v2hash: 1/3 Redis pods updated, orders-1 in flight (restarted 20s ago), 0/1 consumers updated, started 60s ago",
+		"Redis nodes:", "orders-2", "u2hash", "30s ago",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("status does not show %q:\n%s", want, out)
@@ -129,6 +137,31 @@ func TestStatusShowsLedgerRolloutAndSchedule(t *testing.T) {
 	}
 	if strings.Contains(out, "hunter2") {
 		t.Errorf("status shows the password:\n%s", out)
+	}
+}
+
+// In Live mode (the default) a rotation restarts no Redis pod: the rollout line says that every
+// node accepts the new credential and counts the consumers, and the users still to retire are
+// named.
+func TestStatusInLiveModeShowsTheNodesNotPodRestarts(t *testing.T) {
+	rc := rolling("default", "orders")
+	rc.Spec.Rollout.RedisPods = v1alpha1.RedisPodsLive
+	rc.Status.Rollout = &v1alpha1.RolloutStatus{TargetVersion: "v2hash", ConsumersUpdated: 1, StartedAt: at(-time.Minute)}
+	rc.Status.RetiringUsers = []string{"V_TOKEN_ORDERS_OLD"}
+	out, _, err := newEnv(t, rc).run(t, "status", "orders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"to version v2hash, which every Redis node accepts: 1/1 consumers updated, started 60s ago",
+		"orders-0", "orders-1", "orders-2", "users still to remove from every node: V_TOKEN_ORDERS_OLD",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("status does not show %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "Redis pods updated") {
+		t.Errorf("a Live rollout is shown as restarting Redis pods:\n%s", out)
 	}
 }
 
@@ -140,7 +173,7 @@ func TestStatusOfAFreshClusterSaysWhatIsMissing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"Phase:", "-", "none yet", "none issued yet", "none in the ledger", "none in progress"} {
+	for _, want := range []string{"Phase:", "-", "none yet", "none issued yet", "none in the ledger", "none confirmed yet", "none in progress"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("status of a fresh cluster does not say %q:\n%s", want, out)
 		}

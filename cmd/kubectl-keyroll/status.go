@@ -27,6 +27,13 @@ type clusterView struct {
 	Leases        []v1alpha1.LeaseRecord     `json:"leases"`
 	Rollout       *v1alpha1.RolloutStatus    `json:"rollout,omitempty"`
 	Consumers     int                        `json:"consumers"`
+	// RedisPods is the rollout's policy for the Redis pods: Live (users change on the running
+	// nodes) or Restart.
+	RedisPods v1alpha1.RedisPodsPolicy `json:"redisPods"`
+	// Nodes are the Redis nodes keyroll confirmed, and RetiringUsers the users it still has to
+	// remove from them.
+	Nodes         []v1alpha1.NodeStatus `json:"nodes,omitempty"`
+	RetiringUsers []string              `json:"retiringUsers,omitempty"`
 }
 
 type rotationView struct {
@@ -56,6 +63,7 @@ func viewOf(rc *v1alpha1.RedisCluster) clusterView {
 		},
 		Conditions: rc.Status.Conditions, Credential: rc.Status.Credential,
 		Leases: leases, Rollout: rc.Status.Rollout, Consumers: len(rc.Spec.Rollout.Consumers),
+		RedisPods: rc.Spec.Rollout.RedisPods, Nodes: rc.Status.Nodes, RetiringUsers: rc.Status.RetiringUsers,
 	}
 }
 
@@ -115,9 +123,35 @@ func (o *options) printStatus(rc *v1alpha1.RedisCluster) error {
 	fmt.Fprintln(o.streams.Out, "\nLeases:")
 	o.printLedger(o.streams.Out, rc)
 
+	fmt.Fprintln(o.streams.Out, "\nRedis nodes:")
+	o.printNodes(w, v)
+
 	fmt.Fprintln(o.streams.Out, "\nRollout:")
 	fmt.Fprintf(o.streams.Out, "  %s\n", o.rollout(v))
 	return nil
+}
+
+// flusher is the tab writer printStatus writes its tables with.
+type flusher interface {
+	io.Writer
+	Flush() error
+}
+
+// printNodes writes the Redis nodes keyroll confirmed the users on, and the users still to
+// retire.
+func (o *options) printNodes(w flusher, v clusterView) {
+	if len(v.Nodes) == 0 {
+		fmt.Fprintln(o.streams.Out, "  none confirmed yet")
+	} else {
+		fmt.Fprintln(w, "  POD\tUSERS\tCONFIRMED")
+		for _, n := range v.Nodes {
+			fmt.Fprintf(w, "  %s\t%s\t%s\n", n.Pod, orDash(n.UsersVersion), o.agoPtr(n.ConfirmedAt))
+		}
+		w.Flush()
+	}
+	if len(v.RetiringUsers) > 0 {
+		fmt.Fprintf(o.streams.Out, "  users still to remove from every node: %s\n", strings.Join(v.RetiringUsers, ", "))
+	}
 }
 
 // printCredential writes the credential's rows; the caller flushes w.
@@ -198,6 +232,10 @@ func (o *options) rollout(v clusterView) string {
 	r := v.Rollout
 	if r == nil {
 		return "none in progress"
+	}
+	if v.RedisPods != v1alpha1.RedisPodsRestart {
+		return fmt.Sprintf("to version %s, which every Redis node accepts: %d/%d consumers updated, started %s",
+			orDash(r.TargetVersion), r.ConsumersUpdated, v.Consumers, o.agoPtr(r.StartedAt))
 	}
 	s := fmt.Sprintf("to version %s: %d/%d Redis pods updated", orDash(r.TargetVersion), r.PodsUpdated, v.Replicas)
 	if r.PodInFlight != "" {

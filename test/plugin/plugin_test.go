@@ -100,7 +100,8 @@ func cluster(t *testing.T, namespace, name string) *v1alpha1.RedisCluster {
 			Credentials: v1alpha1.CredentialsSpec{Source: v1alpha1.SourceVaultLease, VaultLease: &v1alpha1.VaultLeaseSource{
 				ConnectionRef: v1alpha1.ConnectionReference{Name: "vault"}, Path: "database/creds/" + name}},
 			Rotation: v1alpha1.RotationSpec{Schedule: "0 3 * * *"},
-			Rollout:  v1alpha1.RolloutSpec{Consumers: []v1alpha1.ConsumerReference{{Kind: "Deployment", Name: name + "-api"}}},
+			Rollout: v1alpha1.RolloutSpec{RedisPods: v1alpha1.RedisPodsRestart,
+				Consumers: []v1alpha1.ConsumerReference{{Kind: "Deployment", Name: name + "-api"}}},
 		},
 	}
 	if err := k8s.Create(ctx, rc); err != nil {
