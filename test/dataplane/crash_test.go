@@ -1,0 +1,100 @@
+package dataplane
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/test/testground"
+)
+
+// killRedis kills redis-server inside a pod's container with kubectl exec, as an OOM kill or a
+// crash would end it: SIGKILL, no shutdown, no save.
+func killRedis(t *testing.T, ns, pod string) {
+	t.Helper()
+	bin, err := testground.Binary("kubectl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	script := `for p in /proc/[0-9]*; do [ "$(cat "$p/comm" 2>/dev/null)" = redis-server ] && kill -KILL "${p#/proc/}"; done; true`
+	cmd := exec.Command(bin, "exec", "-n", ns, pod, "-c", "redis", "--", "sh", "-c", script)
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+ground.CP.Kubeconfig)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("killing Redis in %s: %v\n%s", pod, err, out)
+	}
+}
+
+// A replica's Redis killed inside its container: the kubelet restarts the container in the same
+// pod (the start script runs again over the files of its first start), the replica becomes Ready
+// again only once it has resynced, every key is back on it, the app user logs in there, and
+// keyroll confirms that run of Redis again (status.nodes).
+func TestCrashedRedisContainerRestartsInPlace(t *testing.T) {
+	namespace(t, "crash")
+	vaultConnection(t, "vault-crash", "crash")
+	rc := redisCluster(t, "crash", "cache", "vault-crash", "database/creds/orders", 3)
+	waitReady(t, rc, 3*time.Minute)
+	user, pass := published(t, rc)
+	pods := redisPods(t, rc)
+	const n = 2000
+	writeKeys(t, podAddr(pods[0]), user, pass, n)
+	eventually(t, time.Minute, func() string {
+		if got := countKeys(t, podAddr(pods[1]), user, pass, n); got != n {
+			return fmt.Sprintf("cache-1 has %d of %d keys", got, n)
+		}
+		return ""
+	})
+	before := runs(pods)["cache-1"]
+	confirmed := nodeStatus(get(t, rc), "cache-1")
+
+	start := time.Now()
+	killRedis(t, "crash", "cache-1")
+	eventually(t, 2*time.Minute, func() string {
+		for _, p := range redisPods(t, rc) {
+			if p.Name != "cache-1" {
+				continue
+			}
+			now := runs([]corev1.Pod{p})["cache-1"]
+			if now.uid != before.uid {
+				return fmt.Sprintf("cache-1 is a new pod (%s), want its container restarted in place", now.uid)
+			}
+			if now.restarts <= before.restarts || !podReady(p) {
+				return fmt.Sprintf("cache-1: %d restarts (before %d), Ready %v", now.restarts, before.restarts, podReady(p))
+			}
+			return ""
+		}
+		return "cache-1 is gone"
+	})
+	t.Logf("cache-1's Redis container restarted in place and Ready again %s after the kill", time.Since(start).Round(time.Millisecond))
+	addr := podAddr(redisPods(t, rc)[1])
+	if got := countKeys(t, addr, user, pass, n); got != n {
+		t.Errorf("the restarted replica has %d of %d keys", got, n)
+	}
+	if !accepts(addr, user, pass) {
+		t.Error("the app user does not log in on the restarted replica")
+	}
+	eventually(t, time.Minute, func() string {
+		now := nodeStatus(get(t, rc), "cache-1")
+		if now == nil || now.StartedAt == nil || confirmed == nil || confirmed.StartedAt == nil || !now.StartedAt.After(confirmed.StartedAt.Time) {
+			return fmt.Sprintf("status.nodes for cache-1: %+v, before the kill %+v", now, confirmed)
+		}
+		return ""
+	})
+	if c := condition(get(t, rc), v1alpha1.ConditionReady); c == nil || c.Status != "True" {
+		t.Errorf("after the restart in place: Ready %+v", c)
+	}
+}
+
+// nodeStatus is the status.nodes entry of a pod, or nil.
+func nodeStatus(rc *v1alpha1.RedisCluster, pod string) *v1alpha1.NodeStatus {
+	for i := range rc.Status.Nodes {
+		if rc.Status.Nodes[i].Pod == pod {
+			return &rc.Status.Nodes[i]
+		}
+	}
+	return nil
+}
