@@ -5,7 +5,8 @@
 // redis-server, on loopback ports and the node's bridge. It applies the CRDs and the samples of
 // deploy/, runs the operator in the foreground, and prints how to watch it work. It writes the admin kubeconfig and
 // an environment file (playground.env: KUBECONFIG, VAULT_ADDR, VAULT_TOKEN, and PATH with the
-// test ground's kubectl and vault) beside it. Ctrl-C stops everything it started and removes its
+// test ground's kubectl and vault and the kubectl plugin, built into bin/ as make plugin does)
+// beside it. Ctrl-C stops everything it started and removes its
 // files.
 package main
 
@@ -23,11 +24,15 @@ import (
 	"syscall"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/kustomize/api/krusty"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
 
+	"github.com/keyroll/keyroll/apis/v1alpha1"
 	"github.com/keyroll/keyroll/test/harness"
 	"github.com/keyroll/keyroll/test/testground"
 )
@@ -80,6 +85,9 @@ func run(kubeconfigOut, stateFile string) error {
 	if err := os.WriteFile(kubeconfigOut, kc, 0o600); err != nil {
 		return err
 	}
+	if err := buildPlugin(ctx); err != nil {
+		return err
+	}
 	if err := writeEnv(envFile, kubeconfigOut, g); err != nil {
 		return err
 	}
@@ -90,6 +98,10 @@ func run(kubeconfigOut, stateFile string) error {
 	if err != nil {
 		return err
 	}
+	defer op.stop()
+	if err := pointVaultAtOrders(ctx, g); err != nil {
+		return fmt.Errorf("pointing Vault's database engine at RedisCluster orders: %w", err)
+	}
 	printTour(envFile)
 	if stateFile != "" {
 		b, _ := json.Marshal(State{Kubeconfig: kubeconfigOut, VaultAddr: g.Vault.Addr, RedisAddr: g.Redis.Addr()})
@@ -98,7 +110,6 @@ func run(kubeconfigOut, stateFile string) error {
 		}
 		defer os.Remove(stateFile)
 	}
-	defer op.stop()
 	select {
 	case <-ctx.Done():
 		return nil
@@ -107,12 +118,15 @@ func run(kubeconfigOut, stateFile string) error {
 	}
 }
 
+// ordersRole is the Vault role of the sample orders, which issues users on orders itself.
+var ordersRole = testground.RedisRole{Name: "orders", DefaultTTL: 2 * time.Minute, MaxTTL: time.Hour}
+
 // setupVault does what docs/vault-administrators.md describes: the Redis connection and roles, the
 // operator's policy and Kubernetes auth role, and External Secrets Operator's (for the payments
 // sample, whose generator logs in as the service account external-secrets of namespace default).
+// The role orders comes once orders runs (pointVaultAtOrders).
 func setupVault(ctx context.Context, g *testground.Ground) error {
 	err := harness.SetupVault(ctx, g,
-		testground.RedisRole{Name: "orders", DefaultTTL: 2 * time.Minute, MaxTTL: time.Hour},
 		testground.RedisRole{Name: "payments", DefaultTTL: 2 * time.Minute, MaxTTL: time.Hour})
 	if err != nil {
 		return err
@@ -133,6 +147,20 @@ func setupVault(ctx context.Context, g *testground.Ground) error {
 	})
 }
 
+// buildPlugin builds the kubectl plugin into bin/kubectl-keyroll, as make plugin does.
+func buildPlugin(ctx context.Context) error {
+	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-o", filepath.Join(pluginDir(), "kubectl-keyroll"), "./cmd/kubectl-keyroll")
+	cmd.Dir = testground.RepoRoot()
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("building the kubectl plugin: %w\n%s", err, out)
+	}
+	return nil
+}
+
+// pluginDir is where make plugin puts the kubectl plugin.
+func pluginDir() string { return filepath.Join(testground.RepoRoot(), "bin") }
+
 // writeEnv writes the environment file the README's tour sources.
 func writeEnv(path, kubeconfig string, g *testground.Ground) error {
 	abs, err := filepath.Abs(kubeconfig)
@@ -140,8 +168,8 @@ func writeEnv(path, kubeconfig string, g *testground.Ground) error {
 		return err
 	}
 	env := fmt.Sprintf("# Written by the keyroll playground; removed when it stops.\n"+
-		"export KUBECONFIG=%q\nexport VAULT_ADDR=%q\nexport VAULT_TOKEN=%q\nexport REDIS_PORT=%d\nexport PATH=%q:\"$PATH\"\n",
-		abs, g.Vault.Addr, g.Vault.RootToken, g.Redis.Port, testground.BinDir())
+		"export KUBECONFIG=%q\nexport VAULT_ADDR=%q\nexport VAULT_TOKEN=%q\nexport REDIS_PORT=%d\nexport PATH=%q:%q:\"$PATH\"\n",
+		abs, g.Vault.Addr, g.Vault.RootToken, g.Redis.Port, testground.BinDir(), pluginDir())
 	return os.WriteFile(path, []byte(env), 0o600)
 }
 
@@ -175,6 +203,55 @@ func applySamples(ctx context.Context, g *testground.Ground) error {
 		say("applied %s %s", obj.GetKind(), obj.GetName())
 	}
 	return nil
+}
+
+// pointVaultAtOrders does what the Vault administrators' guide describes for a RedisCluster's own
+// primary: once the pods of orders run (they come before its credential, which Vault refuses
+// until then), a connection of the database engine to its client Service as the plugin user
+// keyroll keeps on every node (spec.vaultPlugin, its password generated by keyroll), and the
+// role orders on it. Then orders is nudged to ask again at once.
+func pointVaultAtOrders(ctx context.Context, g *testground.Ground) error {
+	c, err := client.New(g.CP.Config, client.Options{Scheme: harness.Scheme()})
+	if err != nil {
+		return err
+	}
+	key := client.ObjectKey{Namespace: "default", Name: "orders"}
+	say("waiting for the Redis pods of orders, to point Vault's database engine at them")
+	var host, user, password string
+	err = wait.PollUntilContextTimeout(ctx, time.Second, 5*time.Minute, true, func(ctx context.Context) (bool, error) {
+		pods := &corev1.PodList{}
+		if err := c.List(ctx, pods, client.InNamespace(key.Namespace), client.MatchingLabels{v1alpha1.LabelCluster: key.Name}); err != nil {
+			return false, nil //nolint:nilerr // the API server may be busy; ask again
+		}
+		ready := 0
+		for i := range pods.Items {
+			for _, cond := range pods.Items[i].Status.Conditions {
+				if cond.Type == corev1.PodReady && cond.Status == corev1.ConditionTrue {
+					ready++
+				}
+			}
+		}
+		svc, sec := &corev1.Service{}, &corev1.Secret{}
+		if ready < 3 || c.Get(ctx, key, svc) != nil || c.Get(ctx, client.ObjectKey{Namespace: key.Namespace, Name: key.Name + "-vault-plugin"}, sec) != nil {
+			return false, nil
+		}
+		host, user, password = svc.Spec.ClusterIP, string(sec.Data["username"]), string(sec.Data["password"])
+		return host != "" && user != "" && password != "", nil
+	})
+	if err != nil {
+		return err
+	}
+	if err := g.Vault.ConnectRedis(ctx, "default-orders", host, 6379, user, password, ordersRole); err != nil {
+		return err
+	}
+	say("Vault's database engine issues the users of orders on orders itself (its Service %s)", host)
+	rc := &v1alpha1.RedisCluster{}
+	if err := c.Get(ctx, key, rc); err != nil {
+		return err
+	}
+	patch := client.MergeFrom(rc.DeepCopy())
+	metav1.SetMetaDataAnnotation(&rc.ObjectMeta, "playground.keyroll.dev/vault-configured", time.Now().UTC().Format(time.RFC3339))
+	return c.Patch(ctx, rc, patch)
 }
 
 type operator struct {
@@ -221,7 +298,7 @@ keyroll is running against the playground, with the samples applied: RedisCluste
 (credentials straight from Vault) and "payments" (through External Secrets Operator).
 In another terminal, in this directory:
 
-  source %[1]s      # KUBECONFIG, VAULT_ADDR, VAULT_TOKEN; kubectl and vault on PATH
+  source %[1]s      # KUBECONFIG, VAULT_ADDR, VAULT_TOKEN; kubectl, kubectl keyroll and vault on PATH
   kubectl get redisclusters -w                     # phase, ready pods, credential expiry, next rotation
   kubectl get rediscluster orders -o yaml          # conditions, the current credential, the lease ledger
   vault lease lookup "$(kubectl get rediscluster orders -o jsonpath='{.status.credential.leaseID}')"
@@ -234,8 +311,9 @@ Log in inside one as that user (its password goes on stdin, never on a command l
 and look at a replica's replication as keyroll's probe user, whose password the pod mounts:
   kubectl exec orders-1 -- sh -c 'REDISCLI_AUTH="$(cat /etc/keyroll/acl/probe-password)" redis-cli --no-auth-warning --user keyroll-probe INFO replication'
 
-Rotate now:
-  kubectl annotate rediscluster orders keyroll.dev/rotate-now="$(date +%%s)" --overwrite
+Rotate now, and look at the ledger and the rollout, with the kubectl plugin (on PATH there):
+  kubectl keyroll rotate orders --wait
+  kubectl keyroll status orders
 
 The README's five-minute tour goes on from here. Ctrl-C stops everything.
 `, filepath.Base(envFile))

@@ -124,6 +124,10 @@ func checkNodeTools() error {
 	return nil
 }
 
+// NodeLockTaken is what a ground that had to wait for the node lock prints once it has it (the
+// playground's test reads its log to time its start from there).
+const NodeLockTaken = "testground: the real node's lock is ours; starting the node"
+
 // lockNode takes the machine's node lock, waiting up to half an hour for another node to stop
 // (test packages run in parallel; only one real node can run at a time).
 func lockNode() (*os.File, error) {
@@ -135,6 +139,9 @@ func lockNode() (*os.File, error) {
 	for {
 		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
 		if err == nil {
+			if said {
+				fmt.Fprintln(os.Stderr, NodeLockTaken)
+			}
 			return f, nil
 		}
 		if !errors.Is(err, syscall.EWOULDBLOCK) || time.Now().After(deadline) {

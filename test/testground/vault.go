@@ -92,6 +92,9 @@ type RedisRole struct {
 	ACLRules   []string // default: all keys, channels and commands
 	DefaultTTL time.Duration
 	MaxTTL     time.Duration
+	// Connection is the database engine's connection the role issues from (default "redis", the
+	// ground's own Redis).
+	Connection string
 }
 
 // ConfigureRedis enables the database secrets engine at database/, connects it to the Redis server
@@ -134,7 +137,11 @@ func (v *Vault) WriteRedisRole(ctx context.Context, role RedisRole) error {
 	// creation_statements is one string holding a JSON array; the plugin takes its first element
 	// as the list of ACL rules.
 	stmt, _ := json.Marshal(rules)
-	data := map[string]any{"db_name": "redis", "creation_statements": string(stmt)}
+	conn := role.Connection
+	if conn == "" {
+		conn = "redis"
+	}
+	data := map[string]any{"db_name": conn, "creation_statements": string(stmt)}
 	if role.DefaultTTL > 0 {
 		data["default_ttl"] = role.DefaultTTL.String()
 	}
@@ -143,6 +150,31 @@ func (v *Vault) WriteRedisRole(ctx context.Context, role RedisRole) error {
 	}
 	if _, err := v.Root.Logical().WriteWithContext(ctx, "database/roles/"+role.Name, data); err != nil {
 		return fmt.Errorf("writing role %s: %w", role.Name, err)
+	}
+	return nil
+}
+
+// ConnectRedis points a connection of the database engine (enabled by ConfigureRedis) at another
+// Redis, such as a RedisCluster's client Service, as the plugin user user, and writes roles that
+// issue from it.
+func (v *Vault) ConnectRedis(ctx context.Context, conn, host string, port int, user, password string, roles ...RedisRole) error {
+	names := make([]string, 0, len(roles))
+	for _, role := range roles {
+		names = append(names, role.Name)
+	}
+	_, err := v.Root.Logical().WriteWithContext(ctx, "database/config/"+conn, map[string]any{
+		"plugin_name": "redis-database-plugin", "host": host, "port": port,
+		"username": user, "password": password,
+		"allowed_roles": strings.Join(names, ","), "verify_connection": true,
+	})
+	if err != nil {
+		return fmt.Errorf("configuring the connection %s: %w", conn, err)
+	}
+	for _, role := range roles {
+		role.Connection = conn
+		if err := v.WriteRedisRole(ctx, role); err != nil {
+			return err
+		}
 	}
 	return nil
 }
