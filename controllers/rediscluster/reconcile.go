@@ -3,6 +3,7 @@ package rediscluster
 import (
 	"context"
 	"errors"
+	"slices"
 	"time"
 
 	"github.com/keyroll/keyroll/controllers/ledger"
@@ -130,12 +131,15 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, s *scope) (ctrl.Result
 	if err := r.stage(ctx, s, in, cred); err != nil {
 		return ctrl.Result{}, err
 	}
+	// Users cut off ahead of their replacement's rollout leave the nodes (and status) in the
+	// users step: the consumers still need the credential that replaced them.
+	pending := ledger.Pending(s.RC) || cutOff(s.RC)
 	applied, wait, err := r.reconcileUsers(ctx, s, in, cred)
 	if !applied || err != nil {
 		r.readyReplicas(ctx, s)
 		return ctrl.Result{RequeueAfter: soonest(next, wait)}, err
 	}
-	rolledOut, wait, err := r.rollout.Roll(ctx, s.RC, s.Conds, cred.Version, ledger.Pending(s.RC))
+	rolledOut, wait, err := r.rollout.Roll(ctx, s.RC, s.Conds, cred.Version, pending)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
@@ -181,6 +185,21 @@ func (r *deps) retireSuperseded(ctx context.Context, s *scope, in *internal, vcl
 		}
 	}
 	return true, 0, nil
+}
+
+// cutOff says that a user leaves the nodes whose lease is not being revoked by keyroll: a lease
+// revoked outside keyroll left the ledger at once (onRevokedOutside CutOff), ahead of the rollout
+// of the credential that replaced it. (The users of superseded leases retire only after their
+// rollout, their leases Revoking.)
+func cutOff(rc *v1alpha1.RedisCluster) bool {
+	for _, name := range rc.Status.RetiringUsers {
+		if !slices.ContainsFunc(rc.Status.Leases, func(l v1alpha1.LeaseRecord) bool {
+			return l.Username == name && l.State == v1alpha1.LeaseRevoking
+		}) {
+			return true
+		}
+	}
+	return false
 }
 
 // forget drops what the reconciler keeps of a deleted cluster: its scheduler entry and metrics.

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	esv1 "github.com/external-secrets/external-secrets/apis/externalsecrets/v1"
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -330,6 +331,35 @@ func TestLeaseRevokedOutsideIsFoundByTheLeaseCheckAndReplaced(t *testing.T) {
 	}
 	if users := render.ParseACLUsers(string(acl.Data[render.ACLFileKey])); users[old.Username].Username != "" {
 		t.Errorf("CutOff: the revoked user %s is still in the aclfile", old.Username)
+	}
+}
+
+// Defect: with onRevokedOutside CutOff the revoked lease left the ledger and its user the nodes,
+// and nothing else was pending: the new credential reached the consumers' Secret, but no rollout
+// ran, so the consumers were never restarted and kept the user that had been cut off.
+func TestCutOffRollsTheReplacementOutToTheConsumers(t *testing.T) {
+	api := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "api"}}
+	h := newHarness(t, cluster(func(rc *v1alpha1.RedisCluster) {
+		rc.Spec.Rollout.Consumers = []v1alpha1.ConsumerReference{{Kind: "Deployment", Name: "api"}}
+	}), api)
+	old := h.settle(t).Status.Credential
+	h.vault.RevokeOutside(old.LeaseID)
+	h.eventReasons()
+
+	h.clock.Step(ledger.DefaultLeaseCheckInterval)
+	rc := h.settle(t)
+
+	if rc.Status.Credential.Version == old.Version {
+		t.Fatal("no new credential after the revocation")
+	}
+	if err := h.k8s.Get(context.Background(), client.ObjectKeyFromObject(api), api); err != nil {
+		t.Fatal(err)
+	}
+	if got := api.Spec.Template.Annotations[v1alpha1.AnnotationCredentialVersion]; got != rc.Status.Credential.Version {
+		t.Errorf("the consumer's template has credential version %q, want the replacement %s (events %v)", got, rc.Status.Credential.Version, h.eventReasons())
+	}
+	if rc.Status.Rollout == nil || rc.Status.Rollout.TargetVersion != rc.Status.Credential.Version {
+		t.Errorf("rollout %+v: want one to %s, waiting for the consumer", rc.Status.Rollout, rc.Status.Credential.Version)
 	}
 }
 

@@ -115,7 +115,10 @@ func (d deployment) rolledOut() bool {
 		want = *d.Spec.Replicas
 	}
 	st := d.Status
-	return st.ObservedGeneration >= d.Generation && st.UpdatedReplicas == want && st.Replicas == want && st.AvailableReplicas == want
+	// A pod being terminated may still use the old credential while it shuts down: the rollout is
+	// done only once it is gone (status.terminatingReplicas, where the API server reports it).
+	terminating := st.TerminatingReplicas != nil && *st.TerminatingReplicas > 0
+	return st.ObservedGeneration >= d.Generation && st.UpdatedReplicas == want && st.Replicas == want && st.AvailableReplicas == want && !terminating
 }
 
 type statefulSet struct{ *appsv1.StatefulSet }

@@ -12,6 +12,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -24,6 +25,7 @@ import (
 	"sigs.k8s.io/kustomize/kyaml/filesys"
 	"sigs.k8s.io/yaml"
 
+	"github.com/keyroll/keyroll/controllers/nodes"
 	"github.com/keyroll/keyroll/test/testground"
 )
 
@@ -272,4 +274,49 @@ func canI(t *testing.T, cs kubernetes.Interface, user, verb, group, resource, na
 		t.Fatal(err)
 	}
 	return out.Status.Allowed
+}
+
+// TestManagerNetworkPolicyLetsItReachRedis: keyroll changes the users of every Redis pod itself,
+// connecting to each pod's IP on nodes.RedisPort; where the network plugin enforces the manager's
+// NetworkPolicy, its egress rules must allow that port (TCP, to any peer: Redis pods live in the
+// RedisClusters' namespaces), or no credential ever reaches a node.
+func TestManagerNetworkPolicyLetsItReachRedis(t *testing.T) {
+	var np *unstructured.Unstructured
+	for _, o := range render(t, "default") {
+		if o.GetKind() == "NetworkPolicy" && o.GetName() == "keyroll-manager" {
+			np = o
+		}
+	}
+	if np == nil {
+		t.Fatal("deploy/default has no NetworkPolicy keyroll-manager")
+	}
+	b, err := np.MarshalJSON()
+	if err != nil {
+		t.Fatal(err)
+	}
+	policy := &networkingv1.NetworkPolicy{}
+	if err := yaml.Unmarshal(b, policy); err != nil {
+		t.Fatal(err)
+	}
+	spec := policy.Spec
+	if !slices.Contains(spec.PolicyTypes, networkingv1.PolicyTypeEgress) {
+		t.Fatalf("the NetworkPolicy does not limit egress (%v): nothing to check", spec.PolicyTypes)
+	}
+	allowed := false
+	for _, rule := range spec.Egress {
+		if len(rule.To) != 0 {
+			continue
+		}
+		if len(rule.Ports) == 0 {
+			allowed = true
+		}
+		for _, p := range rule.Ports {
+			if (p.Protocol == nil || *p.Protocol == corev1.ProtocolTCP) && p.Port != nil && p.Port.IntValue() == nodes.RedisPort {
+				allowed = true
+			}
+		}
+	}
+	if !allowed {
+		t.Errorf("the manager's NetworkPolicy lets it reach no Redis pod on TCP %d: egress %+v", nodes.RedisPort, spec.Egress)
+	}
 }

@@ -193,28 +193,44 @@ func kubeScore(args ...string) (string, error) {
 	return out.String(), err
 }
 
-// renderedForSamples waits until keyroll has created the Redis objects of both sample
-// RedisClusters and reads back everything it created for them but the Secrets (which hold
-// credentials, and which kube-score does not score).
+// renderedForSamples waits until keyroll has created every object of both sample RedisClusters
+// (the Redis objects come before any credential; the ExternalSecret with the credential source)
+// and reads back everything it created for them but the Secrets (which hold credentials, and
+// which kube-score does not score). No Redis pod mounts a credential: of the Secrets keyroll and
+// External Secrets Operator wrote for a sample, its StatefulSet mounts the ACL Secret only.
 func renderedForSamples(t *testing.T) []*unstructured.Unstructured {
 	t.Helper()
 	ctx := context.Background()
-	clusters := []string{"orders", "payments"}
+	// What each sample must have before it is read back: its objects, and the Secrets that hold a
+	// credential or a password of keyroll's own users.
+	type want struct{ gvk, name string }
+	clusters := map[string][]want{
+		"orders": {{"apps/v1/StatefulSet", "orders"}, {"v1/Secret", "orders-acl"}, {"v1/Secret", "orders-keyroll"}},
+		"payments": {{"apps/v1/StatefulSet", "payments"}, {"v1/Secret", "payments-acl"}, {"v1/Secret", "payments-keyroll"},
+			{"external-secrets.io/v1/ExternalSecret", "payments"}, {"v1/Secret", "payments-eso"}},
+	}
 	deadline := time.Now().Add(3 * time.Minute)
-	for _, name := range clusters {
-		for {
-			sts := &unstructured.Unstructured{}
-			sts.SetGroupVersionKind(schema.GroupVersionKind{Group: "apps", Version: "v1", Kind: "StatefulSet"})
-			err := k8s.Get(ctx, client.ObjectKey{Namespace: "default", Name: name}, sts)
-			if err == nil {
-				break
+	for _, name := range []string{"orders", "payments"} {
+		for _, w := range clusters[name] {
+			o := &unstructured.Unstructured{}
+			gv, kind := w.gvk[:strings.LastIndex(w.gvk, "/")], w.gvk[strings.LastIndex(w.gvk, "/")+1:]
+			o.SetAPIVersion(gv)
+			o.SetKind(kind)
+			for {
+				err := k8s.Get(ctx, client.ObjectKey{Namespace: "default", Name: w.name}, o)
+				if err == nil {
+					break
+				}
+				if time.Now().After(deadline) {
+					rc := &v1alpha1.RedisCluster{}
+					_ = k8s.Get(ctx, client.ObjectKey{Namespace: "default", Name: name}, rc)
+					t.Fatalf("sample %s: no %s %s: %v; conditions %+v", name, kind, w.name, err, rc.Status.Conditions)
+				}
+				time.Sleep(250 * time.Millisecond)
 			}
-			if time.Now().After(deadline) {
-				rc := &v1alpha1.RedisCluster{}
-				_ = k8s.Get(ctx, client.ObjectKey{Namespace: "default", Name: name}, rc)
-				t.Fatalf("keyroll has not created the StatefulSet of sample %s: %v; conditions %+v", name, err, rc.Status.Conditions)
+			if kind == "StatefulSet" {
+				checkMountsNoCredential(t, o, name)
 			}
-			time.Sleep(250 * time.Millisecond)
 		}
 	}
 	var objs []*unstructured.Unstructured
@@ -236,8 +252,57 @@ func renderedForSamples(t *testing.T) []*unstructured.Unstructured {
 			objs = append(objs, o)
 		}
 	}
+	if len(render.Find(objs, "ExternalSecret", "")) != 1 {
+		t.Fatalf("read back %d ExternalSecrets, want the payments sample's", len(render.Find(objs, "ExternalSecret", "")))
+	}
 	if len(render.Find(objs, "StatefulSet", "")) != len(clusters) {
 		t.Fatalf("read back %d StatefulSets for %d sample RedisClusters", len(render.Find(objs, "StatefulSet", "")), len(clusters))
 	}
 	return objs
+}
+
+// checkMountsNoCredential fails the test unless the StatefulSet's pods take no Secret but the
+// cluster's ACL Secret (the aclfile, with password hashes, and the probe's and replication's own
+// passwords): not the consumers' credentials Secret, nor keyroll's state Secret, nor the Secret
+// External Secrets Operator writes.
+func checkMountsNoCredential(t *testing.T, sts *unstructured.Unstructured, cluster string) {
+	t.Helper()
+	spec, _, _ := unstructured.NestedMap(sts.Object, "spec", "template", "spec")
+	var secrets []string
+	var walk func(v any)
+	walk = func(v any) {
+		switch v := v.(type) {
+		case map[string]any:
+			for k, x := range v {
+				m, ok := x.(map[string]any)
+				switch {
+				case !ok:
+				case k == "secret": // a volume (secretName) or a projected volume's source (name)
+					for _, key := range []string{"secretName", "name"} {
+						if name, _ := m[key].(string); name != "" {
+							secrets = append(secrets, name)
+						}
+					}
+				case k == "secretKeyRef" || k == "secretRef": // env and envFrom
+					if name, _ := m["name"].(string); name != "" {
+						secrets = append(secrets, name)
+					}
+				}
+				walk(x)
+			}
+		case []any:
+			for _, x := range v {
+				walk(x)
+			}
+		}
+	}
+	walk(spec)
+	if len(secrets) == 0 {
+		t.Errorf("sample %s: the StatefulSet takes no Secret; want its ACL Secret %s-acl (found none: is the walk wrong?)", cluster, cluster)
+	}
+	for _, name := range secrets {
+		if name != cluster+"-acl" {
+			t.Errorf("sample %s: the Redis pods take Secret %s; they may take only the ACL Secret %s-acl", cluster, name, cluster)
+		}
+	}
 }

@@ -4,11 +4,16 @@
 // It reads the username and password from files (a mounted Secret; read again whenever they
 // change), runs SET then GET of its own key against a Redis address continuously, reconnects
 // after a failure, and counts commands that succeeded and failed. Its counters are served as JSON
-// on /stats, and it logs one line per failure (never the password).
+// on /stats, and it logs one line per failure (never the password). On SIGTERM it finishes the
+// command in flight, stops, and writes its final counters as JSON to -final (the pod's
+// termination message, which the kubelet reports in the pod's status), so that a test counts the
+// commands of a pod a rollout replaced too.
 //
 // Flags: -redis host:port (required), -credentials DIR (files username and password; default
 // /etc/consumer/credentials), -listen host:port (default :8080; in a pod, $(POD_IP):8080),
-// -interval (default 100ms), -key (default consumer:$HOSTNAME).
+// -interval (default 100ms), -timeout (each command's, and the dial's; default 5s, as common
+// clients have it: a machine under load may stall a reply for a second or two), -key (default
+// consumer:$HOSTNAME), -final FILE (default /dev/termination-log; empty: none).
 package main
 
 import (
@@ -24,10 +29,12 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -45,8 +52,8 @@ type Stats struct {
 }
 
 type consumer struct {
-	addr, dir, key string
-	interval       time.Duration
+	addr, dir, key    string
+	interval, timeout time.Duration
 
 	mu    sync.Mutex
 	stats Stats
@@ -63,7 +70,9 @@ func main() {
 	flag.StringVar(&c.dir, "credentials", "/etc/consumer/credentials", "Directory with the files username and password.")
 	flag.StringVar(&c.key, "key", "consumer:"+host, "The key this consumer writes and reads.")
 	flag.DurationVar(&c.interval, "interval", 100*time.Millisecond, "Pause between two SET/GET rounds.")
+	flag.DurationVar(&c.timeout, "timeout", 5*time.Second, "How long a command (or a dial) may take.")
 	listen := flag.String("listen", ":8080", "Where /stats is served.")
+	final := flag.String("final", "/dev/termination-log", "Where the final counters go on SIGTERM (empty: nowhere).")
 	flag.Parse()
 	if c.addr == "" {
 		log.Fatal("consumer: -redis is required")
@@ -75,7 +84,25 @@ func main() {
 	}
 	go func() { log.Fatal(http.Serve(ln, nil)) }()
 	log.Printf("consumer: SET/GET %s against %s every %s; stats on http://%s/stats", c.key, c.addr, c.interval, ln.Addr())
-	c.loop(context.Background())
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	c.loop(ctx)
+	c.writeFinal(*final)
+}
+
+// writeFinal writes the counters as JSON to path.
+func (c *consumer) writeFinal(path string) {
+	c.mu.Lock()
+	s := c.stats
+	c.mu.Unlock()
+	b, _ := json.Marshal(s)
+	log.Printf("consumer: stopped: %s", b)
+	if path == "" {
+		return
+	}
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		log.Printf("consumer: writing the final counters: %v", err)
+	}
 }
 
 func (c *consumer) serveStats(w http.ResponseWriter, _ *http.Request) {
@@ -169,7 +196,7 @@ func (c *consumer) ensureConnected() error {
 	if c.user == "" {
 		return errors.New("no credential yet")
 	}
-	conn, err := net.DialTimeout("tcp", c.addr, 2*time.Second)
+	conn, err := net.DialTimeout("tcp", c.addr, c.timeout)
 	if err != nil {
 		return err
 	}
@@ -200,7 +227,7 @@ func (c *consumer) command(args ...string) (string, error) {
 
 // commandLocked sends one command in RESP and reads a simple string, bulk string or error reply.
 func (c *consumer) commandLocked(args ...string) (string, error) {
-	_ = c.conn.SetDeadline(time.Now().Add(2 * time.Second))
+	_ = c.conn.SetDeadline(time.Now().Add(c.timeout))
 	var b bytes.Buffer
 	fmt.Fprintf(&b, "*%d\r\n", len(args))
 	for _, a := range args {

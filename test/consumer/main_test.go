@@ -30,11 +30,17 @@ func TestConsumerCountsCommandsAndFollowsTheCredential(t *testing.T) {
 	}
 	creds := filepath.Join(dir, "credentials")
 	writeCredential(t, creds, "app-1")
-	c := &consumer{addr: r.Addr(), dir: creds, key: "consumer:test", interval: 10 * time.Millisecond}
+	c := &consumer{addr: r.Addr(), dir: creds, key: "consumer:test", interval: 10 * time.Millisecond, timeout: 2 * time.Second}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { c.loop(ctx); close(done) }()
-	defer func() { cancel(); <-done }()
+	stopped := false
+	defer func() {
+		if !stopped {
+			cancel()
+			<-done
+		}
+	}()
 
 	s := waitStats(t, c, func(s Stats) bool { return s.OK >= 20 })
 	if s.Failed != 0 || s.User != "app-1" || s.Connects != 1 {
@@ -51,6 +57,21 @@ func TestConsumerCountsCommandsAndFollowsTheCredential(t *testing.T) {
 	s = waitStats(t, c, func(s Stats) bool { return s.Failed >= 3 })
 	if s.LastError == "" || s.LastFailure == "" {
 		t.Fatalf("failures without a reason: %+v", s)
+	}
+
+	// Stopped (SIGTERM), it writes its final counters, every command counted.
+	cancel()
+	<-done
+	stopped = true
+	final := filepath.Join(dir, "final")
+	c.writeFinal(final)
+	b, err := os.ReadFile(final)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got Stats
+	if err := json.Unmarshal(b, &got); err != nil || got != c.stats || got.OK < 40 {
+		t.Fatalf("final counters %s (%v), want %+v", b, err, c.stats)
 	}
 }
 

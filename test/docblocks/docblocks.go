@@ -24,6 +24,7 @@ var Tags = map[string]string{
 	"install":      "test/docs TestInstallAndVaultAdministratorCommands",
 	"helm-install": "test/helm TestHelmInstallCommands",
 	"vault-setup":  "test/docs TestInstallAndVaultAdministratorCommands",
+	"vault-plugin": "test/dataplane TestVaultRevokeCutsTheCredentialOffEverywhere",
 	"tour":         "test/playground TestPlaygroundRunsTheSamplesAndCleansUp",
 	"watch":        "test/playground TestPlaygroundRunsTheSamplesAndCleansUp (each line runs until a timeout, and must print)",
 	"dev":          "test/docs TestDevelopmentCommands",

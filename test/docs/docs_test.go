@@ -1,10 +1,13 @@
 // Package docs checks that every command in keyroll's docs is run by a test, and runs the ones for
-// installing keyroll and setting up Vault against a real kube-apiserver (with kube-controller-manager
-// and kwok), a Vault dev server and redis-server, with the operator running.
+// installing keyroll and setting up Vault against a real kube-apiserver with the test ground's real
+// node (where the Redis pods run) and kwok's fake node (where the installed manager's pod goes: the
+// real node does not have its image), a Vault dev server and redis-server, with the operator
+// running.
 package docs
 
 import (
 	"context"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -103,12 +106,19 @@ func TestDevelopmentCommands(t *testing.T) {
 
 // The README's install commands and the Vault administrators' guide, in order, as written: then
 // the operator (running in this test, as the installed service account) logs in to Vault, and a
-// RedisCluster gets a working credential through the role, the policy and the Kubernetes auth
-// role that the guide set up.
+// RedisCluster becomes Ready with a working credential through the role, the policy and the
+// Kubernetes auth role that the guide set up: on the Redis Vault manages users on, and on the
+// RedisCluster's own pod, with the role's rules.
 func TestInstallAndVaultAdministratorCommands(t *testing.T) {
-	g := testground.StartT(t, testground.Options{Workloads: true, Redis: true, Vault: true})
+	g := testground.StartT(t, testground.Options{Node: true, Workloads: true, Redis: true, Vault: true})
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
+	// The install's manager Deployment runs an image the real node does not have: its namespace,
+	// made before the install applies it (apply keeps the label), sends its pods to kwok.
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: harness.OperatorNS, Labels: map[string]string{testground.NodeLabel: "kwok"}}}
+	if _, err := g.CP.Clientset.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	env := []string{
 		"KUBECONFIG=" + g.CP.Kubeconfig, "PATH=" + testground.BinDir() + ":" + os.Getenv("PATH"),
 		"VAULT_ADDR=" + g.Vault.Addr, "VAULT_TOKEN=" + g.Vault.RootToken,
@@ -139,7 +149,7 @@ func TestInstallAndVaultAdministratorCommands(t *testing.T) {
 
 	rc := &v1alpha1.RedisCluster{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "orders"},
-		Spec: v1alpha1.RedisClusterSpec{Replicas: 1, Credentials: v1alpha1.CredentialsSpec{
+		Spec: v1alpha1.RedisClusterSpec{Replicas: 1, Version: "7.0", Credentials: v1alpha1.CredentialsSpec{
 			Source:     v1alpha1.SourceVaultLease,
 			VaultLease: &v1alpha1.VaultLeaseSource{ConnectionRef: v1alpha1.ConnectionReference{Name: "vault"}, Path: "database/creds/orders"},
 			ACLRules:   []string{"~orders:*", "&*", "+@all"},
@@ -151,23 +161,29 @@ func TestInstallAndVaultAdministratorCommands(t *testing.T) {
 	for {
 		cur := &v1alpha1.RedisCluster{}
 		if err := k8s.Get(ctx, client.ObjectKeyFromObject(rc), cur); err == nil &&
-			meta.IsStatusConditionTrue(cur.Status.Conditions, v1alpha1.ConditionCredentialsReady) {
+			meta.IsStatusConditionTrue(cur.Status.Conditions, v1alpha1.ConditionReady) {
 			user, lease := cur.Status.Credential.Username, cur.Status.Credential.LeaseID
 			if !strings.HasPrefix(lease, "database/creds/orders/") {
 				t.Errorf("lease %q is not of the orders role", lease)
 			}
 			pass := secretPassword(t, k8s, ctx)
-			if who, err := g.Redis.WhoAmI(user, pass); err != nil || who != user {
-				t.Fatalf("the credential issued through the guide's setup does not authenticate: %q, %v", who, err)
+			pod, err := g.CP.Clientset.CoreV1().Pods("default").Get(ctx, "orders-0", metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
 			}
-			if _, err := g.Redis.Do(user, pass, "SET", "other:key", "x"); err == nil || !strings.Contains(err.Error(), "NOPERM") {
-				t.Errorf("the orders role's rules (~orders:*) are not enforced: %v", err)
+			for where, addr := range map[string]string{"Vault's Redis": g.Redis.Addr(), "the Redis pod orders-0": net.JoinHostPort(pod.Status.PodIP, "6379")} {
+				if who, err := testground.RedisWhoAmI(addr, user, pass); err != nil || who != user {
+					t.Fatalf("the credential issued through the guide's setup does not authenticate on %s: %q, %v", where, who, err)
+				}
+				if _, err := testground.RedisDo(addr, user, pass, "SET", "other:key", "x"); err == nil || !strings.Contains(err.Error(), "NOPERM") {
+					t.Errorf("the orders role's rules (~orders:*) are not enforced on %s: %v", where, err)
+				}
 			}
 			checkTokenKept(t, ctx, k8s, cur.Status.Credential.TokenAccessor)
 			break
 		}
 		if ctx.Err() != nil {
-			t.Fatalf("the RedisCluster got no credential through the guide's setup: %+v", cur.Status.Conditions)
+			t.Fatalf("the RedisCluster did not become Ready through the guide's setup: %+v", cur.Status.Conditions)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}

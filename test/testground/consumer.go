@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
@@ -71,4 +72,29 @@ func ReadConsumerStats(podIP string) (ConsumerStats, error) {
 		return s, fmt.Errorf("consumer stats: %s", resp.Status)
 	}
 	return s, json.NewDecoder(resp.Body).Decode(&s)
+}
+
+// ConsumerDeployment is a Deployment of replicas consumer pods (ConsumerPod), labelled app=name.
+func ConsumerDeployment(namespace, name string, replicas int32, redisAddr, secretName string) *appsv1.Deployment {
+	pod := ConsumerPod(namespace, name, redisAddr, secretName)
+	return &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
+		Spec: appsv1.DeploymentSpec{
+			Replicas: ptr.To(replicas),
+			Selector: &metav1.LabelSelector{MatchLabels: pod.Labels},
+			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: pod.Labels}, Spec: pod.Spec},
+		},
+	}
+}
+
+// FinalConsumerStats are the counters a consumer pod wrote when it stopped (its termination
+// message), if it has stopped.
+func FinalConsumerStats(p *corev1.Pod) (ConsumerStats, bool) {
+	var s ConsumerStats
+	for _, c := range p.Status.ContainerStatuses {
+		if t := c.State.Terminated; c.Name == "consumer" && t != nil && t.Message != "" {
+			return s, json.Unmarshal([]byte(t.Message), &s) == nil
+		}
+	}
+	return s, false
 }

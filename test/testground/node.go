@@ -26,7 +26,8 @@ import (
 const RealNodeName = "keyroll-node-0"
 
 // NodeLabel tells the ground's nodes apart: "real" on the real node, "kwok" on kwok's fake node.
-// A pod with the nodeSelector {NodeLabel: "kwok"} goes to the kwok node when both run.
+// A pod with the nodeSelector {NodeLabel: "kwok"} goes to the kwok node when both run, and so does
+// a pod without NodeLabel in its nodeSelector in a Namespace labelled {NodeLabel: "kwok"}.
 const NodeLabel = "testground.keyroll.dev/node"
 
 // Node is a real Kubernetes node on this machine: containerd (Debian's) with runc, its own

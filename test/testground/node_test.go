@@ -14,8 +14,9 @@ import (
 )
 
 // The real node and kwok's fake node side by side: a pod without a nodeSelector runs on the real
-// node, in containerd, with its command really running; a pod that selects the kwok node is made
-// Ready there by kwok; and kwok leaves the real node to its kubelet.
+// node, in containerd, with its command really running; a pod that selects the kwok node, and a
+// pod without a nodeSelector in a namespace labelled for kwok, are made Ready there by kwok; and
+// kwok leaves the real node to its kubelet.
 func TestRealNodeAndKwokSideBySide(t *testing.T) {
 	start := time.Now()
 	g := StartT(t, Options{Node: true, Workloads: true})
@@ -33,25 +34,35 @@ func TestRealNodeAndKwokSideBySide(t *testing.T) {
 	if _, managed := real.Annotations["kwok.x-k8s.io/node"]; managed {
 		t.Errorf("the real node carries kwok's annotation: %v", real.Annotations)
 	}
+	kwokNS := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "to-kwok", Labels: map[string]string{NodeLabel: "kwok"}}}
+	if _, err := cs.CoreV1().Namespaces().Create(ctx, kwokNS, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	waitNamespaceReady(t, ctx, g, "default")
+	waitNamespaceReady(t, ctx, g, "to-kwok")
 	onReal := sleeperPod("on-real", nil)
 	onKwok := sleeperPod("on-kwok", map[string]string{NodeLabel: "kwok"})
-	for _, p := range []*corev1.Pod{onReal, onKwok} {
-		if _, err := cs.CoreV1().Pods("default").Create(ctx, p, metav1.CreateOptions{}); err != nil {
+	inKwokNS := sleeperPod("in-kwok-namespace", nil)
+	inKwokNS.Namespace = "to-kwok"
+	for _, p := range []*corev1.Pod{onReal, onKwok, inKwokNS} {
+		if _, err := cs.CoreV1().Pods(p.Namespace).Create(ctx, p, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	created := time.Now()
 	got := map[string]*corev1.Pod{}
-	for _, name := range []string{"on-real", "on-kwok"} {
-		got[name] = waitPodReady(t, ctx, g, "default", name)
+	for _, p := range []*corev1.Pod{onReal, onKwok, inKwokNS} {
+		got[p.Name] = waitPodReady(t, ctx, g, p.Namespace, p.Name)
 	}
-	t.Logf("both pods Ready %s after they were created", time.Since(created).Round(time.Millisecond))
+	t.Logf("the pods Ready %s after they were created", time.Since(created).Round(time.Millisecond))
 	if n := got["on-real"].Spec.NodeName; n != RealNodeName {
 		t.Errorf("the pod without a nodeSelector went to %q, want %s", n, RealNodeName)
 	}
 	if n := got["on-kwok"].Spec.NodeName; n != NodeName {
 		t.Errorf("the pod selecting kwok went to %q, want %s", n, NodeName)
+	}
+	if n := got["in-kwok-namespace"].Spec.NodeName; n != NodeName {
+		t.Errorf("the pod in a namespace labelled for kwok went to %q, want %s", n, NodeName)
 	}
 	if id := got["on-real"].Status.ContainerStatuses[0].ContainerID; !strings.HasPrefix(id, "containerd://") {
 		t.Errorf("the real node's pod has container id %q, want a containerd one", id)

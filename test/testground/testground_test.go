@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"maps"
+	"net"
 	"net/url"
 	"os"
 	"os/exec"
@@ -94,7 +95,12 @@ func TestStatefulSetPodsBecomeReady(t *testing.T) {
 		t.Fatal(err)
 	}
 	ready := 0
+	_, kwokPods, _ := net.ParseCIDR(KwokPodCIDR)
 	for _, p := range pods.Items {
+		// kwok's pods have addresses on this machine's loopback: nothing that dials one leaves it.
+		if ip := net.ParseIP(p.Status.PodIP); ip == nil || !ip.IsLoopback() || !kwokPods.Contains(ip) {
+			t.Errorf("pod %s has IP %q, want one of %s (loopback)", p.Name, p.Status.PodIP, KwokPodCIDR)
+		}
 		for _, c := range p.Status.Conditions {
 			if c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue && p.Spec.NodeName == NodeName {
 				ready++

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	goruntime "runtime"
@@ -23,6 +24,12 @@ import (
 // NodeName is the fake Node that kwok manages and the binder places pods on when no real node
 // runs (or when they select it, see NodeLabel).
 const NodeName = "kwok-node-0"
+
+// KwokPodCIDR is the fake node's pod CIDR, from which kwok gives its pods their IPs: a loopback
+// range, so that a client that dials a fake pod (keyroll connects to every Redis pod by its IP)
+// is refused on this machine. kwok's own default (10.0.0.1/24) would send those packets out of
+// the machine, to the default gateway.
+const KwokPodCIDR = "127.211.0.0/16"
 
 // Workloads makes pods happen: kube-controller-manager runs the workload controllers
 // (StatefulSet, Deployment, ReplicaSet, DaemonSet) and the garbage collector; a binder (the
@@ -205,7 +212,7 @@ func createFakeNode(ctx context.Context, cp *ControlPlane) error {
 		Annotations: map[string]string{"kwok.x-k8s.io/node": "fake"},
 		Labels: map[string]string{"type": "kwok", corev1.LabelHostname: NodeName, NodeLabel: "kwok",
 			corev1.LabelOSStable: "linux", corev1.LabelArchStable: goruntime.GOARCH},
-	}}
+	}, Spec: corev1.NodeSpec{PodCIDR: KwokPodCIDR, PodCIDRs: []string{KwokPodCIDR}}}
 	created, err := cp.Clientset.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
 	if apierrors.IsAlreadyExists(err) {
 		return nil
@@ -254,7 +261,7 @@ func runBinder(ctx context.Context, cp *ControlPlane, placement []string) {
 		if !ok || pod.Spec.NodeName != "" || pod.DeletionTimestamp != nil {
 			return
 		}
-		node := placeFor(pod, placement, nodeLabels)
+		node := placeFor(nodeSelector(ctx, cp, pod), placement, nodeLabels)
 		if node == "" {
 			return // no node of the ground matches: the pod stays Pending
 		}
@@ -273,11 +280,31 @@ func runBinder(ctx context.Context, cp *ControlPlane, placement []string) {
 	inf.Run(ctx.Done())
 }
 
-// placeFor is the first node of placement whose labels hold every entry of the pod's nodeSelector.
-func placeFor(pod *corev1.Pod, placement []string, labels map[string]map[string]string) string {
+// nodeSelector is the pod's nodeSelector; when it does not name a node of the ground (NodeLabel)
+// and the pod's Namespace carries NodeLabel, that label is added: a namespace labelled
+// {NodeLabel: "kwok"} sends its pods to kwok's fake node (for objects applied as written, such
+// as the manager Deployment of deploy/default, whose image the real node does not have).
+func nodeSelector(ctx context.Context, cp *ControlPlane, pod *corev1.Pod) map[string]string {
+	if _, ok := pod.Spec.NodeSelector[NodeLabel]; ok {
+		return pod.Spec.NodeSelector
+	}
+	ns, err := cp.Clientset.CoreV1().Namespaces().Get(ctx, pod.Namespace, metav1.GetOptions{})
+	if err != nil || ns.Labels[NodeLabel] == "" {
+		return pod.Spec.NodeSelector
+	}
+	sel := maps.Clone(pod.Spec.NodeSelector)
+	if sel == nil {
+		sel = map[string]string{}
+	}
+	sel[NodeLabel] = ns.Labels[NodeLabel]
+	return sel
+}
+
+// placeFor is the first node of placement whose labels hold every entry of selector.
+func placeFor(selector map[string]string, placement []string, labels map[string]map[string]string) string {
 	for _, node := range placement {
 		ok := true
-		for k, v := range pod.Spec.NodeSelector {
+		for k, v := range selector {
 			if labels[node][k] != v {
 				ok = false
 				break

@@ -3,8 +3,7 @@ package tokens
 import (
 	"context"
 	"fmt"
-	"os"
-	"path/filepath"
+	"net"
 	"strings"
 	"sync"
 	"testing"
@@ -74,7 +73,7 @@ func redisCluster(t *testing.T, ns, name, connection string, mutate ...func(*v1a
 	rc := &v1alpha1.RedisCluster{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
 		Spec: v1alpha1.RedisClusterSpec{
-			Replicas: 1,
+			Replicas: 1, Version: "7.0", // the real node's Redis image
 			Credentials: v1alpha1.CredentialsSpec{
 				Source: v1alpha1.SourceVaultLease,
 				VaultLease: &v1alpha1.VaultLeaseSource{
@@ -148,26 +147,59 @@ func eventReasons(t *testing.T, ns, name string) []string {
 	return out
 }
 
-// aclNode starts a redis-server from the aclfile that keyroll wrote for rc's Redis pods (what every
-// pod loads), and says whether user authenticates on it with pass.
-func aclNodeAccepts(t *testing.T, rc *v1alpha1.RedisCluster, user, pass string) bool {
+// nodeLogins logs in as user on every Redis pod of rc (pods 0 to spec.replicas-1, by pod IP: the
+// host reaches the node's pods directly) and sorts the pods by the outcome: accepted (ACL WHOAMI
+// names user), refused (Redis refused the login: WRONGPASS) and failed (anything else: no pod, no
+// IP, no answer), each with the pod's name and, for failed, why.
+func nodeLogins(t *testing.T, rc *v1alpha1.RedisCluster, user, pass string) (accepted, refused, failed []string) {
 	t.Helper()
-	sec := &corev1.Secret{}
-	if err := k8s.Get(context.Background(), client.ObjectKey{Namespace: rc.Namespace, Name: rc.Name + "-acl"}, sec); err != nil {
-		t.Fatal(err)
+	cur := get(t, rc)
+	for i := range cur.Spec.Replicas {
+		name := fmt.Sprintf("%s-%d", rc.Name, i)
+		pod, err := cs.CoreV1().Pods(rc.Namespace).Get(context.Background(), name, metav1.GetOptions{})
+		switch {
+		case err != nil:
+			failed = append(failed, fmt.Sprintf("%s (%v)", name, err))
+			continue
+		case pod.Status.PodIP == "":
+			failed = append(failed, name+" (no pod IP)")
+			continue
+		}
+		addr := net.JoinHostPort(pod.Status.PodIP, "6379")
+		who, err := testground.RedisWhoAmI(addr, user, pass)
+		switch {
+		case err == nil && who == user:
+			accepted = append(accepted, name)
+		case err != nil && strings.Contains(err.Error(), "WRONGPASS"):
+			refused = append(refused, name)
+		case err != nil:
+			failed = append(failed, fmt.Sprintf("%s at %s (%v)", name, addr, err))
+		default:
+			failed = append(failed, fmt.Sprintf("%s at %s (logged in as %q)", name, addr, who))
+		}
 	}
-	dir := t.TempDir()
-	path := filepath.Join(dir, "users.acl")
-	if err := os.WriteFile(path, sec.Data["users.acl"], 0o600); err != nil {
-		t.Fatal(err)
+	return accepted, refused, failed
+}
+
+// onEveryNode says why user is not accepted on every Redis pod of rc ("" when it is).
+func onEveryNode(t *testing.T, rc *v1alpha1.RedisCluster, user, pass string) string {
+	t.Helper()
+	accepted, refused, failed := nodeLogins(t, rc, user, pass)
+	if len(refused)+len(failed) == 0 && len(accepted) > 0 {
+		return ""
 	}
-	r, err := testground.StartRedis(dir, "--aclfile", path)
-	if err != nil {
-		t.Fatalf("redis-server refused keyroll's aclfile: %v", err)
+	return fmt.Sprintf("user %s: accepted on %v, refused on %v, not checked on %v", user, accepted, refused, failed)
+}
+
+// onNoNode says why user is not refused by every Redis pod of rc ("" when every pod answered
+// WRONGPASS: a pod that cannot be reached does not count as refusing).
+func onNoNode(t *testing.T, rc *v1alpha1.RedisCluster, user, pass string) string {
+	t.Helper()
+	accepted, refused, failed := nodeLogins(t, rc, user, pass)
+	if len(accepted)+len(failed) == 0 && len(refused) > 0 {
+		return ""
 	}
-	defer r.Stop()
-	who, err := testground.RedisWhoAmI(r.Addr(), user, pass)
-	return err == nil && who == user
+	return fmt.Sprintf("user %s: accepted on %v, refused on %v, not checked on %v", user, accepted, refused, failed)
 }
 
 // leaseLife is what the watch learned of one lease of a ledger.
@@ -182,7 +214,8 @@ type leaseLife struct {
 
 // ledgerWatch samples, once a second, the ledgers of some RedisClusters against Vault: every
 // lease in a ledger exists in Vault (as root sees it), and the credential in each credentials
-// Secret authenticates. It records each lease's life, the credential versions and the ends of the
+// Secret authenticates, on the Redis Vault created its user on and on every Redis pod of its
+// cluster. It records each lease's life, the credential versions and the ends of the
 // connection's tokens.
 type ledgerWatch struct {
 	t          *testing.T
@@ -258,10 +291,35 @@ func (w *ledgerWatch) sample(revokeWindow time.Duration) {
 				w.versions[rc.Name] = append(vs, c.Version)
 			}
 		}
-		if user, pass, ok := credentials(t, rc); !ok || !authenticates(user, pass) {
-			w.fail("%s: the credential in the credentials Secret (user %q) does not authenticate", rc.Name, user)
+		user, pass, ok := credentials(t, rc)
+		problem := credentialProblem(t, rc, user, pass, ok)
+		if problem != "" {
+			// A rotation retires the old user right after the Secret changed: only the credential
+			// the Secret holds after the check counts.
+			if u, p, ok := credentials(t, rc); ok && (u != user || p != pass) {
+				problem = credentialProblem(t, rc, u, p, ok)
+			}
+		}
+		if problem != "" {
+			w.fail("%s: %s", rc.Name, problem)
 		}
 	}
+}
+
+// credentialProblem says why the credential of rc's credentials Secret does not work ("" when it
+// does): on the Redis Vault created its user on, and on every Redis pod of rc.
+func credentialProblem(t *testing.T, rc *v1alpha1.RedisCluster, user, pass string, ok bool) string {
+	t.Helper()
+	switch {
+	case !ok:
+		return "no credentials Secret"
+	case !authenticates(user, pass):
+		return fmt.Sprintf("the credential in the credentials Secret (user %q) does not authenticate on Vault's Redis", user)
+	}
+	if msg := onEveryNode(t, rc, user, pass); msg != "" {
+		return "the credential in the credentials Secret does not work on every Redis pod: " + msg
+	}
+	return ""
 }
 
 // check fails the test with what the watch found wrong.

@@ -1,8 +1,10 @@
 // Package tokens shows that no lease dies with the Vault token that created it: keyroll's manager
-// runs against a real kube-apiserver and etcd (with kube-controller-manager and kwok, so that the
-// Redis pods become Ready), a real Vault dev server and a real redis-server, with Kubernetes auth
-// roles whose tokens live seconds, not hours: periodic ones (token_period), and bounded ones
-// (token_ttl and token_max_ttl) that keyroll cannot keep alive for as long as its leases.
+// runs against a real kube-apiserver and etcd with the test ground's real node (the Redis pods
+// run, and keyroll puts each credential's user on every one of them), a real Vault dev server and
+// the redis-server Vault creates users on, with Kubernetes auth roles whose tokens live seconds,
+// not hours: periodic ones (token_period), and bounded ones (token_ttl and token_max_ttl) that
+// keyroll cannot keep alive for as long as its leases. kwok's fake node takes the stand-in
+// consumers, which run nothing.
 package tokens
 
 import (
@@ -37,6 +39,10 @@ const (
 
 	// leasePath issues 10-minute leases (max TTL 1h): far longer than any token here.
 	leasePath = "database/creds/tokens"
+
+	// readyTimeout bounds how long a new RedisCluster takes to be Ready: its pods run on the real
+	// node one after the other, each Ready through the kubelet's probe, while other tests' run too.
+	readyTimeout = 2 * time.Minute
 )
 
 var (
@@ -56,7 +62,7 @@ func TestMain(m *testing.M) {
 
 func run(m *testing.M) int {
 	ctrllog.SetLogger(zap.New(zap.WriteTo(io.MultiWriter(os.Stderr, operatorLogs)), zap.UseDevMode(true)))
-	g, c, stop, err := harness.StartPackage(testground.Options{Workloads: true, Redis: true, Vault: true}, setupVault)
+	g, c, stop, err := harness.StartPackage(testground.Options{Node: true, Workloads: true, Redis: true, Vault: true}, setupVault)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1

@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -28,6 +29,7 @@ import (
 	"github.com/keyroll/keyroll/apis/v1alpha1"
 	"github.com/keyroll/keyroll/controllers/metrics"
 	"github.com/keyroll/keyroll/test/harness"
+	"github.com/keyroll/keyroll/test/testground"
 )
 
 // The serial tests (operator restarts, a paused kubelet-free rollout) run first; the parallel ones
@@ -43,7 +45,7 @@ func TestLeasesOutliveTheirTokens(t *testing.T) {
 	a := redisCluster(t, "periodic", "orders", "vault-periodic")
 	b := redisCluster(t, "periodic", "carts", "vault-periodic")
 	for _, rc := range []*v1alpha1.RedisCluster{a, b} {
-		waitCondition(t, rc, v1alpha1.ConditionReady, metav1.ConditionTrue, "", 90*time.Second)
+		waitCondition(t, rc, v1alpha1.ConditionReady, metav1.ConditionTrue, "", readyTimeout)
 	}
 
 	w := watchLedgers(t, "vault-periodic", a, b)
@@ -76,8 +78,9 @@ func TestCredentialsRotateBeforeTheirTokenEnds(t *testing.T) {
 	t.Parallel()
 	namespace(t, "bounded")
 	vaultConnection(t, "vault-bounded", roleBounded, "bounded")
+	// Three nodes: every new credential must be on each of them before the Secret has it.
 	rc := redisCluster(t, "bounded", "orders", "vault-bounded", func(rc *v1alpha1.RedisCluster) { rc.Spec.Replicas = 3 })
-	waitCondition(t, rc, v1alpha1.ConditionReady, metav1.ConditionTrue, "", 90*time.Second)
+	waitCondition(t, rc, v1alpha1.ConditionReady, metav1.ConditionTrue, "", readyTimeout)
 
 	w := watchLedgers(t, "vault-bounded", rc)
 	w.run(3 * time.Minute)
@@ -126,7 +129,7 @@ func TestLeasesSurviveOperatorRestartAndLeaderChange(t *testing.T) {
 	namespace(t, "restart")
 	vaultConnection(t, "vault-restart", rolePeriodic, "restart")
 	rc := redisCluster(t, "restart", "orders", "vault-restart")
-	waitCondition(t, rc, v1alpha1.ConditionReady, metav1.ConditionTrue, "", 90*time.Second)
+	waitCondition(t, rc, v1alpha1.ConditionReady, metav1.ConditionTrue, "", readyTimeout)
 	w := watchLedgers(t, "vault-restart", rc)
 	w.run(2 * tokenPeriod) // steady, its token renewed
 
@@ -188,7 +191,7 @@ func TestLeasesSurviveVaultConnectionEdit(t *testing.T) {
 	namespace(t, "edit")
 	vaultConnection(t, "vault-edit", rolePeriodic, "edit")
 	rc := redisCluster(t, "edit", "orders", "vault-edit")
-	waitCondition(t, rc, v1alpha1.ConditionReady, metav1.ConditionTrue, "", 90*time.Second)
+	waitCondition(t, rc, v1alpha1.ConditionReady, metav1.ConditionTrue, "", readyTimeout)
 	w := watchLedgers(t, "vault-edit", rc)
 	takeOvers := func() int {
 		n := 0
@@ -229,7 +232,7 @@ func TestVaultConnectionInUseIsNotDeleted(t *testing.T) {
 	namespace(t, "inuse")
 	vc := vaultConnection(t, "vault-inuse", rolePeriodic, "inuse")
 	rc := redisCluster(t, "inuse", "orders", "vault-inuse")
-	cur := waitCondition(t, rc, v1alpha1.ConditionReady, metav1.ConditionTrue, "", 90*time.Second)
+	cur := waitCondition(t, rc, v1alpha1.ConditionReady, metav1.ConditionTrue, "", readyTimeout)
 	lease := cur.Status.Credential.LeaseID
 
 	if err := k8s.Delete(ctx, vc); err != nil {
@@ -271,10 +274,11 @@ func TestVaultConnectionInUseIsNotDeleted(t *testing.T) {
 }
 
 // TestLeaseRevokedOutsideIsCutOffAndReplaced: the live lease is revoked in Vault as root. Within a
-// minute keyroll notices, issues a new credential and rolls it out, records a Warning event and
-// counts it. With CutOff the revoked user is gone from the aclfile every Redis node loads at once;
-// with RollOver it stays there until the new credential has rolled out (here held back by a paused
-// consumer), and not after.
+// minute keyroll notices, issues a new credential, puts its user on every Redis node and rolls it
+// out, records a Warning event and counts it. The rollout is held back by a paused consumer: with
+// CutOff the revoked user already fails AUTH on every Redis pod (keyroll deleted it live, ahead of
+// the rollout); with RollOver it still logs in on every pod until the new credential has rolled
+// out, and not after.
 func TestLeaseRevokedOutsideIsCutOffAndReplaced(t *testing.T) {
 	for _, policy := range []v1alpha1.RevokedOutsidePolicy{v1alpha1.RevokedOutsideCutOff, v1alpha1.RevokedOutsideRollOver} {
 		t.Run(string(policy), func(t *testing.T) {
@@ -291,18 +295,16 @@ func revokedOutside(t *testing.T, policy v1alpha1.RevokedOutsidePolicy) {
 	vaultConnection(t, "vault-"+ns, harness.OperatorRole, ns)
 	consumer := consumerDeployment(t, ns, "api")
 	rc := redisCluster(t, ns, "orders", "vault-"+ns, func(rc *v1alpha1.RedisCluster) {
-		rc.Spec.Replicas = 2
+		rc.Spec.Replicas = 2 // "every node" is more than one
 		rc.Spec.Credentials.OnRevokedOutside = policy
 		rc.Spec.Rollout.Consumers = []v1alpha1.ConsumerReference{{Kind: "Deployment", Name: "api"}}
 	})
-	cur := waitCondition(t, rc, v1alpha1.ConditionReady, metav1.ConditionTrue, "", 90*time.Second)
+	cur := waitCondition(t, rc, v1alpha1.ConditionReady, metav1.ConditionTrue, "", readyTimeout)
 	oldUser, oldPass, _ := credentials(t, rc)
-	if !aclNodeAccepts(t, rc, oldUser, oldPass) {
-		t.Fatal("a Redis node started from keyroll's aclfile refuses the live credential")
+	if msg := onEveryNode(t, rc, oldUser, oldPass); msg != "" {
+		t.Fatalf("before the revocation, the live credential does not work on every Redis pod: %s", msg)
 	}
-	if policy == v1alpha1.RevokedOutsideRollOver {
-		setPaused(t, consumer, true) // hold the new credential's rollout at the consumer
-	}
+	setPaused(t, consumer, true) // hold the new credential's rollout at the consumer
 	counted := testutil.ToFloat64(operatorMetrics().RevokedOutside)
 
 	if err := ground.Vault.Root.Sys().RevokeWithContext(ctx, cur.Status.Credential.LeaseID); err != nil {
@@ -329,43 +331,55 @@ func revokedOutside(t *testing.T, policy v1alpha1.RevokedOutsidePolicy) {
 	if got := testutil.ToFloat64(operatorMetrics().RevokedOutside); got < counted+1 {
 		t.Errorf("keyroll_leases_revoked_outside_total = %v, want at least %v", got, counted+1)
 	}
-	if !aclNodeAccepts(t, rc, newUser, newPass) {
-		t.Errorf("a Redis node started from keyroll's aclfile refuses the new credential")
+	// The consumers' Secret is written only once every node accepts the new credential.
+	if msg := onEveryNode(t, rc, newUser, newPass); msg != "" {
+		t.Errorf("the new credential is in the credentials Secret but does not work on every Redis pod: %s", msg)
 	}
-
-	if policy == v1alpha1.RevokedOutsideCutOff {
-		if aclNodeAccepts(t, rc, oldUser, oldPass) {
-			t.Errorf("CutOff: the revoked user still authenticates on a Redis node started from keyroll's aclfile")
+	held := func() string {
+		if r := get(t, rc).Status.Rollout; r == nil {
+			return "no rollout in progress: it finished although the consumer is paused"
 		}
-		return
+		return ""
 	}
-	if cur := get(t, rc); cur.Status.Rollout == nil {
-		t.Fatal("RollOver: the rollout finished although the consumer is paused")
+	eventually(t, 15*time.Second, held)
+
+	switch policy {
+	case v1alpha1.RevokedOutsideCutOff:
+		if msg := onNoNode(t, rc, oldUser, oldPass); msg != "" {
+			t.Errorf("CutOff: the revoked user is not cut off on every Redis pod while the rollout is held: %s", msg)
+		}
+	case v1alpha1.RevokedOutsideRollOver:
+		if msg := onEveryNode(t, rc, oldUser, oldPass); msg != "" {
+			t.Errorf("RollOver: the revoked user was cut off before the new credential rolled out: %s", msg)
+		}
 	}
-	if !aclNodeAccepts(t, rc, oldUser, oldPass) {
-		t.Errorf("RollOver: the revoked user was cut off before the new credential rolled out")
+	if msg := held(); msg != "" {
+		t.Fatalf("%s: the Redis pods were checked while it was held, but %s", policy, msg)
 	}
 	setPaused(t, consumer, false)
 	eventually(t, 60*time.Second, func() string {
-		if cur := get(t, rc); cur.Status.Rollout != nil || len(cur.Status.Credential.SupersededUsers) > 0 {
-			return fmt.Sprintf("rollout %+v, superseded users %q", cur.Status.Rollout, cur.Status.Credential.SupersededUsers)
+		if cur := get(t, rc); cur.Status.Rollout != nil || len(cur.Status.Credential.SupersededUsers) > 0 || len(cur.Status.RetiringUsers) > 0 {
+			return fmt.Sprintf("rollout %+v, superseded users %q, retiring users %q", cur.Status.Rollout, cur.Status.Credential.SupersededUsers, cur.Status.RetiringUsers)
 		}
 		return ""
 	})
-	if aclNodeAccepts(t, rc, oldUser, oldPass) {
-		t.Errorf("RollOver: the revoked user still authenticates after the rollout")
+	if msg := onNoNode(t, rc, oldUser, oldPass); msg != "" {
+		t.Errorf("%s: the revoked user still logs in after the rollout: %s", policy, msg)
+	}
+	if msg := onEveryNode(t, rc, newUser, newPass); msg != "" {
+		t.Errorf("after the rollout, the new credential does not work on every Redis pod: %s", msg)
 	}
 }
 
 // TestTokenSecretHoldsTokensOnlyInData: the Secret that keeps a connection's tokens has them in
-// its data only; no label, annotation or status, event or log line holds one.
+// its data only; no label, annotation or status, event or log line holds one, nor a Redis password.
 func TestTokenSecretHoldsTokensOnlyInData(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	namespace(t, "secret")
 	vaultConnection(t, "vault-secret", rolePeriodic, "secret")
 	rc := redisCluster(t, "secret", "orders", "vault-secret")
-	waitCondition(t, rc, v1alpha1.ConditionReady, metav1.ConditionTrue, "", 90*time.Second)
+	waitCondition(t, rc, v1alpha1.ConditionReady, metav1.ConditionTrue, "", readyTimeout)
 	sec := &corev1.Secret{}
 	if err := k8s.Get(ctx, client.ObjectKey{Namespace: harness.OperatorNS, Name: "keyroll-tokens-vault-secret"}, sec); err != nil {
 		t.Fatal(err)
@@ -392,6 +406,42 @@ func TestTokenSecretHoldsTokensOnlyInData(t *testing.T) {
 	if ref := metav1.GetControllerOfNoCopy(sec); ref != nil || len(sec.OwnerReferences) != 1 || sec.OwnerReferences[0].Name != "vault-secret" {
 		t.Errorf("owner references %+v, want the VaultConnection (not as controller)", sec.OwnerReferences)
 	}
+	// Nor does a Redis password: the credential's, or those of keyroll's own users on the nodes.
+	events := strings.Join(eventNotes(t, "secret"), "\n")
+	for _, p := range []struct{ secret, key string }{
+		{"orders-credentials", "password"}, {"orders-keyroll", "password"}, {"orders-keyroll", "admin-password"},
+		{"orders-acl", "replication-password"}, {"orders-acl", "probe-password"},
+	} {
+		s := &corev1.Secret{}
+		if err := k8s.Get(ctx, client.ObjectKey{Namespace: "secret", Name: p.secret}, s); err != nil {
+			t.Fatal(err)
+		}
+		pw := string(s.Data[p.key])
+		if len(pw) < 8 {
+			t.Errorf("Secret %s holds no password under %s", p.secret, p.key)
+			continue
+		}
+		for where, text := range map[string]string{"operator logs": operatorLogs.String(), "events": events,
+			"RedisCluster status": fmt.Sprintf("%+v", get(t, rc).Status)} {
+			if strings.Contains(text, pw) {
+				t.Errorf("the password of Secret %s, key %s, reached the %s", p.secret, p.key, where)
+			}
+		}
+	}
+}
+
+// eventNotes are the notes of every event in a namespace.
+func eventNotes(t *testing.T, ns string) []string {
+	t.Helper()
+	list := &eventsv1.EventList{}
+	if err := k8s.List(context.Background(), list, client.InNamespace(ns)); err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, e := range list.Items {
+		out = append(out, e.Note)
+	}
+	return out
 }
 
 func mapStrings(m map[string]string) []string {
@@ -442,7 +492,9 @@ func consumerDeployment(t *testing.T, ns, name string) client.ObjectKey {
 			Selector: &metav1.LabelSelector{MatchLabels: labels},
 			Template: corev1.PodTemplateSpec{
 				ObjectMeta: metav1.ObjectMeta{Labels: labels},
-				Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "app", Image: "example/app:1"}}},
+				// A stand-in that runs nothing: on kwok's fake node, where it becomes Ready at once.
+				Spec: corev1.PodSpec{NodeSelector: map[string]string{testground.NodeLabel: "kwok"},
+					Containers: []corev1.Container{{Name: "app", Image: "example/app:1"}}},
 			},
 		},
 	}

@@ -1,0 +1,151 @@
+package dataplane
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/keyroll/keyroll/apis/v1alpha1"
+)
+
+// benchClusters is how many RedisClusters are rotated at once.
+const benchClusters = 20
+
+// phases are the moments of one cluster's rotation, seen by polling its status every 50 ms.
+type phases struct {
+	asked, issued, nodes, consumers, revoked time.Time
+}
+
+// BenchmarkTwentyClustersRotateAtOnce rotates 20 real RedisClusters (3 Redis pods each, one
+// consumer pod each running SET/GET non-stop) at once on the real node, and reports per cluster
+// how long it took from the request to the new credential issued, on every node (confirmed),
+// the consumers rolled out, and the old lease revoked, and how many client commands failed
+// (the target is 0).
+func BenchmarkTwentyClustersRotateAtOnce(b *testing.B) {
+	namespace(b, "bench")
+	vaultConnection(b, "vault-bench", "bench")
+	var clusters []*v1alpha1.RedisCluster
+	for i := range benchClusters {
+		name := fmt.Sprintf("c%02d", i)
+		clusters = append(clusters, redisCluster(b, "bench", name, "vault-bench", "database/creds/orders", 3, withConsumer(name+"-app")))
+	}
+	start := time.Now()
+	for _, rc := range clusters {
+		waitReady(b, rc, 10*time.Minute)
+	}
+	var apps []*consumers
+	for _, rc := range clusters {
+		apps = append(apps, startConsumers(b, "bench", rc.Name+"-app", 1, rc.Name+":6379", rc.Name+"-credentials"))
+	}
+	b.Logf("%d clusters and their consumers up in %s", benchClusters, time.Since(start).Round(time.Second))
+
+	var all []phases
+	for n := range b.N {
+		b.ResetTimer()
+		all = append(all, rotateAll(b, clusters, fmt.Sprintf("bench-%d", n))...)
+		b.StopTimer()
+	}
+	var failed int64
+	var errs []string
+	for _, a := range apps {
+		_, f, e := a.totals()
+		failed, errs = failed+f, append(errs, e...)
+	}
+	report(b, all, failed)
+	if failed > 0 {
+		b.Errorf("%d client commands failed: %v", failed, errs)
+	}
+}
+
+// rotateAll asks every cluster for a rotation at once and follows each through its phases.
+func rotateAll(b *testing.B, clusters []*v1alpha1.RedisCluster, value string) []phases {
+	b.Helper()
+	type from struct {
+		version, lease string
+	}
+	was := map[string]from{}
+	for _, rc := range clusters {
+		c := get(b, rc).Status.Credential
+		was[rc.Name] = from{c.Version, c.LeaseID}
+	}
+	ph := make(map[string]*phases, len(clusters))
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	for _, rc := range clusters {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			at := time.Now()
+			rotateNow(b, rc, value)
+			mu.Lock()
+			ph[rc.Name] = &phases{asked: at}
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	eventually(b, 10*time.Minute, func() string {
+		list := &v1alpha1.RedisClusterList{}
+		if err := k8s.List(context.Background(), list, client.InNamespace("bench")); err != nil {
+			return err.Error()
+		}
+		now, pending := time.Now(), 0
+		for i := range list.Items {
+			rc := &list.Items[i]
+			p, w := ph[rc.Name], was[rc.Name]
+			c := rc.Status.Credential
+			if p == nil || c == nil || c.Version == w.version {
+				pending++
+				continue
+			}
+			mark := func(t *time.Time, done bool) {
+				if t.IsZero() && done {
+					*t = now
+				}
+			}
+			mark(&p.issued, true)
+			u := condition(rc, v1alpha1.ConditionUsersApplied)
+			mark(&p.nodes, u != nil && u.Status == "True" && strings.Contains(u.Message, c.Version))
+			mark(&p.consumers, !p.nodes.IsZero() && rc.Status.Rollout == nil)
+			oldGone := !slices.ContainsFunc(rc.Status.Leases, func(l v1alpha1.LeaseRecord) bool { return l.LeaseID == w.lease })
+			mark(&p.revoked, !p.consumers.IsZero() && oldGone && len(rc.Status.RetiringUsers) == 0)
+			if p.revoked.IsZero() {
+				pending++
+			}
+		}
+		if pending > 0 {
+			return fmt.Sprintf("%d of %d clusters not through their rotation", pending, len(clusters))
+		}
+		return ""
+	})
+	out := make([]phases, 0, len(ph))
+	for _, p := range ph {
+		out = append(out, *p)
+	}
+	return out
+}
+
+// report puts the phase durations (median and maximum over the clusters, in seconds) and the
+// failed commands into the benchmark's numbers.
+func report(b *testing.B, all []phases, failed int64) {
+	metric := func(name string, of func(p phases) time.Duration) {
+		var d []float64
+		for _, p := range all {
+			d = append(d, of(p).Seconds())
+		}
+		slices.Sort(d)
+		b.ReportMetric(d[len(d)/2], name+"-p50-s")
+		b.ReportMetric(d[len(d)-1], name+"-max-s")
+	}
+	metric("issued", func(p phases) time.Duration { return p.issued.Sub(p.asked) })
+	metric("on-every-node", func(p phases) time.Duration { return p.nodes.Sub(p.asked) })
+	metric("consumers-done", func(p phases) time.Duration { return p.consumers.Sub(p.asked) })
+	metric("old-lease-revoked", func(p phases) time.Duration { return p.revoked.Sub(p.asked) })
+	b.ReportMetric(float64(failed), "failed-commands")
+	b.ReportMetric(0, "ns/op") // the phases say it; one op is 20 rotations
+}

@@ -1,0 +1,163 @@
+package dataplane
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/keyroll/keyroll/redisnode"
+)
+
+const keys = 10000
+
+// writeKeys writes data:0 … data:<n-1> to the primary as the app user.
+func writeKeys(t *testing.T, addr, user, pass string, n int) {
+	t.Helper()
+	c := appClient(addr, user, pass)
+	defer c.Close()
+	ctx := context.Background()
+	for start := 0; start < n; start += 1000 {
+		pipe := c.Pipeline()
+		for i := start; i < min(start+1000, n); i++ {
+			pipe.Set(ctx, "data:"+strconv.Itoa(i), i, 0)
+		}
+		if _, err := pipe.Exec(ctx); err != nil {
+			t.Fatalf("writing keys: %v", err)
+		}
+	}
+}
+
+// countKeys counts how many of data:0 … data:<n-1> the node at addr has.
+func countKeys(t *testing.T, addr, user, pass string, n int) int64 {
+	t.Helper()
+	c := appClient(addr, user, pass)
+	defer c.Close()
+	var total int64
+	for start := 0; start < n; start += 1000 {
+		var batch []string
+		for i := start; i < min(start+1000, n); i++ {
+			batch = append(batch, "data:"+strconv.Itoa(i))
+		}
+		got, err := c.Exists(context.Background(), batch...).Result()
+		if err != nil {
+			t.Fatalf("counting keys on %s: %v", addr, err)
+		}
+		total += got
+	}
+	return total
+}
+
+// linkWatch asks every replica for its replication state every 100 ms and records each moment
+// its link to the primary was not up.
+type linkWatch struct {
+	mu      sync.Mutex
+	downs   []string
+	samples int
+	stop    chan struct{}
+	done    sync.WaitGroup
+}
+
+func watchLinks(addrs []string, adminPassword string) *linkWatch {
+	w := &linkWatch{stop: make(chan struct{})}
+	for _, addr := range addrs {
+		w.done.Add(1)
+		go func() {
+			defer w.done.Done()
+			n := node(addr, adminPassword)
+			defer n.Close()
+			for {
+				select {
+				case <-w.stop:
+					return
+				case <-time.After(100 * time.Millisecond):
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+				st, err := n.Replication(ctx)
+				cancel()
+				w.mu.Lock()
+				w.samples++
+				if err != nil || !st.LinkUp || st.SyncInProgress {
+					w.downs = append(w.downs, fmt.Sprintf("%s at %s: %+v %v", addr, time.Now().Format(time.StampMilli), st, err))
+				}
+				w.mu.Unlock()
+			}
+		}()
+	}
+	return w
+}
+
+func (w *linkWatch) halt() (samples int, downs []string) {
+	close(w.stop)
+	w.done.Wait()
+	return w.samples, w.downs
+}
+
+func primaryReplication(t *testing.T, addr, adminPassword string) redisnode.Replication {
+	t.Helper()
+	n := node(addr, adminPassword)
+	defer n.Close()
+	st, err := n.Replication(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// Three rotations of a 3-pod RedisCluster without storage, under two consumer pods running SET
+// and GET non-stop: no command fails, the 10,000 keys written before are on every node after,
+// no Redis pod restarts, no replica resyncs in full, and the replication links stay up.
+func TestRotationDropsNoCommandAndKeepsTheData(t *testing.T) {
+	namespace(t, "data")
+	vaultConnection(t, "vault-data", "data")
+	rc := redisCluster(t, "data", "cache", "vault-data", "database/creds/orders", 3, withConsumer("app"))
+	waitReady(t, rc, 3*time.Minute)
+	pods := redisPods(t, rc)
+	admin := adminPassword(t, rc)
+	user, pass := published(t, rc)
+	writeKeys(t, podAddr(pods[0]), user, pass, keys)
+	app := startConsumers(t, "data", "app", 2, "cache:6379", "cache-credentials")
+	before := runs(pods)
+	syncs := primaryReplication(t, podAddr(pods[0]), admin)
+	if syncs.ConnectedReplicas != 2 {
+		t.Fatalf("the primary has %d replicas before the rotations", syncs.ConnectedReplicas)
+	}
+	links := watchLinks([]string{podAddr(pods[1]), podAddr(pods[2])}, admin)
+
+	for i := 1; i <= 3; i++ {
+		from := get(t, rc).Status.Credential.Version
+		start := time.Now()
+		rotateNow(t, rc, strconv.Itoa(i))
+		eventually(t, 3*time.Minute, func() string { return rotated(t, rc, from) })
+		t.Logf("rotation %d done in %s", i, time.Since(start).Round(time.Millisecond))
+	}
+	time.Sleep(time.Second) // the consumers run on for a moment on the last credential
+	samples, downs := links.halt()
+	ok, failed, lastErrors := app.totals()
+
+	t.Logf("consumers: %d commands ok, %d failed; replication sampled %d times", ok, failed, samples)
+	if failed != 0 {
+		t.Errorf("%d commands failed across the rotations: %v", failed, lastErrors)
+	}
+	if ok < 100 {
+		t.Errorf("only %d commands ran: the consumers did not run through the rotations", ok)
+	}
+	if len(downs) > 0 {
+		t.Errorf("a replication link was not up at %d of %d samples: %v", len(downs), samples, downs)
+	}
+	after := redisPods(t, rc)
+	if got := runs(after); fmt.Sprint(got) != fmt.Sprint(before) {
+		t.Errorf("Redis pods restarted: before %v, after %v", before, got)
+	}
+	if st := primaryReplication(t, podAddr(after[0]), admin); st.FullSyncs != syncs.FullSyncs || st.ConnectedReplicas != 2 {
+		t.Errorf("the primary served %d full syncs after the rotations, %d before (replicas %d)", st.FullSyncs, syncs.FullSyncs, st.ConnectedReplicas)
+	}
+	user, pass = published(t, rc)
+	for _, p := range after {
+		if n := countKeys(t, podAddr(p), user, pass, keys); n != keys {
+			t.Errorf("pod %s has %d of the %d keys", p.Name, n, keys)
+		}
+	}
+}

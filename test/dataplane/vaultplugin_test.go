@@ -1,0 +1,107 @@
+package dataplane
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/test/docblocks"
+	"github.com/keyroll/keyroll/test/testground"
+)
+
+// pointVaultAt runs the Vault administrators' guide's commands for a RedisCluster's own primary
+// (its "vault-plugin" blocks), as written: a connection of Vault's database engine to the
+// cluster's client Service as the plugin user keyroll keeps on every node, with the password
+// keyroll generated, and a role <namespace>-<name> on it.
+func pointVaultAt(t *testing.T, rc *v1alpha1.RedisCluster) {
+	t.Helper()
+	svc := &corev1.Service{}
+	if err := k8s.Get(context.Background(), client.ObjectKey{Namespace: rc.Namespace, Name: rc.Name}, svc); err != nil {
+		t.Fatal(err)
+	}
+	env := []string{
+		"KUBECONFIG=" + ground.CP.Kubeconfig, "PATH=" + testground.BinDir() + ":" + os.Getenv("PATH"),
+		"VAULT_ADDR=" + ground.Vault.Addr, "VAULT_TOKEN=" + ground.Vault.RootToken,
+		"CLUSTER_NS=" + rc.Namespace, "CLUSTER=" + rc.Name, "REDIS_SERVICE_HOST=" + svc.Spec.ClusterIP,
+	}
+	root := testground.RepoRoot()
+	blocks := docblocks.Tagged(t, root, "vault-plugin")
+	for _, b := range blocks {
+		docblocks.Run(t, b, root, env, time.Minute)
+	}
+}
+
+// With Vault's plugin pointed at the cluster's own Service, Vault creates the users on the primary
+// and keyroll carries them to every node; `vault lease revoke` of the live lease cuts the user off
+// on the primary at once (Vault deletes it there) and on every replica within the lease-check
+// interval (keyroll, onRevokedOutside CutOff), and a new credential takes its place.
+func TestVaultRevokeCutsTheCredentialOffEverywhere(t *testing.T) {
+	namespace(t, "plugin")
+	vaultConnection(t, "vault-plugin", "plugin")
+	// The role the guide's commands make is named <namespace>-<name>.
+	rc := redisCluster(t, "plugin", "cache", "vault-plugin", "database/creds/plugin-cache", 3, func(rc *v1alpha1.RedisCluster) {
+		rc.Spec.VaultPlugin = &v1alpha1.VaultPluginSpec{Username: "vault"}
+	})
+	// The pods come up before there is a credential; until Vault is configured, its refusal is
+	// reported.
+	eventually(t, 3*time.Minute, func() string {
+		if pods := redisPods(t, rc); len(pods) != 3 || !podReady(pods[2]) {
+			return fmt.Sprintf("%d pods, the last not Ready yet", len(pods))
+		}
+		return ""
+	})
+	pointVaultAt(t, rc)
+	rotateNow(t, rc, "vault-configured") // any change wakes a cluster that waits after a refusal
+	cur := waitReady(t, rc, 2*time.Minute)
+	pods := redisPods(t, rc)
+	user, pass := published(t, rc)
+	for _, p := range pods {
+		if !accepts(podAddr(p), user, pass) {
+			t.Fatalf("pod %s does not accept the user Vault created on the primary", p.Name)
+		}
+	}
+
+	if err := ground.Vault.Root.Sys().Revoke(cur.Status.Credential.LeaseID); err != nil {
+		t.Fatal(err)
+	}
+	revoked := time.Now()
+	if accepts(podAddr(pods[0]), user, pass) {
+		t.Error("the primary still accepts the user right after vault lease revoke")
+	}
+	gone := map[string]time.Duration{}
+	eventually(t, leaseCheckInterval+30*time.Second, func() string {
+		for _, p := range pods[1:] {
+			if _, ok := gone[p.Name]; !ok && !accepts(podAddr(p), user, pass) {
+				gone[p.Name] = time.Since(revoked)
+			}
+		}
+		if len(gone) < 2 {
+			return fmt.Sprintf("replicas that refuse the revoked user: %v", gone)
+		}
+		return ""
+	})
+	for name, after := range gone {
+		t.Logf("replica %s refuses the revoked user %s after the revocation", name, after.Round(time.Millisecond))
+		if after > leaseCheckInterval+5*time.Second {
+			t.Errorf("replica %s refused it only %s after the revocation (lease-check interval %s)", name, after, leaseCheckInterval)
+		}
+	}
+	eventually(t, time.Minute, func() string {
+		u, p := published(t, rc)
+		if u == user {
+			return "no new credential published"
+		}
+		for _, pod := range pods {
+			if !accepts(podAddr(pod), u, p) {
+				return "pod " + pod.Name + " does not accept the new credential"
+			}
+		}
+		return ""
+	})
+}
