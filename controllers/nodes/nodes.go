@@ -180,21 +180,40 @@ func (p *problem) report(conds conditions.Setter, confirmed, replicas int) time.
 	return p.wait
 }
 
-// notRunning is a pod whose Redis does not run (yet): a wait, unless it has not been Ready for
-// longer than the readiness timeout.
+// notRunning is a pod whose Redis does not run (yet): a wait, unless it has not run for longer
+// than the readiness timeout.
 func (s *Syncer) notRunning(rc *v1alpha1.RedisCluster, p *corev1.Pod) *problem {
-	since := p.CreationTimestamp.Time
-	for _, c := range p.Status.Conditions {
-		if c.Type == corev1.PodReady && c.Status != corev1.ConditionTrue {
-			since = c.LastTransitionTime.Time
-		}
-	}
+	since := stoppedSince(p)
 	timeout := ReadinessTimeout(rc)
 	if s.Clock.Since(since) > timeout {
 		return &problem{reason: v1alpha1.ReasonNodeNotReady, warn: true, wait: time.Minute,
 			msg: fmt.Sprintf("pod %s has not run Redis for %s (rollout.readinessTimeout %s); no credential change goes on until it does", p.Name, s.Clock.Since(since).Round(time.Second), timeout)}
 	}
 	return &problem{reason: v1alpha1.ReasonApplying, wait: notRunningWait, msg: "waiting for pod " + p.Name + " to run Redis"}
+}
+
+// stoppedSince is when a pod that keyroll cannot use stopped being usable: when it last became
+// not Ready; for a pod still reported Ready, when its deletion began (its kubelet reports the
+// end of its containers only later, so that a pod that ran for days is not taken for one that
+// has not run Redis since it was created); else when it was created.
+func stoppedSince(p *corev1.Pod) time.Time {
+	since, ready := p.CreationTimestamp.Time, false
+	for _, c := range p.Status.Conditions {
+		if c.Type != corev1.PodReady {
+			continue
+		}
+		if ready = c.Status == corev1.ConditionTrue; !ready {
+			since = c.LastTransitionTime.Time
+		}
+	}
+	if d := p.DeletionTimestamp; ready && d != nil {
+		// The API server sets deletionTimestamp to the end of the grace period.
+		since = d.Time
+		if g := p.DeletionGracePeriodSeconds; g != nil {
+			since = since.Add(-time.Duration(*g) * time.Second)
+		}
+	}
+	return since
 }
 
 // unreachable is a node keyroll could not change or confirm.
