@@ -200,3 +200,48 @@ func TestRestartedRedisIsConfirmedAgainAndForgetsUsersItShouldNotHave(t *testing
 		t.Errorf("restarted node's users %v: want the current user and not the stale one", got)
 	}
 }
+
+// Defect: with rollout.redisPods Restart a new cluster restarted every Redis pod (and then its
+// consumers) right after they had started: the pods come before the credential, so none had its
+// version, and the first credential rolled out as if it replaced one. Nothing was replaced: the
+// pods got the first user live, as in Live mode. A rotation then restarts them, replicas first.
+func TestRestartModeRestartsNoPodForTheFirstCredentialButForARotation(t *testing.T) {
+	h := newHarness(t, cluster(threeNodes, func(rc *v1alpha1.RedisCluster) { rc.Spec.Rollout.RedisPods = v1alpha1.RedisPodsRestart }))
+	rc := h.settle(t)
+
+	cred := h.staged(t)
+	for i := range 3 {
+		if !h.redis.Accepts(nodeAddr(i), cred.Username, cred.Password) {
+			t.Errorf("node %d does not have the first user", i)
+		}
+	}
+	pods := &corev1.PodList{}
+	if err := h.k8s.List(context.Background(), pods, client.InNamespace("shop")); err != nil {
+		t.Fatal(err)
+	}
+	if len(pods.Items) != 3 {
+		t.Errorf("%d Redis pods left after the first credential, want the 3 that ran", len(pods.Items))
+	}
+	reasons := h.eventReasons()
+	for _, r := range []string{v1alpha1.EventRotationStarted, v1alpha1.EventPodRestarted} {
+		if slices.Contains(reasons, r) {
+			t.Errorf("a %s event for the first credential (events %v)", r, reasons)
+		}
+	}
+	if rc.Status.Rollout != nil || h.secret(t, "orders-credentials") == nil {
+		t.Fatalf("rollout %+v, consumers' Secret written %v: want no rollout and the Secret", rc.Status.Rollout, h.secret(t, "orders-credentials") != nil)
+	}
+
+	rc.Annotations = map[string]string{v1alpha1.AnnotationRotateNow: "now"}
+	if err := h.k8s.Update(context.Background(), rc); err != nil {
+		t.Fatal(err)
+	}
+	h.settle(t)
+	if reasons := h.eventReasons(); !slices.Contains(reasons, v1alpha1.EventPodRestarted) {
+		t.Errorf("a rotation restarted no Redis pod (events %v)", reasons)
+	}
+	err := h.k8s.Get(context.Background(), client.ObjectKey{Namespace: "shop", Name: "orders-2"}, &corev1.Pod{})
+	if !apierrors.IsNotFound(err) {
+		t.Errorf("the rotation did not restart the highest replica first: orders-2 is still there (%v)", err)
+	}
+}
