@@ -79,7 +79,7 @@ func (s *Syncer) Sync(ctx context.Context, rc *v1alpha1.RedisCluster, conds cond
 		fresh := !seen || rec.PodUID != p.UID || !statustime.Of(rec.StartedAt).Equal(run.startedAt)
 		if fresh || rec.UsersVersion != version {
 			if err := s.syncNode(ctx, run.addr, want, fresh); err != nil {
-				stopped = unreachable(p, run.addr, err)
+				stopped = s.failed(rc, p, run.addr, err)
 				break
 			}
 			log.FromContext(ctx).V(1).Info("Redis node confirmed", "pod", p.Name, "usersVersion", version)
@@ -216,6 +216,24 @@ func stoppedSince(p *corev1.Pod) time.Time {
 	return since
 }
 
+// failed is why keyroll could not change or confirm a node. A Redis that does not take connections
+// yet while its pod is not Ready is still starting: it is waited for as one that does not run.
+func (s *Syncer) failed(rc *v1alpha1.RedisCluster, p *corev1.Pod, addr string, err error) *problem {
+	if redisnode.Unreachable(err) && !podReady(p) {
+		return s.notRunning(rc, p)
+	}
+	return unreachable(p, addr, err)
+}
+
+func podReady(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
 // unreachable is a node keyroll could not change or confirm.
 func unreachable(p *corev1.Pod, addr string, err error) *problem {
 	var re *redisnode.RuleError
@@ -295,7 +313,8 @@ func recordsOf(pods []*corev1.Pod, records map[string]v1alpha1.NodeStatus) []v1a
 }
 
 // CheckRules asks a node of rc that runs Redis (the primary first, then the others until one
-// answers) whether it accepts rules.
+// answers) whether it accepts rules; a pod not Ready yet whose Redis takes no connection yet is
+// passed over, as one that does not run.
 // Unless one accepted them, the UsersApplied condition says why not (refused, with Redis's
 // words; no node running yet; unreachable) and wait says when to look again.
 func (s *Syncer) CheckRules(ctx context.Context, rc *v1alpha1.RedisCluster, conds conditions.Setter, rules []string, adminPassword string) (accepted bool, wait time.Duration, err error) {
@@ -312,6 +331,9 @@ func (s *Syncer) CheckRules(ctx context.Context, rc *v1alpha1.RedisCluster, cond
 		n := s.Dial(run.addr, render.AdminUser, adminPassword)
 		err := n.CheckRules(ctx, rules)
 		_ = n.Close()
+		if err != nil && redisnode.Unreachable(err) && !podReady(p) {
+			continue // still starting
+		}
 		var refused *redisnode.RuleError
 		switch {
 		case err == nil:

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -243,5 +244,49 @@ func TestRestartModeRestartsNoPodForTheFirstCredentialButForARotation(t *testing
 	err := h.k8s.Get(context.Background(), client.ObjectKey{Namespace: "shop", Name: "orders-2"}, &corev1.Pod{})
 	if !apierrors.IsNotFound(err) {
 		t.Errorf("the rotation did not restart the highest replica first: orders-2 is still there (%v)", err)
+	}
+}
+
+// Defect: a Redis pod whose container had just started, before Redis took connections, was
+// reported NodeUnreachable (with a warning event and a hint at NetworkPolicy, Degraded True) at
+// every creation and restart of a pod. A pod that is not Ready yet is waited for instead, as one
+// whose Redis does not run, until readinessTimeout; a Ready pod that refuses is unreachable.
+func TestStartingRedisIsWaitedForNotReportedUnreachable(t *testing.T) {
+	h := newHarness(t, cluster(threeNodes))
+	pod := &corev1.Pod{}
+	if err := h.k8s.Get(context.Background(), client.ObjectKey{Namespace: "shop", Name: "orders-1"}, pod); err != nil {
+		t.Fatal(err)
+	}
+	pod.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionFalse, LastTransitionTime: metav1.NewTime(epoch)}}
+	if err := h.k8s.Status().Update(context.Background(), pod); err != nil {
+		t.Fatal(err)
+	}
+	h.redis.Unreachable[nodeAddr(1)] = true
+
+	rc := h.settle(t)
+
+	if c := condition(rc, v1alpha1.ConditionUsersApplied); c == nil || c.Reason != v1alpha1.ReasonApplying || !strings.Contains(c.Message, "orders-1") {
+		t.Errorf("UsersApplied %+v while orders-1 starts: want Applying, waiting for it", c)
+	}
+	if d := condition(rc, v1alpha1.ConditionDegraded); d.Status != metav1.ConditionFalse {
+		t.Errorf("Degraded %+v while a Redis starts", d)
+	}
+	if reasons := h.eventReasons(); slices.Contains(reasons, v1alpha1.ReasonNodeUnreachable) {
+		t.Errorf("a NodeUnreachable event for a Redis that starts: %v", reasons)
+	}
+
+	h.clock.Step(6 * time.Minute) // past readinessTimeout (5m)
+	rc = h.settle(t)
+	if c := condition(rc, v1alpha1.ConditionUsersApplied); c.Reason != v1alpha1.ReasonNodeNotReady {
+		t.Errorf("UsersApplied %+v once orders-1 has not run Redis for longer than readinessTimeout: want NodeNotReady", c)
+	}
+
+	pod.Status.Conditions[0] = corev1.PodCondition{Type: corev1.PodReady, Status: corev1.ConditionTrue, LastTransitionTime: metav1.NewTime(h.clock.Now())}
+	if err := h.k8s.Status().Update(context.Background(), pod); err != nil {
+		t.Fatal(err)
+	}
+	rc = h.settle(t)
+	if c := condition(rc, v1alpha1.ConditionUsersApplied); c.Reason != v1alpha1.ReasonNodeUnreachable {
+		t.Errorf("UsersApplied %+v for a Ready pod that refuses connections: want NodeUnreachable", c)
 	}
 }
