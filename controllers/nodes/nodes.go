@@ -79,7 +79,7 @@ func (s *Syncer) Sync(ctx context.Context, rc *v1alpha1.RedisCluster, conds cond
 		fresh := !seen || rec.PodUID != p.UID || !statustime.Of(rec.StartedAt).Equal(run.startedAt)
 		if fresh || rec.UsersVersion != version {
 			if err := s.syncNode(ctx, run.addr, want, fresh); err != nil {
-				stopped = unreachable(p, run.addr, err)
+				stopped = s.failed(rc, p, run.addr, err)
 				break
 			}
 			log.FromContext(ctx).V(1).Info("Redis node confirmed", "pod", p.Name, "usersVersion", version)
@@ -180,21 +180,58 @@ func (p *problem) report(conds conditions.Setter, confirmed, replicas int) time.
 	return p.wait
 }
 
-// notRunning is a pod whose Redis does not run (yet): a wait, unless it has not been Ready for
-// longer than the readiness timeout.
+// notRunning is a pod whose Redis does not run (yet): a wait, unless it has not run for longer
+// than the readiness timeout.
 func (s *Syncer) notRunning(rc *v1alpha1.RedisCluster, p *corev1.Pod) *problem {
-	since := p.CreationTimestamp.Time
-	for _, c := range p.Status.Conditions {
-		if c.Type == corev1.PodReady && c.Status != corev1.ConditionTrue {
-			since = c.LastTransitionTime.Time
-		}
-	}
+	since := stoppedSince(p)
 	timeout := ReadinessTimeout(rc)
 	if s.Clock.Since(since) > timeout {
 		return &problem{reason: v1alpha1.ReasonNodeNotReady, warn: true, wait: time.Minute,
 			msg: fmt.Sprintf("pod %s has not run Redis for %s (rollout.readinessTimeout %s); no credential change goes on until it does", p.Name, s.Clock.Since(since).Round(time.Second), timeout)}
 	}
 	return &problem{reason: v1alpha1.ReasonApplying, wait: notRunningWait, msg: "waiting for pod " + p.Name + " to run Redis"}
+}
+
+// stoppedSince is when a pod that keyroll cannot use stopped being usable: when it last became
+// not Ready; for a pod still reported Ready, when its deletion began (its kubelet reports the
+// end of its containers only later, so that a pod that ran for days is not taken for one that
+// has not run Redis since it was created); else when it was created.
+func stoppedSince(p *corev1.Pod) time.Time {
+	since, ready := p.CreationTimestamp.Time, false
+	for _, c := range p.Status.Conditions {
+		if c.Type != corev1.PodReady {
+			continue
+		}
+		if ready = c.Status == corev1.ConditionTrue; !ready {
+			since = c.LastTransitionTime.Time
+		}
+	}
+	if d := p.DeletionTimestamp; ready && d != nil {
+		// The API server sets deletionTimestamp to the end of the grace period.
+		since = d.Time
+		if g := p.DeletionGracePeriodSeconds; g != nil {
+			since = since.Add(-time.Duration(*g) * time.Second)
+		}
+	}
+	return since
+}
+
+// failed is why keyroll could not change or confirm a node. A Redis that does not take connections
+// yet while its pod is not Ready is still starting: it is waited for as one that does not run.
+func (s *Syncer) failed(rc *v1alpha1.RedisCluster, p *corev1.Pod, addr string, err error) *problem {
+	if redisnode.Unreachable(err) && !podReady(p) {
+		return s.notRunning(rc, p)
+	}
+	return unreachable(p, addr, err)
+}
+
+func podReady(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
 }
 
 // unreachable is a node keyroll could not change or confirm.
@@ -276,7 +313,8 @@ func recordsOf(pods []*corev1.Pod, records map[string]v1alpha1.NodeStatus) []v1a
 }
 
 // CheckRules asks a node of rc that runs Redis (the primary first, then the others until one
-// answers) whether it accepts rules.
+// answers) whether it accepts rules; a pod not Ready yet whose Redis takes no connection yet is
+// passed over, as one that does not run.
 // Unless one accepted them, the UsersApplied condition says why not (refused, with Redis's
 // words; no node running yet; unreachable) and wait says when to look again.
 func (s *Syncer) CheckRules(ctx context.Context, rc *v1alpha1.RedisCluster, conds conditions.Setter, rules []string, adminPassword string) (accepted bool, wait time.Duration, err error) {
@@ -293,6 +331,9 @@ func (s *Syncer) CheckRules(ctx context.Context, rc *v1alpha1.RedisCluster, cond
 		n := s.Dial(run.addr, render.AdminUser, adminPassword)
 		err := n.CheckRules(ctx, rules)
 		_ = n.Close()
+		if err != nil && redisnode.Unreachable(err) && !podReady(p) {
+			continue // still starting
+		}
 		var refused *redisnode.RuleError
 		switch {
 		case err == nil:

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -198,5 +199,94 @@ func TestRestartedRedisIsConfirmedAgainAndForgetsUsersItShouldNotHave(t *testing
 	got := h.redis.Users(nodeAddr(1))
 	if slices.Contains(got, "V_OLD_USER") || !h.redis.Accepts(nodeAddr(1), cur.Username, cur.Password) {
 		t.Errorf("restarted node's users %v: want the current user and not the stale one", got)
+	}
+}
+
+// Defect: with rollout.redisPods Restart a new cluster restarted every Redis pod (and then its
+// consumers) right after they had started: the pods come before the credential, so none had its
+// version, and the first credential rolled out as if it replaced one. Nothing was replaced: the
+// pods got the first user live, as in Live mode. A rotation then restarts them, replicas first.
+func TestRestartModeRestartsNoPodForTheFirstCredentialButForARotation(t *testing.T) {
+	h := newHarness(t, cluster(threeNodes, func(rc *v1alpha1.RedisCluster) { rc.Spec.Rollout.RedisPods = v1alpha1.RedisPodsRestart }))
+	rc := h.settle(t)
+
+	cred := h.staged(t)
+	for i := range 3 {
+		if !h.redis.Accepts(nodeAddr(i), cred.Username, cred.Password) {
+			t.Errorf("node %d does not have the first user", i)
+		}
+	}
+	pods := &corev1.PodList{}
+	if err := h.k8s.List(context.Background(), pods, client.InNamespace("shop")); err != nil {
+		t.Fatal(err)
+	}
+	if len(pods.Items) != 3 {
+		t.Errorf("%d Redis pods left after the first credential, want the 3 that ran", len(pods.Items))
+	}
+	reasons := h.eventReasons()
+	for _, r := range []string{v1alpha1.EventRotationStarted, v1alpha1.EventPodRestarted} {
+		if slices.Contains(reasons, r) {
+			t.Errorf("a %s event for the first credential (events %v)", r, reasons)
+		}
+	}
+	if rc.Status.Rollout != nil || h.secret(t, "orders-credentials") == nil {
+		t.Fatalf("rollout %+v, consumers' Secret written %v: want no rollout and the Secret", rc.Status.Rollout, h.secret(t, "orders-credentials") != nil)
+	}
+
+	rc.Annotations = map[string]string{v1alpha1.AnnotationRotateNow: "now"}
+	if err := h.k8s.Update(context.Background(), rc); err != nil {
+		t.Fatal(err)
+	}
+	h.settle(t)
+	if reasons := h.eventReasons(); !slices.Contains(reasons, v1alpha1.EventPodRestarted) {
+		t.Errorf("a rotation restarted no Redis pod (events %v)", reasons)
+	}
+	err := h.k8s.Get(context.Background(), client.ObjectKey{Namespace: "shop", Name: "orders-2"}, &corev1.Pod{})
+	if !apierrors.IsNotFound(err) {
+		t.Errorf("the rotation did not restart the highest replica first: orders-2 is still there (%v)", err)
+	}
+}
+
+// Defect: a Redis pod whose container had just started, before Redis took connections, was
+// reported NodeUnreachable (with a warning event and a hint at NetworkPolicy, Degraded True) at
+// every creation and restart of a pod. A pod that is not Ready yet is waited for instead, as one
+// whose Redis does not run, until readinessTimeout; a Ready pod that refuses is unreachable.
+func TestStartingRedisIsWaitedForNotReportedUnreachable(t *testing.T) {
+	h := newHarness(t, cluster(threeNodes))
+	pod := &corev1.Pod{}
+	if err := h.k8s.Get(context.Background(), client.ObjectKey{Namespace: "shop", Name: "orders-1"}, pod); err != nil {
+		t.Fatal(err)
+	}
+	pod.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionFalse, LastTransitionTime: metav1.NewTime(epoch)}}
+	if err := h.k8s.Status().Update(context.Background(), pod); err != nil {
+		t.Fatal(err)
+	}
+	h.redis.Unreachable[nodeAddr(1)] = true
+
+	rc := h.settle(t)
+
+	if c := condition(rc, v1alpha1.ConditionUsersApplied); c == nil || c.Reason != v1alpha1.ReasonApplying || !strings.Contains(c.Message, "orders-1") {
+		t.Errorf("UsersApplied %+v while orders-1 starts: want Applying, waiting for it", c)
+	}
+	if d := condition(rc, v1alpha1.ConditionDegraded); d.Status != metav1.ConditionFalse {
+		t.Errorf("Degraded %+v while a Redis starts", d)
+	}
+	if reasons := h.eventReasons(); slices.Contains(reasons, v1alpha1.ReasonNodeUnreachable) {
+		t.Errorf("a NodeUnreachable event for a Redis that starts: %v", reasons)
+	}
+
+	h.clock.Step(6 * time.Minute) // past readinessTimeout (5m)
+	rc = h.settle(t)
+	if c := condition(rc, v1alpha1.ConditionUsersApplied); c.Reason != v1alpha1.ReasonNodeNotReady {
+		t.Errorf("UsersApplied %+v once orders-1 has not run Redis for longer than readinessTimeout: want NodeNotReady", c)
+	}
+
+	pod.Status.Conditions[0] = corev1.PodCondition{Type: corev1.PodReady, Status: corev1.ConditionTrue, LastTransitionTime: metav1.NewTime(h.clock.Now())}
+	if err := h.k8s.Status().Update(context.Background(), pod); err != nil {
+		t.Fatal(err)
+	}
+	rc = h.settle(t)
+	if c := condition(rc, v1alpha1.ConditionUsersApplied); c.Reason != v1alpha1.ReasonNodeUnreachable {
+		t.Errorf("UsersApplied %+v for a Ready pod that refuses connections: want NodeUnreachable", c)
 	}
 }

@@ -64,11 +64,12 @@ func (r *Engine) Roll(ctx context.Context, rc *v1alpha1.RedisCluster, conds cond
 			return false, 0, err
 		}
 	}
-	r.Metrics.SetStalePods(client.ObjectKeyFromObject(rc), len(pods)-countOnVersion(pods, version))
 	ro := rc.Status.Rollout
-	if ro == nil && allOnVersion(pods, version) && !pending {
+	if ro == nil && !pending && settledOn(pods, version) {
+		r.Metrics.SetStalePods(client.ObjectKeyFromObject(rc), 0)
 		return true, 0, nil
 	}
+	r.Metrics.SetStalePods(client.ObjectKeyFromObject(rc), len(pods)-countOnVersion(pods, version))
 	if stale, err := r.staleRead(ctx, rc); stale || err != nil {
 		// A step of this rollout was already taken from a newer version of the object (restart a
 		// pod, revoke a lease): look again from that version rather than take it twice.
@@ -297,9 +298,13 @@ func countOnVersion(pods []*corev1.Pod, version string) int {
 	return n
 }
 
-func allOnVersion(pods []*corev1.Pod, version string) bool {
+// settledOn says whether no pod needs a restart for version when nothing it replaced is left:
+// each runs version, or started before any credential existed (no version in its annotations:
+// the Redis objects come before the credential, or rollout.redisPods was Live). Such a pod got
+// the credential's user live, as every pod does in Live mode; the next rotation restarts it.
+func settledOn(pods []*corev1.Pod, version string) bool {
 	for _, p := range pods {
-		if p.Annotations[v1alpha1.AnnotationCredentialVersion] != version {
+		if v := p.Annotations[v1alpha1.AnnotationCredentialVersion]; v != "" && v != version {
 			return false
 		}
 	}

@@ -4,8 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
+	"maps"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -26,17 +25,39 @@ import (
 	"github.com/keyroll/keyroll/test/testground"
 )
 
+// A new RedisCluster of three Redis nodes becomes Ready with a credential from Vault that works
+// against Vault's Redis and on every Redis pod, none of which mounts it; a reconcile of the steady
+// cluster writes nothing, calls Vault for nothing and sends no Redis command.
 func TestIssueGivesAWorkingCredentialAndASteadyStateWritesNothing(t *testing.T) {
 	namespace(t, "issue")
 	vaultConnection(t, "vault-issue", ground.Vault.Addr, "issue")
-	rc := redisCluster(t, "issue", "orders", "vault-issue", "database/creds/orders")
+	rc := redisCluster(t, "issue", "orders", "vault-issue", "database/creds/orders", replicas(3))
 	start := time.Now()
-	cur := waitCondition(t, rc, v1alpha1.ConditionReady, metav1.ConditionTrue, v1alpha1.ReasonAvailable, 60*time.Second)
+	cur := waitCondition(t, rc, v1alpha1.ConditionReady, metav1.ConditionTrue, v1alpha1.ReasonAvailable, 90*time.Second)
 	t.Logf("Ready %s after create", time.Since(start).Round(time.Millisecond))
 
 	user, pass, ok := credentials(t, rc)
 	if !ok || !authenticates(user, pass) {
 		t.Fatalf("the credentials Secret does not hold a working credential (user %q)", user)
+	}
+	if msg := onEveryPod(t, rc, user, pass, true); msg != "" {
+		t.Fatal(msg)
+	}
+	for _, p := range redisPods(t, rc) {
+		if p.Spec.NodeName != testground.RealNodeName {
+			t.Errorf("pod %s runs on %q, want the real node", p.Name, p.Spec.NodeName)
+		}
+		for _, v := range p.Spec.Volumes {
+			if v.Secret != nil && v.Secret.SecretName != "orders-acl" {
+				t.Errorf("pod %s mounts Secret %s; a Redis pod mounts only the ACL Secret", p.Name, v.Secret.SecretName)
+			}
+		}
+	}
+	if c := apimeta.FindStatusCondition(cur.Status.Conditions, v1alpha1.ConditionUsersApplied); c == nil || c.Reason != v1alpha1.ReasonApplied {
+		t.Errorf("UsersApplied %+v", c)
+	}
+	if len(cur.Status.Nodes) != 3 {
+		t.Errorf("status.nodes records %d nodes, want 3: %+v", len(cur.Status.Nodes), cur.Status.Nodes)
 	}
 	c := cur.Status.Credential
 	if c == nil || c.LeaseID == "" || c.ExpiresAt == nil || !c.Renewable || c.Username != user {
@@ -51,8 +72,14 @@ func TestIssueGivesAWorkingCredentialAndASteadyStateWritesNothing(t *testing.T) 
 	if exists, _ := leaseExists(t, c.LeaseID); !exists {
 		t.Fatal("Vault does not know the lease in status")
 	}
-	if !slices.Contains(eventReasons(t, "issue", "orders"), v1alpha1.EventCredentialsIssued) {
-		t.Error("no CredentialsIssued event")
+	for _, want := range []string{v1alpha1.EventCredentialsIssued, v1alpha1.EventUsersApplied} {
+		if !slices.Contains(eventReasons(t, "issue", "orders"), want) {
+			t.Errorf("no %s event", want)
+		}
+	}
+	// Redis pods that start are waited for, not reported (they refuse connections at first).
+	if w := warningNotes(t, "issue", "orders"); len(w) > 0 {
+		t.Errorf("warnings while a new cluster came up: %v", w)
 	}
 
 	// The VaultConnection reports the login, the token's expiry and Vault's version and seal state.
@@ -89,6 +116,7 @@ func TestIssueGivesAWorkingCredentialAndASteadyStateWritesNothing(t *testing.T) 
 	}))
 	req := ctrl.Request{NamespacedName: client.ObjectKeyFromObject(rc)}
 	calls := vaultCalls.of("vault-issue")
+	aclBefore := aclCommands(t, rc)
 	for i := range 2 {
 		res, err := r.Reconcile(context.Background(), req)
 		if err != nil {
@@ -104,26 +132,55 @@ func TestIssueGivesAWorkingCredentialAndASteadyStateWritesNothing(t *testing.T) 
 	if n := vaultCalls.of("vault-issue") - calls; n != 0 {
 		t.Errorf("reconciling an unchanged RedisCluster made %d Vault calls", n)
 	}
+	if after := aclCommands(t, rc); !maps.Equal(after, aclBefore) {
+		t.Errorf("reconciling an unchanged RedisCluster sent ACL commands to the Redis nodes:\nbefore %v\nafter  %v", aclBefore, after)
+	}
+}
+
+// aclCommands reads, on every Redis pod of rc, how often each ACL subcommand ran (INFO
+// commandstats, as keyroll's admin user), keyed "pod acl|subcommand".
+func aclCommands(t *testing.T, rc *v1alpha1.RedisCluster) map[string]string {
+	t.Helper()
+	admin := internalPasswords(t, rc)["admin-password"]
+	out := map[string]string{}
+	for _, p := range redisPods(t, rc) {
+		info, err := testground.RedisDo(redisAddr(&p), "keyroll-admin", admin, "INFO", "commandstats")
+		if err != nil {
+			t.Fatalf("INFO commandstats on %s: %v", p.Name, err)
+		}
+		for _, line := range strings.Split(info, "\n") {
+			name, stats, ok := strings.Cut(strings.TrimSpace(strings.TrimPrefix(line, "cmdstat_")), ":")
+			if ok && strings.HasPrefix(name, "acl|") {
+				calls, _, _ := strings.Cut(stats, ",")
+				out[p.Name+" "+name] = calls
+			}
+		}
+		if out[p.Name+" acl|setuser"] == "" {
+			t.Fatalf("INFO commandstats on %s counts no ACL SETUSER, although keyroll gave it its users:\n%s", p.Name, info)
+		}
+	}
+	return out
 }
 
 func TestLeaseIsRenewedBeforeExpiryAndReissuedWhenRevokedOutside(t *testing.T) {
 	namespace(t, "renew")
 	vaultConnection(t, "vault-renew", ground.Vault.Addr, "renew")
-	rc := redisCluster(t, "renew", "short", "vault-renew", "database/creds/short", func(rc *v1alpha1.RedisCluster) {
-		rc.Spec.Replicas = 1
-	})
-	cur := waitCondition(t, rc, v1alpha1.ConditionReady, metav1.ConditionTrue, "", 60*time.Second)
+	rc := redisCluster(t, "renew", "short", "vault-renew", "database/creds/short")
+	cur := waitReady(t, rc, 60*time.Second)
 	first := cur.Status.Credential
 	user, pass, _ := credentials(t, rc)
 	firstExpiry := first.ExpiresAt.Time
 
 	// The 20 s lease is renewed before it expires, and Vault shows the extended expiry; the
-	// credential keeps working for a minute.
+	// credential keeps working for a minute, in Vault's Redis and on the cluster's.
 	deadline := time.Now().Add(60 * time.Second)
 	renewed := false
 	for time.Now().Before(deadline) {
 		if !authenticates(user, pass) {
 			t.Fatalf("the credential stopped working %s into the minute", 60*time.Second-time.Until(deadline))
+		}
+		if msg := onEveryPod(t, rc, user, pass, true); msg != "" {
+			t.Fatalf("%s into the minute: %s", 60*time.Second-time.Until(deadline), msg)
 		}
 		if exists, exp := leaseExists(t, first.LeaseID); !exists {
 			t.Fatal("the lease disappeared from Vault")
@@ -137,7 +194,8 @@ func TestLeaseIsRenewedBeforeExpiryAndReissuedWhenRevokedOutside(t *testing.T) {
 		t.Fatalf("lease not renewed in a minute: renewed in Vault %v, status %+v", renewed, cur.Status.Credential)
 	}
 
-	// Revoked directly in Vault: keyroll notices at the next renewal and issues a new credential.
+	// Revoked directly in Vault: keyroll notices at the next renewal, cuts the revoked user off
+	// on every node (onRevokedOutside CutOff, the default) and issues a new credential.
 	if err := ground.Vault.Root.Sys().Revoke(first.LeaseID); err != nil {
 		t.Fatal(err)
 	}
@@ -154,8 +212,9 @@ func TestLeaseIsRenewedBeforeExpiryAndReissuedWhenRevokedOutside(t *testing.T) {
 		if user2 == user || !authenticates(user2, pass2) {
 			return "the credentials Secret does not hold the new working credential"
 		}
-		return ""
+		return onEveryPod(t, rc, user2, pass2, true)
 	})
+	eventually(t, 10*time.Second, func() string { return onEveryPod(t, rc, user, pass, false) })
 	for _, l := range cur.Status.Leases {
 		if l.LeaseID == first.LeaseID {
 			t.Errorf("the revoked lease is still in the ledger: %+v", l)
@@ -166,8 +225,8 @@ func TestLeaseIsRenewedBeforeExpiryAndReissuedWhenRevokedOutside(t *testing.T) {
 func TestDeleteRevokesTheLeaseThenLetsGo(t *testing.T) {
 	namespace(t, "delete")
 	vaultConnection(t, "vault-delete", ground.Vault.Addr, "delete")
-	rc := redisCluster(t, "delete", "orders", "vault-delete", "database/creds/orders", func(rc *v1alpha1.RedisCluster) { rc.Spec.Replicas = 1 })
-	cur := waitCondition(t, rc, v1alpha1.ConditionCredentialsReady, metav1.ConditionTrue, "", 60*time.Second)
+	rc := redisCluster(t, "delete", "orders", "vault-delete", "database/creds/orders")
+	cur := waitReady(t, rc, 60*time.Second)
 	user, pass, _ := credentials(t, rc)
 	lease := cur.Status.Credential.LeaseID
 	if !authenticates(user, pass) {
@@ -199,8 +258,8 @@ func TestDeleteWhileVaultIsUnreachableKeepsTheFinalizerUntilRevoked(t *testing.T
 	t.Cleanup(proxy.Stop)
 	namespace(t, "unreachable")
 	vaultConnection(t, "vault-proxied", proxy.URL(), "unreachable")
-	rc := redisCluster(t, "unreachable", "orders", "vault-proxied", "database/creds/orders", func(rc *v1alpha1.RedisCluster) { rc.Spec.Replicas = 1 })
-	cur := waitCondition(t, rc, v1alpha1.ConditionCredentialsReady, metav1.ConditionTrue, "", 60*time.Second)
+	rc := redisCluster(t, "unreachable", "orders", "vault-proxied", "database/creds/orders")
+	cur := waitReady(t, rc, 60*time.Second)
 	user, pass, _ := credentials(t, rc)
 	lease := cur.Status.Credential.LeaseID
 
@@ -260,9 +319,9 @@ func TestRefusedClustersGetAConditionAnEventAndNoSecret(t *testing.T) {
 		"forbidden":   {"vault-refused", "kv/creds/orders", v1alpha1.ReasonPermissionDenied},
 	}
 	for name, tc := range cases {
+		calls := vaultCalls.of(tc.connection)
+		rc := redisCluster(t, "refused", name, tc.connection, tc.path) // t: no-conn lives on past its subtest
 		t.Run(name, func(t *testing.T) {
-			calls := vaultCalls.of(tc.connection)
-			rc := redisCluster(t, "refused", name, tc.connection, tc.path, func(rc *v1alpha1.RedisCluster) { rc.Spec.Replicas = 1 })
 			cur := waitCondition(t, rc, v1alpha1.ConditionCredentialsReady, metav1.ConditionFalse, tc.reason, 30*time.Second)
 			if r := eventReasons(t, "refused", name); len(r) == 0 {
 				t.Error("no event")
@@ -295,7 +354,7 @@ func TestForeignSecretIsLeftUntouched(t *testing.T) {
 	if err := k8s.Create(context.Background(), foreign); err != nil {
 		t.Fatal(err)
 	}
-	rc := redisCluster(t, "foreign", "taken", "vault-foreign", "database/creds/orders", func(rc *v1alpha1.RedisCluster) { rc.Spec.Replicas = 1 })
+	rc := redisCluster(t, "foreign", "taken", "vault-foreign", "database/creds/orders")
 	cur := waitCondition(t, rc, v1alpha1.ConditionCredentialsReady, metav1.ConditionFalse, v1alpha1.ReasonSecretConflict, 30*time.Second)
 	after := &corev1.Secret{}
 	if err := k8s.Get(context.Background(), client.ObjectKeyFromObject(foreign), after); err != nil {
@@ -319,42 +378,49 @@ func (withoutWatch) Watch(context.Context, client.ObjectList, ...client.ListOpti
 	return nil, errors.New("not used")
 }
 
-// The aclfile in the ACL Secret, loaded by a real redis-server, knows the issued credential with
-// the rules of spec.credentials.aclRules.
-func TestACLSecretLoadsInRealRedisWithTheSpecRules(t *testing.T) {
+// The issued credential's user has the rules of spec.credentials.aclRules on every Redis node of
+// the cluster (the primary and a replica, both loaded from the aclfile and given the user live):
+// keys and commands outside the rules are refused. The aclfile holds its password only as a hash.
+func TestACLRulesOfTheSpecHoldOnEveryRedisPod(t *testing.T) {
 	namespace(t, "acl")
 	vaultConnection(t, "vault-acl", ground.Vault.Addr, "acl")
-	rc := redisCluster(t, "acl", "orders", "vault-acl", "database/creds/orders", func(rc *v1alpha1.RedisCluster) {
-		rc.Spec.Replicas = 1
+	rc := redisCluster(t, "acl", "orders", "vault-acl", "database/creds/orders", replicas(2), func(rc *v1alpha1.RedisCluster) {
 		rc.Spec.Credentials.ACLRules = []string{"~orders:*", "+@read", "+@write", "+@connection", "+acl|whoami"}
 	})
-	waitCondition(t, rc, v1alpha1.ConditionCredentialsReady, metav1.ConditionTrue, "", 60*time.Second)
+	waitReady(t, rc, 90*time.Second)
 	user, pass, _ := credentials(t, rc)
 	acl := &corev1.Secret{}
 	if err := k8s.Get(context.Background(), client.ObjectKey{Namespace: "acl", Name: "orders-acl"}, acl); err != nil {
 		t.Fatal(err)
 	}
-	if strings.Contains(string(acl.Data["users.acl"]), pass) {
+	file := string(acl.Data["users.acl"])
+	if strings.Contains(file, pass) {
 		t.Fatal("the ACL Secret holds the password in clear")
 	}
-	dir := t.TempDir()
-	file := filepath.Join(dir, "users.acl")
-	if err := os.WriteFile(file, acl.Data["users.acl"], 0o600); err != nil {
-		t.Fatal(err)
+	if !strings.Contains(file, "user "+user+" on #") || !strings.Contains(file, "~orders:* +@read +@write +@connection +acl|whoami") {
+		t.Errorf("the aclfile does not give %s the spec's rules:\n%s", user, file)
 	}
-	r, err := testground.StartRedis(dir, "--aclfile", file)
-	if err != nil {
-		t.Fatalf("redis-server refused the operator's aclfile: %v", err)
+	if msg := onEveryPod(t, rc, user, pass, true); msg != "" {
+		t.Fatal(msg)
 	}
-	t.Cleanup(r.Stop)
-	if who, err := r.WhoAmI(user, pass); err != nil || who != user {
-		t.Fatalf("the issued credential does not authenticate against the aclfile: %q, %v", who, err)
+	pods := redisPods(t, rc)
+	primary, replica := redisAddr(&pods[0]), redisAddr(&pods[1])
+	if _, err := testground.RedisDo(primary, user, pass, "SET", "orders:1", "x"); err != nil {
+		t.Errorf("on the primary, a key the rules allow is refused: %v", err)
 	}
-	if _, err := r.Do(user, pass, "SET", "orders:1", "x"); err != nil {
-		t.Errorf("a key the rules allow is refused: %v", err)
-	}
-	if _, err := r.Do(user, pass, "SET", "payments:1", "x"); err == nil || !strings.Contains(err.Error(), "NOPERM") {
-		t.Errorf("a key outside ~orders:* is not refused: %v", err)
+	eventually(t, 10*time.Second, func() string {
+		if v, err := testground.RedisDo(replica, user, pass, "GET", "orders:1"); err != nil || v != "x" {
+			return fmt.Sprintf("on the replica, GET orders:1 gives %q, %v; want the primary's value", v, err)
+		}
+		return ""
+	})
+	for _, pod := range pods {
+		addr := redisAddr(&pod)
+		for _, cmd := range [][]string{{"GET", "payments:1"}, {"SET", "payments:1", "x"}, {"CONFIG", "GET", "maxmemory"}} {
+			if _, err := testground.RedisDo(addr, user, pass, cmd...); err == nil || !strings.Contains(err.Error(), "NOPERM") {
+				t.Errorf("on %s, %v (outside the rules) is not refused: %v", pod.Name, cmd, err)
+			}
+		}
 	}
 }
 
@@ -383,7 +449,6 @@ func TestInvalidScheduleIsReportedAndWithdrawnWhenFixed(t *testing.T) {
 	namespace(t, "schedule")
 	vaultConnection(t, "vault-schedule", ground.Vault.Addr, "schedule")
 	rc := redisCluster(t, "schedule", "orders", "vault-schedule", "database/creds/orders", func(rc *v1alpha1.RedisCluster) {
-		rc.Spec.Replicas = 1
 		rc.Spec.Rotation.Schedule = "61 * * * *"
 	})
 	cur := waitCondition(t, rc, v1alpha1.ConditionDegraded, metav1.ConditionTrue, v1alpha1.ReasonInvalidSchedule, 30*time.Second)
@@ -409,16 +474,19 @@ func TestCappedRenewalIsReplacedBeforeTheCredentialLapses(t *testing.T) {
 	namespace(t, "capped")
 	vaultConnection(t, "vault-capped", ground.Vault.Addr, "capped")
 	rc := redisCluster(t, "capped", "orders", "vault-capped", "database/creds/capped", func(rc *v1alpha1.RedisCluster) {
-		rc.Spec.Replicas = 1
 		rc.Spec.Credentials.VaultLease.MinTTL = &metav1.Duration{Duration: 5 * time.Second}
 	})
-	cur := waitCondition(t, rc, v1alpha1.ConditionReady, metav1.ConditionTrue, "", 60*time.Second)
+	cur := waitReady(t, rc, 60*time.Second)
 	first := cur.Status.Credential
 	maxExpiry := first.IssuedAt.Add(35 * time.Second)
 	var replaced *v1alpha1.CredentialStatus
 	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(500 * time.Millisecond) {
-		if user, pass, ok := credentials(t, rc); !ok || !authenticates(user, pass) {
+		user, pass, ok := credentials(t, rc)
+		if !ok || !authenticates(user, pass) {
 			t.Fatalf("the credentials Secret held a credential that does not work, %s after the first issue", time.Since(first.IssuedAt.Time).Round(time.Second))
+		}
+		if msg := onEveryPod(t, rc, user, pass, true); msg != "" {
+			t.Fatalf("%s after the first issue, the credentials Secret held a credential the Redis pods refuse: %s", time.Since(first.IssuedAt.Time).Round(time.Second), msg)
 		}
 		if c := get(t, rc).Status.Credential; c.LeaseID != first.LeaseID {
 			replaced = c

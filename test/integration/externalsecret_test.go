@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -93,21 +94,47 @@ func create(t *testing.T, obj client.Object) {
 	}
 }
 
-// esCluster creates a RedisCluster in ExternalSecret mode.
+// esCluster creates a RedisCluster in ExternalSecret mode, with one Redis node of Redis 7.0 (as
+// redisCluster does), deleted when the test ends.
 func esCluster(t *testing.T, ns, name string, src v1alpha1.ExternalSecretSource, mutate ...func(*v1alpha1.RedisCluster)) *v1alpha1.RedisCluster {
 	t.Helper()
 	rc := &v1alpha1.RedisCluster{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
 		Spec: v1alpha1.RedisClusterSpec{
-			Replicas:    3,
+			Replicas: 1, Version: redisVersion,
 			Credentials: v1alpha1.CredentialsSpec{Source: v1alpha1.SourceExternalSecret, ExternalSecret: &src},
 		},
 	}
 	for _, m := range mutate {
 		m(rc)
 	}
-	create(t, rc)
+	createCluster(t, rc)
 	return rc
+}
+
+// checkSyncedSecret checks where External Secrets Operator put the credential: in <name>-eso,
+// which it owns through the ExternalSecret and no consumer reads, while the consumers' Secret,
+// owned by the RedisCluster, holds the same credential (keyroll wrote it once every node
+// accepted it).
+func checkSyncedSecret(t *testing.T, rc *v1alpha1.RedisCluster) {
+	t.Helper()
+	synced := &corev1.Secret{}
+	if err := k8s.Get(context.Background(), client.ObjectKey{Namespace: rc.Namespace, Name: rc.Name + "-eso"}, synced); err != nil {
+		t.Fatalf("the Secret ESO writes: %v", err)
+	}
+	if ref := metav1.GetControllerOf(synced); ref == nil || ref.Kind != "ExternalSecret" || ref.Name != rc.Name {
+		t.Errorf("Secret %s-eso is controlled by %+v, want the ExternalSecret %s", rc.Name, ref, rc.Name)
+	}
+	published := &corev1.Secret{}
+	if err := k8s.Get(context.Background(), client.ObjectKey{Namespace: rc.Namespace, Name: rc.Name + "-credentials"}, published); err != nil {
+		t.Fatal(err)
+	}
+	if ref := metav1.GetControllerOf(published); ref == nil || ref.Kind != "RedisCluster" || ref.Name != rc.Name {
+		t.Errorf("the consumers' Secret is controlled by %+v, want the RedisCluster", ref)
+	}
+	if u := string(synced.Data["username"]); u == "" || u != string(published.Data["username"]) {
+		t.Errorf("ESO's Secret holds user %q, the consumers' Secret %q", u, published.Data["username"])
+	}
 }
 
 func externalSecret(t *testing.T, rc *v1alpha1.RedisCluster) (*esv1.ExternalSecret, error) {
@@ -146,9 +173,11 @@ func deleteAndWait(t *testing.T, rc *v1alpha1.RedisCluster) {
 	})
 }
 
-// A ClusterSecretStore (Vault provider, token auth) with a remote key: ESO syncs the credential,
-// keyroll reports it and that its lease is not tracked, repairs drift of the ExternalSecret, and
-// deleting the RedisCluster removes the ExternalSecret and the Secret.
+// A ClusterSecretStore (Vault provider, token auth) with a remote key: ESO syncs the credential
+// into <name>-eso, keyroll puts it on the Redis node and publishes it in the consumers' Secret,
+// reports that its lease is not tracked, repairs drift of the ExternalSecret (whose new credential
+// replaces the old user on the node), and deleting the RedisCluster removes the ExternalSecret and
+// the Secrets.
 func TestExternalSecretFromClusterSecretStoreSyncsAWorkingCredentialWithoutLeaseTracking(t *testing.T) {
 	ctx := context.Background()
 	ns := "es-store"
@@ -178,7 +207,7 @@ func TestExternalSecretFromClusterSecretStoreSyncsAWorkingCredentialWithoutLease
 		RefreshInterval:    &metav1.Duration{Duration: 5 * time.Minute},
 		CredentialLifetime: &metav1.Duration{Duration: 10 * time.Minute},
 	})
-	cur := waitCondition(t, rc, v1alpha1.ConditionReady, metav1.ConditionTrue, "", 90*time.Second)
+	cur := waitReady(t, rc, 90*time.Second)
 	if c := meta.FindStatusCondition(cur.Status.Conditions, v1alpha1.ConditionCredentialsReady); c == nil || c.Reason != v1alpha1.ReasonLeasesNotTracked {
 		t.Errorf("CredentialsReady %+v, want reason %s", c, v1alpha1.ReasonLeasesNotTracked)
 	}
@@ -190,8 +219,12 @@ func TestExternalSecretFromClusterSecretStoreSyncsAWorkingCredentialWithoutLease
 	}
 	user, pass, _ := credentials(t, rc)
 	if !authenticates(user, pass) {
-		t.Fatal("the credential ESO synced does not authenticate against Redis")
+		t.Fatal("the credential ESO synced does not authenticate against Vault's Redis")
 	}
+	if msg := onEveryPod(t, rc, user, pass, true); msg != "" {
+		t.Fatal(msg)
+	}
+	checkSyncedSecret(t, rc)
 
 	// Drift: the ExternalSecret is put back as specified, and then left alone.
 	es, err := externalSecret(t, rc)
@@ -213,9 +246,9 @@ func TestExternalSecretFromClusterSecretStoreSyncsAWorkingCredentialWithoutLease
 		}
 		return ""
 	})
-	waitCondition(t, rc, v1alpha1.ConditionReady, metav1.ConditionTrue, "", 60*time.Second)
 	// The repaired ExternalSecret made ESO sync a new credential: once it has rolled out, the
-	// aclfile holds its user (and keyroll's reload user) only, and no replaced user is pending.
+	// aclfile holds its user and keyroll's three internal users only, no replaced user is pending,
+	// and the node has the new user and not the old one.
 	eventually(t, 60*time.Second, func() string {
 		cur := get(t, rc)
 		acl := &corev1.Secret{}
@@ -223,11 +256,22 @@ func TestExternalSecretFromClusterSecretStoreSyncsAWorkingCredentialWithoutLease
 			return err.Error()
 		}
 		users := strings.Count(string(acl.Data["users.acl"]), " on #")
-		if cur.Status.Rollout != nil || len(cur.Status.Credential.SupersededUsers) > 0 || users != 2 {
-			return fmt.Sprintf("rollout %+v, supersededUsers %v, %d users in the aclfile", cur.Status.Rollout, cur.Status.Credential.SupersededUsers, users)
+		if cur.Status.Credential.Username == user || cur.Status.Rollout != nil || len(cur.Status.Credential.SupersededUsers) > 0 ||
+			len(cur.Status.RetiringUsers) > 0 || users != 4 {
+			return fmt.Sprintf("user %s, rollout %+v, supersededUsers %v, retiringUsers %v, %d users in the aclfile", cur.Status.Credential.Username,
+				cur.Status.Rollout, cur.Status.Credential.SupersededUsers, cur.Status.RetiringUsers, users)
 		}
 		return ""
 	})
+	waitReady(t, rc, 60*time.Second)
+	newUser, newPass, _ := credentials(t, rc)
+	if msg := onEveryPod(t, rc, newUser, newPass, true); msg != "" {
+		t.Error(msg)
+	}
+	if msg := onEveryPod(t, rc, user, pass, false); msg != "" {
+		t.Errorf("after ESO's new credential rolled out: %s", msg)
+	}
+	checkSyncedSecret(t, rc)
 	es, _ = externalSecret(t, rc)
 	generation := es.Generation
 	time.Sleep(3 * time.Second)
@@ -248,9 +292,11 @@ func TestExternalSecretFromClusterSecretStoreSyncsAWorkingCredentialWithoutLease
 	}
 }
 
-// With resultType Raw the lease is keyroll's: it is in the ledger, renewed past its first TTL,
-// a new credential from ESO rolls the Redis pods one at a time and then the consumer, the old lease
-// is revoked after the rollout, and delete revokes the rest: no lease for the role is left.
+// With resultType Raw the lease is keyroll's: it is in the ledger, renewed past its first TTL;
+// a new credential from ESO goes onto the Redis node live (no Redis pod restarts), then to the
+// consumer; after the rollout the old user is gone from the node and the old lease is revoked;
+// delete revokes the rest: no lease for the role is left. No password, keyroll's internal ones
+// included, reaches the logs, status or events.
 func TestExternalSecretRawLeaseIsTrackedRenewedRolledOutAndRevoked(t *testing.T) {
 	ctx := context.Background()
 	ns := "es-raw"
@@ -266,7 +312,7 @@ func TestExternalSecretRawLeaseIsTrackedRenewedRolledOutAndRevoked(t *testing.T)
 		rc.Spec.Rollout.Consumers = []v1alpha1.ConsumerReference{{Kind: "Deployment", Name: "orders-api"}}
 	})
 	start := time.Now()
-	cur := waitCondition(t, rc, v1alpha1.ConditionReady, metav1.ConditionTrue, "", 90*time.Second)
+	cur := waitReady(t, rc, 90*time.Second)
 	t.Logf("Ready %s after create", time.Since(start).Round(time.Millisecond))
 	if c := meta.FindStatusCondition(cur.Status.Conditions, v1alpha1.ConditionCredentialsReady); c == nil || c.Reason != v1alpha1.ReasonLeasesTracked {
 		t.Errorf("CredentialsReady %+v, want reason %s", c, v1alpha1.ReasonLeasesTracked)
@@ -292,6 +338,10 @@ func TestExternalSecretRawLeaseIsTrackedRenewedRolledOutAndRevoked(t *testing.T)
 	if !authenticates(user, pass) {
 		t.Fatal("the credential ESO synced does not authenticate")
 	}
+	if msg := onEveryPod(t, rc, user, pass, true); msg != "" {
+		t.Fatal(msg)
+	}
+	checkSyncedSecret(t, rc)
 
 	// Renewal: 20 s leases; past the first expiry the credential still works.
 	time.Sleep(time.Until(firstExpiry.Add(5 * time.Second)))
@@ -307,10 +357,11 @@ func TestExternalSecretRawLeaseIsTrackedRenewedRolledOutAndRevoked(t *testing.T)
 	}
 
 	// A new credential from ESO (rotate-now makes keyroll ask ESO to refresh) rolls out as in
-	// VaultLease mode.
+	// VaultLease mode: onto the node first, then to the consumer.
 	oldVersion := cur.Status.Credential.Version
-	pods := recordPods(t, ns, "orders")
-	time.Sleep(500 * time.Millisecond)
+	runs := podRuns(t, rc)
+	before := eventReasons(t, ns, "orders")
+	published := watchPublication(t, rc, "orders-api", oldVersion)
 	rotateNow(t, rc, "es-1")
 	eventually(t, 120*time.Second, func() string {
 		cur = get(t, rc)
@@ -322,46 +373,41 @@ func TestExternalSecretRawLeaseIsTrackedRenewedRolledOutAndRevoked(t *testing.T)
 		}
 		return ""
 	})
-	pods.checkOneAtATime(t, cur.Status.Credential.Version, "orders-2", "orders-1", "orders-0")
-	d := &appsv1.Deployment{}
-	if err := k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "orders-api"}, d); err != nil {
-		t.Fatal(err)
+	for _, p := range published() {
+		t.Error(p)
 	}
-	if v := d.Spec.Template.Annotations[v1alpha1.AnnotationCredentialVersion]; v != cur.Status.Credential.Version {
-		t.Errorf("consumer annotation %q, want %q", v, cur.Status.Credential.Version)
+	checkRetired(t, rc, "orders-api", user, pass, firstLease)
+	if after := podRuns(t, rc); !maps.Equal(after, runs) {
+		t.Errorf("a Redis pod restarted in a Live rotation:\nbefore %v\nafter  %v", runs, after)
 	}
-	if exists, _ := leaseExists(t, firstLease); exists {
-		t.Error("the superseded lease is still live in Vault")
-	}
-	if authenticates(user, pass) {
-		t.Error("the old credential still works after the rollout")
-	}
+	checkSyncedSecret(t, rc)
 	newUser, newPass, _ := credentials(t, rc)
-	if !authenticates(newUser, newPass) {
-		t.Fatal("the new credential does not work")
-	}
 	es, err := externalSecret(t, rc)
 	if err != nil || es.Annotations[v1alpha1.AnnotationRefreshRequested] == "" {
 		t.Errorf("ExternalSecret has no %s annotation (%v)", v1alpha1.AnnotationRefreshRequested, err)
 	}
-	reasons := eventReasons(t, ns, "orders")
-	for _, want := range []string{v1alpha1.EventRefreshRequested, v1alpha1.EventPodRestarted, v1alpha1.EventConsumerRestarted, v1alpha1.EventLeaseRevoked} {
+	reasons := newReasons(before, eventReasons(t, ns, "orders"))
+	for _, want := range []string{v1alpha1.EventRefreshRequested, v1alpha1.EventUsersApplied, v1alpha1.EventConsumerRestarted,
+		v1alpha1.EventUsersRetired, v1alpha1.EventLeaseRevoked} {
 		if !slices.Contains(reasons, want) {
-			t.Errorf("no %s event (have %v)", want, reasons)
+			t.Errorf("no %s event (the rotation's events: %v)", want, reasons)
 		}
 	}
-
-	acl := &corev1.Secret{}
-	if err := k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "orders-acl"}, acl); err != nil {
-		t.Fatal(err)
+	if slices.Contains(reasons, v1alpha1.EventPodRestarted) {
+		t.Errorf("a Live rotation recorded PodRestarted: %v", reasons)
 	}
+
 	statusJSON, _ := json.Marshal(get(t, rc).Status)
 	events := &eventsv1.EventList{}
 	if err := k8s.List(ctx, events, client.InNamespace(ns)); err != nil {
 		t.Fatal(err)
 	}
 	eventsJSON, _ := json.Marshal(events.Items)
-	for what, secret := range map[string]string{"first password": pass, "second password": newPass, "reload password": string(acl.Data["reload-password"])} {
+	secrets := map[string]string{"first password": pass, "second password": newPass}
+	for k, v := range internalPasswords(t, rc) {
+		secrets[k] = v
+	}
+	for what, secret := range secrets {
 		for where, text := range map[string]string{"logs": operatorLogs.String(), "status": string(statusJSON), "events": string(eventsJSON)} {
 			if secret == "" || strings.Contains(text, secret) {
 				t.Errorf("the %s (%d characters) appears in the operator's %s", what, len(secret), where)
@@ -399,8 +445,8 @@ func TestExternalSecretLeaseEndingWithESOsTokenIsReplacedAndReported(t *testing.
 			GeneratorRef:    &v1alpha1.GeneratorReference{APIVersion: "generators.external-secrets.io/v1alpha1", Kind: "VaultDynamicSecret", Name: "redis-orders"},
 			RefreshInterval: &metav1.Duration{Duration: time.Hour},
 			ConnectionRef:   &v1alpha1.ConnectionReference{Name: "vault-" + ns},
-		}, func(rc *v1alpha1.RedisCluster) { rc.Spec.Replicas = 1 })
-		cur := waitCondition(t, rc, v1alpha1.ConditionReady, metav1.ConditionTrue, "", 90*time.Second)
+		})
+		cur := waitReady(t, rc, 90*time.Second)
 		first := cur.Status.Credential.LeaseID
 		cur = waitCondition(t, rc, v1alpha1.ConditionDegraded, metav1.ConditionTrue, v1alpha1.ReasonLeaseEndedEarly, 100*time.Second)
 		c := meta.FindStatusCondition(cur.Status.Conditions, v1alpha1.ConditionDegraded)
@@ -415,7 +461,7 @@ func TestExternalSecretLeaseEndingWithESOsTokenIsReplacedAndReported(t *testing.
 			if cur := get(t, rc); !ok || cur.Status.Credential.LeaseID == first || !authenticates(u, p) {
 				return fmt.Sprintf("no new working credential yet (lease %s)", cur.Status.Credential.LeaseID)
 			}
-			return ""
+			return onEveryPod(t, rc, u, p, true)
 		})
 		if !slices.Contains(eventReasons(t, ns, "orders"), v1alpha1.EventLeaseRevokedOutside) {
 			t.Errorf("no %s event", v1alpha1.EventLeaseRevokedOutside)
@@ -431,8 +477,8 @@ func TestExternalSecretLeaseEndingWithESOsTokenIsReplacedAndReported(t *testing.
 			GeneratorRef:    &v1alpha1.GeneratorReference{APIVersion: "generators.external-secrets.io/v1alpha1", Kind: "VaultDynamicSecret", Name: "redis-orders"},
 			RefreshInterval: &metav1.Duration{Duration: 15 * time.Second},
 			ConnectionRef:   &v1alpha1.ConnectionReference{Name: "vault-" + ns},
-		}, func(rc *v1alpha1.RedisCluster) { rc.Spec.Replicas = 1 })
-		waitCondition(t, rc, v1alpha1.ConditionReady, metav1.ConditionTrue, "", 90*time.Second)
+		})
+		waitReady(t, rc, 90*time.Second)
 		seen := map[string]bool{}
 		for end := time.Now().Add(90 * time.Second); time.Now().Before(end); time.Sleep(time.Second) {
 			cur := get(t, rc)
@@ -485,8 +531,9 @@ func hasLeaseID(rc *v1alpha1.RedisCluster, id string) bool {
 	return false
 }
 
-// A generator that cannot obtain a credential: ESO's reason reaches the RedisCluster's condition,
-// and keyroll creates no Redis pods.
+// A generator that cannot obtain a credential: ESO's reason reaches the RedisCluster's condition;
+// the Redis objects exist (they need no credential), but no consumers' Secret is written and the
+// aclfile holds keyroll's own users only.
 func TestExternalSecretThatESOCannotSyncIsReportedWithESOsReason(t *testing.T) {
 	ns := "es-broken"
 	namespace(t, ns)
@@ -503,8 +550,18 @@ func TestExternalSecretThatESOCannotSyncIsReportedWithESOsReason(t *testing.T) {
 		return ""
 	})
 	t.Logf("condition message: %s", cond.Message)
-	if err := k8s.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "orders"}, &appsv1.StatefulSet{}); !apierrors.IsNotFound(err) {
-		t.Errorf("a StatefulSet exists without a credential (%v)", err)
+	if err := k8s.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "orders"}, &appsv1.StatefulSet{}); err != nil {
+		t.Errorf("no StatefulSet although the Redis objects come before the credential: %v", err)
+	}
+	if _, _, ok := credentials(t, rc); ok {
+		t.Error("a consumers' Secret exists without a credential")
+	}
+	acl := &corev1.Secret{}
+	if err := k8s.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "orders-acl"}, acl); err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(acl.Data["users.acl"]), " on #"); n != 3 {
+		t.Errorf("the aclfile holds %d users without a credential, want keyroll's 3:\n%s", n, acl.Data["users.acl"])
 	}
 	deleteAndWait(t, rc)
 }

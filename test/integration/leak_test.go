@@ -18,8 +18,10 @@ import (
 	"github.com/keyroll/keyroll/apis/v1alpha1"
 )
 
-// A whole issue-rotate-delete scenario, with the operator logging at debug level: no password,
-// Vault token or service-account token from the run appears in any log line, event or status.
+// A whole issue-rotate-delete scenario on two Redis nodes, with the operator logging at debug
+// level: no password (the issued credentials' and those of keyroll's own users on the nodes:
+// admin, replication, probe), Vault token or service-account token from the run appears in any
+// log line, event or status.
 func TestNoSecretReachesLogsEventsOrStatus(t *testing.T) {
 	ctx := context.Background()
 	namespace(t, "leak")
@@ -42,7 +44,7 @@ func TestNoSecretReachesLogsEventsOrStatus(t *testing.T) {
 	if err := k8s.Create(ctx, vc); err != nil {
 		t.Fatal(err)
 	}
-	rc := redisCluster(t, "leak", "orders", "vault-leak", "database/creds/orders", func(rc *v1alpha1.RedisCluster) { rc.Spec.Replicas = 2 })
+	rc := redisCluster(t, "leak", "orders", "vault-leak", "database/creds/orders", replicas(2))
 
 	var statuses []string
 	snapshot := func() {
@@ -54,9 +56,14 @@ func TestNoSecretReachesLogsEventsOrStatus(t *testing.T) {
 			statuses = append(statuses, string(b))
 		}
 	}
-	waitCondition(t, rc, v1alpha1.ConditionReady, metav1.ConditionTrue, "", 60*time.Second)
+	waitReady(t, rc, 90*time.Second)
 	snapshot()
-	_, pass1, _ := credentials(t, rc)
+	user1, pass1, _ := credentials(t, rc)
+	// The scenario changes users on the nodes: the first credential is on both.
+	if msg := onEveryPod(t, rc, user1, pass1, true); msg != "" {
+		t.Fatal(msg)
+	}
+	internal := internalPasswords(t, rc)
 	rotateNow(t, rc, "leak-1")
 	eventually(t, 60*time.Second, func() string {
 		cur := get(t, rc)
@@ -66,7 +73,10 @@ func TestNoSecretReachesLogsEventsOrStatus(t *testing.T) {
 		return ""
 	})
 	snapshot()
-	_, pass2, _ := credentials(t, rc)
+	user2, pass2, _ := credentials(t, rc)
+	if msg := onEveryPod(t, rc, user2, pass2, true); msg != "" {
+		t.Fatal(msg)
+	}
 	if err := k8s.Delete(ctx, rc); err != nil {
 		t.Fatal(err)
 	}
@@ -83,11 +93,14 @@ func TestNoSecretReachesLogsEventsOrStatus(t *testing.T) {
 	}
 	b, _ := json.Marshal(events.Items)
 	places := map[string]string{"logs": operatorLogs.String(), "events": string(b), "status": strings.Join(statuses, "\n")}
-	if len(events.Items) < 5 || !strings.Contains(places["logs"], "Credential issued") {
+	if len(events.Items) < 5 || !strings.Contains(places["logs"], "Credential issued") || !strings.Contains(places["logs"], "Redis node confirmed") {
 		t.Fatalf("the scenario left too little to check: %d events", len(events.Items))
 	}
 	secrets := map[string]string{"first password": pass1, "second password": pass2, "operator's Vault token": token,
 		"Vault root token": ground.Vault.RootToken}
+	for k, v := range internal {
+		secrets[k] = v
+	}
 	patterns := map[string]*regexp.Regexp{
 		"a Vault token":    regexp.MustCompile(`hv[sbr]\.[A-Za-z0-9_-]{20,}`),
 		"a JSON Web Token": regexp.MustCompile(`eyJ[A-Za-z0-9_-]{10,}\.eyJ[A-Za-z0-9_-]{10,}`),

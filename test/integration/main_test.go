@@ -1,6 +1,9 @@
 // Package integration runs keyroll's reconcilers in a manager against the real test ground: a
-// kube-apiserver and etcd, kube-controller-manager with kwok (pods become Ready), a Vault dev
-// server with the database secrets engine and Kubernetes auth, and redis-server.
+// kube-apiserver and etcd, kube-controller-manager, the real node (the Redis pods run Redis 7.0
+// in containerd, probed by a real kubelet; keyroll reaches each by its pod IP), kwok's fake node
+// beside it for consumer workloads that need not run anything (they select it with
+// testground.NodeLabel), a Vault dev server with the database secrets engine and Kubernetes auth,
+// the redis-server that Vault manages users on, and External Secrets Operator.
 package integration
 
 import (
@@ -67,7 +70,7 @@ func run(m *testing.M) int {
 		{Name: "es-warn", DefaultTTL: time.Minute, MaxTTL: time.Hour},
 		{Name: "es-long", DefaultTTL: 10 * time.Minute, MaxTTL: time.Hour},
 	}
-	g, c, stop, err := harness.StartPackage(testground.Options{Workloads: true, Redis: true, Vault: true, ExternalSecrets: true},
+	g, c, stop, err := harness.StartPackage(testground.Options{Node: true, Workloads: true, Redis: true, Vault: true, ExternalSecrets: true},
 		func(ctx context.Context, g *testground.Ground) error { return harness.SetupVault(ctx, g, roles...) })
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

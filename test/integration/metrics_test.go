@@ -11,9 +11,6 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-
-	"github.com/keyroll/keyroll/apis/v1alpha1"
 )
 
 // scrape reads the operator's /metrics.
@@ -64,8 +61,8 @@ next:
 func TestMetricsAreServedAndMoveWithTheLease(t *testing.T) {
 	namespace(t, "metrics")
 	vaultConnection(t, "vault-metrics", ground.Vault.Addr, "metrics")
-	rc := redisCluster(t, "metrics", "orders", "vault-metrics", "database/creds/short", func(rc *v1alpha1.RedisCluster) { rc.Spec.Replicas = 1 })
-	cur := waitCondition(t, rc, v1alpha1.ConditionReady, metav1.ConditionTrue, "", 60*time.Second)
+	rc := redisCluster(t, "metrics", "orders", "vault-metrics", "database/creds/short")
+	cur := waitReady(t, rc, 60*time.Second)
 	waitConnectionReady(t, "vault-metrics")
 
 	fams := scrape(t)

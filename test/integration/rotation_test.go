@@ -3,19 +3,23 @@ package integration
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/test/testground"
 )
 
 // podRecorder follows the Redis pods of a cluster through a watch and records each restart (the
@@ -128,6 +132,8 @@ func isReady(p *corev1.Pod) bool {
 	return false
 }
 
+// consumerDeployment creates a consumer Deployment of two pods on kwok's fake node (they run
+// nothing; kwok makes them Ready, and stops doing so while paused).
 func consumerDeployment(t *testing.T, ns, name string) {
 	t.Helper()
 	labels := map[string]string{"app": name}
@@ -138,7 +144,10 @@ func consumerDeployment(t *testing.T, ns, name string) {
 			Selector: &metav1.LabelSelector{MatchLabels: labels},
 			Template: corev1.PodTemplateSpec{
 				ObjectMeta: metav1.ObjectMeta{Labels: labels},
-				Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "app", Image: "example/app:1"}}},
+				Spec: corev1.PodSpec{
+					NodeSelector: map[string]string{testground.NodeLabel: "kwok"},
+					Containers:   []corev1.Container{{Name: "app", Image: "example/app:1"}},
+				},
 			},
 		},
 	}
@@ -160,22 +169,266 @@ func rotateNow(t *testing.T, rc *v1alpha1.RedisCluster, value string) {
 	}
 }
 
-func TestRotationRollsPodsOneAtATimeThenConsumersAndRevokesTheOldLeaseLast(t *testing.T) {
+// podRuns describes each Redis pod's run (uid, restarts, container start), to tell whether any
+// restarted.
+func podRuns(t *testing.T, rc *v1alpha1.RedisCluster) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	for _, p := range redisPods(t, rc) {
+		run := "uid " + string(p.UID)
+		for _, c := range p.Status.ContainerStatuses {
+			run += fmt.Sprintf(", container %s restarts %d", c.Name, c.RestartCount)
+			if c.State.Running != nil {
+				run += " started " + c.State.Running.StartedAt.String()
+			}
+		}
+		out[p.Name] = run
+	}
+	return out
+}
+
+// consumerVersion is the credential version on a consumer Deployment's pod template.
+func consumerVersion(t *testing.T, ns, name string) string {
+	t.Helper()
+	d := &appsv1.Deployment{}
+	if err := k8s.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, d); err != nil {
+		t.Fatal(err)
+	}
+	return d.Spec.Template.Annotations[v1alpha1.AnnotationCredentialVersion]
+}
+
+// watchPublication watches the consumers' Secret of rc and its consumer Deployment: the first
+// time each shows a credential version other than oldVersion, the credential in the Secret must
+// already log in on every Redis node. The returned function lists what went otherwise (a
+// publication not seen included).
+func watchPublication(t *testing.T, rc *v1alpha1.RedisCluster, consumer, oldVersion string) func() []string {
+	t.Helper()
+	ctx := context.Background()
+	var mu sync.Mutex
+	var problems []string
+	seen := map[string]bool{}
+	check := func(what, version string) {
+		mu.Lock()
+		first := !seen[what]
+		seen[what] = true
+		mu.Unlock()
+		if !first {
+			return
+		}
+		sec := &corev1.Secret{}
+		msg := ""
+		if err := k8s.Get(ctx, client.ObjectKey{Namespace: rc.Namespace, Name: rc.Name + "-credentials"}, sec); err != nil {
+			msg = err.Error()
+		} else if v := sec.Annotations[v1alpha1.AnnotationCredentialVersion]; v != version {
+			msg = fmt.Sprintf("the consumers' Secret holds version %s", v)
+		} else if m, err := checkOnEveryPod(rc, string(sec.Data["username"]), string(sec.Data["password"]), true); m != "" || err != nil {
+			msg = fmt.Sprintf("%s%v", m, err)
+		}
+		if msg != "" {
+			mu.Lock()
+			problems = append(problems, fmt.Sprintf("when %s got credential %s: %s", what, version, msg))
+			mu.Unlock()
+		}
+	}
+	sw, err := cs.CoreV1().Secrets(rc.Namespace).Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + rc.Name + "-credentials"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(sw.Stop)
+	dw, err := cs.AppsV1().Deployments(rc.Namespace).Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + consumer})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(dw.Stop)
+	go func() {
+		for ev := range sw.ResultChan() {
+			if s, ok := ev.Object.(*corev1.Secret); ok {
+				if v := s.Annotations[v1alpha1.AnnotationCredentialVersion]; v != "" && v != oldVersion {
+					check("the consumers' Secret", v)
+				}
+			}
+		}
+	}()
+	go func() {
+		for ev := range dw.ResultChan() {
+			if d, ok := ev.Object.(*appsv1.Deployment); ok {
+				if v := d.Spec.Template.Annotations[v1alpha1.AnnotationCredentialVersion]; v != "" && v != oldVersion {
+					check("the consumer", v)
+				}
+			}
+		}
+	}()
+	return func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		out := slices.Clone(problems)
+		for _, what := range []string{"the consumers' Secret", "the consumer"} {
+			if !seen[what] {
+				out = append(out, what+" was never seen on a new credential")
+			}
+		}
+		return out
+	}
+}
+
+// checkRetired checks that a rotation away from the old credential is complete: the consumer and
+// the consumers' Secret have the current one, which works in Vault's Redis and on every Redis
+// node, while the old user logs in nowhere and its lease is gone from Vault.
+func checkRetired(t *testing.T, rc *v1alpha1.RedisCluster, consumer, oldUser, oldPass, oldLease string) *v1alpha1.RedisCluster {
+	t.Helper()
+	cur := get(t, rc)
+	if v := consumerVersion(t, rc.Namespace, consumer); v != cur.Status.Credential.Version {
+		t.Errorf("consumer template annotation %q, want %q", v, cur.Status.Credential.Version)
+	}
+	if authenticates(oldUser, oldPass) {
+		t.Error("the old credential still works in Vault's Redis after the rollout")
+	}
+	if msg := onEveryPod(t, rc, oldUser, oldPass, false); msg != "" {
+		t.Errorf("after the rollout: %s", msg)
+	}
+	if len(cur.Status.RetiringUsers) > 0 {
+		t.Errorf("status.retiringUsers %v after the rollout", cur.Status.RetiringUsers)
+	}
+	if exists, _ := leaseExists(t, oldLease); exists {
+		t.Error("the superseded lease is still live in Vault")
+	}
+	newUser, newPass, _ := credentials(t, rc)
+	if !authenticates(newUser, newPass) || newUser == oldUser {
+		t.Error("the new credential does not work in Vault's Redis")
+	}
+	if msg := onEveryPod(t, rc, newUser, newPass, true); msg != "" {
+		t.Error(msg)
+	}
+	return cur
+}
+
+// waitRolledOut waits until rc's rollout is over and its ledger holds only the current lease,
+// which is not oldLease.
+func waitRolledOut(t *testing.T, rc *v1alpha1.RedisCluster, oldLease string, timeout time.Duration) *v1alpha1.RedisCluster {
+	t.Helper()
+	var cur *v1alpha1.RedisCluster
+	eventually(t, timeout, func() string {
+		cur = get(t, rc)
+		if cur.Status.Rollout != nil || len(cur.Status.Leases) != 1 || cur.Status.Leases[0].LeaseID == oldLease {
+			return fmt.Sprintf("rollout %+v, ledger %+v", cur.Status.Rollout, cur.Status.Leases)
+		}
+		return ""
+	})
+	return cur
+}
+
+// A rotation in Live mode (the default) changes users, not pods: the new credential's user goes
+// onto every Redis node, and only once every node accepts it is it published in the consumers'
+// Secret and the consumer restarted; the old credential works everywhere until then; after the
+// rollout the old user is gone from every node and its lease is revoked. No Redis pod restarts,
+// and each step happens once.
+func TestLiveRotationMovesUsersNotPodsAndConsumersOnlyOnceEveryNodeAcceptsThenRetiresTheOld(t *testing.T) {
 	namespace(t, "rotate")
 	vaultConnection(t, "vault-rotate", ground.Vault.Addr, "rotate")
 	consumerDeployment(t, "rotate", "orders-api")
-	rc := redisCluster(t, "rotate", "orders", "vault-rotate", "database/creds/orders", func(rc *v1alpha1.RedisCluster) {
+	rc := redisCluster(t, "rotate", "orders", "vault-rotate", "database/creds/orders", replicas(3), func(rc *v1alpha1.RedisCluster) {
 		rc.Spec.Rollout.Consumers = []v1alpha1.ConsumerReference{{Kind: "Deployment", Name: "orders-api"}}
 	})
-	cur := waitCondition(t, rc, v1alpha1.ConditionReady, metav1.ConditionTrue, "", 60*time.Second)
+	cur := waitReady(t, rc, 90*time.Second)
 	oldLease, oldVersion := cur.Status.Credential.LeaseID, cur.Status.Credential.Version
 	oldUser, oldPass, _ := credentials(t, rc)
-	pods := recordPods(t, "rotate", "orders")
+	if msg := onEveryPod(t, rc, oldUser, oldPass, true); msg != "" {
+		t.Fatal(msg)
+	}
+	runs := podRuns(t, rc)
+	sts := &appsv1.StatefulSet{}
+	if err := k8s.Get(context.Background(), client.ObjectKeyFromObject(rc), sts); err != nil {
+		t.Fatal(err)
+	}
+	if v, ok := sts.Spec.Template.Annotations[v1alpha1.AnnotationCredentialVersion]; ok {
+		t.Errorf("in Live mode the StatefulSet's template names credential %s", v)
+	}
+	before, warningsBefore := eventReasons(t, "rotate", "orders"), warningReasons(t, "rotate", "orders")
+	published := watchPublication(t, rc, "orders-api", oldVersion)
+
+	start := time.Now()
+	rotateNow(t, rc, "1")
+	// The old credential keeps working while the rollout runs: as long as the consumer (the last
+	// step before the old user is removed) has not been given the new version, it must log in in
+	// Vault's Redis and on every Redis node. The consumer is read before the credential is tried,
+	// so that a retirement in between cannot pass for a failure.
+	eventually(t, 120*time.Second, func() string {
+		if v := consumerVersion(t, "rotate", "orders-api"); v == "" || v == oldVersion {
+			if !authenticates(oldUser, oldPass) {
+				t.Fatal("the old credential stopped working in Vault's Redis before the consumer was restarted")
+			}
+			if msg := onEveryPod(t, rc, oldUser, oldPass, true); msg != "" {
+				t.Fatalf("before the consumer was restarted: %s", msg)
+			}
+		}
+		cur = get(t, rc)
+		if cur.Status.Credential.Version == oldVersion || cur.Status.Rollout != nil {
+			return fmt.Sprintf("rollout not finished: %+v", cur.Status.Rollout)
+		}
+		if hasLeaseID(cur, oldLease) {
+			return "the old lease is still in the ledger"
+		}
+		return ""
+	})
+	t.Logf("rotation rolled out and old lease revoked %s after rotate-now", time.Since(start).Round(time.Millisecond))
+
+	for _, p := range published() {
+		t.Error(p)
+	}
+	cur = checkRetired(t, rc, "orders-api", oldUser, oldPass, oldLease)
+	if after := podRuns(t, rc); !maps.Equal(after, runs) {
+		t.Errorf("a Redis pod restarted in a Live rotation:\nbefore %v\nafter  %v", runs, after)
+	}
+	if cur.Status.RotateNowAcknowledged != "1" {
+		t.Errorf("rotate-now not acknowledged: %q", cur.Status.RotateNowAcknowledged)
+	}
+	// Each step once: a reconcile that read a lagging cache must not apply, finish, retire or
+	// revoke a second time.
+	got := newReasons(before, eventReasons(t, "rotate", "orders"))
+	for _, once := range []string{v1alpha1.EventCredentialsIssued, v1alpha1.EventRotationStarted, v1alpha1.EventUsersApplied,
+		v1alpha1.EventConsumerRestarted, v1alpha1.EventRotationFinished, v1alpha1.EventUsersRetired, v1alpha1.EventLeaseRevoked} {
+		if n := countOf(got, once); n != 1 {
+			t.Errorf("%d %s events for one rotation, want 1 (the rotation's events: %v)", n, once, got)
+		}
+	}
+	if countOf(got, v1alpha1.EventPodRestarted) != 0 {
+		t.Errorf("a Live rotation recorded PodRestarted: %v", got)
+	}
+	if w := newReasons(warningsBefore, warningReasons(t, "rotate", "orders")); len(w) > 0 {
+		t.Errorf("warnings during a healthy rotation: %v (every warning: %v)", w, warningNotes(t, "rotate", "orders"))
+	}
+}
+
+// With rollout.redisPods Restart a rotation also restarts the Redis pods: after every node accepts
+// the new user, one pod at a time, replicas first and the primary last, each only while every
+// other pod is Ready; then the consumer; then the old user leaves every node and its lease is
+// revoked.
+func TestRestartRotationRestartsRedisPodsOneAtATimeThenConsumersAndRevokesTheOldLeaseLast(t *testing.T) {
+	namespace(t, "rotate-restart")
+	vaultConnection(t, "vault-rotate-restart", ground.Vault.Addr, "rotate-restart")
+	consumerDeployment(t, "rotate-restart", "orders-api")
+	rc := redisCluster(t, "rotate-restart", "orders", "vault-rotate-restart", "database/creds/orders", replicas(3), func(rc *v1alpha1.RedisCluster) {
+		rc.Spec.Rollout.RedisPods = v1alpha1.RedisPodsRestart
+		rc.Spec.Rollout.Consumers = []v1alpha1.ConsumerReference{{Kind: "Deployment", Name: "orders-api"}}
+	})
+	cur := waitReady(t, rc, 90*time.Second)
+	oldLease, oldVersion := cur.Status.Credential.LeaseID, cur.Status.Credential.Version
+	oldUser, oldPass, _ := credentials(t, rc)
+	pods := recordPods(t, "rotate-restart", "orders")
+	before, warningsBefore := eventReasons(t, "rotate-restart", "orders"), warningReasons(t, "rotate-restart", "orders")
+	// The first credential replaced none: the pods, which started before it, got its user live
+	// and are not restarted for it.
+	for _, r := range []string{v1alpha1.EventRotationStarted, v1alpha1.EventPodRestarted} {
+		if slices.Contains(before, r) {
+			t.Errorf("a %s event before any rotation: %v", r, before)
+		}
+	}
+	published := watchPublication(t, rc, "orders-api", oldVersion)
 
 	// Watch the consumer: when it gets the new version, every Redis pod must already run it.
 	var consumerEarly []string
 	var consumerMu sync.Mutex
-	dw, err := cs.AppsV1().Deployments("rotate").Watch(context.Background(), metav1.ListOptions{FieldSelector: "metadata.name=orders-api"})
+	dw, err := cs.AppsV1().Deployments("rotate-restart").Watch(context.Background(), metav1.ListOptions{FieldSelector: "metadata.name=orders-api"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -205,36 +458,23 @@ func TestRotationRollsPodsOneAtATimeThenConsumersAndRevokesTheOldLeaseLast(t *te
 			consumerMu.Unlock()
 		}
 	}()
-	time.Sleep(500 * time.Millisecond) // let the watches list the current state
 
 	start := time.Now()
 	rotateNow(t, rc, "1")
-	// The old credential keeps working while the rollout runs: as long as the consumer (the last
-	// step before revocation) has not been given the new version, it must authenticate. The
-	// consumer is read before the credential is tried, so a revocation in between cannot pass for
-	// a failure.
-	eventually(t, 120*time.Second, func() string {
-		d := &appsv1.Deployment{}
-		if err := k8s.Get(context.Background(), client.ObjectKey{Namespace: "rotate", Name: "orders-api"}, d); err != nil {
-			return err.Error()
-		}
-		v := d.Spec.Template.Annotations[v1alpha1.AnnotationCredentialVersion]
-		consumerOnOld := v == "" || v == oldVersion
-		if consumerOnOld && !authenticates(oldUser, oldPass) {
-			t.Errorf("the old credential stopped working before the consumer was restarted")
+	eventually(t, 180*time.Second, func() string {
+		if v := consumerVersion(t, "rotate-restart", "orders-api"); (v == "" || v == oldVersion) && !authenticates(oldUser, oldPass) {
+			t.Fatal("the old credential stopped working before the consumer was restarted")
 		}
 		cur = get(t, rc)
 		if cur.Status.Credential.Version == oldVersion || cur.Status.Rollout != nil {
 			return fmt.Sprintf("rollout not finished: %+v", cur.Status.Rollout)
 		}
-		for _, l := range cur.Status.Leases {
-			if l.LeaseID == oldLease {
-				return "the old lease is still in the ledger"
-			}
+		if hasLeaseID(cur, oldLease) {
+			return "the old lease is still in the ledger"
 		}
 		return ""
 	})
-	t.Logf("rotation rolled out and old lease revoked %s after rotate-now", time.Since(start).Round(time.Millisecond))
+	t.Logf("rotation with pod restarts rolled out and old lease revoked %s after rotate-now", time.Since(start).Round(time.Millisecond))
 
 	pods.checkOneAtATime(t, cur.Status.Credential.Version, "orders-2", "orders-1", "orders-0")
 	consumerMu.Lock()
@@ -242,49 +482,46 @@ func TestRotationRollsPodsOneAtATimeThenConsumersAndRevokesTheOldLeaseLast(t *te
 		t.Errorf("the consumer got the new version before every Redis pod was Ready on it: %v", consumerEarly)
 	}
 	consumerMu.Unlock()
-	d := &appsv1.Deployment{}
-	if err := k8s.Get(context.Background(), client.ObjectKey{Namespace: "rotate", Name: "orders-api"}, d); err != nil {
-		t.Fatal(err)
+	for _, p := range published() {
+		t.Error(p)
 	}
-	if d.Spec.Template.Annotations[v1alpha1.AnnotationCredentialVersion] != cur.Status.Credential.Version {
-		t.Errorf("consumer template annotation %q, want %q", d.Spec.Template.Annotations[v1alpha1.AnnotationCredentialVersion], cur.Status.Credential.Version)
-	}
-	if authenticates(oldUser, oldPass) {
-		t.Error("the old credential still works after the rollout")
-	}
-	if exists, _ := leaseExists(t, oldLease); exists {
-		t.Error("the superseded lease is still live in Vault")
-	}
-	newUser, newPass, _ := credentials(t, rc)
-	if !authenticates(newUser, newPass) || newUser == oldUser {
-		t.Error("the new credential does not work")
-	}
-	if cur.Status.RotateNowAcknowledged != "1" {
-		t.Errorf("rotate-now not acknowledged: %q", cur.Status.RotateNowAcknowledged)
-	}
-	reasons := eventReasons(t, "rotate", "orders")
-	for _, want := range []string{v1alpha1.EventRotationStarted, v1alpha1.EventPodRestarted, v1alpha1.EventConsumerRestarted, v1alpha1.EventRotationFinished, v1alpha1.EventLeaseRevoked} {
-		if !slices.Contains(reasons, want) {
-			t.Errorf("no %s event (have %v)", want, reasons)
+	checkRetired(t, rc, "orders-api", oldUser, oldPass, oldLease)
+	got := newReasons(before, eventReasons(t, "rotate-restart", "orders"))
+	for _, want := range []string{v1alpha1.EventPodRestarted, v1alpha1.EventUsersApplied} {
+		if !slices.Contains(got, want) {
+			t.Errorf("no %s event (the rotation's events: %v)", want, got)
 		}
 	}
-	// Each step once: a reconcile that read a lagging cache must not finish the rollout or revoke
-	// the lease a second time.
-	for _, once := range []string{v1alpha1.EventRotationStarted, v1alpha1.EventRotationFinished, v1alpha1.EventLeaseRevoked} {
-		if n := countOf(reasons, once); n != 1 {
-			t.Errorf("%d %s events for one rotation, want 1 (have %v)", n, once, reasons)
+	for _, once := range []string{v1alpha1.EventRotationStarted, v1alpha1.EventConsumerRestarted, v1alpha1.EventRotationFinished,
+		v1alpha1.EventUsersRetired, v1alpha1.EventLeaseRevoked} {
+		if n := countOf(got, once); n != 1 {
+			t.Errorf("%d %s events for one rotation, want 1 (the rotation's events: %v)", n, once, got)
 		}
+	}
+	if w := newReasons(warningsBefore, warningReasons(t, "rotate-restart", "orders")); len(w) > 0 {
+		t.Errorf("warnings during a healthy rotation: %v (every warning: %v)", w, warningNotes(t, "rotate-restart", "orders"))
 	}
 }
 
+// A Redis pod that does not come back from its restart (rollout.redisPods Restart; the real
+// node's kubelet is held, so the pod stays Terminating and still reported Ready) stops the
+// rollout: once it has not run Redis for rollout.readinessTimeout after its restart, and not
+// before (the pod ran for longer than that before), the cluster is Degraded with a warning event;
+// no further pod and no consumer is touched, and the old credential and lease stay. Once the
+// kubelet goes on, the rollout resumes and completes.
 func TestStalledRolloutTouchesNoFurtherPodAndResumesWhenReady(t *testing.T) {
 	namespace(t, "stall")
 	vaultConnection(t, "vault-stall", ground.Vault.Addr, "stall")
-	rc := redisCluster(t, "stall", "orders", "vault-stall", "database/creds/orders", func(rc *v1alpha1.RedisCluster) {
-		rc.Spec.Rollout.ReadinessTimeout = &metav1.Duration{Duration: 10 * time.Second}
+	consumerDeployment(t, "stall", "orders-api")
+	const timeout = 10 * time.Second
+	rc := redisCluster(t, "stall", "orders", "vault-stall", "database/creds/orders", replicas(3), func(rc *v1alpha1.RedisCluster) {
+		rc.Spec.Rollout.RedisPods = v1alpha1.RedisPodsRestart
+		rc.Spec.Rollout.ReadinessTimeout = &metav1.Duration{Duration: timeout}
+		rc.Spec.Rollout.Consumers = []v1alpha1.ConsumerReference{{Kind: "Deployment", Name: "orders-api"}}
 	})
-	cur := waitCondition(t, rc, v1alpha1.ConditionReady, metav1.ConditionTrue, "", 60*time.Second)
-	oldLease := cur.Status.Credential.LeaseID
+	cur := waitReady(t, rc, 90*time.Second)
+	oldLease, oldVersion := cur.Status.Credential.LeaseID, cur.Status.Credential.Version
+	oldUser, oldPass, _ := credentials(t, rc)
 	before := map[string]string{}
 	for _, name := range []string{"orders-0", "orders-1"} {
 		p := &corev1.Pod{}
@@ -293,42 +530,73 @@ func TestStalledRolloutTouchesNoFurtherPodAndResumesWhenReady(t *testing.T) {
 		}
 		before[name] = string(p.UID)
 	}
+	// Pods that ran for longer than readinessTimeout before their restart, as pods usually have:
+	// their restart must not be timed from their creation.
+	oldest := &corev1.Pod{}
+	if err := k8s.Get(context.Background(), client.ObjectKey{Namespace: "stall", Name: "orders-2"}, oldest); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Until(oldest.CreationTimestamp.Add(2 * timeout)))
 
-	resume := pauseKubelets(t)
+	resume := pauseRealKubelet(t)
 	rotateNow(t, rc, "stall-1")
-	cur = waitCondition(t, rc, v1alpha1.ConditionDegraded, metav1.ConditionTrue, v1alpha1.ReasonRolloutStalled, 60*time.Second)
+	var restarted time.Time
+	eventually(t, 30*time.Second, func() string {
+		ro := get(t, rc).Status.Rollout
+		if ro == nil || ro.PodInFlight != "orders-2" || ro.PodRestartedAt == nil {
+			return fmt.Sprintf("orders-2 not restarted yet: rollout %+v", ro)
+		}
+		restarted = ro.PodRestartedAt.Time
+		return ""
+	})
+	cur = waitCondition(t, rc, v1alpha1.ConditionDegraded, metav1.ConditionTrue, "", 60*time.Second)
+	degraded := apimeta.FindStatusCondition(cur.Status.Conditions, v1alpha1.ConditionDegraded)
+	t.Logf("while orders-2 is held: Degraded %s: %s", degraded.Reason, degraded.Message)
+	// Both times are whole seconds, the restart's rounded down.
+	if after := degraded.LastTransitionTime.Sub(restarted); after < timeout-time.Second {
+		t.Errorf("Degraded %s after orders-2 was restarted, before its readinessTimeout (%s) was over: %s", after, timeout, degraded.Message)
+	}
+	if degraded.Reason != v1alpha1.ReasonNodeNotReady || !strings.Contains(degraded.Message, "orders-2") {
+		t.Errorf("Degraded %s: %s; want %s naming orders-2", degraded.Reason, degraded.Message, v1alpha1.ReasonNodeNotReady)
+	}
 	if cur.Status.Rollout == nil || cur.Status.Rollout.PodInFlight != "orders-2" {
 		t.Fatalf("rollout status while stalled: %+v", cur.Status.Rollout)
 	}
-	time.Sleep(3 * time.Second)
-	for name, b := range before {
-		p := &corev1.Pod{}
-		if err := k8s.Get(context.Background(), client.ObjectKey{Namespace: "stall", Name: name}, p); err != nil {
-			t.Fatal(err)
+	// Nothing further happens while the pod is held.
+	for end := time.Now().Add(3 * time.Second); time.Now().Before(end); time.Sleep(500 * time.Millisecond) {
+		for name, b := range before {
+			p := &corev1.Pod{}
+			if err := k8s.Get(context.Background(), client.ObjectKey{Namespace: "stall", Name: name}, p); err != nil {
+				t.Fatal(err)
+			}
+			if string(p.UID) != b || p.DeletionTimestamp != nil {
+				t.Fatalf("pod %s was touched while the rollout was stalled", name)
+			}
 		}
-		if string(p.UID) != b || p.DeletionTimestamp != nil {
-			t.Errorf("pod %s was touched while the rollout was stalled", name)
+		if v := consumerVersion(t, "stall", "orders-api"); v != "" && v != oldVersion {
+			t.Fatalf("the consumer was restarted on %s while the rollout was stalled", v)
 		}
 	}
-	if !slices.Contains(eventReasons(t, "stall", "orders"), v1alpha1.EventRolloutStalled) {
-		t.Error("no RolloutStalled event")
+	if !slices.Contains(warningReasons(t, "stall", "orders"), degraded.Reason) {
+		t.Errorf("no %s warning event (warnings: %v)", degraded.Reason, warningReasons(t, "stall", "orders"))
 	}
 	if exists, _ := leaseExists(t, oldLease); !exists {
 		t.Fatal("the old lease was revoked while the rollout was stalled")
 	}
+	if !authenticates(oldUser, oldPass) {
+		t.Fatal("the old credential stopped working while the rollout was stalled")
+	}
+	// Every Redis runs on (the held kubelet stops none), orders-2's too, with the old user.
+	if msg := onEveryPod(t, rc, oldUser, oldPass, true); msg != "" {
+		t.Fatalf("while the rollout was stalled: %s", msg)
+	}
 
 	resume()
-	eventually(t, 90*time.Second, func() string {
-		cur = get(t, rc)
-		if cur.Status.Rollout != nil || len(cur.Status.Leases) != 1 {
-			return fmt.Sprintf("rollout %+v, leases %d", cur.Status.Rollout, len(cur.Status.Leases))
-		}
-		return ""
-	})
+	start := time.Now()
+	waitRolledOut(t, rc, oldLease, 120*time.Second)
+	t.Logf("the rollout finished %s after the kubelet went on", time.Since(start).Round(time.Millisecond))
 	waitCondition(t, rc, v1alpha1.ConditionDegraded, metav1.ConditionFalse, "", 10*time.Second)
-	if exists, _ := leaseExists(t, oldLease); exists {
-		t.Error("the old lease is still live after the resumed rollout")
-	}
+	checkRetired(t, rc, "orders-api", oldUser, oldPass, oldLease)
 }
 
 // vaultLeases lists the leases Vault holds for a role.
@@ -348,63 +616,67 @@ func vaultLeases(t *testing.T, role string) []string {
 	return out
 }
 
+// An operator stopped in the middle of a rollout (the consumer's new pods are held not Ready, as
+// kwok is paused) and started again resumes it, and the rotation ends with exactly the one new
+// lease it began with: the restarted operator issues nothing more, and the old lease is revoked.
 func TestOperatorRestartMidRolloutResumesWithOneNewLeaseAndOneRevoked(t *testing.T) {
 	namespace(t, "restart")
 	vaultConnection(t, "vault-restart", ground.Vault.Addr, "restart")
+	consumerDeployment(t, "restart", "orders-api")
 	rc := redisCluster(t, "restart", "orders", "vault-restart", "database/creds/restart", func(rc *v1alpha1.RedisCluster) {
-		rc.Spec.Rollout.ReadinessTimeout = &metav1.Duration{Duration: 10 * time.Second}
+		rc.Spec.Rollout.Consumers = []v1alpha1.ConsumerReference{{Kind: "Deployment", Name: "orders-api"}}
 	})
-	cur := waitCondition(t, rc, v1alpha1.ConditionReady, metav1.ConditionTrue, "", 60*time.Second)
+	cur := waitReady(t, rc, 60*time.Second)
 	oldLease := cur.Status.Credential.LeaseID
+	oldUser, oldPass, _ := credentials(t, rc)
 	if leases := vaultLeases(t, "restart"); !slices.Equal(leases, []string{oldLease}) {
 		t.Fatalf("Vault leases before the rotation: %v", leases)
 	}
 
-	// Hold the first restarted pod not-Ready, so that the operator is stopped mid-rollout.
 	resume := pauseKubelets(t)
 	rotateNow(t, rc, "restart-1")
-	eventually(t, 30*time.Second, func() string {
-		if ro := get(t, rc).Status.Rollout; ro == nil || ro.PodInFlight == "" {
-			return "no pod in flight yet"
+	var newLease string
+	eventually(t, 60*time.Second, func() string {
+		cur = get(t, rc)
+		ro := cur.Status.Rollout
+		if ro == nil || consumerVersion(t, "restart", "orders-api") != ro.TargetVersion {
+			return fmt.Sprintf("the consumer is not restarted yet: rollout %+v", ro)
 		}
+		newLease = cur.Status.Credential.LeaseID
 		return ""
 	})
+	if leases := vaultLeases(t, "restart"); len(leases) != 2 || !slices.Contains(leases, oldLease) || !slices.Contains(leases, newLease) {
+		t.Fatalf("Vault leases mid-rollout: %v, want the old %s and the new %s", leases, oldLease, newLease)
+	}
 	restartOperator(t)
 	resume()
-	eventually(t, 90*time.Second, func() string {
-		cur = get(t, rc)
-		if cur.Status.Rollout != nil || len(cur.Status.Leases) != 1 || cur.Status.Leases[0].LeaseID == oldLease {
-			return fmt.Sprintf("rollout %+v, ledger %+v", cur.Status.Rollout, cur.Status.Leases)
-		}
-		return ""
-	})
-	leases := vaultLeases(t, "restart")
-	if len(leases) != 1 || leases[0] != cur.Status.Credential.LeaseID {
-		t.Fatalf("after the resumed rollout Vault holds %v for the role, want exactly the one new lease %s", leases, cur.Status.Credential.LeaseID)
+	cur = waitRolledOut(t, rc, oldLease, 90*time.Second)
+	if cur.Status.Credential.LeaseID != newLease {
+		t.Errorf("the rotation ended on lease %s, not on %s it began with", cur.Status.Credential.LeaseID, newLease)
 	}
-	for _, name := range []string{"orders-0", "orders-1", "orders-2"} {
-		p := &corev1.Pod{}
-		if err := k8s.Get(context.Background(), client.ObjectKey{Namespace: "restart", Name: name}, p); err != nil {
-			t.Fatal(err)
-		}
-		if p.Annotations[v1alpha1.AnnotationCredentialVersion] != cur.Status.Credential.Version || !isReady(p) {
-			t.Errorf("pod %s is not Ready on the new credential", name)
-		}
+	if leases := vaultLeases(t, "restart"); !slices.Equal(leases, []string{newLease}) {
+		t.Fatalf("after the resumed rollout Vault holds %v for the role, want exactly the one new lease %s", leases, newLease)
 	}
+	checkRetired(t, rc, "orders-api", oldUser, oldPass, oldLease)
 }
 
+// A consumer that does not exist is reported (ConsumerMissing) and passed over; a paused one is
+// reported (ConsumerPaused) and waited for: while it is paused, the rollout stays open and the old
+// credential keeps working in Vault's Redis and on the Redis node (the paused consumer's pods run
+// on it), while the new one already works there. Once it is resumed the rollout completes and the
+// old user and lease are retired.
 func TestMissingConsumerIsReportedAndPausedConsumerIsWaitedFor(t *testing.T) {
 	namespace(t, "consumers")
 	vaultConnection(t, "vault-consumers", ground.Vault.Addr, "consumers")
 	consumerDeployment(t, "consumers", "paused-api")
 	rc := redisCluster(t, "consumers", "orders", "vault-consumers", "database/creds/orders", func(rc *v1alpha1.RedisCluster) {
-		rc.Spec.Replicas = 1
 		rc.Spec.Rollout.Consumers = []v1alpha1.ConsumerReference{
 			{Kind: "Deployment", Name: "ghost"}, {Kind: "Deployment", Name: "paused-api"},
 		}
 	})
-	cur := waitCondition(t, rc, v1alpha1.ConditionReady, metav1.ConditionTrue, "", 60*time.Second)
+	cur := waitReady(t, rc, 60*time.Second)
 	oldLease := cur.Status.Credential.LeaseID
+	oldUser, oldPass, _ := credentials(t, rc)
 	d := &appsv1.Deployment{}
 	key := client.ObjectKey{Namespace: "consumers", Name: "paused-api"}
 	if err := k8s.Get(context.Background(), key, d); err != nil {
@@ -428,6 +700,21 @@ func TestMissingConsumerIsReportedAndPausedConsumerIsWaitedFor(t *testing.T) {
 	if exists, _ := leaseExists(t, oldLease); !exists {
 		t.Fatal("the old lease was revoked while a paused consumer still runs on it")
 	}
+	if !authenticates(oldUser, oldPass) {
+		t.Error("the old credential stopped working in Vault's Redis while a paused consumer still runs on it")
+	}
+	if msg := onEveryPod(t, rc, oldUser, oldPass, true); msg != "" {
+		t.Errorf("while a paused consumer still runs on the old credential: %s", msg)
+	}
+	newUser, newPass, _ := credentials(t, rc)
+	if newUser == oldUser {
+		t.Error("the consumers' Secret still holds the old credential although every node accepts the new one")
+	} else if msg := onEveryPod(t, rc, newUser, newPass, true); msg != "" {
+		t.Error(msg)
+	}
+	if v := consumerVersion(t, "consumers", "paused-api"); v == cur.Status.Rollout.TargetVersion {
+		t.Error("the paused consumer's template was changed")
+	}
 
 	if err := k8s.Get(context.Background(), key, d); err != nil {
 		t.Fatal(err)
@@ -437,21 +724,13 @@ func TestMissingConsumerIsReportedAndPausedConsumerIsWaitedFor(t *testing.T) {
 	if err := k8s.Patch(context.Background(), d, patch); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 60*time.Second, func() string {
-		cur = get(t, rc)
-		if cur.Status.Rollout != nil || len(cur.Status.Leases) != 1 {
-			return fmt.Sprintf("rollout %+v, leases %d", cur.Status.Rollout, len(cur.Status.Leases))
-		}
-		return ""
-	})
-	if exists, _ := leaseExists(t, oldLease); exists {
-		t.Error("the old lease is still live after the rollout")
-	}
+	waitRolledOut(t, rc, oldLease, 60*time.Second)
+	checkRetired(t, rc, "paused-api", oldUser, oldPass, oldLease)
 	waitCondition(t, rc, v1alpha1.ConditionDegraded, metav1.ConditionFalse, "", 10*time.Second)
 }
 
-// pauseKubelets stops kwok, so that restarted pods are not made Ready, until the returned
-// function (or the end of the test) starts it again.
+// pauseKubelets stops kwok, so that pods on its fake node (the consumers) are not made Ready,
+// until the returned function (or the end of the test) starts it again.
 func pauseKubelets(t *testing.T) (resume func()) {
 	t.Helper()
 	ground.Workloads.PauseKubelets()
@@ -462,6 +741,28 @@ func pauseKubelets(t *testing.T) (resume func()) {
 		}
 		resumed = true
 		if err := ground.Workloads.ResumeKubelets(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(resume)
+	return resume
+}
+
+// pauseRealKubelet holds the real node's kubelet (testground's Node.PauseKubelet: the Redis pods
+// run on, but none starts, stops or changes its status) until the returned function, or the end
+// of the test, lets it go on.
+func pauseRealKubelet(t *testing.T) (resume func()) {
+	t.Helper()
+	if err := ground.Node.PauseKubelet(); err != nil {
+		t.Fatal(err)
+	}
+	resumed := false
+	resume = func() {
+		if resumed {
+			return
+		}
+		resumed = true
+		if err := ground.Node.ResumeKubelet(); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -303,11 +303,45 @@ func (n *Node) Processes() []*Process {
 	return out
 }
 
+// PauseKubelet holds the kubelet: it stops the kubelet process the node started (SIGSTOP, by its
+// PID). The containers run on, but nothing on the node changes in the API until ResumeKubelet: no
+// pod starts or stops, no status changes (a deleted pod stays Terminating, a pod keeps the
+// readiness last reported). The Node object stays Ready, as the ground runs no node lifecycle
+// controller. It returns once the process is stopped. Stop resumes a held kubelet before it ends
+// it.
+func (n *Node) PauseKubelet() error {
+	if n.kubelet == nil || n.kubelet.Exited() {
+		return errors.New("the kubelet does not run")
+	}
+	pid := n.kubelet.PID()
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		return err
+	}
+	return waitFor(n.kubelet, 5*time.Second, func() error {
+		if st := ProcessState(pid); st != "T" {
+			return fmt.Errorf("the kubelet (pid %d) is in state %q, not stopped yet", pid, st)
+		}
+		return nil
+	})
+}
+
+// ResumeKubelet lets a kubelet held by PauseKubelet go on (SIGCONT, by its PID); it catches up
+// on what changed meanwhile.
+func (n *Node) ResumeKubelet() error {
+	if n.kubelet == nil || n.kubelet.Exited() {
+		return errors.New("the kubelet does not run")
+	}
+	return syscall.Kill(n.kubelet.PID(), syscall.SIGCONT)
+}
+
 // Stop ends the node and undoes its changes to the machine (see cleanupNode), then lets the
 // janitor go and releases the node lock.
 func (n *Node) Stop() {
 	if n == nil {
 		return
+	}
+	if n.kubelet != nil && !n.kubelet.Exited() {
+		_ = n.ResumeKubelet() // a held kubelet would leave the SIGTERM of its Stop pending
 	}
 	for _, p := range []*Process{n.kubelet, n.kubeProxy, n.coreDNS} {
 		p.Stop()

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 )
@@ -69,6 +70,51 @@ func TestRealNodeAndKwokSideBySide(t *testing.T) {
 	out, _, err := g.Node.Exec(ctx, "default", "on-real", "c", "cat", "/proc/1/cmdline")
 	if err != nil || !strings.Contains(out, "sleep") {
 		t.Errorf("exec in the real pod: %q, %v; want its sleep command as pid 1", out, err)
+	}
+	checkPausedKubeletHoldsThePod(t, ctx, g, "on-real")
+}
+
+// checkPausedKubeletHoldsThePod deletes a pod of the real node while its kubelet is held: the pod
+// stays (Terminating) for several of its grace periods, and goes once the kubelet resumes.
+func checkPausedKubeletHoldsThePod(t *testing.T, ctx context.Context, g *Ground, name string) {
+	t.Helper()
+	cs := g.CP.Clientset
+	if err := g.Node.PauseKubelet(); err != nil {
+		t.Fatal(err)
+	}
+	resumed := false
+	defer func() {
+		if !resumed {
+			_ = g.Node.ResumeKubelet()
+		}
+	}()
+	if st := ProcessState(g.Node.kubelet.PID()); st != "T" {
+		t.Errorf("the held kubelet is in state %q, want T (stopped)", st)
+	}
+	if err := cs.CoreV1().Pods("default").Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// The pod's grace period is 1 s: a running kubelet removes it within about two.
+	for end := time.Now().Add(4 * time.Second); time.Now().Before(end); time.Sleep(200 * time.Millisecond) {
+		if _, err := cs.CoreV1().Pods("default").Get(ctx, name, metav1.GetOptions{}); err != nil {
+			t.Fatalf("the pod went while the kubelet was held: %v", err)
+		}
+	}
+	if err := g.Node.ResumeKubelet(); err != nil {
+		t.Fatal(err)
+	}
+	resumed = true
+	since := time.Now()
+	for {
+		_, err := cs.CoreV1().Pods("default").Get(ctx, name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			t.Logf("the pod went %s after the kubelet resumed", time.Since(since).Round(time.Millisecond))
+			return
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("the pod is still there after the kubelet resumed (%v)", err)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }
 

@@ -169,6 +169,21 @@ func Alive(pid int) bool {
 	return syscall.Kill(pid, 0) == nil
 }
 
+// ProcessState is the state letter of a process as /proc/PID/stat gives it (R running, S sleeping,
+// T stopped, Z zombie, ...), or the error reading it.
+func ProcessState(pid int) string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return err.Error()
+	}
+	// The fields after the command name (which may hold spaces) start after the last ')'.
+	rest := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+	if len(rest) == 0 {
+		return ""
+	}
+	return rest[0]
+}
+
 // PortBound reports whether something listens on 127.0.0.1:port.
 func PortBound(port int) bool {
 	c, err := net.DialTimeout("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), 200*time.Millisecond)
