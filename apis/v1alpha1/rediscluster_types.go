@@ -78,6 +78,7 @@ const (
 )
 
 // RedisClusterSpec is the desired state of a RedisCluster.
+// +kubebuilder:validation:XValidation:rule="has(self.storage) == has(oldSelf.storage) && (!has(self.storage) || self.storage == oldSelf.storage)",message="spec.storage cannot be added, removed or changed after creation: a StatefulSet cannot change its volume claims; create a new RedisCluster",fieldPath=".storage"
 type RedisClusterSpec struct {
 	// replicas is the number of Redis pods: one primary, the rest its replicas.
 	// +optional
@@ -107,7 +108,9 @@ type RedisClusterSpec struct {
 	// +optional
 	Resources corev1.ResourceRequirements `json:"resources,omitempty"`
 
-	// storage for Redis data. Without it, pods use an emptyDir.
+	// storage for Redis data: a PersistentVolumeClaim per pod. Without it, pods use an emptyDir,
+	// which goes with the pod. It is set when the RedisCluster is created and cannot be added,
+	// removed or changed afterwards (a StatefulSet cannot change its volume claims).
 	// +optional
 	Storage *StorageSpec `json:"storage,omitempty"`
 
