@@ -6,6 +6,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
@@ -28,6 +29,10 @@ const (
 func HeadlessServiceName(rc *v1alpha1.RedisCluster) string { return rc.Name + "-headless" }
 func ConfigMapName(rc *v1alpha1.RedisCluster) string       { return rc.Name + "-config" }
 func ACLSecretName(rc *v1alpha1.RedisCluster) string       { return rc.Name + "-acl" }
+
+// PodDisruptionBudgetName is the cluster's only PodDisruptionBudget: one name per cluster, so
+// that no two clusters' budgets share one.
+func PodDisruptionBudgetName(rc *v1alpha1.RedisCluster) string { return rc.Name + "-redis" }
 
 // credentialsSecretName is spec.credentials.secretName, or <name>-credentials.
 func CredentialsSecretName(rc *v1alpha1.RedisCluster) string {
@@ -87,6 +92,19 @@ func ClientService(rc *v1alpha1.RedisCluster) *corev1.Service {
 
 func redisServicePort() corev1.ServicePort {
 	return corev1.ServicePort{Name: "redis", Port: redisPort, TargetPort: intstr.FromString("redis"), Protocol: corev1.ProtocolTCP}
+}
+
+// PodDisruptionBudget lets a voluntary disruption (a node drain, an eviction) take one Redis pod
+// of the cluster at a time. It selects the StatefulSet's pods by the StatefulSet's own selector,
+// so it counts no pod the StatefulSet does not own.
+func PodDisruptionBudget(rc *v1alpha1.RedisCluster) *policyv1.PodDisruptionBudget {
+	return &policyv1.PodDisruptionBudget{
+		ObjectMeta: objectMeta(rc, PodDisruptionBudgetName(rc)),
+		Spec: policyv1.PodDisruptionBudgetSpec{
+			MaxUnavailable: ptr.To(intstr.FromInt32(1)),
+			Selector:       &metav1.LabelSelector{MatchLabels: SelectorLabels(rc)},
+		},
+	}
 }
 
 // buildConfigMap holds redis.conf (which loads the aclfile) and the start script.

@@ -1,11 +1,13 @@
 package render
 
 import (
+	"maps"
 	"strings"
 	"testing"
 
 	appsv1 "k8s.io/api/apps/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
 )
@@ -57,7 +59,7 @@ func TestOwnedObjectsCarryTheManagedLabel(t *testing.T) {
 		ACLSecret(rc, "x", Internal{}, "").Labels, CredentialsSecret(rc, "u", "p", "v").Labels,
 		StateSecret(rc, "a", nil).Labels, VaultPluginSecret(rc, "vault", "p").Labels,
 		ConfigMap(rc).Labels, HeadlessService(rc).Labels, ClientService(rc).Labels,
-		StatefulSet(rc, "v").Labels,
+		StatefulSet(rc, "v").Labels, PodDisruptionBudget(rc).Labels,
 	} {
 		if labels[v1alpha1.LabelManagedBy] != v1alpha1.ManagedByValue || labels[v1alpha1.LabelCluster] != "orders" {
 			t.Errorf("labels %v", labels)
@@ -79,5 +81,38 @@ func TestRedisConfLoadsTheACLFile(t *testing.T) {
 	}
 	if !strings.Contains(cm.Data["start.sh"], "replicaof orders-0.orders-headless 6379") {
 		t.Errorf("start.sh does not make replicas follow pod 0: %s", cm.Data["start.sh"])
+	}
+}
+
+// The budget lets one Redis pod of the cluster go at a time, and counts the StatefulSet's pods
+// only: the disruption controller works out the budget from the StatefulSet's scale, and a pod
+// of another cluster (or not owned by the StatefulSet) in its selection would stop it.
+func TestPodDisruptionBudgetTakesOneRedisPodAtATime(t *testing.T) {
+	rc := testCluster()
+	pdb := PodDisruptionBudget(rc)
+	sts := StatefulSet(rc, "v")
+	if pdb.Name != "orders-redis" || pdb.Namespace != "shop" {
+		t.Errorf("PodDisruptionBudget %s/%s, want shop/orders-redis", pdb.Namespace, pdb.Name)
+	}
+	if mu := pdb.Spec.MaxUnavailable; mu == nil || mu.String() != "1" || pdb.Spec.MinAvailable != nil {
+		t.Errorf("maxUnavailable %v, minAvailable %v: want maxUnavailable 1 only", mu, pdb.Spec.MinAvailable)
+	}
+	if !maps.Equal(pdb.Spec.Selector.MatchLabels, sts.Spec.Selector.MatchLabels) || len(pdb.Spec.Selector.MatchExpressions) > 0 {
+		t.Errorf("the budget selects %v, the StatefulSet %v: they must select the same pods", pdb.Spec.Selector, sts.Spec.Selector)
+	}
+	sel, err := metav1.LabelSelectorAsSelector(pdb.Spec.Selector)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !sel.Matches(labels.Set(sts.Spec.Template.Labels)) {
+		t.Errorf("the budget %v does not select the pods of the template %v", sel, sts.Spec.Template.Labels)
+	}
+	other := testCluster()
+	other.Name = "orders-redis" // a cluster named as this one's budget
+	if sel.Matches(labels.Set(StatefulSet(other, "v").Spec.Template.Labels)) {
+		t.Errorf("the budget of orders selects the pods of cluster orders-redis")
+	}
+	if PodDisruptionBudgetName(other) == PodDisruptionBudgetName(rc) {
+		t.Errorf("two clusters share the budget name %s", PodDisruptionBudgetName(rc))
 	}
 }
