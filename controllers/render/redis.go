@@ -174,6 +174,19 @@ printf '%%s\n' "$out" | grep -q '^master_link_status:up' && printf '%%s\n' "$out
 		aclMountDir, ProbePasswordKey, ProbeUser, redisPort)}
 }
 
+// livenessCommand pings the node as the probe user and passes on any answer of a Redis that
+// runs: PONG, and LOADING (it loads its dataset, from disk or from its primary) or MASTERDOWN,
+// which a restart would only start again. It fails on no answer (the probe's timeout: a hung
+// Redis) or no Redis to answer.
+func livenessCommand() []string {
+	return []string{"sh", "-c", fmt.Sprintf(
+		`out="$(REDISCLI_AUTH="$(cat %[1]s/%[2]s)" redis-cli --no-auth-warning --user %[3]s -h 127.0.0.1 -p %[4]d ping 2>&1)"
+case "$out" in PONG|LOADING*|MASTERDOWN*) exit 0 ;; esac
+printf '%%s\n' "$out"
+exit 1`,
+		aclMountDir, ProbePasswordKey, ProbeUser, redisPort)}
+}
+
 // Keys of the ACL Secret the Redis pods mount: the aclfile (password hashes only) and the
 // passwords of the two users a pod itself needs.
 const (
@@ -316,7 +329,27 @@ func redisPodSpec(rc *v1alpha1.RedisCluster) corev1.PodSpec {
 	if rc.Spec.Storage == nil {
 		spec.Volumes = append(spec.Volumes, corev1.Volume{Name: "data", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}})
 	}
+	spec.Affinity = podAntiAffinity(rc)
 	return spec
+}
+
+// podAntiAffinity keeps the cluster's pods on different nodes as spec.podAntiAffinity says
+// (Preferred when unset).
+func podAntiAffinity(rc *v1alpha1.RedisCluster) *corev1.Affinity {
+	term := corev1.PodAffinityTerm{
+		LabelSelector: &metav1.LabelSelector{MatchLabels: SelectorLabels(rc)},
+		TopologyKey:   corev1.LabelHostname,
+	}
+	switch rc.Spec.PodAntiAffinity {
+	case v1alpha1.PodAntiAffinityNone:
+		return nil
+	case v1alpha1.PodAntiAffinityRequired:
+		return &corev1.Affinity{PodAntiAffinity: &corev1.PodAntiAffinity{
+			RequiredDuringSchedulingIgnoredDuringExecution: []corev1.PodAffinityTerm{term}}}
+	default:
+		return &corev1.Affinity{PodAntiAffinity: &corev1.PodAntiAffinity{
+			PreferredDuringSchedulingIgnoredDuringExecution: []corev1.WeightedPodAffinityTerm{{Weight: 100, PodAffinityTerm: term}}}}
+	}
 }
 
 func redisContainer(rc *v1alpha1.RedisCluster) corev1.Container {
@@ -332,6 +365,17 @@ func redisContainer(rc *v1alpha1.RedisCluster) corev1.Container {
 		ReadinessProbe: &corev1.Probe{
 			ProbeHandler:  corev1.ProbeHandler{Exec: &corev1.ExecAction{Command: readinessCommand()}},
 			PeriodSeconds: 5, TimeoutSeconds: 3, FailureThreshold: 2, SuccessThreshold: 1,
+		},
+		// Until Redis first answers (up to 10 minutes) the liveness probe does not run; then a
+		// Redis that answers nothing for a minute (6 pings 10 s apart, 5 s each) is restarted. A
+		// long load answers LOADING, at start as in a replica's resync later, and is left alone.
+		StartupProbe: &corev1.Probe{
+			ProbeHandler:  corev1.ProbeHandler{Exec: &corev1.ExecAction{Command: livenessCommand()}},
+			PeriodSeconds: 2, TimeoutSeconds: 5, FailureThreshold: 300, SuccessThreshold: 1,
+		},
+		LivenessProbe: &corev1.Probe{
+			ProbeHandler:  corev1.ProbeHandler{Exec: &corev1.ExecAction{Command: livenessCommand()}},
+			PeriodSeconds: 10, TimeoutSeconds: 5, FailureThreshold: 6, SuccessThreshold: 1,
 		},
 		SecurityContext: &corev1.SecurityContext{
 			AllowPrivilegeEscalation: ptr.To(false), ReadOnlyRootFilesystem: ptr.To(true),

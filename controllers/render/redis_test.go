@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 
@@ -114,5 +115,79 @@ func TestPodDisruptionBudgetTakesOneRedisPodAtATime(t *testing.T) {
 	}
 	if PodDisruptionBudgetName(other) == PodDisruptionBudgetName(rc) {
 		t.Errorf("two clusters share the budget name %s", PodDisruptionBudgetName(rc))
+	}
+}
+
+func TestRedisPodsPreferDifferentNodes(t *testing.T) {
+	for name, tc := range map[string]struct {
+		policy             v1alpha1.PodAntiAffinityPolicy
+		preferred, require bool
+	}{
+		"unset, as before the field": {"", true, false},
+		"Preferred":                  {v1alpha1.PodAntiAffinityPreferred, true, false},
+		"Required":                   {v1alpha1.PodAntiAffinityRequired, false, true},
+		"None":                       {v1alpha1.PodAntiAffinityNone, false, false},
+	} {
+		t.Run(name, func(t *testing.T) {
+			rc := testCluster()
+			rc.Spec.PodAntiAffinity = tc.policy
+			tmpl := StatefulSet(rc, "v").Spec.Template
+			var terms []corev1.PodAffinityTerm
+			var preferred, required int
+			if a := tmpl.Spec.Affinity; a != nil && a.PodAntiAffinity != nil {
+				for _, w := range a.PodAntiAffinity.PreferredDuringSchedulingIgnoredDuringExecution {
+					if w.Weight != 100 {
+						t.Errorf("weight %d, want 100", w.Weight)
+					}
+					terms, preferred = append(terms, w.PodAffinityTerm), preferred+1
+				}
+				required = len(a.PodAntiAffinity.RequiredDuringSchedulingIgnoredDuringExecution)
+				terms = append(terms, a.PodAntiAffinity.RequiredDuringSchedulingIgnoredDuringExecution...)
+			}
+			if (preferred == 1) != tc.preferred || (required == 1) != tc.require || preferred+required > 1 {
+				t.Fatalf("%d preferred and %d required anti-affinity terms: %+v", preferred, required, tmpl.Spec.Affinity)
+			}
+			if tc.policy == v1alpha1.PodAntiAffinityNone && tmpl.Spec.Affinity != nil {
+				t.Errorf("None: affinity %+v", tmpl.Spec.Affinity)
+			}
+			for _, term := range terms {
+				sel, err := metav1.LabelSelectorAsSelector(term.LabelSelector)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if term.TopologyKey != corev1.LabelHostname || !sel.Matches(labels.Set(tmpl.Labels)) || !maps.Equal(term.LabelSelector.MatchLabels, SelectorLabels(rc)) {
+					t.Errorf("term %+v: want the cluster's own pods, by node (%s)", term, corev1.LabelHostname)
+				}
+			}
+		})
+	}
+}
+
+// The liveness probe is not the readiness probe (a replica that resyncs is not Ready and must
+// not be restarted for it); a startup probe gives Redis ten minutes to answer first; after that a
+// Redis is restarted only after a minute without an answer.
+func TestLivenessProbeIsPatientAndNotTheReadinessProbe(t *testing.T) {
+	c := StatefulSet(testCluster(), "v").Spec.Template.Spec.Containers[0]
+	live, start := c.LivenessProbe, c.StartupProbe
+	if live == nil || start == nil || live.Exec == nil || start.Exec == nil {
+		t.Fatalf("liveness probe %+v, startup probe %+v: want both, exec", live, start)
+	}
+	cmd := strings.Join(live.Exec.Command, " ")
+	if cmd == strings.Join(c.ReadinessProbe.Exec.Command, " ") {
+		t.Error("the liveness probe is the readiness probe")
+	}
+	if !strings.Contains(cmd, "REDISCLI_AUTH") || !strings.Contains(cmd, "--user "+ProbeUser) || !strings.Contains(cmd, " ping") {
+		t.Errorf("the liveness probe must ping as the probe user, without a password on the command line: %s", cmd)
+	}
+	if got := live.PeriodSeconds * live.FailureThreshold; got < 60 || live.TimeoutSeconds < 5 {
+		t.Errorf("liveness: restarted after %d s without an answer (timeout %d s); want at least 60 s, 5 s", got, live.TimeoutSeconds)
+	}
+	if got := start.PeriodSeconds * start.FailureThreshold; got < 600 {
+		t.Errorf("startup: %d s for Redis to answer first; want at least 600 s", got)
+	}
+	for _, p := range []*corev1.Probe{c.ReadinessProbe, live, start} { // as the API server would default them
+		if p.PeriodSeconds == 0 || p.TimeoutSeconds == 0 || p.FailureThreshold == 0 || p.SuccessThreshold != 1 {
+			t.Errorf("probe %+v leaves a field to the API server's default", p)
+		}
 	}
 }
