@@ -51,6 +51,21 @@ const (
 	RedisPodsRestart RedisPodsPolicy = "Restart"
 )
 
+// PodAntiAffinityPolicy says how the Redis pods of a cluster are kept off each other's nodes.
+// +kubebuilder:validation:Enum=Preferred;Required;None
+type PodAntiAffinityPolicy string
+
+const (
+	// PodAntiAffinityPreferred asks the scheduler to put each Redis pod on a node (hostname) without
+	// another pod of the cluster, and lets pods share a node when no other fits.
+	PodAntiAffinityPreferred PodAntiAffinityPolicy = "Preferred"
+	// PodAntiAffinityRequired never puts two Redis pods of the cluster on one node: a pod with no
+	// node left stays Pending.
+	PodAntiAffinityRequired PodAntiAffinityPolicy = "Required"
+	// PodAntiAffinityNone sets no pod anti-affinity.
+	PodAntiAffinityNone PodAntiAffinityPolicy = "None"
+)
+
 // LeaseState is the state of one lease in the ledger.
 // +kubebuilder:validation:Enum=Active;Superseded;Revoking
 type LeaseState string
@@ -78,6 +93,7 @@ const (
 )
 
 // RedisClusterSpec is the desired state of a RedisCluster.
+// +kubebuilder:validation:XValidation:rule="has(self.storage) == has(oldSelf.storage) && (!has(self.storage) || self.storage == oldSelf.storage)",message="spec.storage cannot be added, removed or changed after creation: a StatefulSet cannot change its volume claims; create a new RedisCluster",fieldPath=".storage"
 type RedisClusterSpec struct {
 	// replicas is the number of Redis pods: one primary, the rest its replicas.
 	// +optional
@@ -107,9 +123,20 @@ type RedisClusterSpec struct {
 	// +optional
 	Resources corev1.ResourceRequirements `json:"resources,omitempty"`
 
-	// storage for Redis data. Without it, pods use an emptyDir.
+	// storage for Redis data: a PersistentVolumeClaim per pod. Without it, pods use an emptyDir,
+	// which goes with the pod. It is set when the RedisCluster is created and cannot be added,
+	// removed or changed afterwards (a StatefulSet cannot change its volume claims).
 	// +optional
 	Storage *StorageSpec `json:"storage,omitempty"`
+
+	// podAntiAffinity keeps the Redis pods on different nodes (kubernetes.io/hostname), so that
+	// losing a node loses one of them only. Preferred (the default) asks the scheduler for it and
+	// lets pods share a node when no other fits; Required never puts two on one node (a pod with
+	// no node left stays Pending); None sets no anti-affinity. A change reaches a pod when it
+	// next starts.
+	// +optional
+	// +kubebuilder:default=Preferred
+	PodAntiAffinity PodAntiAffinityPolicy `json:"podAntiAffinity,omitempty"`
 
 	// credentials says where the Redis credential comes from and where it is written.
 	// +required

@@ -11,10 +11,12 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/util/managedfields"
 	appsv1ac "k8s.io/client-go/applyconfigurations/apps/v1"
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
+	policyv1ac "k8s.io/client-go/applyconfigurations/policy/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -125,6 +127,8 @@ func ownedFields(obj client.Object) (map[string]any, error) {
 		ac, err = corev1ac.ExtractService(o, FieldOwner)
 	case *appsv1.StatefulSet:
 		ac, err = appsv1ac.ExtractStatefulSet(o, FieldOwner)
+	case *policyv1.PodDisruptionBudget:
+		ac, err = policyv1ac.ExtractPodDisruptionBudget(o, FieldOwner)
 	default: // a custom resource (ExternalSecret): its schema is not compiled in, so deduce it
 		m := map[string]any{}
 		err = managedfields.ExtractInto(obj, typed.DeducedParseableType, FieldOwner, &m, "")

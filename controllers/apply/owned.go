@@ -16,7 +16,11 @@ type ConflictError struct {
 }
 
 func (e *ConflictError) Error() string {
-	return fmt.Sprintf("%s %s exists and is not owned by this RedisCluster; keyroll does not overwrite it (delete or rename it, or set spec.credentials.secretName)", e.Kind, e.Name)
+	hint := "delete or rename it"
+	if e.Kind == "Secret" {
+		hint += ", or set spec.credentials.secretName"
+	}
+	return fmt.Sprintf("%s %s exists and is not owned by this RedisCluster; keyroll does not overwrite it (%s)", e.Kind, e.Name, hint)
 }
 
 // OwnedBy says whether rc is obj's controller.

@@ -11,9 +11,11 @@ import (
 
 // reconcileObjects writes the objects the RedisCluster owns that do not depend on its credential:
 // the ACL Secret first when there is none yet (with keyroll's own users only), so that the pods
-// the StatefulSet starts find their aclfile, then the ConfigMap, the Services and the
-// StatefulSet. No pod mounts the credential: the Redis pods start before there is one, and the
-// users on them change live.
+// the StatefulSet starts find their aclfile, then the ConfigMap, the Services, the StatefulSet
+// and the PodDisruptionBudget, last: a budget of that name that is not keyroll's (one an owner
+// made before keyroll did) is reported and left alone, and stops neither the Redis pods nor the
+// work on the credential. No pod mounts the credential: the Redis pods start before there is one,
+// and the users on them change live.
 func (r *deps) reconcileObjects(ctx context.Context, s *scope, in *internal) error {
 	rc := s.RC
 	version := ""
@@ -38,6 +40,14 @@ func (r *deps) reconcileObjects(ctx context.Context, s *scope, in *internal) err
 		},
 		func() error {
 			return apply.Owned(ctx, r.Client, r.APIReader, rc, render.StatefulSet(rc, version))
+		},
+		func() error {
+			err := apply.Owned(ctx, r.Client, r.APIReader, rc, render.PodDisruptionBudget(rc))
+			if errors.As(err, new(*apply.ConflictError)) {
+				s.conflict = err.Error() // reported (Ready); the cluster's credential goes on being kept
+				return nil
+			}
+			return err
 		},
 	}
 	for _, step := range steps {

@@ -23,7 +23,7 @@ const (
 	AdminUser = "keyroll-admin"
 	// ReplicationUser is the user replicas authenticate to their primary as (masteruser).
 	ReplicationUser = "keyroll-repl"
-	// ProbeUser is the user of the readiness probe.
+	// ProbeUser is the user of the probes (startup, liveness, readiness).
 	ProbeUser = "keyroll-probe"
 )
 

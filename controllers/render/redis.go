@@ -6,6 +6,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
@@ -28,6 +29,10 @@ const (
 func HeadlessServiceName(rc *v1alpha1.RedisCluster) string { return rc.Name + "-headless" }
 func ConfigMapName(rc *v1alpha1.RedisCluster) string       { return rc.Name + "-config" }
 func ACLSecretName(rc *v1alpha1.RedisCluster) string       { return rc.Name + "-acl" }
+
+// PodDisruptionBudgetName is the cluster's only PodDisruptionBudget: one name per cluster, so
+// that no two clusters' budgets share one.
+func PodDisruptionBudgetName(rc *v1alpha1.RedisCluster) string { return rc.Name + "-redis" }
 
 // credentialsSecretName is spec.credentials.secretName, or <name>-credentials.
 func CredentialsSecretName(rc *v1alpha1.RedisCluster) string {
@@ -87,6 +92,19 @@ func ClientService(rc *v1alpha1.RedisCluster) *corev1.Service {
 
 func redisServicePort() corev1.ServicePort {
 	return corev1.ServicePort{Name: "redis", Port: redisPort, TargetPort: intstr.FromString("redis"), Protocol: corev1.ProtocolTCP}
+}
+
+// PodDisruptionBudget lets a voluntary disruption (a node drain, an eviction) take one Redis pod
+// of the cluster at a time. It selects the StatefulSet's pods by the StatefulSet's own selector,
+// so it counts no pod the StatefulSet does not own.
+func PodDisruptionBudget(rc *v1alpha1.RedisCluster) *policyv1.PodDisruptionBudget {
+	return &policyv1.PodDisruptionBudget{
+		ObjectMeta: objectMeta(rc, PodDisruptionBudgetName(rc)),
+		Spec: policyv1.PodDisruptionBudgetSpec{
+			MaxUnavailable: ptr.To(intstr.FromInt32(1)),
+			Selector:       &metav1.LabelSelector{MatchLabels: SelectorLabels(rc)},
+		},
+	}
 }
 
 // buildConfigMap holds redis.conf (which loads the aclfile) and the start script.
@@ -153,6 +171,19 @@ func readinessCommand() []string {
 		`out="$(REDISCLI_AUTH="$(cat %[1]s/%[2]s)" redis-cli --no-auth-warning --user %[3]s -h 127.0.0.1 -p %[4]d info replication)" || exit 1
 case "$out" in *role:master*) exit 0 ;; esac
 printf '%%s\n' "$out" | grep -q '^master_link_status:up' && printf '%%s\n' "$out" | grep -q '^master_sync_in_progress:0'`,
+		aclMountDir, ProbePasswordKey, ProbeUser, redisPort)}
+}
+
+// livenessCommand pings the node as the probe user and passes on any answer of a Redis that
+// runs: PONG, and LOADING (it loads its dataset, from disk or from its primary) or MASTERDOWN,
+// which a restart would only start again. It fails on no answer (the probe's timeout: a hung
+// Redis) or no Redis to answer.
+func livenessCommand() []string {
+	return []string{"sh", "-c", fmt.Sprintf(
+		`out="$(REDISCLI_AUTH="$(cat %[1]s/%[2]s)" redis-cli --no-auth-warning --user %[3]s -h 127.0.0.1 -p %[4]d ping 2>&1)"
+case "$out" in PONG|LOADING*|MASTERDOWN*) exit 0 ;; esac
+printf '%%s\n' "$out"
+exit 1`,
 		aclMountDir, ProbePasswordKey, ProbeUser, redisPort)}
 }
 
@@ -298,7 +329,27 @@ func redisPodSpec(rc *v1alpha1.RedisCluster) corev1.PodSpec {
 	if rc.Spec.Storage == nil {
 		spec.Volumes = append(spec.Volumes, corev1.Volume{Name: "data", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}})
 	}
+	spec.Affinity = podAntiAffinity(rc)
 	return spec
+}
+
+// podAntiAffinity keeps the cluster's pods on different nodes as spec.podAntiAffinity says
+// (Preferred when unset).
+func podAntiAffinity(rc *v1alpha1.RedisCluster) *corev1.Affinity {
+	term := corev1.PodAffinityTerm{
+		LabelSelector: &metav1.LabelSelector{MatchLabels: SelectorLabels(rc)},
+		TopologyKey:   corev1.LabelHostname,
+	}
+	switch rc.Spec.PodAntiAffinity {
+	case v1alpha1.PodAntiAffinityNone:
+		return nil
+	case v1alpha1.PodAntiAffinityRequired:
+		return &corev1.Affinity{PodAntiAffinity: &corev1.PodAntiAffinity{
+			RequiredDuringSchedulingIgnoredDuringExecution: []corev1.PodAffinityTerm{term}}}
+	default:
+		return &corev1.Affinity{PodAntiAffinity: &corev1.PodAntiAffinity{
+			PreferredDuringSchedulingIgnoredDuringExecution: []corev1.WeightedPodAffinityTerm{{Weight: 100, PodAffinityTerm: term}}}}
+	}
 }
 
 func redisContainer(rc *v1alpha1.RedisCluster) corev1.Container {
@@ -314,6 +365,17 @@ func redisContainer(rc *v1alpha1.RedisCluster) corev1.Container {
 		ReadinessProbe: &corev1.Probe{
 			ProbeHandler:  corev1.ProbeHandler{Exec: &corev1.ExecAction{Command: readinessCommand()}},
 			PeriodSeconds: 5, TimeoutSeconds: 3, FailureThreshold: 2, SuccessThreshold: 1,
+		},
+		// Until Redis first answers (up to 10 minutes) the liveness probe does not run; then a
+		// Redis that answers nothing for a minute (6 pings 10 s apart, 5 s each) is restarted. A
+		// long load answers LOADING, at start as in a replica's resync later, and is left alone.
+		StartupProbe: &corev1.Probe{
+			ProbeHandler:  corev1.ProbeHandler{Exec: &corev1.ExecAction{Command: livenessCommand()}},
+			PeriodSeconds: 2, TimeoutSeconds: 5, FailureThreshold: 300, SuccessThreshold: 1,
+		},
+		LivenessProbe: &corev1.Probe{
+			ProbeHandler:  corev1.ProbeHandler{Exec: &corev1.ExecAction{Command: livenessCommand()}},
+			PeriodSeconds: 10, TimeoutSeconds: 5, FailureThreshold: 6, SuccessThreshold: 1,
 		},
 		SecurityContext: &corev1.SecurityContext{
 			AllowPrivilegeEscalation: ptr.To(false), ReadOnlyRootFilesystem: ptr.To(true),

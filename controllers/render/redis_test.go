@@ -1,11 +1,14 @@
 package render
 
 import (
+	"maps"
 	"strings"
 	"testing"
 
 	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
 )
@@ -57,7 +60,7 @@ func TestOwnedObjectsCarryTheManagedLabel(t *testing.T) {
 		ACLSecret(rc, "x", Internal{}, "").Labels, CredentialsSecret(rc, "u", "p", "v").Labels,
 		StateSecret(rc, "a", nil).Labels, VaultPluginSecret(rc, "vault", "p").Labels,
 		ConfigMap(rc).Labels, HeadlessService(rc).Labels, ClientService(rc).Labels,
-		StatefulSet(rc, "v").Labels,
+		StatefulSet(rc, "v").Labels, PodDisruptionBudget(rc).Labels,
 	} {
 		if labels[v1alpha1.LabelManagedBy] != v1alpha1.ManagedByValue || labels[v1alpha1.LabelCluster] != "orders" {
 			t.Errorf("labels %v", labels)
@@ -79,5 +82,112 @@ func TestRedisConfLoadsTheACLFile(t *testing.T) {
 	}
 	if !strings.Contains(cm.Data["start.sh"], "replicaof orders-0.orders-headless 6379") {
 		t.Errorf("start.sh does not make replicas follow pod 0: %s", cm.Data["start.sh"])
+	}
+}
+
+// The budget lets one Redis pod of the cluster go at a time, and counts the StatefulSet's pods
+// only: the disruption controller works out the budget from the StatefulSet's scale, and a pod
+// of another cluster (or not owned by the StatefulSet) in its selection would stop it.
+func TestPodDisruptionBudgetTakesOneRedisPodAtATime(t *testing.T) {
+	rc := testCluster()
+	pdb := PodDisruptionBudget(rc)
+	sts := StatefulSet(rc, "v")
+	if pdb.Name != "orders-redis" || pdb.Namespace != "shop" {
+		t.Errorf("PodDisruptionBudget %s/%s, want shop/orders-redis", pdb.Namespace, pdb.Name)
+	}
+	if mu := pdb.Spec.MaxUnavailable; mu == nil || mu.String() != "1" || pdb.Spec.MinAvailable != nil {
+		t.Errorf("maxUnavailable %v, minAvailable %v: want maxUnavailable 1 only", mu, pdb.Spec.MinAvailable)
+	}
+	if !maps.Equal(pdb.Spec.Selector.MatchLabels, sts.Spec.Selector.MatchLabels) || len(pdb.Spec.Selector.MatchExpressions) > 0 {
+		t.Errorf("the budget selects %v, the StatefulSet %v: they must select the same pods", pdb.Spec.Selector, sts.Spec.Selector)
+	}
+	sel, err := metav1.LabelSelectorAsSelector(pdb.Spec.Selector)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !sel.Matches(labels.Set(sts.Spec.Template.Labels)) {
+		t.Errorf("the budget %v does not select the pods of the template %v", sel, sts.Spec.Template.Labels)
+	}
+	other := testCluster()
+	other.Name = "orders-redis" // a cluster named as this one's budget
+	if sel.Matches(labels.Set(StatefulSet(other, "v").Spec.Template.Labels)) {
+		t.Errorf("the budget of orders selects the pods of cluster orders-redis")
+	}
+	if PodDisruptionBudgetName(other) == PodDisruptionBudgetName(rc) {
+		t.Errorf("two clusters share the budget name %s", PodDisruptionBudgetName(rc))
+	}
+}
+
+func TestRedisPodsPreferDifferentNodes(t *testing.T) {
+	for name, tc := range map[string]struct {
+		policy             v1alpha1.PodAntiAffinityPolicy
+		preferred, require bool
+	}{
+		"unset, as before the field": {"", true, false},
+		"Preferred":                  {v1alpha1.PodAntiAffinityPreferred, true, false},
+		"Required":                   {v1alpha1.PodAntiAffinityRequired, false, true},
+		"None":                       {v1alpha1.PodAntiAffinityNone, false, false},
+	} {
+		t.Run(name, func(t *testing.T) {
+			rc := testCluster()
+			rc.Spec.PodAntiAffinity = tc.policy
+			tmpl := StatefulSet(rc, "v").Spec.Template
+			var terms []corev1.PodAffinityTerm
+			var preferred, required int
+			if a := tmpl.Spec.Affinity; a != nil && a.PodAntiAffinity != nil {
+				for _, w := range a.PodAntiAffinity.PreferredDuringSchedulingIgnoredDuringExecution {
+					if w.Weight != 100 {
+						t.Errorf("weight %d, want 100", w.Weight)
+					}
+					terms, preferred = append(terms, w.PodAffinityTerm), preferred+1
+				}
+				required = len(a.PodAntiAffinity.RequiredDuringSchedulingIgnoredDuringExecution)
+				terms = append(terms, a.PodAntiAffinity.RequiredDuringSchedulingIgnoredDuringExecution...)
+			}
+			if (preferred == 1) != tc.preferred || (required == 1) != tc.require || preferred+required > 1 {
+				t.Fatalf("%d preferred and %d required anti-affinity terms: %+v", preferred, required, tmpl.Spec.Affinity)
+			}
+			if tc.policy == v1alpha1.PodAntiAffinityNone && tmpl.Spec.Affinity != nil {
+				t.Errorf("None: affinity %+v", tmpl.Spec.Affinity)
+			}
+			for _, term := range terms {
+				sel, err := metav1.LabelSelectorAsSelector(term.LabelSelector)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if term.TopologyKey != corev1.LabelHostname || !sel.Matches(labels.Set(tmpl.Labels)) || !maps.Equal(term.LabelSelector.MatchLabels, SelectorLabels(rc)) {
+					t.Errorf("term %+v: want the cluster's own pods, by node (%s)", term, corev1.LabelHostname)
+				}
+			}
+		})
+	}
+}
+
+// The liveness probe is not the readiness probe (a replica that resyncs is not Ready and must
+// not be restarted for it); a startup probe gives Redis ten minutes to answer first; after that a
+// Redis is restarted only after a minute without an answer.
+func TestLivenessProbeIsPatientAndNotTheReadinessProbe(t *testing.T) {
+	c := StatefulSet(testCluster(), "v").Spec.Template.Spec.Containers[0]
+	live, start := c.LivenessProbe, c.StartupProbe
+	if live == nil || start == nil || live.Exec == nil || start.Exec == nil {
+		t.Fatalf("liveness probe %+v, startup probe %+v: want both, exec", live, start)
+	}
+	cmd := strings.Join(live.Exec.Command, " ")
+	if cmd == strings.Join(c.ReadinessProbe.Exec.Command, " ") {
+		t.Error("the liveness probe is the readiness probe")
+	}
+	if !strings.Contains(cmd, "REDISCLI_AUTH") || !strings.Contains(cmd, "--user "+ProbeUser) || !strings.Contains(cmd, " ping") {
+		t.Errorf("the liveness probe must ping as the probe user, without a password on the command line: %s", cmd)
+	}
+	if got := live.PeriodSeconds * live.FailureThreshold; got < 60 || live.TimeoutSeconds < 5 {
+		t.Errorf("liveness: restarted after %d s without an answer (timeout %d s); want at least 60 s, 5 s", got, live.TimeoutSeconds)
+	}
+	if got := start.PeriodSeconds * start.FailureThreshold; got < 600 {
+		t.Errorf("startup: %d s for Redis to answer first; want at least 600 s", got)
+	}
+	for _, p := range []*corev1.Probe{c.ReadinessProbe, live, start} { // as the API server would default them
+		if p.PeriodSeconds == 0 || p.TimeoutSeconds == 0 || p.FailureThreshold == 0 || p.SuccessThreshold != 1 {
+			t.Errorf("probe %+v leaves a field to the API server's default", p)
+		}
 	}
 }

@@ -33,12 +33,13 @@ type pod struct {
 
 func startPod(t *testing.T, rc *v1alpha1.RedisCluster, acl map[string][]byte, name string, primary *pod) *pod {
 	t.Helper()
-	return startPodIn(t, rc, acl, name, primary, t.TempDir(), nil)
+	return startPodIn(t, rc, acl, name, primary, t.TempDir(), nil, "")
 }
 
 // startPodIn is startPod in the pod directory root (a container restarted in the same pod finds
-// its volumes as the first left them), as the user of cred (nil: the test's).
-func startPodIn(t *testing.T, rc *v1alpha1.RedisCluster, acl map[string][]byte, name string, primary *pod, root string, cred *syscall.Credential) *pod {
+// its volumes as the first left them), as the user of cred (nil: the test's), with extraConf
+// added to redis.conf.
+func startPodIn(t *testing.T, rc *v1alpha1.RedisCluster, acl map[string][]byte, name string, primary *pod, root string, cred *syscall.Credential, extraConf string) *pod {
 	t.Helper()
 	port, err := testground.FreePort()
 	if err != nil {
@@ -60,7 +61,7 @@ func startPodIn(t *testing.T, rc *v1alpha1.RedisCluster, acl map[string][]byte, 
 		}
 	}
 	cm := ConfigMap(rc)
-	p.write("config", "redis.conf", p.relocate.Replace(cm.Data["redis.conf"])+"bind 127.0.0.1\n")
+	p.write("config", "redis.conf", p.relocate.Replace(cm.Data["redis.conf"])+"bind 127.0.0.1\n"+extraConf)
 	p.write("config", "start.sh", p.relocate.Replace(cm.Data["start.sh"]))
 	for k, v := range acl {
 		p.write("acl", k, string(v))
@@ -105,10 +106,23 @@ func (p *pod) addr() string { return fmt.Sprintf("127.0.0.1:%d", p.port) }
 
 // ready runs the pod's readiness probe.
 func (p *pod) ready() bool {
-	cmd := readinessCommand()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	return p.probe(readinessCommand(), 5*time.Second) == nil
+}
+
+// alive runs the pod's liveness (and startup) probe, with the probe's timeout as the kubelet
+// enforces it.
+func (p *pod) alive() error {
+	return p.probe(livenessCommand(), 5*time.Second)
+}
+
+func (p *pod) probe(cmd []string, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	return exec.CommandContext(ctx, cmd[0], cmd[1], p.relocate.Replace(cmd[2])).Run() == nil
+	out, err := exec.CommandContext(ctx, cmd[0], cmd[1], p.relocate.Replace(cmd[2])).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("%w: %s", err, out)
+	}
+	return nil
 }
 
 func within(t *testing.T, d time.Duration, what string, ok func() bool, out ...*strings.Builder) {
@@ -209,7 +223,7 @@ func TestStartScriptStartsAgainInTheSamePod(t *testing.T) {
 		}
 	}
 	nobody := &syscall.Credential{Uid: 65534, Gid: 65534}
-	first := startPodIn(t, rc, acl, "orders-1", primary, root, nobody)
+	first := startPodIn(t, rc, acl, "orders-1", primary, root, nobody, "")
 	within(t, 30*time.Second, "the replica is Ready", first.ready, primary.out, first.out)
 	if fi, err := os.Stat(filepath.Join(root, "run", "runtime.conf")); err != nil || fi.Mode().Perm() != 0o400 {
 		t.Fatalf("runtime.conf after the first start: %v %v", fi, err)
@@ -224,10 +238,94 @@ func TestStartScriptStartsAgainInTheSamePod(t *testing.T) {
 		t.Fatalf("the script did not end when its Redis was killed\n%s", first.out)
 	}
 
-	again := startPodIn(t, rc, acl, "orders-1", primary, root, nobody)
+	again := startPodIn(t, rc, acl, "orders-1", primary, root, nobody, "")
 	within(t, 30*time.Second, "the restarted replica is Ready", again.ready, primary.out, again.out)
 	info, err := testground.RedisDo(again.addr(), AdminUser, in.Admin, "INFO", "replication")
 	if err != nil || !strings.Contains(info, "master_link_status:up") {
 		t.Fatalf("the restarted replica's INFO replication: %q, %v\n%s", info, err, again.out)
 	}
+}
+
+// The liveness probe leaves a Redis alone that loads its dataset and restarts one that answers
+// nothing: a primary with keys saved on its volume starts again in the same pod directory and
+// loads them slowly (key-load-delay), answering LOADING meanwhile, and the probe passes; a Redis
+// stopped (SIGSTOP, as a hung one answers nothing) fails it within the probe's timeout, and
+// passes again once it runs on.
+func TestLivenessProbeLeavesALoadAloneAndFailsAHungRedis(t *testing.T) {
+	rc := &v1alpha1.RedisCluster{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "orders"}}
+	rc.Spec.Credentials.ACLRules = []string{"~*", "&*", "+@all"}
+	in := Internal{Admin: "admin-pw", Replication: "repl-pw", Probe: "probe-pw"}
+	app := &Credential{Username: "V_ORDERS_A", Password: "pass-a"}
+	file, err := ClusterUsers(rc, in, AppUsers(rc, app, nil)).ACLFile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	acl := ACLSecret(rc, file, in, "").Data
+	root := t.TempDir()
+	first := startPodIn(t, rc, acl, "orders-0", nil, root, nil, "")
+	within(t, 10*time.Second, "the primary is Ready", first.ready, first.out)
+	if err := first.alive(); err != nil {
+		t.Fatalf("liveness on a running primary: %v", err)
+	}
+	const keys = 2000
+	mset := []string{"MSET"}
+	for i := range keys {
+		mset = append(mset, fmt.Sprintf("app:%d", i), "v")
+	}
+	if out, err := testground.RedisDo(first.addr(), app.Username, app.Password, mset...); err != nil || out != "OK" {
+		t.Fatalf("MSET: %q, %v", out, err)
+	}
+	_ = syscall.Kill(first.cmd.Process.Pid, syscall.SIGTERM) // Redis saves its dataset as it stops
+	select {
+	case err := <-first.exited:
+		if err != nil {
+			t.Fatalf("the script exited with %v after SIGTERM, want 0\n%s", err, first.out)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("the primary did not stop within 10 s of SIGTERM\n%s", first.out)
+	}
+	if fi, err := os.Stat(filepath.Join(root, "data", "dump.rdb")); err != nil || fi.Size() == 0 {
+		t.Fatalf("no snapshot on the volume after a clean stop: %v", err)
+	}
+
+	// 2,000 keys, 2 ms each: a load of about 4 s.
+	again := startPodIn(t, rc, acl, "orders-0", nil, root, nil, "key-load-delay 2000\nloading-process-events-interval-bytes 1024\n")
+	loading := func() bool {
+		_, err := testground.RedisDo(again.addr(), ProbeUser, in.Probe, "PING")
+		return err != nil && strings.Contains(err.Error(), "LOADING")
+	}
+	within(t, 10*time.Second, "Redis answers LOADING", loading, again.out)
+	start := time.Now()
+	passed, readyWhileLoading := 0, again.ready()
+	for loading() {
+		if err := again.alive(); err != nil && loading() {
+			t.Fatalf("liveness failed while Redis loads its dataset: %v", err)
+		}
+		passed++
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Logf("liveness passed %d times in the %s Redis answered LOADING (readiness then: %v)", passed, time.Since(start).Round(time.Millisecond), readyWhileLoading)
+	if passed < 3 {
+		t.Fatalf("the load lasted too short to tell (%d probes)", passed)
+	}
+	if n, err := testground.RedisDo(again.addr(), app.Username, app.Password, "DBSIZE"); err != nil || n != strconv.Itoa(keys) {
+		t.Fatalf("after the load DBSIZE %q, %v; want %d", n, err, keys)
+	}
+	if err := again.alive(); err != nil {
+		t.Fatalf("liveness after the load: %v", err)
+	}
+
+	pgid := -again.cmd.Process.Pid
+	if err := syscall.Kill(pgid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	start = time.Now()
+	err = again.alive()
+	took := time.Since(start)
+	_ = syscall.Kill(pgid, syscall.SIGCONT)
+	if err == nil {
+		t.Fatal("liveness passed on a stopped Redis")
+	}
+	t.Logf("liveness on a stopped Redis failed after %s: %v", took.Round(time.Millisecond), err)
+	within(t, 5*time.Second, "liveness passes once Redis runs on", func() bool { return again.alive() == nil }, again.out)
 }

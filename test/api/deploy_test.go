@@ -242,6 +242,8 @@ func TestManagerServiceAccountMayDoWhatTheRoleSays(t *testing.T) {
 		{"patch", "keyroll.dev", "redisclusters/status", "default", true},
 		{"create", "", "secrets", "default", true},
 		{"delete", "", "pods", "default", true},
+		{"create", "policy", "poddisruptionbudgets", "default", true},
+		{"watch", "policy", "poddisruptionbudgets", "", true},
 		{"update", "coordination.k8s.io", "leases", "keyroll-system", true},
 		{"update", "coordination.k8s.io", "leases", "default", false},
 		{"delete", "keyroll.dev", "vaultconnections", "", false},

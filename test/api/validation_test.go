@@ -97,6 +97,7 @@ func TestInvalidObjectsAreRefusedNamingTheField(t *testing.T) {
 			map[string]any{"kind": "Deployment", "name": "x"}, map[string]any{"kind": "Deployment", "name": "x"}}), "spec.rollout.consumers[1]"},
 		"unknown deletion policy":  {rc, set("spec.deletionPolicy", "Delete"), "spec.deletionPolicy"},
 		"zero storage":             {rc, set("spec.storage", map[string]any{"size": "0"}), "spec.storage.size"},
+		"unknown podAntiAffinity":  {rc, set("spec.podAntiAffinity", "Soft"), "spec.podAntiAffinity"},
 		"remote key and generator": {es, set("spec.credentials.externalSecret.generatorRef", map[string]any{"name": "g"}), "spec.credentials.externalSecret"},
 		"remote key without store": {es, del("spec.credentials.externalSecret.storeRef"), "spec.credentials.externalSecret"},
 		"unknown store kind":       {es, set("spec.credentials.externalSecret.storeRef.kind", "Store"), "spec.credentials.externalSecret.storeRef.kind"},
@@ -185,6 +186,42 @@ func TestCredentialSourceCannotBeChanged(t *testing.T) {
 	}
 }
 
+// spec.storage becomes the StatefulSet's volume claim templates, which a StatefulSet cannot
+// change: adding, removing or changing it after creation is refused, naming the field, and an
+// update that leaves it alone is accepted.
+func TestStorageChangeIsRefused(t *testing.T) {
+	ctx := context.Background()
+	size := func(q string) func(map[string]any) {
+		return set("spec.storage", map[string]any{"size": q})
+	}
+	for name, tc := range map[string]struct{ create, change func(map[string]any) }{
+		"added":                {func(map[string]any) {}, size("1Gi")},
+		"removed":              {size("1Gi"), del("spec.storage")},
+		"resized":              {size("1Gi"), size("2Gi")},
+		"another storageClass": {size("1Gi"), set("spec.storage.storageClassName", "fast")},
+	} {
+		t.Run(name, func(t *testing.T) {
+			obj := parse(t, validRedisCluster)
+			obj.SetName("storage-" + strings.ReplaceAll(strings.ToLower(name), " ", "-"))
+			tc.create(obj.Object)
+			if err := k8s.Create(ctx, obj); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = k8s.Delete(ctx, obj) })
+			set("spec.replicas", int64(5))(obj.Object) // a change that is allowed
+			if err := k8s.Update(ctx, obj); err != nil {
+				t.Fatalf("an update that leaves spec.storage alone was refused: %v", err)
+			}
+			tc.change(obj.Object)
+			err := k8s.Update(ctx, obj)
+			if err == nil || !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "spec.storage") || !strings.Contains(err.Error(), "create a new RedisCluster") {
+				t.Fatalf("storage %s: want Invalid naming spec.storage, got %v", name, err)
+			}
+			t.Logf("refused: %v", err)
+		})
+	}
+}
+
 func TestValidBasesAreAccepted(t *testing.T) {
 	ctx := context.Background()
 	for i, base := range []string{validRedisCluster, validExternalSecretCluster, validVaultConnection} {
@@ -211,6 +248,7 @@ func TestDefaultsAreApplied(t *testing.T) {
 		"spec.image":                                 "docker.io/library/redis",
 		"spec.version":                               "7.2",
 		"spec.deletionPolicy":                        "Revoke",
+		"spec.podAntiAffinity":                       "Preferred",
 		"spec.credentials.usernameKey":               "username",
 		"spec.credentials.passwordKey":               "password",
 		"spec.credentials.vaultLease.renewalPercent": int64(67),

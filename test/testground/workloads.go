@@ -32,11 +32,11 @@ const NodeName = "kwok-node-0"
 const KwokPodCIDR = "127.211.0.0/16"
 
 // Workloads makes pods happen: kube-controller-manager runs the workload controllers
-// (StatefulSet, Deployment, ReplicaSet, DaemonSet) and the garbage collector; a binder (the
-// ground has no scheduler) places each pending pod on a node; kwok plays a fake Node's kubelet and
-// marks its pods Running and Ready. With a real node, the binder places pods there by default and
-// kube-controller-manager also runs what real pods need (service accounts, the root CA ConfigMap,
-// EndpointSlices, namespace deletion).
+// (StatefulSet, Deployment, ReplicaSet, DaemonSet), the disruption controller and the garbage
+// collector; a binder (the ground has no scheduler) places each pending pod on a node; kwok plays
+// a fake Node's kubelet and marks its pods Running and Ready. With a real node, the binder places
+// pods there by default and kube-controller-manager also runs what real pods need (service
+// accounts, the root CA ConfigMap, EndpointSlices, namespace deletion).
 type Workloads struct {
 	kcm, kwok *Process
 	cancel    context.CancelFunc
@@ -54,10 +54,12 @@ type WorkloadsOptions struct {
 	RealNode bool
 }
 
-// Controllers that kube-controller-manager runs for the tests.
+// Controllers that kube-controller-manager runs for the tests. The disruption controller keeps the
+// status of PodDisruptionBudgets (keyroll's, for the Redis pods), by which the API server allows or
+// refuses an eviction.
 var kcmControllers = []string{
 	"statefulset-controller", "deployment-controller", "replicaset-controller",
-	"daemonset-controller", "garbage-collector-controller",
+	"daemonset-controller", "garbage-collector-controller", "disruption-controller",
 }
 
 // Controllers that kube-controller-manager runs besides kcmControllers when a real node runs.
