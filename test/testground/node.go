@@ -128,9 +128,21 @@ func checkNodeTools() error {
 // playground's test reads its log to time its start from there).
 const NodeLockTaken = "testground: the real node's lock is ours; starting the node"
 
+// inheritedLockEnv names the descriptor of a node lock that the process's parent took and handed
+// down (a test that must see the machine before the node and after its cleanup, with no other
+// node in between); lockNode then uses it as it is.
+const inheritedLockEnv = "KEYROLL_TESTGROUND_NODE_LOCK_FD"
+
 // lockNode takes the machine's node lock, waiting up to half an hour for another node to stop
 // (test packages run in parallel; only one real node can run at a time).
 func lockNode() (*os.File, error) {
+	if fd := os.Getenv(inheritedLockEnv); fd != "" {
+		n, err := strconv.Atoi(fd)
+		if err != nil {
+			return nil, fmt.Errorf("%s=%q: %w", inheritedLockEnv, fd, err)
+		}
+		return os.NewFile(uintptr(n), nodeLockFile), nil
+	}
 	f, err := os.OpenFile(nodeLockFile, os.O_CREATE|os.O_RDWR, 0o600)
 	if err != nil {
 		return nil, err

@@ -168,10 +168,19 @@ func TestEveryProcessStopsWhenATestFails(t *testing.T) {
 	// all the same. Each run must also find the machine as the one before left it: clean.
 	for _, mode := range []string{"fail", "panic", "kill"} {
 		t.Run(mode, func(t *testing.T) {
+			// This test holds the node lock from before the helper's node to after its cleanup, and
+			// hands it to the helper: no other node of this machine can start in between, so what
+			// is seen is the helper's node and its cleanup alone.
+			lock, err := lockNode()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer lock.Close()
 			before := machineState()
 			out := filepath.Join(t.TempDir(), "record.json")
 			cmd := exec.Command(os.Args[0], "-test.run=^TestHelperFailsWithEverythingRunning$", "-test.count=1")
-			cmd.Env = append(os.Environ(), helperEnv+"="+mode+":"+out)
+			cmd.Env = append(os.Environ(), helperEnv+"="+mode+":"+out, inheritedLockEnv+"=3")
+			cmd.ExtraFiles = []*os.File{lock}
 			output, err := cmd.CombinedOutput()
 			if err == nil {
 				t.Fatalf("the helper test was expected to fail; output:\n%s", output)
