@@ -163,12 +163,15 @@ exit "$status"
 `, runDir, aclMountDir, ReplicationPasswordKey, rc.Name, HeadlessServiceName(rc), redisPort, ReplicationUser, configMountDir)
 }
 
-// readinessCommand asks the node, as the probe user, for its replication state: a primary is
-// Ready once it answers; a replica only once its link to the primary is up and its first sync
-// is done, so that a rollout never takes a replica for ready while it has no data.
+// readinessCommand asks the node, as the probe user, for its state (INFO's default sections; Redis
+// 6 takes one section only): no node is Ready while it loads its dataset (INFO answers then, with
+// role:master on a primary that loads its snapshot); a primary is Ready once it has loaded; a
+// replica only once its link to the primary is up and its first sync is done, so that a rollout
+// never takes a replica for ready while it has no data.
 func readinessCommand() []string {
 	return []string{"sh", "-c", fmt.Sprintf(
-		`out="$(REDISCLI_AUTH="$(cat %[1]s/%[2]s)" redis-cli --no-auth-warning --user %[3]s -h 127.0.0.1 -p %[4]d info replication)" || exit 1
+		`out="$(REDISCLI_AUTH="$(cat %[1]s/%[2]s)" redis-cli --no-auth-warning --user %[3]s -h 127.0.0.1 -p %[4]d info)" || exit 1
+printf '%%s\n' "$out" | grep -q '^loading:0' || exit 1
 case "$out" in *role:master*) exit 0 ;; esac
 printf '%%s\n' "$out" | grep -q '^master_link_status:up' && printf '%%s\n' "$out" | grep -q '^master_sync_in_progress:0'`,
 		aclMountDir, ProbePasswordKey, ProbeUser, redisPort)}

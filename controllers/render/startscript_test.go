@@ -308,6 +308,10 @@ func TestLivenessProbeLeavesALoadAloneAndFailsAHungRedis(t *testing.T) {
 	if passed < 3 {
 		t.Fatalf("the load lasted too short to tell (%d probes)", passed)
 	}
+	if readyWhileLoading {
+		t.Error("the primary was Ready while it loaded its dataset")
+	}
+	within(t, 5*time.Second, "the primary is Ready once it has loaded", again.ready, again.out)
 	if n, err := testground.RedisDo(again.addr(), app.Username, app.Password, "DBSIZE"); err != nil || n != strconv.Itoa(keys) {
 		t.Fatalf("after the load DBSIZE %q, %v; want %d", n, err, keys)
 	}
