@@ -65,6 +65,10 @@ func (r *Engine) Roll(ctx context.Context, rc *v1alpha1.RedisCluster, conds cond
 		}
 	}
 	ro := rc.Status.Rollout
+	if ro != nil && ro.PodInFlight != "" && ordinalOf(ro.PodInFlight) >= int(rc.Spec.Replicas) {
+		// The pod in flight is gone with a scale-down: nothing is left to wait for.
+		ro.PodInFlight, ro.PodRestartedAt = "", nil
+	}
 	if ro == nil && !pending && settledOn(pods, version) {
 		r.Metrics.SetStalePods(client.ObjectKeyFromObject(rc), 0)
 		return true, 0, nil
@@ -216,7 +220,9 @@ func readinessTimeout(rc *v1alpha1.RedisCluster) time.Duration {
 	return defaultReadinessTimeout
 }
 
-// redisPods lists the cluster's pods (the cache holds only pods with keyroll's cluster label).
+// redisPods lists the cluster's pods (the cache holds only pods with keyroll's cluster label)
+// that spec.replicas keeps: those of a higher ordinal are on their way out with a scale-down, and
+// are neither restarted nor waited for.
 func (r *Engine) redisPods(ctx context.Context, rc *v1alpha1.RedisCluster) ([]*corev1.Pod, error) {
 	list := &corev1.PodList{}
 	if err := r.Client.List(ctx, list, client.InNamespace(rc.Namespace), client.MatchingLabels(render.SelectorLabels(rc))); err != nil {
@@ -224,7 +230,9 @@ func (r *Engine) redisPods(ctx context.Context, rc *v1alpha1.RedisCluster) ([]*c
 	}
 	pods := make([]*corev1.Pod, 0, len(list.Items))
 	for i := range list.Items {
-		pods = append(pods, &list.Items[i])
+		if ordinal(&list.Items[i]) < int(rc.Spec.Replicas) {
+			pods = append(pods, &list.Items[i])
+		}
 	}
 	return pods, nil
 }
@@ -261,8 +269,11 @@ func nextPod(pods []*corev1.Pod, version string) *corev1.Pod {
 	return stale[0]
 }
 
-func ordinal(p *corev1.Pod) int {
-	n, _ := strconv.Atoi(p.Name[strings.LastIndexByte(p.Name, '-')+1:])
+func ordinal(p *corev1.Pod) int { return ordinalOf(p.Name) }
+
+// ordinalOf is the ordinal in a StatefulSet pod's name.
+func ordinalOf(name string) int {
+	n, _ := strconv.Atoi(name[strings.LastIndexByte(name, '-')+1:])
 	return n
 }
 
