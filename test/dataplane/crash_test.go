@@ -84,9 +84,13 @@ func TestCrashedRedisContainerRestartsInPlace(t *testing.T) {
 		}
 		return ""
 	})
-	if c := condition(get(t, rc), v1alpha1.ConditionReady); c == nil || c.Status != "True" {
-		t.Errorf("after the restart in place: Ready %+v", c)
-	}
+	// keyroll's status follows the pod's readiness with a reconcile's delay.
+	eventually(t, time.Minute, func() string {
+		if c := condition(get(t, rc), v1alpha1.ConditionReady); c == nil || c.Status != "True" {
+			return fmt.Sprintf("after the restart in place: Ready %+v", c)
+		}
+		return ""
+	})
 }
 
 // nodeStatus is the status.nodes entry of a pod, or nil.
