@@ -281,7 +281,8 @@ func reasonsOf(list []eventsv1.Event) []string {
 	return out
 }
 
-// events lists the events about an object.
+// events lists the events about a RedisCluster (not those about its objects of the same name,
+// such as its client Service, about which the API server may warn on its own).
 func events(t *testing.T, ns, name string) []eventsv1.Event {
 	t.Helper()
 	list := &eventsv1.EventList{}
@@ -290,11 +291,25 @@ func events(t *testing.T, ns, name string) []eventsv1.Event {
 	}
 	var out []eventsv1.Event
 	for _, e := range list.Items {
-		if e.Regarding.Name == name {
+		if e.Regarding.Name == name && e.Regarding.Kind == "RedisCluster" {
 			out = append(out, e)
 		}
 	}
 	return out
+}
+
+// eventsNaming lists the reasons of the events about a RedisCluster whose notes name any of
+// words (a credential version, a user, a lease), each occurrence counted: the events of one
+// rotation, whatever the series of earlier events did meanwhile.
+func eventsNaming(t *testing.T, ns, name string, words ...string) []string {
+	t.Helper()
+	var out []eventsv1.Event
+	for _, e := range events(t, ns, name) {
+		if slices.ContainsFunc(words, func(w string) bool { return strings.Contains(e.Note, w) }) {
+			out = append(out, e)
+		}
+	}
+	return reasonsOf(out)
 }
 
 // newReasons lists the reasons in after beyond those already in before (each occurrence counted).
