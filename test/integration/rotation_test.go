@@ -383,10 +383,10 @@ func TestLiveRotationMovesUsersNotPodsAndConsumersOnlyOnceEveryNodeAcceptsThenRe
 		t.Errorf("rotate-now not acknowledged: %q", cur.Status.RotateNowAcknowledged)
 	}
 	// Each step once: a reconcile that read a lagging cache must not apply, finish, retire or
-	// revoke a second time. The rotation's events are those that name its credential, the user it
-	// retired or the lease it revoked (an event of the cluster's creation repeated in a series
-	// may reach the API server only now).
-	got := eventsNaming(t, "rotate", "orders", cur.Status.Credential.Version, oldUser, oldLease)
+	// revoke a second time. The rotation's events are those that name its credential, the
+	// retirement of the old user or the lease it revoked (an event of the cluster's creation
+	// repeated in a series may reach the API server only now, and names the old user too).
+	got := eventsNaming(t, "rotate", "orders", cur.Status.Credential.Version, "Users "+oldUser+" removed", oldLease)
 	for _, once := range []string{v1alpha1.EventCredentialsIssued, v1alpha1.EventRotationStarted, v1alpha1.EventUsersApplied,
 		v1alpha1.EventConsumerRestarted, v1alpha1.EventRotationFinished, v1alpha1.EventUsersRetired, v1alpha1.EventLeaseRevoked} {
 		if n := countOf(got, once); n != 1 {
