@@ -14,14 +14,16 @@ import (
 )
 
 // killRedis kills redis-server inside a pod's container with kubectl exec, as an OOM kill or a
-// crash would end it: SIGKILL, no shutdown, no save.
+// crash would end it: SIGKILL, no shutdown, no save. The test then sees the container restart.
 func killRedis(t *testing.T, ns, pod string) {
 	t.Helper()
 	bin, err := testground.Binary("kubectl")
 	if err != nil {
 		t.Fatal(err)
 	}
-	script := `for p in /proc/[0-9]*; do [ "$(cat "$p/comm" 2>/dev/null)" = redis-server ] && kill -KILL "${p#/proc/}"; done; true`
+	// The kill runs detached, a moment after the exec returns: the container ends with its Redis,
+	// and an exec still running in it would end with it (exit 137).
+	script := `(sleep 0.5; for p in /proc/[0-9]*; do [ "$(cat "$p/comm" 2>/dev/null)" = redis-server ] && kill -KILL "${p#/proc/}"; done) </dev/null >/dev/null 2>&1 &`
 	cmd := exec.Command(bin, "exec", "-n", ns, pod, "-c", "redis", "--", "sh", "-c", script)
 	cmd.Env = append(os.Environ(), "KUBECONFIG="+ground.CP.Kubeconfig)
 	if out, err := cmd.CombinedOutput(); err != nil {
