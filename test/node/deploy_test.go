@@ -54,7 +54,7 @@ func TestManagerRunsAsAPodFromDeployDefault(t *testing.T) {
 	})
 	kubectl(t, "apply", "-k", managerOverlay(t))
 	pods := waitManagerReady(t, ctx)
-	checkRestricted(t, ctx)
+	checkRestricted(t, ctx, harness.OperatorNS)
 	leader := waitLeaderIn(t, ctx, harness.OperatorNS, pods)
 	t.Logf("manager pods Ready and %s leads, %s after apply", leader.Name, time.Since(start).Round(time.Millisecond))
 
@@ -126,24 +126,24 @@ func waitManagerReady(t *testing.T, ctx context.Context) []corev1.Pod {
 	return pods
 }
 
-// checkRestricted asserts that the manager's namespace enforces the restricted Pod Security
-// Standard: it says so, and a pod that breaks the standard is refused there.
-func checkRestricted(t *testing.T, ctx context.Context) {
+// checkRestricted asserts that namespace ns enforces the restricted Pod Security Standard: it
+// says so, and a pod that breaks the standard is refused there.
+func checkRestricted(t *testing.T, ctx context.Context, ns string) {
 	t.Helper()
-	ns, err := cs.CoreV1().Namespaces().Get(ctx, harness.OperatorNS, metav1.GetOptions{})
+	got, err := cs.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := ns.Labels["pod-security.kubernetes.io/enforce"]; got != "restricted" {
-		t.Errorf("namespace %s enforces %q, want restricted", harness.OperatorNS, got)
+	if level := got.Labels["pod-security.kubernetes.io/enforce"]; level != "restricted" {
+		t.Errorf("namespace %s enforces %q, want restricted", ns, level)
 	}
 	rogue := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: "rogue", Namespace: harness.OperatorNS},
+		ObjectMeta: metav1.ObjectMeta{Name: "rogue", Namespace: ns},
 		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: testground.RedisImage}}},
 	}
-	_, err = cs.CoreV1().Pods(harness.OperatorNS).Create(ctx, rogue, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+	_, err = cs.CoreV1().Pods(ns).Create(ctx, rogue, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
 	if !apierrors.IsForbidden(err) {
-		t.Errorf("a pod without a restricted security context was not refused in %s: %v", harness.OperatorNS, err)
+		t.Errorf("a pod without a restricted security context was not refused in %s: %v", ns, err)
 	}
 }
 
