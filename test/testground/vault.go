@@ -104,31 +104,10 @@ func (v *Vault) ConfigureRedis(ctx context.Context, r *Redis, roles ...RedisRole
 	if err != nil && !strings.Contains(err.Error(), "path is already in use") {
 		return fmt.Errorf("enabling the database secrets engine: %w", err)
 	}
-	names := make([]string, 0, len(roles))
-	for _, role := range roles {
-		names = append(names, role.Name)
-	}
-	_, err = v.Root.Logical().WriteWithContext(ctx, "database/config/redis", map[string]any{
-		"plugin_name":       "redis-database-plugin",
-		"host":              "127.0.0.1",
-		"port":              r.Port,
-		"username":          r.AdminUser,
-		"password":          r.AdminPassword,
-		"allowed_roles":     strings.Join(names, ","),
-		"verify_connection": true,
-	})
-	if err != nil {
-		return fmt.Errorf("configuring the redis connection: %w", err)
-	}
-	for _, role := range roles {
-		if err := v.WriteRedisRole(ctx, role); err != nil {
-			return err
-		}
-	}
-	return nil
+	return v.ConnectRedis(ctx, "redis", "127.0.0.1", r.Port, r.AdminUser, r.AdminPassword, roles...)
 }
 
-// WriteRedisRole writes one role of the database secrets engine for the "redis" connection.
+// WriteRedisRole writes one role of the database secrets engine, on role.Connection ("redis" by default).
 func (v *Vault) WriteRedisRole(ctx context.Context, role RedisRole) error {
 	rules := role.ACLRules
 	if len(rules) == 0 {
