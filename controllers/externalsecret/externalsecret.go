@@ -258,7 +258,7 @@ func (r *Source) reportSynced(cl *ledger.Cluster, es *esv1.ExternalSecret, sc *r
 		}
 		msg := fmt.Sprintf("External Secrets Operator synced a credential into Secret %s; its lease is not tracked: %s. Nobody renews or revokes it; it lives until its Vault TTL", secret, why)
 		if cl.Conds.Set(v1alpha1.ConditionCredentialsReady, metav1.ConditionTrue, v1alpha1.ReasonLeasesNotTracked, msg) {
-			cl.Conds.Event(false, v1alpha1.EventLeasesNotTracked, "Adopt", "%s", msg)
+			cl.Conds.Announce(false, v1alpha1.EventLeasesNotTracked, "Adopt", "%s", msg)
 		}
 	}
 	lifetime := sc.LeaseDuration
@@ -270,7 +270,7 @@ func (r *Source) reportSynced(cl *ledger.Cluster, es *esv1.ExternalSecret, sc *r
 		msg := fmt.Sprintf("externalSecret.refreshInterval (%s) is not shorter than the credential's lifetime (%s): External Secrets Operator will leave an expired credential in place",
 			interval.Duration, lifetime)
 		if cl.Conds.Set(v1alpha1.ConditionSourceHealthy, metav1.ConditionFalse, v1alpha1.ReasonRefreshIntervalTooLong, msg) {
-			cl.Conds.Event(true, v1alpha1.EventRefreshIntervalTooLong, "Adopt", "%s", msg)
+			cl.Conds.Announce(true, v1alpha1.EventRefreshIntervalTooLong, "Adopt", "%s", msg)
 		}
 		return
 	}
@@ -280,7 +280,7 @@ func (r *Source) reportSynced(cl *ledger.Cluster, es *esv1.ExternalSecret, sc *r
 	if c := esReady(es); c != nil && c.Status == corev1.ConditionFalse {
 		msg := fmt.Sprintf("ExternalSecret %s is not Ready (%s): %s", es.Name, c.Reason, c.Message)
 		if cl.Conds.Set(v1alpha1.ConditionSourceHealthy, metav1.ConditionFalse, v1alpha1.ReasonExternalSecretNotReady, msg) {
-			cl.Conds.Event(true, v1alpha1.EventExternalSecretNotReady, "Sync", "%s", msg)
+			cl.Conds.Announce(true, v1alpha1.EventExternalSecretNotReady, "Sync", "%s", msg)
 		}
 		return
 	}
@@ -356,7 +356,7 @@ func (r *Source) endedEarly(cl *ledger.Cluster, tracked bool) bool {
 	msg := fmt.Sprintf("A lease External Secrets Operator obtained was gone from Vault %s after it was issued, before its expiry: most likely External Secrets Operator's own Vault token ended, and Vault revoked the lease with it (keyroll cannot keep that token alive; it replaced the credential as soon as it noticed, within --lease-check-interval). Give External Secrets Operator's auth role a token TTL well above externalSecret.refreshInterval (%s), so that each credential is refreshed before its token ends",
 		c.LeaseEndedEarlyAfter.Duration, durationOr(cl.RC.Spec.Credentials.ExternalSecret.RefreshInterval))
 	if cl.Conds.Set(v1alpha1.ConditionSourceHealthy, metav1.ConditionFalse, v1alpha1.ReasonLeaseEndedEarly, msg) {
-		cl.Conds.Event(true, v1alpha1.EventLeaseEndedEarly, "Adopt", "%s", msg)
+		cl.Conds.Announce(true, v1alpha1.EventLeaseEndedEarly, "Adopt", "%s", msg)
 	}
 	return true
 }
@@ -382,7 +382,7 @@ func (r *Source) leaseGoneExternally(ctx context.Context, cl *ledger.Cluster) {
 	if now := r.Clock.Now(); c.IssuedAt != nil && c.ExpiresAt != nil && now.Before(c.ExpiresAt.Time) {
 		c.LeaseEndedEarlyAfter = &metav1.Duration{Duration: now.Sub(c.IssuedAt.Time).Truncate(time.Second)}
 	}
-	cl.Conds.Event(true, v1alpha1.EventLeaseRevokedOutside, "Revoke",
+	cl.Conds.Announce(true, v1alpha1.EventLeaseRevokedOutside, "Revoke",
 		"Lease %s that External Secrets Operator obtained is gone from Vault before its expiry (revoked outside keyroll, or ended with External Secrets Operator's own Vault token): asking for a new credential at once",
 		c.LeaseID)
 	log.FromContext(ctx).Info("Tracked lease gone from Vault; asking External Secrets Operator for a new credential", "lease", c.LeaseID)

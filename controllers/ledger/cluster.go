@@ -31,6 +31,6 @@ type Cluster struct {
 // with eventReason says so too when the condition changes.
 func (c *Cluster) NotReady(reason, eventReason, action, msg string, warn bool) {
 	if c.Conds.Set(v1alpha1.ConditionCredentialsReady, metav1.ConditionFalse, reason, msg) && warn {
-		c.Conds.Event(true, eventReason, action, "%s", msg)
+		c.Conds.Announce(true, eventReason, action, "%s", msg)
 	}
 }

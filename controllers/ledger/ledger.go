@@ -157,7 +157,7 @@ func (l *Ledger) Revoke(ctx context.Context, cl *Cluster, vcl vault.LeaseClient,
 		return fmt.Errorf("revoking lease %s (%s): %w", id, vault.ClassOf(err), err)
 	}
 	cl.RC.Status.Leases = Remove(cl.RC.Status.Leases, id)
-	cl.Conds.Event(false, v1alpha1.EventLeaseRevoked, "Revoke", "Revoked lease %s", id)
+	cl.Conds.Announce(false, v1alpha1.EventLeaseRevoked, "Revoke", "Revoked lease %s", id) // it leaves the ledger
 	log.FromContext(ctx).Info("Lease revoked", "lease", id)
 	return nil
 }
@@ -170,7 +170,7 @@ func (l *Ledger) Outcome(cl *Cluster, err error) error {
 	}
 	msg := fmt.Sprintf("%d lease(s) not revoked yet, retrying: %v", Count(cl.RC, v1alpha1.LeaseRevoking), err)
 	if cl.Conds.Set(v1alpha1.ConditionLeasesRevoked, metav1.ConditionFalse, v1alpha1.ReasonRevocationPending, msg) {
-		cl.Conds.Event(true, v1alpha1.EventRevocationFailed, "Revoke", "%s", msg)
+		cl.Conds.Announce(true, v1alpha1.EventRevocationFailed, "Revoke", "%s", msg)
 	}
 	return err
 }

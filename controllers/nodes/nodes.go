@@ -111,10 +111,10 @@ func (s *Syncer) applied(rc *v1alpha1.RedisCluster, conds conditions.Setter, wan
 	old := meta.FindStatusCondition(rc.Status.Conditions, v1alpha1.ConditionUsersApplied)
 	news := old == nil || old.Message != msg // another credential, or another count of nodes
 	if conds.Set(v1alpha1.ConditionUsersApplied, metav1.ConditionTrue, v1alpha1.ReasonApplied, msg) || news {
-		conds.Event(false, v1alpha1.EventUsersApplied, "ApplyUsers", "%s", msg)
+		conds.Announce(false, v1alpha1.EventUsersApplied, "ApplyUsers", "%s", msg)
 	}
 	if len(want.Users.Retiring) > 0 {
-		conds.Event(false, v1alpha1.EventUsersRetired, "ApplyUsers", "Users %s removed from all %d Redis nodes",
+		conds.Announce(false, v1alpha1.EventUsersRetired, "ApplyUsers", "Users %s removed from all %d Redis nodes",
 			strings.Join(want.Users.Retiring, ", "), len(rc.Status.Nodes))
 		rc.Status.RetiringUsers = nil
 		without := want.Users.WithoutRetiring().Version()
@@ -175,7 +175,7 @@ func (p *problem) report(conds conditions.Setter, confirmed, replicas int) time.
 		msg = p.msg + "; nothing was applied (the pods run on, with the users they had)"
 	}
 	if conds.Set(v1alpha1.ConditionUsersApplied, metav1.ConditionFalse, p.reason, msg) && p.warn {
-		conds.Event(true, p.reason, "ApplyUsers", "%s", msg)
+		conds.Announce(true, p.reason, "ApplyUsers", "%s", msg)
 	}
 	return p.wait
 }

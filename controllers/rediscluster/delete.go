@@ -48,7 +48,7 @@ func (r *deps) revokeAll(ctx context.Context, s *scope) (ctrl.Result, error) {
 	if vcl == nil {
 		msg := fmt.Sprintf("%d lease(s) cannot be revoked: %s", len(s.RC.Status.Leases), conditionMessage(s.RC, v1alpha1.ConditionCredentialsReady))
 		if s.Conds.Set(v1alpha1.ConditionLeasesRevoked, metav1.ConditionFalse, v1alpha1.ReasonRevocationPending, msg) {
-			s.Conds.Event(true, v1alpha1.EventRevocationFailed, "Revoke", "%s", msg)
+			s.Conds.Announce(true, v1alpha1.EventRevocationFailed, "Revoke", "%s", msg)
 		}
 		return ctrl.Result{RequeueAfter: wait}, err
 	}

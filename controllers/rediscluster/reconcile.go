@@ -50,7 +50,8 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	s := &scope{before: rc.DeepCopy(), Cluster: &ledger.Cluster{RC: rc,
-		Conds: conditions.Setter{Obj: rc, Conditions: &rc.Status.Conditions, Recorder: r.Recorder}}}
+		Conds: conditions.Setter{Obj: rc, Conditions: &rc.Status.Conditions, Recorder: r.Recorder,
+			Announced: &conditions.Announced{}}}}
 	s.Persist = func(ctx context.Context) error { return r.writeStatus(ctx, s) }
 	defer func() {
 		err := r.writeStatus(ctx, s)
@@ -231,15 +232,20 @@ func (r *Reconciler) externalSecretsMissing(s *scope) {
 }
 
 // writeStatus sums the conditions up (Ready, Degraded), derives the phase and writes the status if
-// it changed.
+// it changed; then the events announcing its changes are recorded. A reconcile that started from
+// a stale cache computes the changes a previous one wrote, and its write conflicts: its events go
+// with it, so that each change is announced once.
 func (r *deps) writeStatus(ctx context.Context, s *scope) error {
 	s.summarize()
 	s.RC.Status.Phase = phaseOf(s.RC)
 	err := apply.PatchStatus(ctx, r.Client, s.before, s.RC, func(o client.Object) any { return o.(*v1alpha1.RedisCluster).Status })
-	if err == nil {
-		s.before = s.RC.DeepCopy()
+	if err != nil {
+		s.Conds.NotWritten()
+		return err
 	}
-	return err
+	s.before = s.RC.DeepCopy()
+	s.Conds.Written()
+	return nil
 }
 
 // phaseOf summarises the conditions for kubectl get.
@@ -278,6 +284,6 @@ func (r *deps) parseRotation(s *scope) {
 	}
 	s.Schedule, s.Window = nil, nil
 	if s.Conds.Set(v1alpha1.ConditionScheduleValid, metav1.ConditionFalse, v1alpha1.ReasonInvalidSchedule, "spec.rotation: "+err.Error()) {
-		s.Conds.Event(true, v1alpha1.EventInvalidSchedule, "Schedule", "spec.rotation: %v", err)
+		s.Conds.Announce(true, v1alpha1.EventInvalidSchedule, "Schedule", "spec.rotation: %v", err)
 	}
 }

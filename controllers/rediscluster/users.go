@@ -144,7 +144,7 @@ func (r *deps) vaultPluginUser(ctx context.Context, s *scope) (*render.ACLUser, 
 		if password = string(sec.Data[ref.Key]); password == "" {
 			msg := fmt.Sprintf("spec.vaultPlugin.passwordSecretRef: Secret %s has no key %q in namespace %s", ref.Name, ref.Key, rc.Namespace)
 			if s.Conds.Set(v1alpha1.ConditionUsersApplied, metav1.ConditionFalse, v1alpha1.ReasonSecretNotFound, msg) {
-				s.Conds.Event(true, v1alpha1.EventSecretNotFound, "ApplyUsers", "%s", msg)
+				s.Conds.Announce(true, v1alpha1.EventSecretNotFound, "ApplyUsers", "%s", msg)
 			}
 			return nil, nil
 		}

@@ -2,6 +2,8 @@ package rediscluster
 
 import (
 	"context"
+	"errors"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -11,6 +13,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
 	"github.com/keyroll/keyroll/controllers/render"
@@ -289,4 +292,61 @@ func TestStartingRedisIsWaitedForNotReportedUnreachable(t *testing.T) {
 	if c := condition(rc, v1alpha1.ConditionUsersApplied); c.Reason != v1alpha1.ReasonNodeUnreachable {
 		t.Errorf("UsersApplied %+v for a Ready pod that refuses connections: want NodeUnreachable", c)
 	}
+}
+
+// Defect, seen in a fresh-clone run: a reconcile that started from a stale cache confirmed every
+// node on the rotation's credential, recorded UsersApplied, and lost its status write to a
+// conflict; the next reconcile found the same change and recorded it again: two UsersApplied
+// events for one rotation. Events about a status change are recorded once that status is
+// written.
+func TestAStatusWriteLostToAConflictAnnouncesNothing(t *testing.T) {
+	h := newHarness(t, cluster(threeNodes))
+	rc := h.settle(t)
+	old := h.staged(t)
+	h.eventReasons()
+
+	appliedTo := regexp.MustCompile(`each accepts credential \S+ \(user ([^)]+)\)`)
+	conflicted := false
+	conflicting := interceptor.NewClient(h.k8s.(client.WithWatch), interceptor.Funcs{
+		SubResourcePatch: func(ctx context.Context, c client.Client, s string, o client.Object, p client.Patch, opts ...client.SubResourcePatchOption) error {
+			data, err := p.Data(o)
+			if err != nil {
+				return err
+			}
+			if m := appliedTo.FindSubmatch(data); !conflicted && m != nil && string(m[1]) != old.Username {
+				conflicted = true
+				return apierrors.NewConflict(v1alpha1.GroupVersion.WithResource("redisclusters").GroupResource(), o.GetName(), errors.New("the object has been modified"))
+			}
+			return c.SubResource(s).Patch(ctx, o, p, opts...)
+		},
+	})
+	h.r = h.r.WithClient(conflicting)
+	rc.Annotations = map[string]string{v1alpha1.AnnotationRotateNow: "now"}
+	if err := h.k8s.Update(context.Background(), rc); err != nil {
+		t.Fatal(err)
+	}
+	h.settle(t)
+
+	if !conflicted {
+		t.Fatal("no status write carrying the new credential's UsersApplied was made")
+	}
+	reasons := h.eventReasons()
+	if n := countOf(reasons, v1alpha1.EventUsersApplied); n != 1 {
+		t.Errorf("%d UsersApplied events for one rotation, want 1: %v", n, reasons)
+	}
+	for _, e := range []string{v1alpha1.EventCredentialsIssued, v1alpha1.EventRotationStarted, v1alpha1.EventRotationFinished, v1alpha1.EventUsersRetired, v1alpha1.EventLeaseRevoked} {
+		if n := countOf(reasons, e); n != 1 {
+			t.Errorf("%d %s events for one rotation, want 1: %v", n, e, reasons)
+		}
+	}
+}
+
+func countOf(s []string, v string) int {
+	n := 0
+	for _, e := range s {
+		if e == v {
+			n++
+		}
+	}
+	return n
 }

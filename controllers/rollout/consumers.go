@@ -71,7 +71,7 @@ func (r *Engine) restartConsumer(ctx context.Context, s *step, w workload, ref v
 
 func reportConsumer(s *step, reason, event, msg string) {
 	if s.conds.Set(v1alpha1.ConditionRolloutHealthy, metav1.ConditionFalse, reason, msg) {
-		s.conds.Event(true, event, "Rollout", "%s", msg)
+		s.conds.Announce(true, event, "Rollout", "%s", msg)
 	}
 }
 

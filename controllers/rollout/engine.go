@@ -117,7 +117,7 @@ func (r *Engine) startRollout(ctx context.Context, s *step, version string) *v1a
 		what = "Restarting the Redis pods, then the consumers, one at a time, on credential " + version + ", which every Redis node accepts"
 	}
 	s.conds.Set(v1alpha1.ConditionRolloutProgressing, metav1.ConditionTrue, v1alpha1.ReasonRolloutInProgress, what)
-	s.conds.Event(false, v1alpha1.EventRotationStarted, "Rollout", "Rolling out credential %s", version)
+	s.conds.Announce(false, v1alpha1.EventRotationStarted, "Rollout", "Rolling out credential %s", version)
 	log.FromContext(ctx).Info("Rollout started", "version", version)
 	return ro
 }
@@ -129,7 +129,7 @@ func (r *Engine) finishRollout(ctx context.Context, s *step) {
 	s.rc.Status.Rollout = nil
 	s.conds.Set(v1alpha1.ConditionRolloutProgressing, metav1.ConditionFalse, v1alpha1.ReasonRolloutComplete,
 		"Every consumer runs credential "+ro.TargetVersion)
-	s.conds.Event(false, v1alpha1.EventRotationFinished, "Rollout", "Credential %s rolled out in %s", ro.TargetVersion, took)
+	s.conds.Announce(false, v1alpha1.EventRotationFinished, "Rollout", "Credential %s rolled out in %s", ro.TargetVersion, took)
 	if meta.FindStatusCondition(s.rc.Status.Conditions, v1alpha1.ConditionRolloutHealthy) != nil {
 		s.conds.Set(v1alpha1.ConditionRolloutHealthy, metav1.ConditionTrue, v1alpha1.ReasonRolloutComplete, "The rollout is complete")
 	}
@@ -208,7 +208,7 @@ func (r *Engine) podSettled(s *step, pods []*corev1.Pod, ro *v1alpha1.RolloutSta
 	}
 	msg := fmt.Sprintf("Pod %s is not Ready on credential %s after %s; no further pod is restarted until it is", ro.PodInFlight, ro.TargetVersion, readinessTimeout(s.rc))
 	if s.conds.Set(v1alpha1.ConditionRolloutHealthy, metav1.ConditionFalse, v1alpha1.ReasonRolloutStalled, msg) {
-		s.conds.Event(true, v1alpha1.EventRolloutStalled, "Rollout", "%s", msg)
+		s.conds.Announce(true, v1alpha1.EventRolloutStalled, "Rollout", "%s", msg)
 	}
 	return false, time.Minute
 }

@@ -87,12 +87,12 @@ func (r *Source) revokedOutside(ctx context.Context, cl *ledger.Cluster) error {
 		if c.Username != "" && !slices.Contains(c.SupersededUsers, c.Username) {
 			c.SupersededUsers = append(c.SupersededUsers, c.Username)
 		}
-		cl.Conds.Event(true, v1alpha1.EventLeaseRevokedOutside, "Revoke",
+		cl.Conds.Announce(true, v1alpha1.EventLeaseRevokedOutside, "Revoke",
 			"Lease %s of user %s was revoked outside keyroll; issuing a new credential at once (onRevokedOutside RollOver: the user stays on the Redis nodes until the new credential has rolled out)", c.LeaseID, c.Username)
 		log.FromContext(ctx).Info("Lease revoked outside keyroll; rolling over", "lease", c.LeaseID, "username", c.Username)
 		return nil
 	}
-	cl.Conds.Event(true, v1alpha1.EventLeaseRevokedOutside, "Revoke",
+	cl.Conds.Announce(true, v1alpha1.EventLeaseRevokedOutside, "Revoke",
 		"Lease %s of user %s was revoked outside keyroll; the user is cut off on every Redis node and a new credential is issued at once (onRevokedOutside CutOff)", c.LeaseID, c.Username)
 	log.FromContext(ctx).Info("Lease revoked outside keyroll; cutting its user off", "lease", c.LeaseID, "username", c.Username)
 	if c.Username != "" && !slices.Contains(rc.Status.RetiringUsers, c.Username) {

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"maps"
 	"net"
 	"net/url"
@@ -165,6 +166,11 @@ func TestPlaygroundRunsTheSamplesAndCleansUp(t *testing.T) {
 	}
 
 	pids := descendants(cmd.Process.Pid)
+	names := map[int]string{}
+	for _, pid := range pids {
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		names[pid] = strings.Join(strings.Fields(strings.ReplaceAll(string(b), "\x00", " ")), " ")
+	}
 	ports := []int{portOf(t, state.VaultAddr), portOf(t, "http://"+state.RedisAddr), apiServerPort(t, state.Kubeconfig)}
 	if len(pids) < 11 {
 		t.Fatalf("the playground runs %d processes, want at least 11 (etcd, kube-apiserver, kube-controller-manager, containerd, kubelet, kube-proxy, coredns, external-secrets, vault, redis-server, keyroll)", len(pids))
@@ -200,7 +206,7 @@ func TestPlaygroundRunsTheSamplesAndCleansUp(t *testing.T) {
 	}
 	for _, pid := range pids {
 		if testground.Alive(pid) {
-			t.Errorf("process %d is still running after Ctrl-C", pid)
+			t.Errorf("process %d (%.120s) is still running after Ctrl-C (%s)", pid, names[pid], testground.ProcessState(pid))
 		}
 	}
 	for _, port := range ports {

@@ -117,18 +117,42 @@ func (p *Process) Exited() bool {
 	}
 }
 
-// Stop ends the process group: SIGTERM, then SIGKILL after a grace period. It waits for the exit.
+// Stop ends the process group: SIGTERM, then SIGKILL after a grace period. It waits until the
+// group is gone, not only its leader: what the process started in its group (Vault's plugins, a
+// CNI plugin containerd was running) ends with it, before Stop returns.
 func (p *Process) Stop() {
-	if p == nil || p.cmd.Process == nil || p.Exited() {
+	if p == nil || p.cmd.Process == nil {
 		return
 	}
-	_ = syscall.Kill(-p.PID(), syscall.SIGTERM)
+	if !p.Exited() {
+		_ = syscall.Kill(-p.PID(), syscall.SIGTERM)
+	}
 	select {
 	case <-p.done:
 	case <-time.After(5 * time.Second):
 		_ = syscall.Kill(-p.PID(), syscall.SIGKILL)
 		<-p.done
 	}
+	if !waitGroupGone(p.PID(), 5*time.Second) {
+		_ = syscall.Kill(-p.PID(), syscall.SIGKILL)
+		waitGroupGone(p.PID(), 5*time.Second)
+	}
+}
+
+// waitGroupGone waits up to timeout for every process of the group pgid to end, and says
+// whether they did.
+func waitGroupGone(pgid int, timeout time.Duration) bool {
+	for end := time.Now().Add(timeout); groupLeft(pgid); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(end) {
+			return false
+		}
+	}
+	return true
+}
+
+// groupLeft says whether a process of the group pgid still exists.
+func groupLeft(pgid int) bool {
+	return syscall.Kill(-pgid, 0) == nil
 }
 
 // Tail returns the end of the process's log, for error messages.
