@@ -15,7 +15,7 @@ package controllers
 // +kubebuilder:rbac:groups=external-secrets.io,resources=externalsecrets,verbs=get;list;watch;create;update;patch;delete
 
 // Rollouts: Redis pods are deleted one at a time; consumers get a pod-template annotation.
-// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch;delete
+// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch;patch;delete
 // +kubebuilder:rbac:groups=apps,resources=deployments;daemonsets,verbs=get;list;watch;patch
 
 // Vault's Kubernetes auth: a token for the operator's own service account.

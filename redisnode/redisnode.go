@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"net"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -48,6 +49,13 @@ type Node interface {
 	Accepts(ctx context.Context, username, password string) (bool, error)
 	// Replication is the node's replication state.
 	Replication(ctx context.Context) (Replication, error)
+	// Failover hands the node's primary role to its replica at host:port with Redis's
+	// coordinated FAILOVER: writes pause until the replica has caught up, then the replica is the
+	// primary and this node its replica. It returns once Redis has started it; if the replica has
+	// not caught up within timeout, Redis aborts it and this node stays the primary.
+	Failover(ctx context.Context, host string, port int, timeout time.Duration) error
+	// ReplicaOf makes the node a replica of host:port, or a primary when host is empty.
+	ReplicaOf(ctx context.Context, host string, port int) error
 	// Close ends the connection.
 	Close() error
 }
@@ -184,6 +192,22 @@ type Replication struct {
 	// FullSyncs and PartialSyncs count the resyncs this node served as a primary since it
 	// started (sync_full, sync_partial_ok).
 	FullSyncs, PartialSyncs int
+	// MasterHost and MasterPort are a replica's primary, as it was told.
+	MasterHost string
+	MasterPort int
+	// Offset is the node's replication offset (master_repl_offset): on a primary, how far its
+	// stream has gone; on a replica, how far it has taken it in.
+	Offset int64
+	// Replicas are a primary's connected replicas.
+	Replicas []Replica
+}
+
+// Replica is one replica as its primary sees it.
+type Replica struct {
+	IP     string
+	Port   int
+	State  string // online once its initial sync is done
+	Offset int64
 }
 
 // Replication reads INFO replication and INFO stats.
@@ -207,10 +231,57 @@ func ParseReplication(info string) Replication {
 		_, _ = fmt.Sscan(f[k], &v)
 		return v
 	}
-	return Replication{
+	r := Replication{
 		Role: f["role"], LinkUp: f["master_link_status"] == "up", SyncInProgress: f["master_sync_in_progress"] == "1",
 		ConnectedReplicas: num("connected_slaves"), FullSyncs: num("sync_full"), PartialSyncs: num("sync_partial_ok"),
+		MasterHost: f["master_host"], MasterPort: num("master_port"), Offset: int64(num("master_repl_offset")),
 	}
+	for i := 0; ; i++ {
+		v, ok := f[fmt.Sprintf("slave%d", i)]
+		if !ok {
+			break
+		}
+		// slave0:ip=10.0.0.11,port=6379,state=online,offset=1234,lag=0
+		var rep Replica
+		for _, kv := range strings.Split(v, ",") {
+			k, val, _ := strings.Cut(kv, "=")
+			switch k {
+			case "ip":
+				rep.IP = val
+			case "port":
+				_, _ = fmt.Sscan(val, &rep.Port)
+			case "state":
+				rep.State = val
+			case "offset":
+				_, _ = fmt.Sscan(val, &rep.Offset)
+			}
+		}
+		r.Replicas = append(r.Replicas, rep)
+	}
+	return r
+}
+
+// Failover starts a coordinated FAILOVER to the replica at host:port.
+func (n *Client) Failover(ctx context.Context, host string, port int, timeout time.Duration) error {
+	err := n.c.Do(ctx, "FAILOVER", "TO", host, strconv.Itoa(port), "TIMEOUT", strconv.FormatInt(timeout.Milliseconds(), 10)).Err()
+	if err != nil {
+		return n.wrap("starting FAILOVER to "+net.JoinHostPort(host, strconv.Itoa(port)), err)
+	}
+	return nil
+}
+
+// ReplicaOf sends REPLICAOF host port, or REPLICAOF NO ONE when host is empty.
+func (n *Client) ReplicaOf(ctx context.Context, host string, port int) error {
+	args := []any{"REPLICAOF", "NO", "ONE"}
+	what := "making the node a primary"
+	if host != "" {
+		args = []any{"REPLICAOF", host, strconv.Itoa(port)}
+		what = "making the node a replica of " + net.JoinHostPort(host, strconv.Itoa(port))
+	}
+	if err := n.c.Do(ctx, args...).Err(); err != nil {
+		return n.wrap(what, err)
+	}
+	return nil
 }
 
 // InfoFields splits INFO's text into its key:value fields.

@@ -26,6 +26,16 @@ const (
 	// LabelCluster names the RedisCluster an object belongs to.
 	LabelCluster = "keyroll.dev/cluster"
 
+	// LabelRole on a Redis pod says whether it is the cluster's primary (RolePrimary) or a
+	// replica (RoleReplica); keyroll keeps it, and the client Service selects the primary by it.
+	LabelRole   = "keyroll.dev/role"
+	RolePrimary = "primary"
+	RoleReplica = "replica"
+
+	// AnnotationPodTemplate on the Redis pods' template is a hash of the template (the credential
+	// version apart): a pod whose value differs was made from an older template, and is restarted.
+	AnnotationPodTemplate = "keyroll.dev/pod-template"
+
 	// LabelVaultConnection names the VaultConnection a token Secret belongs to.
 	LabelVaultConnection = "keyroll.dev/vault-connection"
 
@@ -121,6 +131,16 @@ const (
 	EventUsersRetired      = "UsersRetired"
 	EventConsumerRestarted = "ConsumerRestarted"
 	EventRolloutStalled    = "RolloutStalled"
+	// EventPodsRolloutStarted and EventPodsRolloutFinished: the Redis pods are restarted onto a
+	// new pod template (spec.version, image, resources, ...), one at a time.
+	EventPodsRolloutStarted  = "PodsRolloutStarted"
+	EventPodsRolloutFinished = "PodsRolloutFinished"
+	// EventPrimaryHandedOver: before the primary's restart, its role went to an in-sync replica
+	// (FAILOVER).
+	EventPrimaryHandedOver = "PrimaryHandedOver"
+	// EventPrimaryPromoted: the primary was lost (not Ready); the replica with the most data was
+	// made the primary.
+	EventPrimaryPromoted   = "PrimaryPromoted"
 	EventLeaseRevoked      = "LeaseRevoked"
 	EventRevocationFailed  = "RevocationFailed"
 	EventRevocationSkipped = "RevocationSkipped"

@@ -110,13 +110,13 @@ type RedisClusterSpec struct {
 	// +kubebuilder:validation:Pattern=`^[a-z0-9]([a-z0-9._-]*[a-z0-9])?(:[0-9]{1,5})?(/[a-z0-9]([a-z0-9._-]*[a-z0-9])?)*$`
 	Image string `json:"image,omitempty"`
 
-	// version is the Redis version, used as the image tag (for example 7.2 or 7.2.5). Redis 6.0 or
-	// later is needed for ACLs.
+	// version is the Redis version, used as the image tag (for example 7.2 or 7.2.5). Redis 6.2 or
+	// later is needed (ACLs, and FAILOVER).
 	// +optional
 	// +kubebuilder:default="7.2"
 	// +kubebuilder:validation:MaxLength=64
 	// +kubebuilder:validation:Pattern=`^[0-9]+\.[0-9]+(\.[0-9]+)?(-[a-z0-9]+)?$`
-	// +kubebuilder:validation:XValidation:rule="int(self.split('.')[0]) >= 6",message="version: Redis 6.0 or later is required for ACLs"
+	// +kubebuilder:validation:XValidation:rule="int(self.split('.')[0]) > 6 || (int(self.split('.')[0]) == 6 && int(self.split('.')[1]) >= 2)",message="version: Redis 6.2 or later is required (ACLs, and FAILOVER to hand the primary role over before a restart)"
 	Version string `json:"version,omitempty"`
 
 	// resources of the Redis container.
@@ -522,6 +522,11 @@ type RedisClusterStatus struct {
 	// +optional
 	RotateNowAcknowledged string `json:"rotateNowAcknowledged,omitempty"`
 
+	// primary is the Redis pod that is the cluster's primary: the client Service selects it.
+	// +optional
+	// +kubebuilder:validation:MaxLength=63
+	Primary string `json:"primary,omitempty"`
+
 	// nodes are the Redis nodes and the set of users each was last confirmed to have.
 	// +optional
 	// +listType=map
@@ -698,6 +703,12 @@ type RolloutStatus struct {
 	// +optional
 	TargetVersion string `json:"targetVersion,omitempty"`
 
+	// cause is what the rollout is for: a new credential (Credential), or a new pod template of
+	// the Redis pods (PodTemplate: spec.version, image, resources, ...), which restarts them only.
+	// +optional
+	// +kubebuilder:validation:Enum=Credential;PodTemplate
+	Cause RolloutCause `json:"cause,omitempty"`
+
 	// podsUpdated is the number of Redis pods running targetVersion and Ready.
 	// +optional
 	PodsUpdated int32 `json:"podsUpdated,omitempty"`
@@ -718,6 +729,14 @@ type RolloutStatus struct {
 	// +optional
 	StartedAt *metav1.Time `json:"startedAt,omitempty"`
 }
+
+// RolloutCause is what a rollout is for.
+type RolloutCause string
+
+const (
+	RolloutForCredential  RolloutCause = "Credential"
+	RolloutForPodTemplate RolloutCause = "PodTemplate"
+)
 
 // RedisCluster runs Redis with a credential from Vault that is renewed, rotated on a schedule and
 // rolled out to its pods and consumers one at a time, each only while the previous one is Ready.

@@ -268,3 +268,18 @@ func Retire(rc *v1alpha1.RedisCluster) {
 
 // DefaultRenewalPercent is how far into a lease ESO obtained keyroll renews it.
 const DefaultRenewalPercent = 67
+
+// CutOff says that a user leaves the nodes whose lease is not being revoked by keyroll: a lease
+// revoked outside keyroll left the ledger at once (onRevokedOutside CutOff), ahead of the rollout
+// of the credential that replaced it. (The users of superseded leases retire only after their
+// rollout, their leases Revoking.)
+func CutOff(rc *v1alpha1.RedisCluster) bool {
+	for _, name := range rc.Status.RetiringUsers {
+		if !slices.ContainsFunc(rc.Status.Leases, func(l v1alpha1.LeaseRecord) bool {
+			return l.Username == name && l.State == v1alpha1.LeaseRevoking
+		}) {
+			return true
+		}
+	}
+	return false
+}

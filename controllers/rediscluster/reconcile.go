@@ -3,7 +3,6 @@ package rediscluster
 import (
 	"context"
 	"errors"
-	"slices"
 	"time"
 
 	"github.com/keyroll/keyroll/controllers/ledger"
@@ -117,6 +116,16 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, s *scope) (ctrl.Result
 	if err := r.reconcileObjects(ctx, s, in); err != nil {
 		return ctrl.Result{}, err
 	}
+	pc, err := r.primary.For(ctx, rc, s.Conds, in.Admin)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	// Redis trouble does not hold up the credential: it is reported, and looked at again.
+	keepWait, err := r.primary.Keep(ctx, pc)
+	if err != nil {
+		log.FromContext(ctx).Info("Keeping the primary failed; trying again", "error", err.Error())
+		keepWait = soonest(keepWait, 5*time.Second)
+	}
 	var vcl vault.LeaseClient // none in ExternalSecret mode without connectionRef
 	if rc.VaultConnectionName() != "" {
 		c, wait, err := r.connect(ctx, s, false)
@@ -126,6 +135,7 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, s *scope) (ctrl.Result
 		vcl = c
 	}
 	cred, next, err := r.source(rc).Credential(ctx, s.Cluster, vcl)
+	next = soonest(next, keepWait)
 	if err != nil || cred == nil {
 		return ctrl.Result{RequeueAfter: next}, err
 	}
@@ -134,13 +144,13 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, s *scope) (ctrl.Result
 	}
 	// Users cut off ahead of their replacement's rollout leave the nodes (and status) in the
 	// users step: the consumers still need the credential that replaced them.
-	pending := ledger.Pending(s.RC) || cutOff(s.RC)
+	pending := ledger.Pending(s.RC) || ledger.CutOff(s.RC)
 	applied, wait, err := r.reconcileUsers(ctx, s, in, cred)
 	if !applied || err != nil {
 		r.readyReplicas(ctx, s)
 		return ctrl.Result{RequeueAfter: soonest(next, wait)}, err
 	}
-	rolledOut, wait, err := r.rollout.Roll(ctx, s.RC, s.Conds, cred.Version, pending)
+	rolledOut, wait, err := r.rollout.Roll(ctx, pc, cred.Version, pending)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
@@ -186,21 +196,6 @@ func (r *deps) retireSuperseded(ctx context.Context, s *scope, in *internal, vcl
 		}
 	}
 	return true, 0, nil
-}
-
-// cutOff says that a user leaves the nodes whose lease is not being revoked by keyroll: a lease
-// revoked outside keyroll left the ledger at once (onRevokedOutside CutOff), ahead of the rollout
-// of the credential that replaced it. (The users of superseded leases retire only after their
-// rollout, their leases Revoking.)
-func cutOff(rc *v1alpha1.RedisCluster) bool {
-	for _, name := range rc.Status.RetiringUsers {
-		if !slices.ContainsFunc(rc.Status.Leases, func(l v1alpha1.LeaseRecord) bool {
-			return l.Username == name && l.State == v1alpha1.LeaseRevoking
-		}) {
-			return true
-		}
-	}
-	return false
 }
 
 // forget drops what the reconciler keeps of a deleted cluster: its scheduler entry and metrics.

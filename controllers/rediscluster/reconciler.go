@@ -8,6 +8,7 @@ import (
 	"github.com/keyroll/keyroll/controllers/vaultlease"
 
 	"github.com/keyroll/keyroll/controllers/ledger"
+	"github.com/keyroll/keyroll/controllers/primary"
 	"github.com/keyroll/keyroll/controllers/rollout"
 
 	"github.com/keyroll/keyroll/controllers/vaultconnection"
@@ -53,7 +54,8 @@ type deps struct {
 	Metrics   *metrics.Metrics
 	Ledger    *ledger.Ledger
 	// nodes changes the users on the Redis nodes.
-	nodes *nodes.Syncer
+	nodes   *nodes.Syncer
+	primary *primary.Keeper
 }
 
 // source is where a RedisCluster's credential comes from: a Vault lease keyroll holds
@@ -102,14 +104,14 @@ func New(cfg Config) *Reconciler {
 	}
 	d := &deps{Client: cfg.Client, APIReader: cfg.APIReader, Clock: cfg.Clock, Connector: cfg.Connector,
 		Metrics: cfg.Metrics, Ledger: &ledger.Ledger{Clock: cfg.Clock, Metrics: cfg.Metrics, Checks: ledger.NewLeaseChecks(interval)},
-		nodes: &nodes.Syncer{Client: cfg.Client, Dial: dial, Clock: cfg.Clock}}
+		nodes: &nodes.Syncer{Client: cfg.Client, Dial: dial, Clock: cfg.Clock}, primary: &primary.Keeper{Client: cfg.Client, Dial: dial, Clock: cfg.Clock}}
 	workers := cfg.Workers
 	if workers <= 0 {
 		workers = DefaultWorkers
 	}
 	return &Reconciler{
 		deps: d, Recorder: cfg.Recorder, ExternalSecrets: cfg.ExternalSecrets, Workers: workers,
-		rollout:        &rollout.Engine{Client: d.Client, APIReader: d.APIReader, Clock: d.Clock, Metrics: d.Metrics},
+		rollout:        &rollout.Engine{Client: d.Client, APIReader: d.APIReader, Clock: d.Clock, Metrics: d.Metrics, Primary: d.primary},
 		vaultLease:     &vaultlease.Source{Client: d.Client, APIReader: d.APIReader, Clock: d.Clock, Metrics: d.Metrics, Ledger: d.Ledger},
 		externalSecret: externalsecret.NewSource(d.Client, d.APIReader, d.Clock, d.Metrics, d.Ledger),
 	}

@@ -85,6 +85,14 @@ func newHarness(t *testing.T, objs ...client.Object) *harness {
 	fv.LeaseDuration = 10 * time.Minute
 	rec := events.NewFakeRecorder(100)
 	redis := redisnodetest.New()
+	for _, o := range objs {
+		if rc, ok := o.(*v1alpha1.RedisCluster); ok {
+			// Pod 0 is the primary, as the start script makes it.
+			for i := 1; i < int(rc.Spec.Replicas); i++ {
+				redis.ReplicateFrom(nodeAddr(0), nodeAddr(i))
+			}
+		}
+	}
 	r := New(Config{
 		Client: k8s, APIReader: k8s, Recorder: rec, Clock: clk, Metrics: metrics.For(clk),
 		Connector: &vaultconnection.Connector{Reader: k8s, Clients: fakeClients{fv}, Clock: clk},
@@ -97,10 +105,14 @@ func newHarness(t *testing.T, objs ...client.Object) *harness {
 // an address of its own.
 func runningPods(rc *v1alpha1.RedisCluster) []client.Object {
 	var pods []client.Object
+	version := ""
+	if c := rc.Status.Credential; c != nil {
+		version = c.Version
+	}
 	for i := range rc.Spec.Replicas {
 		pods = append(pods, &corev1.Pod{
 			ObjectMeta: metav1.ObjectMeta{Namespace: rc.Namespace, Name: fmt.Sprintf("%s-%d", rc.Name, i), UID: types.UID(fmt.Sprintf("pod-%d", i)),
-				Labels: render.SelectorLabels(rc)},
+				Labels: render.SelectorLabels(rc), Annotations: render.StatefulSet(rc, version).Spec.Template.Annotations},
 			Status: corev1.PodStatus{PodIP: podIP(int(i)),
 				Conditions:        []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}},
 				ContainerStatuses: []corev1.ContainerStatus{{Name: "redis", State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: metav1.NewTime(epoch)}}}}},

@@ -15,12 +15,11 @@ import (
 )
 
 // recreatePod does what the StatefulSet controller does after a pod was deleted: the pod again,
-// from the current template (its credential version), Ready at the same address.
+// from the current template (runningPods: its credential version), Ready at the same address.
 func (h *harness) recreatePod(t *testing.T, rc *v1alpha1.RedisCluster, i int, uid string) {
 	t.Helper()
 	p := runningPods(rc)[i].(*corev1.Pod)
 	p.UID = types.UID(uid)
-	p.Annotations = map[string]string{v1alpha1.AnnotationCredentialVersion: rc.Status.Credential.Version}
 	if err := h.k8s.Create(context.Background(), p); err != nil {
 		t.Fatal(err)
 	}

@@ -284,6 +284,9 @@ func TestStartingRedisIsWaitedForNotReportedUnreachable(t *testing.T) {
 		t.Errorf("UsersApplied %+v once orders-1 has not run Redis for longer than readinessTimeout: want NodeNotReady", c)
 	}
 
+	if err := h.k8s.Get(context.Background(), client.ObjectKey{Namespace: "shop", Name: "orders-1"}, pod); err != nil {
+		t.Fatal(err) // keyroll has labelled it meanwhile
+	}
 	pod.Status.Conditions[0] = corev1.PodCondition{Type: corev1.PodReady, Status: corev1.ConditionTrue, LastTransitionTime: metav1.NewTime(h.clock.Now())}
 	if err := h.k8s.Status().Update(context.Background(), pod); err != nil {
 		t.Fatal(err)

@@ -1,8 +1,12 @@
 package render
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"maps"
+	"strings"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -76,10 +80,10 @@ func HeadlessService(rc *v1alpha1.RedisCluster) *corev1.Service {
 	}
 }
 
-// buildClientService is what clients connect to: the primary (pod 0).
+// ClientService is what clients connect to: the primary, the pod keyroll labels as such.
 func ClientService(rc *v1alpha1.RedisCluster) *corev1.Service {
 	sel := SelectorLabels(rc)
-	sel[appsv1.StatefulSetPodNameLabel] = rc.Name + "-0"
+	sel[v1alpha1.LabelRole] = v1alpha1.RolePrimary
 	return &corev1.Service{
 		ObjectMeta: objectMeta(rc, rc.Name),
 		Spec: corev1.ServiceSpec{
@@ -122,72 +126,19 @@ repl-diskless-sync-delay 0
 include %s/runtime.conf
 `, rc.Namespace, rc.Name, redisPort, aclMountDir, ACLFileKey, runDir),
 		"start.sh": startScript(rc),
+		"peers":    peers(rc),
 	}
 	return cm
 }
 
-// startScript makes every pod but pod 0 a replica of pod 0, authenticating as the replication
-// user, whose password reaches redis.conf only as \xHH escapes (so no character of it needs
-// care), and passes SIGTERM on to Redis. The users come from the aclfile the pod mounts; while
-// Redis runs keyroll changes them live, node by node, and never reloads the file. It starts
-// again in the same pod as it did the first time (a crashed or killed Redis container is
-// restarted in place, with the run directory of its first start): it replaces runtime.conf, which
-// it left read-only, rather than writing into it.
-func startScript(rc *v1alpha1.RedisCluster) string {
-	return fmt.Sprintf(`#!/bin/sh
-set -eu
-rm -f %[1]s/runtime.conf
-: > %[1]s/runtime.conf
-ordinal="${POD_NAME##*-}"
-if [ "$ordinal" != "0" ]; then
-  pass="$(od -An -v -tx1 %[2]s/%[3]s | tr -d ' \n' | sed 's/../\\x&/g')"
-  {
-    echo "replicaof %[4]s-0.%[5]s %[6]d"
-    echo "masteruser %[7]s"
-    echo "masterauth \"$pass\""
-  } > %[1]s/runtime.conf
-  chmod 0400 %[1]s/runtime.conf
-fi
-redis-server %[8]s/redis.conf &
-redis=$!
-trap 'kill -TERM "$redis" 2>/dev/null || true' TERM INT
-status=0
-wait "$redis" || status=$?
-if [ "$status" -gt 128 ]; then
-  # wait was interrupted by the signal passed on to Redis: wait for Redis itself, whose status is
-  # the pod's (0 after a clean shutdown).
-  status=0
-  wait "$redis" || status=$?
-fi
-exit "$status"
-`, runDir, aclMountDir, ReplicationPasswordKey, rc.Name, HeadlessServiceName(rc), redisPort, ReplicationUser, configMountDir)
-}
-
-// readinessCommand asks the node, as the probe user, for its state (INFO's default sections; Redis
-// 6 takes one section only): no node is Ready while it loads its dataset (INFO answers then, with
-// role:master on a primary that loads its snapshot); a primary is Ready once it has loaded; a
-// replica only once its link to the primary is up and its first sync is done, so that a rollout
-// never takes a replica for ready while it has no data.
-func readinessCommand() []string {
-	return []string{"sh", "-c", fmt.Sprintf(
-		`out="$(REDISCLI_AUTH="$(cat %[1]s/%[2]s)" redis-cli --no-auth-warning --user %[3]s -h 127.0.0.1 -p %[4]d info)" || exit 1
-printf '%%s\n' "$out" | grep -q '^loading:0' || exit 1
-case "$out" in *role:master*) exit 0 ;; esac
-printf '%%s\n' "$out" | grep -q '^master_link_status:up' && printf '%%s\n' "$out" | grep -q '^master_sync_in_progress:0'`,
-		aclMountDir, ProbePasswordKey, ProbeUser, redisPort)}
-}
-
-// livenessCommand pings the node as the probe user and passes on any answer of a Redis that
-// runs: PONG, and LOADING (it loads its dataset, from disk or from its primary) or MASTERDOWN,
-// which a restart would only start again. It fails on no answer (the probe's timeout: a hung
-// Redis) or no Redis to answer.
-func livenessCommand() []string {
-	return []string{"sh", "-c", fmt.Sprintf(
-		`out="$(REDISCLI_AUTH="$(cat %[1]s/%[2]s)" redis-cli --no-auth-warning --user %[3]s -h 127.0.0.1 -p %[4]d ping 2>&1)"
-case "$out" in PONG|LOADING*|MASTERDOWN*) exit 0 ;; esac
-printf '%%s\n' "$out"
-exit 1`,
-		aclMountDir, ProbePasswordKey, ProbeUser, redisPort)}
+// peers names every pod of the cluster by its DNS name and port, one per line: the start script
+// asks them who the primary is.
+func peers(rc *v1alpha1.RedisCluster) string {
+	var b strings.Builder
+	for i := range rc.Spec.Replicas {
+		fmt.Fprintf(&b, "%s-%d.%s %d\n", rc.Name, i, HeadlessServiceName(rc), redisPort)
+	}
+	return b.String()
 }
 
 // Keys of the ACL Secret the Redis pods mount: the aclfile (password hashes only) and the
@@ -297,8 +248,9 @@ func StatefulSet(rc *v1alpha1.RedisCluster, version string) *appsv1.StatefulSet 
 			},
 		},
 	}
+	sts.Spec.Template.Annotations = map[string]string{v1alpha1.AnnotationPodTemplate: PodTemplateHash(sts.Spec.Template)}
 	if RestartsPods(rc) {
-		sts.Spec.Template.Annotations = map[string]string{v1alpha1.AnnotationCredentialVersion: version}
+		sts.Spec.Template.Annotations[v1alpha1.AnnotationCredentialVersion] = version
 	}
 	if st := rc.Spec.Storage; st != nil {
 		sts.Spec.VolumeClaimTemplates = []corev1.PersistentVolumeClaim{{
@@ -311,6 +263,18 @@ func StatefulSet(rc *v1alpha1.RedisCluster, version string) *appsv1.StatefulSet 
 		}}
 	}
 	return sts
+}
+
+// PodTemplateHash identifies a Redis pod template (before its annotations are set): a pod made
+// from another one is restarted by a rollout. The credential version (rollout.redisPods Restart)
+// is not part of it: a credential has a rollout of its own.
+func PodTemplateHash(t corev1.PodTemplateSpec) string {
+	b, err := json.Marshal(t)
+	if err != nil {
+		panic(err) // a PodTemplateSpec always marshals
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:8])
 }
 
 func redisPodSpec(rc *v1alpha1.RedisCluster) corev1.PodSpec {
@@ -357,11 +321,15 @@ func podAntiAffinity(rc *v1alpha1.RedisCluster) *corev1.Affinity {
 
 func redisContainer(rc *v1alpha1.RedisCluster) corev1.Container {
 	return corev1.Container{
-		Name:      "redis",
-		Image:     rc.Spec.Image + ":" + rc.Spec.Version,
-		Command:   []string{"sh", configMountDir + "/start.sh"},
-		Ports:     []corev1.ContainerPort{{Name: "redis", ContainerPort: redisPort, Protocol: corev1.ProtocolTCP}},
-		Env:       []corev1.EnvVar{{Name: "POD_NAME", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{APIVersion: "v1", FieldPath: "metadata.name"}}}}, // apiVersion as the API server defaults it: the selector is applied whole
+		Name:    "redis",
+		Image:   rc.Spec.Image + ":" + rc.Spec.Version,
+		Command: []string{"sh", configMountDir + "/start.sh"},
+		Ports:   []corev1.ContainerPort{{Name: "redis", ContainerPort: redisPort, Protocol: corev1.ProtocolTCP}},
+		// apiVersion as the API server defaults it: the selector is applied whole.
+		Env: []corev1.EnvVar{
+			{Name: "POD_NAME", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{APIVersion: "v1", FieldPath: "metadata.name"}}},
+			{Name: "POD_IP", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{APIVersion: "v1", FieldPath: "status.podIP"}}},
+		},
 		Resources: rc.Spec.Resources,
 		// Every probe field the API server would default is set, so that comparing with the stored
 		// StatefulSet finds no change where there is none.

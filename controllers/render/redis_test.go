@@ -70,8 +70,8 @@ func TestOwnedObjectsCarryTheManagedLabel(t *testing.T) {
 	if string(s.Data["user"]) != "u" || string(s.Data["pass"]) != "p" || s.Annotations[v1alpha1.AnnotationCredentialVersion] != "v9" {
 		t.Errorf("credentials Secret %+v", s)
 	}
-	if sel := ClientService(rc).Spec.Selector[appsv1.StatefulSetPodNameLabel]; sel != "orders-0" {
-		t.Errorf("the client Service selects %q, want the primary orders-0", sel)
+	if sel := ClientService(rc).Spec.Selector; sel[v1alpha1.LabelRole] != v1alpha1.RolePrimary || sel[v1alpha1.LabelCluster] != "orders" {
+		t.Errorf("the client Service selects %v, want the cluster's pod labelled primary", sel)
 	}
 }
 
@@ -80,8 +80,11 @@ func TestRedisConfLoadsTheACLFile(t *testing.T) {
 	if !strings.Contains(cm.Data["redis.conf"], "aclfile /etc/keyroll/acl/users.acl") {
 		t.Errorf("redis.conf: %s", cm.Data["redis.conf"])
 	}
-	if !strings.Contains(cm.Data["start.sh"], "replicaof orders-0.orders-headless 6379") {
-		t.Errorf("start.sh does not make replicas follow pod 0: %s", cm.Data["start.sh"])
+	if !strings.Contains(cm.Data["start.sh"], `primary="orders-0.orders-headless 6379"`) {
+		t.Errorf("start.sh does not make replicas of a new cluster follow pod 0: %s", cm.Data["start.sh"])
+	}
+	if want := "orders-0.orders-headless 6379\norders-1.orders-headless 6379\norders-2.orders-headless 6379\n"; cm.Data["peers"] != want {
+		t.Errorf("peers %q, want %q", cm.Data["peers"], want)
 	}
 }
 

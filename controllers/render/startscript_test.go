@@ -47,8 +47,10 @@ func startPodIn(t *testing.T, rc *v1alpha1.RedisCluster, acl map[string][]byte, 
 	}
 	p := &pod{t: t, root: root, port: port, out: &strings.Builder{}, exited: make(chan error, 1)}
 	primaryAt := "no-primary 0"
+	var others []*pod
 	if primary != nil {
 		primaryAt = "127.0.0.1 " + strconv.Itoa(primary.port)
+		others = append(others, primary)
 	}
 	p.relocate = strings.NewReplacer(
 		fmt.Sprintf("%s-0.%s %d", rc.Name, HeadlessServiceName(rc), redisPort), primaryAt,
@@ -66,8 +68,14 @@ func startPodIn(t *testing.T, rc *v1alpha1.RedisCluster, acl map[string][]byte, 
 	for k, v := range acl {
 		p.write("acl", k, string(v))
 	}
+	// The start script asks its peers who the primary is: here, the primary given.
+	peers := ""
+	for _, o := range others {
+		peers += fmt.Sprintf("127.0.0.1 %d\n", o.port)
+	}
+	p.write("config", "peers", peers)
 	p.cmd = exec.Command("sh", filepath.Join(root, "config", "start.sh"))
-	p.cmd.Env = append(os.Environ(), "POD_NAME="+name)
+	p.cmd.Env = append(os.Environ(), "POD_NAME="+name, "POD_IP=127.0.0.1")
 	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: cred}
 	if cred != nil {
@@ -244,6 +252,58 @@ func TestStartScriptStartsAgainInTheSamePod(t *testing.T) {
 	if err != nil || !strings.Contains(info, "master_link_status:up") {
 		t.Fatalf("the restarted replica's INFO replication: %q, %v\n%s", info, err, again.out)
 	}
+}
+
+// Defect it guards against: a primary whose Redis stopped and started again in the same pod
+// (crashed, OOM-killed) came back empty as the primary, and its replicas resynced to empty. Its
+// replica still answers, as a replica of it: the script starts it as that replica's replica, the
+// replica keeps its data, and once keyroll promotes the replica the old primary syncs from it.
+func TestARestartedPrimaryDoesNotEmptyItsReplicas(t *testing.T) {
+	rc := &v1alpha1.RedisCluster{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "orders"}}
+	rc.Spec.Credentials.ACLRules = []string{"~app:*", "+@read", "+@write"}
+	in := Internal{Admin: "admin-pw", Replication: "repl-pw", Probe: "probe-pw"}
+	app := &Credential{Username: "V_ORDERS_A", Password: "pass-a"}
+	file, err := ClusterUsers(rc, in, AppUsers(rc, app, nil)).ACLFile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	acl := ACLSecret(rc, file, in, "").Data
+	primary := startPod(t, rc, acl, "orders-0", nil)
+	within(t, 10*time.Second, "the primary is Ready", primary.ready, primary.out)
+	replica := startPod(t, rc, acl, "orders-1", primary)
+	within(t, 30*time.Second, "the replica is Ready", replica.ready, primary.out, replica.out)
+	if out, err := testground.RedisDo(primary.addr(), app.Username, app.Password, "SET", "app:1", "v"); err != nil || out != "OK" {
+		t.Fatalf("SET app:1: %q, %v", out, err)
+	}
+	has := func(p *pod) func() bool {
+		return func() bool {
+			v, err := testground.RedisDo(p.addr(), app.Username, app.Password, "GET", "app:1")
+			return err == nil && v == "v"
+		}
+	}
+	within(t, 5*time.Second, "the write reaches the replica", has(replica))
+
+	if out, err := exec.Command("pkill", "-KILL", "-f", "redis-server.*"+strconv.Itoa(primary.port)).CombinedOutput(); err != nil {
+		t.Fatalf("killing the primary's Redis: %v\n%s", err, out)
+	}
+	t.Logf("the primary's script ended with %v once its Redis was killed", <-primary.exited)
+	again := startPodIn(t, rc, acl, "orders-0", replica, primary.root, nil, "")
+	want := fmt.Sprintf("starting as a replica of 127.0.0.1 %d", replica.port)
+	within(t, 10*time.Second, "the restarted primary starts as its replica's replica", func() bool { return strings.Contains(again.out.String(), want) }, again.out)
+	time.Sleep(2 * time.Second) // long enough for a sync that would empty the replica
+	if !has(replica)() {
+		t.Fatalf("the replica lost app:1 once its primary started again\n%s", replica.out)
+	}
+	if again.ready() {
+		t.Error("the restarted primary is Ready while it replicates from a replica that has no link to a primary")
+	}
+
+	// keyroll promotes the replica; the old primary syncs from it.
+	if out, err := testground.RedisDo(replica.addr(), AdminUser, in.Admin, "REPLICAOF", "NO", "ONE"); err != nil || out != "OK" {
+		t.Fatalf("REPLICAOF NO ONE as keyroll's admin: %q, %v", out, err)
+	}
+	within(t, 30*time.Second, "the old primary is Ready as the new primary's replica", again.ready, again.out, replica.out)
+	within(t, 5*time.Second, "the old primary has app:1 again", has(again), again.out)
 }
 
 // The liveness probe leaves a Redis alone that loads its dataset and restarts one that answers

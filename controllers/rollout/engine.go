@@ -12,6 +12,7 @@ import (
 
 	"github.com/keyroll/keyroll/controllers/conditions"
 	"github.com/keyroll/keyroll/controllers/metrics"
+	"github.com/keyroll/keyroll/controllers/primary"
 
 	"github.com/keyroll/keyroll/controllers/statustime"
 
@@ -44,52 +45,68 @@ type Engine struct {
 	APIReader client.Reader
 	Clock     clock.Clock
 	Metrics   *metrics.Metrics
+	// Primary hands the primary role over before the primary restarts.
+	Primary *primary.Keeper
 }
 
-// step is one call of Roll: the cluster, its conditions, and the version rolled out.
+// step is one call of Roll: the cluster, its conditions, its Redis pods, and what a pod runs
+// when it is up to date.
 type step struct {
-	rc    *v1alpha1.RedisCluster
-	conds conditions.Setter
+	rc      *v1alpha1.RedisCluster
+	conds   conditions.Setter
+	cluster *primary.Cluster
+	want    podWant
 }
 
-// Roll takes the next steps of moving rc's pods and consumers to version. pending says that a
-// superseded credential is still out there (its lease or user not retired yet), so that a rollout
-// runs even when every pod already runs version (the consumers may not). done says every pod and
-// consumer runs version; until then the superseded leases stay live. wait is when to look again.
-func (r *Engine) Roll(ctx context.Context, rc *v1alpha1.RedisCluster, conds conditions.Setter, version string, pending bool) (done bool, wait time.Duration, err error) {
-	s := &step{rc: rc, conds: conds}
-	var pods []*corev1.Pod
-	if render.RestartsPods(rc) {
-		if pods, err = r.redisPods(ctx, rc); err != nil {
-			return false, 0, err
-		}
-	}
+// podWant is what an up-to-date Redis pod runs: the current pod template and, with
+// rollout.redisPods Restart, the credential version.
+type podWant struct {
+	template, version string
+	restarts          bool
+}
+
+// current says whether p runs what is wanted.
+func (w podWant) current(p *corev1.Pod) bool {
+	return p.Annotations[v1alpha1.AnnotationPodTemplate] == w.template &&
+		(!w.restarts || p.Annotations[v1alpha1.AnnotationCredentialVersion] == w.version)
+}
+
+// Roll takes the next steps of moving c's pods and consumers to version, and the Redis pods to
+// the current pod template. pending says that a superseded credential is still out there (its
+// lease or user not retired yet), so that a rollout runs even when every pod already runs version
+// (the consumers may not). done says every pod and consumer runs version; until then the
+// superseded leases stay live. wait is when to look again.
+func (r *Engine) Roll(ctx context.Context, c *primary.Cluster, version string, pending bool) (done bool, wait time.Duration, err error) {
+	rc := c.RC
+	s := &step{rc: rc, conds: c.Conds, cluster: c, want: podWant{
+		template: render.StatefulSet(rc, version).Spec.Template.Annotations[v1alpha1.AnnotationPodTemplate],
+		version:  version, restarts: render.RestartsPods(rc)}}
+	pods := kept(rc, c.Pods)
 	ro := rc.Status.Rollout
 	if ro != nil && ro.PodInFlight != "" && ordinalOf(ro.PodInFlight) >= int(rc.Spec.Replicas) {
 		// The pod in flight is gone with a scale-down: nothing is left to wait for.
 		ro.PodInFlight, ro.PodRestartedAt = "", nil
 	}
-	if ro == nil && !pending && settledOn(pods, version) {
+	if ro == nil && !pending && s.settled(pods) {
 		r.Metrics.SetStalePods(client.ObjectKeyFromObject(rc), 0)
 		return true, 0, nil
 	}
-	r.Metrics.SetStalePods(client.ObjectKeyFromObject(rc), len(pods)-countOnVersion(pods, version))
+	r.Metrics.SetStalePods(client.ObjectKeyFromObject(rc), len(pods)-s.countCurrent(pods, false))
 	if stale, err := r.staleRead(ctx, rc); stale || err != nil {
 		// A step of this rollout was already taken from a newer version of the object (restart a
 		// pod, revoke a lease): look again from that version rather than take it twice.
 		return false, lagWait, err
 	}
 	if ro == nil {
-		ro = r.startRollout(ctx, s, version)
+		ro = r.startRollout(ctx, s, version, pending)
 	}
 	if ro.TargetVersion != version {
 		// A newer credential arrived during the rollout: roll to that one instead.
 		ro.TargetVersion, ro.PodInFlight, ro.PodRestartedAt, ro.ConsumersUpdated = version, "", nil, 0
+		ro.Cause = v1alpha1.RolloutForCredential
 	}
-	if render.RestartsPods(rc) {
-		if podsDone, wait, err := r.rollPods(ctx, s, pods, ro); !podsDone || err != nil {
-			return false, wait, err
-		}
+	if podsDone, wait, err := r.rollPods(ctx, s, pods, ro); !podsDone || err != nil {
+		return false, wait, err
 	}
 	if consumersDone, wait, err := r.rollConsumers(ctx, s, ro); !consumersDone || err != nil {
 		return false, wait, err
@@ -108,10 +125,20 @@ func (r *Engine) staleRead(ctx context.Context, rc *v1alpha1.RedisCluster) (bool
 	return cur.ResourceVersion != rc.ResourceVersion, nil
 }
 
-func (r *Engine) startRollout(ctx context.Context, s *step, version string) *v1alpha1.RolloutStatus {
+func (r *Engine) startRollout(ctx context.Context, s *step, version string, pending bool) *v1alpha1.RolloutStatus {
 	now := statustime.At(r.Clock.Now())
-	ro := &v1alpha1.RolloutStatus{TargetVersion: version, StartedAt: now}
+	ro := &v1alpha1.RolloutStatus{TargetVersion: version, StartedAt: now, Cause: v1alpha1.RolloutForCredential}
+	if !pending {
+		ro.Cause = v1alpha1.RolloutForPodTemplate
+	}
 	s.rc.Status.Rollout = ro
+	if ro.Cause == v1alpha1.RolloutForPodTemplate {
+		s.conds.Set(v1alpha1.ConditionRolloutProgressing, metav1.ConditionTrue, v1alpha1.ReasonRolloutInProgress,
+			"Restarting the Redis pods onto their new template, one at a time, replicas first, each once the one before is Ready and in sync; the primary role is handed over before the primary restarts")
+		s.conds.Announce(false, v1alpha1.EventPodsRolloutStarted, "Rollout", "Restarting the Redis pods onto their new template (%s)", s.want.template)
+		log.FromContext(ctx).Info("Redis pods rollout started", "template", s.want.template)
+		return ro
+	}
 	what := "Restarting the consumers, one at a time, on credential " + version + ", which every Redis node accepts"
 	if render.RestartsPods(s.rc) {
 		what = "Restarting the Redis pods, then the consumers, one at a time, on credential " + version + ", which every Redis node accepts"
@@ -127,31 +154,38 @@ func (r *Engine) finishRollout(ctx context.Context, s *step) {
 	took := r.Clock.Since(ro.StartedAt.Time).Round(time.Second)
 	r.Metrics.RolloutDuration.Observe(r.Clock.Since(ro.StartedAt.Time).Seconds())
 	s.rc.Status.Rollout = nil
-	s.conds.Set(v1alpha1.ConditionRolloutProgressing, metav1.ConditionFalse, v1alpha1.ReasonRolloutComplete,
-		"Every consumer runs credential "+ro.TargetVersion)
-	s.conds.Announce(false, v1alpha1.EventRotationFinished, "Rollout", "Credential %s rolled out in %s", ro.TargetVersion, took)
+	if ro.Cause == v1alpha1.RolloutForPodTemplate {
+		s.conds.Set(v1alpha1.ConditionRolloutProgressing, metav1.ConditionFalse, v1alpha1.ReasonRolloutComplete,
+			"Every Redis pod runs the current template")
+		s.conds.Announce(false, v1alpha1.EventPodsRolloutFinished, "Rollout", "Every Redis pod restarted onto its new template in %s", took)
+	} else {
+		s.conds.Set(v1alpha1.ConditionRolloutProgressing, metav1.ConditionFalse, v1alpha1.ReasonRolloutComplete,
+			"Every consumer runs credential "+ro.TargetVersion)
+		s.conds.Announce(false, v1alpha1.EventRotationFinished, "Rollout", "Credential %s rolled out in %s", ro.TargetVersion, took)
+	}
 	if meta.FindStatusCondition(s.rc.Status.Conditions, v1alpha1.ConditionRolloutHealthy) != nil {
 		s.conds.Set(v1alpha1.ConditionRolloutHealthy, metav1.ConditionTrue, v1alpha1.ReasonRolloutComplete, "The rollout is complete")
 	}
-	log.FromContext(ctx).Info("Rollout finished", "version", ro.TargetVersion, "duration", took)
+	log.FromContext(ctx).Info("Rollout finished", "version", ro.TargetVersion, "cause", ro.Cause, "duration", took)
 }
 
-// rollPods restarts the Redis pods not yet on the target version, replicas first (highest ordinal
-// first) and the primary (pod 0) last; the next only once the one in flight is Ready on the target
-// version and every other pod is Ready.
+// rollPods restarts the Redis pods that do not run what is wanted, one at a time: replicas first
+// (highest ordinal first), the primary last, after it has handed its role to an in-sync replica;
+// the next only once the one in flight is Ready and in sync with the primary, and every other pod
+// is Ready.
 func (r *Engine) rollPods(ctx context.Context, s *step, pods []*corev1.Pod, ro *v1alpha1.RolloutStatus) (bool, time.Duration, error) {
-	if p := unreadyOnVersion(pods, ro.TargetVersion); ro.PodInFlight == "" && p != nil {
+	if p := s.unreadyCurrent(pods); ro.PodInFlight == "" && p != nil {
 		// A restart whose record was lost (its status write conflicted): take it up again, timed
 		// from the new pod's creation, so that a pod that never becomes Ready still stalls the rollout.
 		ro.PodInFlight, ro.PodRestartedAt = p.Name, statustime.At(p.CreationTimestamp.Time)
 	}
 	if ro.PodInFlight != "" {
-		if settled, wait := r.podSettled(s, pods, ro); !settled {
-			return false, wait, nil
+		if settled, wait, err := r.podSettled(ctx, s, pods, ro); !settled || err != nil {
+			return false, wait, err
 		}
 	}
-	ro.PodsUpdated = int32(countReadyOn(pods, ro.TargetVersion))
-	next := nextPod(pods, ro.TargetVersion)
+	ro.PodsUpdated = int32(s.countCurrent(pods, true))
+	next := s.nextPod(pods)
 	if next == nil {
 		return ro.PodsUpdated >= s.rc.Spec.Replicas, time.Second, nil
 	}
@@ -166,17 +200,38 @@ func (r *Engine) rollPods(ctx context.Context, s *step, pods []*corev1.Pod, ro *
 		}
 	}
 	// The StatefulSet controller recreates the pod from the template it has seen last: wait until
-	// it has seen the current one, or the pod comes back on the old credential.
+	// it has seen the current one, or the pod comes back on the old one.
 	if seen, err := r.templateObserved(ctx, s.rc); !seen || err != nil {
 		return false, lagWait, err
+	}
+	if next.Name == s.rc.Status.Primary && len(pods) > 1 {
+		moved, why, err := r.Primary.HandOver(ctx, s.cluster, s.want.current)
+		if err != nil {
+			return false, 0, fmt.Errorf("handing the primary role of %s over: %w", next.Name, err)
+		}
+		if !moved {
+			msg := "Waiting to restart the primary " + next.Name + ": " + why
+			if s.conds.Set(v1alpha1.ConditionRolloutHealthy, metav1.ConditionFalse, v1alpha1.ReasonRolloutStalled, msg) {
+				s.conds.Announce(true, v1alpha1.EventRolloutStalled, "Rollout", "%s", msg)
+			}
+			return false, 5 * time.Second, nil
+		}
 	}
 	if err := r.Client.Delete(ctx, next, client.Preconditions{UID: &next.UID}); client.IgnoreNotFound(err) != nil {
 		return false, 0, fmt.Errorf("restarting pod %s: %w", next.Name, err)
 	}
 	ro.PodInFlight, ro.PodRestartedAt = next.Name, statustime.At(r.Clock.Now())
-	s.conds.Event(false, v1alpha1.EventPodRestarted, "Rollout", "Restarted pod %s for credential %s", next.Name, ro.TargetVersion)
-	log.FromContext(ctx).Info("Pod restarted", "pod", next.Name, "version", ro.TargetVersion)
+	s.conds.Event(false, v1alpha1.EventPodRestarted, "Rollout", "Restarted pod %s (%s)", next.Name, s.why(ro))
+	log.FromContext(ctx).Info("Pod restarted", "pod", next.Name, "version", ro.TargetVersion, "cause", ro.Cause)
 	return false, readinessTimeout(s.rc), nil
+}
+
+// why says what a pod is restarted for.
+func (s *step) why(ro *v1alpha1.RolloutStatus) string {
+	if ro.Cause == v1alpha1.RolloutForPodTemplate {
+		return "new pod template " + s.want.template
+	}
+	return "credential " + ro.TargetVersion
 }
 
 // templateObserved says whether the StatefulSet controller has observed the StatefulSet's current
@@ -189,28 +244,36 @@ func (r *Engine) templateObserved(ctx context.Context, rc *v1alpha1.RedisCluster
 	return sts.Status.ObservedGeneration >= sts.Generation, nil
 }
 
-// podSettled says whether the pod in flight is back, Ready, on the target version. When it takes
-// longer than the readiness timeout, the rollout stalls (Degraded) and touches no further pod; it
-// resumes by itself when the pod becomes Ready.
-func (r *Engine) podSettled(s *step, pods []*corev1.Pod, ro *v1alpha1.RolloutStatus) (bool, time.Duration) {
+// podSettled says whether the pod in flight is back, Ready and in sync with the primary, on what
+// is wanted. When it takes longer than the readiness timeout, the rollout stalls (Degraded) and
+// touches no further pod; it resumes by itself when the pod becomes Ready.
+func (r *Engine) podSettled(ctx context.Context, s *step, pods []*corev1.Pod, ro *v1alpha1.RolloutStatus) (bool, time.Duration, error) {
 	for _, p := range pods {
-		if p.Name == ro.PodInFlight && p.Annotations[v1alpha1.AnnotationCredentialVersion] == ro.TargetVersion && podReady(p) {
-			ro.PodInFlight, ro.PodRestartedAt = "", nil
-			if c := meta.FindStatusCondition(s.rc.Status.Conditions, v1alpha1.ConditionRolloutHealthy); c != nil && c.Reason == v1alpha1.ReasonRolloutStalled {
-				s.conds.Set(v1alpha1.ConditionRolloutHealthy, metav1.ConditionTrue, v1alpha1.ReasonRolloutInProgress, "Pod "+p.Name+" is Ready again; the rollout goes on")
-			}
-			return true, 0
+		if p.Name != ro.PodInFlight || !s.want.current(p) || !podReady(p) {
+			continue
 		}
+		inSync, err := r.Primary.InSync(ctx, s.cluster, p.Name)
+		if err != nil {
+			return false, time.Second, err
+		}
+		if !inSync {
+			break
+		}
+		ro.PodInFlight, ro.PodRestartedAt = "", nil
+		if c := meta.FindStatusCondition(s.rc.Status.Conditions, v1alpha1.ConditionRolloutHealthy); c != nil && c.Reason == v1alpha1.ReasonRolloutStalled {
+			s.conds.Set(v1alpha1.ConditionRolloutHealthy, metav1.ConditionTrue, v1alpha1.ReasonRolloutInProgress, "Pod "+p.Name+" is Ready again; the rollout goes on")
+		}
+		return true, 0, nil
 	}
 	deadline := statustime.Of(ro.PodRestartedAt).Add(readinessTimeout(s.rc))
 	if left := deadline.Sub(r.Clock.Now()); left > 0 {
-		return false, left
+		return false, min(left, time.Second), nil // the replica's sync is not watched: look again soon
 	}
-	msg := fmt.Sprintf("Pod %s is not Ready on credential %s after %s; no further pod is restarted until it is", ro.PodInFlight, ro.TargetVersion, readinessTimeout(s.rc))
+	msg := fmt.Sprintf("Pod %s is not Ready and in sync with the primary (%s) after %s; no further pod is restarted until it is", ro.PodInFlight, s.why(ro), readinessTimeout(s.rc))
 	if s.conds.Set(v1alpha1.ConditionRolloutHealthy, metav1.ConditionFalse, v1alpha1.ReasonRolloutStalled, msg) {
 		s.conds.Announce(true, v1alpha1.EventRolloutStalled, "Rollout", "%s", msg)
 	}
-	return false, time.Minute
+	return false, time.Minute, nil
 }
 
 func readinessTimeout(rc *v1alpha1.RedisCluster) time.Duration {
@@ -220,47 +283,42 @@ func readinessTimeout(rc *v1alpha1.RedisCluster) time.Duration {
 	return defaultReadinessTimeout
 }
 
-// redisPods lists the cluster's pods (the cache holds only pods with keyroll's cluster label)
-// that spec.replicas keeps: those of a higher ordinal are on their way out with a scale-down, and
-// are neither restarted nor waited for.
-func (r *Engine) redisPods(ctx context.Context, rc *v1alpha1.RedisCluster) ([]*corev1.Pod, error) {
-	list := &corev1.PodList{}
-	if err := r.Client.List(ctx, list, client.InNamespace(rc.Namespace), client.MatchingLabels(render.SelectorLabels(rc))); err != nil {
-		return nil, fmt.Errorf("listing Redis pods: %w", err)
-	}
-	pods := make([]*corev1.Pod, 0, len(list.Items))
-	for i := range list.Items {
-		if ordinal(&list.Items[i]) < int(rc.Spec.Replicas) {
-			pods = append(pods, &list.Items[i])
+// kept are the cluster's pods that spec.replicas keeps: those of a higher ordinal are on their
+// way out with a scale-down, and are neither restarted nor waited for.
+func kept(rc *v1alpha1.RedisCluster, all []*corev1.Pod) []*corev1.Pod {
+	var pods []*corev1.Pod
+	for _, p := range all {
+		if ordinal(p) < int(rc.Spec.Replicas) {
+			pods = append(pods, p)
 		}
 	}
-	return pods, nil
+	return pods
 }
 
-// unreadyOnVersion is a pod that runs the target version and is not Ready (yet).
-func unreadyOnVersion(pods []*corev1.Pod, version string) *corev1.Pod {
+// unreadyCurrent is a pod that runs what is wanted and is not Ready (yet).
+func (s *step) unreadyCurrent(pods []*corev1.Pod) *corev1.Pod {
 	for _, p := range pods {
-		if p.Annotations[v1alpha1.AnnotationCredentialVersion] == version && !podReady(p) {
+		if s.want.current(p) && !podReady(p) {
 			return p
 		}
 	}
 	return nil
 }
 
-// nextPod is the next pod to restart: not on the target version (or being deleted), replicas
-// from the highest ordinal down, the primary (ordinal 0) last.
-func nextPod(pods []*corev1.Pod, version string) *corev1.Pod {
+// nextPod is the next pod to restart: one that does not run what is wanted (and is not being
+// deleted), replicas from the highest ordinal down, the primary last.
+func (s *step) nextPod(pods []*corev1.Pod) *corev1.Pod {
 	var stale []*corev1.Pod
 	for _, p := range pods {
-		if p.Annotations[v1alpha1.AnnotationCredentialVersion] != version && p.DeletionTimestamp.IsZero() {
+		if !s.want.current(p) && p.DeletionTimestamp.IsZero() {
 			stale = append(stale, p)
 		}
 	}
 	order := func(p *corev1.Pod) int {
-		if o := ordinal(p); o > 0 {
-			return o
+		if p.Name == s.rc.Status.Primary {
+			return -1 // the primary goes last
 		}
-		return -1 // the primary goes last
+		return ordinal(p)
 	}
 	slices.SortFunc(stale, func(a, b *corev1.Pod) int { return order(b) - order(a) })
 	if len(stale) == 0 {
@@ -289,33 +347,28 @@ func podReady(p *corev1.Pod) bool {
 	return false
 }
 
-func countReadyOn(pods []*corev1.Pod, version string) int {
+// countCurrent counts the pods that run what is wanted (and are Ready, with ready).
+func (s *step) countCurrent(pods []*corev1.Pod, ready bool) int {
 	n := 0
 	for _, p := range pods {
-		if p.Annotations[v1alpha1.AnnotationCredentialVersion] == version && podReady(p) {
+		if s.want.current(p) && (!ready || podReady(p)) {
 			n++
 		}
 	}
 	return n
 }
 
-func countOnVersion(pods []*corev1.Pod, version string) int {
-	n := 0
+// settled says whether no pod needs a restart when nothing a credential replaced is left: each
+// runs the current template and, with rollout.redisPods Restart, the credential version or none
+// (it started before any credential existed: the Redis objects come before the credential, or
+// rollout.redisPods was Live). Such a pod got the credential's user live, as every pod does in
+// Live mode; the next rotation restarts it.
+func (s *step) settled(pods []*corev1.Pod) bool {
 	for _, p := range pods {
-		if p.Annotations[v1alpha1.AnnotationCredentialVersion] == version {
-			n++
+		if p.Annotations[v1alpha1.AnnotationPodTemplate] != s.want.template {
+			return false
 		}
-	}
-	return n
-}
-
-// settledOn says whether no pod needs a restart for version when nothing it replaced is left:
-// each runs version, or started before any credential existed (no version in its annotations:
-// the Redis objects come before the credential, or rollout.redisPods was Live). Such a pod got
-// the credential's user live, as every pod does in Live mode; the next rotation restarts it.
-func settledOn(pods []*corev1.Pod, version string) bool {
-	for _, p := range pods {
-		if v := p.Annotations[v1alpha1.AnnotationCredentialVersion]; v != "" && v != version {
+		if v := p.Annotations[v1alpha1.AnnotationCredentialVersion]; s.want.restarts && v != "" && v != s.want.version {
 			return false
 		}
 	}

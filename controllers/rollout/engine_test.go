@@ -16,29 +16,65 @@ func pod(name, version string, ready bool) *corev1.Pod {
 		st = corev1.ConditionTrue
 	}
 	return &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: map[string]string{v1alpha1.AnnotationCredentialVersion: version}},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: map[string]string{v1alpha1.AnnotationCredentialVersion: version, v1alpha1.AnnotationPodTemplate: "t1"}},
 		Status:     corev1.PodStatus{Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: st}}},
 	}
 }
 
+// restartStep is a step of a rollout.redisPods Restart cluster whose primary is primary, rolling
+// to credential new on pod template t1.
+func restartStep(primary string) *step {
+	rc := &v1alpha1.RedisCluster{}
+	rc.Status.Primary = primary
+	return &step{rc: rc, want: podWant{template: "t1", version: "new", restarts: true}}
+}
+
+func onTemplate(p *corev1.Pod, template string) *corev1.Pod {
+	p.Annotations[v1alpha1.AnnotationPodTemplate] = template
+	return p
+}
+
 func TestNextPodRestartsReplicasFirstAndThePrimaryLast(t *testing.T) {
 	cases := map[string]struct {
-		pods []*corev1.Pod
-		want string
+		primary string
+		pods    []*corev1.Pod
+		want    string
 	}{
-		"highest replica first": {[]*corev1.Pod{pod("r-0", "old", true), pod("r-1", "old", true), pod("r-2", "old", true)}, "r-2"},
-		"then the next replica": {[]*corev1.Pod{pod("r-0", "old", true), pod("r-1", "old", true), pod("r-2", "new", true)}, "r-1"},
-		"primary last":          {[]*corev1.Pod{pod("r-0", "old", true), pod("r-1", "new", true), pod("r-2", "new", true)}, "r-0"},
-		"two-digit ordinals":    {[]*corev1.Pod{pod("r-0", "old", true), pod("r-9", "old", true), pod("r-10", "old", true)}, "r-10"},
-		"nothing left":          {[]*corev1.Pod{pod("r-0", "new", true), pod("r-1", "new", true)}, ""},
+		"highest replica first": {"r-0", []*corev1.Pod{pod("r-0", "old", true), pod("r-1", "old", true), pod("r-2", "old", true)}, "r-2"},
+		"then the next replica": {"r-0", []*corev1.Pod{pod("r-0", "old", true), pod("r-1", "old", true), pod("r-2", "new", true)}, "r-1"},
+		"primary last":          {"r-0", []*corev1.Pod{pod("r-0", "old", true), pod("r-1", "new", true), pod("r-2", "new", true)}, "r-0"},
+		"two-digit ordinals":    {"r-0", []*corev1.Pod{pod("r-0", "old", true), pod("r-9", "old", true), pod("r-10", "old", true)}, "r-10"},
+		"nothing left":          {"r-0", []*corev1.Pod{pod("r-0", "new", true), pod("r-1", "new", true)}, ""},
+		// After a hand-over the primary is another pod than 0: it still goes last.
+		"a moved primary last":         {"r-2", []*corev1.Pod{pod("r-0", "old", true), pod("r-1", "old", true), pod("r-2", "old", true)}, "r-1"},
+		"pod 0 before a moved primary": {"r-2", []*corev1.Pod{pod("r-0", "old", true), pod("r-1", "new", true), pod("r-2", "old", true)}, "r-0"},
+		// A pod on the credential but an older template is restarted too.
+		"older template": {"r-0", []*corev1.Pod{pod("r-0", "new", true), onTemplate(pod("r-1", "new", true), "t0"), pod("r-2", "new", true)}, "r-1"},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
-			got := nextPod(tc.pods, "new")
+			got := restartStep(tc.primary).nextPod(tc.pods)
 			if (got == nil && tc.want != "") || (got != nil && got.Name != tc.want) {
 				t.Fatalf("next pod %v, want %q", got, tc.want)
 			}
 		})
+	}
+}
+
+// With rollout.redisPods Live a pod's credential does not matter, its template does.
+func TestLivePodsRollForTheirTemplateOnly(t *testing.T) {
+	s := restartStep("r-0")
+	s.want.restarts = false
+	pods := []*corev1.Pod{pod("r-0", "", true), pod("r-1", "old", true)}
+	if !s.settled(pods) || s.nextPod(pods) != nil {
+		t.Fatal("pods on the current template are restarted for a credential in Live mode")
+	}
+	pods = append(pods, onTemplate(pod("r-2", "", true), "t0"))
+	if s.settled(pods) {
+		t.Fatal("a pod on an older template counts as settled")
+	}
+	if got := s.nextPod(pods); got == nil || got.Name != "r-2" {
+		t.Fatalf("next pod %v, want r-2 (older template)", got)
 	}
 }
 
@@ -72,10 +108,10 @@ func deploymentWith(replicas int32, generation, observed int64, updated, total, 
 // version that is not Ready.
 func TestUnreadyOnVersionFindsTheRestartInFlight(t *testing.T) {
 	pods := []*corev1.Pod{pod("r-0", "old", true), pod("r-1", "new", false), pod("r-2", "new", true)}
-	if got := unreadyOnVersion(pods, "new"); got == nil || got.Name != "r-1" {
+	if got := restartStep("r-0").unreadyCurrent(pods); got == nil || got.Name != "r-1" {
 		t.Fatalf("in flight %v, want r-1", got)
 	}
-	if got := unreadyOnVersion([]*corev1.Pod{pod("r-0", "old", false), pod("r-1", "new", true)}, "new"); got != nil {
+	if got := restartStep("r-0").unreadyCurrent([]*corev1.Pod{pod("r-0", "old", false), pod("r-1", "new", true)}); got != nil {
 		t.Fatalf("in flight %v, want none (a pod on the old version is not a restart of this rollout)", got.Name)
 	}
 }

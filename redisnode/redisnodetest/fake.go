@@ -10,7 +10,10 @@ import (
 	"fmt"
 	"net"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
+	"time"
 
 	"github.com/keyroll/keyroll/redisnode"
 )
@@ -26,6 +29,27 @@ type Fake struct {
 	Unreachable map[string]bool
 	// Commands counts every command sent to any node.
 	Commands int
+	// Offsets are the nodes' replication offsets, by address (0 when not set).
+	Offsets map[string]int64
+	// masterOf is the primary each replica replicates from, by address; a node without one is a
+	// primary.
+	masterOf map[string]string
+}
+
+// ReplicateFrom makes the nodes at replicas replicas of the node at primary.
+func (f *Fake) ReplicateFrom(primary string, replicas ...string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, r := range replicas {
+		f.masterOf[r] = primary
+	}
+}
+
+// PrimaryOf is the address the node at addr replicates from ("" for a primary).
+func (f *Fake) PrimaryOf(addr string) string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.masterOf[addr]
 }
 
 // Node is one fake node's users.
@@ -35,7 +59,7 @@ type Node struct {
 
 // New returns a Fake with no nodes.
 func New() *Fake {
-	return &Fake{nodes: map[string]*Node{}, Refused: map[string]string{}, Unreachable: map[string]bool{}}
+	return &Fake{nodes: map[string]*Node{}, Refused: map[string]string{}, Unreachable: map[string]bool{}, masterOf: map[string]string{}, Offsets: map[string]int64{}}
 }
 
 // Dial is a redisnode.Dialer of the fake's nodes.
@@ -187,7 +211,55 @@ func (c *conn) Replication(context.Context) (redisnode.Replication, error) {
 	if _, err := c.node(); err != nil {
 		return redisnode.Replication{}, err
 	}
-	return redisnode.Replication{Role: "master"}, nil
+	if m := c.f.masterOf[c.addr]; m != "" {
+		host, port := splitAddr(m)
+		return redisnode.Replication{Role: "slave", MasterHost: host, MasterPort: port, LinkUp: c.f.masterOf[m] == "", Offset: c.f.Offsets[c.addr]}, nil
+	}
+	st := redisnode.Replication{Role: "master", Offset: c.f.Offsets[c.addr]}
+	for r, m := range c.f.masterOf {
+		if m == c.addr {
+			host, port := splitAddr(r)
+			st.Replicas = append(st.Replicas, redisnode.Replica{IP: host, Port: port, State: "online", Offset: c.f.Offsets[r]})
+		}
+	}
+	slices.SortFunc(st.Replicas, func(a, b redisnode.Replica) int { return strings.Compare(a.IP, b.IP) })
+	st.ConnectedReplicas = len(st.Replicas)
+	return st, nil
+}
+
+func (c *conn) Failover(_ context.Context, host string, port int, _ time.Duration) error {
+	c.f.mu.Lock()
+	defer c.f.mu.Unlock()
+	if _, err := c.node(); err != nil {
+		return err
+	}
+	target := net.JoinHostPort(host, strconv.Itoa(port))
+	if c.f.masterOf[c.addr] != "" || c.f.masterOf[target] != c.addr {
+		return fmt.Errorf("ERR FAILOVER target HOST and PORT is not a replica")
+	}
+	delete(c.f.masterOf, target)
+	c.f.masterOf[c.addr] = target
+	return nil
+}
+
+func (c *conn) ReplicaOf(_ context.Context, host string, port int) error {
+	c.f.mu.Lock()
+	defer c.f.mu.Unlock()
+	if _, err := c.node(); err != nil {
+		return err
+	}
+	if host == "" {
+		delete(c.f.masterOf, c.addr)
+	} else {
+		c.f.masterOf[c.addr] = net.JoinHostPort(host, strconv.Itoa(port))
+	}
+	return nil
+}
+
+func splitAddr(addr string) (string, int) {
+	host, p, _ := net.SplitHostPort(addr)
+	port, _ := strconv.Atoi(p)
+	return host, port
 }
 
 func (c *conn) Close() error { return nil }

@@ -1,0 +1,164 @@
+package rediscluster
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/controllers/primary"
+)
+
+// roles are the pods' role labels, by pod.
+func (h *harness) roles(t *testing.T) map[string]string {
+	t.Helper()
+	pods := &corev1.PodList{}
+	if err := h.k8s.List(context.Background(), pods, client.InNamespace("shop")); err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for _, p := range pods.Items {
+		out[p.Name] = p.Labels[v1alpha1.LabelRole]
+	}
+	return out
+}
+
+// restarted says which Redis pod the rollout deleted (none: "").
+func (h *harness) restarted(t *testing.T) string {
+	t.Helper()
+	for i := range 3 {
+		name := fmt.Sprintf("orders-%d", i)
+		if err := h.k8s.Get(context.Background(), client.ObjectKey{Namespace: "shop", Name: name}, &corev1.Pod{}); apierrors.IsNotFound(err) {
+			return name
+		}
+	}
+	return ""
+}
+
+func TestPodZeroIsTheFirstPrimaryAndThePodsCarryTheirRoles(t *testing.T) {
+	h := newHarness(t, cluster(threeNodes))
+	rc := h.settle(t)
+	if rc.Status.Primary != "orders-0" {
+		t.Errorf("status.primary %q, want orders-0", rc.Status.Primary)
+	}
+	want := map[string]string{"orders-0": v1alpha1.RolePrimary, "orders-1": v1alpha1.RoleReplica, "orders-2": v1alpha1.RoleReplica}
+	if got := h.roles(t); !maps.Equal(got, want) {
+		t.Errorf("roles %v, want %v", got, want)
+	}
+	before := h.redis.Commands
+	h.reconcile(t)
+	if h.redis.Commands != before {
+		t.Errorf("keeping a healthy primary sent %d Redis commands", h.redis.Commands-before)
+	}
+}
+
+// A change of the pod template (here resources) restarts the Redis pods one at a time, replicas
+// first; before the primary restarts its role goes to an in-sync replica by FAILOVER, the role
+// labels (so the client Service) follow, and the other replica replicates from the new primary.
+func TestTemplateChangeRollsReplicasFirstThenHandsThePrimaryOver(t *testing.T) {
+	h := newHarness(t, cluster(threeNodes))
+	rc := h.settle(t)
+	h.eventReasons()
+
+	rc.Spec.Resources = corev1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("128Mi")}}
+	if err := h.k8s.Update(context.Background(), rc); err != nil {
+		t.Fatal(err)
+	}
+	var order []string
+	for range 3 {
+		rc = h.settle(t)
+		gone := h.restarted(t)
+		if gone == "" {
+			t.Fatalf("no pod restarted; rollout %+v, conditions %+v", rc.Status.Rollout, rc.Status.Conditions)
+		}
+		if ro := rc.Status.Rollout; ro == nil || ro.Cause != v1alpha1.RolloutForPodTemplate || ro.PodInFlight != gone {
+			t.Fatalf("rollout %+v while %s restarts", ro, gone)
+		}
+		order = append(order, gone)
+		if gone == "orders-0" && rc.Status.Primary == "orders-0" {
+			t.Fatal("the primary restarted while it was the primary")
+		}
+		h.recreatePod(t, rc, int(gone[len(gone)-1]-'0'), gone+"-again")
+	}
+	rc = h.settle(t)
+
+	if want := []string{"orders-2", "orders-1", "orders-0"}; !slices.Equal(order, want) {
+		t.Errorf("restart order %v, want %v", order, want)
+	}
+	if rc.Status.Rollout != nil {
+		t.Errorf("rollout %+v after every pod restarted", rc.Status.Rollout)
+	}
+	p := rc.Status.Primary
+	if p != "orders-1" && p != "orders-2" {
+		t.Fatalf("status.primary %q, want a replica that took over", p)
+	}
+	pAddr := nodeAddr(int(p[len(p)-1] - '0'))
+	if h.redis.PrimaryOf(pAddr) != "" {
+		t.Errorf("%s is not a primary on Redis", p)
+	}
+	for i := range 3 {
+		if a := nodeAddr(i); a != pAddr && h.redis.PrimaryOf(a) != pAddr {
+			t.Errorf("node %d replicates from %q, want the new primary %s", i, h.redis.PrimaryOf(a), pAddr)
+		}
+	}
+	if got := h.roles(t); got[p] != v1alpha1.RolePrimary || got["orders-0"] != v1alpha1.RoleReplica {
+		t.Errorf("roles %v, want %s primary and orders-0 a replica", got, p)
+	}
+	reasons := h.eventReasons()
+	for _, e := range []string{v1alpha1.EventPodsRolloutStarted, v1alpha1.EventPrimaryHandedOver, v1alpha1.EventPodsRolloutFinished} {
+		if countOf(reasons, e) != 1 {
+			t.Errorf("%d %s events, want 1: %v", countOf(reasons, e), e, reasons)
+		}
+	}
+	if slices.Contains(reasons, v1alpha1.EventRotationStarted) || slices.Contains(reasons, v1alpha1.EventPrimaryPromoted) {
+		t.Errorf("a template change was taken for a rotation or a lost primary: %v", reasons)
+	}
+}
+
+// A primary that is not Ready for LostAfter is replaced by the replica that took in most of its
+// stream; the other nodes, the old primary included, replicate from it.
+func TestLostPrimaryIsReplacedByTheReplicaWithTheMostData(t *testing.T) {
+	h := newHarness(t, cluster(threeNodes))
+	h.settle(t)
+	h.eventReasons()
+	h.redis.Offsets[nodeAddr(1)], h.redis.Offsets[nodeAddr(2)] = 100, 200
+
+	pod := &corev1.Pod{}
+	if err := h.k8s.Get(context.Background(), client.ObjectKey{Namespace: "shop", Name: "orders-0"}, pod); err != nil {
+		t.Fatal(err)
+	}
+	pod.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionFalse, LastTransitionTime: metav1.NewTime(h.clock.Now())}}
+	if err := h.k8s.Status().Update(context.Background(), pod); err != nil {
+		t.Fatal(err)
+	}
+	if res := h.reconcile(t); res.RequeueAfter <= 0 || res.RequeueAfter > primary.LostAfter {
+		t.Errorf("RequeueAfter %s while the primary is not Ready: want it within %s", res.RequeueAfter, primary.LostAfter)
+	}
+	if rc := h.get(t); rc.Status.Primary != "orders-0" {
+		t.Fatalf("promoted %s before the primary was lost for %s", rc.Status.Primary, primary.LostAfter)
+	}
+
+	h.clock.Step(primary.LostAfter + time.Second)
+	rc := h.settle(t)
+	if rc.Status.Primary != "orders-2" {
+		t.Fatalf("status.primary %q, want orders-2, the replica with the highest offset", rc.Status.Primary)
+	}
+	if h.redis.PrimaryOf(nodeAddr(2)) != "" || h.redis.PrimaryOf(nodeAddr(1)) != nodeAddr(2) || h.redis.PrimaryOf(nodeAddr(0)) != nodeAddr(2) {
+		t.Errorf("replication: orders-2 of %q, orders-1 of %q, orders-0 of %q", h.redis.PrimaryOf(nodeAddr(2)), h.redis.PrimaryOf(nodeAddr(1)), h.redis.PrimaryOf(nodeAddr(0)))
+	}
+	if got := h.roles(t); got["orders-2"] != v1alpha1.RolePrimary || got["orders-0"] != v1alpha1.RoleReplica {
+		t.Errorf("roles %v", got)
+	}
+	if reasons := h.eventReasons(); countOf(reasons, v1alpha1.EventPrimaryPromoted) != 1 {
+		t.Errorf("events %v, want one PrimaryPromoted", reasons)
+	}
+}
