@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -41,7 +42,7 @@ func rolling(namespace, name string) *v1alpha1.RedisCluster {
 				Consumers: []v1alpha1.ConsumerReference{{Kind: "Deployment", Name: "orders-api"}}},
 		},
 		Status: v1alpha1.RedisClusterStatus{
-			Phase: v1alpha1.PhaseRolling, ReadyReplicas: 3, RotateNowAcknowledged: "1",
+			Phase: v1alpha1.PhaseRolling, ReadyReplicas: 3, RotateNowAcknowledged: "1", Primary: name + "-1",
 			Nodes: []v1alpha1.NodeStatus{
 				{Pod: name + "-0", UsersVersion: "u2hash", ConfirmedAt: at(-30 * time.Second)},
 				{Pod: name + "-1", UsersVersion: "u2hash", ConfirmedAt: at(-30 * time.Second)},
@@ -120,6 +121,9 @@ func TestStatusShowsLedgerRolloutAndSchedule(t *testing.T) {
 	out, _, err := e.run(t, "status", "orders")
 	if err != nil {
 		t.Fatal(err)
+	}
+	if !regexp.MustCompile(`orders-1\s+primary\s+u2hash`).MatchString(out) || !regexp.MustCompile(`orders-0\s+replica\s+u2hash`).MatchString(out) {
+		t.Errorf("status does not show orders-1 as the primary and orders-0 as a replica:\n%s", out)
 	}
 	for _, want := range []string{
 		"default/orders", "Phase:", "Rolling", "3/3 ready", "database/creds/orders through VaultConnection vault",

@@ -34,6 +34,8 @@ type clusterView struct {
 	// remove from them.
 	Nodes         []v1alpha1.NodeStatus `json:"nodes,omitempty"`
 	RetiringUsers []string              `json:"retiringUsers,omitempty"`
+	// Primary is the Redis pod that is the primary.
+	Primary string `json:"primary,omitempty"`
 }
 
 type rotationView struct {
@@ -64,6 +66,7 @@ func viewOf(rc *v1alpha1.RedisCluster) clusterView {
 		Conditions: rc.Status.Conditions, Credential: rc.Status.Credential,
 		Leases: leases, Rollout: rc.Status.Rollout, Consumers: len(rc.Spec.Rollout.Consumers),
 		RedisPods: rc.Spec.Rollout.RedisPods, Nodes: rc.Status.Nodes, RetiringUsers: rc.Status.RetiringUsers,
+		Primary: rc.Status.Primary,
 	}
 }
 
@@ -143,9 +146,13 @@ func (o *options) printNodes(w flusher, v clusterView) {
 	if len(v.Nodes) == 0 {
 		fmt.Fprintln(o.streams.Out, "  none confirmed yet")
 	} else {
-		fmt.Fprintln(w, "  POD\tUSERS\tCONFIRMED")
+		fmt.Fprintln(w, "  POD\tROLE\tUSERS\tCONFIRMED")
 		for _, n := range v.Nodes {
-			fmt.Fprintf(w, "  %s\t%s\t%s\n", n.Pod, orDash(n.UsersVersion), o.agoPtr(n.ConfirmedAt))
+			role := v1alpha1.RoleReplica
+			if n.Pod == v.Primary {
+				role = v1alpha1.RolePrimary
+			}
+			fmt.Fprintf(w, "  %s\t%s\t%s\t%s\n", n.Pod, role, orDash(n.UsersVersion), o.agoPtr(n.ConfirmedAt))
 		}
 		w.Flush()
 	}
@@ -232,6 +239,13 @@ func (o *options) rollout(v clusterView) string {
 	r := v.Rollout
 	if r == nil {
 		return "none in progress"
+	}
+	if r.Cause == v1alpha1.RolloutForPodTemplate {
+		s := fmt.Sprintf("of the Redis pods onto their new template: %d/%d updated", r.PodsUpdated, v.Replicas)
+		if r.PodInFlight != "" {
+			s += fmt.Sprintf(", %s in flight (restarted %s)", r.PodInFlight, o.agoPtr(r.PodRestartedAt))
+		}
+		return s + ", started " + o.agoPtr(r.StartedAt)
 	}
 	if v.RedisPods != v1alpha1.RedisPodsRestart {
 		return fmt.Sprintf("to version %s, which every Redis node accepts: %d/%d consumers updated, started %s",

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -90,8 +91,39 @@ func (k *Keeper) Keep(ctx context.Context, c *Cluster) (time.Duration, error) {
 			wait = time.Second
 		}
 	}
+	if moved, err := k.beforeScaleDown(ctx, c); err != nil || !moved {
+		errs = append(errs, err)
+		wait = soonest(wait, 5*time.Second)
+	}
 	errs = append(errs, k.demoteStarted(ctx, c), k.label(ctx, c))
 	return wait, errors.Join(errs...)
+}
+
+// beforeScaleDown hands the primary role to a pod that spec.replicas keeps when a scale-down
+// would remove the primary (the StatefulSet keeps it until then: render.StatefulSet). moved
+// says there is nothing (left) to hand over.
+func (k *Keeper) beforeScaleDown(ctx context.Context, c *Cluster) (bool, error) {
+	if ordinal(c.RC.Status.Primary) < int(c.RC.Spec.Replicas) {
+		return true, nil
+	}
+	kept := func(p *corev1.Pod) bool { return ordinal(p.Name) < int(c.RC.Spec.Replicas) }
+	moved, why, err := k.HandOver(ctx, c, kept, kept)
+	if err == nil && !moved {
+		log.FromContext(ctx).Info("Waiting to hand the primary role over before the scale-down removes the primary", "primary", c.RC.Status.Primary, "why", why)
+	}
+	return moved, err
+}
+
+func ordinal(pod string) int {
+	n, _ := strconv.Atoi(pod[strings.LastIndexByte(pod, '-')+1:])
+	return n
+}
+
+func soonest(a, b time.Duration) time.Duration {
+	if a == 0 || b < a {
+		return b
+	}
+	return a
 }
 
 // promote makes a replica the primary in place of one that is lost: the node that already says
@@ -203,119 +235,6 @@ func (k *Keeper) label(ctx context.Context, c *Cluster) error {
 		}
 	}
 	return errors.Join(errs...)
-}
-
-// HandOver gives the primary role of pod primary to an in-sync replica, preferring those prefer
-// accepts, before primary restarts: FAILOVER, which pauses writes until the replica has every one
-// of them; then status.primary, the labels (so the client Service) and every other replica follow
-// it. done says the role has moved; when no replica is in sync it is false, with why.
-func (k *Keeper) HandOver(ctx context.Context, c *Cluster, prefer func(*corev1.Pod) bool) (done bool, why string, err error) {
-	rc := c.RC
-	old := c.pod(rc.Status.Primary)
-	if old == nil || !running(old) {
-		return false, "the primary " + rc.Status.Primary + " is not running", nil
-	}
-	st, err := k.node(old, c.Admin).Replication(ctx)
-	if err != nil {
-		return false, "", err
-	}
-	if st.Role != "master" {
-		// A hand-over whose record was lost (its status write conflicted): the role has moved
-		// already, to the node this one replicates from.
-		return k.adopt(ctx, c, old, st)
-	}
-	target, rep := c.inSync(st, old, prefer)
-	if target == nil {
-		return false, fmt.Sprintf("no replica of %s is Ready and in sync (within %d bytes) to take its primary role", old.Name, MaxLag), nil
-	}
-	if err := k.node(old, c.Admin).Failover(ctx, rep.IP, rep.Port, failoverTimeout); err != nil {
-		return false, "", err
-	}
-	if err := k.awaitPrimary(ctx, target, c.Admin); err != nil {
-		return false, "", err
-	}
-	rc.Status.Primary = target.Name
-	c.Conds.Announce(false, v1alpha1.EventPrimaryHandedOver, "Failover",
-		"Primary role handed over from %s to %s (FAILOVER, no write lost) before %s restarts", old.Name, target.Name, old.Name)
-	log.FromContext(ctx).Info("Primary handed over", "from", old.Name, "to", target.Name)
-	// The client Service follows the label at once; then the other replicas follow the primary.
-	return true, "", errors.Join(k.label(ctx, c), k.follow(ctx, c, target, old.Name))
-}
-
-// adopt records as the primary the node that the recorded primary old, now a replica, follows,
-// if that node says it is the primary.
-func (k *Keeper) adopt(ctx context.Context, c *Cluster, old *corev1.Pod, st redisnode.Replication) (bool, string, error) {
-	p := c.podAt(st.MasterHost)
-	if p == nil {
-		return false, "", fmt.Errorf("pod %s, the cluster's primary, is a replica of %s, which is no pod of the cluster", old.Name, st.MasterHost)
-	}
-	if pst, err := k.node(p, c.Admin).Replication(ctx); err != nil || pst.Role != "master" {
-		return false, "", errors.Join(err, fmt.Errorf("pod %s, the cluster's primary, is a replica of %s, which is no primary", old.Name, p.Name))
-	}
-	c.RC.Status.Primary = p.Name
-	log.FromContext(ctx).Info("The primary role had moved already; recorded", "from", old.Name, "to", p.Name)
-	return true, "", errors.Join(k.label(ctx, c), k.follow(ctx, c, p, old.Name))
-}
-
-// inSync is a Ready replica of the primary old that is online and caught up within MaxLag,
-// one that prefer accepts first.
-func (c *Cluster) inSync(st redisnode.Replication, old *corev1.Pod, prefer func(*corev1.Pod) bool) (*corev1.Pod, redisnode.Replica) {
-	var pick *corev1.Pod
-	var pickRep redisnode.Replica
-	for _, rep := range st.Replicas {
-		p := c.podAt(rep.IP)
-		if p == nil || p == old || !ready(p) || rep.State != "online" || st.Offset-rep.Offset > MaxLag {
-			continue
-		}
-		if pick == nil || (prefer(p) && !prefer(pick)) {
-			pick, pickRep = p, rep
-		}
-	}
-	return pick, pickRep
-}
-
-// InSync says whether pod name is a replica of the primary, online and caught up within MaxLag
-// (a primary is in sync with itself).
-func (k *Keeper) InSync(ctx context.Context, c *Cluster, name string) (bool, error) {
-	primary := c.pod(c.RC.Status.Primary)
-	p := c.pod(name)
-	if p == nil || primary == nil {
-		return false, nil
-	}
-	if p == primary {
-		return true, nil
-	}
-	st, err := k.node(primary, c.Admin).Replication(ctx)
-	if err != nil {
-		return false, err
-	}
-	for _, rep := range st.Replicas {
-		if rep.IP == p.Status.PodIP && rep.State == "online" && st.Offset-rep.Offset <= MaxLag {
-			return true, nil
-		}
-	}
-	return false, nil
-}
-
-// awaitPrimary waits until the node of p says it is the primary: FAILOVER returns before the
-// switch, which takes the replica's catching up (milliseconds, up to failoverTimeout).
-func (k *Keeper) awaitPrimary(ctx context.Context, p *corev1.Pod, admin string) error {
-	n := k.node(p, admin)
-	deadline := time.Now().Add(failoverTimeout + 2*time.Second)
-	for {
-		st, err := n.Replication(ctx)
-		if err == nil && st.Role == "master" {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("FAILOVER to %s did not complete within %s (Redis aborts it then; the old primary goes on)", p.Name, failoverTimeout)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
 }
 
 func (k *Keeper) node(p *corev1.Pod, admin string) redisnode.Node {

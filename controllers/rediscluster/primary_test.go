@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -160,5 +161,70 @@ func TestLostPrimaryIsReplacedByTheReplicaWithTheMostData(t *testing.T) {
 	}
 	if reasons := h.eventReasons(); countOf(reasons, v1alpha1.EventPrimaryPromoted) != 1 {
 		t.Errorf("events %v, want one PrimaryPromoted", reasons)
+	}
+}
+
+// A scale-down that would remove the primary (a hand-over made orders-2 the primary) waits for
+// the primary role to move to a pod that stays: the StatefulSet keeps orders-2 until then.
+func TestScaleDownNeverRemovesThePrimary(t *testing.T) {
+	h := newHarness(t, cluster(threeNodes))
+	rc := h.settle(t)
+	// orders-2 is the primary (as after a hand-over); the others replicate from it.
+	h.redis.ReplicateFrom(nodeAddr(2), nodeAddr(0), nodeAddr(1))
+	h.redis.ReplicaOfNoOne(nodeAddr(2))
+	rc.Status.Primary = "orders-2"
+	if err := h.k8s.Status().Update(context.Background(), rc); err != nil {
+		t.Fatal(err)
+	}
+	rc = h.settle(t)
+	if got := h.roles(t); got["orders-2"] != v1alpha1.RolePrimary {
+		t.Fatalf("roles %v, want orders-2 primary", got)
+	}
+
+	rc.Spec.Replicas = 2
+	if err := h.k8s.Update(context.Background(), rc); err != nil {
+		t.Fatal(err)
+	}
+	rc = h.settle(t)
+	if p := rc.Status.Primary; p != "orders-0" && p != "orders-1" {
+		t.Fatalf("status.primary %q after the scale-down to 2: want a pod that stays", p)
+	}
+	sts := &appsv1.StatefulSet{}
+	if err := h.k8s.Get(context.Background(), client.ObjectKey{Namespace: "shop", Name: "orders"}, sts); err != nil {
+		t.Fatal(err)
+	}
+	if *sts.Spec.Replicas != 2 {
+		t.Errorf("StatefulSet replicas %d once the primary moved, want 2", *sts.Spec.Replicas)
+	}
+	if h.redis.PrimaryOf(nodeAddr(2)) == "" {
+		t.Error("orders-2 is still a primary on Redis")
+	}
+}
+
+// While the primary has not moved, the StatefulSet keeps it.
+func TestStatefulSetKeepsThePrimaryUntilItMoved(t *testing.T) {
+	h := newHarness(t, cluster(threeNodes))
+	rc := h.settle(t)
+	h.redis.ReplicateFrom(nodeAddr(2), nodeAddr(0), nodeAddr(1))
+	h.redis.ReplicaOfNoOne(nodeAddr(2))
+	rc.Status.Primary = "orders-2"
+	if err := h.k8s.Status().Update(context.Background(), rc); err != nil {
+		t.Fatal(err)
+	}
+	h.redis.Unreachable[nodeAddr(2)] = true // the hand-over cannot happen
+	rc = h.get(t)
+	rc.Spec.Replicas = 2
+	if err := h.k8s.Update(context.Background(), rc); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		h.reconcile(t)
+	}
+	sts := &appsv1.StatefulSet{}
+	if err := h.k8s.Get(context.Background(), client.ObjectKey{Namespace: "shop", Name: "orders"}, sts); err != nil {
+		t.Fatal(err)
+	}
+	if rc := h.get(t); *sts.Spec.Replicas != 3 || rc.Status.Primary != "orders-2" {
+		t.Errorf("StatefulSet replicas %d, primary %s: want 3 and orders-2 while the primary cannot hand its role over", *sts.Spec.Replicas, rc.Status.Primary)
 	}
 }

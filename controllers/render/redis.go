@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
+	"strconv"
 	"strings"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -237,7 +238,7 @@ func StatefulSet(rc *v1alpha1.RedisCluster, version string) *appsv1.StatefulSet 
 	sts := &appsv1.StatefulSet{
 		ObjectMeta: objectMeta(rc, rc.Name),
 		Spec: appsv1.StatefulSetSpec{
-			Replicas:            ptr.To(rc.Spec.Replicas),
+			Replicas:            ptr.To(statefulSetReplicas(rc)),
 			ServiceName:         HeadlessServiceName(rc),
 			Selector:            &metav1.LabelSelector{MatchLabels: labels},
 			PodManagementPolicy: appsv1.OrderedReadyPodManagement,
@@ -263,6 +264,17 @@ func StatefulSet(rc *v1alpha1.RedisCluster, version string) *appsv1.StatefulSet 
 		}}
 	}
 	return sts
+}
+
+// statefulSetReplicas is how many pods the StatefulSet keeps: spec.replicas, and the primary
+// while a scale-down waits for it to hand its role over to a pod that stays.
+func statefulSetReplicas(rc *v1alpha1.RedisCluster) int32 {
+	p := rc.Status.Primary
+	if p == "" {
+		return rc.Spec.Replicas
+	}
+	n, _ := strconv.Atoi(p[strings.LastIndexByte(p, '-')+1:])
+	return max(rc.Spec.Replicas, int32(n)+1)
 }
 
 // PodTemplateHash identifies a Redis pod template (before its annotations are set): a pod made

@@ -10,8 +10,9 @@ import (
 
 // startScript starts Redis as the primary or as a replica of it, whichever the cluster needs. It
 // asks the other pods (the peers file, as the probe user) who the primary is, and replicates from
-// it, authenticating as the replication user, whose password reaches redis.conf only as \xHH
-// escapes (so no character of it needs care). When no pod says it is the primary, but some answer
+// it, authenticating as the replication user (a primary has that credential too, for when it
+// becomes a replica), whose password reaches redis.conf only as \xHH escapes (so no character of
+// it needs care). When no pod says it is the primary, but some answer
 // as replicas: of this pod (it was the primary and stopped), it starts as a replica of one of
 // them, which have its latest writes, and keyroll makes the best of them the primary (a primary
 // that started again empty, or from an older snapshot, would take its replicas' data with it);
@@ -47,14 +48,16 @@ if [ -z "$primary" ] && [ -n "$answered" ]; then
 elif [ -z "$primary" ] && [ "${POD_NAME##*-}" != "0" ]; then
   primary="%[4]s-0.%[5]s %[6]d"
 fi
+# Every node can be made a replica later (FAILOVER, keyroll's REPLICAOF): each has the
+# replication user's credential.
+pass="$(od -An -v -tx1 %[2]s/%[3]s | tr -d ' \n' | sed 's/../\\x&/g')"
+{
+  echo "masteruser %[7]s"
+  echo "masterauth \"$pass\""
+} > %[1]s/runtime.conf
 if [ -n "$primary" ]; then
   echo "keyroll: starting as a replica of $primary"
-  pass="$(od -An -v -tx1 %[2]s/%[3]s | tr -d ' \n' | sed 's/../\\x&/g')"
-  {
-    echo "replicaof $primary"
-    echo "masteruser %[7]s"
-    echo "masterauth \"$pass\""
-  } > %[1]s/runtime.conf
+  echo "replicaof $primary" >> %[1]s/runtime.conf
 else
   echo "keyroll: starting as the primary"
 fi

@@ -254,6 +254,40 @@ func TestStartScriptStartsAgainInTheSamePod(t *testing.T) {
 	}
 }
 
+// Defect: FAILOVER from a primary the script had started never completed (Redis aborted it
+// after its timeout): the old primary, to become the replica of the new one, logs in to it as the
+// replication user, and only replicas had that user's password in their configuration.
+func TestAPrimaryHandsItsRoleOverByFailover(t *testing.T) {
+	rc := &v1alpha1.RedisCluster{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "orders"}}
+	in := Internal{Admin: "admin-pw", Replication: "repl-pw", Probe: "probe-pw"}
+	file, err := ClusterUsers(rc, in, nil).ACLFile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	acl := ACLSecret(rc, file, in, "").Data
+	primary := startPod(t, rc, acl, "orders-0", nil)
+	within(t, 10*time.Second, "the primary is Ready", primary.ready, primary.out)
+	replica := startPod(t, rc, acl, "orders-1", primary)
+	within(t, 30*time.Second, "the replica is Ready", replica.ready, primary.out, replica.out)
+
+	if out, err := testground.RedisDo(primary.addr(), AdminUser, in.Admin, "FAILOVER", "TO", "127.0.0.1", strconv.Itoa(replica.port), "TIMEOUT", "5000"); err != nil || out != "OK" {
+		t.Fatalf("FAILOVER as keyroll's admin: %q, %v", out, err)
+	}
+	role := func(p *pod) string {
+		info, _ := testground.RedisDo(p.addr(), AdminUser, in.Admin, "INFO", "replication")
+		for _, l := range strings.Split(info, "\n") {
+			if r, ok := strings.CutPrefix(strings.TrimSpace(l), "role:"); ok {
+				return r
+			}
+		}
+		return ""
+	}
+	within(t, 10*time.Second, "the replica is the primary and the old primary its replica", func() bool {
+		return role(replica) == "master" && role(primary) == "slave"
+	}, primary.out, replica.out)
+	within(t, 30*time.Second, "the old primary is Ready as a replica", primary.ready, primary.out)
+}
+
 // Defect it guards against: a primary whose Redis stopped and started again in the same pod
 // (crashed, OOM-killed) came back empty as the primary, and its replicas resynced to empty. Its
 // replica still answers, as a replica of it: the script starts it as that replica's replica, the

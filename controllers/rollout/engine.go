@@ -205,7 +205,8 @@ func (r *Engine) rollPods(ctx context.Context, s *step, pods []*corev1.Pod, ro *
 		return false, lagWait, err
 	}
 	if next.Name == s.rc.Status.Primary && len(pods) > 1 {
-		moved, why, err := r.Primary.HandOver(ctx, s.cluster, s.want.current)
+		kept := func(p *corev1.Pod) bool { return ordinal(p) < int(s.rc.Spec.Replicas) }
+		moved, why, err := r.Primary.HandOver(ctx, s.cluster, kept, s.want.current)
 		if err != nil {
 			return false, 0, fmt.Errorf("handing the primary role of %s over: %w", next.Name, err)
 		}

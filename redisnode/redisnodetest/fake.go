@@ -45,6 +45,13 @@ func (f *Fake) ReplicateFrom(primary string, replicas ...string) {
 	}
 }
 
+// ReplicaOfNoOne makes the node at addr a primary.
+func (f *Fake) ReplicaOfNoOne(addr string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.masterOf, addr)
+}
+
 // PrimaryOf is the address the node at addr replicates from ("" for a primary).
 func (f *Fake) PrimaryOf(addr string) string {
 	f.mu.Lock()

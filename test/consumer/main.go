@@ -3,7 +3,8 @@
 //
 // It reads the username and password from files (a mounted Secret; read again whenever they
 // change), runs SET then GET of its own key against a Redis address continuously, reconnects
-// after a failure, and counts commands that succeeded and failed. Its counters are served as JSON
+// after a failure, and counts commands that succeeded and failed, the longest outage (from a
+// failure to the next success) and lost writes (a GET older than the last acknowledged SET). Its counters are served as JSON
 // on /stats, and it logs one line per failure (never the password). On SIGTERM it finishes the
 // command in flight, stops, and writes its final counters as JSON to -final (the pod's
 // termination message, which the kubelet reports in the pod's status), so that a test counts the
@@ -49,6 +50,11 @@ type Stats struct {
 	User              string `json:"user"`
 	LastError         string `json:"lastError,omitempty"`
 	LastFailure       string `json:"lastFailure,omitempty"`
+	// LongestOutageMs is the longest time from a failed command to the next that succeeded.
+	LongestOutageMs int64 `json:"longestOutageMs"`
+	// LostWrites counts GETs that returned an older value than the last SET Redis acknowledged:
+	// an acknowledged write that was lost.
+	LostWrites int64 `json:"lostWrites"`
 }
 
 type consumer struct {
@@ -61,6 +67,8 @@ type consumer struct {
 	user, pass string
 	conn       net.Conn
 	rd         *bufio.Reader
+	// failingSince is when the first of the failures since the last success happened (zero: none).
+	failingSince time.Time
 }
 
 func main() {
@@ -116,19 +124,33 @@ func (c *consumer) serveStats(w http.ResponseWriter, _ *http.Request) {
 // loop runs SET and GET until ctx ends; a failed command closes the connection and the next round
 // connects again.
 func (c *consumer) loop(ctx context.Context) {
+	acked := -1 // the last value a SET of which Redis acknowledged
 	for n := 0; ctx.Err() == nil; n++ {
 		c.reloadCredentials()
 		value := strconv.Itoa(n)
-		c.do("SET", func() error {
+		if c.do("SET", func() error {
 			_, err := c.command("SET", c.key, value)
 			return err
-		})
+		}) {
+			acked = n
+		}
 		c.do("GET", func() error {
 			got, err := c.command("GET", c.key)
-			if err == nil && got != value {
-				err = fmt.Errorf("GET returned %q, want %q", got, value)
+			if err != nil {
+				return err
 			}
-			return err
+			// A SET that failed may still have been applied: only a value older than the last
+			// acknowledged one is a lost write.
+			if v, perr := strconv.Atoi(got); acked >= 0 && (perr != nil || v < acked) {
+				c.mu.Lock()
+				c.stats.LostWrites++
+				c.mu.Unlock()
+				return fmt.Errorf("GET returned %q, older than the acknowledged %d: a lost write", got, acked)
+			}
+			if got != value {
+				return fmt.Errorf("GET returned %q, want %q", got, value)
+			}
+			return nil
 		})
 		time.Sleep(c.interval)
 	}
@@ -137,23 +159,32 @@ func (c *consumer) loop(ctx context.Context) {
 	c.mu.Unlock()
 }
 
-// do runs one command (connecting first when needed) and counts it.
-func (c *consumer) do(op string, f func() error) {
+// do runs one command (connecting first when needed), counts it, and says whether it succeeded.
+func (c *consumer) do(op string, f func() error) bool {
 	err := c.ensureConnected()
 	if err == nil {
 		err = f()
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	now := time.Now()
 	if err == nil {
 		c.stats.OK++
-		return
+		if !c.failingSince.IsZero() {
+			c.stats.LongestOutageMs = max(c.stats.LongestOutageMs, now.Sub(c.failingSince).Milliseconds())
+			c.failingSince = time.Time{}
+		}
+		return true
+	}
+	if c.failingSince.IsZero() {
+		c.failingSince = now
 	}
 	c.stats.Failed++
 	c.stats.LastError = err.Error()
 	c.stats.LastFailure = time.Now().UTC().Format(time.RFC3339Nano)
 	log.Printf("consumer: failure %d: %s as %q: %v", c.stats.Failed, op, c.user, err)
 	c.closeLocked()
+	return false
 }
 
 // reloadCredentials reads the files; when they changed, the next command connects with them. A

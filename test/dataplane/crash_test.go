@@ -1,9 +1,12 @@
 package dataplane
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -34,7 +37,8 @@ func killRedis(t *testing.T, ns, pod string) {
 // A replica's Redis killed inside its container: the kubelet restarts the container in the same
 // pod (the start script runs again over the files of its first start), the replica becomes Ready
 // again only once it has resynced, every key is back on it, the app user logs in there, and
-// keyroll confirms that run of Redis again (status.nodes).
+// keyroll confirms that run of Redis again (status.nodes). Then the primary's: a replica is
+// promoted, the old primary rejoins as a replica, and no node's data is wiped.
 func TestCrashedRedisContainerRestartsInPlace(t *testing.T) {
 	namespace(t, "crash")
 	vaultConnection(t, "vault-crash", "crash")
@@ -93,6 +97,48 @@ func TestCrashedRedisContainerRestartsInPlace(t *testing.T) {
 		}
 		return ""
 	})
+
+	// The primary's Redis killed: its container restarts in the same pod and, finding only
+	// replicas of itself, starts as a replica of one of them rather than as an empty primary;
+	// keyroll promotes the replica with the most data. No node loses a key.
+	before = runs(redisPods(t, rc))["cache-0"]
+	start = time.Now()
+	killRedis(t, "crash", "cache-0")
+	var promoted string
+	eventually(t, 2*time.Minute, func() string {
+		cur := get(t, rc)
+		if promoted = cur.Status.Primary; promoted == "cache-0" {
+			return "status.primary is still cache-0"
+		}
+		for _, p := range redisPods(t, rc) {
+			if p.Name == "cache-0" {
+				if now := runs([]corev1.Pod{p})["cache-0"]; now.uid != before.uid || now.restarts <= before.restarts {
+					return fmt.Sprintf("cache-0: pod %s with %d restarts (before %s, %d): want its container restarted in place", now.uid, now.restarts, before.uid, before.restarts)
+				}
+			}
+			if !podReady(p) {
+				return p.Name + " is not Ready"
+			}
+			if role := p.Labels[v1alpha1.LabelRole]; (p.Name == promoted) != (role == v1alpha1.RolePrimary) {
+				return fmt.Sprintf("%s is labelled %q with %s the primary", p.Name, role, promoted)
+			}
+		}
+		return ""
+	})
+	t.Logf("cache-0's Redis killed: %s promoted, every pod Ready again %s after the kill", promoted, time.Since(start).Round(time.Millisecond))
+	for _, p := range redisPods(t, rc) {
+		if got := countKeys(t, podAddr(p), user, pass, n); got != n {
+			t.Errorf("%s has %d of %d keys after the primary's crash", p.Name, got, n)
+		}
+	}
+	if _, err := appClient(podAddr(redisPods(t, rc)[ordinalOf(promoted)]), user, pass).Set(context.Background(), "after-crash", "1", 0).Result(); err != nil {
+		t.Errorf("the promoted primary %s refuses a write: %v", promoted, err)
+	}
+}
+
+func ordinalOf(pod string) int {
+	n, _ := strconv.Atoi(pod[strings.LastIndexByte(pod, '-')+1:])
+	return n
 }
 
 // nodeStatus is the status.nodes entry of a pod, or nil.

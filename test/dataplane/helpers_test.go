@@ -246,8 +246,9 @@ type consumers struct {
 	ips   map[types.UID]string
 	// seen records, per pod, when it was first seen with each user.
 	seen map[types.UID]map[string]time.Time
-	stop chan struct{}
-	done sync.WaitGroup
+	stop  chan struct{}
+	done  sync.WaitGroup
+	watch watch.Interface
 }
 
 // startConsumers creates a Deployment of consumer pods against redisAddr with the Secret's
@@ -262,7 +263,7 @@ func startConsumers(t testing.TB, ns, name string, replicas int32, redisAddr, se
 		t.Fatal(err)
 	}
 	c := &consumers{live: map[types.UID]testground.ConsumerStats{}, final: map[types.UID]testground.ConsumerStats{},
-		ips: map[types.UID]string{}, seen: map[types.UID]map[string]time.Time{}, stop: make(chan struct{})}
+		ips: map[types.UID]string{}, seen: map[types.UID]map[string]time.Time{}, stop: make(chan struct{}), watch: w}
 	c.done.Add(2)
 	go func() {
 		defer c.done.Done()
@@ -285,7 +286,7 @@ func startConsumers(t testing.TB, ns, name string, replicas int32, redisAddr, se
 			}
 		}
 	}()
-	t.Cleanup(func() { w.Stop(); c.halt() })
+	t.Cleanup(c.halt)
 	eventually(t, 2*time.Minute, func() string {
 		c.mu.Lock()
 		defer c.mu.Unlock()
@@ -303,7 +304,9 @@ func startConsumers(t testing.TB, ns, name string, replicas int32, redisAddr, se
 	return c
 }
 
+// halt stops following the pods (the counters stay as last read).
 func (c *consumers) halt() {
+	c.watch.Stop()
 	select {
 	case <-c.stop:
 	default:
@@ -370,6 +373,25 @@ func (c *consumers) totals() (ok, failed int64, lastErrors []string) {
 		}
 	}
 	return ok, failed, lastErrors
+}
+
+// stats are the counters of every pod seen, final ones where a pod stopped.
+func (c *consumers) stats() []testground.ConsumerStats {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []testground.ConsumerStats
+	for uid, s := range c.live {
+		if f, stopped := c.final[uid]; stopped {
+			s = f
+		}
+		out = append(out, s)
+	}
+	for uid, f := range c.final {
+		if _, counted := c.live[uid]; !counted {
+			out = append(out, f)
+		}
+	}
+	return out
 }
 
 // firstSeenWith is, per consumer pod, when it was first seen running with user.

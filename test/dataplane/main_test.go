@@ -1,7 +1,8 @@
 // Package dataplane proves, on the test ground's real node, that a rotation changes users and not
 // pods: real Redis pods (Debian's 7.0), real consumers running the test ground's Redis client in
 // pods, a real Vault whose database engine issues the credentials, and keyroll's manager in this
-// process. The tests are those of issue 15 (rotation without restarting Redis).
+// process. The tests are those of issue 15 (rotation without restarting Redis) and issue 16
+// (safe restarts: replicas first, FAILOVER before the primary, restart in place, disruptions).
 package dataplane
 
 import (

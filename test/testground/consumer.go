@@ -22,6 +22,8 @@ type ConsumerStats struct {
 	User              string `json:"user"`
 	LastError         string `json:"lastError,omitempty"`
 	LastFailure       string `json:"lastFailure,omitempty"`
+	LongestOutageMs   int64  `json:"longestOutageMs"`
+	LostWrites        int64  `json:"lostWrites"`
 }
 
 // ConsumerPort is where a consumer pod serves /stats, on its pod IP.

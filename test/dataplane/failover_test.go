@@ -1,0 +1,233 @@
+package dataplane
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/keyroll/keyroll/apis/v1alpha1"
+)
+
+// restart is what a watch of the Redis pods saw as one of them began its deletion.
+type restart struct {
+	pod  string
+	at   time.Time
+	role string // its role label then
+	// notReady are the other pods that were not Ready then.
+	notReady []string
+}
+
+// restartWatch records, for every Redis pod of a cluster whose deletion begins, its role and
+// the pods that were not Ready at that moment.
+type restartWatch struct {
+	mu       sync.Mutex
+	latest   map[string]*corev1.Pod
+	deleting map[string]bool // by pod UID
+	restarts []restart
+}
+
+func watchRestarts(t *testing.T, rc *v1alpha1.RedisCluster) *restartWatch {
+	t.Helper()
+	w, err := cs.CoreV1().Pods(rc.Namespace).Watch(context.Background(), metav1.ListOptions{LabelSelector: v1alpha1.LabelCluster + "=" + rc.Name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rw := &restartWatch{latest: map[string]*corev1.Pod{}, deleting: map[string]bool{}}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for ev := range w.ResultChan() {
+			p, ok := ev.Object.(*corev1.Pod)
+			if !ok || ev.Type == watch.Error {
+				continue
+			}
+			rw.saw(p, ev.Type == watch.Deleted)
+		}
+	}()
+	t.Cleanup(func() { w.Stop(); <-done })
+	return rw
+}
+
+func (rw *restartWatch) saw(p *corev1.Pod, gone bool) {
+	rw.mu.Lock()
+	defer rw.mu.Unlock()
+	if (p.DeletionTimestamp != nil || gone) && !rw.deleting[string(p.UID)] {
+		rw.deleting[string(p.UID)] = true
+		r := restart{pod: p.Name, at: time.Now(), role: p.Labels[v1alpha1.LabelRole]}
+		for name, o := range rw.latest {
+			if name != p.Name && !podReady(*o) {
+				r.notReady = append(r.notReady, name)
+			}
+		}
+		rw.restarts = append(rw.restarts, r)
+	}
+	if gone {
+		delete(rw.latest, p.Name)
+		return
+	}
+	rw.latest[p.Name] = p.DeepCopy()
+}
+
+func (rw *restartWatch) seen() []restart {
+	rw.mu.Lock()
+	defer rw.mu.Unlock()
+	return slices.Clone(rw.restarts)
+}
+
+// The acceptance test of safe restarts (issue 16): three Redis pods with 10,000 keys and two
+// consumer pods writing and reading through the client Service; a change of resources (a new pod
+// template) restarts the pods one at a time, replicas first, each only while every other pod is
+// Ready (a replica is Ready once linked and synced); before the primary restarts its role moves
+// to a replica by FAILOVER, and the role label (so the client Service) with it. Afterwards every
+// node has every key, the consumers lost no acknowledged write, and their longest outage is
+// reported.
+func TestVersionChangeRollsReplicasFirstThenFailsOver(t *testing.T) {
+	namespace(t, "failover")
+	vaultConnection(t, "vault-failover", "failover")
+	rc := redisCluster(t, "failover", "cache", "vault-failover", "database/creds/orders", 3, withConsumer("app"))
+	rc = waitReady(t, rc, 3*time.Minute)
+	if rc.Status.Primary != "cache-0" {
+		t.Fatalf("status.primary %q, want cache-0 for a new cluster", rc.Status.Primary)
+	}
+	user, pass := published(t, rc)
+	pods := redisPods(t, rc)
+	writeKeys(t, podAddr(pods[0]), user, pass, keys)
+	eventually(t, time.Minute, func() string {
+		for _, p := range pods[1:] {
+			if got := countKeys(t, podAddr(p), user, pass, keys); got != keys {
+				return fmt.Sprintf("%s has %d of %d keys", p.Name, got, keys)
+			}
+		}
+		return ""
+	})
+	app := startConsumers(t, "failover", "app", 2, "cache:6379", "cache-credentials")
+	rw := watchRestarts(t, rc)
+	_, failedBefore, _ := app.totals()
+
+	start := time.Now()
+	patch := client.MergeFrom(rc.DeepCopy())
+	rc.Spec.Resources = corev1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("10m")}}
+	if err := k8s.Patch(context.Background(), rc, patch); err != nil {
+		t.Fatal(err)
+	}
+	var final *v1alpha1.RedisCluster
+	eventually(t, 6*time.Minute, func() string {
+		final = get(t, rc)
+		if ro := final.Status.Rollout; ro != nil {
+			return fmt.Sprintf("rollout %+v", ro)
+		}
+		if len(rw.seen()) < 3 {
+			return fmt.Sprintf("%d pods restarted", len(rw.seen()))
+		}
+		for _, p := range redisPods(t, rc) {
+			if !podReady(p) || p.Spec.Containers[0].Resources.Requests.Cpu().MilliValue() != 10 {
+				return fmt.Sprintf("%s: Ready %v, resources %v", p.Name, podReady(p), p.Spec.Containers[0].Resources)
+			}
+		}
+		return ""
+	})
+	took := time.Since(start)
+
+	restarts := rw.seen()
+	var order []string
+	for _, r := range restarts {
+		order = append(order, r.pod)
+		if len(r.notReady) > 0 {
+			t.Errorf("%s was restarted while %v were not Ready (not in sync)", r.pod, r.notReady)
+		}
+	}
+	if want := []string{"cache-2", "cache-1", "cache-0"}; !slices.Equal(order, want) {
+		t.Fatalf("restart order %v, want %v: replicas first, the primary last, each once", order, want)
+	}
+	if r := restarts[2]; r.role != v1alpha1.RoleReplica {
+		t.Errorf("cache-0 began its restart labelled %q: want replica, its primary role handed over first", r.role)
+	}
+	newPrimary := final.Status.Primary
+	if newPrimary != "cache-1" && newPrimary != "cache-2" {
+		t.Fatalf("status.primary %q after the rollout: want a replica that took over by FAILOVER", newPrimary)
+	}
+	admin := adminPassword(t, rc)
+	byName := map[string]corev1.Pod{}
+	for _, p := range redisPods(t, rc) {
+		byName[p.Name] = p
+		st, err := node(podAddr(p), admin).Replication(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		wantRole, wantLabel := "slave", v1alpha1.RoleReplica
+		if p.Name == newPrimary {
+			wantRole, wantLabel = "master", v1alpha1.RolePrimary
+		}
+		if st.Role != wantRole || p.Labels[v1alpha1.LabelRole] != wantLabel {
+			t.Errorf("%s is a %s labelled %q; want a %s labelled %q", p.Name, st.Role, p.Labels[v1alpha1.LabelRole], wantRole, wantLabel)
+		}
+		if got := countKeys(t, podAddr(p), user, pass, keys); got != keys {
+			t.Errorf("%s has %d of %d keys after the rollout", p.Name, got, keys)
+		}
+	}
+	// The client Service sends clients to the new primary alone.
+	eventually(t, 30*time.Second, func() string {
+		eps := &discoveryv1.EndpointSliceList{}
+		if err := k8s.List(context.Background(), eps, client.InNamespace("failover"), client.MatchingLabels{discoveryv1.LabelServiceName: "cache"}); err != nil {
+			return err.Error()
+		}
+		var ips []string
+		for _, s := range eps.Items {
+			for _, e := range s.Endpoints {
+				if e.Conditions.Ready == nil || *e.Conditions.Ready {
+					ips = append(ips, e.Addresses...)
+				}
+			}
+		}
+		if len(ips) != 1 || ips[0] != byName[newPrimary].Status.PodIP {
+			return fmt.Sprintf("the client Service's endpoints are %v, want %s's %s only", ips, newPrimary, byName[newPrimary].Status.PodIP)
+		}
+		return ""
+	})
+	reasons := map[string]int{}
+	list := &corev1.EventList{}
+	if err := k8s.List(context.Background(), list, client.InNamespace("failover")); err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range list.Items {
+		if e.InvolvedObject.Kind == "RedisCluster" && (e.LastTimestamp.After(start) || e.EventTime.After(start)) {
+			reasons[e.Reason]++
+		}
+	}
+	if reasons[v1alpha1.EventPrimaryHandedOver] != 1 || reasons[v1alpha1.EventPrimaryPromoted] != 0 {
+		t.Errorf("events since the change: %v; want one PrimaryHandedOver and no PrimaryPromoted", reasons)
+	}
+
+	app.halt()
+	ok, failed, lastErrors := app.totals()
+	var longest, lost int64
+	for _, s := range app.stats() {
+		longest, lost = max(longest, s.LongestOutageMs), lost+s.LostWrites
+	}
+	t.Logf("pods rolled in %s (restarts %v at %v); consumers: %d commands ok, %d failed during the rollout, longest outage %d ms, %d lost writes; errors %v",
+		took.Round(time.Millisecond), order, restartTimes(restarts, start), ok, failed-failedBefore, longest, lost, lastErrors)
+	if lost != 0 {
+		t.Errorf("%d acknowledged writes were lost", lost)
+	}
+	if longest > 2000 {
+		t.Errorf("the consumers' longest outage was %d ms: want under 2 s, one reconnect", longest)
+	}
+}
+
+func restartTimes(rs []restart, start time.Time) []string {
+	var out []string
+	for _, r := range rs {
+		out = append(out, r.at.Sub(start).Round(10*time.Millisecond).String())
+	}
+	return out
+}
