@@ -322,8 +322,11 @@ func TestARestartedPrimaryDoesNotEmptyItsReplicas(t *testing.T) {
 	}
 	t.Logf("the primary's script ended with %v once its Redis was killed", <-primary.exited)
 	again := startPodIn(t, rc, acl, "orders-0", replica, primary.root, nil, "")
-	want := fmt.Sprintf("starting as a replica of 127.0.0.1 %d", replica.port)
-	within(t, 10*time.Second, "the restarted primary starts as its replica's replica", func() bool { return strings.Contains(again.out.String(), want) }, again.out)
+	want := fmt.Sprintf("replicaof 127.0.0.1 %d", replica.port)
+	within(t, 10*time.Second, "the restarted primary starts as its replica's replica", func() bool {
+		conf, _ := os.ReadFile(filepath.Join(primary.root, "run", "runtime.conf"))
+		return strings.Contains(string(conf), want)
+	}, again.out)
 	time.Sleep(2 * time.Second) // long enough for a sync that would empty the replica
 	if !has(replica)() {
 		t.Fatalf("the replica lost app:1 once its primary started again\n%s", replica.out)

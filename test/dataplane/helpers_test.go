@@ -245,7 +245,7 @@ type consumers struct {
 	final map[types.UID]testground.ConsumerStats
 	ips   map[types.UID]string
 	// seen records, per pod, when it was first seen with each user.
-	seen map[types.UID]map[string]time.Time
+	seen  map[types.UID]map[string]time.Time
 	stop  chan struct{}
 	done  sync.WaitGroup
 	watch watch.Interface
