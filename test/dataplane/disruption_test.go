@@ -3,15 +3,20 @@ package dataplane
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/keyroll/keyroll/apis/v1alpha1"
 )
 
 // evict asks the eviction API (policy/v1) to evict a pod, as a node drain does.
@@ -85,4 +90,128 @@ func TestEvictionOfASecondRedisPodIsRefused(t *testing.T) {
 		t.Errorf("keyroll rewrote its objects in a steady state: StatefulSet generation %d (then %d), budget generation %d",
 			after.Generation, sts.Generation, pdb.Generation)
 	}
+}
+
+// changeTemplate gives the Redis pods a new template (a CPU request), which rolls them.
+func changeTemplate(t *testing.T, rc *v1alpha1.RedisCluster, cpu string) {
+	t.Helper()
+	cur := get(t, rc)
+	patch := client.MergeFrom(cur.DeepCopy())
+	cur.Spec.Resources = corev1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse(cpu)}}
+	if err := k8s.Patch(context.Background(), cur, patch); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// waitRestartOf waits until the watch has seen pod's deletion begin.
+func waitRestartOf(t *testing.T, rw *restartWatch, pod string) {
+	t.Helper()
+	eventually(t, 2*time.Minute, func() string {
+		for _, r := range rw.seen() {
+			if r.pod == pod {
+				return ""
+			}
+		}
+		return fmt.Sprintf("%s not restarted yet (restarts %+v)", pod, rw.seen())
+	})
+}
+
+// rolledOut waits until rc has no rollout and its want pods are Ready with the CPU request.
+func rolledOut(t *testing.T, rc *v1alpha1.RedisCluster, want int, cpu string) *v1alpha1.RedisCluster {
+	t.Helper()
+	var cur *v1alpha1.RedisCluster
+	eventually(t, 5*time.Minute, func() string {
+		cur = get(t, rc)
+		if ro := cur.Status.Rollout; ro != nil {
+			return fmt.Sprintf("rollout %+v", ro)
+		}
+		pods := redisPods(t, rc)
+		if len(pods) != want {
+			return fmt.Sprintf("%d Redis pods, want %d", len(pods), want)
+		}
+		for _, p := range pods {
+			if !podReady(p) || p.Spec.Containers[0].Resources.Requests.Cpu().String() != cpu {
+				return fmt.Sprintf("%s: Ready %v, requests %v", p.Name, podReady(p), p.Spec.Containers[0].Resources.Requests)
+			}
+		}
+		return ""
+	})
+	return cur
+}
+
+// A pod deleted by someone else while the rollout restarts another is waited for: keyroll
+// restarts no further pod until it is back and Ready (it comes back from the new template, and
+// counts as updated), then goes on, the primary last, after its hand-over.
+func TestEvictedPodDuringRolloutIsWaitedFor(t *testing.T) {
+	namespace(t, "evicted")
+	vaultConnection(t, "vault-evicted", "evicted")
+	rc := redisCluster(t, "evicted", "cache", "vault-evicted", "database/creds/orders", 3)
+	waitReady(t, rc, 3*time.Minute)
+	user, pass := published(t, rc)
+	const n = 1000
+	writeKeys(t, podAddr(redisPods(t, rc)[0]), user, pass, n)
+	rw := watchRestarts(t, rc)
+
+	changeTemplate(t, rc, "20m")
+	waitRestartOf(t, rw, "cache-2")
+	if err := k8s.Delete(context.Background(), &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "evicted", Name: "cache-1"}}); err != nil {
+		t.Fatal(err)
+	}
+	final := rolledOut(t, rc, 3, "20m")
+
+	restarts := rw.seen()
+	var order []string
+	for i, r := range restarts {
+		order = append(order, r.pod)
+		if i != 1 && len(r.notReady) > 0 { // the second is the test's own deletion
+			t.Errorf("keyroll restarted %s while %v were not Ready", r.pod, r.notReady)
+		}
+	}
+	if want := []string{"cache-2", "cache-1", "cache-0"}; !slices.Equal(order, want) {
+		t.Errorf("deletions %v, want %v: keyroll restarts cache-1 no second time (it came back on the new template), and the primary last", order, want)
+	}
+	if final.Status.Primary == "cache-0" {
+		t.Error("cache-0 restarted as the primary")
+	}
+	for _, p := range redisPods(t, rc) {
+		if got := countKeys(t, podAddr(p), user, pass, n); got != n {
+			t.Errorf("%s has %d of %d keys", p.Name, got, n)
+		}
+	}
+}
+
+// Scaling down while a rollout restarts a pod the scale-down removes: the rollout finishes on the
+// pods that stay, and the primary's role goes to one of them before it restarts.
+func TestScaleDownDuringRolloutFinishes(t *testing.T) {
+	namespace(t, "scaledown")
+	vaultConnection(t, "vault-scaledown", "scaledown")
+	rc := redisCluster(t, "scaledown", "cache", "vault-scaledown", "database/creds/orders", 3)
+	waitReady(t, rc, 3*time.Minute)
+	user, pass := published(t, rc)
+	const n = 1000
+	writeKeys(t, podAddr(redisPods(t, rc)[0]), user, pass, n)
+	rw := watchRestarts(t, rc)
+
+	changeTemplate(t, rc, "30m")
+	waitRestartOf(t, rw, "cache-2")
+	cur := get(t, rc)
+	patch := client.MergeFrom(cur.DeepCopy())
+	cur.Spec.Replicas = 2
+	if err := k8s.Patch(context.Background(), cur, patch); err != nil {
+		t.Fatal(err)
+	}
+	final := rolledOut(t, rc, 2, "30m")
+	if final.Status.Primary != "cache-1" {
+		t.Errorf("status.primary %q, want cache-1, the pod that stays besides the restarted primary", final.Status.Primary)
+	}
+	for _, p := range redisPods(t, rc) {
+		if got := countKeys(t, podAddr(p), user, pass, n); got != n {
+			t.Errorf("%s has %d of %d keys", p.Name, got, n)
+		}
+	}
+	var order []string
+	for _, r := range rw.seen() {
+		order = append(order, r.pod)
+	}
+	t.Logf("pods deleted, in order: %v (cache-2 by the rollout, then by the scale-down)", order)
 }
