@@ -26,6 +26,7 @@ var allowed = map[string][]string{
 	"controllers/apply":           {"apis/v1alpha1"},
 	"controllers/render":          {"apis/v1alpha1"},
 	"controllers/ledger":          {"apis/v1alpha1", "controllers/conditions", "controllers/metrics", "controllers/render", "controllers/statustime", "rotation", "vault"},
+	"controllers/netpol":          {"apis/v1alpha1", "controllers/apply", "controllers/render"},
 	"controllers/primary":         {"apis/v1alpha1", "controllers/conditions", "controllers/render", "controllers/statustime", "redisnode"},
 	"controllers/rollout":         {"apis/v1alpha1", "controllers/conditions", "controllers/metrics", "controllers/primary", "controllers/render", "controllers/statustime"},
 	"controllers/nodes":           {"apis/v1alpha1", "controllers/conditions", "controllers/render", "controllers/statustime", "redisnode"},
@@ -35,7 +36,7 @@ var allowed = map[string][]string{
 	"controllers/externalsecret": {"apis/v1alpha1", "controllers/apply", "controllers/ledger", "controllers/metrics", "controllers/render",
 		"controllers/statustime", "rotation", "vault"},
 	"controllers/rediscluster": {"apis/v1alpha1", "controllers/apply", "controllers/conditions", "controllers/externalsecret",
-		"controllers/ledger", "controllers/metrics", "controllers/nodes", "controllers/primary", "controllers/render", "controllers/rollout", "controllers/statustime",
+		"controllers/ledger", "controllers/metrics", "controllers/netpol", "controllers/nodes", "controllers/primary", "controllers/render", "controllers/rollout", "controllers/statustime",
 		"controllers/vaultconnection", "controllers/vaultlease", "redisnode", "rotation", "vault"},
 	"controllers": {"apis/v1alpha1", "controllers/ledger", "controllers/metrics", "controllers/rediscluster", "controllers/vaultconnection", "vault"},
 }

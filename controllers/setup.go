@@ -18,6 +18,7 @@ import (
 
 	esv1 "github.com/external-secrets/external-secrets/apis/externalsecrets/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -53,14 +54,14 @@ type Options struct {
 }
 
 // CacheOptions are the manager's cache settings: of Secrets, ConfigMaps, Services, StatefulSets,
-// PodDisruptionBudgets and ExternalSecrets only those keyroll labels, of pods only the Redis pods;
+// PodDisruptionBudgets, NetworkPolicies and ExternalSecrets only those keyroll labels, of pods only the Redis pods;
 // never every object of the cluster. (Consumer workloads are watched by their metadata only.)
 func CacheOptions(cfg *rest.Config) cache.Options {
 	managed := cache.ByObject{Label: labels.SelectorFromSet(labels.Set{v1alpha1.LabelManagedBy: v1alpha1.ManagedByValue})}
 	redisPods, _ := labels.Parse(v1alpha1.LabelCluster)
 	opts := cache.Options{ByObject: map[client.Object]cache.ByObject{
 		&corev1.Secret{}: managed, &corev1.ConfigMap{}: managed, &corev1.Service{}: managed,
-		&appsv1.StatefulSet{}: managed, &policyv1.PodDisruptionBudget{}: managed,
+		&appsv1.StatefulSet{}: managed, &policyv1.PodDisruptionBudget{}: managed, &networkingv1.NetworkPolicy{}: managed,
 		// Only the Redis pods keyroll restarts, not every pod of the cluster.
 		&corev1.Pod{}: {Label: redisPods},
 	}}
@@ -121,7 +122,7 @@ func Setup(mgr ctrl.Manager, o Options) (*rediscluster.Reconciler, error) {
 	rcr := rediscluster.New(rediscluster.Config{
 		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: o.Recorder, Clock: o.Clock,
 		Connector: conn, Metrics: m, ExternalSecrets: externalSecretsServed(mgr), LeaseCheckInterval: o.LeaseCheckInterval,
-		Workers: o.Workers,
+		Workers: o.Workers, OperatorNamespace: o.ServiceAccount.Namespace,
 	})
 	mgr.GetLogger().Info("External Secrets Operator's API", "served", rcr.ExternalSecrets)
 	return rcr, rcr.SetupWithManager(mgr)

@@ -2,6 +2,7 @@ package v1alpha1
 
 import (
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -132,11 +133,17 @@ type RedisClusterSpec struct {
 	// podAntiAffinity keeps the Redis pods on different nodes (kubernetes.io/hostname), so that
 	// losing a node loses one of them only. Preferred (the default) asks the scheduler for it and
 	// lets pods share a node when no other fits; Required never puts two on one node (a pod with
-	// no node left stays Pending); None sets no anti-affinity. A change reaches a pod when it
-	// next starts.
+	// no node left stays Pending); None sets no anti-affinity. A change restarts the Redis pods,
+	// one at a time.
 	// +optional
 	// +kubebuilder:default=Preferred
 	PodAntiAffinity PodAntiAffinityPolicy `json:"podAntiAffinity,omitempty"`
+
+	// networkPolicy, when enabled, makes keyroll keep a NetworkPolicy <name>-redis that admits
+	// traffic to the Redis pods (TCP 6379) only from keyroll's manager, the cluster's own Redis
+	// pods, the pods of the consumers in rollout.consumers, and the peers in from.
+	// +optional
+	NetworkPolicy *NetworkPolicySpec `json:"networkPolicy,omitempty"`
 
 	// credentials says where the Redis credential comes from and where it is written.
 	// +required
@@ -465,6 +472,19 @@ type RolloutSpec struct {
 	// +listMapKey=name
 	// +kubebuilder:validation:MaxItems=64
 	Consumers []ConsumerReference `json:"consumers,omitempty"`
+}
+
+// NetworkPolicySpec is the NetworkPolicy keyroll keeps for the Redis pods.
+type NetworkPolicySpec struct {
+	// enabled makes keyroll keep the NetworkPolicy; false (the default) keeps none, and removes
+	// the one it kept.
+	// +optional
+	Enabled bool `json:"enabled,omitempty"`
+
+	// from are further peers admitted to the Redis pods: clients that are not consumers.
+	// +optional
+	// +kubebuilder:validation:MaxItems=16
+	From []networkingv1.NetworkPolicyPeer `json:"from,omitempty"`
 }
 
 // ConsumerReference names a workload that uses the credentials Secret.

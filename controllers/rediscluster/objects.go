@@ -49,6 +49,7 @@ func (r *deps) reconcileObjects(ctx context.Context, s *scope, in *internal) err
 			}
 			return err
 		},
+		func() error { return r.netpol.Keep(ctx, rc) },
 	}
 	for _, step := range steps {
 		if err := step(); err != nil {

@@ -1,6 +1,7 @@
 package rediscluster
 
 import (
+	"cmp"
 	"context"
 	"time"
 
@@ -8,6 +9,7 @@ import (
 	"github.com/keyroll/keyroll/controllers/vaultlease"
 
 	"github.com/keyroll/keyroll/controllers/ledger"
+	"github.com/keyroll/keyroll/controllers/netpol"
 	"github.com/keyroll/keyroll/controllers/primary"
 	"github.com/keyroll/keyroll/controllers/rollout"
 
@@ -56,6 +58,7 @@ type deps struct {
 	// nodes changes the users on the Redis nodes.
 	nodes   *nodes.Syncer
 	primary *primary.Keeper
+	netpol  *netpol.Keeper
 }
 
 // source is where a RedisCluster's credential comes from: a Vault lease keyroll holds
@@ -90,6 +93,9 @@ type Config struct {
 	LeaseCheckInterval time.Duration
 	// DialRedis opens a connection to one Redis node (nil: redisnode.Dial, the real ones).
 	DialRedis redisnode.Dialer
+	// OperatorNamespace is where keyroll's manager pods run: a cluster's NetworkPolicy admits
+	// them (empty: keyroll-system).
+	OperatorNamespace string
 }
 
 // New returns a Reconciler for cfg.
@@ -104,7 +110,8 @@ func New(cfg Config) *Reconciler {
 	}
 	d := &deps{Client: cfg.Client, APIReader: cfg.APIReader, Clock: cfg.Clock, Connector: cfg.Connector,
 		Metrics: cfg.Metrics, Ledger: &ledger.Ledger{Clock: cfg.Clock, Metrics: cfg.Metrics, Checks: ledger.NewLeaseChecks(interval)},
-		nodes: &nodes.Syncer{Client: cfg.Client, Dial: dial, Clock: cfg.Clock}, primary: &primary.Keeper{Client: cfg.Client, Dial: dial, Clock: cfg.Clock}}
+		nodes: &nodes.Syncer{Client: cfg.Client, Dial: dial, Clock: cfg.Clock}, primary: &primary.Keeper{Client: cfg.Client, Dial: dial, Clock: cfg.Clock},
+		netpol: &netpol.Keeper{Client: cfg.Client, APIReader: cfg.APIReader, OperatorNamespace: cmp.Or(cfg.OperatorNamespace, "keyroll-system")}}
 	workers := cfg.Workers
 	if workers <= 0 {
 		workers = DefaultWorkers
@@ -121,7 +128,7 @@ func New(cfg Config) *Reconciler {
 // reconcile with it).
 func (r *Reconciler) WithClient(c client.Client) *Reconciler {
 	out := New(Config{Client: c, APIReader: r.APIReader, Recorder: r.Recorder, Clock: r.Clock, Connector: r.Connector,
-		Metrics: r.Metrics, ExternalSecrets: r.ExternalSecrets, DialRedis: r.nodes.Dial})
+		Metrics: r.Metrics, ExternalSecrets: r.ExternalSecrets, DialRedis: r.nodes.Dial, OperatorNamespace: r.netpol.OperatorNamespace})
 	out.Ledger, out.externalSecret = r.Ledger, r.externalSecret.WithClient(c) // the same memory as r
 	out.vaultLease.Ledger = r.Ledger
 	return out
