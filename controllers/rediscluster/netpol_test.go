@@ -60,6 +60,11 @@ func TestNetworkPolicyAdmitsTheOperatorTheNodesAndTheConsumersOnly(t *testing.T)
 		}
 	}
 
+	if len(np.Spec.Egress) != 2 || len(np.Spec.Egress[0].To) != 1 || !selectorEqual(np.Spec.Egress[0].To[0].PodSelector, &metav1.LabelSelector{MatchLabels: render.SelectorLabels(rc)}) ||
+		np.Spec.Egress[1].Ports[0].Port.IntValue() != 53 {
+		t.Errorf("egress %+v, want the cluster's own pods on 6379 and DNS only", np.Spec.Egress)
+	}
+
 	rc.Spec.NetworkPolicy.Enabled = false
 	if err := h.k8s.Update(context.Background(), rc); err != nil {
 		t.Fatal(err)

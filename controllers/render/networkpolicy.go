@@ -18,7 +18,8 @@ var ManagerPodLabels = map[string]string{"app.kubernetes.io/name": "keyroll"}
 
 // NetworkPolicy admits traffic to the cluster's Redis pods on the Redis port only from keyroll's
 // manager (its pods in operatorNamespace), the cluster's own Redis pods (replication), the pods
-// of the consumers (consumers: their workloads' pod selectors) and spec.networkPolicy.from.
+// of the consumers (consumers: their workloads' pod selectors) and spec.networkPolicy.from; from
+// the Redis pods, only to each other on the Redis port, and DNS.
 func NetworkPolicy(rc *v1alpha1.RedisCluster, operatorNamespace string, consumers []*metav1.LabelSelector) *networkingv1.NetworkPolicy {
 	peers := []networkingv1.NetworkPolicyPeer{
 		{
@@ -37,11 +38,22 @@ func NetworkPolicy(rc *v1alpha1.RedisCluster, operatorNamespace string, consumer
 		ObjectMeta: objectMeta(rc, NetworkPolicyName(rc)),
 		Spec: networkingv1.NetworkPolicySpec{
 			PodSelector: metav1.LabelSelector{MatchLabels: SelectorLabels(rc)},
-			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress},
+			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress, networkingv1.PolicyTypeEgress},
 			Ingress: []networkingv1.NetworkPolicyIngressRule{{
 				From:  peers,
-				Ports: []networkingv1.NetworkPolicyPort{{Protocol: ptr.To(corev1.ProtocolTCP), Port: ptr.To(intstr.FromInt32(redisPort))}},
+				Ports: []networkingv1.NetworkPolicyPort{port(corev1.ProtocolTCP, redisPort)},
 			}},
+			// A Redis pod reaches its peers (replication, the start script's question who the
+			// primary is) and resolves their names; nothing else.
+			Egress: []networkingv1.NetworkPolicyEgressRule{
+				{To: []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{MatchLabels: SelectorLabels(rc)}}},
+					Ports: []networkingv1.NetworkPolicyPort{port(corev1.ProtocolTCP, redisPort)}},
+				{Ports: []networkingv1.NetworkPolicyPort{port(corev1.ProtocolUDP, 53), port(corev1.ProtocolTCP, 53)}},
+			},
 		},
 	}
+}
+
+func port(proto corev1.Protocol, n int32) networkingv1.NetworkPolicyPort {
+	return networkingv1.NetworkPolicyPort{Protocol: ptr.To(proto), Port: ptr.To(intstr.FromInt32(n))}
 }
