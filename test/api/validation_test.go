@@ -70,6 +70,8 @@ func TestInvalidObjectsAreRefusedNamingTheField(t *testing.T) {
 		"image with a tag":                    {rc, set("spec.image", "redis:7.2"), "spec.image"},
 		"version not a version":               {rc, set("spec.version", "latest"), "spec.version"},
 		"version without ACLs":                {rc, set("spec.version", "5.0"), "spec.version"},
+		"version without FAILOVER":            {rc, set("spec.version", "6.0.16"), "spec.version"},
+		"network policy peer not a peer":      {rc, set("spec.networkPolicy", map[string]any{"enabled": true, "from": []any{"everyone"}}), "spec.networkPolicy.from"},
 		"no credentials":                      {rc, del("spec.credentials"), "spec.credentials"},
 		"unknown source":                      {rc, set("spec.credentials.source", "Vault"), "spec.credentials.source"},
 		"VaultLease source without block":     {rc, del("spec.credentials.vaultLease"), "spec.credentials"},
