@@ -83,6 +83,7 @@ func (k *Keeper) Keep(ctx context.Context, c *Cluster) (time.Duration, error) {
 	}
 	var wait time.Duration
 	var errs []error
+	k.recordLabelled(ctx, c)
 	if p := c.pod(rc.Status.Primary); len(c.Pods) > 1 && !ready(p) {
 		if left := LostAfter - k.Clock.Since(notReadySince(p, k.Clock.Now())); left > 0 {
 			wait = left
@@ -124,6 +125,26 @@ func soonest(a, b time.Duration) time.Duration {
 		return b
 	}
 	return a
+}
+
+// recordLabelled takes the primary from the role label when status.primary names a pod that is
+// not Ready and another, Ready, is labelled primary and says it is: a hand-over whose status
+// write was lost (the labels were written first). Without it, the labels would follow the stale
+// record, and the client Service would have no primary until a promotion.
+func (k *Keeper) recordLabelled(ctx context.Context, c *Cluster) {
+	if ready(c.pod(c.RC.Status.Primary)) {
+		return
+	}
+	for _, p := range c.Pods {
+		if p.Name == c.RC.Status.Primary || p.Labels[v1alpha1.LabelRole] != v1alpha1.RolePrimary || !ready(p) {
+			continue
+		}
+		if st, err := k.node(p, c.Admin).Replication(ctx); err == nil && st.Role == "master" {
+			log.FromContext(ctx).Info("The primary role had moved already; recorded", "from", c.RC.Status.Primary, "to", p.Name)
+			c.RC.Status.Primary = p.Name
+			return
+		}
+	}
 }
 
 // promote makes a replica the primary in place of one that is lost: the node that already says

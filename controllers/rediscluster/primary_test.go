@@ -228,3 +228,42 @@ func TestStatefulSetKeepsThePrimaryUntilItMoved(t *testing.T) {
 		t.Errorf("StatefulSet replicas %d, primary %s: want 3 and orders-2 while the primary cannot hand its role over", *sts.Spec.Replicas, rc.Status.Primary)
 	}
 }
+
+// A hand-over whose status write was lost: status.primary still names the old primary, which is
+// restarting, while the labels name the new one. The labels' record is taken at once (the new
+// primary says it is one): the client Service never loses its primary, and no promotion follows.
+func TestAHandOverWhoseStatusWriteWasLostIsRecordedFromTheLabels(t *testing.T) {
+	h := newHarness(t, cluster(threeNodes))
+	rc := h.settle(t)
+	h.eventReasons()
+	// orders-1 took over by FAILOVER and carries the label; orders-0 restarts.
+	h.redis.ReplicateFrom(nodeAddr(1), nodeAddr(0), nodeAddr(2))
+	h.redis.ReplicaOfNoOne(nodeAddr(1))
+	for name, role := range map[string]string{"orders-0": v1alpha1.RoleReplica, "orders-1": v1alpha1.RolePrimary} {
+		p := &corev1.Pod{}
+		if err := h.k8s.Get(context.Background(), client.ObjectKey{Namespace: "shop", Name: name}, p); err != nil {
+			t.Fatal(err)
+		}
+		p.Labels[v1alpha1.LabelRole] = role
+		if err := h.k8s.Update(context.Background(), p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := h.k8s.Delete(context.Background(), &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "orders-0"}}); err != nil {
+		t.Fatal(err)
+	}
+	if rc.Status.Primary != "orders-0" {
+		t.Fatalf("status.primary %q", rc.Status.Primary)
+	}
+
+	rc = h.settle(t)
+	if rc.Status.Primary != "orders-1" {
+		t.Errorf("status.primary %q, want orders-1, as its label says", rc.Status.Primary)
+	}
+	if got := h.roles(t); got["orders-1"] != v1alpha1.RolePrimary {
+		t.Errorf("roles %v: the client Service lost its primary", got)
+	}
+	if reasons := h.eventReasons(); slices.Contains(reasons, v1alpha1.EventPrimaryPromoted) {
+		t.Errorf("a promotion for a hand-over already done: %v", reasons)
+	}
+}
