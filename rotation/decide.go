@@ -39,6 +39,9 @@ const (
 	// ReasonLeaseCheckDue: the lease is looked up in Vault, to notice a revocation outside
 	// keyroll (Check).
 	ReasonLeaseCheckDue Reason = "LeaseCheckDue"
+	// ReasonSourceChanged: the cluster's credential source (VaultConnection or Vault path)
+	// changed; a credential from the new one replaces the current one (Rotate), paused or not.
+	ReasonSourceChanged Reason = "SourceChanged"
 	// ReasonRotateNowRequested: the rotate-now annotation holds a value not yet acknowledged (Rotate).
 	ReasonRotateNowRequested Reason = "RotateNowRequested"
 	// ReasonScheduledRotation: the schedule's activation after the last rotation has come (Rotate).
@@ -109,6 +112,9 @@ type Input struct {
 	Window *Window
 	// RolloutInProgress: a credential is being rolled out; no rotation starts until it is done.
 	RolloutInProgress bool
+	// SourceChanged: the owner pointed the cluster at another source (a VaultConnection or a
+	// Vault path other than the one the current lease came from); a credential from it is due.
+	SourceChanged bool
 }
 
 // Decision is what the controller should do and when to look again.
@@ -135,7 +141,8 @@ type Decision struct {
 // match wins:
 //
 //  1. No credential, lease gone or lease expired: Issue. Always, even when paused or rolling out.
-//  2. A rollout in progress: no rotation starts (renewals go on).
+//  2. A rollout in progress: no rotation starts (renewals go on). Otherwise a changed source
+//     (VaultConnection or path): Rotate now, even when paused.
 //  3. Renewal capped with less than MinTTL left: Rotate now. Capped with more left, or a lease that
 //     is not renewable: Rotate at the jittered renewal point, or MinTTL before expiry if earlier
 //     (never in the first tenth of the lease, so a MinTTL as long as the lease cannot loop). A
@@ -273,6 +280,8 @@ func decideRotation(in Input, p plan) rotationOutcome {
 	switch {
 	case in.RolloutInProgress:
 		return rotationOutcome{reason: ReasonRolloutInProgress}
+	case in.SourceChanged:
+		return rotationOutcome{rotate: true, reason: ReasonSourceChanged}
 	case in.RenewalCapped && in.CappedTTL < in.MinTTL, in.RenewalCapped && due(p.replace, in.Now):
 		return rotationOutcome{rotate: true, reason: ReasonRenewalCapped}
 	case due(p.replace, in.Now):

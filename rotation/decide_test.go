@@ -120,6 +120,14 @@ func TestDecide(t *testing.T) {
 			in:   func(in *Input) { in.Paused, in.Schedule = true, every15m },
 			want: Decision{Action: ActionNothing, Reason: ReasonPaused, When: renewAt},
 		},
+		"source changed, even when paused": {
+			in:   func(in *Input) { in.SourceChanged, in.Paused = true, true },
+			want: Decision{Action: ActionRotate, Reason: ReasonSourceChanged, When: now},
+		},
+		"source changed during a rollout": {
+			in:   func(in *Input) { in.SourceChanged, in.RolloutInProgress = true, true },
+			want: Decision{Action: ActionNothing, Reason: ReasonRolloutInProgress, When: renewAt},
+		},
 		"rotate-now requested": {
 			in:   func(in *Input) { in.RotateNow, in.RotateNowAcknowledged = "2025-06-02T10:00", "earlier" },
 			want: Decision{Action: ActionRotate, Reason: ReasonRotateNowRequested, When: now, AcknowledgeRotateNow: true},

@@ -289,11 +289,14 @@ type CredentialsSpec struct {
 
 // VaultLeaseSource reads a dynamic credential from Vault directly.
 type VaultLeaseSource struct {
-	// connectionRef names the VaultConnection to use.
+	// connectionRef names the VaultConnection to use. A change replaces the credential with one
+	// issued through the new connection (rolled out as a rotation); the leases obtained through
+	// the old one are renewed and revoked through it.
 	// +required
 	ConnectionRef ConnectionReference `json:"connectionRef"`
 
-	// path is the Vault path that issues the credential, for example database/creds/orders.
+	// path is the Vault path that issues the credential, for example database/creds/orders. A
+	// change replaces the credential with one from the new path, rolled out as a rotation.
 	// +required
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=512
@@ -594,6 +597,12 @@ type CredentialStatus struct {
 	// source the credential came from.
 	// +optional
 	Source CredentialSource `json:"source,omitempty"`
+
+	// path is the Vault path the credential was read from (VaultLease mode): a change of
+	// vaultLease.path replaces the credential with one from the new path.
+	// +optional
+	// +kubebuilder:validation:MaxLength=512
+	Path string `json:"path,omitempty"`
 
 	// username is the Redis user of the credential.
 	// +optional

@@ -6,12 +6,14 @@ package ledger
 
 import (
 	"context"
+	"fmt"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
 	"github.com/keyroll/keyroll/controllers/conditions"
 	"github.com/keyroll/keyroll/rotation"
+	"github.com/keyroll/keyroll/vault"
 )
 
 // Cluster is one reconcile's view of a RedisCluster, as the credential sources see it: the object
@@ -25,6 +27,33 @@ type Cluster struct {
 	Window   *rotation.Window
 	// Persist writes the status now: a new lease is in the ledger before anything uses it.
 	Persist func(ctx context.Context) error
+	// Connect is a Vault client of the VaultConnection named, for the leases that came through
+	// another VaultConnection than the one the spec names now.
+	Connect func(ctx context.Context, connection string) (vault.LeaseClient, error)
+}
+
+// ClientFor is the Vault client of the VaultConnection a lease came through: vcl, the spec's, or
+// that other connection's.
+func (c *Cluster) ClientFor(ctx context.Context, vcl vault.LeaseClient, lease v1alpha1.LeaseRecord) (vault.LeaseClient, error) {
+	name := c.RC.LeaseConnection(lease)
+	if name == c.RC.VaultConnectionName() || c.Connect == nil {
+		return vcl, nil
+	}
+	other, err := c.Connect(ctx, name)
+	if err != nil {
+		return nil, fmt.Errorf("VaultConnection %s, which lease %s came through: %w", name, lease.LeaseID, err)
+	}
+	return other, nil
+}
+
+// Lease is the ledger's record of lease id (ok false: none).
+func (c *Cluster) Lease(id string) (v1alpha1.LeaseRecord, bool) {
+	for _, l := range c.RC.Status.Leases {
+		if l.LeaseID == id {
+			return l, true
+		}
+	}
+	return v1alpha1.LeaseRecord{}, false
 }
 
 // NotReady says that there is no usable credential, for reason; when warn is set, a Warning event
@@ -32,5 +61,27 @@ type Cluster struct {
 func (c *Cluster) NotReady(reason, eventReason, action, msg string, warn bool) {
 	if c.Conds.Set(v1alpha1.ConditionCredentialsReady, metav1.ConditionFalse, reason, msg) && warn {
 		c.Conds.Announce(true, eventReason, action, "%s", msg)
+	}
+}
+
+// ParseRotation parses the rotation schedule and window once per reconcile. An invalid one is
+// reported (Degraded, InvalidSchedule) and ignored, so that renewals go on; the report is
+// withdrawn once the spec is fixed.
+func (c *Cluster) ParseRotation() {
+	spec := c.RC.Spec.Rotation
+	var err error
+	if spec.Schedule != "" {
+		c.Schedule, err = rotation.ParseSchedule(spec.Schedule)
+	}
+	if w := spec.MaintenanceWindow; err == nil && w != nil {
+		c.Window, err = rotation.ParseWindow(w.Start, w.Duration.Duration, w.TimeZone)
+	}
+	if err == nil {
+		c.Conds.Set(v1alpha1.ConditionScheduleValid, metav1.ConditionTrue, v1alpha1.ReasonAvailable, "spec.rotation is valid")
+		return
+	}
+	c.Schedule, c.Window = nil, nil
+	if c.Conds.Set(v1alpha1.ConditionScheduleValid, metav1.ConditionFalse, v1alpha1.ReasonInvalidSchedule, "spec.rotation: "+err.Error()) {
+		c.Conds.Announce(true, v1alpha1.EventInvalidSchedule, "Schedule", "spec.rotation: %v", err)
 	}
 }

@@ -144,8 +144,16 @@ func (l *Ledger) RevokeSuperseded(ctx context.Context, cl *Cluster, vcl vault.Le
 	return l.Outcome(cl, errors.Join(errs...))
 }
 
-// Revoke revokes one lease: on success it leaves the ledger, on failure it is marked Revoking.
+// Revoke revokes one lease, through the VaultConnection it came through: on success it leaves
+// the ledger, on failure it is marked Revoking.
 func (l *Ledger) Revoke(ctx context.Context, cl *Cluster, vcl vault.LeaseClient, id string) error {
+	if rec, ok := cl.Lease(id); ok {
+		other, err := cl.ClientFor(ctx, vcl, rec)
+		if err != nil {
+			return err
+		}
+		vcl = other
+	}
 	err := vcl.Revoke(ctx, id)
 	l.Metrics.Revocations.WithLabelValues(metrics.Result(err)).Inc()
 	if err != nil {

@@ -48,6 +48,16 @@ func (r *deps) connect(ctx context.Context, s *scope, forDelete bool) (vault.Lea
 	return vcl, 0, nil
 }
 
+// connectTo is a Vault client of the VaultConnection name, for the leases that came through it
+// while the spec names another (the in-use finalizer keeps it while the ledger holds them).
+func (r *deps) connectTo(ctx context.Context, name string) (vault.LeaseClient, error) {
+	vc := &v1alpha1.VaultConnection{}
+	if err := r.Get(ctx, client.ObjectKey{Name: name}, vc); err != nil {
+		return nil, fmt.Errorf("reading VaultConnection %s: %w", name, err)
+	}
+	return r.Connector.Client(ctx, vc)
+}
+
 // refuse marks the credential as not ready for a reason the RedisCluster owner must act on.
 func (r *deps) refuse(s *scope, reason, message string) {
 	s.NotReady(reason, v1alpha1.EventAccessDenied, "Connect", message, true)

@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/keyroll/keyroll/controllers/ledger"
-	"github.com/keyroll/keyroll/rotation"
 
 	"github.com/keyroll/keyroll/controllers/apply"
 	"github.com/keyroll/keyroll/controllers/conditions"
@@ -16,7 +15,6 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -52,6 +50,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 		Conds: conditions.Setter{Obj: rc, Conditions: &rc.Status.Conditions, Recorder: r.Recorder,
 			Announced: &conditions.Announced{}}}}
 	s.Persist = func(ctx context.Context) error { return r.writeStatus(ctx, s) }
+	s.Connect = r.connectTo
 	defer func() {
 		err := r.writeStatus(ctx, s)
 		if apierrors.IsNotFound(err) && !rc.DeletionTimestamp.IsZero() {
@@ -105,7 +104,7 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, s *scope) (ctrl.Result
 		r.externalSecretsMissing(s)
 		return ctrl.Result{}, nil
 	}
-	r.parseRotation(s)
+	s.ParseRotation()
 	if free, err := r.checkSecretsFree(ctx, s); !free || err != nil {
 		return ctrl.Result{RequeueAfter: waitForConnection}, err
 	}
@@ -259,26 +258,4 @@ func phaseOf(rc *v1alpha1.RedisCluster) v1alpha1.Phase {
 		return v1alpha1.PhaseIssuing
 	}
 	return v1alpha1.PhasePending
-}
-
-// parseRotation parses the rotation schedule and window once per reconcile. An invalid one is
-// reported (Degraded, InvalidSchedule) and ignored, so that renewals go on; the report is
-// withdrawn once the spec is fixed.
-func (r *deps) parseRotation(s *scope) {
-	spec := s.RC.Spec.Rotation
-	var err error
-	if spec.Schedule != "" {
-		s.Schedule, err = rotation.ParseSchedule(spec.Schedule)
-	}
-	if w := spec.MaintenanceWindow; err == nil && w != nil {
-		s.Window, err = rotation.ParseWindow(w.Start, w.Duration.Duration, w.TimeZone)
-	}
-	if err == nil {
-		s.Conds.Set(v1alpha1.ConditionScheduleValid, metav1.ConditionTrue, v1alpha1.ReasonAvailable, "spec.rotation is valid")
-		return
-	}
-	s.Schedule, s.Window = nil, nil
-	if s.Conds.Set(v1alpha1.ConditionScheduleValid, metav1.ConditionFalse, v1alpha1.ReasonInvalidSchedule, "spec.rotation: "+err.Error()) {
-		s.Conds.Announce(true, v1alpha1.EventInvalidSchedule, "Schedule", "spec.rotation: %v", err)
-	}
 }

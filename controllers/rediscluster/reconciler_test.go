@@ -41,11 +41,19 @@ import (
 
 var epoch = time.Date(2026, 3, 4, 5, 6, 7, 0, time.UTC)
 
-// fakeClients hands out one Vault fake for every VaultConnection.
-type fakeClients struct{ fake *vaulttest.Fake }
+// fakeClients hands out one Vault fake for every VaultConnection, or the one of its name in by.
+type fakeClients struct {
+	fake *vaulttest.Fake
+	by   map[string]*vaulttest.Fake
+}
 
-func (f fakeClients) Get(string, vault.Config) (vaultconnection.Client, error) { return f.fake, nil }
-func (fakeClients) Forget(string)                                              {}
+func (f *fakeClients) Get(name string, _ vault.Config) (vaultconnection.Client, error) {
+	if v, ok := f.by[name]; ok {
+		return v, nil
+	}
+	return f.fake, nil
+}
+func (*fakeClients) Forget(string) {}
 
 type harness struct {
 	r      *Reconciler
@@ -54,6 +62,8 @@ type harness struct {
 	redis  *redisnodetest.Fake
 	clock  *testclock.FakeClock
 	events *events.FakeRecorder
+	// vaults are the Vault fakes by VaultConnection; "vault" is h.vault.
+	vaults *fakeClients
 }
 
 func newHarness(t *testing.T, objs ...client.Object) *harness {
@@ -84,6 +94,7 @@ func newHarness(t *testing.T, objs ...client.Object) *harness {
 	fv := vaulttest.New(clk)
 	fv.LeaseDuration = 10 * time.Minute
 	rec := events.NewFakeRecorder(100)
+	vaults := &fakeClients{fake: fv, by: map[string]*vaulttest.Fake{}}
 	redis := redisnodetest.New()
 	for _, o := range objs {
 		if rc, ok := o.(*v1alpha1.RedisCluster); ok {
@@ -95,10 +106,10 @@ func newHarness(t *testing.T, objs ...client.Object) *harness {
 	}
 	r := New(Config{
 		Client: k8s, APIReader: k8s, Recorder: rec, Clock: clk, Metrics: metrics.For(clk),
-		Connector: &vaultconnection.Connector{Reader: k8s, Clients: fakeClients{fv}, Clock: clk},
+		Connector: &vaultconnection.Connector{Reader: k8s, Clients: vaults, Clock: clk},
 		DialRedis: redis.Dial,
 	})
-	return &harness{r: r, k8s: k8s, vault: fv, redis: redis, clock: clk, events: rec}
+	return &harness{r: r, k8s: k8s, vault: fv, redis: redis, clock: clk, events: rec, vaults: vaults}
 }
 
 // runningPods are the Redis pods of rc as the kubelet reports them: each running Redis, Ready, at

@@ -38,16 +38,24 @@ func (r *Source) Credential(ctx context.Context, cl *ledger.Cluster, vcl vault.L
 	}
 	gone := false
 	for range ledger.MaxSteps {
-		d := rotation.Decide(r.Ledger.Input(cl, vcl, cur != nil, gone))
+		// The current lease is renewed and looked up through the connection it came from; a
+		// credential from another source than the spec's is replaced (issued through vcl).
+		lvcl, changed, err := r.leaseClient(ctx, cl, vcl)
+		if err != nil {
+			return nil, 0, err
+		}
+		in := r.Ledger.Input(cl, lvcl, cur != nil, gone)
+		in.SourceChanged = changed
+		d := rotation.Decide(in)
 		switch d.Action {
 		case rotation.ActionNothing:
 			r.Ledger.Planned(cl, d)
 			cl.Conds.Set(v1alpha1.ConditionCredentialsReady, metav1.ConditionTrue, v1alpha1.ReasonIssued, "A live credential from Vault is issued; it is written to Secret "+render.CredentialsSecretName(cl.RC)+" once every Redis node accepts it")
 			return cur, statustime.RequeueAfter(r.Clock.Now(), d.When), nil
 		case rotation.ActionRenew:
-			gone, err = r.Ledger.Renew(ctx, cl, vcl)
+			gone, err = r.Ledger.Renew(ctx, cl, lvcl)
 		case rotation.ActionCheck:
-			gone, err = r.Ledger.Check(ctx, cl, vcl)
+			gone, err = r.Ledger.Check(ctx, cl, lvcl)
 		case rotation.ActionIssue, rotation.ActionRotate:
 			if d.Reason == rotation.ReasonLeaseGone {
 				err = r.revokedOutside(ctx, cl)
@@ -70,6 +78,23 @@ func (r *Source) Credential(ctx context.Context, cl *ledger.Cluster, vcl vault.L
 		}
 	}
 	return cur, time.Second, nil // more is due: look again in a moment
+}
+
+// leaseClient is the client of the VaultConnection the current lease came through (vcl, the
+// spec's, unless the owner changed connectionRef since), and whether the current credential came
+// from another source than the spec names now (connection or path).
+func (r *Source) leaseClient(ctx context.Context, cl *ledger.Cluster, vcl vault.LeaseClient) (vault.LeaseClient, bool, error) {
+	c := cl.RC.Status.Credential
+	if c == nil || c.LeaseID == "" {
+		return vcl, false, nil
+	}
+	changed := c.Path != "" && c.Path != cl.RC.Spec.Credentials.VaultLease.Path
+	rec, ok := cl.Lease(c.LeaseID)
+	if !ok {
+		return vcl, changed, nil
+	}
+	lvcl, err := cl.ClientFor(ctx, vcl, rec)
+	return lvcl, changed || cl.RC.LeaseConnection(rec) != cl.RC.VaultConnectionName(), err
 }
 
 // revokedOutside honours a live lease that was revoked outside keyroll (an administrator's `vault
@@ -200,7 +225,7 @@ func (r *Source) recordLease(cl *ledger.Cluster, lease *vault.Lease, cred *rende
 		superseded = prev.SupersededUsers // users kept until the rollout is done (RollOver)
 	}
 	rc.Status.Credential = &v1alpha1.CredentialStatus{
-		Version: cred.Version, Source: v1alpha1.SourceVaultLease, Username: cred.Username, LeaseID: lease.ID,
+		Version: cred.Version, Source: v1alpha1.SourceVaultLease, Path: rc.Spec.Credentials.VaultLease.Path, Username: cred.Username, LeaseID: lease.ID,
 		IssuedAt: now, ExpiresAt: expires, Renewable: lease.Renewable,
 		LeaseDuration: &metav1.Duration{Duration: lease.Duration}, LastRotation: now,
 		TokenAccessor: lease.TokenAccessor, TokenEndsAt: statustime.At(lease.TokenDeadline), SupersededUsers: superseded,

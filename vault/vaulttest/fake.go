@@ -175,7 +175,7 @@ func (f *Fake) Issue(ctx context.Context, p string) (*vault.Lease, error) {
 	ttl := f.leaseDuration()
 	l := &fakeLease{
 		path:      p,
-		data:      vault.SecretData{"username": fmt.Sprintf("v-%s-%d", path.Base(p), f.seq), "password": randomHex(16)},
+		data:      vault.SecretData{"username": fmt.Sprintf("v-%s-%d-%s", path.Base(p), f.seq, randomHex(3)), "password": randomHex(16)},
 		issuedAt:  now,
 		expiresAt: now.Add(ttl),
 		renewable: !f.NotRenewable,
@@ -184,7 +184,8 @@ func (f *Fake) Issue(ctx context.Context, p string) (*vault.Lease, error) {
 		l.maxExpires = now.Add(f.MaxTTL)
 		l.expiresAt = minTime(l.expiresAt, l.maxExpires)
 	}
-	id := fmt.Sprintf("%s/fake%06d", p, f.seq)
+	// Vault's lease IDs are random: two fakes (two Vaults) never hand out the same one.
+	id := fmt.Sprintf("%s/fake%06d-%s", p, f.seq, randomHex(4))
 	f.leases[id] = l
 	out := &vault.Lease{
 		ID: id, Duration: l.expiresAt.Sub(now), Renewable: l.renewable, Data: copyData(l.data),
