@@ -291,7 +291,7 @@ type CredentialsSpec struct {
 type VaultLeaseSource struct {
 	// connectionRef names the VaultConnection to use. A change replaces the credential with one
 	// issued through the new connection (rolled out as a rotation); the leases obtained through
-	// the old one are renewed and revoked through it.
+	// the old one are revoked through it.
 	// +required
 	ConnectionRef ConnectionReference `json:"connectionRef"`
 
