@@ -452,8 +452,9 @@ type MaintenanceWindow struct {
 
 // RolloutSpec says how pods and consumers move to a new credential.
 type RolloutSpec struct {
-	// readinessTimeout is how long each restarted pod may take to become Ready before the rollout
-	// stops (Degraded). Between 10s and 1h.
+	// readinessTimeout is how long each restarted Redis pod may take to become Ready and in sync,
+	// and each restarted consumer to roll out, before the rollout is reported stalled (it goes on
+	// once they are). Between 10s and 1h.
 	// +optional
 	// +kubebuilder:default="5m"
 	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('10s') && duration(self) <= duration('1h')",message="rollout.readinessTimeout must be between 10s and 1h"
@@ -753,6 +754,11 @@ type RolloutStatus struct {
 	// consumersUpdated is the number of consumers whose rollout to targetVersion is complete.
 	// +optional
 	ConsumersUpdated int32 `json:"consumersUpdated,omitempty"`
+
+	// consumerRestartedAt is when the consumer being rolled out was restarted: it must have
+	// rolled out within readinessTimeout, or the rollout is reported stalled.
+	// +optional
+	ConsumerRestartedAt *metav1.Time `json:"consumerRestartedAt,omitempty"`
 
 	// startedAt is when the rollout started.
 	// +optional

@@ -503,6 +503,10 @@ func (in *RolloutStatus) DeepCopyInto(out *RolloutStatus) {
 		in, out := &in.PodRestartedAt, &out.PodRestartedAt
 		*out = (*in).DeepCopy()
 	}
+	if in.ConsumerRestartedAt != nil {
+		in, out := &in.ConsumerRestartedAt, &out.ConsumerRestartedAt
+		*out = (*in).DeepCopy()
+	}
 	if in.StartedAt != nil {
 		in, out := &in.StartedAt, &out.StartedAt
 		*out = (*in).DeepCopy()

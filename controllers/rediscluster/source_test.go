@@ -3,10 +3,13 @@ package rediscluster
 import (
 	"context"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
 	"github.com/keyroll/keyroll/vault/vaulttest"
@@ -84,4 +87,73 @@ func TestPathChangeIssuesFromTheNewPath(t *testing.T) {
 	if h.staged(t).Username != cur.Username {
 		t.Error("the new credential is not the staged one")
 	}
+}
+
+// Defect (issue 17): a consumer that never became available held the rollout without a word.
+// After readinessTimeout from its restart the rollout is reported stalled, naming it, while the
+// superseded lease stays live; once it has rolled out the rollout finishes and the lease goes.
+func TestConsumerThatNeverRollsOutStallsTheRolloutNamingIt(t *testing.T) {
+	api := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "api"}}
+	h := newHarness(t, cluster(func(rc *v1alpha1.RedisCluster) {
+		rc.Spec.Rollout.Consumers = []v1alpha1.ConsumerReference{{Kind: "Deployment", Name: "api"}}
+	}), api)
+	// The fake client runs no Deployment controller: the test sets the status it would.
+	setRolledOut := func(done bool) {
+		t.Helper()
+		if err := h.k8s.Get(context.Background(), client.ObjectKeyFromObject(api), api); err != nil {
+			t.Fatal(err)
+		}
+		api.Status = appsv1.DeploymentStatus{ObservedGeneration: api.Generation, Replicas: 1, UpdatedReplicas: 0, AvailableReplicas: 1}
+		if done {
+			api.Status.UpdatedReplicas = 1
+		}
+		if err := h.k8s.Status().Update(context.Background(), api); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rolledOut := func() { setRolledOut(true) }
+	h.settle(t)
+	rolledOut()
+	rc := h.settle(t)
+	old := rc.Status.Credential
+	setRolledOut(false) // the next rollout of the Deployment never gets its pods available
+	rc.Annotations = map[string]string{v1alpha1.AnnotationRotateNow: "now"}
+	if err := h.k8s.Update(context.Background(), rc); err != nil {
+		t.Fatal(err)
+	}
+	rc = h.settle(t)
+	if rc.Status.Rollout == nil || rc.Status.Rollout.ConsumerRestartedAt == nil {
+		t.Fatalf("rollout %+v: want the consumer restarted and waited for", rc.Status.Rollout)
+	}
+	if c := condition(rc, v1alpha1.ConditionRolloutHealthy); c != nil && c.Status == metav1.ConditionFalse {
+		t.Fatalf("RolloutHealthy %+v before readinessTimeout", c)
+	}
+
+	h.clock.Step(5*time.Minute + time.Second) // readinessTimeout
+	rc = h.settle(t)
+	c := condition(rc, v1alpha1.ConditionRolloutHealthy)
+	if c == nil || c.Reason != v1alpha1.ReasonRolloutStalled || !strings.Contains(c.Message, "Deployment api") {
+		t.Fatalf("RolloutHealthy %+v after readinessTimeout: want RolloutStalled naming Deployment api", c)
+	}
+	if !slices.Contains(h.vault.Leases(), old.LeaseID) || !ledgerHas(rc, old.LeaseID) {
+		t.Error("the superseded lease did not stay live while the consumer had not rolled out")
+	}
+
+	rolledOut()
+	rc = h.settle(t)
+	if rc.Status.Rollout != nil || slices.Contains(h.vault.Leases(), old.LeaseID) {
+		t.Errorf("rollout %+v, old lease live %v: want the rollout done and the old lease revoked once the consumer rolled out", rc.Status.Rollout, slices.Contains(h.vault.Leases(), old.LeaseID))
+	}
+	if c := condition(rc, v1alpha1.ConditionRolloutHealthy); c == nil || c.Status != metav1.ConditionTrue {
+		t.Errorf("RolloutHealthy %+v after the consumer rolled out", c)
+	}
+}
+
+func ledgerHas(rc *v1alpha1.RedisCluster, id string) bool {
+	for _, l := range rc.Status.Leases {
+		if l.LeaseID == id {
+			return true
+		}
+	}
+	return false
 }

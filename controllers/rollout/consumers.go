@@ -7,11 +7,13 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/controllers/statustime"
 )
 
 // consumerPoll is how soon a consumer that is still rolling is looked at again: consumer
@@ -43,14 +45,40 @@ func (r *Engine) rollConsumers(ctx context.Context, s *step, ro *v1alpha1.Rollou
 			return false, time.Minute, nil
 		}
 		if w.template().Annotations[v1alpha1.AnnotationCredentialVersion] != ro.TargetVersion {
+			ro.ConsumerRestartedAt = statustime.At(r.Clock.Now())
 			return false, 0, r.restartConsumer(ctx, s, w, ref, ro.TargetVersion)
 		}
 		if !w.rolledOut() {
-			return false, consumerPoll, nil // a watch of the workload's metadata wakes the reconcile sooner
+			return false, r.consumerStalled(s, ro, ref), nil
+		}
+		if ro.ConsumerRestartedAt != nil {
+			ro.ConsumerRestartedAt = nil
+			if c := meta.FindStatusCondition(rc.Status.Conditions, v1alpha1.ConditionRolloutHealthy); c != nil && c.Reason == v1alpha1.ReasonRolloutStalled {
+				s.conds.Set(v1alpha1.ConditionRolloutHealthy, metav1.ConditionTrue, v1alpha1.ReasonRolloutInProgress, ref.Kind+" "+ref.Name+" has rolled out; the rollout goes on")
+			}
 		}
 		ro.ConsumersUpdated++
 	}
 	return true, 0, nil
+}
+
+// consumerStalled waits for a restarted consumer to roll out: after readinessTimeout (timed from
+// its restart, or from the rollout's start when that record was lost) the rollout is reported
+// stalled, naming it; the superseded credential stays live meanwhile. It says when to look again.
+func (r *Engine) consumerStalled(s *step, ro *v1alpha1.RolloutStatus, ref v1alpha1.ConsumerReference) time.Duration {
+	since := ro.ConsumerRestartedAt
+	if since == nil {
+		since = ro.StartedAt
+	}
+	left := statustime.Of(since).Add(readinessTimeout(s.rc)).Sub(r.Clock.Now())
+	if left > 0 {
+		return min(left, consumerPoll) // a watch of the workload's metadata wakes the reconcile sooner
+	}
+	msg := fmt.Sprintf("Consumer %s %s has not rolled out on credential %s within %s (readinessTimeout); the superseded credential stays live until it has", ref.Kind, ref.Name, ro.TargetVersion, readinessTimeout(s.rc))
+	if s.conds.Set(v1alpha1.ConditionRolloutHealthy, metav1.ConditionFalse, v1alpha1.ReasonRolloutStalled, msg) {
+		s.conds.Announce(true, v1alpha1.EventRolloutStalled, "Rollout", "%s", msg)
+	}
+	return consumerPoll
 }
 
 // restartConsumer patches the pod-template annotation, which makes the workload roll its pods.

@@ -102,7 +102,7 @@ func (r *Engine) Roll(ctx context.Context, c *primary.Cluster, version string, p
 	}
 	if ro.TargetVersion != version {
 		// A newer credential arrived during the rollout: roll to that one instead.
-		ro.TargetVersion, ro.PodInFlight, ro.PodRestartedAt, ro.ConsumersUpdated = version, "", nil, 0
+		ro.TargetVersion, ro.PodInFlight, ro.PodRestartedAt, ro.ConsumersUpdated, ro.ConsumerRestartedAt = version, "", nil, 0, nil
 		ro.Cause = v1alpha1.RolloutForCredential
 	}
 	if podsDone, wait, err := r.rollPods(ctx, s, pods, ro); !podsDone || err != nil {
