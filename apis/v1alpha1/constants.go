@@ -68,7 +68,8 @@ const (
 	// ConditionLeasesRevoked: every superseded lease that should be revoked is.
 	ConditionLeasesRevoked = "LeasesRevoked"
 	// ConditionSourceHealthy: the credential source needs no attention (ExternalSecret mode: External
-	// Secrets Operator syncs, its refresh interval and tokens fit the credential's life).
+	// Secrets Operator syncs, its refresh interval and tokens fit the credential's life; VaultLease
+	// mode: the ledger has room for a new lease).
 	ConditionSourceHealthy = "SourceHealthy"
 	// ConditionUsersApplied: every Redis node has the cluster's users (the current credential's
 	// among them, confirmed by logging in as it on each node) and none of the retired ones; the
@@ -95,6 +96,9 @@ const (
 	ReasonIssueFailed                 = "IssueFailed"
 	ReasonSecretConflict              = "SecretConflict"
 	ReasonLeasesNotTracked            = "LeasesNotTracked"
+	// ReasonLedgerFull: status.leases holds as many leases as it can; no new credential is
+	// issued until superseded leases are revoked.
+	ReasonLedgerFull = "LedgerFull"
 	ReasonExternalSecretNotReady      = "ExternalSecretNotReady"
 	ReasonExternalSecretsNotInstalled = "ExternalSecretsNotInstalled"
 	ReasonInvalidCredentialSecret     = "InvalidCredentialSecret"
@@ -173,6 +177,7 @@ const (
 	EventInvalidCredentialSecret     = ReasonInvalidCredentialSecret
 	EventRefreshIntervalTooLong      = ReasonRefreshIntervalTooLong
 	EventLeaseEndedEarly             = ReasonLeaseEndedEarly
+	EventLedgerFull                  = ReasonLedgerFull
 	EventNodeUnreachable             = ReasonNodeUnreachable
 	EventNodeNotReady                = ReasonNodeNotReady
 	EventInvalidACLRules             = ReasonInvalidACLRules

@@ -23,6 +23,9 @@ import (
 // lease gone, the issue that replaces it, and the decision that nothing more is due.
 const MaxSteps = 4
 
+// MaxLeases is how many leases the ledger holds at most (status.leases, as the CRD bounds it).
+const MaxLeases = 64
+
 // Ledger works on the lease ledger of RedisClusters through their Vault connections.
 type Ledger struct {
 	Clock   clock.Clock

@@ -2,6 +2,7 @@ package rediscluster
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -9,9 +10,12 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/controllers/ledger"
+	"github.com/keyroll/keyroll/vault"
 	"github.com/keyroll/keyroll/vault/vaulttest"
 )
 
@@ -156,4 +160,56 @@ func ledgerHas(rc *v1alpha1.RedisCluster, id string) bool {
 		}
 	}
 	return false
+}
+
+// Defect (issue 17): while revocations kept failing, each rotation added a lease to the ledger
+// until status.leases exceeded what the API server accepts, and every status write failed. Now,
+// with the ledger full, no credential is issued (the current one goes on, SourceHealthy says
+// LedgerFull); once revocations succeed the rotation happens.
+func TestAFullLedgerHoldsRotationsInsteadOfFailingStatusWrites(t *testing.T) {
+	h := newHarness(t, cluster())
+	rc := h.settle(t)
+	cur := rc.Status.Credential
+	for i := len(rc.Status.Leases); i < ledger.MaxLeases; i++ {
+		rc.Status.Leases = append(rc.Status.Leases, v1alpha1.LeaseRecord{
+			LeaseID: fmt.Sprintf("database/creds/orders/old-%d", i), State: v1alpha1.LeaseRevoking, Version: fmt.Sprintf("old%d", i),
+			Username: fmt.Sprintf("V_OLD_%d", i), Connection: "vault"})
+	}
+	if err := h.k8s.Status().Update(context.Background(), rc); err != nil {
+		t.Fatal(err)
+	}
+	h.vault.SetFailure(vaulttest.OpRevoke, vaulttest.Err(vaulttest.OpRevoke, vault.ClassUnavailable))
+	rc = h.get(t)
+	rc.Annotations = map[string]string{v1alpha1.AnnotationRotateNow: "now"}
+	if err := h.k8s.Update(context.Background(), rc); err != nil {
+		t.Fatal(err)
+	}
+	issues := h.vault.Calls(vaulttest.OpIssue)
+	for range 3 {
+		// The revocations fail (and say so); the status writes must not.
+		_, err := h.r.Reconcile(context.Background(), ctrl.Request{NamespacedName: client.ObjectKeyFromObject(rc)})
+		if err != nil && !strings.Contains(err.Error(), "revoking lease") {
+			t.Fatalf("Reconcile: %v", err)
+		}
+	}
+	rc = h.get(t)
+	if n := h.vault.Calls(vaulttest.OpIssue) - issues; n != 0 || rc.Status.Credential.Version != cur.Version {
+		t.Fatalf("%d credentials issued with a full ledger (credential %s, was %s)", n, rc.Status.Credential.Version, cur.Version)
+	}
+	if c := condition(rc, v1alpha1.ConditionSourceHealthy); c == nil || c.Reason != v1alpha1.ReasonLedgerFull {
+		t.Errorf("SourceHealthy %+v, want LedgerFull", c)
+	}
+	if c := condition(rc, v1alpha1.ConditionDegraded); c == nil || c.Status != metav1.ConditionTrue {
+		t.Errorf("Degraded %+v with a full ledger", c)
+	}
+
+	h.vault.SetFailure(vaulttest.OpRevoke, nil)
+	h.clock.Step(10 * time.Minute) // past the revocations' backoff
+	rc = h.settle(t)
+	if rc.Status.Credential.Version == cur.Version || len(rc.Status.Leases) >= ledger.MaxLeases {
+		t.Errorf("credential %s, %d leases: want the rotation once revocations made room", rc.Status.Credential.Version, len(rc.Status.Leases))
+	}
+	if c := condition(rc, v1alpha1.ConditionSourceHealthy); c != nil && c.Status != metav1.ConditionTrue {
+		t.Errorf("SourceHealthy %+v once the ledger has room", c)
+	}
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/keyroll/keyroll/controllers/render"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
@@ -50,6 +51,7 @@ func (r *Source) Credential(ctx context.Context, cl *ledger.Cluster, vcl vault.L
 		switch d.Action {
 		case rotation.ActionNothing:
 			r.Ledger.Planned(cl, d)
+			r.ledgerHasRoom(cl)
 			cl.Conds.Set(v1alpha1.ConditionCredentialsReady, metav1.ConditionTrue, v1alpha1.ReasonIssued, "A live credential from Vault is issued; it is written to Secret "+render.CredentialsSecretName(cl.RC)+" once every Redis node accepts it")
 			return cur, statustime.RequeueAfter(r.Clock.Now(), d.When), nil
 		case rotation.ActionRenew:
@@ -57,6 +59,12 @@ func (r *Source) Credential(ctx context.Context, cl *ledger.Cluster, vcl vault.L
 		case rotation.ActionCheck:
 			gone, err = r.Ledger.Check(ctx, cl, lvcl)
 		case rotation.ActionIssue, rotation.ActionRotate:
+			if len(cl.RC.Status.Leases) >= ledger.MaxLeases && d.Reason != rotation.ReasonLeaseGone {
+				// No room for another lease: the current credential (if any) goes on, and the
+				// revocations that make room are retried.
+				r.ledgerFull(cl)
+				return cur, time.Minute, nil
+			}
 			if d.Reason == rotation.ReasonLeaseGone {
 				err = r.revokedOutside(ctx, cl)
 			}
@@ -78,6 +86,23 @@ func (r *Source) Credential(ctx context.Context, cl *ledger.Cluster, vcl vault.L
 		}
 	}
 	return cur, time.Second, nil // more is due: look again in a moment
+}
+
+// ledgerFull reports that no new lease fits in the ledger (status.leases could not be written
+// with one more): keyroll issues none rather than lose track of it.
+func (r *Source) ledgerFull(cl *ledger.Cluster) {
+	msg := fmt.Sprintf("The ledger holds %d leases, the most it can (status.leases): no new credential is issued until superseded leases are revoked (see LeasesRevoked)", len(cl.RC.Status.Leases))
+	if cl.Conds.Set(v1alpha1.ConditionSourceHealthy, metav1.ConditionFalse, v1alpha1.ReasonLedgerFull, msg) {
+		cl.Conds.Announce(true, v1alpha1.EventLedgerFull, "Issue", "%s", msg)
+	}
+}
+
+// ledgerHasRoom withdraws a LedgerFull report once the ledger has room again.
+func (r *Source) ledgerHasRoom(cl *ledger.Cluster) {
+	if c := meta.FindStatusCondition(cl.RC.Status.Conditions, v1alpha1.ConditionSourceHealthy); c != nil && c.Reason == v1alpha1.ReasonLedgerFull &&
+		len(cl.RC.Status.Leases) < ledger.MaxLeases {
+		cl.Conds.Set(v1alpha1.ConditionSourceHealthy, metav1.ConditionTrue, v1alpha1.ReasonAvailable, "The ledger has room for new leases again")
+	}
 }
 
 // leaseClient is the client of the VaultConnection the current lease came through (vcl, the
