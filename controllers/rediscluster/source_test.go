@@ -213,3 +213,23 @@ func TestAFullLedgerHoldsRotationsInsteadOfFailingStatusWrites(t *testing.T) {
 		t.Errorf("SourceHealthy %+v once the ledger has room", c)
 	}
 }
+
+// A consumer StatefulSet with updateStrategy OnDelete never rolls its pods by itself: the
+// rollout says so at once, naming it, rather than wait in silence.
+func TestOnDeleteConsumerIsReported(t *testing.T) {
+	sts := &appsv1.StatefulSet{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "worker"},
+		Spec: appsv1.StatefulSetSpec{UpdateStrategy: appsv1.StatefulSetUpdateStrategy{Type: appsv1.OnDeleteStatefulSetStrategyType}}}
+	h := newHarness(t, cluster(func(rc *v1alpha1.RedisCluster) {
+		rc.Spec.Rollout.Consumers = []v1alpha1.ConsumerReference{{Kind: "StatefulSet", Name: "worker"}}
+	}), sts)
+	rc := h.settle(t)
+	rc.Annotations = map[string]string{v1alpha1.AnnotationRotateNow: "now"}
+	if err := h.k8s.Update(context.Background(), rc); err != nil {
+		t.Fatal(err)
+	}
+	rc = h.settle(t)
+	c := condition(rc, v1alpha1.ConditionRolloutHealthy)
+	if c == nil || c.Reason != v1alpha1.ReasonRolloutStalled || !strings.Contains(c.Message, "StatefulSet worker has updateStrategy OnDelete") {
+		t.Errorf("RolloutHealthy %+v: want the OnDelete consumer named", c)
+	}
+}

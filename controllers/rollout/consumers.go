@@ -49,6 +49,12 @@ func (r *Engine) rollConsumers(ctx context.Context, s *step, ro *v1alpha1.Rollou
 			return false, 0, r.restartConsumer(ctx, s, w, ref, ro.TargetVersion)
 		}
 		if !w.rolledOut() {
+			if w.onDelete() {
+				reportConsumer(s, v1alpha1.ReasonRolloutStalled, v1alpha1.EventRolloutStalled, fmt.Sprintf(
+					"Consumer %s %s has updateStrategy OnDelete: its pods get credential %s only when they are deleted, which keyroll leaves to you (delete them one at a time, or use RollingUpdate); the rollout waits, and the superseded credential stays live",
+					ref.Kind, ref.Name, ro.TargetVersion))
+				return false, consumerPoll, nil
+			}
 			return false, r.consumerStalled(s, ro, ref), nil
 		}
 		if ro.ConsumerRestartedAt != nil {
@@ -109,6 +115,8 @@ type workload interface {
 	template() *metav1.ObjectMeta
 	paused() bool
 	rolledOut() bool
+	// onDelete says the workload rolls its pods only when they are deleted.
+	onDelete() bool
 }
 
 func (r *Engine) consumer(ctx context.Context, ns string, ref v1alpha1.ConsumerReference) (workload, error) {
@@ -137,6 +145,7 @@ type deployment struct{ *appsv1.Deployment }
 func (d deployment) object() client.Object        { return d.Deployment }
 func (d deployment) template() *metav1.ObjectMeta { return &d.Spec.Template.ObjectMeta }
 func (d deployment) paused() bool                 { return d.Spec.Paused }
+func (d deployment) onDelete() bool               { return false }
 func (d deployment) rolledOut() bool {
 	want := int32(1)
 	if d.Spec.Replicas != nil {
@@ -154,6 +163,9 @@ type statefulSet struct{ *appsv1.StatefulSet }
 func (s statefulSet) object() client.Object        { return s.StatefulSet }
 func (s statefulSet) template() *metav1.ObjectMeta { return &s.Spec.Template.ObjectMeta }
 func (s statefulSet) paused() bool                 { return false }
+func (s statefulSet) onDelete() bool {
+	return s.Spec.UpdateStrategy.Type == appsv1.OnDeleteStatefulSetStrategyType
+}
 func (s statefulSet) rolledOut() bool {
 	want := int32(1)
 	if s.Spec.Replicas != nil {
@@ -169,6 +181,9 @@ type daemonSet struct{ *appsv1.DaemonSet }
 func (d daemonSet) object() client.Object        { return d.DaemonSet }
 func (d daemonSet) template() *metav1.ObjectMeta { return &d.Spec.Template.ObjectMeta }
 func (d daemonSet) paused() bool                 { return false }
+func (d daemonSet) onDelete() bool {
+	return d.Spec.UpdateStrategy.Type == appsv1.OnDeleteDaemonSetStrategyType
+}
 func (d daemonSet) rolledOut() bool {
 	st := d.Status
 	return st.ObservedGeneration >= d.Generation && st.UpdatedNumberScheduled == st.DesiredNumberScheduled &&
