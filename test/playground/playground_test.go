@@ -220,7 +220,7 @@ func TestPlaygroundRunsTheSamplesAndCleansUp(t *testing.T) {
 		}
 	}
 	if left := testground.NodeLeftovers(""); len(left) > 0 {
-		t.Errorf("the real node left behind: %v", left)
+		t.Errorf("the real node left behind: %v\n%s", left, showLog())
 	}
 }
 

@@ -365,8 +365,19 @@ func (n *Node) Stop() {
 	_ = killCgroupProcesses()
 	n.containerd.Stop()
 	if n.state != nil {
-		if err := cleanupNode(n.state); err != nil {
-			fmt.Fprintf(os.Stderr, "testground: cleaning up the real node: %v\n", err)
+		// A mount or the bridge can be busy for a moment while the last killed processes go:
+		// the clean-up, which is idempotent, is tried again a few times.
+		for attempt := 1; ; attempt++ {
+			err := cleanupNode(n.state)
+			if err == nil {
+				break
+			}
+			if attempt == 5 {
+				fmt.Fprintf(os.Stderr, "testground: cleaning up the real node: %v\n", err)
+				break
+			}
+			fmt.Fprintf(os.Stderr, "testground: cleaning up the real node (attempt %d, trying again): %v\n", attempt, err)
+			time.Sleep(500 * time.Millisecond)
 		}
 	}
 	n.janitor.release()
