@@ -184,7 +184,8 @@ func (cp *ControlPlane) Stop() error {
 	}
 	err := cp.Env.Stop()
 	if cp.watchdog != nil {
-		_ = cp.watchdog.Process.Kill()
+		// Its whole group: the shell's sleep outlived a kill of the shell alone by up to a second.
+		_ = syscall.Kill(-cp.watchdog.Process.Pid, syscall.SIGKILL)
 		_ = cp.watchdog.Wait()
 	}
 	return err
