@@ -219,8 +219,18 @@ func TestPlaygroundRunsTheSamplesAndCleansUp(t *testing.T) {
 			t.Errorf("%s was left behind", f)
 		}
 	}
-	if left := testground.NodeLeftovers(""); len(left) > 0 {
-		t.Errorf("the real node left behind: %v\n%s", left, showLog())
+	// The playground removes the real node as it stops; if it ended first, the node's janitor
+	// removes it within seconds of the playground's end (as for a test that dies).
+	stopped := time.Now()
+	left := testground.NodeLeftovers("")
+	for len(left) > 0 && time.Since(stopped) < 30*time.Second {
+		time.Sleep(200 * time.Millisecond)
+		left = testground.NodeLeftovers("")
+	}
+	if len(left) > 0 {
+		t.Errorf("the real node left behind, 30 s after the playground stopped: %v\n%s", left, showLog())
+	} else if d := time.Since(stopped); d > time.Second {
+		t.Logf("the real node was gone %s after the playground stopped", d.Round(100*time.Millisecond))
 	}
 }
 
