@@ -58,6 +58,8 @@ type State struct {
 	Kubeconfig string `json:"kubeconfig"`
 	VaultAddr  string `json:"vaultAddr"`
 	RedisAddr  string `json:"redisAddr"`
+	// NodeDir is the real node's directory.
+	NodeDir string `json:"nodeDir"`
 }
 
 func run(kubeconfigOut, stateFile string) error {
@@ -104,7 +106,11 @@ func run(kubeconfigOut, stateFile string) error {
 	}
 	printTour(envFile)
 	if stateFile != "" {
-		b, _ := json.Marshal(State{Kubeconfig: kubeconfigOut, VaultAddr: g.Vault.Addr, RedisAddr: g.Redis.Addr()})
+		st := State{Kubeconfig: kubeconfigOut, VaultAddr: g.Vault.Addr, RedisAddr: g.Redis.Addr()}
+		if g.Node != nil {
+			st.NodeDir = g.Node.Dir
+		}
+		b, _ := json.Marshal(st)
 		if err := os.WriteFile(stateFile, b, 0o600); err != nil {
 			return err
 		}

@@ -220,12 +220,22 @@ func TestPlaygroundRunsTheSamplesAndCleansUp(t *testing.T) {
 		}
 	}
 	// The playground removes the real node as it stops; if it ended first, the node's janitor
-	// removes it within seconds of the playground's end (as for a test that dies).
+	// removes it within seconds of the playground's end (as for a test that dies). The machine's
+	// one node may be another test package's by then, started as soon as the playground let the
+	// node go (its record and bridge, seen in fresh-clone runs): then what names the playground's
+	// node directory must be gone.
+	ours := state.NodeDir
+	leftovers := func() []string {
+		if d := testground.NodeRecordDir(); d != "" && d != ours {
+			return testground.NodeLeftoversUnder(ours)
+		}
+		return testground.NodeLeftovers(ours)
+	}
 	stopped := time.Now()
-	left := testground.NodeLeftovers("")
+	left := leftovers()
 	for len(left) > 0 && time.Since(stopped) < 30*time.Second {
 		time.Sleep(200 * time.Millisecond)
-		left = testground.NodeLeftovers("")
+		left = leftovers()
 	}
 	if len(left) > 0 {
 		t.Errorf("the real node left behind, 30 s after the playground stopped: %v\n%s", left, showLog())

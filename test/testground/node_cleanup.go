@@ -72,15 +72,33 @@ func NodeLeftovers(nodeDir string) []string {
 	for _, c := range cgroupDirs() {
 		out = append(out, "cgroup "+c)
 	}
-	if nodeDir != "" {
-		for _, m := range MountsUnder(nodeDir) {
-			out = append(out, "mount "+m)
-		}
-		for _, pid := range processesNaming(nodeDir) {
-			out = append(out, fmt.Sprintf("process %d", pid))
-		}
+	return append(out, NodeLeftoversUnder(nodeDir)...)
+}
+
+// NodeLeftoversUnder describes what the real node at nodeDir left that names its directory:
+// mounts under it and processes whose command line names it ("" : nothing).
+func NodeLeftoversUnder(nodeDir string) []string {
+	if nodeDir == "" {
+		return nil
+	}
+	var out []string
+	for _, m := range MountsUnder(nodeDir) {
+		out = append(out, "mount "+m)
+	}
+	for _, pid := range processesNaming(nodeDir) {
+		out = append(out, fmt.Sprintf("process %d", pid))
 	}
 	return out
+}
+
+// NodeRecordDir is the directory of the real node the machine's record names: the node running
+// now, or the one whose clean-up is not done ("" without a record).
+func NodeRecordDir() string {
+	s, err := loadNodeState()
+	if err != nil {
+		return ""
+	}
+	return s.Dir
 }
 
 // cleanupNode undoes everything a node did: it ends the node's processes (those whose command
