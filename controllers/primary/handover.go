@@ -7,6 +7,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
@@ -109,22 +110,16 @@ func (k *Keeper) InSync(ctx context.Context, c *Cluster, name string) (bool, err
 }
 
 // awaitPrimary waits until the node of p says it is the primary: FAILOVER returns before the
-// switch, which takes the replica's catching up (milliseconds, up to failoverTimeout).
+// switch, which takes the replica's catching up (milliseconds, up to failoverTimeout). The wait
+// is on Redis, in real time, bounded by the context's deadline.
 func (k *Keeper) awaitPrimary(ctx context.Context, p *corev1.Pod, admin string) error {
 	n := k.node(p, admin)
-	deadline := time.Now().Add(failoverTimeout + 2*time.Second)
-	for {
+	err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, failoverTimeout+2*time.Second, true, func(ctx context.Context) (bool, error) {
 		st, err := n.Replication(ctx)
-		if err == nil && st.Role == "master" {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("FAILOVER to %s did not complete within %s (Redis aborts it then; the old primary goes on)", p.Name, failoverTimeout)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(50 * time.Millisecond):
-		}
+		return err == nil && st.Role == "master", nil
+	})
+	if err != nil {
+		return fmt.Errorf("FAILOVER to %s did not complete within %s (Redis aborts it then; the old primary goes on): %w", p.Name, failoverTimeout, err)
 	}
+	return nil
 }
