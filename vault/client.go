@@ -247,6 +247,36 @@ func (c *Client) Revoke(ctx context.Context, leaseID string) error {
 	return nil
 }
 
+// ListLeases lists the IDs of the leases Vault holds under prefix (a path that issues
+// credentials, such as database/creds/orders): LIST sys/leases/lookup/<prefix>/, which needs a
+// policy with list and sudo on that path. A prefix with no leases is an empty list.
+func (c *Client) ListLeases(ctx context.Context, prefix string) ([]string, error) {
+	prefix = strings.Trim(prefix, "/")
+	if prefix == "" {
+		return nil, &Error{Op: opListLeases, Class: ClassBadRequest, detail: "empty prefix"}
+	}
+	ctx, cancel := c.withTimeout(ctx)
+	defer cancel()
+	var s *vaultapi.Secret
+	_, err := c.call(ctx, opListLeases, prefix, currentToken, func(ctx context.Context, h *heldToken) (err error) {
+		s, err = h.api.Logical().ListWithContext(ctx, "sys/leases/lookup/"+prefix+"/")
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	var ids []string
+	if s != nil {
+		keys, _ := s.Data["keys"].([]any)
+		for _, k := range keys {
+			if key, ok := k.(string); ok && !strings.HasSuffix(key, "/") {
+				ids = append(ids, prefix+"/"+key)
+			}
+		}
+	}
+	return ids, nil
+}
+
 // Lookup reports whether a lease exists and when it expires. A lease Vault does not know is
 // reported as not existing, not as an error.
 func (c *Client) Lookup(ctx context.Context, leaseID string) (*LeaseInfo, error) {

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -584,5 +585,30 @@ func TestSecretDataPrintsKeysOnly(t *testing.T) {
 	}
 	if !strings.Contains(fmtAll(l), "password") {
 		t.Errorf("the keys should still show: %s", fmtAll(l))
+	}
+}
+
+// The leases under a credential path, as Vault lists them (LIST sys/leases/lookup/<path>/),
+// become full lease IDs; a sub-prefix is no lease; a path with no lease is an empty list.
+func TestListLeases(t *testing.T) {
+	c := newTestClient(t, nil)
+	c.vault.handle("auth/approle/login", loginOK(testToken, time.Hour, true))
+	c.vault.handle("sys/leases/lookup/database/creds/orders", func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != "LIST" && r.URL.Query().Get("list") != "true" {
+			writeErrors(w, 405)
+			return
+		}
+		writeJSON(w, 200, map[string]any{"data": map[string]any{"keys": []any{"abc", "def", "sub/"}}})
+	})
+	ids, err := c.ListLeases(context.Background(), "database/creds/orders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"database/creds/orders/abc", "database/creds/orders/def"}; !slices.Equal(ids, want) {
+		t.Errorf("ListLeases = %v, want %v", ids, want)
+	}
+	c.vault.handle("sys/leases/lookup/database/creds/orders", status(403, "permission denied"))
+	if _, err := c.ListLeases(context.Background(), "database/creds/orders"); !IsPermissionDenied(err) {
+		t.Errorf("ListLeases without the policy: %v, want PermissionDenied", err)
 	}
 }

@@ -49,6 +49,7 @@ const (
 	opRenew      = "renew"
 	opRevoke     = "revoke"
 	opLookup     = "lookup"
+	opListLeases = "list-leases"
 	opHealth     = "health"
 	opLogin      = "login"
 	opRenewSelf  = "renew-self"

@@ -22,6 +22,9 @@ type LeaseClient interface {
 	Revoke(ctx context.Context, leaseID string) error
 	// Lookup says whether a lease still exists and when it expires.
 	Lookup(ctx context.Context, leaseID string) (*LeaseInfo, error)
+	// ListLeases lists the leases Vault holds under a credential path (it needs list and sudo
+	// on sys/leases/lookup/<path>/).
+	ListLeases(ctx context.Context, prefix string) ([]string, error)
 	// Token describes a held token by its accessor (Lease.TokenAccessor): when it ends, and with
 	// it the leases it created.
 	Token(accessor string) (TokenStatus, bool)

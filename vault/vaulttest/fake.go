@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"path"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -23,10 +24,12 @@ const (
 	OpIssue  = "issue"
 	OpRenew  = "renew"
 	OpRevoke = "revoke"
-	OpLookup = "lookup"
-	OpHealth = "health"
-	OpLogin  = "login"
-	OpKeep   = "keep-tokens"
+	// OpListLeases lists the leases under a path.
+	OpListLeases = "list-leases"
+	OpLookup     = "lookup"
+	OpHealth     = "health"
+	OpLogin      = "login"
+	OpKeep       = "keep-tokens"
 )
 
 var (
@@ -249,6 +252,24 @@ func (f *Fake) Lookup(ctx context.Context, leaseID string) (*vault.LeaseInfo, er
 	return &vault.LeaseInfo{
 		Exists: true, IssuedAt: l.issuedAt, ExpiresAt: l.expiresAt, TTL: l.expiresAt.Sub(now), Renewable: l.renewable,
 	}, nil
+}
+
+// ListLeases lists the live leases under prefix (a credential path).
+func (f *Fake) ListLeases(ctx context.Context, prefix string) ([]string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.begin(ctx, OpListLeases); err != nil {
+		return nil, err
+	}
+	now := f.clock.Now()
+	var ids []string
+	for id, l := range f.leases {
+		if strings.HasPrefix(id, strings.Trim(prefix, "/")+"/") && now.Before(l.expiresAt) {
+			ids = append(ids, id)
+		}
+	}
+	sort.Strings(ids)
+	return ids, nil
 }
 
 // Health returns HealthStatus.

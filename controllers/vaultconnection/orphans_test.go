@@ -1,0 +1,53 @@
+package vaultconnection
+
+import (
+	"context"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/keyroll/keyroll/vault"
+)
+
+type listed struct {
+	leases map[string][]string
+	issued map[string]time.Time
+	denied bool
+}
+
+func (l listed) ListLeases(_ context.Context, prefix string) ([]string, error) {
+	if l.denied {
+		return nil, &vault.Error{Op: "list-leases", Class: vault.ClassPermissionDenied}
+	}
+	return l.leases[prefix], nil
+}
+
+func (l listed) Lookup(_ context.Context, id string) (*vault.LeaseInfo, error) {
+	at, ok := l.issued[id]
+	return &vault.LeaseInfo{Exists: ok, IssuedAt: at}, nil
+}
+
+// A lease under a cluster's path that no ledger holds, older than the grace period, is an orphan;
+// one in a ledger, one issued within the grace period, and one gone meanwhile are not.
+func TestFindOrphans(t *testing.T) {
+	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	l := listed{
+		leases: map[string][]string{"database/creds/orders": {"database/creds/orders/a", "database/creds/orders/b", "database/creds/orders/c", "database/creds/orders/d"}},
+		issued: map[string]time.Time{
+			"database/creds/orders/a": now.Add(-time.Hour),   // in a ledger
+			"database/creds/orders/b": now.Add(-time.Hour),   // orphan
+			"database/creds/orders/c": now.Add(-time.Second), // just issued
+		}, // d: gone by its lookup
+	}
+	got, err := findOrphans(context.Background(), l, []string{"database/creds/orders"}, map[string]bool{"database/creds/orders/a": true}, 5*time.Minute, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"database/creds/orders/b"}; !slices.Equal(got, want) {
+		t.Errorf("orphans %v, want %v", got, want)
+	}
+	l.denied = true
+	if _, err := findOrphans(context.Background(), l, []string{"database/creds/orders"}, nil, time.Minute, now); !vault.IsPermissionDenied(err) {
+		t.Errorf("without the list policy: %v, want PermissionDenied", err)
+	}
+}
