@@ -112,7 +112,7 @@ func Setup(mgr ctrl.Manager, o Options) (*rediscluster.Reconciler, error) {
 		return nil, err
 	}
 	if err := (&vaultconnection.Reconciler{
-		Client: mgr.GetClient(), Recorder: o.Recorder, Clock: o.Clock, Connector: conn, Metrics: m,
+		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: o.Recorder, Clock: o.Clock, Connector: conn, Metrics: m,
 	}).SetupWithManager(mgr); err != nil {
 		return nil, err
 	}

@@ -160,6 +160,13 @@ const (
 	EventTokenEnding = "TokenEnding"
 	// EventTokenMaxTTLTooShort: a VaultConnection's tokens end before the leases they create.
 	EventTokenMaxTTLTooShort = "TokenMaxTTLTooShort"
+	// EventOrphanLeasesFound: the sweep found leases under the connection's credential paths that
+	// no RedisCluster's ledger knows.
+	EventOrphanLeasesFound = "OrphanLeasesFound"
+	// EventOrphanLeaseRevoked: the sweep revoked an orphan lease (orphanLeases.action Revoke).
+	EventOrphanLeaseRevoked = "OrphanLeaseRevoked"
+	// EventOrphanSweepFailed: the sweep could not list or look up leases (a missing policy, for one).
+	EventOrphanSweepFailed = "OrphanSweepFailed"
 
 	// Events of a condition's change carry the condition's reason.
 	EventLoggedIn                    = ReasonLoggedIn

@@ -44,6 +44,83 @@ type VaultConnectionSpec struct {
 	// +optional
 	// +kubebuilder:default={qps: 20, burst: 40}
 	RateLimit *VaultRateLimit `json:"rateLimit,omitempty"`
+
+	// orphanLeases sets up the sweep for leases that Vault holds under the credential paths of this
+	// connection's RedisClusters but that no RedisCluster's ledger knows (a lease issued just before
+	// the operator was killed, before it reached the ledger). The sweep needs a Vault policy with
+	// list and sudo on sys/leases/lookup/<path>/ (deploy/vault); without it, the sweep reports that it
+	// is not permitted and such a lease lives until its TTL. Use Vault roles dedicated to keyroll:
+	// every lease under a swept path that no ledger knows counts as an orphan.
+	// +optional
+	OrphanLeases *OrphanLeases `json:"orphanLeases,omitempty"`
+}
+
+// OrphanLeaseAction is what the sweep does with a lease no ledger knows.
+// +kubebuilder:validation:Enum=Off;Report;Revoke
+type OrphanLeaseAction string
+
+const (
+	// OrphanLeasesOff: no sweep.
+	OrphanLeasesOff OrphanLeaseAction = "Off"
+	// OrphanLeasesReport: orphans are counted (status, metric) and announced by an event.
+	OrphanLeasesReport OrphanLeaseAction = "Report"
+	// OrphanLeasesRevoke: orphans are reported and revoked.
+	OrphanLeasesRevoke OrphanLeaseAction = "Revoke"
+)
+
+// OrphanLeases configures the orphan-lease sweep.
+type OrphanLeases struct {
+	// action is what is done with an orphan: Off (no sweep), Report (the default) or Revoke.
+	// +optional
+	// +kubebuilder:default=Report
+	Action OrphanLeaseAction `json:"action,omitempty"`
+
+	// gracePeriod is how old a lease must be before it can count as an orphan: a lease issued just
+	// now may be on its way into a ledger. At least 10s.
+	// +optional
+	// +kubebuilder:default="5m"
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('10s')",message="orphanLeases.gracePeriod must be at least 10s"
+	GracePeriod *metav1.Duration `json:"gracePeriod,omitempty"`
+
+	// interval is how often the sweep runs. At least 10s.
+	// +optional
+	// +kubebuilder:default="10m"
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('10s')",message="orphanLeases.interval must be at least 10s"
+	Interval *metav1.Duration `json:"interval,omitempty"`
+}
+
+// OrphanLeaseStatus is the outcome of the last orphan-lease sweep.
+type OrphanLeaseStatus struct {
+	// lastSweepAt is when the sweep last ran.
+	// +optional
+	LastSweepAt *metav1.Time `json:"lastSweepAt,omitempty"`
+
+	// paths are the credential paths swept.
+	// +optional
+	// +listType=set
+	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:items:MaxLength=512
+	Paths []string `json:"paths,omitempty"`
+
+	// found is how many orphans the last sweep found.
+	// +optional
+	Found int32 `json:"found,omitempty"`
+
+	// revoked is how many orphans the sweeps of this connection have revoked in all.
+	// +optional
+	Revoked int32 `json:"revoked,omitempty"`
+
+	// orphans are the lease IDs of the orphans the last sweep found (at most 16).
+	// +optional
+	// +listType=set
+	// +kubebuilder:validation:MaxItems=16
+	// +kubebuilder:validation:items:MaxLength=512
+	Orphans []string `json:"orphans,omitempty"`
+
+	// error says why the last sweep could not finish, when it could not (a missing policy, for one).
+	// +optional
+	// +kubebuilder:validation:MaxLength=1024
+	Error string `json:"error,omitempty"`
 }
 
 // VaultTLS configures the verification of the Vault server's certificate.
@@ -226,6 +303,10 @@ type VaultConnectionStatus struct {
 	// lastCheckedAt is when the operator last talked to this Vault.
 	// +optional
 	LastCheckedAt *metav1.Time `json:"lastCheckedAt,omitempty"`
+
+	// orphanLeases is the outcome of the last orphan-lease sweep (spec.orphanLeases).
+	// +optional
+	OrphanLeases *OrphanLeaseStatus `json:"orphanLeases,omitempty"`
 }
 
 // TokenStatus is one Vault token the operator holds, without the token.

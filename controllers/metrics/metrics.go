@@ -26,6 +26,9 @@ type Metrics struct {
 	// RevokedOutside counts live leases found revoked outside keyroll.
 	RevokedOutside prometheus.Counter
 	tokens         *prometheus.GaugeVec
+	orphans        *prometheus.GaugeVec
+	// OrphanLeasesRevoked counts the orphan leases the sweep revoked, per VaultConnection.
+	OrphanLeasesRevoked *prometheus.CounterVec
 }
 
 // Result label values.
@@ -76,6 +79,12 @@ func newMetrics(clk clock.PassiveClock) *Metrics {
 		RevokedOutside: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "keyroll_leases_revoked_outside_total", Help: "Live leases found revoked outside keyroll (then replaced at once).",
 		}),
+		orphans: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "keyroll_orphan_leases", Help: "Leases under a VaultConnection's credential paths that no RedisCluster's ledger knows, as the last sweep found.",
+		}, []string{"connection"}),
+		OrphanLeasesRevoked: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "keyroll_orphan_leases_revoked_total", Help: "Orphan leases the sweep revoked (orphanLeases.action Revoke).",
+		}, []string{"connection"}),
 		tokens: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "keyroll_vault_tokens", Help: "Vault tokens the operator holds through a VaultConnection: the current one and those kept alive for their leases.",
 		}, []string{"connection"}),
@@ -84,7 +93,7 @@ func newMetrics(clk clock.PassiveClock) *Metrics {
 
 func (m *Metrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{m.Issues, m.Renewals, m.Rotations, m.Revocations, m.RolloutDuration,
-		m.VaultRequests, m.leaseExpiry, m.tokenExpiry, m.stalePods, m.RevokedOutside, m.tokens}
+		m.VaultRequests, m.leaseExpiry, m.tokenExpiry, m.stalePods, m.RevokedOutside, m.tokens, m.orphans, m.OrphanLeasesRevoked}
 }
 
 // ObserveVault records one Vault request.
@@ -109,6 +118,17 @@ func (m *Metrics) SetTokens(connection string, n int) {
 		return
 	}
 	m.tokens.WithLabelValues(connection).Set(float64(n))
+}
+
+// SetOrphanLeases records how many orphans a connection's last sweep found (negative forgets the
+// series).
+func (m *Metrics) SetOrphanLeases(connection string, n int) {
+	if n < 0 {
+		m.orphans.DeleteLabelValues(connection)
+		m.OrphanLeasesRevoked.DeleteLabelValues(connection)
+		return
+	}
+	m.orphans.WithLabelValues(connection).Set(float64(n))
 }
 
 // SetStalePods records how many Redis pods still run a superseded credential.

@@ -44,6 +44,8 @@ const deletionRecheck = 10 * time.Second
 // Secret. A VaultConnection that RedisClusters use is not deleted under them.
 type Reconciler struct {
 	client.Client
+	// APIReader reads the ledgers again from the API server before the sweep revokes an orphan.
+	APIReader client.Reader
 	Recorder  events.EventRecorder
 	Clock     clock.Clock
 	Connector *Connector
@@ -77,7 +79,14 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Re
 		return ctrl.Result{}, err
 	}
 	res, err := r.check(ctx, vc, needs)
-	if vc.DeletionTimestamp.IsZero() || err != nil {
+	if err != nil {
+		return res, err
+	}
+	if vc.DeletionTimestamp.IsZero() {
+		next, err := r.sweepOrphans(ctx, vc)
+		if next > 0 && next < res.RequeueAfter {
+			res.RequeueAfter = next
+		}
 		return res, err
 	}
 	return r.reconcileDelete(ctx, vc, users, res)
@@ -88,6 +97,7 @@ func (r *Reconciler) forget(name string) {
 	r.Connector.Forget(name)
 	r.Metrics.SetTokenExpiry(name, time.Time{})
 	r.Metrics.SetTokens(name, 0)
+	r.Metrics.SetOrphanLeases(name, -1)
 }
 
 // tokenNeeds is what the leases of one token need: the latest expiry among them, and how many.

@@ -1,0 +1,193 @@
+package vaultconnection
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/controllers/conditions"
+	"github.com/keyroll/keyroll/vault"
+)
+
+// The orphan-lease sweep's defaults (spec.orphanLeases).
+const (
+	defaultOrphanGrace    = 5 * time.Minute
+	defaultOrphanInterval = 10 * time.Minute
+	// maxListedOrphans bounds the lease IDs kept in status and named in an event.
+	maxListedOrphans = 16
+)
+
+// sweepSettings are spec.orphanLeases with the defaults filled in.
+func sweepSettings(vc *v1alpha1.VaultConnection) (v1alpha1.OrphanLeaseAction, time.Duration, time.Duration) {
+	action, grace, interval := v1alpha1.OrphanLeasesReport, defaultOrphanGrace, defaultOrphanInterval
+	if o := vc.Spec.OrphanLeases; o != nil {
+		if o.Action != "" {
+			action = o.Action
+		}
+		if o.GracePeriod != nil {
+			grace = o.GracePeriod.Duration
+		}
+		if o.Interval != nil {
+			interval = o.Interval.Duration
+		}
+	}
+	return action, grace, interval
+}
+
+// sweepOrphans runs the orphan-lease sweep when it is due and the connection is logged in, and
+// says when it is due next (0: never, the sweep is off). It lists the leases Vault holds under
+// the credential paths of the connection's RedisClusters and compares them with every ledger
+// (see findOrphans); orphans are reported, and revoked when spec.orphanLeases.action is Revoke.
+// Before a revocation the ledgers are read again from the API server, not the cache, so that a
+// lease that reached a ledger meanwhile is never taken for an orphan.
+func (r *Reconciler) sweepOrphans(ctx context.Context, vc *v1alpha1.VaultConnection) (time.Duration, error) {
+	action, grace, interval := sweepSettings(vc)
+	if action == v1alpha1.OrphanLeasesOff {
+		vc.Status.OrphanLeases = nil
+		return 0, nil
+	}
+	now := r.Clock.Now()
+	st := vc.Status.OrphanLeases
+	if st != nil && st.LastSweepAt != nil {
+		if due := st.LastSweepAt.Add(interval); now.Before(due) {
+			return due.Sub(now), nil
+		}
+	}
+	if !meta.IsStatusConditionTrue(vc.Status.Conditions, v1alpha1.ConditionReady) {
+		return 0, nil // the next successful check sweeps
+	}
+	if st == nil {
+		st = &v1alpha1.OrphanLeaseStatus{}
+		vc.Status.OrphanLeases = st
+	}
+	prefixes, known, err := r.ledgers(ctx, r.Client, vc.Name)
+	if err != nil {
+		return 0, err
+	}
+	vcl, err := r.Connector.Client(ctx, vc)
+	if err != nil {
+		return 0, err
+	}
+	orphans, sweepErr := findOrphans(ctx, vcl, prefixes, known, grace, now)
+	if action == v1alpha1.OrphanLeasesRevoke && len(orphans) > 0 {
+		orphans, err = r.revokeOrphans(ctx, vc, vcl, orphans)
+		if err != nil {
+			return 0, err
+		}
+	}
+	last := metav1.NewTime(now)
+	prevError := st.Error
+	st.LastSweepAt, st.Paths, st.Found = &last, prefixes[:min(len(prefixes), 64)], int32(len(orphans))
+	st.Orphans = orphans[:min(len(orphans), maxListedOrphans)]
+	st.Error = ""
+	r.Metrics.SetOrphanLeases(vc.Name, len(orphans))
+	conds := conditions.Setter{Obj: vc, Conditions: &vc.Status.Conditions, Recorder: r.Recorder}
+	if sweepErr != nil {
+		st.Error = sweepError(sweepErr)
+		if st.Error != prevError {
+			conds.Event(true, v1alpha1.EventOrphanSweepFailed, "SweepOrphans", "The orphan-lease sweep could not finish: %s", st.Error)
+		}
+		log.FromContext(ctx).Info("Orphan-lease sweep incomplete", "error", sweepErr.Error())
+	}
+	if len(orphans) > 0 {
+		conds.Event(true, v1alpha1.EventOrphanLeasesFound, "SweepOrphans",
+			"Found %d lease(s) that no RedisCluster's ledger knows, issued more than %s ago (orphanLeases.action %s): %s",
+			len(orphans), grace, action, listSome(orphans, 5))
+	}
+	log.FromContext(ctx).V(1).Info("Orphan-lease sweep done", "paths", len(prefixes), "orphans", len(orphans))
+	return interval, nil
+}
+
+// revokeOrphans revokes the orphans that no ledger holds now, read from the API server. It
+// returns those that are still orphans (revocation failed), the revoked ones counted in status.
+func (r *Reconciler) revokeOrphans(ctx context.Context, vc *v1alpha1.VaultConnection, vcl vault.LeaseClient, orphans []string) ([]string, error) {
+	reader := r.APIReader
+	if reader == nil {
+		reader = r.Client
+	}
+	_, known, err := r.ledgers(ctx, reader, vc.Name)
+	if err != nil {
+		return orphans, err
+	}
+	conds := conditions.Setter{Obj: vc, Conditions: &vc.Status.Conditions, Recorder: r.Recorder}
+	var left []string
+	for _, id := range orphans {
+		if known[id] {
+			continue // it reached a ledger after all
+		}
+		if err := vcl.Revoke(ctx, id); err != nil {
+			left = append(left, id)
+			log.FromContext(ctx).Info("Revoking an orphan lease failed; tried again at the next sweep", "lease", id, "error", err.Error())
+			continue
+		}
+		vc.Status.OrphanLeases.Revoked++
+		r.Metrics.OrphanLeasesRevoked.WithLabelValues(vc.Name).Inc()
+		conds.Event(false, v1alpha1.EventOrphanLeaseRevoked, "SweepOrphans", "Revoked lease %s, which no RedisCluster's ledger knows", id)
+		log.FromContext(ctx).Info("Orphan lease revoked", "lease", id)
+	}
+	return left, nil
+}
+
+// ledgers reads every RedisCluster's ledger: the credential paths that the sweep of connection
+// covers, and every lease ID any ledger holds. A path is swept when a VaultLease-mode cluster of
+// the connection reads it (spec or status) or holds a lease under it through the connection, and
+// no ExternalSecret-mode cluster holds a lease under it: External Secrets Operator's leases reach
+// a ledger only when keyroll sees them, so they are never taken for orphans.
+func (r *Reconciler) ledgers(ctx context.Context, rd client.Reader, connection string) ([]string, map[string]bool, error) {
+	list := &v1alpha1.RedisClusterList{}
+	if err := rd.List(ctx, list); err != nil {
+		return nil, nil, fmt.Errorf("listing the RedisClusters for the orphan-lease sweep: %w", err)
+	}
+	known := map[string]bool{}
+	var paths, external []string
+	for i := range list.Items {
+		rc := &list.Items[i]
+		vaultLease := rc.Spec.Credentials.Source == v1alpha1.SourceVaultLease && rc.Spec.Credentials.VaultLease != nil
+		if vaultLease && rc.VaultConnectionName() == connection {
+			paths = append(paths, strings.Trim(rc.Spec.Credentials.VaultLease.Path, "/"))
+			if c := rc.Status.Credential; c != nil && c.Source == v1alpha1.SourceVaultLease && c.Path != "" {
+				paths = append(paths, strings.Trim(c.Path, "/"))
+			}
+		}
+		for _, l := range rc.Status.Leases {
+			known[l.LeaseID] = true
+			switch {
+			case !vaultLease:
+				external = append(external, leasePath(l.LeaseID))
+			case rc.LeaseConnection(l) == connection:
+				paths = append(paths, leasePath(l.LeaseID))
+			}
+		}
+	}
+	paths = slices.DeleteFunc(paths, func(p string) bool { return p == "" || slices.Contains(external, p) })
+	slices.Sort(paths)
+	return slices.Compact(paths), known, nil
+}
+
+// leasePath is the credential path a lease was issued under: its ID without the last element.
+func leasePath(id string) string {
+	if i := strings.LastIndex(id, "/"); i > 0 {
+		return id[:i]
+	}
+	return ""
+}
+
+// sweepError says what stopped a sweep, naming the policy when Vault refused it.
+func sweepError(err error) string {
+	msg := err.Error()
+	if vault.IsPermissionDenied(err) {
+		msg = "Vault refused to list leases: the operator's policy needs list and sudo on sys/leases/lookup/<path>/ (deploy/vault/keyroll-sweeper-policy.hcl): " + msg
+	}
+	if len(msg) > 1024 {
+		msg = msg[:1021] + "..."
+	}
+	return msg
+}

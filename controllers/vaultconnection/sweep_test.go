@@ -1,0 +1,159 @@
+package vaultconnection
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/tools/events"
+	clocktesting "k8s.io/utils/clock/testing"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+
+	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/controllers/metrics"
+	"github.com/keyroll/keyroll/vault"
+	"github.com/keyroll/keyroll/vault/vaulttest"
+)
+
+// oneClient hands out the same Vault fake for every VaultConnection.
+type oneClient struct{ f *vaulttest.Fake }
+
+func (o oneClient) Get(string, vault.Config) (Client, error) { return o.f, nil }
+func (oneClient) Forget(string)                             {}
+
+// cluster is a RedisCluster of connection "vault" reading path, holding leases in its ledger.
+func cluster(name string, source v1alpha1.CredentialSource, path string, leases ...string) *v1alpha1.RedisCluster {
+	rc := &v1alpha1.RedisCluster{ObjectMeta: metav1.ObjectMeta{Namespace: "apps", Name: name}}
+	rc.Spec.Credentials.Source = source
+	ref := v1alpha1.ConnectionReference{Name: "vault"}
+	if source == v1alpha1.SourceVaultLease {
+		rc.Spec.Credentials.VaultLease = &v1alpha1.VaultLeaseSource{ConnectionRef: ref, Path: path}
+	} else {
+		rc.Spec.Credentials.ExternalSecret = &v1alpha1.ExternalSecretSource{ConnectionRef: &ref}
+	}
+	for _, id := range leases {
+		rc.Status.Leases = append(rc.Status.Leases, v1alpha1.LeaseRecord{LeaseID: id, State: v1alpha1.LeaseActive})
+	}
+	return rc
+}
+
+// The sweep reports a lease under a cluster's path that no ledger holds and that is older than
+// the grace period, and (action Revoke) revokes it; it leaves alone a lease in a ledger, a lease
+// issued within the grace period, and the leases under a path that External Secrets Operator's clusters read. It runs
+// once per interval; Off clears its status.
+func TestSweepOrphans(t *testing.T) {
+	ctx := context.Background()
+	clk := clocktesting.NewFakeClock(time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC))
+	vf := vaulttest.New(clk)
+	issue := func(path string) string {
+		l, err := vf.Issue(ctx, path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l.ID
+	}
+	held, orphan := issue("database/creds/orders"), issue("database/creds/orders")
+	esHeld, esUnseen := issue("database/creds/es"), issue("database/creds/es")
+	clk.Step(10 * time.Minute)
+	young := issue("database/creds/orders")
+
+	scheme := runtime.NewScheme()
+	_ = clientgoscheme.AddToScheme(scheme)
+	_ = v1alpha1.AddToScheme(scheme)
+	vc := &v1alpha1.VaultConnection{ObjectMeta: metav1.ObjectMeta{Name: "vault"}}
+	vc.Spec.Address = "http://127.0.0.1:8200"
+	vc.Spec.Auth.Token = &v1alpha1.TokenAuth{SecretRef: v1alpha1.SecretKeyReference{Namespace: "keyroll", Name: "tok", Key: "token"}}
+	vc.Spec.OrphanLeases = &v1alpha1.OrphanLeases{Action: v1alpha1.OrphanLeasesReport, GracePeriod: &metav1.Duration{Duration: time.Minute}}
+	meta.SetStatusCondition(&vc.Status.Conditions, metav1.Condition{Type: v1alpha1.ConditionReady, Status: metav1.ConditionTrue, Reason: v1alpha1.ReasonLoggedIn})
+	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(
+		cluster("orders", v1alpha1.SourceVaultLease, "database/creds/orders", held),
+		cluster("es", v1alpha1.SourceExternalSecret, "", esHeld),
+		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "keyroll", Name: "tok"}, Data: map[string][]byte{"token": []byte("t")}},
+	).Build()
+	rec := events.NewFakeRecorder(20)
+	r := &Reconciler{Client: c, Recorder: rec, Clock: clk, Metrics: metrics.For(clk),
+		Connector: &Connector{Reader: c, Clients: oneClient{vf}, Clock: clk}}
+
+	next, err := r.sweepOrphans(ctx, vc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := vc.Status.OrphanLeases
+	if st == nil || st.Found != 1 || !slices.Equal(st.Orphans, []string{orphan}) || st.Revoked != 0 {
+		t.Fatalf("Report: status %+v, want the one orphan %s found and none revoked", st, orphan)
+	}
+	if !slices.Equal(st.Paths, []string{"database/creds/orders"}) {
+		t.Errorf("swept paths %v: the ExternalSecret cluster's path must not be swept", st.Paths)
+	}
+	if !slices.Contains(vf.Leases(), orphan) {
+		t.Error("Report revoked the orphan")
+	}
+	if e := drain(rec); !strings.Contains(e, v1alpha1.EventOrphanLeasesFound) || !strings.Contains(e, orphan) {
+		t.Errorf("events %q, want %s naming the orphan", e, v1alpha1.EventOrphanLeasesFound)
+	}
+	if next != defaultOrphanInterval {
+		t.Errorf("next sweep in %s, want the default interval %s", next, defaultOrphanInterval)
+	}
+
+	vc.Spec.OrphanLeases.Action = v1alpha1.OrphanLeasesRevoke
+	clk.Step(time.Minute)
+	if next, err := r.sweepOrphans(ctx, vc); err != nil || next != defaultOrphanInterval-time.Minute || !slices.Contains(vf.Leases(), orphan) {
+		t.Fatalf("a sweep before its interval: next %s, err %v, leases %v; want nothing done", next, err, vf.Leases())
+	}
+	clk.Step(defaultOrphanInterval)
+	young2 := issue("database/creds/orders") // young has aged past the grace period meanwhile
+	if _, err := r.sweepOrphans(ctx, vc); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{held, esHeld, esUnseen, young2}
+	slices.Sort(want)
+	if got := vf.Leases(); !slices.Equal(got, want) {
+		t.Errorf("after the Revoke sweep Vault holds %v, want %v (only the orphan revoked)", got, want)
+	}
+	if st := vc.Status.OrphanLeases; st.Revoked != 2 || st.Found != 0 {
+		t.Errorf("Revoke: status %+v, want two revoked (%s, %s), none left", st, orphan, young)
+	}
+	if e := drain(rec); !strings.Contains(e, v1alpha1.EventOrphanLeaseRevoked) {
+		t.Errorf("events %q, want %s", e, v1alpha1.EventOrphanLeaseRevoked)
+	}
+
+	// Without the list policy, the sweep says what is missing, once.
+	vf.SetFailure(vaulttest.OpListLeases, vaulttest.Err("list-leases", vault.ClassPermissionDenied))
+	for range 2 {
+		clk.Step(defaultOrphanInterval)
+		if _, err := r.sweepOrphans(ctx, vc); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if st := vc.Status.OrphanLeases; !strings.Contains(st.Error, "list and sudo on sys/leases/lookup/") {
+		t.Errorf("a refused list: status error %q, want it to name the policy", st.Error)
+	}
+	if e := drain(rec); strings.Count(e, v1alpha1.EventOrphanSweepFailed) != 1 {
+		t.Errorf("events %q, want one %s", e, v1alpha1.EventOrphanSweepFailed)
+	}
+
+	vc.Spec.OrphanLeases.Action = v1alpha1.OrphanLeasesOff
+	if next, _ := r.sweepOrphans(ctx, vc); next != 0 || vc.Status.OrphanLeases != nil {
+		t.Errorf("Off: next %s, status %+v; want no sweep and no status", next, vc.Status.OrphanLeases)
+	}
+}
+
+// drain returns the events recorded so far, one per line.
+func drain(rec *events.FakeRecorder) string {
+	var b strings.Builder
+	for {
+		select {
+		case e := <-rec.Events:
+			b.WriteString(e + "\n")
+		default:
+			return b.String()
+		}
+	}
+}
