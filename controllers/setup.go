@@ -6,25 +6,12 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/keyroll/keyroll/controllers/ledger"
-
-	appsv1 "k8s.io/api/apps/v1"
-
-	"github.com/keyroll/keyroll/controllers/rediscluster"
-
-	"github.com/keyroll/keyroll/controllers/vaultconnection"
-
-	"github.com/keyroll/keyroll/controllers/metrics"
-
 	esv1 "github.com/external-secrets/external-secrets/apis/externalsecrets/v1"
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/apimachinery/pkg/labels"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
-	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/healthz"
-
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/kubernetes"
@@ -32,8 +19,15 @@ import (
 	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/controllers/ledger"
+	"github.com/keyroll/keyroll/controllers/metrics"
+	"github.com/keyroll/keyroll/controllers/rediscluster"
+	"github.com/keyroll/keyroll/controllers/vaultconnection"
 )
 
 // Options are what the reconcilers share.

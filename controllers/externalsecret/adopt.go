@@ -5,17 +5,14 @@ import (
 	"fmt"
 	"slices"
 
-	"github.com/keyroll/keyroll/controllers/ledger"
-
-	"github.com/keyroll/keyroll/controllers/statustime"
-
-	"github.com/keyroll/keyroll/controllers/render"
-
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/controllers/ledger"
+	"github.com/keyroll/keyroll/controllers/render"
+	"github.com/keyroll/keyroll/controllers/statustime"
 	"github.com/keyroll/keyroll/vault"
 )
 

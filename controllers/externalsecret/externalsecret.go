@@ -6,15 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/keyroll/keyroll/controllers/ledger"
-
-	"github.com/keyroll/keyroll/controllers/statustime"
-
-	"github.com/keyroll/keyroll/controllers/apply"
-	"github.com/keyroll/keyroll/controllers/metrics"
-
-	"github.com/keyroll/keyroll/controllers/render"
-
 	esv1 "github.com/external-secrets/external-secrets/apis/externalsecrets/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -23,6 +14,11 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/controllers/apply"
+	"github.com/keyroll/keyroll/controllers/ledger"
+	"github.com/keyroll/keyroll/controllers/metrics"
+	"github.com/keyroll/keyroll/controllers/render"
+	"github.com/keyroll/keyroll/controllers/statustime"
 	"github.com/keyroll/keyroll/rotation"
 	"github.com/keyroll/keyroll/vault"
 )

@@ -6,8 +6,6 @@ import (
 	"slices"
 	"sync"
 
-	"github.com/keyroll/keyroll/controllers/render"
-
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -16,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/controllers/render"
 )
 
 // sightings remembers the leases seen in each version of the Secrets ESO writes, until they are in

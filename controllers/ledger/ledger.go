@@ -15,6 +15,7 @@ import (
 	"github.com/keyroll/keyroll/apis/v1alpha1"
 	"github.com/keyroll/keyroll/controllers/metrics"
 	"github.com/keyroll/keyroll/controllers/statustime"
+	"github.com/keyroll/keyroll/controllers/stoppoint"
 	"github.com/keyroll/keyroll/rotation"
 	"github.com/keyroll/keyroll/vault"
 )
@@ -157,7 +158,11 @@ func (l *Ledger) Revoke(ctx context.Context, cl *Cluster, vcl vault.LeaseClient,
 		}
 		vcl = other
 	}
+	stoppoint.Reached(stoppoint.BeforeRevoke)
 	err := vcl.Revoke(ctx, id)
+	if err == nil {
+		stoppoint.Reached(stoppoint.AfterRevoke)
+	}
 	l.Metrics.Revocations.WithLabelValues(metrics.Result(err)).Inc()
 	if err != nil {
 		for i := range cl.RC.Status.Leases {

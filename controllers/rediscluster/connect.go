@@ -6,15 +6,13 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/keyroll/keyroll/controllers/apply"
-
-	"github.com/keyroll/keyroll/controllers/render"
-
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/controllers/apply"
+	"github.com/keyroll/keyroll/controllers/render"
 	"github.com/keyroll/keyroll/vault"
 )
 

@@ -5,7 +5,6 @@ import (
 	"errors"
 
 	"github.com/keyroll/keyroll/controllers/apply"
-
 	"github.com/keyroll/keyroll/controllers/render"
 )
 

@@ -5,13 +5,6 @@ import (
 	"errors"
 	"time"
 
-	"github.com/keyroll/keyroll/controllers/ledger"
-
-	"github.com/keyroll/keyroll/controllers/apply"
-	"github.com/keyroll/keyroll/controllers/conditions"
-
-	"github.com/keyroll/keyroll/controllers/render"
-
 	appsv1 "k8s.io/api/apps/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -22,6 +15,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/controllers/apply"
+	"github.com/keyroll/keyroll/controllers/conditions"
+	"github.com/keyroll/keyroll/controllers/ledger"
+	"github.com/keyroll/keyroll/controllers/render"
 	"github.com/keyroll/keyroll/vault"
 )
 

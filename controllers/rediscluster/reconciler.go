@@ -5,26 +5,21 @@ import (
 	"context"
 	"time"
 
-	"github.com/keyroll/keyroll/controllers/externalsecret"
-	"github.com/keyroll/keyroll/controllers/vaultlease"
-
-	"github.com/keyroll/keyroll/controllers/ledger"
-	"github.com/keyroll/keyroll/controllers/netpol"
-	"github.com/keyroll/keyroll/controllers/primary"
-	"github.com/keyroll/keyroll/controllers/rollout"
-
-	"github.com/keyroll/keyroll/controllers/vaultconnection"
-
-	"github.com/keyroll/keyroll/controllers/metrics"
-
-	"github.com/keyroll/keyroll/controllers/render"
-
 	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/controllers/externalsecret"
+	"github.com/keyroll/keyroll/controllers/ledger"
+	"github.com/keyroll/keyroll/controllers/metrics"
+	"github.com/keyroll/keyroll/controllers/netpol"
 	"github.com/keyroll/keyroll/controllers/nodes"
+	"github.com/keyroll/keyroll/controllers/primary"
+	"github.com/keyroll/keyroll/controllers/render"
+	"github.com/keyroll/keyroll/controllers/rollout"
+	"github.com/keyroll/keyroll/controllers/vaultconnection"
+	"github.com/keyroll/keyroll/controllers/vaultlease"
 	"github.com/keyroll/keyroll/redisnode"
 	"github.com/keyroll/keyroll/vault"
 )

@@ -14,6 +14,7 @@ import (
 	"github.com/keyroll/keyroll/controllers/apply"
 	"github.com/keyroll/keyroll/controllers/nodes"
 	"github.com/keyroll/keyroll/controllers/render"
+	"github.com/keyroll/keyroll/controllers/stoppoint"
 )
 
 // reconcileUsers puts the cluster's users on every Redis node, live and node by node: first into
@@ -38,7 +39,23 @@ func (r *deps) reconcileUsers(ctx context.Context, s *scope, in *internal, cred 
 	if !done || err != nil || cred == nil {
 		return done, wait, err
 	}
-	return true, 0, apply.Owned(ctx, r.Client, r.APIReader, rc, render.CredentialsSecret(rc, cred.Username, cred.Password, cred.Version))
+	changed := stoppoint.Armed(stoppoint.AfterSecretWrite) && r.credentialsVersion(ctx, rc) != cred.Version
+	if err := apply.Owned(ctx, r.Client, r.APIReader, rc, render.CredentialsSecret(rc, cred.Username, cred.Password, cred.Version)); err != nil {
+		return false, 0, err
+	}
+	if changed {
+		stoppoint.Reached(stoppoint.AfterSecretWrite)
+	}
+	return true, 0, nil
+}
+
+// credentialsVersion is the credential version the consumers' Secret holds, as cached.
+func (r *deps) credentialsVersion(ctx context.Context, rc *v1alpha1.RedisCluster) string {
+	sec := &corev1.Secret{}
+	if err := r.Get(ctx, client.ObjectKey{Namespace: rc.Namespace, Name: render.CredentialsSecretName(rc)}, sec); err != nil {
+		return ""
+	}
+	return sec.Annotations[v1alpha1.AnnotationCredentialVersion]
 }
 
 // writeACLSecret writes the aclfile of users; in holds the ACL Secret as written from then on.

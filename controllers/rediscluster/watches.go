@@ -5,10 +5,6 @@ import (
 	"maps"
 	"time"
 
-	"github.com/keyroll/keyroll/controllers/rollout"
-
-	"github.com/keyroll/keyroll/controllers/vaultconnection"
-
 	esv1 "github.com/external-secrets/external-secrets/apis/externalsecrets/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -25,6 +21,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/controllers/rollout"
+	"github.com/keyroll/keyroll/controllers/vaultconnection"
 )
 
 // SetupWithManager registers the reconciler: it watches RedisClusters, what they own, and the

@@ -14,6 +14,7 @@ import (
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
 	"github.com/keyroll/keyroll/controllers/statustime"
+	"github.com/keyroll/keyroll/controllers/stoppoint"
 )
 
 // consumerPoll is how soon a consumer that is still rolling is looked at again: consumer
@@ -100,6 +101,7 @@ func (r *Engine) restartConsumer(ctx context.Context, s *step, w workload, ref v
 	}
 	s.conds.Event(false, v1alpha1.EventConsumerRestarted, "Rollout", "Restarted %s %s for credential %s", ref.Kind, ref.Name, version)
 	log.FromContext(ctx).Info("Consumer restarted", "kind", ref.Kind, "name", ref.Name, "version", version)
+	stoppoint.Reached(stoppoint.MidRollout)
 	return nil
 }
 

@@ -8,24 +8,21 @@ import (
 	"strings"
 	"time"
 
-	"k8s.io/utils/clock"
-
-	"github.com/keyroll/keyroll/controllers/conditions"
-	"github.com/keyroll/keyroll/controllers/metrics"
-	"github.com/keyroll/keyroll/controllers/primary"
-
-	"github.com/keyroll/keyroll/controllers/statustime"
-
-	"github.com/keyroll/keyroll/controllers/render"
-
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/controllers/conditions"
+	"github.com/keyroll/keyroll/controllers/metrics"
+	"github.com/keyroll/keyroll/controllers/primary"
+	"github.com/keyroll/keyroll/controllers/render"
+	"github.com/keyroll/keyroll/controllers/statustime"
+	"github.com/keyroll/keyroll/controllers/stoppoint"
 )
 
 // lagWait is how long a rollout step waits for a cache or the StatefulSet controller to catch up.
@@ -224,6 +221,7 @@ func (r *Engine) rollPods(ctx context.Context, s *step, pods []*corev1.Pod, ro *
 	ro.PodInFlight, ro.PodRestartedAt = next.Name, statustime.At(r.Clock.Now())
 	s.conds.Event(false, v1alpha1.EventPodRestarted, "Rollout", "Restarted pod %s (%s)", next.Name, s.why(ro))
 	log.FromContext(ctx).Info("Pod restarted", "pod", next.Name, "version", ro.TargetVersion, "cause", ro.Cause)
+	stoppoint.Reached(stoppoint.MidRollout)
 	return false, readinessTimeout(s.rc), nil
 }
 

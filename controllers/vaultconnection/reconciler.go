@@ -8,12 +8,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/keyroll/keyroll/controllers/statustime"
-
-	"github.com/keyroll/keyroll/controllers/apply"
-	"github.com/keyroll/keyroll/controllers/conditions"
-	"github.com/keyroll/keyroll/controllers/metrics"
-
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/clock"
@@ -28,6 +22,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/controllers/apply"
+	"github.com/keyroll/keyroll/controllers/conditions"
+	"github.com/keyroll/keyroll/controllers/metrics"
+	"github.com/keyroll/keyroll/controllers/statustime"
 	"github.com/keyroll/keyroll/vault"
 )
 

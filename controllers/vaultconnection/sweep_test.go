@@ -26,7 +26,7 @@ import (
 type oneClient struct{ f *vaulttest.Fake }
 
 func (o oneClient) Get(string, vault.Config) (Client, error) { return o.f, nil }
-func (oneClient) Forget(string)                             {}
+func (oneClient) Forget(string)                              {}
 
 // cluster is a RedisCluster of connection "vault" reading path, holding leases in its ledger.
 func cluster(name string, source v1alpha1.CredentialSource, path string, leases ...string) *v1alpha1.RedisCluster {

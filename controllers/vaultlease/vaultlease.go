@@ -7,15 +7,6 @@ import (
 	"slices"
 	"time"
 
-	"github.com/keyroll/keyroll/controllers/ledger"
-
-	"github.com/keyroll/keyroll/controllers/statustime"
-
-	"github.com/keyroll/keyroll/controllers/apply"
-	"github.com/keyroll/keyroll/controllers/metrics"
-
-	"github.com/keyroll/keyroll/controllers/render"
-
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -23,6 +14,12 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/controllers/apply"
+	"github.com/keyroll/keyroll/controllers/ledger"
+	"github.com/keyroll/keyroll/controllers/metrics"
+	"github.com/keyroll/keyroll/controllers/render"
+	"github.com/keyroll/keyroll/controllers/statustime"
+	"github.com/keyroll/keyroll/controllers/stoppoint"
 	"github.com/keyroll/keyroll/rotation"
 	"github.com/keyroll/keyroll/vault"
 )
@@ -214,12 +211,14 @@ func (r *Source) issue(ctx context.Context, cl *ledger.Cluster, vcl vault.LeaseC
 		return nil, r.issueFailed(cl, fmt.Errorf("vault path %s returned no usable username and password (keys: %v)", path, lease.Data))
 	}
 	cred := &render.Credential{Username: u, Password: p, Version: render.CredentialVersion(u, p)}
+	stoppoint.Reached(stoppoint.AfterIssue)
 	r.recordLease(cl, lease, cred, d)
 	if err := cl.Persist(ctx); err != nil {
 		// Not recorded, so never used: give it back at once.
 		_ = vcl.Revoke(ctx, lease.ID)
 		return nil, fmt.Errorf("recording lease in the ledger: %w", err)
 	}
+	stoppoint.Reached(stoppoint.AfterLedgerWrite)
 	cl.Conds.Event(false, v1alpha1.EventCredentialsIssued, "Issue", "Issued credential %s for user %s from %s (%s)", cred.Version, u, path, d.Reason)
 	log.FromContext(ctx).Info("Credential issued", "version", cred.Version, "username", u, "reason", string(d.Reason), "leaseDuration", lease.Duration)
 	return cred, nil
