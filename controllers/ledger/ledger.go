@@ -158,10 +158,10 @@ func (l *Ledger) Revoke(ctx context.Context, cl *Cluster, vcl vault.LeaseClient,
 		}
 		vcl = other
 	}
-	stoppoint.Reached(stoppoint.BeforeRevoke)
+	stoppoint.Reached(stoppoint.BeforeRevoke, cl.RC.Namespace)
 	err := vcl.Revoke(ctx, id)
 	if err == nil {
-		stoppoint.Reached(stoppoint.AfterRevoke)
+		stoppoint.Reached(stoppoint.AfterRevoke, cl.RC.Namespace)
 	}
 	l.Metrics.Revocations.WithLabelValues(metrics.Result(err)).Inc()
 	if err != nil {

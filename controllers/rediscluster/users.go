@@ -39,12 +39,16 @@ func (r *deps) reconcileUsers(ctx context.Context, s *scope, in *internal, cred 
 	if !done || err != nil || cred == nil {
 		return done, wait, err
 	}
-	changed := stoppoint.Armed(stoppoint.AfterSecretWrite) && r.credentialsVersion(ctx, rc) != cred.Version
+	replaced := false // the Secret held another credential (the stop point is a rotation's)
+	if stoppoint.Armed(stoppoint.AfterSecretWrite, rc.Namespace) {
+		v := r.credentialsVersion(ctx, rc)
+		replaced = v != "" && v != cred.Version
+	}
 	if err := apply.Owned(ctx, r.Client, r.APIReader, rc, render.CredentialsSecret(rc, cred.Username, cred.Password, cred.Version)); err != nil {
 		return false, 0, err
 	}
-	if changed {
-		stoppoint.Reached(stoppoint.AfterSecretWrite)
+	if replaced {
+		stoppoint.Reached(stoppoint.AfterSecretWrite, rc.Namespace)
 	}
 	return true, 0, nil
 }

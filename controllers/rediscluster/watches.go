@@ -6,12 +6,14 @@ import (
 	"time"
 
 	esv1 "github.com/external-secrets/external-secrets/apis/externalsecrets/v1"
+	"golang.org/x/time/rate"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/workqueue"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -19,6 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
 	"github.com/keyroll/keyroll/controllers/rollout"
@@ -50,7 +53,8 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Watches(&appsv1.Deployment{}, handler.EnqueueRequestsFromMapFunc(r.clustersConsuming("Deployment")), builder.OnlyMetadata).
 		Watches(&appsv1.DaemonSet{}, handler.EnqueueRequestsFromMapFunc(r.clustersConsuming("DaemonSet")), builder.OnlyMetadata).
 		Named("rediscluster").
-		WithOptions(controller.Options{ReconciliationTimeout: reconcileTimeout, MaxConcurrentReconciles: r.Workers})
+		WithOptions(controller.Options{ReconciliationTimeout: reconcileTimeout, MaxConcurrentReconciles: r.Workers,
+			RateLimiter: failureBackoff()})
 	if r.ExternalSecrets {
 		// The ExternalSecret keyroll owns, and the Secret External Secrets Operator writes for it
 		// (controlled by the ExternalSecret, so it is watched by its label).
@@ -145,3 +149,19 @@ func readyStatus(c []metav1.Condition) metav1.ConditionStatus {
 
 // reconcileTimeout bounds one reconcile, Vault calls and API requests included.
 const reconcileTimeout = 2 * time.Minute
+
+// The backoff of a cluster whose reconcile failed (Vault unreachable, for one): it doubles from
+// backoffBase up to backoffCap, never more, so that a lease is renewed within backoffCap of
+// Vault's return after an outage of any length (controller-runtime's default grows to 1000 s,
+// longer than many leases live). The overall bucket bounds the retries of all clusters together.
+const (
+	backoffBase = 500 * time.Millisecond
+	backoffCap  = 30 * time.Second
+)
+
+func failureBackoff() workqueue.TypedRateLimiter[reconcile.Request] {
+	return workqueue.NewTypedMaxOfRateLimiter(
+		workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](backoffBase, backoffCap),
+		&workqueue.TypedBucketRateLimiter[reconcile.Request]{Limiter: rate.NewLimiter(rate.Limit(10), 100)},
+	)
+}

@@ -101,7 +101,7 @@ func (r *Engine) restartConsumer(ctx context.Context, s *step, w workload, ref v
 	}
 	s.conds.Event(false, v1alpha1.EventConsumerRestarted, "Rollout", "Restarted %s %s for credential %s", ref.Kind, ref.Name, version)
 	log.FromContext(ctx).Info("Consumer restarted", "kind", ref.Kind, "name", ref.Name, "version", version)
-	stoppoint.Reached(stoppoint.MidRollout)
+	stoppoint.Reached(stoppoint.MidRollout, s.rc.Namespace)
 	return nil
 }
 

@@ -221,7 +221,7 @@ func (r *Engine) rollPods(ctx context.Context, s *step, pods []*corev1.Pod, ro *
 	ro.PodInFlight, ro.PodRestartedAt = next.Name, statustime.At(r.Clock.Now())
 	s.conds.Event(false, v1alpha1.EventPodRestarted, "Rollout", "Restarted pod %s (%s)", next.Name, s.why(ro))
 	log.FromContext(ctx).Info("Pod restarted", "pod", next.Name, "version", ro.TargetVersion, "cause", ro.Cause)
-	stoppoint.Reached(stoppoint.MidRollout)
+	stoppoint.Reached(stoppoint.MidRollout, s.rc.Namespace)
 	return false, readinessTimeout(s.rc), nil
 }
 

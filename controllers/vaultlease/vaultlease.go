@@ -211,14 +211,14 @@ func (r *Source) issue(ctx context.Context, cl *ledger.Cluster, vcl vault.LeaseC
 		return nil, r.issueFailed(cl, fmt.Errorf("vault path %s returned no usable username and password (keys: %v)", path, lease.Data))
 	}
 	cred := &render.Credential{Username: u, Password: p, Version: render.CredentialVersion(u, p)}
-	stoppoint.Reached(stoppoint.AfterIssue)
+	stoppoint.Reached(stoppoint.AfterIssue, rc.Namespace)
 	r.recordLease(cl, lease, cred, d)
 	if err := cl.Persist(ctx); err != nil {
 		// Not recorded, so never used: give it back at once.
 		_ = vcl.Revoke(ctx, lease.ID)
 		return nil, fmt.Errorf("recording lease in the ledger: %w", err)
 	}
-	stoppoint.Reached(stoppoint.AfterLedgerWrite)
+	stoppoint.Reached(stoppoint.AfterLedgerWrite, rc.Namespace)
 	cl.Conds.Event(false, v1alpha1.EventCredentialsIssued, "Issue", "Issued credential %s for user %s from %s (%s)", cred.Version, u, path, d.Reason)
 	log.FromContext(ctx).Info("Credential issued", "version", cred.Version, "username", u, "reason", string(d.Reason), "leaseDuration", lease.Duration)
 	return cred, nil
@@ -266,6 +266,8 @@ func (r *Source) issueFailed(cl *ledger.Cluster, err error) error {
 	switch {
 	case vault.IsPermissionDenied(err):
 		reason, event = v1alpha1.ReasonPermissionDenied, v1alpha1.EventPermissionDenied
+	case vault.IsSealed(err):
+		reason, event = v1alpha1.ReasonVaultSealed, v1alpha1.EventVaultSealed
 	case vault.IsUnavailable(err):
 		reason, event = v1alpha1.ReasonVaultUnavailable, v1alpha1.EventVaultUnavailable
 	}

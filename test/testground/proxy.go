@@ -18,8 +18,12 @@ type Proxy struct {
 
 	mu    sync.Mutex
 	cut   bool
-	conns map[net.Conn]struct{}
-	wg    sync.WaitGroup
+	// blackhole: connections are accepted and held, never answered nor forwarded.
+	blackhole bool
+	conns     map[net.Conn]struct{}
+	// accepted counts the connections accepted, whatever became of them.
+	accepted int
+	wg       sync.WaitGroup
 }
 
 // StartProxy forwards 127.0.0.1:<free port> to target (host:port).
@@ -53,11 +57,35 @@ func (p *Proxy) Cut() {
 	}
 }
 
-// Restore lets connections through again.
+// Blackhole drops every open connection; new ones are accepted and then never answered (a
+// server that hangs rather than refuses), until Restore.
+func (p *Proxy) Blackhole() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.blackhole = true
+	for c := range p.conns {
+		c.Close()
+	}
+}
+
+// Restore lets connections through again; held connections are closed.
 func (p *Proxy) Restore() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.cut = false
+	if p.blackhole {
+		for c := range p.conns {
+			c.Close()
+		}
+	}
+	p.cut, p.blackhole = false, false
+}
+
+// Accepted is how many connections the proxy has accepted, refused and held ones included: the
+// connection attempts made through it.
+func (p *Proxy) Accepted() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.accepted
 }
 
 // Stop closes the proxy and waits for its goroutines.
@@ -75,12 +103,17 @@ func (p *Proxy) accept() {
 			return
 		}
 		p.mu.Lock()
+		p.accepted++
 		if p.cut {
 			p.mu.Unlock()
 			c.Close()
 			continue
 		}
 		p.conns[c] = struct{}{}
+		if p.blackhole {
+			p.mu.Unlock()
+			continue // held until Restore or Stop closes it
+		}
 		p.mu.Unlock()
 		p.wg.Add(1)
 		go p.forward(c)

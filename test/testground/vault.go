@@ -3,8 +3,10 @@ package testground
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -257,4 +259,30 @@ func (v *Vault) LeaseExpiry(id string) (bool, time.Time) {
 	}
 	exp, _ := time.Parse(time.RFC3339Nano, fmt.Sprint(s.Data["expire_time"]))
 	return true, exp
+}
+
+// Seal seals the dev server (as root): it answers every request but health with 503 until Unseal.
+func (v *Vault) Seal(ctx context.Context) error {
+	return v.Root.Sys().SealWithContext(ctx)
+}
+
+// Unseal unseals the dev server with the unseal key it printed when it started.
+func (v *Vault) Unseal(ctx context.Context) error {
+	b, err := os.ReadFile(v.proc.LogPath)
+	if err != nil {
+		return err
+	}
+	_, rest, ok := strings.Cut(string(b), "Unseal Key: ")
+	if !ok {
+		return fmt.Errorf("no unseal key in %s", v.proc.LogPath)
+	}
+	key, _, _ := strings.Cut(rest, "\n")
+	st, err := v.Root.Sys().UnsealWithContext(ctx, strings.TrimSpace(key))
+	if err != nil {
+		return err
+	}
+	if st.Sealed {
+		return errors.New("vault is still sealed after the unseal key")
+	}
+	return nil
 }

@@ -1,0 +1,227 @@
+package faults
+
+import (
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/controllers/stoppoint"
+)
+
+// settleTimeout bounds how long a cluster takes to become Ready or finish a rollout here.
+const settleTimeout = 2 * time.Minute
+
+// checkLeases fails unless Vault holds, under role, exactly the leases of rc's ledger, and the
+// ledger holds the current credential's lease only; and unless the consumers' Secret holds that
+// credential's user.
+func checkLeases(t *testing.T, rc *v1alpha1.RedisCluster, role string) {
+	t.Helper()
+	cur := get(t, rc)
+	live, held := vaultLeases(t, role), ledger(cur)
+	if !slices.Equal(live, held) {
+		t.Errorf("Vault holds %v under %s, the ledger %v", live, role, held)
+	}
+	if c := cur.Status.Credential; c == nil || !slices.Equal(held, []string{c.LeaseID}) {
+		t.Errorf("the ledger %v is not the current credential's lease alone (%+v)", held, c)
+	} else if u := credentialsUser(t, rc); u != c.Username {
+		t.Errorf("the consumers' Secret holds user %q, the current credential is %q", u, c.Username)
+	}
+}
+
+// TestKillAfterIssue kills the operator after Vault issued the first lease and before it reached
+// the ledger: the restarted operator issues another, and the sweep (orphanLeases Revoke) finds the
+// first one, which no ledger knows, and revokes it once it is older than the grace period.
+func TestKillAfterIssue(t *testing.T) {
+	r := newRow(t, 1, "SIGKILL after issue, before the ledger write",
+		"the lease is found by the sweeper (Revoke mode: revoked); without the sweeper it expires at its TTL; one credential in use")
+	ns := "f-issue"
+	namespace(t, ns)
+	vaultConnection(t, ns, ground.Vault.Addr, ns)
+	w := watchLeases(t, ns)
+	op := startOperator(t, ns+"-1", stoppoint.AfterIssue, ns)
+	rc := redisCluster(t, ns, "orders", ns, ns, "")
+	op.waitStop(t, stoppoint.AfterIssue, settleTimeout)
+	killed := time.Now()
+	orphans := w.issued()
+	if len(orphans) != 1 {
+		t.Fatalf("Vault issued %v before the stop point, want one lease", orphans)
+	}
+	if cur := get(t, rc); len(cur.Status.Leases) != 0 {
+		t.Fatalf("the ledger holds %v before its write", ledger(cur))
+	}
+	_, expires := ground.Vault.LeaseExpiry(orphans[0])
+	ttl := time.Until(expires).Round(time.Second)
+
+	startOperator(t, ns+"-2", "", ns)
+	waitSettled(t, rc, "", settleTimeout)
+	eventually(t, time.Minute, func() string {
+		if live := vaultLeases(t, ns); slices.Contains(live, orphans[0]) {
+			return fmt.Sprintf("the orphan %s is still live (%v)", orphans[0], live)
+		}
+		return ""
+	})
+	swept := time.Since(killed).Round(time.Second)
+	checkLeases(t, rc, ns)
+	issued := w.issued()
+	if len(issued) != 2 {
+		t.Errorf("leases issued: %v, want the orphan and one more", issued)
+	}
+	vc := getConnection(t, ns)
+	if st := vc.Status.OrphanLeases; st == nil || st.Revoked < 1 {
+		t.Errorf("the VaultConnection's sweep status %+v counts no revocation", st)
+	}
+	if n := count(events(t, "", ns), v1alpha1.EventOrphanLeaseRevoked, orphans[0]); n != 1 {
+		t.Errorf("%d %s events name the orphan, want 1", n, v1alpha1.EventOrphanLeaseRevoked)
+	}
+	r.measured = fmt.Sprintf("%d leases issued; the orphan (%s of TTL left at the kill, its bound without the sweeper) revoked by the sweeper %s after the kill (grace 10 s, interval 10 s); at the end Vault holds 1 lease, the ledger's, and the Secret holds its user",
+		len(issued), ttl, swept)
+}
+
+// TestKillAfterLedgerWrite kills the operator once the first lease is in the ledger, before any
+// node or consumer has its credential (Vault handed the password over once, to the killed
+// process): the restarted operator issues a new one, rolls it out, and revokes the first as
+// superseded.
+func TestKillAfterLedgerWrite(t *testing.T) {
+	r := newRow(t, 2, "SIGKILL after the ledger write, before the Secret",
+		"one lease revoked as superseded after the next rollout, no extra lease live at the end")
+	ns := "f-ledger"
+	namespace(t, ns)
+	vaultConnection(t, ns, ground.Vault.Addr, ns)
+	consumerDeployment(t, ns, "app")
+	w := watchLeases(t, ns)
+	op := startOperator(t, ns+"-1", stoppoint.AfterLedgerWrite, ns)
+	rc := redisCluster(t, ns, "orders", ns, ns, "app")
+	op.waitStop(t, stoppoint.AfterLedgerWrite, settleTimeout)
+	first := ledger(get(t, rc))
+	if len(first) != 1 || credentialsUser(t, rc) != "" {
+		t.Fatalf("at the stop point: ledger %v, consumers' Secret user %q; want one lease and no Secret", first, credentialsUser(t, rc))
+	}
+	startOperator(t, ns+"-2", "", ns)
+	waitSettled(t, rc, "", settleTimeout)
+	checkLeases(t, rc, ns)
+	issued := w.issued()
+	if len(issued) != 2 {
+		t.Errorf("leases issued: %v, want 2 (the killed process's, whose password is lost, and its replacement)", issued)
+	}
+	revoked := operatorLog("Lease revoked", first[0])
+	if revoked != 1 {
+		t.Errorf("the first lease was revoked %d times, want 1", revoked)
+	}
+	r.measured = fmt.Sprintf("%d leases issued; the first revoked %d time(s) as superseded; Vault holds 1 lease at the end, the ledger's", len(issued), revoked)
+}
+
+// killDuringRotation brings a cluster with a consumer to Ready under an operator that stops at
+// point (for namespace ns, whose Vault role has the same name), rotates it, kills the operator
+// there, and lets a new one finish. It checks that exactly one new lease was issued, that the old
+// one was revoked once and that only the new one is live, and returns what it measured.
+func killDuringRotation(t *testing.T, ns string, point stoppoint.Point) string {
+	t.Helper()
+	namespace(t, ns)
+	vaultConnection(t, ns, ground.Vault.Addr, ns)
+	consumerDeployment(t, ns, "app")
+	w := watchLeases(t, ns)
+	op := startOperator(t, ns+"-1", point, ns)
+	rc := redisCluster(t, ns, "orders", ns, ns, "app")
+	first := waitSettled(t, rc, "", settleTimeout).Status.Credential
+	op.notStopped(t, "before the rotation")
+	start := time.Now()
+	rotateNow(t, rc)
+	op.waitStop(t, point, settleTimeout)
+	startOperator(t, ns+"-2", "", ns)
+	final := waitSettled(t, rc, first.Version, settleTimeout)
+	took := time.Since(start).Round(100 * time.Millisecond)
+	checkLeases(t, rc, ns)
+	issued := w.issued()
+	if len(issued) != 2 {
+		t.Errorf("leases issued: %v, want the first and exactly one new", issued)
+	}
+	revoked := operatorLog("Lease revoked", first.LeaseID)
+	if revoked != 1 {
+		t.Errorf("the superseded lease %s was revoked %d times (log), want 1", first.LeaseID, revoked)
+	}
+	if n := count(events(t, ns, rc.Name), v1alpha1.EventLeaseRevoked, first.LeaseID); n != 1 {
+		t.Errorf("%d %s events name the superseded lease, want 1", n, v1alpha1.EventLeaseRevoked)
+	}
+	if final.Status.Credential.LeaseID == first.LeaseID {
+		t.Errorf("the rotation kept lease %s", first.LeaseID)
+	}
+	return fmt.Sprintf("%d leases issued (1 new); the superseded one revoked once (1 event); Vault holds the new one only; rotation done %s after it was asked for, the kill and restart included",
+		len(issued), took)
+}
+
+// TestKillAfterSecretWrite kills the operator once the consumers' Secret holds the new
+// credential, before any consumer restarted.
+func TestKillAfterSecretWrite(t *testing.T) {
+	r := newRow(t, 3, "SIGKILL after the Secret write, before the consumers restart",
+		"the rollout resumes, exactly one new lease, the old revoked once")
+	r.measured = killDuringRotation(t, "f-secret", stoppoint.AfterSecretWrite)
+}
+
+// TestKillMidRollout kills the operator right after it restarted the consumer.
+func TestKillMidRollout(t *testing.T) {
+	r := newRow(t, 4, "SIGKILL mid-rollout (after a consumer restart)", "the rollout resumes, exactly one new lease, the old revoked once")
+	r.measured = killDuringRotation(t, "f-rollout", stoppoint.MidRollout)
+}
+
+// TestKillBeforeRevoke kills the operator as it is about to revoke the superseded lease.
+func TestKillBeforeRevoke(t *testing.T) {
+	r := newRow(t, 5, "SIGKILL before revoke", "the superseded lease revoked exactly once")
+	r.measured = killDuringRotation(t, "f-revoke", stoppoint.BeforeRevoke)
+}
+
+// TestKillAfterRevoke kills the operator once Vault revoked the superseded lease, before the
+// ledger dropped it: the restarted operator revokes it again (Vault knows it no more, which is no
+// error) and drops it.
+func TestKillAfterRevoke(t *testing.T) {
+	r := newRow(t, 6, "SIGKILL after revoke (before the ledger drops it)", "the superseded lease revoked exactly once")
+	r.measured = killDuringRotation(t, "f-revoked", stoppoint.AfterRevoke)
+}
+
+// TestLeaderKilledMidRollout runs two operators; the leader is killed with SIGKILL, holding its
+// leader-election Lease, right after it restarted the consumer. The follower takes over once the
+// Lease expires (4 s here) and finishes the rotation: one new lease, not two.
+func TestLeaderKilledMidRollout(t *testing.T) {
+	r := newRow(t, 7, "leader SIGKILLed holding the Lease, mid-rollout", "the follower takes over after the lease duration and finishes; one rotation, not two")
+	ns := "f-leader"
+	namespace(t, ns)
+	vaultConnection(t, ns, ground.Vault.Addr, ns)
+	consumerDeployment(t, ns, "app")
+	w := watchLeases(t, ns)
+	leader := startOperator(t, ns+"-a", stoppoint.MidRollout, ns)
+	eventually(t, time.Minute, func() string {
+		if !leader.leading() {
+			return "the first operator has not acquired the leader-election Lease"
+		}
+		return ""
+	})
+	follower := startOperator(t, ns+"-b", "", ns)
+	rc := redisCluster(t, ns, "orders", ns, ns, "app")
+	first := waitSettled(t, rc, "", settleTimeout).Status.Credential
+	if follower.leading() {
+		t.Fatal("the follower leads while the leader lives")
+	}
+	rotateNow(t, rc)
+	leader.waitStop(t, stoppoint.MidRollout, settleTimeout)
+	killed := time.Now()
+	eventually(t, time.Minute, func() string {
+		if !follower.leading() {
+			return "the follower has not taken over"
+		}
+		return ""
+	})
+	takeover := time.Since(killed).Round(100 * time.Millisecond)
+	waitSettled(t, rc, first.Version, settleTimeout)
+	done := time.Since(killed).Round(100 * time.Millisecond)
+	checkLeases(t, rc, ns)
+	issued := w.issued()
+	if len(issued) != 2 {
+		t.Errorf("leases issued: %v, want the first and one rotation's", issued)
+	}
+	if n := operatorLog("Lease revoked", first.LeaseID); n != 1 {
+		t.Errorf("the superseded lease was revoked %d times, want 1", n)
+	}
+	r.measured = fmt.Sprintf("the follower led %s after the kill (lease duration 4 s) and finished the rotation %s after it; %d leases issued in all (1 rotation); the superseded one revoked once",
+		takeover, done, len(issued))
+}
