@@ -78,6 +78,10 @@ test: deps lint verify-generated ## The whole test suite (what CI runs): unit, i
 test-e2e: deps ## Only the end-to-end and integration tests under test/.
 	$(GO) test -race -count=1 -timeout 40m ./test/...
 
+.PHONY: reliability
+reliability: deps ## Run the fault matrix (test/faults) and write its measured outcomes into docs/reliability.md.
+	KEYROLL_RELIABILITY_DOC=$(CURDIR)/docs/reliability.md $(GO) test -count=1 -timeout 30m -v ./test/faults/
+
 .PHONY: bench
 bench: deps ## Run the benchmarks and report their numbers.
 	$(GO) test -run '^$$' -bench . -benchmem ./...

@@ -77,7 +77,9 @@ func (r *Engine) consumerStalled(s *step, ro *v1alpha1.RolloutStatus, ref v1alph
 	if since == nil {
 		since = ro.StartedAt
 	}
-	left := statustime.Of(since).Add(readinessTimeout(s.rc)).Sub(r.Clock.Now())
+	// A time read back from status has whole seconds: the timeout counts from the end of that
+	// second, never before the restart.
+	left := statustime.Of(since).Truncate(time.Second).Add(time.Second + readinessTimeout(s.rc)).Sub(r.Clock.Now())
 	if left > 0 {
 		return min(left, consumerPoll) // a watch of the workload's metadata wakes the reconcile sooner
 	}

@@ -148,6 +148,7 @@ func waitSettled(t *testing.T, rc *v1alpha1.RedisCluster, notVersion string, tim
 		}
 		return ""
 	})
+	credentialsUser(t, rc) // its password joins the leak scan
 	return cur
 }
 
@@ -178,11 +179,19 @@ func rotateNow(t *testing.T, rc *v1alpha1.RedisCluster) {
 // credentialsUser is the username in the consumers' Secret ("" without one).
 func credentialsUser(t *testing.T, rc *v1alpha1.RedisCluster) string {
 	t.Helper()
+	u, _ := credentialsSecret(t, rc)
+	return u
+}
+
+// credentialsSecret is the username and password in the consumers' Secret.
+func credentialsSecret(t *testing.T, rc *v1alpha1.RedisCluster) (string, string) {
+	t.Helper()
 	sec := &corev1.Secret{}
 	if err := k8s.Get(context.Background(), client.ObjectKey{Namespace: rc.Namespace, Name: rc.Name + "-credentials"}, sec); err != nil {
-		return ""
+		return "", ""
 	}
-	return string(sec.Data["username"])
+	sawSecret(string(sec.Data["password"]), "the password in "+rc.Namespace+"/"+sec.Name)
+	return string(sec.Data["username"]), string(sec.Data["password"])
 }
 
 // consumerDeployment creates a stand-in consumer on kwok's fake node, where it is Ready at once.

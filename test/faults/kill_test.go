@@ -25,8 +25,10 @@ func checkLeases(t *testing.T, rc *v1alpha1.RedisCluster, role string) {
 	}
 	if c := cur.Status.Credential; c == nil || !slices.Equal(held, []string{c.LeaseID}) {
 		t.Errorf("the ledger %v is not the current credential's lease alone (%+v)", held, c)
-	} else if u := credentialsUser(t, rc); u != c.Username {
+	} else if u, pass := credentialsSecret(t, rc); u != c.Username {
 		t.Errorf("the consumers' Secret holds user %q, the current credential is %q", u, c.Username)
+	} else {
+		sawSecret(pass, "the password of "+rc.Namespace+"/"+rc.Name+"'s credential "+c.Version)
 	}
 }
 

@@ -46,6 +46,9 @@ var roles = []testground.RedisRole{
 	{Name: "f-source-a", DefaultTTL: 10 * time.Minute, MaxTTL: time.Hour},
 	{Name: "f-source-b", DefaultTTL: 10 * time.Minute, MaxTTL: time.Hour},
 	{Name: "f-stalled", DefaultTTL: 10 * time.Minute, MaxTTL: time.Hour},
+	{Name: "f-status-500", DefaultTTL: 10 * time.Minute, MaxTTL: time.Hour},
+	{Name: "f-status-504", DefaultTTL: 10 * time.Minute, MaxTTL: time.Hour},
+	{Name: "f-status-refused", DefaultTTL: 10 * time.Minute, MaxTTL: time.Hour},
 	{Name: "f-delete", DefaultTTL: 10 * time.Minute, MaxTTL: time.Hour},
 	{Name: "f-delete-down", DefaultTTL: 10 * time.Minute, MaxTTL: time.Hour},
 }
@@ -67,6 +70,12 @@ func run(m *testing.M) int {
 		return 1
 	}
 	code := m.Run()
+	summary, leaks := scanLogs()
+	matrix.note(summary)
+	if len(leaks) > 0 {
+		fmt.Fprintf(os.Stderr, "secret values found in the operators' logs: %v\n", leaks)
+		code = 1
+	}
 	if err := os.WriteFile(filepath.Join(g.Dir, "operators.log"), []byte(logs.text()), 0o600); err == nil {
 		fmt.Fprintf(os.Stderr, "the operators' logs: %s\n", filepath.Join(g.Dir, "operators.log"))
 	}

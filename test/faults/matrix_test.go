@@ -24,8 +24,9 @@ type row struct {
 
 // faultMatrix collects the rows' outcomes as the tests run.
 type faultMatrix struct {
-	mu   sync.Mutex
-	rows []*row
+	mu    sync.Mutex
+	rows  []*row
+	notes []string
 }
 
 var matrix = &faultMatrix{}
@@ -35,6 +36,13 @@ func (m *faultMatrix) record(r *row) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.rows = append(m.rows, r)
+}
+
+// note adds a line printed below the table.
+func (m *faultMatrix) note(s string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.notes = append(m.notes, s)
 }
 
 // markdown is the matrix as a Markdown table, in the rows' order.
@@ -55,6 +63,9 @@ func (m *faultMatrix) markdown() string {
 			outcome = ""
 		}
 		fmt.Fprintf(&b, "| %s | %s | %s%s | `%s` |\n", r.fault, r.expected, outcome, r.measured, r.test)
+	}
+	for _, n := range m.notes {
+		b.WriteString("\n" + n + "\n")
 	}
 	return b.String()
 }

@@ -45,7 +45,13 @@ func buildOperator(dir string) (string, error) {
 // stopAt is not empty. Its log goes to the package's log (all of which the leak scan reads).
 func startOperator(t *testing.T, name string, stopAt stoppoint.Point, ns string) *operator {
 	t.Helper()
-	cmd := exec.Command(operatorBin, "--kubeconfig="+ground.CP.Kubeconfig, "--zap-devel",
+	return startOperatorOn(t, name, stopAt, ns, ground.CP.Kubeconfig)
+}
+
+// startOperatorOn is startOperator with the API server that kubeconfig names (an APIProxy's).
+func startOperatorOn(t *testing.T, name string, stopAt stoppoint.Point, ns, kubeconfig string) *operator {
+	t.Helper()
+	cmd := exec.Command(operatorBin, "--kubeconfig="+kubeconfig, "--zap-devel",
 		"--metrics-bind-address=0", "--health-probe-bind-address=127.0.0.1:0",
 		"--leader-election-namespace="+harness.OperatorNS, "--service-account-namespace="+harness.OperatorNS,
 		"--leader-elect-lease-duration=4s", "--leader-elect-renew-deadline=3s", "--leader-elect-retry-period=500ms")

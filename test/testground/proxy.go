@@ -16,8 +16,8 @@ type Proxy struct {
 	target string
 	ln     net.Listener
 
-	mu    sync.Mutex
-	cut   bool
+	mu  sync.Mutex
+	cut bool
 	// blackhole: connections are accepted and held, never answered nor forwarded.
 	blackhole bool
 	conns     map[net.Conn]struct{}

@@ -1,0 +1,55 @@
+package faults
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+
+	corev1 "k8s.io/api/core/v1"
+)
+
+// secretValues are the secret values the rows saw: every credential's password, whatever became
+// of it, so that the leak scan looks for superseded ones too.
+var secretValues = struct {
+	sync.Mutex
+	m map[string]string // value: where it was seen
+}{m: map[string]string{}}
+
+// sawSecret remembers a secret value (values shorter than 8 bytes would match by chance).
+func sawSecret(value, where string) {
+	if len(value) < 8 {
+		return
+	}
+	secretValues.Lock()
+	defer secretValues.Unlock()
+	secretValues.m[value] = where
+}
+
+// scanLogs looks for every secret value in the operators' logs: those the rows saw and the data of
+// every Secret in the ground now (credentials, keyroll's state and token Secrets, service-account
+// material). It returns a summary, and the places of the values found, never the values.
+func scanLogs() (summary string, leaks []string) {
+	list := &corev1.SecretList{}
+	if err := k8s.List(context.Background(), list); err == nil {
+		for _, s := range list.Items {
+			for k, v := range s.Data {
+				sawSecret(string(v), fmt.Sprintf("Secret %s/%s key %s", s.Namespace, s.Name, k))
+			}
+		}
+	}
+	sawSecret(ground.Vault.RootToken, "Vault's root token")
+	text := logs.text()
+	secretValues.Lock()
+	defer secretValues.Unlock()
+	for v, where := range secretValues.m {
+		if strings.Contains(text, v) {
+			leaks = append(leaks, where)
+		}
+	}
+	sort.Strings(leaks)
+	lines := strings.Count(text, "\n") + 1
+	return fmt.Sprintf("Leak scan: %d secret values (every credential the rows saw, the data of the %d Secrets left in the ground, Vault's root token) searched for in the %d log lines of the operator processes: %d found.",
+		len(secretValues.m), len(list.Items), lines, len(leaks)), leaks
+}
