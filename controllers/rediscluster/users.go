@@ -14,7 +14,6 @@ import (
 	"github.com/keyroll/keyroll/controllers/apply"
 	"github.com/keyroll/keyroll/controllers/nodes"
 	"github.com/keyroll/keyroll/controllers/render"
-	"github.com/keyroll/keyroll/controllers/stoppoint"
 )
 
 // reconcileUsers puts the cluster's users on every Redis node, live and node by node: first into
@@ -39,27 +38,7 @@ func (r *deps) reconcileUsers(ctx context.Context, s *scope, in *internal, cred 
 	if !done || err != nil || cred == nil {
 		return done, wait, err
 	}
-	replaced := false // the Secret held another credential (the stop point is a rotation's)
-	if stoppoint.Armed(stoppoint.AfterSecretWrite, rc.Namespace) {
-		v := r.credentialsVersion(ctx, rc)
-		replaced = v != "" && v != cred.Version
-	}
-	if err := apply.Owned(ctx, r.Client, r.APIReader, rc, render.CredentialsSecret(rc, cred.Username, cred.Password, cred.Version)); err != nil {
-		return false, 0, err
-	}
-	if replaced {
-		stoppoint.Reached(stoppoint.AfterSecretWrite, rc.Namespace)
-	}
-	return true, 0, nil
-}
-
-// credentialsVersion is the credential version the consumers' Secret holds, as cached.
-func (r *deps) credentialsVersion(ctx context.Context, rc *v1alpha1.RedisCluster) string {
-	sec := &corev1.Secret{}
-	if err := r.Get(ctx, client.ObjectKey{Namespace: rc.Namespace, Name: render.CredentialsSecretName(rc)}, sec); err != nil {
-		return ""
-	}
-	return sec.Annotations[v1alpha1.AnnotationCredentialVersion]
+	return true, 0, apply.Owned(ctx, r.Client, r.APIReader, rc, render.CredentialsSecret(rc, cred.Username, cred.Password, cred.Version))
 }
 
 // writeACLSecret writes the aclfile of users; in holds the ACL Secret as written from then on.

@@ -150,10 +150,9 @@ func readyStatus(c []metav1.Condition) metav1.ConditionStatus {
 // reconcileTimeout bounds one reconcile, Vault calls and API requests included.
 const reconcileTimeout = 2 * time.Minute
 
-// The backoff of a cluster whose reconcile failed (Vault unreachable, for one): it doubles from
-// backoffBase up to backoffCap, never more, so that a lease is renewed within backoffCap of
-// Vault's return after an outage of any length (controller-runtime's default grows to 1000 s,
-// longer than many leases live). The overall bucket bounds the retries of all clusters together.
+// A failed reconcile's backoff doubles from backoffBase to backoffCap, so that a lease is renewed
+// within backoffCap of Vault's return after any outage (controller-runtime's default grows to
+// 1000 s, longer than many leases live); the bucket bounds all clusters' retries together.
 const (
 	backoffBase = 500 * time.Millisecond
 	backoffCap  = 30 * time.Second

@@ -140,6 +140,8 @@ func (r *Engine) startRollout(ctx context.Context, s *step, version string, pend
 	if render.RestartsPods(s.rc) {
 		what = "Restarting the Redis pods, then the consumers, one at a time, on credential " + version + ", which every Redis node accepts"
 	}
+	// The consumers' Secret was written with the new credential just before, in this reconcile.
+	stoppoint.Reached(stoppoint.AfterSecretWrite, s.rc.Namespace)
 	s.conds.Set(v1alpha1.ConditionRolloutProgressing, metav1.ConditionTrue, v1alpha1.ReasonRolloutInProgress, what)
 	s.conds.Announce(false, v1alpha1.EventRotationStarted, "Rollout", "Rolling out credential %s", version)
 	log.FromContext(ctx).Info("Rollout started", "version", version)

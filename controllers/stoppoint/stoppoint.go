@@ -19,8 +19,8 @@ const (
 	AfterIssue Point = "after-issue"
 	// AfterLedgerWrite: the new lease is in the ledger; no node or consumer has the credential.
 	AfterLedgerWrite Point = "after-ledger-write"
-	// AfterSecretWrite: the consumers' Secret holds a new credential in place of another (a
-	// rotation's); no consumer restarted yet.
+	// AfterSecretWrite: the consumers' Secret holds a rotation's new credential; its rollout has
+	// not started (no consumer restarted, nothing of it in status).
 	AfterSecretWrite Point = "after-secret-write"
 	// MidRollout: a Redis pod or a consumer was restarted for a rollout; the rollout is not done.
 	MidRollout Point = "mid-rollout"
@@ -43,8 +43,7 @@ func parse(v string) (Point, string) {
 	return Point(p), ns
 }
 
-// Armed says whether the process stops at p for a RedisCluster in namespace, for a point that
-// costs a read to detect.
+// Armed says whether the process stops at p for a RedisCluster in namespace.
 func Armed(p Point, namespace string) bool {
 	return at != "" && at == p && namespace == atNamespace
 }

@@ -8,6 +8,8 @@ import (
 	"sync"
 
 	corev1 "k8s.io/api/core/v1"
+
+	"github.com/keyroll/keyroll/apis/v1alpha1"
 )
 
 // secretValues are the secret values the rows saw: every credential's password, whatever became
@@ -35,6 +37,9 @@ func scanLogs() (summary string, leaks []string) {
 	if err := k8s.List(context.Background(), list); err == nil {
 		for _, s := range list.Items {
 			for k, v := range s.Data {
+				if strings.HasSuffix(strings.ToLower(k), "username") {
+					continue // usernames are no secret: keyroll logs them
+				}
 				sawSecret(string(v), fmt.Sprintf("Secret %s/%s key %s", s.Namespace, s.Name, k))
 			}
 		}
@@ -52,4 +57,36 @@ func scanLogs() (summary string, leaks []string) {
 	lines := strings.Count(text, "\n") + 1
 	return fmt.Sprintf("Leak scan: %d secret values (every credential the rows saw, the data of the %d Secrets left in the ground, Vault's root token) searched for in the %d log lines of the operator processes: %d found.",
 		len(secretValues.m), len(list.Items), lines, len(leaks)), leaks
+}
+
+// orphansLeft lists, across every role of the matrix, the leases Vault holds that no RedisCluster's
+// ledger holds, and says how many leases are live in all.
+func orphansLeft() (live int, orphans []string, err error) {
+	list := &v1alpha1.RedisClusterList{}
+	if err := k8s.List(context.Background(), list); err != nil {
+		return 0, nil, err
+	}
+	known := map[string]bool{}
+	for _, rc := range list.Items {
+		for _, l := range rc.Status.Leases {
+			known[l.LeaseID] = true
+		}
+	}
+	for _, role := range roles {
+		s, err := ground.Vault.Root.Logical().List("sys/leases/lookup/" + credPath(role.Name) + "/")
+		if err != nil {
+			return 0, nil, err
+		}
+		if s == nil {
+			continue
+		}
+		keys, _ := s.Data["keys"].([]any)
+		for _, k := range keys {
+			live++
+			if id := credPath(role.Name) + "/" + fmt.Sprint(k); !known[id] {
+				orphans = append(orphans, id)
+			}
+		}
+	}
+	return live, orphans, nil
 }

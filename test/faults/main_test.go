@@ -70,14 +70,22 @@ func run(m *testing.M) int {
 		return 1
 	}
 	code := m.Run()
+	if live, orphans, err := orphansLeft(); err != nil || len(orphans) > 0 {
+		fmt.Fprintf(os.Stderr, "after the matrix: leases in Vault that no ledger holds: %v (%v)\n", orphans, err)
+		code = 1
+	} else {
+		matrix.note(fmt.Sprintf("Across the matrix: %d leases live in Vault at the end, every one in a RedisCluster's ledger (0 that no ledger holds).", live))
+	}
 	summary, leaks := scanLogs()
 	matrix.note(summary)
 	if len(leaks) > 0 {
 		fmt.Fprintf(os.Stderr, "secret values found in the operators' logs: %v\n", leaks)
 		code = 1
 	}
-	if err := os.WriteFile(filepath.Join(g.Dir, "operators.log"), []byte(logs.text()), 0o600); err == nil {
-		fmt.Fprintf(os.Stderr, "the operators' logs: %s\n", filepath.Join(g.Dir, "operators.log"))
+	// Outside the ground's directory, which goes with the ground.
+	logFile := filepath.Join(os.TempDir(), "keyroll-faults-operators.log")
+	if err := os.WriteFile(logFile, []byte(logs.text()), 0o600); err == nil {
+		fmt.Fprintf(os.Stderr, "the operators' logs: %s\n", logFile)
 	}
 	fmt.Println(matrix.markdown())
 	if doc := os.Getenv("KEYROLL_RELIABILITY_DOC"); doc != "" && code == 0 {
