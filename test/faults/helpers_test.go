@@ -2,7 +2,9 @@ package faults
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -265,9 +267,9 @@ func vaultLeases(t *testing.T, role string) []string {
 	return ids
 }
 
-// leaseWatch samples, as root, the leases under a role every 100 ms, so that a row can say how
-// many leases were issued in all (a lease revoked within 100 ms of its issue would be missed;
-// none is, in these rows).
+// leaseWatch samples, as root, the leases under a role every 100 ms, so that a row can name the
+// leases it saw (a lease revoked within 100 ms of its issue would be missed: auditIssues counts
+// them all).
 type leaseWatch struct {
 	t    *testing.T
 	role string
@@ -336,4 +338,32 @@ func (w *leaseWatch) issued() []string {
 // operatorLog is every line the operators logged so far that contains all of parts.
 func operatorLog(parts ...string) int {
 	return count(strings.Split(logs.text(), "\n"), parts...)
+}
+
+// auditIssues counts, in Vault's audit log, the credentials Vault issued under a role: its
+// successful answers to reads of the role's credential path. Unlike sampling, it misses none.
+func auditIssues(t *testing.T, role string) int {
+	t.Helper()
+	b, err := os.ReadFile(auditLog)
+	if err != nil {
+		t.Fatalf("reading Vault's audit log: %v", err)
+	}
+	n := 0
+	for _, line := range strings.Split(string(b), "\n") {
+		var e struct {
+			Type    string `json:"type"`
+			Error   string `json:"error"`
+			Request struct {
+				Path      string `json:"path"`
+				Operation string `json:"operation"`
+			} `json:"request"`
+		}
+		if json.Unmarshal([]byte(line), &e) != nil {
+			continue
+		}
+		if e.Type == "response" && e.Error == "" && e.Request.Operation == "read" && e.Request.Path == credPath(role) {
+			n++
+		}
+	}
+	return n
 }

@@ -66,9 +66,9 @@ func TestKillAfterIssue(t *testing.T) {
 	})
 	swept := time.Since(killed).Round(time.Second)
 	checkLeases(t, rc, ns)
-	issued := w.issued()
-	if len(issued) != 2 {
-		t.Errorf("leases issued: %v, want the orphan and one more", issued)
+	issued := auditIssues(t, ns)
+	if issued != 2 {
+		t.Errorf("%d leases issued, want the orphan and one more", issued)
 	}
 	vc := getConnection(t, ns)
 	if st := vc.Status.OrphanLeases; st == nil || st.Revoked < 1 {
@@ -78,7 +78,7 @@ func TestKillAfterIssue(t *testing.T) {
 		t.Errorf("%d %s events name the orphan, want 1", n, v1alpha1.EventOrphanLeaseRevoked)
 	}
 	r.measured = fmt.Sprintf("%d leases issued; the orphan (%s of TTL left at the kill, its bound without the sweeper) revoked by the sweeper %s after the kill (grace 10 s, interval 10 s); at the end Vault holds 1 lease, the ledger's, and the Secret holds its user",
-		len(issued), ttl, swept)
+		issued, ttl, swept)
 }
 
 // TestKillAfterLedgerWrite kills the operator once the first lease is in the ledger, before any
@@ -92,7 +92,7 @@ func TestKillAfterLedgerWrite(t *testing.T) {
 	namespace(t, ns)
 	vaultConnection(t, ns, ground.Vault.Addr, ns)
 	consumerDeployment(t, ns, "app")
-	w := watchLeases(t, ns)
+
 	op := startOperator(t, ns+"-1", stoppoint.AfterLedgerWrite, ns)
 	rc := redisCluster(t, ns, "orders", ns, ns, "app")
 	op.waitStop(t, stoppoint.AfterLedgerWrite, settleTimeout)
@@ -103,15 +103,15 @@ func TestKillAfterLedgerWrite(t *testing.T) {
 	startOperator(t, ns+"-2", "", ns)
 	waitSettled(t, rc, "", settleTimeout)
 	checkLeases(t, rc, ns)
-	issued := w.issued()
-	if len(issued) != 2 {
-		t.Errorf("leases issued: %v, want 2 (the killed process's, whose password is lost, and its replacement)", issued)
+	issued := auditIssues(t, ns)
+	if issued != 2 {
+		t.Errorf("%d leases issued, want 2 (the killed process's, whose password is lost, and its replacement)", issued)
 	}
 	revoked := operatorLog("Lease revoked", first[0])
 	if revoked != 1 {
 		t.Errorf("the first lease was revoked %d times, want 1", revoked)
 	}
-	r.measured = fmt.Sprintf("%d leases issued; the first revoked %d time(s) as superseded; Vault holds 1 lease at the end, the ledger's", len(issued), revoked)
+	r.measured = fmt.Sprintf("%d leases issued; the first revoked %d time(s) as superseded; Vault holds 1 lease at the end, the ledger's", issued, revoked)
 }
 
 // killDuringRotation brings a cluster with a consumer to Ready under an operator that stops at
@@ -123,7 +123,7 @@ func killDuringRotation(t *testing.T, ns string, point stoppoint.Point) string {
 	namespace(t, ns)
 	vaultConnection(t, ns, ground.Vault.Addr, ns)
 	consumerDeployment(t, ns, "app")
-	w := watchLeases(t, ns)
+
 	op := startOperator(t, ns+"-1", point, ns)
 	rc := redisCluster(t, ns, "orders", ns, ns, "app")
 	first := waitSettled(t, rc, "", settleTimeout).Status.Credential
@@ -135,9 +135,9 @@ func killDuringRotation(t *testing.T, ns string, point stoppoint.Point) string {
 	final := waitSettled(t, rc, first.Version, settleTimeout)
 	took := time.Since(start).Round(100 * time.Millisecond)
 	checkLeases(t, rc, ns)
-	issued := w.issued()
-	if len(issued) != 2 {
-		t.Errorf("leases issued: %v, want the first and exactly one new", issued)
+	issued := auditIssues(t, ns)
+	if issued != 2 {
+		t.Errorf("%d leases issued, want the first and exactly one new", issued)
 	}
 	revoked := operatorLog("Lease revoked", first.LeaseID)
 	if revoked != 1 {
@@ -150,7 +150,7 @@ func killDuringRotation(t *testing.T, ns string, point stoppoint.Point) string {
 		t.Errorf("the rotation kept lease %s", first.LeaseID)
 	}
 	return fmt.Sprintf("%d leases issued (1 new); the superseded one revoked once (1 event); Vault holds the new one only; rotation done %s after it was asked for, the kill and restart included",
-		len(issued), took)
+		issued, took)
 }
 
 // TestKillAfterSecretWrite kills the operator once the consumers' Secret holds the new
@@ -190,10 +190,10 @@ func TestLeaderKilledMidRollout(t *testing.T) {
 	namespace(t, ns)
 	vaultConnection(t, ns, ground.Vault.Addr, ns)
 	consumerDeployment(t, ns, "app")
-	w := watchLeases(t, ns)
+
 	leader := startOperator(t, ns+"-a", stoppoint.MidRollout, ns)
 	eventually(t, time.Minute, func() string {
-		if !leader.leading() {
+		if !leader.Leading() {
 			return "the first operator has not acquired the leader-election Lease"
 		}
 		return ""
@@ -201,14 +201,14 @@ func TestLeaderKilledMidRollout(t *testing.T) {
 	follower := startOperator(t, ns+"-b", "", ns)
 	rc := redisCluster(t, ns, "orders", ns, ns, "app")
 	first := waitSettled(t, rc, "", settleTimeout).Status.Credential
-	if follower.leading() {
+	if follower.Leading() {
 		t.Fatal("the follower leads while the leader lives")
 	}
 	rotateNow(t, rc)
 	leader.waitStop(t, stoppoint.MidRollout, settleTimeout)
 	killed := time.Now()
 	eventually(t, time.Minute, func() string {
-		if !follower.leading() {
+		if !follower.Leading() {
 			return "the follower has not taken over"
 		}
 		return ""
@@ -217,13 +217,13 @@ func TestLeaderKilledMidRollout(t *testing.T) {
 	waitSettled(t, rc, first.Version, settleTimeout)
 	done := time.Since(killed).Round(100 * time.Millisecond)
 	checkLeases(t, rc, ns)
-	issued := w.issued()
-	if len(issued) != 2 {
-		t.Errorf("leases issued: %v, want the first and one rotation's", issued)
+	issued := auditIssues(t, ns)
+	if issued != 2 {
+		t.Errorf("%d leases issued, want the first and one rotation's", issued)
 	}
 	if n := operatorLog("Lease revoked", first.LeaseID); n != 1 {
 		t.Errorf("the superseded lease was revoked %d times, want 1", n)
 	}
 	r.measured = fmt.Sprintf("the follower led %s after the kill (lease duration 4 s) and finished the rotation %s after it; %d leases issued in all (1 rotation); the superseded one revoked once",
-		takeover, done, len(issued))
+		takeover, done, issued)
 }

@@ -16,6 +16,7 @@ import (
 
 	"testing"
 
+	vaultapi "github.com/hashicorp/vault/api"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/keyroll/keyroll/test/harness"
@@ -27,6 +28,8 @@ var (
 	k8s    client.Client
 	// operatorBin is keyroll's manager binary, built once for the package.
 	operatorBin string
+	// auditLog is the Vault audit device's file.
+	auditLog string
 )
 
 // The Vault roles of the rows: each row issues from its own, so that its leases can be counted
@@ -65,7 +68,7 @@ func run(m *testing.M) int {
 	}
 	defer stop()
 	ground, k8s = g, c
-	if operatorBin, err = buildOperator(g.Dir); err != nil {
+	if operatorBin, err = harness.BuildOperator(g.Dir); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
@@ -111,5 +114,12 @@ func setupVault(ctx context.Context, g *testground.Ground) error {
 		}
 		hcl = append(append(hcl, b...), '\n')
 	}
-	return g.Vault.WritePolicy(ctx, harness.OperatorRole, string(hcl))
+	if err := g.Vault.WritePolicy(ctx, harness.OperatorRole, string(hcl)); err != nil {
+		return err
+	}
+	// Every request Vault answers, for counting issues exactly (auditIssues).
+	auditLog = filepath.Join(g.Dir, "vault-audit.log")
+	return g.Vault.Root.Sys().EnableAuditWithOptionsWithContext(ctx, "file", &vaultapi.EnableAuditOptions{
+		Type: "file", Options: map[string]string{"file_path": auditLog},
+	})
 }

@@ -1,0 +1,270 @@
+// Package scale holds keyroll's scale benchmarks (make bench): many RedisClusters on kwok's fake
+// node (nothing runs in their pods), against a real API server, kube-controller-manager and Vault,
+// with the operator built from main.go and run as its own process, so that its memory and CPU are
+// its own. It has no tests: go test without -bench starts nothing here.
+package scale
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/test/harness"
+	"github.com/keyroll/keyroll/test/testground"
+)
+
+// sizes are the cluster counts of BenchmarkIssueAtScale: KEYROLL_SCALE_SIZES (comma-separated),
+// or 100, 300 and 1,000.
+func sizes() []int {
+	v := os.Getenv("KEYROLL_SCALE_SIZES")
+	if v == "" {
+		v = "100,300,1000"
+	}
+	var out []int
+	for _, f := range strings.Split(v, ",") {
+		if n, err := strconv.Atoi(strings.TrimSpace(f)); err == nil && n > 0 {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+var (
+	buildOnce sync.Once
+	bin       string
+	buildErr  error
+)
+
+// operatorBinary builds keyroll once for the package.
+func operatorBinary(b *testing.B) string {
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "keyroll-scale-")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		bin, buildErr = harness.BuildOperator(dir)
+	})
+	if buildErr != nil {
+		b.Fatal(buildErr)
+	}
+	return bin
+}
+
+// vaultQPS is the VaultConnection's rate limit in the benchmark (its default, 20/s with a burst of
+// 40, would make 1,000 issues take 50 s by design).
+const vaultQPS, vaultBurst = 1000, 1000
+
+// BenchmarkIssueAtScale creates N RedisClusters at once (replicas 1, VaultLease, one Vault role) on
+// a fresh test ground, and reports the time until all are CredentialsReady, the Vault issues per
+// cluster (target: exactly 1), the operator's API writes per cluster, its peak RSS and CPU time.
+func BenchmarkIssueAtScale(b *testing.B) {
+	for _, n := range sizes() {
+		b.Run(fmt.Sprintf("clusters=%d", n), func(b *testing.B) {
+			for range b.N {
+				r := issueAtScale(b, n)
+				b.ReportMetric(r.credentialsReady.Seconds(), "s-to-all-CredentialsReady")
+				b.ReportMetric(float64(r.issues)/float64(n), "vault-issues/cluster")
+				b.ReportMetric(float64(r.writes)/float64(n), "api-writes/cluster")
+				b.ReportMetric(float64(r.usage.PeakRSSBytes)/(1<<20), "peak-RSS-MiB")
+				b.ReportMetric(r.usage.CPU.Seconds(), "cpu-s")
+				fmt.Printf("scale: N=%d  all CredentialsReady %.1f s  Vault issues/cluster %.2f  API writes/cluster %.1f  peak RSS %.0f MiB  CPU %.1f s\n",
+					n, r.credentialsReady.Seconds(), float64(r.issues)/float64(n), float64(r.writes)/float64(n),
+					float64(r.usage.PeakRSSBytes)/(1<<20), r.usage.CPU.Seconds())
+			}
+		})
+	}
+}
+
+type result struct {
+	credentialsReady time.Duration
+	issues, writes   float64
+	usage            harness.Usage
+}
+
+func issueAtScale(b *testing.B, n int) result {
+	b.Helper()
+	b.StopTimer()
+	ctx := context.Background()
+	g, err := testground.Start(testground.Options{Workloads: true, Redis: true, Vault: true})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer g.Stop()
+	if err := harness.SetupVault(ctx, g, testground.RedisRole{Name: "scale", DefaultTTL: time.Hour, MaxTTL: 2 * time.Hour}); err != nil {
+		b.Fatal(err)
+	}
+	cfg := rest.CopyConfig(g.CP.Config)
+	cfg.QPS, cfg.Burst = 2000, 4000
+	c, err := client.New(cfg, client.Options{Scheme: harness.Scheme()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ns := "scale"
+	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+		b.Fatal(err)
+	}
+	vc := &v1alpha1.VaultConnection{ObjectMeta: metav1.ObjectMeta{Name: ns}, Spec: v1alpha1.VaultConnectionSpec{
+		Address: g.Vault.Addr, AllowedNamespaces: []string{ns},
+		Auth:      v1alpha1.VaultAuth{Kubernetes: &v1alpha1.KubernetesAuth{Role: harness.OperatorRole}},
+		RateLimit: &v1alpha1.VaultRateLimit{QPS: vaultQPS, Burst: vaultBurst},
+	}}
+	if err := c.Create(ctx, vc); err != nil {
+		b.Fatal(err)
+	}
+	port, err := testground.FreePort()
+	if err != nil {
+		b.Fatal(err)
+	}
+	p, err := harness.StartProcess(g, operatorBinary(b), harness.ProcessOptions{MetricsPort: port, Args: []string{"--zap-log-level=info"}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer p.Kill()
+	metricsURL := fmt.Sprintf("http://127.0.0.1:%d/metrics", port)
+	waitFor(b, 2*time.Minute, func() bool {
+		cur := &v1alpha1.VaultConnection{}
+		return c.Get(ctx, client.ObjectKey{Name: ns}, cur) == nil && meta.IsStatusConditionTrue(cur.Status.Conditions, v1alpha1.ConditionReady)
+	})
+	writes0 := scrape(b, metricsURL, writesOf)
+
+	b.StartTimer()
+	start := time.Now()
+	createAll(b, c, ns, n)
+	waitFor(b, 15*time.Minute, func() bool { return countReady(ctx, c, ns) == n })
+	took := time.Since(start)
+	b.StopTimer()
+
+	issues := scrape(b, metricsURL, issuesOf)
+	writes := scrape(b, metricsURL, writesOf) - writes0
+	u, err := p.Usage()
+	if err != nil {
+		b.Fatal(err)
+	}
+	return result{credentialsReady: took, issues: issues, writes: writes, usage: u}
+}
+
+// createAll creates n RedisClusters, 32 at a time.
+func createAll(b *testing.B, c client.Client, ns string, n int) {
+	b.Helper()
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	next := make(chan int)
+	for range 32 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range next {
+				rc := &v1alpha1.RedisCluster{
+					ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("c%04d", i)},
+					Spec: v1alpha1.RedisClusterSpec{Replicas: 1, Credentials: v1alpha1.CredentialsSpec{
+						Source: v1alpha1.SourceVaultLease,
+						VaultLease: &v1alpha1.VaultLeaseSource{
+							ConnectionRef: v1alpha1.ConnectionReference{Name: ns}, Path: "database/creds/scale",
+						},
+					}},
+				}
+				if err := c.Create(context.Background(), rc); err != nil {
+					errs <- err
+				}
+			}
+		}()
+	}
+	for i := range n {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		b.Fatalf("creating a RedisCluster: %v", err)
+	}
+}
+
+// countReady is how many RedisClusters of ns are CredentialsReady.
+func countReady(ctx context.Context, c client.Client, ns string) int {
+	list := &v1alpha1.RedisClusterList{}
+	if err := c.List(ctx, list, client.InNamespace(ns)); err != nil {
+		return -1
+	}
+	ready := 0
+	for _, rc := range list.Items {
+		if meta.IsStatusConditionTrue(rc.Status.Conditions, v1alpha1.ConditionCredentialsReady) {
+			ready++
+		}
+	}
+	return ready
+}
+
+func waitFor(b *testing.B, timeout time.Duration, ok func() bool) {
+	b.Helper()
+	deadline := time.Now().Add(timeout)
+	for !ok() {
+		if time.Now().After(deadline) {
+			b.Fatalf("not done within %s", timeout)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// issuesOf picks the operator's successful Vault issue requests out of a metrics line.
+func issuesOf(line string) (float64, bool) {
+	return sample(line, "keyroll_vault_request_duration_seconds_count{", `operation="issue"`, `outcome="Success"`)
+}
+
+// writesOf picks the operator's API write requests out of a metrics line.
+func writesOf(line string) (float64, bool) {
+	for _, m := range []string{"POST", "PUT", "PATCH", "DELETE"} {
+		if v, ok := sample(line, "rest_client_requests_total{", `method="`+m+`"`); ok {
+			return v, true
+		}
+	}
+	return 0, false
+}
+
+// sample is the value of a metrics line that starts with name and holds every label.
+func sample(line, name string, labels ...string) (float64, bool) {
+	if !strings.HasPrefix(line, name) {
+		return 0, false
+	}
+	for _, l := range labels {
+		if !strings.Contains(line, l) {
+			return 0, false
+		}
+	}
+	f := strings.Fields(line)
+	v, err := strconv.ParseFloat(f[len(f)-1], 64)
+	return v, err == nil
+}
+
+// scrape sums the samples that pick selects from the operator's metrics.
+func scrape(b *testing.B, url string, pick func(string) (float64, bool)) float64 {
+	b.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer resp.Body.Close()
+	sum := 0.0
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if v, ok := pick(sc.Text()); ok {
+			sum += v
+		}
+	}
+	return sum
+}
