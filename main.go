@@ -34,6 +34,7 @@ func main() {
 		metricsSecure = flag.Bool("metrics-secure", true, "Serve metrics over HTTPS to scrapers whose token the API server authenticates and authorises (get on /metrics); false serves plain HTTP to anyone, for local use only.")
 		metricsCerts  = flag.String("metrics-cert-dir", "", "Directory with tls.crt and tls.key for the metrics endpoint, reloaded when they change; empty: a self-signed certificate made at start.")
 		probeAddr     = flag.String("health-probe-bind-address", ":8081", "Address the /healthz and /readyz endpoints bind to.")
+		pprofAddr     = flag.String("pprof-bind-address", "0", "Address Go's pprof endpoints (/debug/pprof/) bind to, for profiling; 0 (the default) disables them. Bind it to a loopback address only.")
 		leaderElect   = flag.Bool("leader-elect", true, "Elect one active manager through a Lease, so that only one replica renews, rotates and revokes.")
 		leaderNS      = flag.String("leader-election-namespace", "", "Namespace of the leader-election Lease; defaults to the pod's namespace.")
 		leaseDuration = flag.Duration("leader-elect-lease-duration", 15*time.Second, "How long non-leaders wait before they may take over an unrenewed leadership.")
@@ -51,7 +52,7 @@ func main() {
 	log := ctrl.Log.WithName("setup")
 
 	if err := run(ctrl.SetupSignalHandler(), managerOptions{
-		metrics: metricsOptions(*metricsAddr, *metricsSecure, *metricsCerts), probeAddr: *probeAddr,
+		metrics: metricsOptions(*metricsAddr, *metricsSecure, *metricsCerts), probeAddr: *probeAddr, pprofAddr: *pprofAddr,
 		leaderElect: *leaderElect, leaderNS: *leaderNS,
 		leaseDuration: *leaseDuration, renewDeadline: *renewDeadline, retryPeriod: *retryPeriod,
 		serviceAccount:     types.NamespacedName{Namespace: *saNamespace, Name: *saName},
@@ -75,6 +76,7 @@ func newLogger(o *zap.Options) logr.Logger {
 type managerOptions struct {
 	metrics                                   metricsserver.Options
 	probeAddr                                 string
+	pprofAddr                                 string
 	leaderElect                               bool
 	leaderNS                                  string
 	leaseDuration, renewDeadline, retryPeriod time.Duration
@@ -98,6 +100,7 @@ func run(ctx context.Context, o managerOptions) error {
 		Scheme:                        scheme,
 		Metrics:                       o.metrics,
 		HealthProbeBindAddress:        o.probeAddr,
+		PprofBindAddress:              o.pprofAddr,
 		LeaderElection:                o.leaderElect,
 		LeaderElectionID:              "keyroll.keyroll.dev",
 		LeaderElectionNamespace:       o.leaderNS,

@@ -3,6 +3,9 @@ package rediscluster
 import (
 	"context"
 	"errors"
+	"sync"
+
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/keyroll/keyroll/controllers/apply"
 	"github.com/keyroll/keyroll/controllers/render"
@@ -10,54 +13,51 @@ import (
 
 // reconcileObjects writes the objects the RedisCluster owns that do not depend on its credential:
 // the ACL Secret first when there is none yet (with keyroll's own users only), so that the pods
-// the StatefulSet starts find their aclfile, then the ConfigMap, the Services, the StatefulSet
-// and the PodDisruptionBudget, last: a budget of that name that is not keyroll's (one an owner
-// made before keyroll did) is reported and left alone, and stops neither the Redis pods nor the
-// work on the credential. No pod mounts the credential: the Redis pods start before there is one,
-// and the users on them change live.
+// the StatefulSet starts find their aclfile; then, at once (they do not depend on each other: a
+// new cluster's objects cost two round trips to the API server rather than six), the ConfigMap,
+// the Services, the PodDisruptionBudget and the NetworkPolicy; the StatefulSet last, only once the
+// ConfigMap with its start script and the Services are keyroll's. A budget of that name that is
+// not keyroll's (one an owner made before keyroll did) is reported and left alone, and stops
+// neither the Redis pods nor the work on the credential. No pod mounts the credential: the Redis
+// pods start before there is one, and the users on them change live.
 func (r *deps) reconcileObjects(ctx context.Context, s *scope, in *internal) error {
 	rc := s.RC
 	version := ""
 	if c := rc.Status.Credential; c != nil {
 		version = c.Version
 	}
-	steps := []func() error{
-		func() error {
-			if in.acl.Name != "" {
-				return nil // it exists: reconcileUsers keeps it
-			}
-			return r.writeACLSecret(ctx, rc, render.ClusterUsers(rc, in.Internal, nil), in, "")
-		},
-		func() error {
-			return apply.Owned(ctx, r.Client, r.APIReader, rc, render.ConfigMap(rc))
-		},
-		func() error {
-			return apply.Owned(ctx, r.Client, r.APIReader, rc, render.HeadlessService(rc))
-		},
-		func() error {
-			return apply.Owned(ctx, r.Client, r.APIReader, rc, render.ClientService(rc))
-		},
-		func() error {
-			return apply.Owned(ctx, r.Client, r.APIReader, rc, render.StatefulSet(rc, version))
-		},
-		func() error {
-			err := apply.Owned(ctx, r.Client, r.APIReader, rc, render.PodDisruptionBudget(rc))
-			if errors.As(err, new(*apply.ConflictError)) {
-				s.conflict = err.Error() // reported (Ready); the cluster's credential goes on being kept
-				return nil
-			}
-			return err
-		},
-		func() error { return r.netpol.Keep(ctx, rc) },
-	}
-	for _, step := range steps {
-		if err := step(); err != nil {
-			var conflict *apply.ConflictError
-			if errors.As(err, &conflict) {
-				s.conflict = err.Error()
-			}
-			return err
+	if in.acl.Name == "" { // it exists: reconcileUsers keeps it
+		if err := r.writeACLSecret(ctx, rc, render.ClusterUsers(rc, in.Internal, nil), in, ""); err != nil {
+			return objectFailed(s, err)
 		}
 	}
-	return nil
+	objects := []client.Object{render.ConfigMap(rc), render.HeadlessService(rc), render.ClientService(rc), render.PodDisruptionBudget(rc), nil}
+	errs := make([]error, len(objects))
+	var wg sync.WaitGroup
+	for i, o := range objects {
+		wg.Go(func() {
+			if o == nil {
+				errs[i] = r.netpol.Keep(ctx, rc)
+			} else {
+				errs[i] = apply.Owned(ctx, r.Client, r.APIReader, rc, o)
+			}
+		})
+	}
+	wg.Wait()
+	if errors.As(errs[3], new(*apply.ConflictError)) {
+		s.conflict = errs[3].Error() // the budget's: reported (Ready); the credential goes on being kept
+		errs[3] = nil
+	}
+	if err := errors.Join(errs...); err != nil {
+		return objectFailed(s, err)
+	}
+	return objectFailed(s, apply.Owned(ctx, r.Client, r.APIReader, rc, render.StatefulSet(rc, version)))
+}
+
+// objectFailed records an owned object that exists and is not keyroll's as the conflict.
+func objectFailed(s *scope, err error) error {
+	if conflict := new(*apply.ConflictError); errors.As(err, conflict) {
+		s.conflict = (*conflict).Error()
+	}
+	return err
 }

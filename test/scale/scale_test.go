@@ -8,8 +8,10 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -69,6 +71,10 @@ func operatorBinary(b *testing.B) string {
 // 40, would make 1,000 issues take 50 s by design).
 const vaultQPS, vaultBurst = 1000, 1000
 
+// controllerManagerQPS is the ground's kube-controller-manager API rate (burst twice that), so that
+// it creates the Redis pods as fast as the API server allows rather than at its default 20/s.
+const controllerManagerQPS = 500
+
 // BenchmarkIssueAtScale creates N RedisClusters at once (replicas 1, VaultLease, one Vault role) on
 // a fresh test ground, and reports the time until all are CredentialsReady, the Vault issues per
 // cluster (target: exactly 1), the operator's API writes per cluster, its peak RSS and CPU time.
@@ -100,7 +106,7 @@ func issueAtScale(b *testing.B, n int) result {
 	b.Helper()
 	b.StopTimer()
 	ctx := context.Background()
-	g, err := testground.Start(testground.Options{Workloads: true, Redis: true, Vault: true})
+	g, err := testground.Start(testground.Options{Workloads: true, Redis: true, Vault: true, ControllerManagerQPS: controllerManagerQPS})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -130,10 +136,30 @@ func issueAtScale(b *testing.B, n int) result {
 	if err != nil {
 		b.Fatal(err)
 	}
-	p, err := harness.StartProcess(g, operatorBinary(b), harness.ProcessOptions{MetricsPort: port, Args: []string{"--zap-log-level=info"}})
+	pprofPort, err := testground.FreePort()
 	if err != nil {
 		b.Fatal(err)
 	}
+	logPath := filepath.Join(os.TempDir(), fmt.Sprintf("keyroll-scale-%d.log", n))
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer logFile.Close()
+	var logMu sync.Mutex
+	p, err := harness.StartProcess(g, operatorBinary(b), harness.ProcessOptions{MetricsPort: port,
+		Args: append([]string{"--zap-log-level=info", fmt.Sprintf("--pprof-bind-address=127.0.0.1:%d", pprofPort)},
+			strings.Fields(os.Getenv("KEYROLL_SCALE_ARGS"))...),
+		Line: func(l string) {
+			logMu.Lock()
+			defer logMu.Unlock()
+			fmt.Fprintln(logFile, l)
+		}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	fmt.Fprintf(os.Stderr, "scale: N=%d, the operator's log: %s\n", n, logPath)
+	pprof := fmt.Sprintf("http://127.0.0.1:%d/debug/pprof/", pprofPort)
 	defer p.Kill()
 	metricsURL := fmt.Sprintf("http://127.0.0.1:%d/metrics", port)
 	waitFor(b, 2*time.Minute, func() bool {
@@ -142,19 +168,36 @@ func issueAtScale(b *testing.B, n int) result {
 	})
 	writes0 := scrape(b, metricsURL, writesOf)
 
+	profiled := profileCPU(pprof, fmt.Sprintf("cpu-%d.pprof", n), 20*time.Second)
 	b.StartTimer()
 	start := time.Now()
 	createAll(b, c, ns, n)
+	created := time.Since(start)
 	waitFor(b, 15*time.Minute, func() bool { return countReady(ctx, c, ns) == n })
 	took := time.Since(start)
 	b.StopTimer()
 
 	issues := scrape(b, metricsURL, issuesOf)
+	issueSeconds := scrape(b, metricsURL, func(l string) (float64, bool) {
+		return sample(l, "keyroll_vault_request_duration_seconds_sum{", `operation="issue"`, `outcome="Success"`)
+	})
+	reconcileSeconds := scrape(b, metricsURL, func(l string) (float64, bool) {
+		return sample(l, "controller_runtime_reconcile_time_seconds_sum{", `controller="rediscluster"`)
+	})
+	reconciles := scrape(b, metricsURL, func(l string) (float64, bool) {
+		return sample(l, "controller_runtime_reconcile_time_seconds_count{", `controller="rediscluster"`)
+	})
+	gets := scrape(b, metricsURL, func(l string) (float64, bool) { return sample(l, "rest_client_requests_total{", `method="GET"`) })
+	fmt.Printf("scale: N=%d  %.1f uncached reads (GET) per cluster\n", n, gets/float64(n))
+	fmt.Printf("scale: N=%d  created in %.1f s; Vault issue %.0f ms on average; %.0f reconciles of %.0f ms on average\n",
+		n, created.Seconds(), 1000*issueSeconds/max(issues, 1), reconciles, 1000*reconcileSeconds/max(reconciles, 1))
 	writes := scrape(b, metricsURL, writesOf) - writes0
 	u, err := p.Usage()
 	if err != nil {
 		b.Fatal(err)
 	}
+	saveProfile(pprof+"heap", fmt.Sprintf("heap-%d.pprof", n))
+	<-profiled
 	return result{credentialsReady: took, issues: issues, writes: writes, usage: u}
 }
 
@@ -267,4 +310,38 @@ func scrape(b *testing.B, url string, pick func(string) (float64, bool)) float64
 		}
 	}
 	return sum
+}
+
+// profileDir is where the operator's profiles go (KEYROLL_SCALE_PROFILES; none when unset).
+func profileDir() string { return os.Getenv("KEYROLL_SCALE_PROFILES") }
+
+// profileCPU takes the operator's CPU profile over the next d, into name in profileDir.
+func profileCPU(pprof, name string, d time.Duration) <-chan struct{} {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		saveProfile(fmt.Sprintf("%sprofile?seconds=%d", pprof, int(d.Seconds())), name)
+	}()
+	return done
+}
+
+// saveProfile fetches a pprof endpoint into name in profileDir, when that is set.
+func saveProfile(url, name string) {
+	dir := profileDir()
+	if dir == "" {
+		return
+	}
+	resp, err := http.Get(url)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "profile %s: %v\n", name, err)
+		return
+	}
+	defer resp.Body.Close()
+	f, err := os.Create(filepath.Join(dir, name))
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "profile %s: %v\n", name, err)
+		return
+	}
+	defer f.Close()
+	_, _ = io.Copy(f, resp.Body)
 }

@@ -88,6 +88,10 @@ func StartControlPlane(dir string, opts ControlPlaneOptions) (*ControlPlane, err
 		if caFile, err = configureForNode(env, dir, opts.Node); err != nil {
 			return nil, err
 		}
+	} else {
+		// Room for the Services of a thousand RedisClusters (envtest's default is a /24). Without a
+		// node nothing ever connects to a ClusterIP, so the range is only numbers.
+		env.ControlPlane.GetAPIServer().Configure().Set("service-cluster-ip-range", ServiceCIDRWithoutNode)
 	}
 	cfg, err := env.Start()
 	if err != nil {

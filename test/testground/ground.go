@@ -25,6 +25,8 @@ type Options struct {
 	// Vault starts a Vault dev server; with Redis it also enables the database secrets engine
 	// connected to that Redis, and Kubernetes auth pointed at the control plane.
 	Vault bool
+	// ControllerManagerQPS is kube-controller-manager's API rate (WorkloadsOptions.APIQPS).
+	ControllerManagerQPS int
 }
 
 // Ground is a set of running components. Stop ends every one of them.
@@ -72,7 +74,7 @@ func Start(opts Options) (g *Ground, err error) {
 		}
 	}
 	if opts.Workloads || opts.Node {
-		if g.Workloads, err = StartWorkloads(dir, g.CP, WorkloadsOptions{Kwok: opts.Workloads, RealNode: opts.Node}); err != nil {
+		if g.Workloads, err = StartWorkloads(dir, g.CP, WorkloadsOptions{Kwok: opts.Workloads, RealNode: opts.Node, APIQPS: opts.ControllerManagerQPS}); err != nil {
 			return g, err
 		}
 	}

@@ -19,6 +19,8 @@ const (
 	NodeSubnet    = "10.212.0.0/24"
 	ServiceCIDR   = "10.212.1.0/24"
 	ClusterDomain = "cluster.local"
+	// ServiceCIDRWithoutNode is the Service range of a ground without the real node.
+	ServiceCIDRWithoutNode = "10.213.0.0/16"
 )
 
 var (

@@ -52,6 +52,9 @@ type WorkloadsOptions struct {
 	Kwok bool
 	// RealNode means a real node (Node) runs; it is the default placement.
 	RealNode bool
+	// APIQPS is kube-controller-manager's API rate (--kube-api-qps, burst twice that); zero: its
+	// default (20/s), which makes it the bottleneck when a benchmark creates a thousand workloads.
+	APIQPS int
 }
 
 // Controllers that kube-controller-manager runs for the tests. The disruption controller keeps the
@@ -89,6 +92,10 @@ func StartWorkloads(dir string, cp *ControlPlane, opts WorkloadsOptions) (*Workl
 		}
 	}
 	controllers, args := kcmControllers, []string(nil)
+	if opts.APIQPS > 0 {
+		args = append(args, fmt.Sprintf("--kube-api-qps=%d", opts.APIQPS), fmt.Sprintf("--kube-api-burst=%d", 2*opts.APIQPS),
+			"--concurrent-statefulset-syncs=20")
+	}
 	if opts.RealNode {
 		controllers = append(slices.Clone(kcmControllers), realNodeControllers...)
 		args = append(args, "--root-ca-file="+cp.CAFile)
