@@ -82,6 +82,10 @@ test-e2e: deps ## Only the end-to-end and integration tests under test/.
 reliability: deps ## Run the fault matrix (test/faults) and write its measured outcomes into docs/reliability.md.
 	KEYROLL_RELIABILITY_DOC=$(CURDIR)/docs/reliability.md $(GO) test -count=1 -timeout 30m -v ./test/faults/
 
+.PHONY: bench-scale
+bench-scale: deps ## Run only the scale benchmark (100, 300, 1,000 clusters) and write its table into docs/performance.md.
+	KEYROLL_PERFORMANCE_DOC=$(CURDIR)/docs/performance.md $(GO) test -run '^$$' -bench IssueAtScale -benchtime=1x -timeout 60m ./test/scale/
+
 .PHONY: bench
 bench: deps ## Run the benchmarks and report their numbers.
 	$(GO) test -run '^$$' -bench . -benchmem ./...

@@ -48,7 +48,7 @@ func namespace(t *testing.T, name string) {
 
 // vaultConnection creates a VaultConnection to address with the operator's Kubernetes auth role,
 // for namespace ns, whose orphan-lease sweep revokes orphans older than 10 s, every 10 s.
-func vaultConnection(t *testing.T, name, address, ns string) {
+func vaultConnection(t *testing.T, name, address, ns string, mutate ...func(*v1alpha1.VaultConnection)) {
 	t.Helper()
 	vc := &v1alpha1.VaultConnection{
 		ObjectMeta: metav1.ObjectMeta{Name: name},
@@ -59,6 +59,9 @@ func vaultConnection(t *testing.T, name, address, ns string) {
 			OrphanLeases: &v1alpha1.OrphanLeases{Action: v1alpha1.OrphanLeasesRevoke,
 				GracePeriod: &metav1.Duration{Duration: 10 * time.Second}, Interval: &metav1.Duration{Duration: 10 * time.Second}},
 		},
+	}
+	for _, m := range mutate {
+		m(vc)
 	}
 	if err := k8s.Create(context.Background(), vc); err != nil {
 		t.Fatal(err)

@@ -56,7 +56,7 @@ func TestKillAfterIssue(t *testing.T) {
 	_, expires := ground.Vault.LeaseExpiry(orphans[0])
 	ttl := time.Until(expires).Round(time.Second)
 
-	startOperator(t, ns+"-2", "", ns)
+	second := startOperator(t, ns+"-2", "", ns)
 	waitSettled(t, rc, "", settleTimeout)
 	eventually(t, time.Minute, func() string {
 		if live := vaultLeases(t, ns); slices.Contains(live, orphans[0]) {
@@ -77,8 +77,53 @@ func TestKillAfterIssue(t *testing.T) {
 	if n := count(events(t, "", ns), v1alpha1.EventOrphanLeaseRevoked, orphans[0]); n != 1 {
 		t.Errorf("%d %s events name the orphan, want 1", n, v1alpha1.EventOrphanLeaseRevoked)
 	}
-	r.measured = fmt.Sprintf("%d leases issued; the orphan (%s of TTL left at the kill, its bound without the sweeper) revoked by the sweeper %s after the kill (grace 10 s, interval 10 s); at the end Vault holds 1 lease, the ledger's, and the Secret holds its user",
-		issued, ttl, swept)
+	second.Kill() // the next operator must lead
+	report := killAfterIssueReported(t)
+	r.measured = fmt.Sprintf("Revoke: %d leases issued; the orphan revoked by the sweeper %s after the kill (grace 10 s, interval 10 s; it had %s of TTL left); at the end Vault holds 1 lease, the ledger's, and the Secret holds its user. %s",
+		issued, swept, ttl, report)
+}
+
+// killAfterIssueReported is TestKillAfterIssue with orphanLeases Report and a 30-second role: the
+// orphan is reported (status, event), left alone, and gone at its TTL, Vault's bound on it.
+func killAfterIssueReported(t *testing.T) string {
+	t.Helper()
+	ns := "f-issue-report"
+	namespace(t, ns)
+	vaultConnection(t, ns, ground.Vault.Addr, ns, func(vc *v1alpha1.VaultConnection) { vc.Spec.OrphanLeases.Action = v1alpha1.OrphanLeasesReport })
+	w := watchLeases(t, ns)
+	op := startOperator(t, ns+"-1", stoppoint.AfterIssue, ns)
+	rc := redisCluster(t, ns, "orders", ns, ns, "")
+	op.waitStop(t, stoppoint.AfterIssue, settleTimeout)
+	killed := time.Now()
+	orphans := w.issued()
+	if len(orphans) != 1 {
+		t.Fatalf("Report: Vault issued %v before the stop point, want one lease", orphans)
+	}
+	startOperator(t, ns+"-2", "", ns)
+	waitSettled(t, rc, "", settleTimeout)
+	eventually(t, time.Minute, func() string {
+		if st := getConnection(t, ns).Status.OrphanLeases; st == nil || !slices.Contains(st.Orphans, orphans[0]) {
+			return fmt.Sprintf("the sweep has not reported the orphan %s: %+v", orphans[0], st)
+		}
+		return ""
+	})
+	reported := time.Since(killed)
+	if n := count(events(t, "", ns), v1alpha1.EventOrphanLeasesFound, orphans[0]); n < 1 {
+		t.Errorf("no %s event names the orphan", v1alpha1.EventOrphanLeasesFound)
+	}
+	eventually(t, time.Minute, func() string {
+		if slices.Contains(vaultLeases(t, ns), orphans[0]) {
+			return "the reported orphan is still live"
+		}
+		return ""
+	})
+	expired := time.Since(killed)
+	if st := getConnection(t, ns).Status.OrphanLeases; st.Revoked != 0 {
+		t.Errorf("Report mode revoked %d leases", st.Revoked)
+	}
+	checkLeases(t, rc, ns)
+	return fmt.Sprintf("Report (30 s role): the orphan reported (status.orphanLeases, OrphanLeasesFound) %s after the kill, not revoked, and gone at its TTL, %s after the kill.",
+		reported.Round(time.Second), expired.Round(time.Second))
 }
 
 // TestKillAfterLedgerWrite kills the operator once the first lease is in the ledger, before any

@@ -79,6 +79,8 @@ const controllerManagerQPS = 500
 // a fresh test ground, and reports the time until all are CredentialsReady, the Vault issues per
 // cluster (target: exactly 1), the operator's API writes per cluster, its peak RSS and CPU time.
 func BenchmarkIssueAtScale(b *testing.B) {
+	var rows []string
+	defer func() { writeTable(b, rows) }()
 	for _, n := range sizes() {
 		b.Run(fmt.Sprintf("clusters=%d", n), func(b *testing.B) {
 			for range b.N {
@@ -88,6 +90,8 @@ func BenchmarkIssueAtScale(b *testing.B) {
 				b.ReportMetric(float64(r.writes)/float64(n), "api-writes/cluster")
 				b.ReportMetric(float64(r.usage.PeakRSSBytes)/(1<<20), "peak-RSS-MiB")
 				b.ReportMetric(r.usage.CPU.Seconds(), "cpu-s")
+				rows = append(rows, fmt.Sprintf("| %d | %.1f s | %.2f | %.1f | %.1f | %.0f MiB | %.1f s |", n, r.credentialsReady.Seconds(),
+					float64(r.issues)/float64(n), float64(r.writes)/float64(n), r.gets/float64(n), float64(r.usage.PeakRSSBytes)/(1<<20), r.usage.CPU.Seconds()))
 				fmt.Printf("scale: N=%d  all CredentialsReady %.1f s  Vault issues/cluster %.2f  API writes/cluster %.1f  peak RSS %.0f MiB  CPU %.1f s\n",
 					n, r.credentialsReady.Seconds(), float64(r.issues)/float64(n), float64(r.writes)/float64(n),
 					float64(r.usage.PeakRSSBytes)/(1<<20), r.usage.CPU.Seconds())
@@ -97,9 +101,9 @@ func BenchmarkIssueAtScale(b *testing.B) {
 }
 
 type result struct {
-	credentialsReady time.Duration
-	issues, writes   float64
-	usage            harness.Usage
+	credentialsReady     time.Duration
+	issues, writes, gets float64
+	usage                harness.Usage
 }
 
 func issueAtScale(b *testing.B, n int) result {
@@ -167,6 +171,7 @@ func issueAtScale(b *testing.B, n int) result {
 		return c.Get(ctx, client.ObjectKey{Name: ns}, cur) == nil && meta.IsStatusConditionTrue(cur.Status.Conditions, v1alpha1.ConditionReady)
 	})
 	writes0 := scrape(b, metricsURL, writesOf)
+	gets0 := scrape(b, metricsURL, func(l string) (float64, bool) { return sample(l, "rest_client_requests_total{", `method="GET"`) })
 
 	profiled := profileCPU(pprof, fmt.Sprintf("cpu-%d.pprof", n), 20*time.Second)
 	b.StartTimer()
@@ -187,7 +192,7 @@ func issueAtScale(b *testing.B, n int) result {
 	reconciles := scrape(b, metricsURL, func(l string) (float64, bool) {
 		return sample(l, "controller_runtime_reconcile_time_seconds_count{", `controller="rediscluster"`)
 	})
-	gets := scrape(b, metricsURL, func(l string) (float64, bool) { return sample(l, "rest_client_requests_total{", `method="GET"`) })
+	gets := scrape(b, metricsURL, func(l string) (float64, bool) { return sample(l, "rest_client_requests_total{", `method="GET"`) }) - gets0
 	fmt.Printf("scale: N=%d  %.1f uncached reads (GET) per cluster\n", n, gets/float64(n))
 	fmt.Printf("scale: N=%d  created in %.1f s; Vault issue %.0f ms on average; %.0f reconciles of %.0f ms on average\n",
 		n, created.Seconds(), 1000*issueSeconds/max(issues, 1), reconciles, 1000*reconcileSeconds/max(reconciles, 1))
@@ -198,7 +203,7 @@ func issueAtScale(b *testing.B, n int) result {
 	}
 	saveProfile(pprof+"heap", fmt.Sprintf("heap-%d.pprof", n))
 	<-profiled
-	return result{credentialsReady: took, issues: issues, writes: writes, usage: u}
+	return result{credentialsReady: took, issues: issues, writes: writes, gets: gets, usage: u}
 }
 
 // createAll creates n RedisClusters, 32 at a time.
@@ -344,4 +349,29 @@ func saveProfile(url, name string) {
 	}
 	defer f.Close()
 	_, _ = io.Copy(f, resp.Body)
+}
+
+// The markers between which docs/performance.md holds the table of the last run.
+const tableBegin, tableEnd = "<!-- scale-table -->", "<!-- /scale-table -->"
+
+// writeTable writes the rows into the table of KEYROLL_PERFORMANCE_DOC, when set (make bench-scale).
+func writeTable(b *testing.B, rows []string) {
+	doc := os.Getenv("KEYROLL_PERFORMANCE_DOC")
+	if doc == "" || len(rows) == 0 || b.Failed() {
+		return
+	}
+	data, err := os.ReadFile(doc)
+	if err != nil {
+		b.Fatal(err)
+	}
+	text := string(data)
+	i, j := strings.Index(text, tableBegin), strings.Index(text, tableEnd)
+	if i < 0 || j < i {
+		b.Fatalf("%s has no %s ... %s markers", doc, tableBegin, tableEnd)
+	}
+	head := "| N | all CredentialsReady | Vault issues per cluster | API writes per cluster | uncached reads per cluster | peak RSS | CPU |\n|---|---|---|---|---|---|---|\n"
+	text = text[:i+len(tableBegin)] + "\n" + head + strings.Join(rows, "\n") + "\n" + text[j:]
+	if err := os.WriteFile(doc, []byte(text), 0o644); err != nil {
+		b.Fatal(err)
+	}
 }
