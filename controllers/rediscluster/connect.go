@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -68,8 +69,13 @@ func (r *deps) checkSecretsFree(ctx context.Context, s *scope) (bool, error) {
 	if vp := s.RC.Spec.VaultPlugin; vp != nil && vp.PasswordSecretRef == nil {
 		names = append(names, render.VaultPluginSecretName(s.RC))
 	}
-	for _, name := range names {
-		err := r.secretOwned(ctx, s.RC, name)
+	errs := make([]error, len(names))
+	var wg sync.WaitGroup
+	for i, name := range names { // at once: each may be a read past the cache
+		wg.Go(func() { errs[i] = r.secretOwned(ctx, s.RC, name) })
+	}
+	wg.Wait()
+	for _, err := range errs {
 		var conflict *apply.ConflictError
 		if errors.As(err, &conflict) {
 			s.NotReady(v1alpha1.ReasonSecretConflict, v1alpha1.EventSecretConflict, "WriteSecret", err.Error(), true)

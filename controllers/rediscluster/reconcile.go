@@ -73,10 +73,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 	if added, err := r.ensureFinalizer(ctx, rc); err != nil {
 		return ctrl.Result{}, err
 	} else if added {
-		// The finalizer patch starts no reconcile (the watch ignores metadata-only changes): look
-		// again at once, from the patched object.
-		s.before = rc.DeepCopy()
-		return ctrl.Result{RequeueAfter: time.Millisecond}, nil
+		s.before = rc.DeepCopy() // the patched object, which the API server has now: go on from it
 	}
 	return r.reconcileNormal(ctx, s)
 }
@@ -91,8 +88,9 @@ func (r *Reconciler) ensureFinalizer(ctx context.Context, rc *v1alpha1.RedisClus
 	return true, r.Patch(ctx, rc, patch)
 }
 
-// reconcileNormal runs the phases in order; each returns early when it cannot go on: the Redis
-// objects (which need no credential), the credential, its users on every node (then the
+// reconcileNormal runs the phases in order; each returns early when it cannot go on: the
+// credential first (a new cluster holds its lease after a few requests, not after all its
+// objects), the Redis objects (written whatever became of it), its users on every node (then the
 // consumers' Secret), the rollout to the consumers, and the retirement of what it replaced.
 func (r *Reconciler) reconcileNormal(ctx context.Context, s *scope) (ctrl.Result, error) {
 	rc := s.RC
@@ -109,12 +107,21 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, s *scope) (ctrl.Result
 	if in == nil || err != nil {
 		return ctrl.Result{RequeueAfter: waitForConnection}, err
 	}
+	var vcl vault.LeaseClient // none in ExternalSecret mode without connectionRef
+	var cred *render.Credential
+	next, credErr := time.Duration(0), error(nil)
+	if rc.VaultConnectionName() != "" {
+		vcl, next, credErr = r.connect(ctx, s, false)
+	}
+	if vcl != nil || rc.VaultConnectionName() == "" {
+		cred, next, credErr = r.source(rc).Credential(ctx, s.Cluster, vcl)
+	}
 	if err := r.reconcileObjects(ctx, s, in); err != nil {
-		return ctrl.Result{}, err
+		return ctrl.Result{}, errors.Join(credErr, err)
 	}
 	pc, err := r.primary.For(ctx, rc, s.Conds, in.Admin)
 	if err != nil {
-		return ctrl.Result{}, err
+		return ctrl.Result{}, errors.Join(credErr, err)
 	}
 	// Redis trouble does not hold up the credential: it is reported, and looked at again.
 	keepWait, err := r.primary.Keep(ctx, pc)
@@ -122,18 +129,9 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, s *scope) (ctrl.Result
 		log.FromContext(ctx).Info("Keeping the primary failed; trying again", "error", err.Error())
 		keepWait = soonest(keepWait, 5*time.Second)
 	}
-	var vcl vault.LeaseClient // none in ExternalSecret mode without connectionRef
-	if rc.VaultConnectionName() != "" {
-		c, wait, err := r.connect(ctx, s, false)
-		if c == nil {
-			return ctrl.Result{RequeueAfter: wait}, err
-		}
-		vcl = c
-	}
-	cred, next, err := r.source(rc).Credential(ctx, s.Cluster, vcl)
 	next = soonest(next, keepWait)
-	if err != nil || cred == nil {
-		return ctrl.Result{RequeueAfter: next}, err
+	if credErr != nil || cred == nil {
+		return ctrl.Result{RequeueAfter: next}, credErr
 	}
 	if err := r.stage(ctx, s, in, cred); err != nil {
 		return ctrl.Result{}, err

@@ -2,6 +2,7 @@ package rediscluster
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync/atomic"
@@ -209,22 +210,36 @@ func condition(rc *v1alpha1.RedisCluster, t string) *metav1.Condition {
 }
 
 // Defect: after adding the finalizer the reconcile went on only because the status patch happened
-// to conflict; with no status change nothing requeued, and the cluster idled.
-func TestAddingTheFinalizerLooksAgainAtOnce(t *testing.T) {
+// to conflict; with no status change nothing requeued, and the cluster idled. Now the reconcile
+// that adds the finalizer goes on from the patched object; nothing is issued while the finalizer
+// cannot be written.
+func TestAddingTheFinalizerGoesOnInTheSameReconcile(t *testing.T) {
 	rc := cluster()
 	rc.Status.Phase = v1alpha1.PhaseIssuing // a status the first reconcile leaves as it is
 	h := newHarness(t, rc)
-
-	res := h.reconcile(t)
-
-	if res.RequeueAfter <= 0 || res.RequeueAfter > time.Second {
-		t.Errorf("result %+v after adding the finalizer, want a requeue at once", res)
-	}
-	if got := h.get(t).Finalizers; len(got) != 1 || got[0] != v1alpha1.Finalizer {
-		t.Errorf("finalizers %v", got)
+	refused := true
+	h.r = h.r.WithClient(interceptor.NewClient(h.k8s.(client.WithWatch), interceptor.Funcs{
+		Patch: func(ctx context.Context, c client.WithWatch, o client.Object, p client.Patch, opts ...client.PatchOption) error {
+			if _, ok := o.(*v1alpha1.RedisCluster); ok && refused {
+				return errors.New("the API server is unavailable")
+			}
+			return c.Patch(ctx, o, p, opts...)
+		},
+	}))
+	if _, err := h.r.Reconcile(context.Background(), ctrl.Request{NamespacedName: client.ObjectKey{Namespace: "shop", Name: "orders"}}); err == nil {
+		t.Error("no error when the finalizer could not be written")
 	}
 	if n := h.vault.Calls(vaulttest.OpIssue); n != 0 {
 		t.Errorf("%d issues before the finalizer was written", n)
+	}
+
+	refused = false
+	h.reconcile(t)
+	if got := h.get(t).Finalizers; len(got) != 1 || got[0] != v1alpha1.Finalizer {
+		t.Errorf("finalizers %v", got)
+	}
+	if n := h.vault.Calls(vaulttest.OpIssue); n != 1 || len(h.get(t).Status.Leases) != 1 {
+		t.Errorf("after the reconcile that added the finalizer: %d issues, ledger %+v; want the credential issued in it", n, h.get(t).Status.Leases)
 	}
 }
 
