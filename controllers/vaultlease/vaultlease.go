@@ -49,7 +49,7 @@ func (r *Source) Credential(ctx context.Context, cl *ledger.Cluster, vcl vault.L
 		case rotation.ActionNothing:
 			r.Ledger.Planned(cl, d)
 			r.ledgerHasRoom(cl)
-			cl.Conds.Set(v1alpha1.ConditionCredentialsReady, metav1.ConditionTrue, v1alpha1.ReasonIssued, "A live credential from Vault is issued; it is written to Secret "+render.CredentialsSecretName(cl.RC)+" once every Redis node accepts it")
+			credentialsReady(cl)
 			return cur, statustime.RequeueAfter(r.Clock.Now(), d.When), nil
 		case rotation.ActionRenew:
 			gone, err = r.Ledger.Renew(ctx, cl, lvcl)
@@ -219,6 +219,7 @@ func (r *Source) issue(ctx context.Context, cl *ledger.Cluster, vcl vault.LeaseC
 	cred := &render.Credential{Username: u, Password: p, Version: render.CredentialVersion(u, p)}
 	stoppoint.Reached(stoppoint.AfterIssue, rc.Namespace)
 	r.recordLease(cl, lease, cred, d)
+	credentialsReady(cl) // with the ledger write: the lease is live from then on
 	if err := cl.Persist(ctx); err != nil {
 		// Not recorded, so never used: give it back at once.
 		_ = vcl.Revoke(ctx, lease.ID)
@@ -240,6 +241,11 @@ func (r *Source) staleRead(ctx context.Context, rc *v1alpha1.RedisCluster) (bool
 		return false, err
 	}
 	return cur.ResourceVersion != rc.ResourceVersion, nil
+}
+
+// credentialsReady says that a live credential from Vault is issued.
+func credentialsReady(cl *ledger.Cluster) {
+	cl.Conds.Set(v1alpha1.ConditionCredentialsReady, metav1.ConditionTrue, v1alpha1.ReasonIssued, "A live credential from Vault is issued; it is written to Secret "+render.CredentialsSecretName(cl.RC)+" once every Redis node accepts it")
 }
 
 // countIssue counts an issue, and a rotation when the issue replaces a live credential.
