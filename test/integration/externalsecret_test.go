@@ -516,9 +516,14 @@ func TestExternalSecretUntrackedLeaseWithLongRefreshIntervalIsReported(t *testin
 	if lt := cur.Status.Credential.LeasesTracked; lt == nil || *lt {
 		t.Errorf("leasesTracked %v, want false", lt)
 	}
-	if !slices.Contains(eventReasons(t, ns, "orders"), v1alpha1.ReasonRefreshIntervalTooLong) {
-		t.Error("no RefreshIntervalTooLong warning event")
-	}
+	// The event follows the status write that set the condition, through the asynchronous
+	// event recorder: it may land a moment after the condition is seen.
+	eventually(t, 10*time.Second, func() string {
+		if !slices.Contains(eventReasons(t, ns, "orders"), v1alpha1.ReasonRefreshIntervalTooLong) {
+			return "no RefreshIntervalTooLong warning event"
+		}
+		return ""
+	})
 	deleteAndWait(t, rc)
 }
 
