@@ -184,7 +184,7 @@ func leasePath(id string) string {
 func sweepError(err error) string {
 	msg := err.Error()
 	if vault.IsPermissionDenied(err) {
-		msg = "Vault refused to list leases: the operator's policy needs list and sudo on sys/leases/lookup/<path>/ (deploy/vault/keyroll-sweeper-policy.hcl): " + msg
+		msg = "Vault refused to list leases: the operator's policy needs list and sudo on sys/leases/lookup/<path>/ (deploy/vault/sweeper-policy.hcl): " + msg
 	}
 	if len(msg) > 1024 {
 		msg = msg[:1021] + "..."

@@ -132,7 +132,7 @@ func TestSweepOrphans(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if st := vc.Status.OrphanLeases; !strings.Contains(st.Error, "list and sudo on sys/leases/lookup/") {
+	if st := vc.Status.OrphanLeases; !strings.Contains(st.Error, "list and sudo on sys/leases/lookup/") || !strings.Contains(st.Error, "deploy/vault/sweeper-policy.hcl") {
 		t.Errorf("a refused list: status error %q, want it to name the policy", st.Error)
 	}
 	if e := drain(rec); strings.Count(e, v1alpha1.EventOrphanSweepFailed) != 1 {
