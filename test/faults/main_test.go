@@ -86,10 +86,11 @@ func run(m *testing.M) int {
 		fmt.Fprintf(os.Stderr, "secret values found in the operators' logs: %v\n", leaks)
 		code = 1
 	}
-	// Outside the ground's directory, which goes with the ground.
-	logFile := filepath.Join(os.TempDir(), "keyroll-faults-operators.log")
-	if err := os.WriteFile(logFile, []byte(logs.text()), 0o600); err == nil {
-		fmt.Fprintf(os.Stderr, "the operators' logs: %s\n", logFile)
+	if code != 0 { // kept for the diagnosis, outside the ground's directory, which goes with it
+		logFile := filepath.Join(os.TempDir(), "keyroll-faults-operators.log")
+		if err := os.WriteFile(logFile, []byte(logs.text()), 0o600); err == nil {
+			fmt.Fprintf(os.Stderr, "the operators' logs: %s\n", logFile)
+		}
 	}
 	fmt.Println(matrix.markdown())
 	if doc := os.Getenv("KEYROLL_RELIABILITY_DOC"); doc != "" && code == 0 {

@@ -48,18 +48,16 @@ func sizes() []int {
 var (
 	buildOnce sync.Once
 	bin       string
+	binDir    string
 	buildErr  error
 )
 
 // operatorBinary builds keyroll once for the package.
 func operatorBinary(b *testing.B) string {
 	buildOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "keyroll-scale-")
-		if err != nil {
-			buildErr = err
-			return
+		if binDir, buildErr = os.MkdirTemp("", "keyroll-scale-"); buildErr == nil {
+			bin, buildErr = harness.BuildOperator(binDir)
 		}
-		bin, buildErr = harness.BuildOperator(dir)
 	})
 	if buildErr != nil {
 		b.Fatal(buildErr)
@@ -82,7 +80,12 @@ var controllerManagerQPS = envInt("KEYROLL_SCALE_KCM_QPS", 0)
 // cluster (target: exactly 1), the operator's API writes per cluster, its peak RSS and CPU time.
 func BenchmarkIssueAtScale(b *testing.B) {
 	var rows []string
-	defer func() { writeTable(b, rows) }()
+	defer func() {
+		writeTable(b, rows)
+		if binDir != "" {
+			_ = os.RemoveAll(binDir)
+		}
+	}()
 	for _, n := range sizes() {
 		b.Run(fmt.Sprintf("clusters=%d", n), func(b *testing.B) {
 			for range b.N {
@@ -146,7 +149,11 @@ func issueAtScale(b *testing.B, n int) result {
 	if err != nil {
 		b.Fatal(err)
 	}
-	logPath := filepath.Join(os.TempDir(), fmt.Sprintf("keyroll-scale-%d.log", n))
+	// The operator's log goes with the ground, unless profiles are kept (then beside them).
+	logPath := filepath.Join(g.Dir, "operator.log")
+	if dir := profileDir(); dir != "" {
+		logPath = filepath.Join(dir, fmt.Sprintf("operator-%d.log", n))
+	}
 	logFile, err := os.Create(logPath)
 	if err != nil {
 		b.Fatal(err)
