@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/controllers/apply"
 	"github.com/keyroll/keyroll/controllers/conditions"
 	"github.com/keyroll/keyroll/controllers/metrics"
 	"github.com/keyroll/keyroll/controllers/primary"
@@ -89,7 +90,7 @@ func (r *Engine) Roll(ctx context.Context, c *primary.Cluster, version string, p
 		return true, 0, nil
 	}
 	r.Metrics.SetStalePods(client.ObjectKeyFromObject(rc), len(pods)-s.countCurrent(pods, false))
-	if stale, err := r.staleRead(ctx, rc); stale || err != nil {
+	if stale, err := apply.Stale(ctx, r.APIReader, rc); stale || err != nil {
 		// A step of this rollout was already taken from a newer version of the object (restart a
 		// pod, revoke a lease): look again from that version rather than take it twice.
 		return false, lagWait, err
@@ -110,16 +111,6 @@ func (r *Engine) Roll(ctx context.Context, c *primary.Cluster, version string, p
 	}
 	r.finishRollout(ctx, s)
 	return true, 0, nil
-}
-
-// staleRead says whether the cache gave this reconcile an older version of the RedisCluster than
-// the API server has: acting on it could repeat a step that a previous reconcile took.
-func (r *Engine) staleRead(ctx context.Context, rc *v1alpha1.RedisCluster) (bool, error) {
-	cur := &v1alpha1.RedisCluster{}
-	if err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(rc), cur); err != nil {
-		return false, client.IgnoreNotFound(err)
-	}
-	return cur.ResourceVersion != rc.ResourceVersion, nil
 }
 
 func (r *Engine) startRollout(ctx context.Context, s *step, version string, pending bool) *v1alpha1.RolloutStatus {

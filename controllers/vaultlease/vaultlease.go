@@ -198,7 +198,7 @@ func (r *Source) readCredential(ctx context.Context, rd client.Reader, key clien
 func (r *Source) issue(ctx context.Context, cl *ledger.Cluster, vcl vault.LeaseClient, d rotation.Decision) (*render.Credential, error) {
 	rc := cl.RC
 	path := rc.Spec.Credentials.VaultLease.Path
-	if stale, err := r.staleRead(ctx, rc); err != nil || stale {
+	if stale, err := apply.Stale(ctx, r.APIReader, rc); err != nil || stale {
 		// A reconcile that started from a lagging cache may see an issuance due that an earlier
 		// one has already made (and recorded): look again from the newer version instead.
 		log.FromContext(ctx).V(1).Info("The cached RedisCluster is older than the API server's; issuing from the newer one", "error", err)
@@ -229,18 +229,6 @@ func (r *Source) issue(ctx context.Context, cl *ledger.Cluster, vcl vault.LeaseC
 	cl.Conds.Event(false, v1alpha1.EventCredentialsIssued, "Issue", "Issued credential %s for user %s from %s (%s)", cred.Version, u, path, d.Reason)
 	log.FromContext(ctx).Info("Credential issued", "version", cred.Version, "username", u, "reason", string(d.Reason), "leaseDuration", lease.Duration)
 	return cred, nil
-}
-
-// staleRead says whether the API server holds a newer version of the RedisCluster than rc.
-func (r *Source) staleRead(ctx context.Context, rc *v1alpha1.RedisCluster) (bool, error) {
-	if r.APIReader == nil {
-		return false, nil
-	}
-	cur := &v1alpha1.RedisCluster{}
-	if err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(rc), cur); err != nil {
-		return false, err
-	}
-	return cur.ResourceVersion != rc.ResourceVersion, nil
 }
 
 // credentialsReady says that a live credential from Vault is issued.
