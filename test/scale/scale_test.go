@@ -18,15 +18,12 @@ import (
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
 	"github.com/keyroll/keyroll/test/harness"
-	"github.com/keyroll/keyroll/test/testground"
 )
 
 // sizes are the cluster counts of BenchmarkIssueAtScale: KEYROLL_SCALE_SIZES (comma-separated),
@@ -115,112 +112,52 @@ func issueAtScale(b *testing.B, n int) result {
 	b.Helper()
 	b.StopTimer()
 	ctx := context.Background()
-	g, err := testground.Start(testground.Options{Workloads: true, Redis: true, Vault: true, ControllerManagerQPS: controllerManagerQPS})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer g.Stop()
-	if err := harness.SetupVault(ctx, g, testground.RedisRole{Name: "scale", DefaultTTL: time.Hour, MaxTTL: 2 * time.Hour}); err != nil {
-		b.Fatal(err)
-	}
-	cfg := rest.CopyConfig(g.CP.Config)
-	cfg.QPS, cfg.Burst = 2000, 4000
-	c, err := client.New(cfg, client.Options{Scheme: harness.Scheme()})
-	if err != nil {
-		b.Fatal(err)
-	}
-	ns := "scale"
-	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
-		b.Fatal(err)
-	}
-	vc := &v1alpha1.VaultConnection{ObjectMeta: metav1.ObjectMeta{Name: ns}, Spec: v1alpha1.VaultConnectionSpec{
-		Address: g.Vault.Addr, AllowedNamespaces: []string{ns},
-		Auth:      v1alpha1.VaultAuth{Kubernetes: &v1alpha1.KubernetesAuth{Role: harness.OperatorRole}},
-		RateLimit: &v1alpha1.VaultRateLimit{QPS: vaultQPS, Burst: vaultBurst},
-	}}
-	if err := c.Create(ctx, vc); err != nil {
-		b.Fatal(err)
-	}
-	port, err := testground.FreePort()
-	if err != nil {
-		b.Fatal(err)
-	}
-	pprofPort, err := testground.FreePort()
-	if err != nil {
-		b.Fatal(err)
-	}
-	// The operator's log goes with the ground, unless profiles are kept (then beside them).
-	logPath := filepath.Join(g.Dir, "operator.log")
-	if dir := profileDir(); dir != "" {
-		logPath = filepath.Join(dir, fmt.Sprintf("operator-%d.log", n))
-	}
-	logFile, err := os.Create(logPath)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer logFile.Close()
-	var logMu sync.Mutex
-	p, err := harness.StartProcess(g, operatorBinary(b), harness.ProcessOptions{MetricsPort: port,
-		Args: append([]string{"--zap-log-level=info", fmt.Sprintf("--pprof-bind-address=127.0.0.1:%d", pprofPort)},
-			strings.Fields(os.Getenv("KEYROLL_SCALE_ARGS"))...),
-		Line: func(l string) {
-			logMu.Lock()
-			defer logMu.Unlock()
-			fmt.Fprintln(logFile, l)
-		}})
-	if err != nil {
-		b.Fatal(err)
-	}
-	fmt.Fprintf(os.Stderr, "scale: N=%d, the operator's log: %s\n", n, logPath)
-	pprof := fmt.Sprintf("http://127.0.0.1:%d/debug/pprof/", pprofPort)
-	defer p.Kill()
-	metricsURL := fmt.Sprintf("http://127.0.0.1:%d/metrics", port)
-	waitFor(b, 2*time.Minute, func() bool {
-		cur := &v1alpha1.VaultConnection{}
-		return c.Get(ctx, client.ObjectKey{Name: ns}, cur) == nil && meta.IsStatusConditionTrue(cur.Status.Conditions, v1alpha1.ConditionReady)
-	})
-	writes0 := scrape(b, metricsURL, writesOf)
-	gets0 := scrape(b, metricsURL, func(l string) (float64, bool) { return sample(l, "rest_client_requests_total{", `method="GET"`) })
+	r := startRun(b, strconv.Itoa(n), runOptions{})
+	defer r.end()
+	c, ns := r.c, r.ns
+	writes0 := r.metric(b, writesOf)
+	gets0 := r.metric(b, gets)
 
-	profiled := profileCPU(pprof, fmt.Sprintf("cpu-%d.pprof", n), 20*time.Second)
+	profiled := profileCPU(r.pprof, fmt.Sprintf("cpu-%d.pprof", n), 20*time.Second)
 	go func() { // where the workers wait, 10 s into the run
 		time.Sleep(10 * time.Second)
-		saveProfile(pprof+"goroutine?debug=1", fmt.Sprintf("goroutines-%d.txt", n))
+		saveProfile(r.pprof+"goroutine?debug=1", fmt.Sprintf("goroutines-%d.txt", n))
 	}()
 	b.StartTimer()
 	start := time.Now()
-	createAll(b, c, ns, n)
+	createAll(b, c, ns, "c", n, ns)
 	created := time.Since(start)
 	waitFor(b, 15*time.Minute, func() bool { return countReady(ctx, c, ns) == n })
 	took := time.Since(start)
 	b.StopTimer()
 
-	issues := scrape(b, metricsURL, issuesOf)
-	issueSeconds := scrape(b, metricsURL, func(l string) (float64, bool) {
+	issues := r.metric(b, issuesOf)
+	issueSeconds := r.metric(b, func(l string) (float64, bool) {
 		return sample(l, "keyroll_vault_request_duration_seconds_sum{", `operation="issue"`, `outcome="Success"`)
 	})
-	reconcileSeconds := scrape(b, metricsURL, func(l string) (float64, bool) {
+	reconcileSeconds := r.metric(b, func(l string) (float64, bool) {
 		return sample(l, "controller_runtime_reconcile_time_seconds_sum{", `controller="rediscluster"`)
 	})
-	reconciles := scrape(b, metricsURL, func(l string) (float64, bool) {
+	reconciles := r.metric(b, func(l string) (float64, bool) {
 		return sample(l, "controller_runtime_reconcile_time_seconds_count{", `controller="rediscluster"`)
 	})
-	gets := scrape(b, metricsURL, func(l string) (float64, bool) { return sample(l, "rest_client_requests_total{", `method="GET"`) }) - gets0
-	fmt.Printf("scale: N=%d  %.1f uncached reads (GET) per cluster\n", n, gets/float64(n))
+	reads := r.metric(b, gets) - gets0
+	fmt.Printf("scale: N=%d  %.1f uncached reads (GET) per cluster\n", n, reads/float64(n))
 	fmt.Printf("scale: N=%d  created in %.1f s; Vault issue %.0f ms on average; %.0f reconciles of %.0f ms on average\n",
 		n, created.Seconds(), 1000*issueSeconds/max(issues, 1), reconciles, 1000*reconcileSeconds/max(reconciles, 1))
-	writes := scrape(b, metricsURL, writesOf) - writes0
-	u, err := p.Usage()
+	writes := r.metric(b, writesOf) - writes0
+	u, err := r.p.Usage()
 	if err != nil {
 		b.Fatal(err)
 	}
-	saveProfile(pprof+"heap", fmt.Sprintf("heap-%d.pprof", n))
+	saveProfile(r.pprof+"heap", fmt.Sprintf("heap-%d.pprof", n))
 	<-profiled
-	return result{credentialsReady: took, issues: issues, writes: writes, gets: gets, usage: u}
+	return result{credentialsReady: took, issues: issues, writes: writes, gets: reads, usage: u}
 }
 
-// createAll creates n RedisClusters, 32 at a time.
-func createAll(b *testing.B, c client.Client, ns string, n int) {
+// createAll creates n RedisClusters <prefix>0000, <prefix>0001, ... through the VaultConnection
+// connection, 32 at a time.
+func createAll(b *testing.B, c client.Client, ns, prefix string, n int, connection string) {
 	b.Helper()
 	var wg sync.WaitGroup
 	errs := make(chan error, n)
@@ -231,11 +168,11 @@ func createAll(b *testing.B, c client.Client, ns string, n int) {
 			defer wg.Done()
 			for i := range next {
 				rc := &v1alpha1.RedisCluster{
-					ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("c%04d", i)},
+					ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("%s%04d", prefix, i)},
 					Spec: v1alpha1.RedisClusterSpec{Replicas: 1, Credentials: v1alpha1.CredentialsSpec{
 						Source: v1alpha1.SourceVaultLease,
 						VaultLease: &v1alpha1.VaultLeaseSource{
-							ConnectionRef: v1alpha1.ConnectionReference{Name: ns}, Path: "database/creds/scale",
+							ConnectionRef: v1alpha1.ConnectionReference{Name: connection}, Path: "database/creds/scale",
 						},
 					}},
 				}
