@@ -6,8 +6,9 @@
 // translate the RedisCluster's spec and status into an Input and act on the Decision. Time comes
 // from the caller (Input.Now) or from an injected k8s.io/utils/clock clock, never from time.Now.
 //
-// The one piece that runs on a timer is the Scheduler, a leader-elected manager.Runnable that only
-// wakes reconcilers by sending GenericEvents into a channel; it never writes objects.
+// Nothing here runs on a timer: a Decision says when the cluster needs looking at again
+// (Decision.When, the next renewal, lookup or scheduled rotation), and the reconciler asks to be
+// called back then (RequeueAfter).
 package rotation
 
 // The operator image may ship without /usr/share/zoneinfo (distroless); schedules and maintenance

@@ -49,6 +49,12 @@ type ConnectionClient interface {
 	TokenInfo() TokenInfo
 }
 
+// The Vault client is both what RedisClusters and what VaultConnections need of it.
+var (
+	_ LeaseClient      = (*Client)(nil)
+	_ ConnectionClient = (*Client)(nil)
+)
+
 // Lease is a credential issued by Vault.
 type Lease struct {
 	ID        string

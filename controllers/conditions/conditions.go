@@ -20,8 +20,8 @@ type Setter struct {
 	Announced *Announced
 }
 
-// Set sets one condition and reports whether its status or reason changed. event, when not empty, is the event reason recorded on a transition;
-// warning makes it a Warning event.
+// Set sets one condition and reports whether its status or reason changed; the caller announces
+// the change (Announce) when it is one people should hear of.
 func (s Setter) Set(condType string, status metav1.ConditionStatus, reason, message string) bool {
 	old := meta.FindStatusCondition(*s.Conditions, condType)
 	transition := old == nil || old.Status != status || old.Reason != reason

@@ -192,7 +192,7 @@ func (r *deps) retireSuperseded(ctx context.Context, s *scope, in *internal, vcl
 	return true, 0, nil
 }
 
-// forget drops what the reconciler keeps of a deleted cluster: its scheduler entry and metrics.
+// forget drops what the reconciler keeps of a deleted cluster: its lease checks and metrics.
 func (r *Reconciler) forget(key types.NamespacedName) {
 	r.Ledger.Checks.Forget(key)
 	r.Metrics.Forget(key)

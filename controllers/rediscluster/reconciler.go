@@ -68,6 +68,12 @@ type source interface {
 	Retire(ctx context.Context, c *ledger.Cluster) (time.Duration, error)
 }
 
+// Both credential sources are sources.
+var (
+	_ source = (*vaultlease.Source)(nil)
+	_ source = (*externalsecret.Source)(nil)
+)
+
 // DefaultWorkers is how many RedisClusters are reconciled at once by default: enough that a slow
 // Vault call for one cluster does not hold up a thousand others.
 const DefaultWorkers = 16
