@@ -1,8 +1,13 @@
 package apply
 
 import (
+	"context"
+	"errors"
 	"fmt"
+	"sync"
 
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -21,6 +26,34 @@ func (e *ConflictError) Error() string {
 		hint += ", or set spec.credentials.secretName"
 	}
 	return fmt.Sprintf("%s %s exists and is not owned by this RedisCluster; keyroll does not overwrite it (%s)", e.Kind, e.Name, hint)
+}
+
+// SecretsFree makes sure that each of the named Secrets of rc's namespace is absent or rc's to
+// write: controlled by rc, or one that also accepts (nil: none). The cache (cached) holds only
+// Secrets with keyroll's label, so one it lacks is read past it (uncached); the names are read at
+// once. A Secret that is not free is a *ConflictError.
+func SecretsFree(ctx context.Context, cached, uncached client.Reader, rc *v1alpha1.RedisCluster, names []string, also func(*corev1.Secret) bool) error {
+	errs := make([]error, len(names))
+	var wg sync.WaitGroup
+	for i, name := range names {
+		wg.Go(func() {
+			sec := &corev1.Secret{}
+			key := client.ObjectKey{Namespace: rc.Namespace, Name: name}
+			err := cached.Get(ctx, key, sec)
+			if apierrors.IsNotFound(err) {
+				err = uncached.Get(ctx, key, sec)
+			}
+			switch {
+			case apierrors.IsNotFound(err):
+			case err != nil:
+				errs[i] = fmt.Errorf("reading Secret %s: %w", name, err)
+			case !OwnedBy(sec, rc) && (also == nil || !also(sec)):
+				errs[i] = &ConflictError{Kind: "Secret", Name: name}
+			}
+		})
+	}
+	wg.Wait()
+	return errors.Join(errs...)
 }
 
 // OwnedBy says whether rc is obj's controller.

@@ -69,10 +69,7 @@ type source interface {
 }
 
 // Both credential sources are sources.
-var (
-	_ source = (*vaultlease.Source)(nil)
-	_ source = (*externalsecret.Source)(nil)
-)
+var _, _ source = (*vaultlease.Source)(nil), (*externalsecret.Source)(nil)
 
 // DefaultWorkers is how many RedisClusters are reconciled at once by default: enough that a slow
 // Vault call for one cluster does not hold up a thousand others.

@@ -79,6 +79,31 @@ func (c *Connector) Client(ctx context.Context, vc *v1alpha1.VaultConnection) (C
 	return c.Clients.Get(vc.Name, cfg)
 }
 
+// Refusal says why a RedisCluster has no Vault client: the reason of its condition, and a message
+// that names what to fix.
+type Refusal struct{ Reason, Message string }
+
+// ClientFor is the Vault client of the VaultConnection name (read through r) for a RedisCluster of
+// namespace, whose field names the connection; or why there is none. With checkNamespace false,
+// spec.allowedNamespaces is not asked: revoking leases keyroll already holds is always allowed.
+func (c *Connector) ClientFor(ctx context.Context, r client.Reader, name, namespace, field string, checkNamespace bool) (Client, *Refusal, error) {
+	vc := &v1alpha1.VaultConnection{}
+	if err := r.Get(ctx, client.ObjectKey{Name: name}, vc); err != nil {
+		if !apierrors.IsNotFound(err) {
+			return nil, nil, fmt.Errorf("reading VaultConnection %s: %w", name, err)
+		}
+		return nil, &Refusal{v1alpha1.ReasonConnectionNotFound, fmt.Sprintf("VaultConnection %q (%s) does not exist", name, field)}, nil
+	}
+	if checkNamespace && !vc.AllowsNamespace(namespace) {
+		return nil, &Refusal{v1alpha1.ReasonNamespaceNotAllowed, fmt.Sprintf("VaultConnection %q does not allow namespace %q (spec.allowedNamespaces)", name, namespace)}, nil
+	}
+	vcl, err := c.Client(ctx, vc)
+	if err != nil {
+		return nil, &Refusal{v1alpha1.ReasonConnectionNotReady, fmt.Sprintf("VaultConnection %q cannot be used: %v", name, err)}, nil
+	}
+	return vcl, nil, nil
+}
+
 // Forget drops the client of a deleted VaultConnection.
 func (c *Connector) Forget(name string) { c.Clients.Forget(name) }
 
