@@ -1,6 +1,11 @@
 package v1alpha1
 
-import "slices"
+import (
+	"slices"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+)
 
 // VaultConnectionName is the VaultConnection the RedisCluster uses: always in VaultLease mode, in
 // ExternalSecret mode only to renew and revoke the leases External Secrets Operator obtains ("" if
@@ -51,4 +56,33 @@ func (rc *RedisCluster) VaultConnections() []string {
 // AllowsNamespace says whether RedisClusters in ns may use the VaultConnection: listed, or "*".
 func (vc *VaultConnection) AllowsNamespace(ns string) bool {
 	return slices.Contains(vc.Spec.AllowedNamespaces, "*") || slices.Contains(vc.Spec.AllowedNamespaces, ns)
+}
+
+// SummaryPhase summarises the conditions for kubectl get (status.phase).
+func (rc *RedisCluster) SummaryPhase() Phase {
+	c := rc.Status.Conditions
+	switch {
+	case !rc.DeletionTimestamp.IsZero():
+		return PhaseDeleting
+	case meta.IsStatusConditionTrue(c, ConditionDegraded):
+		return PhaseDegraded
+	case meta.IsStatusConditionTrue(c, ConditionRolloutProgressing):
+		return PhaseRolling
+	case meta.IsStatusConditionTrue(c, ConditionReady):
+		return PhaseReady
+	case rc.Status.Credential == nil:
+		return PhaseIssuing
+	}
+	return PhasePending
+}
+
+// TokenEnds maps the accessors of the tokens with a known end to that end.
+func (s *VaultConnectionStatus) TokenEnds() map[string]time.Time {
+	out := map[string]time.Time{}
+	for _, t := range s.Tokens {
+		if t.EndsAt != nil {
+			out[t.Accessor] = t.EndsAt.Time
+		}
+	}
+	return out
 }

@@ -31,7 +31,7 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, s *scope) (ctrl.Result
 	r.forget(client.ObjectKeyFromObject(rc))
 	if src := r.source(rc); rc.Spec.Credentials.Source != v1alpha1.SourceExternalSecret || r.ExternalSecrets {
 		if wait, err := src.Retire(ctx, s.Cluster); err != nil || wait > 0 {
-			return ctrl.Result{RequeueAfter: wait}, err
+			return result(wait, err)
 		}
 	}
 	if len(rc.Status.Leases) > 0 {
@@ -50,7 +50,7 @@ func (r *deps) revokeAll(ctx context.Context, s *scope) (ctrl.Result, error) {
 		if s.Conds.Set(v1alpha1.ConditionLeasesRevoked, metav1.ConditionFalse, v1alpha1.ReasonRevocationPending, msg) {
 			s.Conds.Announce(true, v1alpha1.EventRevocationFailed, "Revoke", "%s", msg)
 		}
-		return ctrl.Result{RequeueAfter: wait}, err
+		return result(wait, err)
 	}
 	var errs []error
 	for _, l := range s.RC.Status.Leases {

@@ -7,7 +7,6 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -18,6 +17,7 @@ import (
 	"github.com/keyroll/keyroll/controllers/apply"
 	"github.com/keyroll/keyroll/controllers/conditions"
 	"github.com/keyroll/keyroll/controllers/ledger"
+	"github.com/keyroll/keyroll/controllers/primary"
 	"github.com/keyroll/keyroll/controllers/render"
 	"github.com/keyroll/keyroll/vault"
 )
@@ -94,68 +94,89 @@ func (r *Reconciler) ensureFinalizer(ctx context.Context, rc *v1alpha1.RedisClus
 // consumers' Secret), the rollout to the consumers, and the retirement of what it replaced.
 func (r *Reconciler) reconcileNormal(ctx context.Context, s *scope) (ctrl.Result, error) {
 	rc := s.RC
-	external := rc.Spec.Credentials.Source == v1alpha1.SourceExternalSecret
-	if external && !r.ExternalSecrets {
+	if rc.Spec.Credentials.Source == v1alpha1.SourceExternalSecret && !r.ExternalSecrets {
 		r.externalSecretsMissing(s)
 		return ctrl.Result{}, nil
 	}
 	s.ParseRotation()
 	if free, err := r.checkSecretsFree(ctx, s); !free || err != nil {
-		return ctrl.Result{RequeueAfter: waitForConnection}, err
+		return result(waitForConnection, err)
 	}
 	in, err := r.internalUsers(ctx, s)
 	if in == nil || err != nil {
-		return ctrl.Result{RequeueAfter: waitForConnection}, err
+		return result(waitForConnection, err)
 	}
-	var vcl vault.LeaseClient // none in ExternalSecret mode without connectionRef
-	var cred *render.Credential
-	next, credErr := time.Duration(0), error(nil)
+	d, err := r.credentialAndObjects(ctx, s, in)
+	if err != nil || d.cred == nil {
+		return result(d.next, err)
+	}
+	return r.deliver(ctx, s, d)
+}
+
+// delivery is what the credential needs to reach the Redis nodes and the consumers.
+type delivery struct {
+	in   *internal
+	cred *render.Credential
+	vcl  vault.LeaseClient // none in ExternalSecret mode without connectionRef
+	pc   *primary.Cluster
+	next time.Duration
+}
+
+// credentialAndObjects brings the credential up to date, then the Redis objects and the primary,
+// whatever became of the credential: Redis trouble is reported and looked at again, and does not
+// hold up the credential.
+func (r *Reconciler) credentialAndObjects(ctx context.Context, s *scope, in *internal) (delivery, error) {
+	rc := s.RC
+	d := delivery{in: in}
+	var credErr error
 	if rc.VaultConnectionName() != "" {
-		vcl, next, credErr = r.connect(ctx, s, false)
+		d.vcl, d.next, credErr = r.connect(ctx, s, false)
 	}
-	if vcl != nil || rc.VaultConnectionName() == "" {
-		cred, next, credErr = r.source(rc).Credential(ctx, s.Cluster, vcl)
+	if d.vcl != nil || rc.VaultConnectionName() == "" {
+		d.cred, d.next, credErr = r.source(rc).Credential(ctx, s.Cluster, d.vcl)
 	}
 	if err := r.reconcileObjects(ctx, s, in); err != nil {
-		return ctrl.Result{}, errors.Join(credErr, err)
+		return d, errors.Join(credErr, err)
 	}
 	pc, err := r.primary.For(ctx, rc, s.Conds, in.Admin)
 	if err != nil {
-		return ctrl.Result{}, errors.Join(credErr, err)
+		return d, errors.Join(credErr, err)
 	}
-	// Redis trouble does not hold up the credential: it is reported, and looked at again.
 	keepWait, err := r.primary.Keep(ctx, pc)
 	if err != nil {
 		log.FromContext(ctx).Info("Keeping the primary failed; trying again", "error", err.Error())
 		keepWait = soonest(keepWait, 5*time.Second)
 	}
-	next = soonest(next, keepWait)
-	if credErr != nil || cred == nil {
-		return ctrl.Result{RequeueAfter: next}, credErr
-	}
-	if err := r.stage(ctx, s, in, cred); err != nil {
+	d.pc, d.next = pc, soonest(d.next, keepWait)
+	return d, credErr
+}
+
+// deliver puts the credential on every Redis node, then in the consumers' Secret and rolls the
+// consumers out, then retires the users and leases it superseded.
+func (r *Reconciler) deliver(ctx context.Context, s *scope, d delivery) (ctrl.Result, error) {
+	if err := r.stage(ctx, s, d.in, d.cred); err != nil {
 		return ctrl.Result{}, err
 	}
 	// Users cut off ahead of their replacement's rollout leave the nodes (and status) in the
 	// users step: the consumers still need the credential that replaced them.
 	pending := ledger.Pending(s.RC) || ledger.CutOff(s.RC)
-	applied, wait, err := r.reconcileUsers(ctx, s, in, cred)
+	applied, wait, err := r.reconcileUsers(ctx, s, d.in, d.cred)
 	if !applied || err != nil {
 		r.readyReplicas(ctx, s)
-		return ctrl.Result{RequeueAfter: soonest(next, wait)}, err
+		return result(soonest(d.next, wait), err)
 	}
-	rolledOut, wait, err := r.rollout.Roll(ctx, pc, cred.Version, pending)
+	rolledOut, wait, err := r.rollout.Roll(ctx, d.pc, d.cred.Version, pending)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
 	if rolledOut && ledger.Retiring(s.RC) {
-		if done, wait, err := r.retireSuperseded(ctx, s, in, vcl, cred); !done || err != nil {
-			return ctrl.Result{RequeueAfter: wait}, err
+		if done, wait, err := r.retireSuperseded(ctx, s, d.in, d.vcl, d.cred); !done || err != nil {
+			return result(wait, err)
 		}
 	}
 	r.readyReplicas(ctx, s)
-	rc.Status.ObservedGeneration = rc.Generation
-	return ctrl.Result{RequeueAfter: soonest(next, wait)}, nil
+	s.RC.Status.ObservedGeneration = s.RC.Generation
+	return result(soonest(d.next, wait), nil)
 }
 
 // stage keeps the current credential where only keyroll reads it (VaultLease mode: Vault hands
@@ -198,6 +219,14 @@ func (r *Reconciler) forget(key types.NamespacedName) {
 	r.Metrics.Forget(key)
 }
 
+// result asks to be called again after after, or returns err alone: never both.
+func result(after time.Duration, err error) (ctrl.Result, error) {
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	return ctrl.Result{RequeueAfter: after}, nil
+}
+
 // soonest is the shorter of two non-zero requeue delays.
 func soonest(a, b time.Duration) time.Duration {
 	if a == 0 || (b != 0 && b < a) {
@@ -226,7 +255,7 @@ func (r *Reconciler) externalSecretsMissing(s *scope) {
 // with it, so that each change is announced once.
 func (r *deps) writeStatus(ctx context.Context, s *scope) error {
 	s.summarize()
-	s.RC.Status.Phase = phaseOf(s.RC)
+	s.RC.Status.Phase = s.RC.SummaryPhase()
 	err := apply.PatchStatus(ctx, r.Client, s.before, s.RC, func(o client.Object) any { return o.(*v1alpha1.RedisCluster).Status })
 	if err != nil {
 		s.Conds.NotWritten()
@@ -235,22 +264,4 @@ func (r *deps) writeStatus(ctx context.Context, s *scope) error {
 	s.before = s.RC.DeepCopy()
 	s.Conds.Written()
 	return nil
-}
-
-// phaseOf summarises the conditions for kubectl get.
-func phaseOf(rc *v1alpha1.RedisCluster) v1alpha1.Phase {
-	c := rc.Status.Conditions
-	switch {
-	case !rc.DeletionTimestamp.IsZero():
-		return v1alpha1.PhaseDeleting
-	case meta.IsStatusConditionTrue(c, v1alpha1.ConditionDegraded):
-		return v1alpha1.PhaseDegraded
-	case meta.IsStatusConditionTrue(c, v1alpha1.ConditionRolloutProgressing):
-		return v1alpha1.PhaseRolling
-	case meta.IsStatusConditionTrue(c, v1alpha1.ConditionReady):
-		return v1alpha1.PhaseReady
-	case rc.Status.Credential == nil:
-		return v1alpha1.PhaseIssuing
-	}
-	return v1alpha1.PhasePending
 }

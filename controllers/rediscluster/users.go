@@ -86,7 +86,7 @@ func (r *deps) internalUsers(ctx context.Context, s *scope) (*internal, error) {
 		}
 	}
 	if string(state.Data[render.AdminPasswordKey]) != in.Admin {
-		if err := r.writeState(ctx, rc, in, stagedCredential(state)); err != nil {
+		if err := r.writeState(ctx, rc, in, render.StagedCredential(state)); err != nil {
 			return nil, err
 		}
 	}
@@ -99,16 +99,6 @@ func (r *deps) internalUsers(ctx context.Context, s *scope) (*internal, error) {
 // writeState writes the state Secret: the admin password and the staged credential (nil: none).
 func (r *deps) writeState(ctx context.Context, rc *v1alpha1.RedisCluster, in *internal, cred *render.Credential) error {
 	return apply.Owned(ctx, r.Client, r.APIReader, rc, render.StateSecret(rc, in.Admin, cred))
-}
-
-// stagedCredential is the credential the state Secret holds, or nil.
-func stagedCredential(state *corev1.Secret) *render.Credential {
-	u, p := string(state.Data[render.StateUsernameKey]), string(state.Data[render.StatePasswordKey])
-	if u == "" || p == "" {
-		return nil
-	}
-	c := render.NewCredential(u, p)
-	return &c
 }
 
 // ownedSecret reads a Secret keyroll writes for rc (an empty one when it does not exist yet).

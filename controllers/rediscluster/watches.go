@@ -125,19 +125,8 @@ func connectionChanged() predicate.Predicate {
 		}
 		o, n := e.ObjectOld.(*v1alpha1.VaultConnection), e.ObjectNew.(*v1alpha1.VaultConnection)
 		return readyStatus(o.Status.Conditions) != readyStatus(n.Status.Conditions) ||
-			!maps.Equal(tokenEnds(o.Status.Tokens), tokenEnds(n.Status.Tokens))
+			!maps.Equal(o.Status.TokenEnds(), n.Status.TokenEnds())
 	}}
-}
-
-// tokenEnds maps the accessors of tokens with a known end to that end.
-func tokenEnds(tokens []v1alpha1.TokenStatus) map[string]time.Time {
-	out := map[string]time.Time{}
-	for _, t := range tokens {
-		if t.EndsAt != nil {
-			out[t.Accessor] = t.EndsAt.Time
-		}
-	}
-	return out
 }
 
 func readyStatus(c []metav1.Condition) metav1.ConditionStatus {
