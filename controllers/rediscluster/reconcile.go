@@ -65,7 +65,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 			log.FromContext(ctx).V(1).Info("Status changed meanwhile; reconciling again")
 			res, err = ctrl.Result{RequeueAfter: time.Second}, nil
 		}
-		reterr = errors.Join(reterr, err)
+		if reterr = errors.Join(reterr, err); reterr != nil {
+			res = ctrl.Result{} // the error's backoff decides when to look again
+		}
 	}()
 	if !rc.DeletionTimestamp.IsZero() {
 		return r.reconcileDelete(ctx, s)
