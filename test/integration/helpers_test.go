@@ -243,6 +243,21 @@ func eventReasons(t *testing.T, ns, name string) []string {
 	return reasonsOf(events(t, ns, name))
 }
 
+// hasEvent says whether an event of reason (any, when empty) about an object turns up within 10
+// s: the recorder sends events asynchronously, after the status write that carries their change.
+func hasEvent(t *testing.T, ns, name, reason string) bool {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		reasons := eventReasons(t, ns, name)
+		if (reason == "" && len(reasons) > 0) || (reason != "" && slices.Contains(reasons, reason)) {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+	}
+}
+
 // warningReasons lists the reasons of the Warning events about an object, as eventReasons does.
 func warningReasons(t *testing.T, ns, name string) []string {
 	t.Helper()
