@@ -2,6 +2,7 @@ package vault
 
 import (
 	"context"
+	"sync/atomic"
 	"time"
 )
 
@@ -66,8 +67,14 @@ func (c *Client) attempt(ctx context.Context, op string, h *heldToken, fn attemp
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	probe, err := c.unanswered.admit()
+	if err != nil {
+		return err
+	}
+	var reached atomic.Bool
 	start := c.clock.Now()
-	err := fn(limiterContext{ctx}, h)
+	err = fn(limiterContext{traced(ctx, &reached)}, h)
+	c.unanswered.done(probe, reached.Load(), err)
 	if c.cfg.Observer != nil {
 		outcome := OutcomeSuccess
 		if err != nil {

@@ -40,6 +40,8 @@ type Client struct {
 	secrets  *redactor
 
 	authSem chan struct{} // held while logging in, renewing tokens or loading the token store
+	// unanswered fails requests at once for a moment after Vault left one unanswered.
+	unanswered *unanswered
 
 	mu            sync.RWMutex
 	cur           *heldToken            // the token new work uses; nil before the first login
@@ -61,14 +63,15 @@ func New(cfg Config) (*Client, error) {
 		return nil, err
 	}
 	c := &Client{
-		cfg:     cfg,
-		http:    hc,
-		clock:   cfg.Clock,
-		log:     cfg.Logger.WithValues("vaultAddress", cfg.Address, "authMethod", cfg.Auth.method()),
-		limiter: rate.NewLimiter(rate.Limit(cfg.RateLimit.QPS), cfg.RateLimit.Burst),
-		secrets: newRedactor(),
-		authSem: make(chan struct{}, 1),
-		held:    map[string]*heldToken{},
+		cfg:        cfg,
+		http:       hc,
+		clock:      cfg.Clock,
+		log:        cfg.Logger.WithValues("vaultAddress", cfg.Address, "authMethod", cfg.Auth.method()),
+		limiter:    rate.NewLimiter(rate.Limit(cfg.RateLimit.QPS), cfg.RateLimit.Burst),
+		secrets:    newRedactor(),
+		authSem:    make(chan struct{}, 1),
+		unanswered: &unanswered{clock: cfg.Clock},
+		held:       map[string]*heldToken{},
 	}
 	c.rememberConfigSecrets()
 	if c.loginAPI, err = c.newAPIClient(); err != nil {

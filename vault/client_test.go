@@ -256,24 +256,70 @@ func blackhole(t *testing.T) string {
 	return "http://" + ln.Addr().String()
 }
 
-// TestBlackholedVaultEndsEveryCallByTheTimeout: a server that accepts connections and never
-// answers ends each call by the timeout, one after the other, each after one request.
-func TestBlackholedVaultEndsEveryCallByTheTimeout(t *testing.T) {
+// TestBlackholedVaultHoldsOneCallAtATime: a server that accepts connections and never answers
+// ends the first call by the timeout; the calls that follow fail at once, without a request,
+// until RetryUnanswered has passed, when one request tries again (and is held for the timeout)
+// while the others still fail at once. An answer ends the wait.
+func TestBlackholedVaultHoldsOneCallAtATime(t *testing.T) {
 	addr := blackhole(t)
 	c := newTestClient(t, func(cfg *Config) { cfg.Address, cfg.Timeout = addr, 200*time.Millisecond })
+	health := func() (time.Duration, error) {
+		start := time.Now()
+		_, err := c.Health(context.Background())
+		return time.Since(start), err
+	}
+	if took, err := health(); !IsUnavailable(err) || !errors.Is(err, context.DeadlineExceeded) || took > 2*time.Second {
+		t.Fatalf("the first call = %v after %v, want an Unavailable deadline error after about 200ms", err, took)
+	}
 	for _, call := range []func() error{
 		func() error { _, err := c.Health(context.Background()); return err },
 		func() error { return c.Login(context.Background()) },
 		func() error { _, err := c.Issue(context.Background(), credsPath); return err },
 	} {
 		start := time.Now()
-		err := call()
-		if elapsed := time.Since(start); !IsUnavailable(err) || !errors.Is(err, context.DeadlineExceeded) || elapsed > 2*time.Second {
-			t.Errorf("a call to a blackholed Vault = %v after %v, want an Unavailable deadline error after about 200ms", err, elapsed)
+		if err := call(); !IsUnavailable(err) || time.Since(start) > 100*time.Millisecond {
+			t.Errorf("a call right after = %v after %v, want Unavailable at once", err, time.Since(start))
 		}
 	}
-	if got := [2]int{c.obs.count(opHealth), c.obs.count(opLogin)}; got != [2]int{1, 2} {
-		t.Errorf("health and login requests = %v, want [1 2]", got)
+	if got := [2]int{c.obs.count(opHealth), c.obs.count(opLogin)}; got != [2]int{1, 0} {
+		t.Errorf("health and login requests = %v, want [1 0]", got)
+	}
+
+	c.clock.Step(RetryUnanswered)
+	held := make(chan error)
+	go func() { _, err := health(); held <- err }()
+	time.Sleep(50 * time.Millisecond) // the probe is out
+	if took, err := health(); !IsUnavailable(err) || took > 100*time.Millisecond {
+		t.Errorf("a call while one tries again = %v after %v, want Unavailable at once", err, took)
+	}
+	if err := <-held; !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("the call that tried again = %v, want a deadline error", err)
+	}
+	if got := c.obs.count(opHealth); got != 2 {
+		t.Errorf("health requests = %d, want 2", got)
+	}
+}
+
+// TestAnAnswerEndsTheWaitAfterAnUnansweredRequest: once Vault answers the request that tries
+// again, calls go through again at once.
+func TestAnAnswerEndsTheWaitAfterAnUnansweredRequest(t *testing.T) {
+	c := newTestClient(t, func(cfg *Config) { cfg.Timeout = 200 * time.Millisecond })
+	c.vault.handle("sys/health", hang)
+	if _, err := c.Health(context.Background()); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Health() = %v, want a deadline error", err)
+	}
+	c.vault.handle("sys/health", healthy)
+	if _, err := c.Health(context.Background()); !IsUnavailable(err) {
+		t.Fatalf("Health() right after = %v, want Unavailable at once", err)
+	}
+	c.clock.Step(RetryUnanswered)
+	for i := range 3 {
+		if _, err := c.Health(context.Background()); err != nil {
+			t.Fatalf("Health() %d after Vault answered again = %v", i, err)
+		}
+	}
+	if got := c.obs.count(opHealth); got != 4 {
+		t.Errorf("health requests = %d, want 4 (one unanswered, three answered)", got)
 	}
 }
 

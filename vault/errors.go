@@ -186,7 +186,7 @@ func classify(err error) string {
 		return ""
 	case errors.Is(err, context.Canceled):
 		return ClassCanceled
-	case errors.Is(err, context.DeadlineExceeded):
+	case errors.Is(err, context.DeadlineExceeded), errors.As(err, new(notTried)):
 		return ClassUnavailable
 	case errors.As(err, &re):
 		return classifyStatus(re.StatusCode, re.Errors)

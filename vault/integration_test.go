@@ -3,6 +3,8 @@ package vault_test
 import (
 	"context"
 	"errors"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -513,7 +515,8 @@ func ownVault(t *testing.T) *testground.Vault {
 // TestIntegrationVaultUnavailable: a sealed, a stopped and a blackholed Vault (its process
 // paused: the kernel still accepts connections, nothing answers) each fail a call after one
 // request, as Sealed or Unavailable, at once or by Config.Timeout although the caller would wait
-// longer; once Vault answers again, the next call works.
+// longer; once Vault answers again, the next call works (after a request it left unanswered: once
+// RetryUnanswered has passed; until then calls fail at once).
 func TestIntegrationVaultUnavailable(t *testing.T) {
 	const timeout = time.Second
 	cases := map[string]struct {
@@ -558,6 +561,13 @@ func TestIntegrationVaultUnavailable(t *testing.T) {
 				return
 			}
 			restore()
+			if tc.wantDeadline { // Vault left the request unanswered: the next ones fail at once for a moment
+				start := time.Now()
+				if _, err := c.Health(testContext(t, 10*time.Second)); !vault.IsUnavailable(err) || time.Since(start) > timeout/2 {
+					t.Errorf("Health() right after an unanswered request = %v after %v, want Unavailable at once", err, time.Since(start))
+				}
+				time.Sleep(vault.RetryUnanswered)
+			}
 			if h, err := c.Health(testContext(t, 10*time.Second)); err != nil || h.Sealed {
 				t.Errorf("Health() once Vault answers again = %+v, %v", h, err)
 			}
@@ -573,10 +583,28 @@ func pause(t *testing.T, v *testground.Vault) func() {
 	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
 		t.Fatalf("pausing vault: %v", err)
 	}
+	// The signal takes a moment to stop every thread on a busy machine: until then Vault answers.
+	for deadline := time.Now().Add(5 * time.Second); !allStopped(pid); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("vault (pid %d) is not stopped 5 s after SIGSTOP", pid)
+		}
+	}
 	var once sync.Once
 	restore := func() { once.Do(func() { _ = syscall.Kill(pid, syscall.SIGCONT) }) }
 	t.Cleanup(restore) // before ownVault's Stop
 	return restore
+}
+
+// allStopped says whether every thread of the process pid is stopped.
+func allStopped(pid int) bool {
+	tasks, _ := filepath.Glob("/proc/" + strconv.Itoa(pid) + "/task/*")
+	for _, task := range tasks {
+		tid, _ := strconv.Atoi(filepath.Base(task))
+		if testground.ProcessState(tid) != "T" {
+			return false
+		}
+	}
+	return len(tasks) > 0
 }
 
 func seal(t *testing.T, v *testground.Vault) {
