@@ -139,9 +139,13 @@ type Usage struct {
 }
 
 // Usage reads /proc for the process's peak RSS and CPU time.
-func (p *Process) Usage() (Usage, error) {
+func (p *Process) Usage() (Usage, error) { return UsageOf(p.PID()) }
+
+// UsageOf reads /proc for the peak RSS and CPU time of the process pid (one of the ground's, or
+// another controller's).
+func UsageOf(pid int) (Usage, error) {
 	var u Usage
-	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.PID()))
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		return u, err
 	}
@@ -151,7 +155,7 @@ func (p *Process) Usage() (Usage, error) {
 			u.PeakRSSBytes = kb * 1024
 		}
 	}
-	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.PID()))
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
 		return u, err
 	}

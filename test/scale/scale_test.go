@@ -6,6 +6,7 @@ package scale
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -18,23 +19,21 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
 	"github.com/keyroll/keyroll/test/harness"
 )
 
-// sizes are the cluster counts of BenchmarkIssueAtScale: KEYROLL_SCALE_SIZES (comma-separated),
-// or 100, 300 and 1,000.
-func sizes() []int {
-	v := os.Getenv("KEYROLL_SCALE_SIZES")
-	if v == "" {
-		v = "100,300,1000"
-	}
+// sizes are the counts a benchmark runs with: the environment variable env (comma-separated), or
+// 100, 300 and 1,000.
+func sizes(env string) []int {
 	var out []int
-	for _, f := range strings.Split(v, ",") {
+	for _, f := range strings.Split(cmp.Or(os.Getenv(env), "100,300,1000"), ",") {
 		if n, err := strconv.Atoi(strings.TrimSpace(f)); err == nil && n > 0 {
 			out = append(out, n)
 		}
@@ -48,6 +47,17 @@ var (
 	binDir    string
 	buildErr  error
 )
+
+// TestMain runs the benchmarks, then removes the operator they built. The grounds' envtest logs
+// through controller-runtime's logger: it discards, rather than warn with a stack that none is set.
+func TestMain(m *testing.M) {
+	log.SetLogger(logr.Discard())
+	code := m.Run()
+	if binDir != "" {
+		_ = os.RemoveAll(binDir)
+	}
+	os.Exit(code)
+}
 
 // operatorBinary builds keyroll once for the package.
 func operatorBinary(b *testing.B) string {
@@ -77,13 +87,8 @@ var controllerManagerQPS = envInt("KEYROLL_SCALE_KCM_QPS", 0)
 // cluster (target: exactly 1), the operator's API writes per cluster, its peak RSS and CPU time.
 func BenchmarkIssueAtScale(b *testing.B) {
 	var rows []string
-	defer func() {
-		writeTable(b, rows)
-		if binDir != "" {
-			_ = os.RemoveAll(binDir)
-		}
-	}()
-	for _, n := range sizes() {
+	defer func() { writeTable(b, rows) }()
+	for _, n := range sizes("KEYROLL_SCALE_SIZES") {
 		b.Run(fmt.Sprintf("clusters=%d", n), func(b *testing.B) {
 			for range b.N {
 				r := issueAtScale(b, n)
