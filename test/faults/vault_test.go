@@ -102,11 +102,12 @@ func TestVaultStoppedForTwoRenewals(t *testing.T) {
 }
 
 // TestVaultBlackholed makes one VaultConnection's Vault accept connections and never answer,
-// while another VaultConnection's cluster rotates: every call to the blackholed Vault ends by its
-// deadline (the VaultConnection's timeout, 10 s by default), and the healthy cluster's rotation is
-// as fast as without the fault.
+// while another VaultConnection's cluster rotates: a call to the blackholed Vault ends by its
+// deadline (the VaultConnection's timeout, 10 s by default), the connection's calls after it fail
+// at once but for one every vault.RetryUnanswered, and the healthy cluster's rotation is as fast
+// as without the fault.
 func TestVaultBlackholed(t *testing.T) {
-	r := newRow(t, 9, "Vault blackholed", "every Vault call ends by its deadline; other VaultConnections' clusters are not slowed (measured)")
+	r := newRow(t, 9, "Vault blackholed", "a call ends by its deadline, the connection's next ones at once but for one every 2 s; other VaultConnections' clusters are not slowed (measured)")
 	sick, healthy := "f-blackhole", "f-healthy"
 	namespace(t, sick)
 	namespace(t, healthy)
