@@ -90,6 +90,9 @@ func BenchmarkBusyCluster(b *testing.B) {
 		})
 	}
 	fmt.Println("busy: " + strings.ReplaceAll(busyTable(), "\n", "\nbusy: "))
+	if len(busyRows) > 0 {
+		writeSection(b, "busy-table", busyTable())
+	}
 }
 
 // busyCluster is one run on a fresh ground.
@@ -276,6 +279,7 @@ func BenchmarkSteadyState(b *testing.B) {
 		steadyRows = []string{fmt.Sprintf("| %d | %s | %s | %.1f | %.1f | %s | %d of %d (%.1f %%) |", n, window, steadyLeaseTTL,
 			res.writes/minutes, res.ops["renew"]/minutes, perMinute(others, minutes), res.busiest, res.renewals, share)}
 		fmt.Println("steady: " + strings.ReplaceAll(steadyTable(), "\n", "\nsteady: "))
+		writeSection(b, "steady-table", steadyTable())
 	})
 }
 

@@ -53,12 +53,10 @@ func BenchmarkSideBySide(b *testing.B) {
 	defer func() {
 		if len(results) > 0 {
 			fmt.Print(sideBySideTable(results))
+			writeSection(b, "side-table", sideBySideTable(results))
 		}
 		if err := writeSidePlot(os.Getenv("KEYROLL_PERFORMANCE_PLOT"), results); err != nil {
 			b.Error(err)
-		}
-		if binDir != "" {
-			_ = os.RemoveAll(binDir)
 		}
 	}()
 	for _, n := range sizes("KEYROLL_SIDE_SIZES") {

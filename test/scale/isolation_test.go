@@ -91,6 +91,7 @@ func BenchmarkIsolation(b *testing.B) {
 		for _, l := range strings.Split(isolationTable(), "\n") {
 			fmt.Println("isolation: " + l)
 		}
+		writeSection(b, "isolation-table", isolationTable())
 	})
 }
 

@@ -87,7 +87,11 @@ var controllerManagerQPS = envInt("KEYROLL_SCALE_KCM_QPS", 0)
 // cluster (target: exactly 1), the operator's API writes per cluster, its peak RSS and CPU time.
 func BenchmarkIssueAtScale(b *testing.B) {
 	var rows []string
-	defer func() { writeTable(b, rows) }()
+	defer func() {
+		if len(rows) > 0 {
+			writeSection(b, "scale-table", "| N | all CredentialsReady | Vault issues per cluster | API writes per cluster | uncached reads per cluster | peak RSS | CPU |\n|---|---|---|---|---|---|---|\n"+strings.Join(rows, "\n"))
+		}
+	}()
 	for _, n := range sizes("KEYROLL_SCALE_SIZES") {
 		b.Run(fmt.Sprintf("clusters=%d", n), func(b *testing.B) {
 			for range b.N {
@@ -306,13 +310,12 @@ func saveProfile(url, name string) {
 	_, _ = io.Copy(f, resp.Body)
 }
 
-// The markers between which docs/performance.md holds the table of the last run.
-const tableBegin, tableEnd = "<!-- scale-table -->", "<!-- /scale-table -->"
-
-// writeTable writes the rows into the table of KEYROLL_PERFORMANCE_DOC, when set (make bench-scale).
-func writeTable(b *testing.B, rows []string) {
+// writeSection puts table into KEYROLL_PERFORMANCE_DOC (make bench-scale sets docs/performance.md),
+// between the markers <!-- name --> and <!-- /name -->; nothing when unset, or when the benchmark
+// failed.
+func writeSection(b *testing.B, name, table string) {
 	doc := os.Getenv("KEYROLL_PERFORMANCE_DOC")
-	if doc == "" || len(rows) == 0 || b.Failed() {
+	if doc == "" || table == "" || b.Failed() {
 		return
 	}
 	data, err := os.ReadFile(doc)
@@ -320,12 +323,12 @@ func writeTable(b *testing.B, rows []string) {
 		b.Fatal(err)
 	}
 	text := string(data)
-	i, j := strings.Index(text, tableBegin), strings.Index(text, tableEnd)
+	begin, end := "<!-- "+name+" -->", "<!-- /"+name+" -->"
+	i, j := strings.Index(text, begin), strings.Index(text, end)
 	if i < 0 || j < i {
-		b.Fatalf("%s has no %s ... %s markers", doc, tableBegin, tableEnd)
+		b.Fatalf("%s has no %s ... %s markers", doc, begin, end)
 	}
-	head := "| N | all CredentialsReady | Vault issues per cluster | API writes per cluster | uncached reads per cluster | peak RSS | CPU |\n|---|---|---|---|---|---|---|\n"
-	text = text[:i+len(tableBegin)] + "\n" + head + strings.Join(rows, "\n") + "\n" + text[j:]
+	text = text[:i+len(begin)] + "\n" + strings.TrimRight(table, "\n") + "\n" + text[j:]
 	if err := os.WriteFile(doc, []byte(text), 0o644); err != nil {
 		b.Fatal(err)
 	}
