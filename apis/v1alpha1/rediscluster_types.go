@@ -668,6 +668,17 @@ type CredentialStatus struct {
 	// +optional
 	NextRotation *metav1.Time `json:"nextRotation,omitempty"`
 
+	// rotationReason says why keyroll replaced the previous credential with this one, in
+	// keyroll's rotation reasons: NoCredential for the first, ScheduledRotation, MissedRotation,
+	// RotateNowRequested, TokenEnding (the Vault token that created the previous lease was to end before
+	// it), RenewalCapped, NotRenewable, LeaseGone, LeaseExpired or SourceChanged. In ExternalSecret
+	// mode it is why keyroll last asked External Secrets Operator for a new credential (with
+	// refreshRequestedAt), kept by the credential that answers the request; empty for a credential
+	// External Secrets Operator refreshed on its own.
+	// +optional
+	// +kubebuilder:validation:MaxLength=64
+	RotationReason string `json:"rotationReason,omitempty"`
+
 	// leasesTracked is false in ExternalSecret mode when the generator does not hand over the
 	// lease: keyroll then can neither renew nor revoke it.
 	// +optional

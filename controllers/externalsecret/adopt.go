@@ -87,6 +87,10 @@ func (r *Source) recordSynced(cl *ledger.Cluster, sc *render.SyncedCredential, t
 	if prev != nil {
 		// A new credential answers a pending refresh request; the same one keeps it pending.
 		cs.LastRotation, cs.SupersededUsers, cs.LeaseEndedEarlyAfter = prev.LastRotation, prev.SupersededUsers, prev.LeaseEndedEarlyAfter
+		if !fresh || prev.RefreshRequestedAt != nil {
+			// The same credential, or the one that answers keyroll's request: the request's reason.
+			cs.RotationReason = prev.RotationReason
+		}
 		if !fresh {
 			cs.IssuedAt, cs.RefreshRequestedAt = prev.IssuedAt, prev.RefreshRequestedAt
 		} else if !tracked && prev.Username != "" && !slices.Contains(cs.SupersededUsers, prev.Username) {

@@ -28,7 +28,7 @@ import (
 // rollout as in VaultLease mode and, when the generator hands over the raw Vault response, takes
 // the lease into its ledger to renew and revoke it (ESO does neither).
 
-// reconcileSynced is reconcileCredential for ExternalSecret mode: it keeps the ExternalSecret as
+// Credential is the credential source of ExternalSecret mode: it keeps the ExternalSecret as
 // specified, adopts the credential ESO synced, renews its lease when tracked (vcl is nil when
 // externalSecret.connectionRef is not set) and asks ESO for a new credential when one is due.
 func (r *Source) Credential(ctx context.Context, cl *ledger.Cluster, vcl vault.LeaseClient) (*render.Credential, time.Duration, error) {
@@ -55,11 +55,10 @@ func (r *Source) Credential(ctx context.Context, cl *ledger.Cluster, vcl vault.L
 	if err != nil {
 		return nil, 0, err
 	}
-	if err := r.decideSynced(ctx, cl, vcl, tracked, gone); err != nil {
+	next, err := r.decideSynced(ctx, cl, vcl, tracked, gone)
+	if err != nil {
 		return nil, 0, err
 	}
-	c := rc.Status.Credential
-	next := rotation.Decide(r.Ledger.Input(cl, vcl, true, false))
 	r.Ledger.Planned(cl, next)
 	r.reportSynced(cl, es, sc, tracked)
 	if wait := r.settling(rc); wait > 0 {
@@ -69,20 +68,21 @@ func (r *Source) Credential(ctx context.Context, cl *ledger.Cluster, vcl vault.L
 	if next.Action != rotation.ActionNothing {
 		when = syncSettle // a refresh is asked for: look again once ESO may have answered
 	}
-	_ = c
 	return &sc.Credential, when, nil
 }
 
 // decideSynced lets rotation.Decide say what the synced credential needs and does it: renew or
 // look up a tracked lease, or ask ESO for a new credential, until nothing more is due or a
-// refresh is asked for (ESO answers with a new Secret, which starts the next reconcile).
-func (r *Source) decideSynced(ctx context.Context, cl *ledger.Cluster, vcl vault.LeaseClient, tracked, gone bool) error {
+// refresh is asked for (ESO answers with a new Secret, which starts the next reconcile). It
+// returns the last decision, which plans what comes next.
+func (r *Source) decideSynced(ctx context.Context, cl *ledger.Cluster, vcl vault.LeaseClient, tracked, gone bool) (rotation.Decision, error) {
+	var d rotation.Decision
 	for range ledger.MaxSteps {
-		d := rotation.Decide(r.Ledger.Input(cl, vcl, true, gone))
+		d = rotation.Decide(r.Ledger.Input(cl, vcl, true, gone))
 		var err error
 		switch {
 		case d.Action == rotation.ActionNothing:
-			return nil
+			return d, nil
 		case d.Action == rotation.ActionRenew && tracked:
 			gone, err = r.Ledger.Renew(ctx, cl, vcl)
 		case d.Action == rotation.ActionCheck && tracked:
@@ -93,15 +93,15 @@ func (r *Source) decideSynced(ctx context.Context, cl *ledger.Cluster, vcl vault
 				// is gone was revoked outside keyroll or died with that token.
 				r.leaseGoneExternally(ctx, cl)
 			}
-			return r.requestRefresh(ctx, cl, d)
+			return d, r.requestRefresh(ctx, cl, d)
 		default:
-			return nil
+			return d, nil
 		}
 		if err != nil {
-			return err
+			return d, err
 		}
 	}
-	return nil
+	return d, nil
 }
 
 // syncSettle is how long a new credential from ESO must stay in place before it is rolled out:
@@ -192,9 +192,9 @@ func esReady(es *esv1.ExternalSecret) *esv1.ExternalSecretStatusCondition {
 // credential stays pending before keyroll asks again.
 const refreshRequestTimeout = 10 * time.Minute
 
-// requestRefresh asks ESO for a new credential: it records the request in the status first, then
-// puts it on the ExternalSecret as an annotation, which makes ESO refresh at once. A pending
-// request (no new credential since) is not repeated until refreshRequestTimeout.
+// requestRefresh asks ESO for a new credential: it records the request and its reason in the
+// status first, then puts it on the ExternalSecret as an annotation, which makes ESO refresh at
+// once. A pending request (no new credential since) is not repeated until refreshRequestTimeout.
 func (r *Source) requestRefresh(ctx context.Context, cl *ledger.Cluster, d rotation.Decision) error {
 	rc := cl.RC
 	c := rc.Status.Credential
@@ -205,7 +205,7 @@ func (r *Source) requestRefresh(ctx context.Context, cl *ledger.Cluster, d rotat
 		return nil
 	}
 	now := statustime.At(r.Clock.Now())
-	c.RefreshRequestedAt = now
+	c.RefreshRequestedAt, c.RotationReason = now, string(d.Reason)
 	if d.Action == rotation.ActionRotate {
 		c.LastRotation = now
 		r.Metrics.Rotations.WithLabelValues(metrics.Result(nil)).Inc()

@@ -244,7 +244,8 @@ func (r *Source) countIssue(d rotation.Decision, err error) {
 	}
 }
 
-// recordLease puts a new lease into the ledger and the credential status.
+// recordLease puts a new lease into the ledger and the credential status, with the reason it was
+// issued for (status.credential.rotationReason).
 func (r *Source) recordLease(cl *ledger.Cluster, lease *vault.Lease, cred *render.Credential, d rotation.Decision) {
 	rc := cl.RC
 	now := statustime.At(r.Clock.Now())
@@ -263,7 +264,7 @@ func (r *Source) recordLease(cl *ledger.Cluster, lease *vault.Lease, cred *rende
 	rc.Status.Credential = &v1alpha1.CredentialStatus{
 		Version: cred.Version, Source: v1alpha1.SourceVaultLease, Path: rc.Spec.Credentials.VaultLease.Path, Username: cred.Username, LeaseID: lease.ID,
 		IssuedAt: now, ExpiresAt: expires, Renewable: lease.Renewable,
-		LeaseDuration: &metav1.Duration{Duration: lease.Duration}, LastRotation: now,
+		LeaseDuration: &metav1.Duration{Duration: lease.Duration}, LastRotation: now, RotationReason: string(d.Reason),
 		TokenAccessor: lease.TokenAccessor, TokenEndsAt: statustime.At(lease.TokenDeadline), SupersededUsers: superseded,
 	}
 	if d.AcknowledgeRotateNow {

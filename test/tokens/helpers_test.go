@@ -134,14 +134,24 @@ func authenticates(user, pass string) bool {
 // eventReasons lists the reasons of the events about an object.
 func eventReasons(t *testing.T, ns, name string) []string {
 	t.Helper()
+	var out []string
+	for _, e := range eventsAbout(t, ns, name) {
+		out = append(out, e.Reason)
+	}
+	return out
+}
+
+// eventsAbout lists the events in ns about the object name.
+func eventsAbout(t *testing.T, ns, name string) []eventsv1.Event {
+	t.Helper()
 	list := &eventsv1.EventList{}
 	if err := k8s.List(context.Background(), list, client.InNamespace(ns)); err != nil {
 		t.Fatal(err)
 	}
-	var out []string
+	var out []eventsv1.Event
 	for _, e := range list.Items {
 		if e.Regarding.Name == name {
-			out = append(out, e.Reason)
+			out = append(out, e)
 		}
 	}
 	return out
@@ -215,24 +225,26 @@ type leaseLife struct {
 // ledgerWatch samples, once a second, the ledgers of some RedisClusters against Vault: every
 // lease in a ledger exists in Vault (as root sees it), and the credential in each credentials
 // Secret authenticates, on the Redis Vault created its user on and on every Redis pod of its
-// cluster. It records each lease's life, the credential versions and the ends of the
-// connection's tokens.
+// cluster. It records each lease's life, the credential versions and the reasons they were
+// issued for, and the ends of the connection's tokens.
 type ledgerWatch struct {
 	t          *testing.T
 	clusters   []*v1alpha1.RedisCluster
 	connection string
 
-	mu        sync.Mutex
-	leases    map[string]*leaseLife
-	versions  map[string][]string // per cluster, in order
+	mu       sync.Mutex
+	leases   map[string]*leaseLife
+	versions map[string][]string // per cluster, in order
+	// reasons are the status.credential.rotationReason of each credential version.
+	reasons   map[string]string
 	tokenEnds map[string]time.Time
 	failures  []string
 	samples   int
 }
 
 func watchLedgers(t *testing.T, connection string, clusters ...*v1alpha1.RedisCluster) *ledgerWatch {
-	return &ledgerWatch{t: t, clusters: clusters, connection: connection,
-		leases: map[string]*leaseLife{}, versions: map[string][]string{}, tokenEnds: map[string]time.Time{}}
+	return &ledgerWatch{t: t, clusters: clusters, connection: connection, leases: map[string]*leaseLife{},
+		versions: map[string][]string{}, reasons: map[string]string{}, tokenEnds: map[string]time.Time{}}
 }
 
 // run samples for d; a superseded lease may be missing from Vault for a moment while keyroll's
@@ -290,6 +302,7 @@ func (w *ledgerWatch) sample(revokeWindow time.Duration) {
 			if vs := w.versions[rc.Name]; len(vs) == 0 || vs[len(vs)-1] != c.Version {
 				w.versions[rc.Name] = append(vs, c.Version)
 			}
+			w.reasons[c.Version] = c.RotationReason
 		}
 		user, pass, ok := credentials(t, rc)
 		problem := credentialProblem(t, rc, user, pass, ok)

@@ -3,8 +3,8 @@
 // run, and keyroll puts each credential's user on every one of them), a real Vault dev server and
 // the redis-server Vault creates users on, with Kubernetes auth roles whose tokens live seconds,
 // not hours: periodic ones (token_period), and bounded ones (token_ttl and token_max_ttl) that
-// keyroll cannot keep alive for as long as its leases. kwok's fake node takes the stand-in
-// consumers, which run nothing.
+// keyroll cannot keep alive for as long as its leases; and an AppRole of periodic tokens. kwok's
+// fake node takes the stand-in consumers, which run nothing.
 package tokens
 
 import (
@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	vaultapi "github.com/hashicorp/vault/api"
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
@@ -32,6 +33,9 @@ const (
 	rolePeriodic = "keyroll-periodic"
 	// roleBounded issues tokens of tokenTTL that end for good tokenMaxTTL after login.
 	roleBounded = "keyroll-bounded"
+	// roleAppRole is an AppRole (at approle/) of periodic tokens, the operator's policy; the
+	// tests that use it make its secret ids.
+	roleAppRole = "keyroll-approle"
 
 	tokenPeriod = 15 * time.Second
 	tokenTTL    = 15 * time.Second
@@ -97,6 +101,20 @@ func setupVault(ctx context.Context, g *testground.Ground) error {
 		if err := g.Vault.WriteKubernetesAuthRole(ctx, r); err != nil {
 			return err
 		}
+	}
+	return setupAppRole(ctx, g)
+}
+
+// setupAppRole enables the AppRole auth method at approle/ and writes roleAppRole.
+func setupAppRole(ctx context.Context, g *testground.Ground) error {
+	if err := g.Vault.Root.Sys().EnableAuthWithOptionsWithContext(ctx, "approle", &vaultapi.EnableAuthOptions{Type: "approle"}); err != nil {
+		return fmt.Errorf("enabling approle auth: %w", err)
+	}
+	_, err := g.Vault.Root.Logical().WriteWithContext(ctx, "auth/approle/role/"+roleAppRole, map[string]any{
+		"token_policies": harness.OperatorRole, "token_period": tokenPeriod.String(),
+	})
+	if err != nil {
+		return fmt.Errorf("writing approle role %s: %w", roleAppRole, err)
 	}
 	return nil
 }
