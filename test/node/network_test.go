@@ -2,8 +2,12 @@ package node
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"os"
 	"os/exec"
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -61,6 +65,62 @@ func TestNodeDNSHasNoForwarderAndPodsResolveOnlyThroughIt(t *testing.T) {
 	if err != nil || !strings.Contains(out, testground.KubernetesServiceIP.String()) {
 		t.Errorf("a pod resolves %s to:\n%s(%v), want %s", name, out, err, testground.KubernetesServiceIP)
 	}
+}
+
+// The API server reaches the kubelet by the node's InternalIP only (a hostname would be looked up
+// by the machine's resolver, outside the machine), and the pods' network neither masquerades nor
+// routes anywhere but the bridge and the Service range.
+func TestNodeTrafficStaysOnTheMachine(t *testing.T) {
+	args := apiServerArgs(t)
+	if !slices.Contains(args, "--kubelet-preferred-address-types=InternalIP") {
+		t.Errorf("the API server runs with %q, want --kubelet-preferred-address-types=InternalIP", args)
+	}
+	data, err := os.ReadFile(filepath.Join(ground.Node.Dir, "cni", "net.d", "10-keyroll-testground.conflist"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var conf struct {
+		Plugins []struct {
+			Type                     string
+			IsDefaultGateway, IPMasq bool
+			IPAM                     struct{ Routes []struct{ Dst string } }
+		}
+	}
+	if err := json.Unmarshal(data, &conf); err != nil || len(conf.Plugins) != 1 {
+		t.Fatalf("the CNI configuration (%v):\n%s", err, data)
+	}
+	if p := conf.Plugins[0]; p.Type != "bridge" || p.IsDefaultGateway || p.IPMasq || len(p.IPAM.Routes) != 1 || p.IPAM.Routes[0].Dst != testground.ServiceCIDR {
+		t.Errorf("the pods' network: %+v, want a bridge without default gateway or masquerade, routed only to %s", p, testground.ServiceCIDR)
+	}
+	nat, err := exec.Command("iptables", "-t", "nat", "-S").CombinedOutput()
+	if err != nil {
+		t.Fatalf("iptables -t nat -S: %v: %s", err, nat)
+	}
+	for _, rule := range strings.Split(string(nat), "\n") {
+		if strings.Contains(rule, "CNI-") || (strings.Contains(rule, testground.NodeSubnet) && strings.Contains(rule, "MASQUERADE")) {
+			t.Errorf("a NAT rule for the pods' network: %s", rule)
+		}
+	}
+}
+
+// apiServerArgs is the command line of the ground's kube-apiserver: the one whose certificate
+// directory is the ground's.
+func apiServerArgs(t *testing.T) []string {
+	t.Helper()
+	certDir := "--cert-dir=" + filepath.Join(filepath.Dir(ground.CP.CAFile), "apiserver")
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		args := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
+		if filepath.Base(args[0]) == "kube-apiserver" && slices.Contains(args, certDir) {
+			return args
+		}
+	}
+	t.Fatalf("no kube-apiserver runs with %s", certDir)
+	return nil
 }
 
 func nameservers(resolv string) []string {
