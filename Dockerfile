@@ -7,6 +7,14 @@ COPY . .
 RUN CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o /keyroll .
 
 FROM gcr.io/distroless/static:nonroot
+# The labels make image gives its image too (make docker-build passes VERSION and REVISION).
+ARG VERSION=0.0.0-dev
+ARG REVISION=unknown
+LABEL org.opencontainers.image.title=keyroll \
+      org.opencontainers.image.description="The keyroll operator: Redis with credentials from Vault, rotated without downtime" \
+      org.opencontainers.image.source=https://github.com/keyroll/keyroll \
+      org.opencontainers.image.version=$VERSION \
+      org.opencontainers.image.revision=$REVISION
 COPY --from=build /keyroll /keyroll
 USER 65532:65532
 ENTRYPOINT ["/keyroll"]

@@ -5,6 +5,14 @@ SHELL := /usr/bin/env bash -o pipefail
 IMG ?= keyroll:dev
 # Where make image writes the manager image (an OCI archive).
 IMAGE_ARCHIVE ?= $(CURDIR)/bin/keyroll-image.tar
+# The release the image is labelled with (org.opencontainers.image.version): the nearest tag, or
+# the commit in a clone without tags, or 0.0.0-dev outside a Git checkout.
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo 0.0.0-dev)
+# The image's org.opencontainers.image.source.
+IMAGE_SOURCE ?= https://github.com/keyroll/keyroll
+# The CA bundle make image copies into the image, where Go's crypto/x509 looks for it (as the
+# distroless base of the Dockerfile has it): Debian's ca-certificates package writes it.
+CA_BUNDLE ?= /etc/ssl/certs/ca-certificates.crt
 GO ?= go
 CONTROLLER_GEN := $(GO) tool controller-gen
 # The test ground's binaries (kube-apiserver, etcd, kube-controller-manager, kwok, vault) are linked
@@ -83,12 +91,13 @@ reliability: deps ## Run the fault matrix (test/faults) and write its measured o
 	KEYROLL_RELIABILITY_DOC=$(CURDIR)/docs/reliability.md $(GO) test -count=1 -timeout 30m -v ./test/faults/
 
 .PHONY: bench-scale
-bench-scale: deps ## Run only the scale benchmark (100, 300, 1,000 clusters) and write its table into docs/performance.md.
-	KEYROLL_PERFORMANCE_DOC=$(CURDIR)/docs/performance.md $(GO) test -run '^$$' -bench IssueAtScale -benchtime=1x -timeout 60m ./test/scale/
+bench-scale: deps ## Run only the scale suite (test/scale: issue at 100, 300, 1,000 clusters, busy cluster, steady state, isolation, side by side with ESO) and write its tables and plot into docs/.
+	KEYROLL_PERFORMANCE_DOC=$(CURDIR)/docs/performance.md KEYROLL_PERFORMANCE_PLOT=$(CURDIR)/docs/performance.png \
+		$(GO) test -run '^$$' -bench . -benchtime=1x -timeout 120m ./test/scale/
 
 .PHONY: bench
 bench: deps ## Run the benchmarks and report their numbers.
-	$(GO) test -run '^$$' -bench . -benchmem ./...
+	$(GO) test -run '^$$' -bench . -benchmem -timeout 150m ./...
 
 ##@ Build and run
 
@@ -105,8 +114,10 @@ run: ## Run the manager against the cluster of the current kubeconfig.
 	$(GO) run . --leader-elect=false
 
 .PHONY: image
-image: ## Build the manager image $(IMG) as an OCI archive (bin/keyroll-image.tar) without Docker: the static binary, non-root, nothing else.
-	rm -rf bin/image-rootfs && mkdir -p bin/image-rootfs/tmp bin/image-rootfs/etc && chmod 1777 bin/image-rootfs/tmp
+image: ## Build the manager image $(IMG) as an OCI archive (bin/keyroll-image.tar) without Docker: the static binary and a CA bundle, non-root.
+	@test -s $(CA_BUNDLE) || { echo "make image: no CA bundle at $(CA_BUNDLE), which the image needs to verify a Vault server's certificate: install Debian's ca-certificates (test/tools/install-deps.sh does), or set CA_BUNDLE to a PEM bundle" >&2; exit 1; }
+	rm -rf bin/image-rootfs && mkdir -p bin/image-rootfs/tmp bin/image-rootfs/etc/ssl/certs && chmod 1777 bin/image-rootfs/tmp
+	cp $(CA_BUNDLE) bin/image-rootfs/etc/ssl/certs/ca-certificates.crt && chmod 0644 bin/image-rootfs/etc/ssl/certs/ca-certificates.crt
 	printf 'root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n' > bin/image-rootfs/etc/passwd
 	printf 'root:x:0:\nnonroot:x:65532:\n' > bin/image-rootfs/etc/group
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w" -o bin/image-rootfs/keyroll .
@@ -115,12 +126,14 @@ image: ## Build the manager image $(IMG) as an OCI archive (bin/keyroll-image.ta
 		-entrypoint '["/keyroll"]' -user 65532:65532 \
 		-label org.opencontainers.image.title=keyroll \
 		-label org.opencontainers.image.description="The keyroll operator: Redis with credentials from Vault, rotated without downtime" \
-		-label org.opencontainers.image.revision=$$(git rev-parse HEAD 2>/dev/null || echo unknown)
+		-label org.opencontainers.image.revision=$$(git rev-parse HEAD 2>/dev/null || echo unknown) \
+		-label org.opencontainers.image.source=$(IMAGE_SOURCE) \
+		-label org.opencontainers.image.version=$(VERSION)
 	@echo "wrote $(IMAGE_ARCHIVE) ($(IMG)); import it with: ctr -n k8s.io images import $(IMAGE_ARCHIVE)"
 
 .PHONY: docker-build
 docker-build: ## Build the manager image (needs a Docker engine).
-	docker build -t $(IMG) .
+	docker build -t $(IMG) --build-arg VERSION=$(VERSION) --build-arg REVISION=$$(git rev-parse HEAD 2>/dev/null || echo unknown) .
 
 ##@ Deployment
 

@@ -17,7 +17,9 @@ import (
 	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -50,6 +52,15 @@ tolerations: [{key: dedicated, operator: Exists}]
 podAnnotations: {example.com/team: platform}
 imagePullSecrets: [{name: regcred}]
 image: {repository: registry.example/keyroll, tag: v0.1.0}
+resources:
+  requests: {cpu: 100m, memory: 96Mi, ephemeral-storage: 16Mi}
+  limits: {cpu: "1", memory: 384Mi, ephemeral-storage: 64Mi}
+affinity:
+  nodeAffinity:
+    requiredDuringSchedulingIgnoredDuringExecution:
+      nodeSelectorTerms:
+      - matchExpressions:
+        - {key: kubernetes.io/os, operator: In, values: [linux]}
 `
 
 // TestHelmChartRendersAndLints: helm lint is clean for every kind of values; the chart renders
@@ -147,19 +158,31 @@ func testValues(t *testing.T, variants map[string][]string) {
 		len(c.VolumeMounts) != 1 || !c.VolumeMounts[0].ReadOnly {
 		t.Errorf("everything on: the pod does not have what the values ask for: image %s, %+v", c.Image, ps)
 	}
+	wantResources := corev1.ResourceRequirements{
+		Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("100m"), corev1.ResourceMemory: resource.MustParse("96Mi"),
+			corev1.ResourceEphemeralStorage: resource.MustParse("16Mi")},
+		Limits: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("1"), corev1.ResourceMemory: resource.MustParse("384Mi"),
+			corev1.ResourceEphemeralStorage: resource.MustParse("64Mi")},
+	}
+	if !equality.Semantic.DeepEqual(c.Resources, wantResources) {
+		got, _ := json.Marshal(c.Resources)
+		want, _ := json.Marshal(wantResources)
+		t.Errorf("everything on: the manager's resources are %s, want the values' %s", got, want)
+	}
+	// The values' affinity replaces the default one (prefer one manager per node) whole.
+	if a := ps.Affinity; a == nil || a.PodAntiAffinity != nil || a.NodeAffinity == nil || a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution == nil ||
+		len(a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms) != 1 ||
+		!reflect.DeepEqual(a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms[0].MatchExpressions,
+			[]corev1.NodeSelectorRequirement{{Key: "kubernetes.io/os", Operator: corev1.NodeSelectorOpIn, Values: []string{"linux"}}}) {
+		t.Errorf("everything on: the pod's affinity is not the values' one: %+v", a)
+	}
 	sm := one(t, rendered["everything on"], "ServiceMonitor", "keyroll")
 	ep, _, _ := unstructured.NestedSlice(sm.Object, "spec", "endpoints")
 	if len(ep) != 1 || ep[0].(map[string]any)["scheme"] != "https" || ep[0].(map[string]any)["port"] != "metrics" ||
 		ep[0].(map[string]any)["bearerTokenFile"] != "/var/run/secrets/kubernetes.io/serviceaccount/token" || sm.GetLabels()["release"] != "prometheus" {
 		t.Errorf("everything on: ServiceMonitor %v", sm.Object)
 	}
-	svc := one(t, rendered["everything on"], "Service", "keyroll-metrics")
-	sel, _, _ := unstructured.NestedStringMap(sm.Object, "spec", "selector", "matchLabels")
-	for k, v := range sel {
-		if svc.GetLabels()[k] != v {
-			t.Errorf("the ServiceMonitor selects %s=%s, which the metrics Service does not carry", k, v)
-		}
-	}
+	selects(t, "everything on: the ServiceMonitor", sm, one(t, rendered["everything on"], "Service", "keyroll-metrics"))
 	crb := one(t, rendered["everything on"], "ClusterRoleBinding", "keyroll-metrics-reader")
 	if s, _, _ := unstructured.NestedSlice(crb.Object, "subjects"); len(s) != 1 ||
 		s[0].(map[string]any)["name"] != "prometheus-k8s" || s[0].(map[string]any)["namespace"] != "monitoring" {
@@ -194,7 +217,7 @@ func testValues(t *testing.T, variants map[string][]string) {
 
 // testSameAsDeploy: the chart, as release keyroll in keyroll-system, renders every object of
 // deploy/default (but the Namespace) under the same name, with the same CRDs, RBAC rules and
-// manager pod; and the alerts of deploy/monitoring.
+// manager pod; and the alerts and ServiceMonitor of deploy/monitoring.
 func testSameAsDeploy(t *testing.T) {
 	chart, err := render.HelmTemplate(t, "keyroll", "keyroll-system", "--set", "metrics.prometheusRule.enabled=true")
 	if err != nil {
@@ -264,6 +287,71 @@ func testSameAsDeploy(t *testing.T) {
 	same(t, "PrometheusRule spec", rule.Object["spec"], alerts["spec"])
 	if groups, _, _ := unstructured.NestedSlice(rule.Object, "spec", "groups"); len(groups) == 0 {
 		t.Error("the PrometheusRule has no alert groups")
+	}
+	sameServiceMonitor(t, kust)
+}
+
+// sameServiceMonitor: deploy/monitoring/servicemonitor.yaml scrapes what the chart's ServiceMonitor
+// scrapes, as the chart does (HTTPS with Prometheus's token, the same tlsConfig), from the metrics
+// Service of deploy/manager, whose labels its selector matches; and binds the same account to the
+// metrics reader (kube-prometheus's prometheus-k8s in monitoring, given to the chart here).
+func sameServiceMonitor(t *testing.T, kust []*unstructured.Unstructured) {
+	t.Helper()
+	chart, err := render.HelmTemplate(t, "keyroll", "keyroll-system", "--set", "metrics.serviceMonitor.enabled=true",
+		"--set", "metrics.serviceMonitor.prometheusServiceAccount.name=prometheus-k8s",
+		"--set", "metrics.serviceMonitor.prometheusServiceAccount.namespace=monitoring")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(testground.RepoRoot(), "deploy", "monitoring", "servicemonitor.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	monitoring, err := render.Decode(string(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sm, chartSM := one(t, monitoring, "ServiceMonitor", "keyroll"), one(t, chart, "ServiceMonitor", "keyroll")
+	if sm.GetNamespace() != chartSM.GetNamespace() {
+		t.Errorf("deploy/monitoring's ServiceMonitor is in %q, the chart's in %q", sm.GetNamespace(), chartSM.GetNamespace())
+	}
+	ep, _, _ := unstructured.NestedSlice(sm.Object, "spec", "endpoints")
+	chartEP, _, _ := unstructured.NestedSlice(chartSM.Object, "spec", "endpoints")
+	same(t, "ServiceMonitor endpoints", chartEP, ep)
+	if len(ep) != 1 {
+		t.Fatalf("deploy/monitoring's ServiceMonitor has %d endpoints, want 1", len(ep))
+	}
+	e := ep[0].(map[string]any)
+	if tls, _ := e["tlsConfig"].(map[string]any); e["scheme"] != "https" || e["port"] != "metrics" || e["path"] != "/metrics" ||
+		e["bearerTokenFile"] != "/var/run/secrets/kubernetes.io/serviceaccount/token" || len(tls) == 0 {
+		t.Errorf("deploy/monitoring's ServiceMonitor does not scrape the secure endpoint with Prometheus's token: %v", e)
+	}
+	svc := one(t, kust, "Service", "keyroll-metrics")
+	if svc.GetNamespace() != sm.GetNamespace() {
+		t.Errorf("deploy/monitoring's ServiceMonitor is in %q, deploy/manager's metrics Service in %q", sm.GetNamespace(), svc.GetNamespace())
+	}
+	selects(t, "deploy/monitoring's ServiceMonitor", sm, svc)
+	selects(t, "the chart's ServiceMonitor", chartSM, one(t, chart, "Service", "keyroll-metrics"))
+	ports, _, _ := unstructured.NestedFieldNoCopy(svc.Object, "spec", "ports") // kustomize's output holds ints, which NestedSlice cannot copy
+	if p, _ := ports.([]any); !slices.ContainsFunc(p, func(p any) bool { return p.(map[string]any)["name"] == e["port"] }) {
+		t.Errorf("deploy/manager's metrics Service has no port %v: %v", e["port"], ports)
+	}
+	crb, chartCRB := one(t, monitoring, "ClusterRoleBinding", "keyroll-metrics-reader"), one(t, chart, "ClusterRoleBinding", "keyroll-metrics-reader")
+	same(t, "the metrics reader's ClusterRoleBinding roleRef", chartCRB.Object["roleRef"], crb.Object["roleRef"])
+	same(t, "the metrics reader's ClusterRoleBinding subjects", chartCRB.Object["subjects"], crb.Object["subjects"])
+}
+
+// selects: the ServiceMonitor's selector has labels, and the Service carries each of them.
+func selects(t *testing.T, what string, sm, svc *unstructured.Unstructured) {
+	t.Helper()
+	sel, _, _ := unstructured.NestedStringMap(sm.Object, "spec", "selector", "matchLabels")
+	if len(sel) == 0 {
+		t.Errorf("%s selects no labels: %v", what, sm.Object["spec"])
+	}
+	for k, v := range sel {
+		if svc.GetLabels()[k] != v {
+			t.Errorf("%s selects %s=%s, which the metrics Service %s does not carry (%v)", what, k, v, svc.GetName(), svc.GetLabels())
+		}
 	}
 }
 

@@ -3,7 +3,8 @@
 # redis-server and redis-tools (a real Redis on loopback ports, and the Redis of the real node's
 # image; not started as a service here), and for the real node containerd, runc, the CNI plugins,
 # busybox-static (the Redis image's shell), iptables and conntrack (kube-proxy), iproute2 (the
-# node's bridge), gcc and libc6-dev (the static pause program).
+# node's bridge), gcc and libc6-dev (the static pause program), and ca-certificates (the CA bundle
+# that make image copies into the manager image).
 set -euo pipefail
 missing=()
 need() { # need PACKAGE TEST...: the package is missing when the test fails
@@ -22,6 +23,7 @@ need conntrack command -v conntrack
 need iproute2 command -v ip
 need gcc command -v gcc
 need libc6-dev test -f /usr/lib/x86_64-linux-gnu/libc.a
+need ca-certificates test -s /etc/ssl/certs/ca-certificates.crt
 if ((${#missing[@]} == 0)); then
 	exit 0
 fi
