@@ -1,8 +1,8 @@
 // Package nodes brings every Redis node of a RedisCluster to the cluster's users, live: one node
 // after the other, each changed with targeted ACL commands (redisnode) as keyroll's admin user and
-// confirmed, by logging in as the current credential's user, before the next. What each node was
-// last confirmed on is kept in status.nodes, so that a steady cluster costs no Redis command and
-// a restarted Redis is confirmed again.
+// confirmed before the next: the current credential's user logs in, and the users deleted are no
+// longer among the node's users. What each node was last confirmed on is kept in status.nodes, so
+// that a steady cluster costs no Redis command and a restarted Redis is confirmed again.
 package nodes
 
 import (
@@ -126,7 +126,8 @@ func (s *Syncer) applied(rc *v1alpha1.RedisCluster, conds conditions.Setter, wan
 
 // syncNode sets every wanted user on the node at addr, deletes the retiring ones (and, on a
 // fresh run of Redis, every user the set does not have: they came from an aclfile older than
-// the one it mounts), then confirms the current credential by logging in as it.
+// the one it mounts) and confirms they are gone, then confirms the current credential by
+// logging in as it.
 func (s *Syncer) syncNode(ctx context.Context, addr string, want Want, fresh bool) error {
 	n := s.Dial(addr, render.AdminUser, want.AdminPassword)
 	defer func() { _ = n.Close() }()
@@ -150,6 +151,9 @@ func (s *Syncer) syncNode(ctx context.Context, addr string, want Want, fresh boo
 	if err := n.DelUsers(ctx, del...); err != nil {
 		return err
 	}
+	if err := confirmGone(ctx, n, del); err != nil {
+		return err
+	}
 	if c := want.Confirm; c != nil {
 		ok, err := n.Accepts(ctx, c.Username, c.Password)
 		if err != nil {
@@ -158,6 +162,23 @@ func (s *Syncer) syncNode(ctx context.Context, addr string, want Want, fresh boo
 		if !ok {
 			return fmt.Errorf("the node does not accept user %s after setting it", c.Username)
 		}
+	}
+	return nil
+}
+
+// confirmGone confirms that the node no longer has the users it was told to delete: they are
+// no longer among its users. (Logging in as one cannot confirm it: keyroll does not keep a retired
+// user's password, and a wrong password fails with the same WRONGPASS as a user that is gone.)
+func confirmGone(ctx context.Context, n redisnode.Node, deleted []string) error {
+	if len(deleted) == 0 {
+		return nil
+	}
+	present, err := n.Users(ctx)
+	if err != nil {
+		return err
+	}
+	if left := slices.DeleteFunc(slices.Clone(deleted), func(name string) bool { return !slices.Contains(present, name) }); len(left) > 0 {
+		return fmt.Errorf("the node still has users %s after deleting them", strings.Join(left, ", "))
 	}
 	return nil
 }

@@ -1,15 +1,26 @@
 package nodes
 
 import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	clocktesting "k8s.io/utils/clock/testing"
 	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/controllers/conditions"
+	"github.com/keyroll/keyroll/controllers/render"
+	"github.com/keyroll/keyroll/redisnode"
+	"github.com/keyroll/keyroll/redisnode/redisnodetest"
 )
 
 // A Redis node that does not run is waited for until it has not run for readinessTimeout, timed
@@ -56,3 +67,63 @@ func TestNotRunningIsTimedFromWhenThePodStopped(t *testing.T) {
 		})
 	}
 }
+
+// A retiring user leaves each node confirmed: a node that answers ACL DELUSER but still has the
+// user stops the sync there (the nodes after it are not changed), naming the pod and the user,
+// and status.retiringUsers keeps the user until every node is confirmed without it.
+func TestRetiredUserIsConfirmedGoneOnEachNode(t *testing.T) {
+	ctx := context.Background()
+	rc := &v1alpha1.RedisCluster{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "orders", Generation: 1}}
+	rc.Spec.Replicas = 3
+	rc.Status.RetiringUsers = []string{"V_OLD"}
+	in := render.Internal{Admin: "admin-password", Replication: "replication-password", Probe: "probe-password"}
+	redis := redisnodetest.New()
+	var pods []client.Object
+	for i := range 3 {
+		pods = append(pods, &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: fmt.Sprintf("orders-%d", i), Labels: render.SelectorLabels(rc)},
+			Status: corev1.PodStatus{PodIP: fmt.Sprintf("10.0.0.%d", 10+i),
+				Conditions:        []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}},
+				ContainerStatuses: []corev1.ContainerStatus{{Name: "redis", State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}}}},
+		})
+		redis.Restart(addr(i), redisnode.User{Name: render.AdminUser, PasswordHash: render.HashPassword(in.Admin)},
+			redisnode.User{Name: "V_OLD", PasswordHash: render.HashPassword("old")})
+	}
+	s := &Syncer{Client: fake.NewClientBuilder().WithObjects(pods...).Build(), Dial: redis.Dial, Clock: clocktesting.NewFakeClock(time.Now())}
+	cur := render.NewCredential("V_NEW", "new")
+	app := []render.ACLUser{{Username: cur.Username, PasswordHash: render.HashPassword(cur.Password), Rules: []string{"~*", "+@all"}}}
+	want := Want{Users: render.ClusterUsers(rc, in, app), Confirm: &cur, AdminPassword: in.Admin}
+	conds := conditions.Setter{Obj: rc, Conditions: &rc.Status.Conditions}
+	redis.KeepsDeleted[addr(1)] = true
+
+	done, _, err := s.Sync(ctx, rc, conds, want)
+
+	if done || err != nil {
+		t.Fatalf("Sync: done %v, err %v; want not done while orders-1 still has V_OLD", done, err)
+	}
+	c := meta.FindStatusCondition(rc.Status.Conditions, v1alpha1.ConditionUsersApplied)
+	if c == nil || c.Status != metav1.ConditionFalse || !strings.Contains(c.Message, "1 of 3") || !strings.Contains(c.Message, "orders-1") || !strings.Contains(c.Message, "V_OLD") {
+		t.Errorf("UsersApplied %+v: want False, 1 of 3 confirmed, naming orders-1 and V_OLD", c)
+	}
+	if !slices.Equal(rc.Status.RetiringUsers, []string{"V_OLD"}) {
+		t.Errorf("retiring users %v, want V_OLD kept", rc.Status.RetiringUsers)
+	}
+	if !redis.Accepts(addr(0), "V_OLD", "old") || redis.Accepts(addr(0), cur.Username, cur.Password) {
+		t.Error("orders-0, after orders-1, was changed")
+	}
+
+	delete(redis.KeepsDeleted, addr(1))
+	if done, _, err := s.Sync(ctx, rc, conds, want); !done || err != nil {
+		t.Fatalf("Sync once orders-1 deletes users: done %v, err %v", done, err)
+	}
+	for i := range 3 {
+		if slices.Contains(redis.Users(addr(i)), "V_OLD") || !redis.Accepts(addr(i), cur.Username, cur.Password) {
+			t.Errorf("orders-%d has users %v: want V_NEW and not V_OLD", i, redis.Users(addr(i)))
+		}
+	}
+	if len(rc.Status.RetiringUsers) != 0 {
+		t.Errorf("retiring users %v once every node is confirmed without them", rc.Status.RetiringUsers)
+	}
+}
+
+func addr(i int) string { return fmt.Sprintf("10.0.0.%d:%d", 10+i, RedisPort) }

@@ -27,6 +27,14 @@ type Fake struct {
 	Refused map[string]string
 	// Unreachable addresses refuse connections.
 	Unreachable map[string]bool
+	// RefusesLogin addresses take ACL SETUSER but then let no one log in on a connection of
+	// its own (Accepts answers false, as Redis does with WRONGPASS).
+	RefusesLogin map[string]bool
+	// KeepsDeleted addresses answer ACL DELUSER without removing any user.
+	KeepsDeleted map[string]bool
+	// BeforeSetUser, when set, runs as a node takes ACL SETUSER, before it changes the user:
+	// the node's address and the user as sent.
+	BeforeSetUser func(addr string, u redisnode.User)
 	// Commands counts every command sent to any node.
 	Commands int
 	// Offsets are the nodes' replication offsets, by address (0 when not set).
@@ -66,7 +74,8 @@ type Node struct {
 
 // New returns a Fake with no nodes.
 func New() *Fake {
-	return &Fake{nodes: map[string]*Node{}, Refused: map[string]string{}, Unreachable: map[string]bool{}, masterOf: map[string]string{}, Offsets: map[string]int64{}}
+	return &Fake{nodes: map[string]*Node{}, Refused: map[string]string{}, Unreachable: map[string]bool{},
+		RefusesLogin: map[string]bool{}, KeepsDeleted: map[string]bool{}, masterOf: map[string]string{}, Offsets: map[string]int64{}}
 }
 
 // Dial is a redisnode.Dialer of the fake's nodes.
@@ -87,6 +96,23 @@ func (f *Fake) Users(addr string) []string {
 		out = append(out, name)
 	}
 	slices.Sort(out)
+	return out
+}
+
+// UserSet is a copy of the users of the node at addr, names, password hashes and rules (nil
+// when it has never been dialled).
+func (f *Fake) UserSet(addr string) map[string]redisnode.User {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n := f.nodes[addr]
+	if n == nil {
+		return nil
+	}
+	out := make(map[string]redisnode.User, len(n.Users))
+	for name, u := range n.Users {
+		u.Rules = slices.Clone(u.Rules)
+		out[name] = u
+	}
 	return out
 }
 
@@ -176,6 +202,9 @@ func (c *conn) SetUser(_ context.Context, u redisnode.User) error {
 	if err := c.refused(u.Rules); err != nil {
 		return err
 	}
+	if c.f.BeforeSetUser != nil {
+		c.f.BeforeSetUser(c.addr, u)
+	}
 	n.Users[u.Name] = u
 	return nil
 }
@@ -186,6 +215,9 @@ func (c *conn) DelUsers(_ context.Context, names ...string) error {
 	n, err := c.node()
 	if err != nil {
 		return err
+	}
+	if c.f.KeepsDeleted[c.addr] {
+		return nil
 	}
 	for _, name := range names {
 		delete(n.Users, name)
@@ -209,7 +241,7 @@ func (c *conn) Accepts(_ context.Context, username, password string) (bool, erro
 	if err != nil {
 		return false, err
 	}
-	return n.accepts(username, password), nil
+	return !c.f.RefusesLogin[c.addr] && n.accepts(username, password), nil
 }
 
 func (c *conn) Replication(context.Context) (redisnode.Replication, error) {

@@ -54,6 +54,10 @@ spec:
   allowedNamespaces: [default]
 `
 
+// aclSyntax is how the API server names the field and the rule when the aclRules rule-syntax
+// rule refuses an ACL rule.
+const aclSyntax = "spec.credentials.aclRules: Invalid value: aclRules: each rule must be"
+
 // invalidCase changes a valid object into an invalid one; the API server must refuse it with an
 // error that names field.
 type invalidCase struct {
@@ -88,6 +92,13 @@ func TestInvalidObjectsAreRefusedNamingTheField(t *testing.T) {
 		"ACL rule sets a password":            {rc, set("spec.credentials.aclRules", []any{"~*", ">secret"}), "spec.credentials.aclRules"},
 		"ACL rule turns the user off":         {rc, set("spec.credentials.aclRules", []any{"off"}), "spec.credentials.aclRules"},
 		"no ACL rules":                        {rc, set("spec.credentials.aclRules", []any{}), "spec.credentials.aclRules"},
+		"ACL rule a bare word":                {rc, set("spec.credentials.aclRules", []any{"~*", "read"}), aclSyntax},
+		"ACL category without a name":         {rc, set("spec.credentials.aclRules", []any{"+@"}), aclSyntax},
+		"ACL category not lower case":         {rc, set("spec.credentials.aclRules", []any{"+@Read"}), aclSyntax},
+		"ACL key pattern without a pattern":   {rc, set("spec.credentials.aclRules", []any{"~"}), aclSyntax},
+		"ACL channel pattern without pattern": {rc, set("spec.credentials.aclRules", []any{"&"}), aclSyntax},
+		"ACL key permission unknown":          {rc, set("spec.credentials.aclRules", []any{"%X~app:*"}), aclSyntax},
+		"ACL command with empty subcommand":   {rc, set("spec.credentials.aclRules", []any{"+config|"}), aclSyntax},
 		"empty schedule":                      {rc, set("spec.rotation.schedule", ""), "spec.rotation.schedule"},
 		"schedule not cron":                   {rc, set("spec.rotation.schedule", "every day"), "spec.rotation.schedule"},
 		"window start not a time":             {rc, set("spec.rotation.maintenanceWindow", map[string]any{"start": "25:00", "duration": "1h"}), "spec.rotation.maintenanceWindow.start"},
@@ -235,6 +246,23 @@ func TestValidBasesAreAccepted(t *testing.T) {
 		if err := k8s.Delete(ctx, obj); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// TestACLRulesOfEveryKindAreAccepted keeps the rule-syntax rule from refusing what Redis accepts:
+// one rule of each kind it names.
+func TestACLRulesOfEveryKindAreAccepted(t *testing.T) {
+	ctx := context.Background()
+	obj := parse(t, validRedisCluster)
+	obj.SetName("acl-rules")
+	rules := []any{"~app:*", "%R~ro:*", "%W~wo:*", "%RW~rw:*", "&news.*", "+@read", "-@dangerous",
+		"+client|setname", "-flushall", "allkeys", "allchannels", "allcommands", "nocommands", "resetkeys", "resetchannels"}
+	set("spec.credentials.aclRules", rules)(obj.Object)
+	if err := k8s.Create(ctx, obj); err != nil {
+		t.Fatalf("valid ACL rules refused: %v", err)
+	}
+	if err := k8s.Delete(ctx, obj); err != nil {
+		t.Fatal(err)
 	}
 }
 

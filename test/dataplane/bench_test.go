@@ -17,7 +17,8 @@ import (
 // benchClusters is how many RedisClusters are rotated at once.
 const benchClusters = 20
 
-// phases are the moments of one cluster's rotation, seen by polling its status every 50 ms.
+// phases are the moments of one cluster's rotation, seen by polling its status every 100 ms
+// (eventually's interval).
 type phases struct {
 	asked, issued, nodes, consumers, revoked time.Time
 }
