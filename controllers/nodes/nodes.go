@@ -186,8 +186,10 @@ func confirmGone(ctx context.Context, n redisnode.Node, deleted []string) error 
 // problem is why a sync stopped, and when to look again.
 type problem struct {
 	reason, msg string
-	warn        bool
-	wait        time.Duration
+	// event is the reason of the Warning event that reports the problem; none when empty (a wait
+	// that passes by itself).
+	event string
+	wait  time.Duration
 }
 
 func (p *problem) report(conds conditions.Setter, confirmed, replicas int) time.Duration {
@@ -195,8 +197,8 @@ func (p *problem) report(conds conditions.Setter, confirmed, replicas int) time.
 	if p.reason == v1alpha1.ReasonInvalidACLRules {
 		msg = p.msg + "; nothing was applied (the pods run on, with the users they had)"
 	}
-	if conds.Set(v1alpha1.ConditionUsersApplied, metav1.ConditionFalse, p.reason, msg) && p.warn {
-		conds.Announce(true, p.reason, "ApplyUsers", "%s", msg)
+	if conds.Set(v1alpha1.ConditionUsersApplied, metav1.ConditionFalse, p.reason, msg) && p.event != "" {
+		conds.Announce(true, p.event, "ApplyUsers", "%s", msg)
 	}
 	return p.wait
 }
@@ -207,7 +209,7 @@ func (s *Syncer) notRunning(rc *v1alpha1.RedisCluster, p *corev1.Pod) *problem {
 	since := stoppedSince(p)
 	timeout := ReadinessTimeout(rc)
 	if s.Clock.Since(since) > timeout {
-		return &problem{reason: v1alpha1.ReasonNodeNotReady, warn: true, wait: time.Minute,
+		return &problem{reason: v1alpha1.ReasonNodeNotReady, event: v1alpha1.EventNodeNotReady, wait: time.Minute,
 			msg: fmt.Sprintf("pod %s has not run Redis for %s (rollout.readinessTimeout %s); no credential change goes on until it does", p.Name, s.Clock.Since(since).Round(time.Second), timeout)}
 	}
 	return &problem{reason: v1alpha1.ReasonApplying, wait: notRunningWait, msg: "waiting for pod " + p.Name + " to run Redis"}
@@ -259,14 +261,14 @@ func podReady(p *corev1.Pod) bool {
 func unreachable(p *corev1.Pod, addr string, err error) *problem {
 	var re *redisnode.RuleError
 	if errors.As(err, &re) {
-		return &problem{reason: v1alpha1.ReasonInvalidACLRules, warn: true, wait: time.Minute,
+		return &problem{reason: v1alpha1.ReasonInvalidACLRules, event: v1alpha1.EventInvalidACLRules, wait: time.Minute,
 			msg: fmt.Sprintf("pod %s refused spec.credentials.aclRules: %v", p.Name, re)}
 	}
 	hint := ""
 	if redisnode.Unreachable(err) {
 		hint = fmt.Sprintf(" (keyroll connects to every Redis pod on TCP port %d: a NetworkPolicy must let it in)", RedisPort)
 	}
-	return &problem{reason: v1alpha1.ReasonNodeUnreachable, warn: true, wait: 10 * time.Second,
+	return &problem{reason: v1alpha1.ReasonNodeUnreachable, event: v1alpha1.EventNodeUnreachable, wait: 10 * time.Second,
 		msg: fmt.Sprintf("pod %s at %s: %v%s", p.Name, addr, err, hint)}
 }
 
