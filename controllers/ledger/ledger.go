@@ -21,7 +21,10 @@ import (
 )
 
 // MaxSteps bounds the decide-and-act steps of one reconcile: a renewal or lookup that finds the
-// lease gone, the issue that replaces it, and the decision that nothing more is due.
+// lease gone, the issue that replaces it, and the decision that nothing more is due. Each step's
+// decision is rotation.Decide's alone, on what the step before left, and is never changed by
+// hand; deciding once per reconcile instead would cost another reconcile, and another status
+// write for its plan (status.credential.nextRenewal, nextRotation), after every renewal and issue.
 const MaxSteps = 4
 
 // MaxLeases is how many leases the ledger holds at most (status.leases, as the CRD bounds it).
