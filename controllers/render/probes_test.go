@@ -24,15 +24,7 @@ import (
 func TestReadinessFailsAReplicaWhosePrimaryStopped(t *testing.T) {
 	rc := &v1alpha1.RedisCluster{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "orders"}}
 	in := Internal{Admin: "admin-pw", Replication: "repl-pw", Probe: "probe-pw"}
-	file, err := ClusterUsers(rc, in, nil).ACLFile()
-	if err != nil {
-		t.Fatal(err)
-	}
-	acl := ACLSecret(rc, file, in, "").Data
-	primary := startPod(t, rc, acl, "orders-0", nil)
-	within(t, 10*time.Second, "the primary is Ready", primary.ready, primary.out)
-	replica := startPod(t, rc, acl, "orders-1", primary)
-	within(t, 30*time.Second, "the replica is Ready", replica.ready, primary.out, replica.out)
+	primary, replica := primaryAndReplica(t, rc, aclOf(t, rc, in, nil))
 
 	_ = syscall.Kill(primary.cmd.Process.Pid, syscall.SIGTERM)
 	select {

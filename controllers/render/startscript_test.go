@@ -39,6 +39,31 @@ func startPod(t *testing.T, rc *v1alpha1.RedisCluster, acl map[string][]byte, na
 // startPodIn is startPod in the pod directory root (a container restarted in the same pod finds
 // its volumes as the first left them), as the user of cred (nil: the test's), with extraConf
 // added to redis.conf.
+// aclOf is the ACL Secret's data of rc with keyroll's users in and the app's credential (none:
+// nil).
+func aclOf(t *testing.T, rc *v1alpha1.RedisCluster, in Internal, app *Credential) map[string][]byte {
+	t.Helper()
+	var apps []ACLUser
+	if app != nil {
+		apps = AppUsers(rc, app, nil)
+	}
+	file, err := ClusterUsers(rc, in, apps).ACLFile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ACLSecret(rc, file, in, "").Data
+}
+
+// primaryAndReplica starts orders-0 and orders-1 of rc with acl and waits until both are Ready.
+func primaryAndReplica(t *testing.T, rc *v1alpha1.RedisCluster, acl map[string][]byte) (primary, replica *pod) {
+	t.Helper()
+	primary = startPod(t, rc, acl, "orders-0", nil)
+	within(t, 10*time.Second, "the primary is Ready", primary.ready, primary.out)
+	replica = startPod(t, rc, acl, "orders-1", primary)
+	within(t, 30*time.Second, "the replica is Ready", replica.ready, primary.out, replica.out)
+	return primary, replica
+}
+
 func startPodIn(t *testing.T, rc *v1alpha1.RedisCluster, acl map[string][]byte, name string, primary *pod, root string, cred *syscall.Credential, extraConf string) *pod {
 	t.Helper()
 	port, err := testground.FreePort()
@@ -215,11 +240,7 @@ func TestStartScriptStartsAgainInTheSamePod(t *testing.T) {
 	}
 	rc := &v1alpha1.RedisCluster{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "orders"}}
 	in := Internal{Admin: "admin-pw", Replication: "repl-pw", Probe: "probe-pw"}
-	file, err := ClusterUsers(rc, in, AppUsers(rc, &Credential{Username: "V_ORDERS_A", Password: "pass-a"}, nil)).ACLFile()
-	if err != nil {
-		t.Fatal(err)
-	}
-	acl := ACLSecret(rc, file, in, "").Data
+	acl := aclOf(t, rc, in, &Credential{Username: "V_ORDERS_A", Password: "pass-a"})
 	primary := startPod(t, rc, acl, "orders-0", nil)
 	within(t, 10*time.Second, "the primary is Ready", primary.ready, primary.out)
 
@@ -260,15 +281,7 @@ func TestStartScriptStartsAgainInTheSamePod(t *testing.T) {
 func TestAPrimaryHandsItsRoleOverByFailover(t *testing.T) {
 	rc := &v1alpha1.RedisCluster{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "orders"}}
 	in := Internal{Admin: "admin-pw", Replication: "repl-pw", Probe: "probe-pw"}
-	file, err := ClusterUsers(rc, in, nil).ACLFile()
-	if err != nil {
-		t.Fatal(err)
-	}
-	acl := ACLSecret(rc, file, in, "").Data
-	primary := startPod(t, rc, acl, "orders-0", nil)
-	within(t, 10*time.Second, "the primary is Ready", primary.ready, primary.out)
-	replica := startPod(t, rc, acl, "orders-1", primary)
-	within(t, 30*time.Second, "the replica is Ready", replica.ready, primary.out, replica.out)
+	primary, replica := primaryAndReplica(t, rc, aclOf(t, rc, in, nil))
 
 	if out, err := testground.RedisDo(primary.addr(), AdminUser, in.Admin, "FAILOVER", "TO", "127.0.0.1", strconv.Itoa(replica.port), "TIMEOUT", "5000"); err != nil || out != "OK" {
 		t.Fatalf("FAILOVER as keyroll's admin: %q, %v", out, err)
@@ -297,15 +310,8 @@ func TestARestartedPrimaryDoesNotEmptyItsReplicas(t *testing.T) {
 	rc.Spec.Credentials.ACLRules = []string{"~app:*", "+@read", "+@write"}
 	in := Internal{Admin: "admin-pw", Replication: "repl-pw", Probe: "probe-pw"}
 	app := &Credential{Username: "V_ORDERS_A", Password: "pass-a"}
-	file, err := ClusterUsers(rc, in, AppUsers(rc, app, nil)).ACLFile()
-	if err != nil {
-		t.Fatal(err)
-	}
-	acl := ACLSecret(rc, file, in, "").Data
-	primary := startPod(t, rc, acl, "orders-0", nil)
-	within(t, 10*time.Second, "the primary is Ready", primary.ready, primary.out)
-	replica := startPod(t, rc, acl, "orders-1", primary)
-	within(t, 30*time.Second, "the replica is Ready", replica.ready, primary.out, replica.out)
+	acl := aclOf(t, rc, in, app)
+	primary, replica := primaryAndReplica(t, rc, acl)
 	if out, err := testground.RedisDo(primary.addr(), app.Username, app.Password, "SET", "app:1", "v"); err != nil || out != "OK" {
 		t.Fatalf("SET app:1: %q, %v", out, err)
 	}

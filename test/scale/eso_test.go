@@ -206,32 +206,6 @@ func createExternalSecret(r *run, name string) error {
 	})
 }
 
-// createParallel runs create for 0..n-1, 32 at a time (as createAll does).
-func createParallel(b *testing.B, n int, create func(int) error) {
-	b.Helper()
-	var wg sync.WaitGroup
-	errs := make(chan error, n)
-	next := make(chan int)
-	for range 32 {
-		wg.Go(func() {
-			for i := range next {
-				if err := create(i); err != nil {
-					errs <- err
-				}
-			}
-		})
-	}
-	for i := range n {
-		next <- i
-	}
-	close(next)
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		b.Fatalf("creating: %v", err)
-	}
-}
-
 // startESO runs External Secrets Operator's controller as its own process with flags, as
 // testground.StartExternalSecrets does (which takes no flags), but with its metrics on a free
 // port. It returns the process and its metrics URL.

@@ -168,28 +168,33 @@ func issueAtScale(b *testing.B, n int) result {
 // connection, 32 at a time.
 func createAll(b *testing.B, c client.Client, ns, prefix string, n int, connection string) {
 	b.Helper()
+	createParallel(b, n, func(i int) error {
+		return c.Create(context.Background(), &v1alpha1.RedisCluster{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("%s%04d", prefix, i)},
+			Spec: v1alpha1.RedisClusterSpec{Replicas: 1, Credentials: v1alpha1.CredentialsSpec{
+				Source: v1alpha1.SourceVaultLease,
+				VaultLease: &v1alpha1.VaultLeaseSource{
+					ConnectionRef: v1alpha1.ConnectionReference{Name: connection}, Path: "database/creds/scale",
+				},
+			}},
+		})
+	})
+}
+
+// createParallel runs create for 0..n-1, 32 at a time, and fails the benchmark if one failed.
+func createParallel(b *testing.B, n int, create func(int) error) {
+	b.Helper()
 	var wg sync.WaitGroup
 	errs := make(chan error, n)
 	next := make(chan int)
 	for range 32 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			for i := range next {
-				rc := &v1alpha1.RedisCluster{
-					ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("%s%04d", prefix, i)},
-					Spec: v1alpha1.RedisClusterSpec{Replicas: 1, Credentials: v1alpha1.CredentialsSpec{
-						Source: v1alpha1.SourceVaultLease,
-						VaultLease: &v1alpha1.VaultLeaseSource{
-							ConnectionRef: v1alpha1.ConnectionReference{Name: connection}, Path: "database/creds/scale",
-						},
-					}},
-				}
-				if err := c.Create(context.Background(), rc); err != nil {
+				if err := create(i); err != nil {
 					errs <- err
 				}
 			}
-		}()
+		})
 	}
 	for i := range n {
 		next <- i
@@ -198,7 +203,7 @@ func createAll(b *testing.B, c client.Client, ns, prefix string, n int, connecti
 	wg.Wait()
 	close(errs)
 	for err := range errs {
-		b.Fatalf("creating a RedisCluster: %v", err)
+		b.Fatalf("creating: %v", err)
 	}
 }
 
