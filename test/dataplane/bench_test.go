@@ -142,6 +142,8 @@ func report(b *testing.B, all []phases, failed int64) {
 		slices.Sort(d)
 		b.ReportMetric(d[len(d)/2], name+"-p50-s")
 		b.ReportMetric(d[len(d)-1], name+"-max-s")
+		// Logged too: a benchmark that fails prints no metrics.
+		b.Logf("%s: p50 %.2f s, max %.2f s over %d rotations", name, d[len(d)/2], d[len(d)-1], len(d))
 	}
 	metric("issued", func(p phases) time.Duration { return p.issued.Sub(p.asked) })
 	metric("on-every-node", func(p phases) time.Duration { return p.nodes.Sub(p.asked) })
