@@ -32,6 +32,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -55,7 +56,26 @@ type Stats struct {
 	// LostWrites counts GETs that returned an older value than the last SET Redis acknowledged:
 	// an acknowledged write that was lost.
 	LostWrites int64 `json:"lostWrites"`
+	// Failures are the first failed commands, each with its moment and reason (at most
+	// maxFailures, so that the final counters fit a termination message): what a test needs to
+	// explain failures that LastError alone, the reason of the last, does not.
+	Failures []Failure `json:"failures,omitempty"`
 }
+
+// Failure is one failed command.
+type Failure struct {
+	At    string `json:"at"`
+	Op    string `json:"op"`
+	User  string `json:"user"`
+	Error string `json:"error"`
+}
+
+// maxFailures failures of at most maxReason bytes each keep the final counters well inside the
+// 4,096 bytes the kubelet keeps of a termination message.
+const (
+	maxFailures = 12
+	maxReason   = 160
+)
 
 type consumer struct {
 	addr, dir, key    string
@@ -100,10 +120,7 @@ func main() {
 
 // writeFinal writes the counters as JSON to path.
 func (c *consumer) writeFinal(path string) {
-	c.mu.Lock()
-	s := c.stats
-	c.mu.Unlock()
-	b, _ := json.Marshal(s)
+	b, _ := json.Marshal(c.snapshot())
 	log.Printf("consumer: stopped: %s", b)
 	if path == "" {
 		return
@@ -114,11 +131,17 @@ func (c *consumer) writeFinal(path string) {
 }
 
 func (c *consumer) serveStats(w http.ResponseWriter, _ *http.Request) {
-	c.mu.Lock()
-	s := c.stats
-	c.mu.Unlock()
 	w.Header().Set("Content-Type", "application/json")
-	_ = json.NewEncoder(w).Encode(s)
+	_ = json.NewEncoder(w).Encode(c.snapshot())
+}
+
+// snapshot is a copy of the counters.
+func (c *consumer) snapshot() Stats {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s := c.stats
+	s.Failures = slices.Clone(s.Failures)
+	return s
 }
 
 // loop runs SET and GET until ctx ends; a failed command closes the connection and the next round
@@ -181,7 +204,14 @@ func (c *consumer) do(op string, f func() error) bool {
 	}
 	c.stats.Failed++
 	c.stats.LastError = err.Error()
-	c.stats.LastFailure = time.Now().UTC().Format(time.RFC3339Nano)
+	c.stats.LastFailure = now.UTC().Format(time.RFC3339Nano)
+	if len(c.stats.Failures) < maxFailures {
+		reason := c.stats.LastError
+		if len(reason) > maxReason {
+			reason = reason[:maxReason]
+		}
+		c.stats.Failures = append(c.stats.Failures, Failure{At: c.stats.LastFailure, Op: op, User: c.user, Error: reason})
+	}
 	log.Printf("consumer: failure %d: %s as %q: %v", c.stats.Failed, op, c.user, err)
 	c.closeLocked()
 	return false

@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"reflect"
 	"testing"
 	"time"
 
@@ -58,6 +59,9 @@ func TestConsumerCountsCommandsAndFollowsTheCredential(t *testing.T) {
 	if s.LastError == "" || s.LastFailure == "" {
 		t.Fatalf("failures without a reason: %+v", s)
 	}
+	if f := s.Failures; len(f) < 3 || (f[0].Op != "SET" && f[0].Op != "GET") || f[0].User != "app-2" || f[0].Error == "" || f[0].At == "" {
+		t.Fatalf("failures not recorded one by one: %+v", s.Failures)
+	}
 
 	// Stopped (SIGTERM), it writes its final counters, every command counted.
 	cancel()
@@ -70,7 +74,7 @@ func TestConsumerCountsCommandsAndFollowsTheCredential(t *testing.T) {
 		t.Fatal(err)
 	}
 	var got Stats
-	if err := json.Unmarshal(b, &got); err != nil || got != c.stats || got.OK < 40 {
+	if err := json.Unmarshal(b, &got); err != nil || !reflect.DeepEqual(got, c.stats) || got.OK < 40 {
 		t.Fatalf("final counters %s (%v), want %+v", b, err, c.stats)
 	}
 }

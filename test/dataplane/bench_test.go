@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
@@ -60,7 +62,36 @@ func BenchmarkTwentyClustersRotateAtOnce(b *testing.B) {
 	}
 	report(b, all, failed)
 	if failed > 0 {
-		b.Errorf("%d client commands failed: %v", failed, errs)
+		logUnusualEvents(b, "bench")
+		b.Errorf("%d client commands failed: %s", failed, strings.Join(errs, "\n"))
+	}
+}
+
+// routine are the event reasons of every rotation; the others may explain a failed command.
+var routine = map[string]bool{
+	v1alpha1.EventCredentialsIssued: true, v1alpha1.EventRotationStarted: true, v1alpha1.EventRotationFinished: true,
+	v1alpha1.EventUsersApplied: true, v1alpha1.EventUsersRetired: true, v1alpha1.EventConsumerRestarted: true,
+	v1alpha1.EventLeaseRevoked: true, "ScalingReplicaSet": true, "SuccessfulCreate": true, "SuccessfulDelete": true,
+	"Scheduled": true, "Pulled": true, "Created": true, "Started": true, "Killing": true,
+}
+
+// logUnusualEvents logs the events of ns that are not routine (warnings, promotions, hand-overs,
+// probe failures), with their times.
+func logUnusualEvents(b *testing.B, ns string) {
+	events, err := cs.CoreV1().Events(ns).List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		b.Logf("listing the events of %s: %v", ns, err)
+		return
+	}
+	for _, e := range events.Items {
+		if e.Type == corev1.EventTypeNormal && routine[e.Reason] {
+			continue
+		}
+		at := e.LastTimestamp.Time
+		if at.IsZero() {
+			at = e.EventTime.Time
+		}
+		b.Logf("event %s %s %s/%s (x%d): %s", at.UTC().Format(time.RFC3339), e.Reason, e.InvolvedObject.Kind, e.InvolvedObject.Name, e.Count, e.Message)
 	}
 }
 

@@ -244,6 +244,7 @@ type consumers struct {
 	live  map[types.UID]testground.ConsumerStats
 	final map[types.UID]testground.ConsumerStats
 	ips   map[types.UID]string
+	names map[types.UID]string
 	// seen records, per pod, when it was first seen with each user.
 	seen  map[types.UID]map[string]time.Time
 	stop  chan struct{}
@@ -263,7 +264,7 @@ func startConsumers(t testing.TB, ns, name string, replicas int32, redisAddr, se
 		t.Fatal(err)
 	}
 	c := &consumers{live: map[types.UID]testground.ConsumerStats{}, final: map[types.UID]testground.ConsumerStats{},
-		ips: map[types.UID]string{}, seen: map[types.UID]map[string]time.Time{}, stop: make(chan struct{}), watch: w}
+		ips: map[types.UID]string{}, names: map[types.UID]string{}, seen: map[types.UID]map[string]time.Time{}, stop: make(chan struct{}), watch: w}
 	c.done.Add(2)
 	go func() {
 		defer c.done.Done()
@@ -318,6 +319,7 @@ func (c *consumers) halt() {
 func (c *consumers) observe(p *corev1.Pod) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.names[p.UID] = p.Name
 	if p.Status.PodIP != "" {
 		c.ips[p.UID] = p.Status.PodIP
 	}
@@ -355,6 +357,7 @@ func (c *consumers) poll() {
 }
 
 // totals are the commands of every pod seen, final counters where a pod stopped.
+// Each pod with failures is described by describeFailures.
 func (c *consumers) totals() (ok, failed int64, lastErrors []string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -364,7 +367,7 @@ func (c *consumers) totals() (ok, failed int64, lastErrors []string) {
 		}
 		ok, failed = ok+s.OK, failed+s.Failed
 		if s.Failed > 0 {
-			lastErrors = append(lastErrors, fmt.Sprintf("%s (%s)", s.LastError, s.LastFailure))
+			lastErrors = append(lastErrors, describeFailures(c.names[uid], s))
 		}
 	}
 	for uid, f := range c.final {
@@ -373,6 +376,18 @@ func (c *consumers) totals() (ok, failed int64, lastErrors []string) {
 		}
 	}
 	return ok, failed, lastErrors
+}
+
+// describeFailures names a consumer pod's failed commands: each of the first the pod kept (when,
+// which, as whom, why), and the last.
+func describeFailures(pod string, s testground.ConsumerStats) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "pod %s: %d failed:", pod, s.Failed)
+	for _, f := range s.Failures {
+		fmt.Fprintf(&b, " [%s %s as %s: %s]", f.At, f.Op, f.User, f.Error)
+	}
+	fmt.Fprintf(&b, " last: %s (%s)", s.LastError, s.LastFailure)
+	return b.String()
 }
 
 // stats are the counters of every pod seen, final ones where a pod stopped.

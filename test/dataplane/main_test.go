@@ -46,7 +46,16 @@ func TestMain(m *testing.M) {
 
 func run(m *testing.M) int {
 	flag.Parse()
-	if b := flag.Lookup("test.bench"); b != nil && b.Value.String() != "" {
+	if path := os.Getenv("KEYROLL_OPERATOR_LOG"); path != "" {
+		// The operator's log in a file, to explain what a benchmark measured.
+		f, err := os.Create(path)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		defer f.Close()
+		ctrllog.SetLogger(zap.New(zap.WriteTo(f), zap.UseDevMode(true), zap.Level(zapcore.InfoLevel)))
+	} else if b := flag.Lookup("test.bench"); b != nil && b.Value.String() != "" {
 		ctrllog.SetLogger(logr.Discard()) // benchmarks print numbers, not the operator's logs
 	} else {
 		ctrllog.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.UseDevMode(true), zap.Level(zapcore.InfoLevel)))

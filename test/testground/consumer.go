@@ -24,6 +24,17 @@ type ConsumerStats struct {
 	LastFailure       string `json:"lastFailure,omitempty"`
 	LongestOutageMs   int64  `json:"longestOutageMs"`
 	LostWrites        int64  `json:"lostWrites"`
+	// Failures are the first failed commands (test/consumer keeps twelve).
+	Failures []ConsumerFailure `json:"failures,omitempty"`
+}
+
+// ConsumerFailure is one failed command: when (RFC 3339), which (SET or GET), as which user, and
+// why.
+type ConsumerFailure struct {
+	At    string `json:"at"`
+	Op    string `json:"op"`
+	User  string `json:"user"`
+	Error string `json:"error"`
 }
 
 // ConsumerPort is where a consumer pod serves /stats, on its pod IP.
