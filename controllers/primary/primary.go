@@ -1,8 +1,8 @@
 // Package primary keeps one primary per RedisCluster: it records which Redis pod is the primary
 // (status.primary) and labels the pods with their role, which the client Service selects by;
 // before a rollout restarts the primary it hands the role to an in-sync replica with Redis's
-// coordinated FAILOVER; when the primary is lost (not Ready for a while) it promotes the replica
-// that has the most of the primary's data; and a Redis that started again as a second primary
+// coordinated FAILOVER; when the primary is lost (not Ready for a while, and no longer answering
+// as the primary) it promotes the replica that has the most of the primary's data; and a Redis that started again as a second primary
 // is made a replica of the primary. In steady state it sends no Redis command: it asks the
 // nodes only when a pod is not Ready, has started again, or is about to be restarted.
 package primary
@@ -73,8 +73,9 @@ func (k *Keeper) For(ctx context.Context, rc *v1alpha1.RedisCluster, conds condi
 }
 
 // Keep makes status.primary name the cluster's primary and the role labels follow it: the first
-// primary is pod 0 (the start script makes it one); a primary not Ready for LostAfter is replaced
-// by the best replica; a Redis that started again as a primary beside it is made its replica.
+// primary is pod 0 (the start script makes it one); a primary not Ready for LostAfter that no
+// longer answers as the primary is replaced by the best replica; a Redis that started again as
+// a primary beside it is made its replica.
 // wait is when to look again (0: nothing to wait for).
 func (k *Keeper) Keep(ctx context.Context, c *Cluster) (time.Duration, error) {
 	rc := c.RC
@@ -87,6 +88,8 @@ func (k *Keeper) Keep(ctx context.Context, c *Cluster) (time.Duration, error) {
 	if p := c.pod(rc.Status.Primary); len(c.Pods) > 1 && !ready(p) {
 		if left := LostAfter - k.Clock.Since(notReadySince(p, k.Clock.Now())); left > 0 {
 			wait = left
+		} else if k.answersAsPrimary(ctx, c, p) {
+			wait = LostAfter
 		} else if err := k.promote(ctx, c); err != nil {
 			errs = append(errs, err)
 			wait = time.Second
@@ -145,6 +148,24 @@ func (k *Keeper) recordLabelled(ctx context.Context, c *Cluster) {
 			return
 		}
 	}
+}
+
+// answersAsPrimary says whether the primary p, not Ready for LostAfter, still runs as the
+// primary: it is not being deleted and tells keyroll it is the primary. Its probe fails for
+// another reason than a lost Redis (a node too busy to run it in time, a dataset still loading),
+// which a promotion would not mend: the replica would be no more Ready than p, writes p had not
+// yet sent it would be lost, and on a busy node the roles would swap back and forth. A Redis that
+// does not answer (stopped, hung, unreachable) or answers as a replica is lost.
+func (k *Keeper) answersAsPrimary(ctx context.Context, c *Cluster, p *corev1.Pod) bool {
+	if p == nil || !running(p) {
+		return false
+	}
+	st, err := k.node(p, c.Admin).Replication(ctx)
+	if err != nil || st.Role != "master" {
+		return false
+	}
+	log.FromContext(ctx).Info("The primary is not Ready but answers as the primary; not promoting a replica", "primary", p.Name)
+	return true
 }
 
 // promote makes a replica the primary in place of one that is lost: the node that already says

@@ -125,8 +125,9 @@ func TestTemplateChangeRollsReplicasFirstThenHandsThePrimaryOver(t *testing.T) {
 	}
 }
 
-// A primary that is not Ready for LostAfter is replaced by the replica that took in most of its
-// stream; the other nodes, the old primary included, replicate from it.
+// A primary that is not Ready for LostAfter and does not answer is replaced by the replica that
+// took in most of its stream; the other nodes, the old primary included once it runs again,
+// replicate from it.
 func TestLostPrimaryIsReplacedByTheReplicaWithTheMostData(t *testing.T) {
 	h := newHarness(t, cluster(threeNodes))
 	h.settle(t)
@@ -141,6 +142,7 @@ func TestLostPrimaryIsReplacedByTheReplicaWithTheMostData(t *testing.T) {
 	if err := h.k8s.Status().Update(context.Background(), pod); err != nil {
 		t.Fatal(err)
 	}
+	h.redis.Unreachable[nodeAddr(0)] = true // its Redis is gone
 	if res := h.reconcile(t); res.RequeueAfter <= 0 || res.RequeueAfter > primary.LostAfter {
 		t.Errorf("RequeueAfter %s while the primary is not Ready: want it within %s", res.RequeueAfter, primary.LostAfter)
 	}
@@ -153,6 +155,17 @@ func TestLostPrimaryIsReplacedByTheReplicaWithTheMostData(t *testing.T) {
 	if rc.Status.Primary != "orders-2" {
 		t.Fatalf("status.primary %q, want orders-2, the replica with the highest offset", rc.Status.Primary)
 	}
+	// orders-0's Redis starts again, as a primary (from its disk), and Ready: it follows orders-2.
+	delete(h.redis.Unreachable, nodeAddr(0))
+	if err := h.k8s.Get(context.Background(), client.ObjectKey{Namespace: "shop", Name: "orders-0"}, pod); err != nil {
+		t.Fatal(err)
+	}
+	pod.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue, LastTransitionTime: metav1.NewTime(h.clock.Now())}}
+	pod.Status.ContainerStatuses[0].State.Running.StartedAt = metav1.NewTime(h.clock.Now())
+	if err := h.k8s.Status().Update(context.Background(), pod); err != nil {
+		t.Fatal(err)
+	}
+	h.settle(t)
 	if h.redis.PrimaryOf(nodeAddr(2)) != "" || h.redis.PrimaryOf(nodeAddr(1)) != nodeAddr(2) || h.redis.PrimaryOf(nodeAddr(0)) != nodeAddr(2) {
 		t.Errorf("replication: orders-2 of %q, orders-1 of %q, orders-0 of %q", h.redis.PrimaryOf(nodeAddr(2)), h.redis.PrimaryOf(nodeAddr(1)), h.redis.PrimaryOf(nodeAddr(0)))
 	}
@@ -161,6 +174,38 @@ func TestLostPrimaryIsReplacedByTheReplicaWithTheMostData(t *testing.T) {
 	}
 	if reasons := h.eventReasons(); countOf(reasons, v1alpha1.EventPrimaryPromoted) != 1 {
 		t.Errorf("events %v, want one PrimaryPromoted", reasons)
+	}
+}
+
+// A primary whose probe fails (a node too busy to run it in time) but whose Redis answers as the
+// primary is not lost: no replica is promoted however long it stays not Ready, so that a busy
+// node does not swap the roles back and forth, and no write is lost to a promotion.
+func TestPrimaryNotReadyButAnsweringIsNotReplaced(t *testing.T) {
+	h := newHarness(t, cluster(threeNodes))
+	h.settle(t)
+	h.eventReasons()
+	pod := &corev1.Pod{}
+	if err := h.k8s.Get(context.Background(), client.ObjectKey{Namespace: "shop", Name: "orders-0"}, pod); err != nil {
+		t.Fatal(err)
+	}
+	pod.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionFalse, LastTransitionTime: metav1.NewTime(h.clock.Now())}}
+	if err := h.k8s.Status().Update(context.Background(), pod); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		h.clock.Step(primary.LostAfter + time.Second)
+		if res := h.reconcile(t); res.RequeueAfter <= 0 || res.RequeueAfter > primary.LostAfter {
+			t.Errorf("RequeueAfter %s while the primary is not Ready: want it looked at again within %s", res.RequeueAfter, primary.LostAfter)
+		}
+	}
+	if rc := h.get(t); rc.Status.Primary != "orders-0" {
+		t.Fatalf("status.primary %s: a primary that answers as the primary was replaced", rc.Status.Primary)
+	}
+	if h.redis.PrimaryOf(nodeAddr(0)) != "" || h.redis.PrimaryOf(nodeAddr(1)) != nodeAddr(0) {
+		t.Errorf("replication changed: orders-0 of %q, orders-1 of %q", h.redis.PrimaryOf(nodeAddr(0)), h.redis.PrimaryOf(nodeAddr(1)))
+	}
+	if reasons := h.eventReasons(); countOf(reasons, v1alpha1.EventPrimaryPromoted) != 0 {
+		t.Errorf("events %v, want no PrimaryPromoted", reasons)
 	}
 }
 
