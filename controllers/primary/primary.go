@@ -2,9 +2,10 @@
 // (status.primary) and labels the pods with their role, which the client Service selects by;
 // before a rollout restarts the primary it hands the role to an in-sync replica with Redis's
 // coordinated FAILOVER; when the primary is lost (not Ready for a while, and no longer answering
-// as the primary) it promotes the replica that has the most of the primary's data; and a Redis that started again as a second primary
-// is made a replica of the primary. In steady state it sends no Redis command: it asks the
-// nodes only when a pod is not Ready, has started again, or is about to be restarted.
+// as the primary) it promotes the replica that has the most of the primary's data; and a Redis
+// that started again as a second primary is made a replica of the primary. In steady state it
+// sends no Redis command: it asks the nodes only when a pod is not Ready, has started again, or
+// is about to be restarted.
 package primary
 
 import (
