@@ -19,6 +19,20 @@ import (
 	"github.com/keyroll/keyroll/controllers/primary"
 )
 
+// notReady makes the pod's Ready condition false from now on, and returns the pod.
+func (h *harness) notReady(t *testing.T, name string) *corev1.Pod {
+	t.Helper()
+	pod := &corev1.Pod{}
+	if err := h.k8s.Get(context.Background(), client.ObjectKey{Namespace: "shop", Name: name}, pod); err != nil {
+		t.Fatal(err)
+	}
+	pod.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionFalse, LastTransitionTime: metav1.NewTime(h.clock.Now())}}
+	if err := h.k8s.Status().Update(context.Background(), pod); err != nil {
+		t.Fatal(err)
+	}
+	return pod
+}
+
 // roles are the pods' role labels, by pod.
 func (h *harness) roles(t *testing.T) map[string]string {
 	t.Helper()
@@ -134,14 +148,7 @@ func TestLostPrimaryIsReplacedByTheReplicaWithTheMostData(t *testing.T) {
 	h.eventReasons()
 	h.redis.Offsets[nodeAddr(1)], h.redis.Offsets[nodeAddr(2)] = 100, 200
 
-	pod := &corev1.Pod{}
-	if err := h.k8s.Get(context.Background(), client.ObjectKey{Namespace: "shop", Name: "orders-0"}, pod); err != nil {
-		t.Fatal(err)
-	}
-	pod.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionFalse, LastTransitionTime: metav1.NewTime(h.clock.Now())}}
-	if err := h.k8s.Status().Update(context.Background(), pod); err != nil {
-		t.Fatal(err)
-	}
+	pod := h.notReady(t, "orders-0")
 	h.redis.Unreachable[nodeAddr(0)] = true // its Redis is gone
 	if res := h.reconcile(t); res.RequeueAfter <= 0 || res.RequeueAfter > primary.LostAfter {
 		t.Errorf("RequeueAfter %s while the primary is not Ready: want it within %s", res.RequeueAfter, primary.LostAfter)
@@ -184,14 +191,7 @@ func TestPrimaryNotReadyButAnsweringIsNotReplaced(t *testing.T) {
 	h := newHarness(t, cluster(threeNodes))
 	h.settle(t)
 	h.eventReasons()
-	pod := &corev1.Pod{}
-	if err := h.k8s.Get(context.Background(), client.ObjectKey{Namespace: "shop", Name: "orders-0"}, pod); err != nil {
-		t.Fatal(err)
-	}
-	pod.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionFalse, LastTransitionTime: metav1.NewTime(h.clock.Now())}}
-	if err := h.k8s.Status().Update(context.Background(), pod); err != nil {
-		t.Fatal(err)
-	}
+	h.notReady(t, "orders-0")
 	for range 3 {
 		h.clock.Step(primary.LostAfter + time.Second)
 		if res := h.reconcile(t); res.RequeueAfter <= 0 || res.RequeueAfter > primary.LostAfter {
