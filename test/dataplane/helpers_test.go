@@ -368,26 +368,29 @@ func (c *consumers) poll() {
 	}
 }
 
-// totals are the commands of every pod seen, final counters where a pod stopped.
-// Each pod with failures is described by describeFailures.
-func (c *consumers) totals() (ok, failed int64, lastErrors []string) {
+// totals are the commands of every pod seen, final counters where a pod stopped, and a
+// description (describeFailures) of each pod that had failures.
+func (c *consumers) totals() (ok, failed int64, failures []string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	add := func(uid types.UID, s testground.ConsumerStats) {
+		ok, failed = ok+s.OK, failed+s.Failed
+		if s.Failed > 0 {
+			failures = append(failures, describeFailures(c.names[uid], s))
+		}
+	}
 	for uid, s := range c.live {
 		if f, stopped := c.final[uid]; stopped {
 			s = f
 		}
-		ok, failed = ok+s.OK, failed+s.Failed
-		if s.Failed > 0 {
-			lastErrors = append(lastErrors, describeFailures(c.names[uid], s))
-		}
+		add(uid, s)
 	}
 	for uid, f := range c.final {
 		if _, counted := c.live[uid]; !counted { // stopped before its first poll
-			ok, failed = ok+f.OK, failed+f.Failed
+			add(uid, f)
 		}
 	}
-	return ok, failed, lastErrors
+	return ok, failed, failures
 }
 
 // describeFailures names a consumer pod's failed commands: each of the first the pod kept (when,
