@@ -39,7 +39,7 @@ var allowed = map[string][]string{
 	"controllers/rediscluster": {"apis/v1alpha1", "controllers/apply", "controllers/conditions", "controllers/externalsecret",
 		"controllers/ledger", "controllers/metrics", "controllers/netpol", "controllers/nodes", "controllers/primary", "controllers/render", "controllers/rollout", "controllers/statustime", "controllers/stoppoint",
 		"controllers/vaultconnection", "controllers/vaultlease", "redisnode", "rotation", "vault"},
-	"controllers": {"apis/v1alpha1", "controllers/ledger", "controllers/metrics", "controllers/rediscluster", "controllers/vaultconnection", "vault"},
+	"controllers": {"apis/v1alpha1", "controllers/apply", "controllers/ledger", "controllers/metrics", "controllers/rediscluster", "controllers/vaultconnection", "vault"},
 }
 
 type listed struct {

@@ -30,6 +30,8 @@ type scope struct {
 	before *v1alpha1.RedisCluster
 	// conflict names an owned object that exists and is not keyroll's, when one does.
 	conflict string
+	// statusLater says that the status is left to the next reconcile, which comes at once.
+	statusLater bool
 }
 
 // Reconcile brings one RedisCluster towards its spec. Status is written once, at the end, except
@@ -49,6 +51,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 	s.Persist = func(ctx context.Context) error { return r.writeStatus(ctx, s) }
 	s.Connect = r.connectTo
 	defer func() {
+		if s.statusLater && reterr == nil {
+			return
+		}
 		err := r.writeStatus(ctx, s)
 		if apierrors.IsNotFound(err) && !rc.DeletionTimestamp.IsZero() {
 			err = nil // deleted meanwhile: its finalizer was removed
@@ -134,8 +139,12 @@ func (r *Reconciler) credentialAndObjects(ctx context.Context, s *scope, in *int
 	if rc.VaultConnectionName() != "" {
 		d.vcl, d.next, credErr = r.connect(ctx, s, false)
 	}
+	had := rc.Status.Credential != nil && rc.Status.Credential.Version != ""
 	if d.vcl != nil || rc.VaultConnectionName() == "" {
 		d.cred, d.next, credErr = r.source(rc).Credential(ctx, s.Cluster, d.vcl)
+	}
+	if !had && d.cred != nil && in.acl.Name == "" && rc.Spec.Credentials.Source == v1alpha1.SourceVaultLease {
+		return r.credentialFirst(ctx, s, in, d)
 	}
 	if err := r.reconcileObjects(ctx, s, in); err != nil {
 		return d, errors.Join(credErr, err)
@@ -152,6 +161,21 @@ func (r *Reconciler) credentialAndObjects(ctx context.Context, s *scope, in *int
 	d.pc, d.next = pc, soonest(d.next, keepWait)
 	return d, credErr
 }
+
+// credentialFirst ends a new cluster's first reconcile once its first credential is issued,
+// recorded in the ledger and kept (the state Secret, with the admin password): its objects, and
+// the status beyond the ledger, come in its next reconcile, behind the clusters already queued.
+// Of many clusters created at once, each then holds its lease after three writes, not after the
+// dozen writes and reads of the objects of every cluster ahead of it.
+func (r *deps) credentialFirst(ctx context.Context, s *scope, in *internal, d delivery) (delivery, error) {
+	err := r.writeState(ctx, s.RC, in, d.cred)
+	s.statusLater = err == nil
+	d.cred, d.next = nil, objectsAfterCredential
+	return d, err
+}
+
+// objectsAfterCredential is when a new cluster is looked at again after credentialFirst.
+const objectsAfterCredential = time.Millisecond
 
 // deliver puts the credential on every Redis node, then in the consumers' Secret and rolls the
 // consumers out, then retires the users and leases it superseded.

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -89,7 +88,7 @@ func newHarness(t *testing.T, objs ...client.Object) *harness {
 		WithIndex(&v1alpha1.RedisCluster{}, vaultconnection.ClusterIndex, func(o client.Object) []string {
 			return o.(*v1alpha1.RedisCluster).VaultConnections()
 		}).
-		WithIndex(&v1alpha1.RedisCluster{}, rollout.ConsumerIndex, consumerKeys).
+		WithIndex(&v1alpha1.RedisCluster{}, rollout.ConsumerIndex, rollout.ConsumerKeys).
 		Build()
 	clk := testclock.NewFakeClock(epoch)
 	fv := vaulttest.New(clk)
@@ -275,31 +274,7 @@ func TestIssueRecordsTheLeaseWithItsTokenAndConnectionBeforeTheSecret(t *testing
 func TestSteadyStateMakesNoWriteAndNoVaultCall(t *testing.T) {
 	h := newHarness(t, cluster())
 	h.settle(t)
-	var writes atomic.Int64
-	count := func() { writes.Add(1) }
-	counting := interceptor.NewClient(h.k8s.(client.WithWatch), interceptor.Funcs{
-		Create: func(ctx context.Context, c client.WithWatch, o client.Object, opts ...client.CreateOption) error {
-			count()
-			return c.Create(ctx, o, opts...)
-		},
-		Update: func(ctx context.Context, c client.WithWatch, o client.Object, opts ...client.UpdateOption) error {
-			count()
-			return c.Update(ctx, o, opts...)
-		},
-		Patch: func(ctx context.Context, c client.WithWatch, o client.Object, p client.Patch, opts ...client.PatchOption) error {
-			count()
-			return c.Patch(ctx, o, p, opts...)
-		},
-		Delete: func(ctx context.Context, c client.WithWatch, o client.Object, opts ...client.DeleteOption) error {
-			count()
-			return c.Delete(ctx, o, opts...)
-		},
-		SubResourcePatch: func(ctx context.Context, c client.Client, s string, o client.Object, p client.Patch, opts ...client.SubResourcePatchOption) error {
-			count()
-			return c.SubResource(s).Patch(ctx, o, p, opts...)
-		},
-	})
-	h.r = h.r.WithClient(counting)
+	w := h.logWrites()
 	calls := h.vault.Calls(vaulttest.OpIssue) + h.vault.Calls(vaulttest.OpRenew) + h.vault.Calls(vaulttest.OpLookup)
 
 	for range 2 {
@@ -308,8 +283,8 @@ func TestSteadyStateMakesNoWriteAndNoVaultCall(t *testing.T) {
 		}
 	}
 
-	if n := writes.Load(); n != 0 {
-		t.Errorf("an unchanged RedisCluster was written to %d times", n)
+	if got := w.list(); len(got) != 0 {
+		t.Errorf("an unchanged RedisCluster was written to: %v", got)
 	}
 	if n := h.vault.Calls(vaulttest.OpIssue) + h.vault.Calls(vaulttest.OpRenew) + h.vault.Calls(vaulttest.OpLookup) - calls; n != 0 {
 		t.Errorf("an unchanged RedisCluster made %d Vault calls", n)

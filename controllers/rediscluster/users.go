@@ -41,10 +41,14 @@ func (r *deps) reconcileUsers(ctx context.Context, s *scope, in *internal, cred 
 	return true, 0, apply.Owned(ctx, r.Client, r.APIReader, rc, render.CredentialsSecret(rc, cred.Username, cred.Password, cred.Version))
 }
 
-// writeACLSecret writes the aclfile of users; in holds the ACL Secret as written from then on.
+// writeACLSecret writes the aclfile of users, after the admin password whose hash it holds is in
+// the state Secret; in holds the ACL Secret as written from then on.
 func (r *deps) writeACLSecret(ctx context.Context, rc *v1alpha1.RedisCluster, users render.Users, in *internal, rulesKey string) error {
 	file, err := users.ACLFile()
 	if err != nil {
+		return err
+	}
+	if err := r.saveAdmin(ctx, rc, in); err != nil {
 		return err
 	}
 	sec := render.ACLSecret(rc, file, in.Internal, rulesKey)
@@ -60,12 +64,16 @@ func (r *deps) writeACLSecret(ctx context.Context, rc *v1alpha1.RedisCluster, us
 type internal struct {
 	render.Internal
 	acl, state *corev1.Secret
+	// adminUnsaved says that the admin password was generated and is not in the state Secret yet.
+	adminUnsaved bool
 }
 
 // internalUsers reads the passwords of keyroll's own users, generating those that do not exist
-// yet (the admin password is written into the state Secret at once, before any aclfile has its
-// hash; the others go into the ACL Secret with the aclfile), and the Vault plugin's user. It
-// returns nil when the Vault plugin's Secret is missing (the condition says so).
+// yet, and the Vault plugin's user. The admin password goes into the state Secret before any
+// aclfile has its hash: at once when an aclfile exists, and for a new cluster with its first
+// credential or just before its first aclfile, whichever comes first (saveAdmin); the others go
+// into the ACL Secret with the aclfile. It returns nil when the Vault plugin's Secret is missing
+// (the condition says so).
 func (r *deps) internalUsers(ctx context.Context, s *scope) (*internal, error) {
 	rc := s.RC
 	state, err := r.ownedSecret(ctx, rc, render.StateSecretName(rc))
@@ -86,8 +94,11 @@ func (r *deps) internalUsers(ctx context.Context, s *scope) (*internal, error) {
 		}
 	}
 	if string(state.Data[render.AdminPasswordKey]) != in.Admin {
-		if err := r.writeState(ctx, rc, in, render.StagedCredential(state)); err != nil {
-			return nil, err
+		in.adminUnsaved = true
+		if acl.Name != "" {
+			if err := r.saveAdmin(ctx, rc, in); err != nil {
+				return nil, err
+			}
 		}
 	}
 	if in.VaultPlugin, err = r.vaultPluginUser(ctx, s); err != nil || (rc.Spec.VaultPlugin != nil && in.VaultPlugin == nil) {
@@ -98,7 +109,20 @@ func (r *deps) internalUsers(ctx context.Context, s *scope) (*internal, error) {
 
 // writeState writes the state Secret: the admin password and the staged credential (nil: none).
 func (r *deps) writeState(ctx context.Context, rc *v1alpha1.RedisCluster, in *internal, cred *render.Credential) error {
-	return apply.Owned(ctx, r.Client, r.APIReader, rc, render.StateSecret(rc, in.Admin, cred))
+	if err := apply.Owned(ctx, r.Client, r.APIReader, rc, render.StateSecret(rc, in.Admin, cred)); err != nil {
+		return err
+	}
+	in.adminUnsaved = false
+	return nil
+}
+
+// saveAdmin writes a newly generated admin password into the state Secret, with the credential
+// staged there as it was read, unless it is there already.
+func (r *deps) saveAdmin(ctx context.Context, rc *v1alpha1.RedisCluster, in *internal) error {
+	if !in.adminUnsaved {
+		return nil
+	}
+	return r.writeState(ctx, rc, in, render.StagedCredential(in.state))
 }
 
 // ownedSecret reads a Secret keyroll writes for rc (an empty one when it does not exist yet).

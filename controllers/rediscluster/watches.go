@@ -2,7 +2,6 @@ package rediscluster
 
 import (
 	"context"
-	"maps"
 	"time"
 
 	esv1 "github.com/external-secrets/external-secrets/apis/externalsecrets/v1"
@@ -11,14 +10,11 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
-	"k8s.io/apimachinery/pkg/api/meta"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/util/workqueue"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
-	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
@@ -31,7 +27,7 @@ import (
 // SetupWithManager registers the reconciler: it watches RedisClusters, what they own, and the
 // VaultConnections they use.
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
-	if err := indexConsumers(mgr); err != nil {
+	if err := rollout.IndexConsumers(mgr); err != nil {
 		return err
 	}
 	b := ctrl.NewControllerManagedBy(mgr).
@@ -43,15 +39,15 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Owns(&corev1.ConfigMap{}).
 		Owns(&policyv1.PodDisruptionBudget{}).
 		Owns(&networkingv1.NetworkPolicy{}).
-		Watches(&v1alpha1.VaultConnection{}, handler.EnqueueRequestsFromMapFunc(r.clustersUsing),
-			builder.WithPredicates(connectionChanged())).
+		Watches(&v1alpha1.VaultConnection{}, handler.EnqueueRequestsFromMapFunc(vaultconnection.ClustersUsing(r.Client)),
+			builder.WithPredicates(vaultconnection.Changed())).
 		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(clusterOfPod)).
 		// Consumers are other teams' workloads: only their metadata is watched (and cached), to
 		// wake the cluster that rolls them; the rollout reads them past the cache. Consumer
 		// StatefulSets are not seen at all (the StatefulSet cache holds keyroll's own only): the
 		// rollout looks at them again on a timer.
-		Watches(&appsv1.Deployment{}, handler.EnqueueRequestsFromMapFunc(r.clustersConsuming("Deployment")), builder.OnlyMetadata).
-		Watches(&appsv1.DaemonSet{}, handler.EnqueueRequestsFromMapFunc(r.clustersConsuming("DaemonSet")), builder.OnlyMetadata).
+		Watches(&appsv1.Deployment{}, handler.EnqueueRequestsFromMapFunc(rollout.ClustersConsuming(r.Client, "Deployment")), builder.OnlyMetadata).
+		Watches(&appsv1.DaemonSet{}, handler.EnqueueRequestsFromMapFunc(rollout.ClustersConsuming(r.Client, "DaemonSet")), builder.OnlyMetadata).
 		Named("rediscluster").
 		WithOptions(controller.Options{ReconciliationTimeout: reconcileTimeout, MaxConcurrentReconciles: r.Workers,
 			RateLimiter: failureBackoff()})
@@ -64,35 +60,6 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	return b.Complete(r)
 }
 
-// indexConsumers indexes RedisClusters by their consumers, "Kind/name".
-func indexConsumers(mgr ctrl.Manager) error {
-	return mgr.GetFieldIndexer().IndexField(context.Background(), &v1alpha1.RedisCluster{}, rollout.ConsumerIndex, consumerKeys)
-}
-
-// consumerKeys are the rollout.ConsumerIndex values of a RedisCluster: "Kind/name" of each consumer.
-func consumerKeys(o client.Object) []string {
-	var keys []string
-	for _, c := range o.(*v1alpha1.RedisCluster).Spec.Rollout.Consumers {
-		keys = append(keys, c.Kind+"/"+c.Name)
-	}
-	return keys
-}
-
-// clustersConsuming maps a workload to the RedisClusters that list it as a consumer.
-func (r *Reconciler) clustersConsuming(kind string) handler.MapFunc {
-	return func(ctx context.Context, o client.Object) []ctrl.Request {
-		list := &v1alpha1.RedisClusterList{}
-		if err := r.List(ctx, list, client.InNamespace(o.GetNamespace()), client.MatchingFields{rollout.ConsumerIndex: kind + "/" + o.GetName()}); err != nil {
-			return nil
-		}
-		reqs := make([]ctrl.Request, 0, len(list.Items))
-		for _, rc := range list.Items {
-			reqs = append(reqs, ctrl.Request{NamespacedName: client.ObjectKeyFromObject(&rc)})
-		}
-		return reqs
-	}
-}
-
 // clusterOfPod maps a Redis pod to its RedisCluster, named by its label.
 func clusterOfPod(_ context.Context, o client.Object) []ctrl.Request {
 	name := o.GetLabels()[v1alpha1.LabelCluster]
@@ -100,40 +67,6 @@ func clusterOfPod(_ context.Context, o client.Object) []ctrl.Request {
 		return nil
 	}
 	return []ctrl.Request{{NamespacedName: client.ObjectKey{Namespace: o.GetNamespace(), Name: name}}}
-}
-
-// clustersUsing maps a VaultConnection to the RedisClusters that use it.
-func (r *Reconciler) clustersUsing(ctx context.Context, o client.Object) []ctrl.Request {
-	list := &v1alpha1.RedisClusterList{}
-	if err := r.List(ctx, list, client.MatchingFields{vaultconnection.ClusterIndex: o.GetName()}); err != nil {
-		return nil
-	}
-	reqs := make([]ctrl.Request, 0, len(list.Items))
-	for _, rc := range list.Items {
-		reqs = append(reqs, ctrl.Request{NamespacedName: client.ObjectKeyFromObject(&rc)})
-	}
-	return reqs
-}
-
-// connectionChanged passes VaultConnection events that can matter to a RedisCluster: a new spec,
-// a change of its Ready condition, or a token whose end became known (its leases may have to be
-// replaced before it).
-func connectionChanged() predicate.Predicate {
-	return predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
-		if e.ObjectOld.GetGeneration() != e.ObjectNew.GetGeneration() {
-			return true
-		}
-		o, n := e.ObjectOld.(*v1alpha1.VaultConnection), e.ObjectNew.(*v1alpha1.VaultConnection)
-		return readyStatus(o.Status.Conditions) != readyStatus(n.Status.Conditions) ||
-			!maps.Equal(o.Status.TokenEnds(), n.Status.TokenEnds())
-	}}
-}
-
-func readyStatus(c []metav1.Condition) metav1.ConditionStatus {
-	if cond := meta.FindStatusCondition(c, v1alpha1.ConditionReady); cond != nil {
-		return cond.Status
-	}
-	return metav1.ConditionUnknown
 }
 
 // reconcileTimeout bounds one reconcile, Vault calls and API requests included.

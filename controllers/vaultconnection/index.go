@@ -2,10 +2,16 @@ package vaultconnection
 
 import (
 	"context"
+	"maps"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
 )
@@ -20,4 +26,40 @@ const reconcileTimeout = 2 * time.Minute
 func IndexClusters(mgr ctrl.Manager) error {
 	return mgr.GetFieldIndexer().IndexField(context.Background(), &v1alpha1.RedisCluster{}, ClusterIndex,
 		func(o client.Object) []string { return o.(*v1alpha1.RedisCluster).VaultConnections() })
+}
+
+// ClustersUsing maps a VaultConnection to the RedisClusters that use it (by ClusterIndex in c).
+func ClustersUsing(c client.Reader) handler.MapFunc {
+	return func(ctx context.Context, o client.Object) []ctrl.Request {
+		list := &v1alpha1.RedisClusterList{}
+		if err := c.List(ctx, list, client.MatchingFields{ClusterIndex: o.GetName()}); err != nil {
+			return nil
+		}
+		reqs := make([]ctrl.Request, 0, len(list.Items))
+		for _, rc := range list.Items {
+			reqs = append(reqs, ctrl.Request{NamespacedName: client.ObjectKeyFromObject(&rc)})
+		}
+		return reqs
+	}
+}
+
+// Changed passes the VaultConnection events that can matter to a RedisCluster: a new spec, a
+// change of its Ready condition, or a token whose end became known (its leases may have to be
+// replaced before it).
+func Changed() predicate.Predicate {
+	return predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
+		if e.ObjectOld.GetGeneration() != e.ObjectNew.GetGeneration() {
+			return true
+		}
+		o, n := e.ObjectOld.(*v1alpha1.VaultConnection), e.ObjectNew.(*v1alpha1.VaultConnection)
+		return readyStatus(o.Status.Conditions) != readyStatus(n.Status.Conditions) ||
+			!maps.Equal(o.Status.TokenEnds(), n.Status.TokenEnds())
+	}}
+}
+
+func readyStatus(c []metav1.Condition) metav1.ConditionStatus {
+	if cond := meta.FindStatusCondition(c, v1alpha1.ConditionReady); cond != nil {
+		return cond.Status
+	}
+	return metav1.ConditionUnknown
 }
