@@ -24,6 +24,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/controllers/apply"
 	"github.com/keyroll/keyroll/controllers/ledger"
 	"github.com/keyroll/keyroll/controllers/metrics"
 	"github.com/keyroll/keyroll/controllers/rediscluster"
@@ -58,7 +59,7 @@ func CacheOptions(cfg *rest.Config) cache.Options {
 		&appsv1.StatefulSet{}: managed, &policyv1.PodDisruptionBudget{}: managed, &networkingv1.NetworkPolicy{}: managed,
 		// Only the Redis pods keyroll restarts, not every pod of the cluster.
 		&corev1.Pod{}: {Label: redisPods},
-	}}
+	}, DefaultTransform: apply.KeepOwnManagedFields}
 	if ExternalSecretsServed(cfg) { // a cache setting for a kind the API server does not serve fails
 		opts.ByObject[&esv1.ExternalSecret{}] = managed
 	}

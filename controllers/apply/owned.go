@@ -61,3 +61,23 @@ func OwnedBy(obj client.Object, rc *v1alpha1.RedisCluster) bool {
 	ref := metav1.GetControllerOf(obj)
 	return ref != nil && ref.UID == rc.UID
 }
+
+// KeepOwnManagedFields is the cache's transform: of an object's managedFields it keeps only the
+// entries of keyroll's server-side applies. keyroll reads no other (Owned compares the
+// fields it applied itself), and the others (kube-controller-manager's and the kubelet's status
+// writes, the creator's fields of every RedisCluster and consumer workload) would be a good part
+// of the cache's memory.
+func KeepOwnManagedFields(in any) (any, error) {
+	obj, ok := in.(metav1.Object)
+	if !ok {
+		return in, nil
+	}
+	var kept []metav1.ManagedFieldsEntry
+	for _, e := range obj.GetManagedFields() {
+		if e.Manager == FieldOwner && e.Operation == metav1.ManagedFieldsOperationApply {
+			kept = append(kept, e)
+		}
+	}
+	obj.SetManagedFields(kept)
+	return in, nil
+}
