@@ -99,18 +99,17 @@ func BenchmarkBusyCluster(b *testing.B) {
 func busyCluster(b *testing.B, n int, foreign bool) busy {
 	b.Helper()
 	b.StopTimer()
-	ctx := context.Background()
 	r := startRun(b, fmt.Sprintf("busy-%d-foreign-%t", n, foreign), runOptions{})
 	defer r.end()
 	var res busy
 	if foreign {
 		res.readData, res.readDeployments = createForeign(b, r)
 	}
+	ready := watchReady(b, r)
 	b.StartTimer()
 	start := time.Now()
 	createAll(b, r.c, r.ns, "c", n, r.ns)
-	waitFor(b, 15*time.Minute, func() bool { return countReady(ctx, r.c, r.ns) == n })
-	res.credentialsReady = time.Since(start)
+	res.credentialsReady = ready.wait(b, start, n, 15*time.Minute, func() string { return exited(r.p.Done()) })
 	b.StopTimer()
 	resp, err := http.Get(r.pprof + "heap?gc=1") // the heap profile collects garbage first
 	if err != nil {
@@ -296,8 +295,9 @@ func steadyState(b *testing.B, n int, window time.Duration) steady {
 	if err := r.g.Vault.WriteRedisRole(ctx, testground.RedisRole{Name: "scale", DefaultTTL: steadyLeaseTTL, MaxTTL: time.Hour}); err != nil {
 		b.Fatal(err)
 	}
+	ready := watchReady(b, r)
 	createAll(b, r.c, r.ns, "c", n, r.ns)
-	waitFor(b, 15*time.Minute, func() bool { return countReady(ctx, r.c, r.ns) == n })
+	ready.wait(b, time.Now(), n, 15*time.Minute, func() string { return exited(r.p.Done()) })
 	// Every request Vault answers from here on, with its time, for the spread of the renewals.
 	audit := filepath.Join(r.g.Dir, "vault-audit.log")
 	if err := r.g.Vault.Root.Sys().EnableAuditWithOptionsWithContext(ctx, "file", &vaultapi.EnableAuditOptions{

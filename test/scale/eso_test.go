@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -13,10 +12,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
@@ -86,7 +81,6 @@ func BenchmarkSideBySide(b *testing.B) {
 // With real nodes, the consumers' Secret follows after the live ACL change on each node.
 func sideKeyroll(b *testing.B, n int) variant {
 	b.Helper()
-	ctx := context.Background()
 	r := startRun(b, fmt.Sprintf("side-keyroll-%d", n), runOptions{ground: testground.Options{ExternalSecretsCRDs: true}})
 	defer r.end()
 	audit := enableAudit(b, r)
@@ -95,12 +89,12 @@ func sideKeyroll(b *testing.B, n int) variant {
 		staged[render.StateSecretName(cluster(i))] = true
 	}
 	w := watchSecrets(b, r, func(s *corev1.Secret) bool { return staged[s.Name] && len(s.Data[render.StateUsernameKey]) > 0 })
+	ready := watchReady(b, r)
 	writes0 := r.metric(b, writesOf)
 	b.StartTimer()
 	start := time.Now()
 	createAll(b, r.c, r.ns, "c", n, r.ns)
-	waitFor(b, 15*time.Minute, func() bool { return countReady(ctx, r.c, r.ns) == n })
-	v := variant{name: "keyroll", ready: time.Since(start)}
+	v := variant{name: "keyroll", ready: ready.wait(b, start, n, 15*time.Minute, func() string { return exited(r.p.Done()) })}
 	v.secrets = w.wait(b, start, n, 5*time.Minute, func() string { return exited(r.p.Done()) })
 	b.StopTimer()
 	v.writes = r.metric(b, writesOf) - writes0
@@ -229,64 +223,9 @@ func startESO(b *testing.B, r *run, name string, flags []string) (*testground.Pr
 	return p, fmt.Sprintf("http://127.0.0.1:%d/metrics", port)
 }
 
-// secretWatch notes when each Secret of the run's namespace first satisfied a predicate, from one
-// informer: timing N Secrets costs the API server one watch, no polling.
-type secretWatch struct {
-	mu   sync.Mutex
-	seen map[string]time.Time
-}
-
-func watchSecrets(b *testing.B, r *run, want func(*corev1.Secret) bool) *secretWatch {
-	b.Helper()
-	cs, err := kubernetes.NewForConfig(rest.CopyConfig(r.g.CP.Config))
-	if err != nil {
-		b.Fatal(err)
-	}
-	w := &secretWatch{seen: map[string]time.Time{}}
-	see := func(o any) {
-		if s, ok := o.(*corev1.Secret); ok && want(s) {
-			w.mu.Lock()
-			defer w.mu.Unlock()
-			if _, ok := w.seen[s.Name]; !ok {
-				w.seen[s.Name] = time.Now()
-			}
-		}
-	}
-	f := informers.NewSharedInformerFactoryWithOptions(cs, 0, informers.WithNamespace(r.ns))
-	_, err = f.Core().V1().Secrets().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: see, UpdateFunc: func(_, o any) { see(o) }})
-	if err != nil {
-		b.Fatal(err)
-	}
-	stop := make(chan struct{})
-	r.stop = append(r.stop, func() { close(stop); f.Shutdown() })
-	f.Start(stop)
-	f.WaitForCacheSync(stop)
-	return w
-}
-
-// wait waits until n Secrets were seen, and returns when the last one was, counted from start.
-// dead says why waiting is pointless ("" while the controller runs).
-func (w *secretWatch) wait(b *testing.B, start time.Time, n int, timeout time.Duration, dead func() string) time.Duration {
-	b.Helper()
-	for end := time.Now().Add(timeout); ; time.Sleep(50 * time.Millisecond) {
-		w.mu.Lock()
-		seen, last := len(w.seen), start
-		for _, t := range w.seen {
-			if t.After(last) {
-				last = t
-			}
-		}
-		w.mu.Unlock()
-		switch {
-		case seen >= n:
-			return last.Sub(start)
-		case dead() != "":
-			b.Fatalf("%d of %d Secrets: %s", seen, n, dead())
-		case time.Now().After(end):
-			b.Fatalf("%d of %d Secrets within %s", seen, n, timeout)
-		}
-	}
+// watchSecrets watches the run's Secrets for those that satisfy want.
+func watchSecrets(b *testing.B, r *run, want func(*corev1.Secret) bool) *seenWatch {
+	return watchSeen(b, r, &corev1.Secret{}, func(o client.Object) bool { return want(o.(*corev1.Secret)) })
 }
 
 // exited says that the operator exited, once done is closed.

@@ -2,17 +2,12 @@ package scale
 
 import (
 	"cmp"
-	"context"
 	"fmt"
 	"maps"
 	"slices"
 	"strings"
 	"testing"
 	"time"
-
-	"k8s.io/apimachinery/pkg/api/meta"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
 	"github.com/keyroll/keyroll/test/testground"
@@ -121,7 +116,7 @@ func isolate(b *testing.B, n int, blackhole bool) isolation {
 	}
 	accepted := p.Accepted()
 
-	ctx := context.Background()
+	ready := watchReady(b, r)
 	half := n / 2
 	b.StartTimer()
 	start := time.Now()
@@ -130,9 +125,7 @@ func isolate(b *testing.B, n int, blackhole bool) isolation {
 	var res isolation
 	var last map[string]tally
 	waitFor(b, 15*time.Minute, func() bool {
-		if last = tallies(ctx, r.c, r.ns); last == nil {
-			return false
-		}
+		last = ready.tallies()
 		if res.healthy == 0 && last[healthyPrefix].ready == half {
 			res.healthy = time.Since(start)
 		}
@@ -145,7 +138,7 @@ func isolate(b *testing.B, n int, blackhole bool) isolation {
 	if !blackhole {
 		return res
 	}
-	res.reported, res.reasons = watchBlackholed(b, r, start, last[faultyPrefix])
+	res.reported, res.reasons = watchBlackholed(b, ready, start, last[faultyPrefix])
 	res.attempts = p.Accepted() - accepted
 	return res
 }
@@ -153,13 +146,11 @@ func isolate(b *testing.B, n int, blackhole bool) isolation {
 // watchBlackholed waits, until blackholeWatch after start, for every cluster of the blackholed half
 // to say why it has no credential, from their tally last; it returns when all had (zero: not all
 // did) and their reasons.
-func watchBlackholed(b *testing.B, r *run, start time.Time, last tally) (time.Duration, map[string]int) {
+func watchBlackholed(b *testing.B, ready *seenWatch, start time.Time, last tally) (time.Duration, map[string]int) {
 	b.Helper()
 	for last.reasons[""] > 0 && time.Since(start) < blackholeWatch {
 		time.Sleep(time.Second)
-		if t := tallies(context.Background(), r.c, r.ns); t != nil {
-			last = t[faultyPrefix]
-		}
+		last = ready.tallies()[faultyPrefix]
 	}
 	if last.ready > 0 {
 		b.Fatalf("%d clusters became CredentialsReady through the blackholed Vault", last.ready)
@@ -168,40 +159,6 @@ func watchBlackholed(b *testing.B, r *run, start time.Time, last tally) (time.Du
 		return 0, last.reasons
 	}
 	return time.Since(start), last.reasons
-}
-
-// tally is one look at the clusters of a name prefix: how many are CredentialsReady, and the
-// CredentialsReady reasons of the others ("": no such condition yet).
-type tally struct {
-	ready   int
-	reasons map[string]int
-}
-
-// tallies lists the RedisClusters of ns once and tallies them by the prefix of their name (what
-// precedes the number createAll gives them); nil when the list fails.
-func tallies(ctx context.Context, c client.Client, ns string) map[string]tally {
-	list := &v1alpha1.RedisClusterList{}
-	if err := c.List(ctx, list, client.InNamespace(ns)); err != nil {
-		return nil
-	}
-	out := map[string]tally{}
-	for _, rc := range list.Items {
-		prefix := strings.TrimRight(rc.Name, "0123456789")
-		t := out[prefix]
-		if t.reasons == nil {
-			t.reasons = map[string]int{}
-		}
-		switch cond := meta.FindStatusCondition(rc.Status.Conditions, v1alpha1.ConditionCredentialsReady); {
-		case cond == nil:
-			t.reasons[""]++
-		case cond.Status == metav1.ConditionTrue:
-			t.ready++
-		default:
-			t.reasons[cond.Reason]++
-		}
-		out[prefix] = t
-	}
-	return out
 }
 
 // reasonList is "VaultUnavailable ×20, no condition yet ×3", the most common first.
