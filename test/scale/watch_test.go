@@ -67,13 +67,6 @@ func watchSeen(b *testing.B, r *run, obj client.Object, want func(client.Object)
 	return w
 }
 
-// count is how many objects satisfied the predicate so far.
-func (w *seenWatch) count() int {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return len(w.seen)
-}
-
 // wait waits until n objects were seen, and returns when the last one was, counted from start.
 // dead says why waiting is pointless ("" while the controller runs).
 func (w *seenWatch) wait(b *testing.B, start time.Time, n int, timeout time.Duration, dead func() string) time.Duration {
