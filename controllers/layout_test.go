@@ -24,6 +24,7 @@ var allowed = map[string][]string{
 	"controllers/stoppoint":       {},
 	"controllers/conditions":      {},
 	"controllers/metrics":         {},
+	"controllers/upkeep":          {},
 	"controllers/apply":           {"apis/v1alpha1"},
 	"controllers/render":          {"apis/v1alpha1"},
 	"controllers/ledger":          {"apis/v1alpha1", "controllers/conditions", "controllers/metrics", "controllers/render", "controllers/statustime", "controllers/stoppoint", "rotation", "vault"},
@@ -38,7 +39,7 @@ var allowed = map[string][]string{
 		"controllers/statustime", "rotation", "vault"},
 	"controllers/rediscluster": {"apis/v1alpha1", "controllers/apply", "controllers/conditions", "controllers/externalsecret",
 		"controllers/ledger", "controllers/metrics", "controllers/netpol", "controllers/nodes", "controllers/primary", "controllers/render", "controllers/rollout", "controllers/statustime", "controllers/stoppoint",
-		"controllers/vaultconnection", "controllers/vaultlease", "redisnode", "rotation", "vault"},
+		"controllers/upkeep", "controllers/vaultconnection", "controllers/vaultlease", "redisnode", "rotation", "vault"},
 	"controllers": {"apis/v1alpha1", "controllers/apply", "controllers/ledger", "controllers/metrics", "controllers/rediscluster", "controllers/vaultconnection", "vault"},
 }
 

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
@@ -36,6 +37,11 @@ type Ledger struct {
 	Metrics *metrics.Metrics
 	// Checks remembers when each live lease was last confirmed in Vault.
 	Checks *LeaseChecks
+	// Upkeep, when set, is told when each cluster's lease upkeep (a renewal, a lookup, a
+	// rotation) is next due, so that the cluster is then looked at ahead of other work.
+	Upkeep interface {
+		Due(key types.NamespacedName, at time.Time)
+	}
 }
 
 // Input translates the RedisCluster's status into rotation's plain input; leaseGone says a
@@ -125,6 +131,14 @@ func (l *Ledger) Planned(cl *Cluster, d rotation.Decision) {
 	c := cl.RC.Status.Credential
 	l.Metrics.SetLeaseExpiry(client.ObjectKeyFromObject(cl.RC), statustime.Of(c.ExpiresAt))
 	c.NextRenewal, c.NextRotation = statustime.At(d.NextRenewal), statustime.At(d.NextRotation)
+	l.Due(cl, d.When)
+}
+
+// Due says that the cluster's lease upkeep is next due at at (Upkeep).
+func (l *Ledger) Due(cl *Cluster, at time.Time) {
+	if l.Upkeep != nil && !at.IsZero() {
+		l.Upkeep.Due(client.ObjectKeyFromObject(cl.RC), at)
+	}
 }
 
 func Remove(leases []v1alpha1.LeaseRecord, id string) []v1alpha1.LeaseRecord {

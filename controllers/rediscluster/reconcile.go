@@ -242,6 +242,7 @@ func (r *deps) retireSuperseded(ctx context.Context, s *scope, in *internal, vcl
 // forget drops what the reconciler keeps of a deleted cluster: its lease checks and metrics.
 func (r *Reconciler) forget(key types.NamespacedName) {
 	r.Ledger.Checks.Forget(key)
+	r.upkeep.Forget(key)
 	r.Metrics.Forget(key)
 }
 

@@ -18,6 +18,7 @@ import (
 	"github.com/keyroll/keyroll/controllers/primary"
 	"github.com/keyroll/keyroll/controllers/render"
 	"github.com/keyroll/keyroll/controllers/rollout"
+	"github.com/keyroll/keyroll/controllers/upkeep"
 	"github.com/keyroll/keyroll/controllers/vaultconnection"
 	"github.com/keyroll/keyroll/controllers/vaultlease"
 	"github.com/keyroll/keyroll/redisnode"
@@ -35,6 +36,7 @@ type Reconciler struct {
 	// Workers is how many RedisClusters are reconciled at once.
 	Workers        int
 	rollout        *rollout.Engine
+	upkeep         *upkeep.Timers
 	vaultLease     *vaultlease.Source
 	externalSecret *externalsecret.Source
 }
@@ -106,8 +108,9 @@ func New(cfg Config) *Reconciler {
 	if dial == nil {
 		dial = redisnode.Dial
 	}
+	timers := upkeep.NewTimers(delayedExecution(cfg.Clock))
 	d := &deps{Client: cfg.Client, APIReader: cfg.APIReader, Clock: cfg.Clock, Connector: cfg.Connector,
-		Metrics: cfg.Metrics, Ledger: &ledger.Ledger{Clock: cfg.Clock, Metrics: cfg.Metrics, Checks: ledger.NewLeaseChecks(interval)},
+		Metrics: cfg.Metrics, Ledger: &ledger.Ledger{Clock: cfg.Clock, Metrics: cfg.Metrics, Checks: ledger.NewLeaseChecks(interval), Upkeep: timers},
 		nodes: &nodes.Syncer{Client: cfg.Client, Dial: dial, Clock: cfg.Clock}, primary: &primary.Keeper{Client: cfg.Client, Dial: dial, Clock: cfg.Clock},
 		netpol: &netpol.Keeper{Client: cfg.Client, APIReader: cfg.APIReader, OperatorNamespace: cmp.Or(cfg.OperatorNamespace, "keyroll-system")}}
 	workers := cfg.Workers
@@ -115,7 +118,7 @@ func New(cfg Config) *Reconciler {
 		workers = DefaultWorkers
 	}
 	return &Reconciler{
-		deps: d, Recorder: cfg.Recorder, ExternalSecrets: cfg.ExternalSecrets, Workers: workers,
+		deps: d, Recorder: cfg.Recorder, ExternalSecrets: cfg.ExternalSecrets, Workers: workers, upkeep: timers,
 		rollout:        &rollout.Engine{Client: d.Client, APIReader: d.APIReader, Clock: d.Clock, Metrics: d.Metrics, Primary: d.primary},
 		vaultLease:     &vaultlease.Source{Client: d.Client, APIReader: d.APIReader, Clock: d.Clock, Metrics: d.Metrics, Ledger: d.Ledger},
 		externalSecret: externalsecret.NewSource(d.Client, d.APIReader, d.Clock, d.Metrics, d.Ledger),
@@ -127,9 +130,17 @@ func New(cfg Config) *Reconciler {
 func (r *Reconciler) WithClient(c client.Client) *Reconciler {
 	out := New(Config{Client: c, APIReader: r.APIReader, Recorder: r.Recorder, Clock: r.Clock, Connector: r.Connector,
 		Metrics: r.Metrics, ExternalSecrets: r.ExternalSecrets, DialRedis: r.nodes.Dial, OperatorNamespace: r.netpol.OperatorNamespace})
-	out.Ledger, out.externalSecret = r.Ledger, r.externalSecret.WithClient(c) // the same memory as r
+	out.Ledger, out.externalSecret, out.upkeep = r.Ledger, r.externalSecret.WithClient(c), r.upkeep // the same memory as r
 	out.vaultLease.Ledger = r.Ledger
 	return out
+}
+
+// delayedExecution is clk, or the real clock where clk cannot run a function later.
+func delayedExecution(clk clock.Clock) clock.WithDelayedExecution {
+	if d, ok := clk.(clock.WithDelayedExecution); ok {
+		return d
+	}
+	return clock.RealClock{}
 }
 
 // source is the cluster's credential source.

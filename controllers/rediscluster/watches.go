@@ -21,6 +21,7 @@ import (
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
 	"github.com/keyroll/keyroll/controllers/rollout"
+	"github.com/keyroll/keyroll/controllers/upkeep"
 	"github.com/keyroll/keyroll/controllers/vaultconnection"
 )
 
@@ -48,9 +49,11 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		// rollout looks at them again on a timer.
 		Watches(&appsv1.Deployment{}, handler.EnqueueRequestsFromMapFunc(rollout.ClustersConsuming(r.Client, "Deployment")), builder.OnlyMetadata).
 		Watches(&appsv1.DaemonSet{}, handler.EnqueueRequestsFromMapFunc(rollout.ClustersConsuming(r.Client, "DaemonSet")), builder.OnlyMetadata).
+		// Lease upkeep that comes due is queued ahead of other work (package upkeep).
+		WatchesRawSource(r.upkeep.Source()).
 		Named("rediscluster").
 		WithOptions(controller.Options{ReconciliationTimeout: reconcileTimeout, MaxConcurrentReconciles: r.Workers,
-			RateLimiter: failureBackoff()})
+			RateLimiter: failureBackoff(), NewQueue: upkeep.NewQueue(mgr.GetLogger())})
 	if r.ExternalSecrets {
 		// The ExternalSecret keyroll owns, and the Secret External Secrets Operator writes for it
 		// (controlled by the ExternalSecret, so it is watched by its label).

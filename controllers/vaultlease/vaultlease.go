@@ -76,12 +76,14 @@ func (r *Source) Credential(ctx context.Context, cl *ledger.Cluster, vcl vault.L
 		}
 		var later *retryLater
 		if errors.As(err, &later) {
+			r.Ledger.Due(cl, r.Clock.Now().Add(later.after))
 			return nil, later.after, nil
 		}
 		if err != nil {
 			return nil, 0, err
 		}
 	}
+	r.Ledger.Due(cl, r.Clock.Now().Add(time.Second))
 	return cur, time.Second, nil // more is due: look again in a moment
 }
 

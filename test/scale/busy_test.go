@@ -232,8 +232,8 @@ const steadyLeaseTTL = 2 * time.Minute
 
 // steadyHead is the head of the docs' steady-state table, steadyRows its row from the last
 // BenchmarkSteadyState, and steadyTable the two.
-const steadyHead = "| N | window | lease TTL | API writes/min | Vault renewals/min | other Vault requests/min | renewals in the busiest second |\n" +
-	"|---|---|---|---|---|---|---|\n"
+const steadyHead = "| N | window | lease TTL | API writes/min | Vault renewals/min | other Vault requests/min | renewals in the busiest second | leases re-issued | reconcile errors |\n" +
+	"|---|---|---|---|---|---|---|---|---|\n"
 
 var steadyRows []string
 
@@ -242,7 +242,7 @@ func steadyTable() string { return steadyHead + strings.Join(steadyRows, "\n") }
 // steady is what one run of BenchmarkSteadyState observed in its window: the operator's API writes
 // and Vault requests (every attempt) by operation; from Vault's audit log (auditSpread) the renewals.
 type steady struct {
-	writes            float64
+	writes, errors    float64
 	ops               map[string]float64
 	renewals, busiest int
 	other             map[string]int
@@ -272,11 +272,12 @@ func BenchmarkSteadyState(b *testing.B) {
 		for op, v := range res.ops {
 			b.ReportMetric(v/minutes, "vault-"+op+"/min")
 		}
-		fmt.Printf("steady: N=%d over %s: %.1f API writes/min; Vault: %s\n", n, window, res.writes/minutes, perMinute(res.ops, minutes))
+		b.ReportMetric(res.errors, "reconcile-errors")
+		fmt.Printf("steady: N=%d over %s: %.1f API writes/min; Vault: %s; %.0f reconcile errors\n", n, window, res.writes/minutes, perMinute(res.ops, minutes), res.errors)
 		fmt.Printf("steady: N=%d  %d renewals answered by Vault, %d in the busiest second: %.1f %% (target ≤ 5 %%); besides them and renew-self, Vault's audit log: %s\n",
 			n, res.renewals, res.busiest, share, perMinute(res.other, minutes))
-		steadyRows = []string{fmt.Sprintf("| %d | %s | %s | %.1f | %.1f | %s | %d of %d (%.1f %%) |", n, window, steadyLeaseTTL,
-			res.writes/minutes, res.ops["renew"]/minutes, perMinute(others, minutes), res.busiest, res.renewals, share)}
+		steadyRows = []string{fmt.Sprintf("| %d | %s | %s | %.1f | %.1f | %s | %d of %d (%.1f %%) | %.0f | %.0f |", n, window, steadyLeaseTTL,
+			res.writes/minutes, res.ops["renew"]/minutes, perMinute(others, minutes), res.busiest, res.renewals, share, res.ops["issue"], res.errors)}
 		fmt.Println("steady: " + strings.ReplaceAll(steadyTable(), "\n", "\nsteady: "))
 		writeSection(b, "steady-table", steadyTable())
 	})
@@ -295,22 +296,30 @@ func steadyState(b *testing.B, n int, window time.Duration) steady {
 	if err := r.g.Vault.WriteRedisRole(ctx, testground.RedisRole{Name: "scale", DefaultTTL: steadyLeaseTTL, MaxTTL: time.Hour}); err != nil {
 		b.Fatal(err)
 	}
-	ready := watchReady(b, r)
-	createAll(b, r.c, r.ns, "c", n, r.ns)
-	ready.wait(b, time.Now(), n, 15*time.Minute, func() string { return exited(r.p.Done()) })
-	// Every request Vault answers from here on, with its time, for the spread of the renewals.
-	audit := filepath.Join(r.g.Dir, "vault-audit.log")
+	// Every request Vault answers, with its time, for the spread of the renewals; kept beside the
+	// profiles when they are kept.
+	audit := filepath.Join(cmp.Or(profileDir(), r.g.Dir), fmt.Sprintf("vault-audit-steady-%d.log", n))
 	if err := r.g.Vault.Root.Sys().EnableAuditWithOptionsWithContext(ctx, "file", &vaultapi.EnableAuditOptions{
 		Type: "file", Options: map[string]string{"file_path": audit},
 	}); err != nil {
 		b.Fatal(err)
 	}
+	ready := watchReady(b, r)
+	// The StatefulSet is the last object a cluster's reconcile writes: the window opens on
+	// clusters whose objects are all written.
+	objects := watchSeen(b, r, &appsv1.StatefulSet{}, func(client.Object) bool { return true })
+	created := time.Now()
+	createAll(b, r.c, r.ns, "c", n, r.ns)
+	dead := func() string { return exited(r.p.Done()) }
+	ready.wait(b, created, n, 15*time.Minute, dead)
+	objects.wait(b, created, n, 15*time.Minute, dead)
 	waitFor(b, 2*steadyLeaseTTL, func() bool { time.Sleep(time.Second); return vaultOps(b, r)["renew"] > 0 })
+	fmt.Printf("steady: N=%d  every cluster's objects written and the first renewals begun %.0f s after the creates\n", n, time.Since(created).Seconds())
 
 	b.StartTimer()
 	start := time.Now()
 	end := start.Add(window)
-	writes0, ops0 := r.metric(b, writesOf), vaultOps(b, r)
+	writes0, ops0, errors0 := r.metric(b, writesOf), vaultOps(b, r), r.metric(b, reconcileErrors)
 	writes, ops := writes0, ops0
 	for from := start; time.Now().Before(end); {
 		time.Sleep(min(time.Minute, time.Until(end)))
@@ -320,9 +329,14 @@ func steadyState(b *testing.B, n int, window time.Duration) steady {
 		from, writes, ops = now, w, o
 	}
 	b.StopTimer()
-	res := steady{writes: writes - writes0, ops: delta(ops, ops0)}
+	res := steady{writes: writes - writes0, ops: delta(ops, ops0), errors: r.metric(b, reconcileErrors) - errors0}
 	res.renewals, res.busiest, res.other = auditSpread(b, audit, start, end)
 	return res
+}
+
+// reconcileErrors picks the RedisCluster reconciles that failed out of a metrics line.
+func reconcileErrors(line string) (float64, bool) {
+	return sample(line, "controller_runtime_reconcile_errors_total{", `controller="rediscluster"`)
 }
 
 // vaultOps are the operator's Vault requests so far (every attempt, any outcome) by operation.
