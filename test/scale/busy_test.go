@@ -20,6 +20,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/keyroll/keyroll/test/harness"
@@ -319,7 +320,7 @@ func steadyState(b *testing.B, n int, window time.Duration) steady {
 	b.StartTimer()
 	start := time.Now()
 	end := start.Add(window)
-	writes0, ops0, errors0 := r.metric(b, writesOf), vaultOps(b, r), r.metric(b, reconcileErrors)
+	writes0, ops0, errors0, byResource0 := r.metric(b, writesOf), vaultOps(b, r), r.metric(b, reconcileErrors), apiServerWrites(b, r)
 	writes, ops := writes0, ops0
 	for from := start; time.Now().Before(end); {
 		time.Sleep(min(time.Minute, time.Until(end)))
@@ -330,8 +331,50 @@ func steadyState(b *testing.B, n int, window time.Duration) steady {
 	}
 	b.StopTimer()
 	res := steady{writes: writes - writes0, ops: delta(ops, ops0), errors: r.metric(b, reconcileErrors) - errors0}
+	fmt.Printf("steady: N=%d  writes the API server served in the window, every client's (kwok's and kube-controller-manager's too): %s\n",
+		n, perMinute(delta(apiServerWrites(b, r), byResource0), window.Minutes()))
 	res.renewals, res.busiest, res.other = auditSpread(b, audit, start, end)
 	return res
+}
+
+// apiServerWrites are the write requests the ground's API server has served, by verb and resource
+// (every client's), from its own metrics.
+func apiServerWrites(b *testing.B, r *run) map[string]float64 {
+	b.Helper()
+	cs, err := kubernetes.NewForConfig(r.g.CP.Config)
+	if err != nil {
+		b.Fatal(err)
+	}
+	body, err := cs.RESTClient().Get().AbsPath("/metrics").DoRaw(context.Background())
+	if err != nil {
+		b.Fatalf("reading the API server's metrics: %v", err)
+	}
+	label := func(line, name string) string {
+		_, rest, _ := strings.Cut(line, name+`="`)
+		v, _, _ := strings.Cut(rest, `"`)
+		return v
+	}
+	out := map[string]float64{}
+	for line := range strings.Lines(string(body)) {
+		if !strings.HasPrefix(line, "apiserver_request_total{") {
+			continue
+		}
+		verb := label(line, "verb")
+		if !slices.Contains([]string{"POST", "PUT", "PATCH", "DELETE", "APPLY"}, verb) {
+			continue
+		}
+		f := strings.Fields(line)
+		v, err := strconv.ParseFloat(f[len(f)-1], 64)
+		if err != nil {
+			continue
+		}
+		what := label(line, "resource")
+		if sub := label(line, "subresource"); sub != "" {
+			what += "/" + sub
+		}
+		out[verb+" "+what] += v
+	}
+	return out
 }
 
 // reconcileErrors picks the RedisCluster reconciles that failed out of a metrics line.
