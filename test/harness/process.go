@@ -39,6 +39,8 @@ type ProcessOptions struct {
 	MetricsPort int
 	// Args are more flags.
 	Args []string
+	// Env is more environment, for the operator alone (GOMEMLIMIT=80MiB, say).
+	Env []string
 	// Line sees every line the operator logs.
 	Line func(string)
 }
@@ -70,7 +72,7 @@ func StartProcess(g *testground.Ground, bin string, o ProcessOptions) (*Process,
 		"--leader-election-namespace=" + OperatorNS, "--service-account-namespace=" + OperatorNS,
 		"--leader-elect-lease-duration=4s", "--leader-elect-renew-deadline=3s", "--leader-elect-retry-period=500ms"}, o.Args...)
 	cmd := exec.Command(bin, args...)
-	cmd.Env = os.Environ()
+	cmd.Env = append(os.Environ(), o.Env...)
 	if o.StopAt != "" {
 		cmd.Env = append(cmd.Env, stoppoint.Env+"="+string(o.StopAt)+"@"+o.StopNamespace)
 	}

@@ -103,6 +103,7 @@ func startRun(b *testing.B, name string, o runOptions) *run {
 	args := append([]string{"--zap-log-level=info", fmt.Sprintf("--pprof-bind-address=127.0.0.1:%d", pprofPort)}, o.args...)
 	r.p, err = harness.StartProcess(g, operatorBinary(b), harness.ProcessOptions{MetricsPort: port,
 		Args: append(args, strings.Fields(os.Getenv("KEYROLL_SCALE_ARGS"))...),
+		Env:  strings.Fields(os.Getenv("KEYROLL_SCALE_OPERATOR_ENV")),
 		Line: func(l string) {
 			logMu.Lock()
 			defer logMu.Unlock()
