@@ -188,9 +188,10 @@ func waitFor(p *Process, timeout time.Duration, check func() error) error {
 	return errors.Join(fmt.Errorf("%s not ready after %s", name, timeout), last)
 }
 
-// Alive reports whether a process with this pid still exists (zombies included).
+// Alive reports whether the process with this pid still runs: it exists and is not a zombie (a
+// process that has ended, whose parent has not reaped it yet, holds nothing but its pid).
 func Alive(pid int) bool {
-	return syscall.Kill(pid, 0) == nil
+	return syscall.Kill(pid, 0) == nil && ProcessState(pid) != "Z"
 }
 
 // ProcessState is the state letter of a process as /proc/PID/stat gives it (R running, S sleeping,
