@@ -121,6 +121,7 @@ image: ## Build the manager image $(IMG) as an OCI archive (bin/keyroll-image.ta
 	printf 'root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n' > bin/image-rootfs/etc/passwd
 	printf 'root:x:0:\nnonroot:x:65532:\n' > bin/image-rootfs/etc/group
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w" -o bin/image-rootfs/keyroll .
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w" -o bin/image-rootfs/keyroll-probe ./cmd/keyroll-probe
 	$(GO) -C test/tools/ociimage build -trimpath -o $(CURDIR)/bin/ociimage .
 	bin/ociimage -rootfs bin/image-rootfs -name $(IMG) -o $(IMAGE_ARCHIVE) \
 		-entrypoint '["/keyroll"]' -user 65532:65532 \

@@ -4,12 +4,15 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
+	"fmt"
 	"os"
 	"time"
 
 	"github.com/go-logr/logr"
 	uzap "go.uber.org/zap"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
@@ -43,6 +46,7 @@ func main() {
 		saNamespace   = flag.String("service-account-namespace", os.Getenv("POD_NAMESPACE"), "Namespace of the operator's service account, which logs in to Vault with Kubernetes auth.")
 		saName        = flag.String("service-account-name", "keyroll-manager", "Name of the operator's service account.")
 		workers       = flag.Int("max-concurrent-reconciles", rediscluster.DefaultWorkers, "How many RedisClusters are reconciled at once.")
+		probeImage    = flag.String("redis-probe-image", "", "Image of the Redis pods' probe sidecar (keyroll-probe, in the manager's image); empty: the image of the manager's own pod (container manager, pod POD_NAME in POD_NAMESPACE).")
 		leaseCheck    = flag.Duration("lease-check-interval", controllers.DefaultLeaseCheckInterval, "How often a live lease is looked up in Vault besides its renewals, so that a lease revoked outside keyroll is noticed within about that long; negative turns the lookups off.")
 	)
 	zapOpts := zap.Options{}
@@ -56,7 +60,7 @@ func main() {
 		leaderElect: *leaderElect, leaderNS: *leaderNS,
 		leaseDuration: *leaseDuration, renewDeadline: *renewDeadline, retryPeriod: *retryPeriod,
 		serviceAccount:     types.NamespacedName{Namespace: *saNamespace, Name: *saName},
-		leaseCheckInterval: *leaseCheck, workers: *workers,
+		leaseCheckInterval: *leaseCheck, workers: *workers, probeImage: *probeImage,
 	}); err != nil {
 		log.Error(err, "Manager stopped with an error")
 		os.Exit(1)
@@ -83,6 +87,7 @@ type managerOptions struct {
 	serviceAccount                            types.NamespacedName
 	leaseCheckInterval                        time.Duration
 	workers                                   int
+	probeImage                                string
 }
 
 func newScheme() *runtime.Scheme {
@@ -118,17 +123,44 @@ func run(ctx context.Context, o managerOptions) error {
 	if err != nil {
 		return err
 	}
+	probeImage, err := redisProbeImage(ctx, cs, o.probeImage)
+	if err != nil {
+		return err
+	}
 	recorder, err := eventRecorder(ctx, cs, scheme)
 	if err != nil {
 		return err
 	}
 	if _, err := controllers.Setup(mgr, controllers.Options{
 		Recorder: recorder, Clock: clock.RealClock{}, Tokens: cs, ServiceAccount: o.serviceAccount,
-		LeaseCheckInterval: o.leaseCheckInterval, Workers: o.workers,
+		LeaseCheckInterval: o.leaseCheckInterval, Workers: o.workers, ProbeImage: probeImage,
 	}); err != nil {
 		return err
 	}
 	return mgr.Start(ctx)
+}
+
+// redisProbeImage is --redis-probe-image, or else the image the manager's own pod runs: the probe
+// sidecar's binary ships in the manager's image, so that one image reference (however a
+// kustomization or a chart sets it) serves both.
+func redisProbeImage(ctx context.Context, cs kubernetes.Interface, flagged string) (string, error) {
+	if flagged != "" {
+		return flagged, nil
+	}
+	ns, name := os.Getenv("POD_NAMESPACE"), os.Getenv("POD_NAME")
+	if ns == "" || name == "" {
+		return "", errors.New("--redis-probe-image is empty and the manager does not know its own pod (POD_NAME and POD_NAMESPACE unset): set --redis-probe-image to the manager's image")
+	}
+	pod, err := cs.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return "", fmt.Errorf("reading the manager's own pod %s/%s for its image (or set --redis-probe-image): %w", ns, name, err)
+	}
+	for _, c := range pod.Spec.Containers {
+		if c.Name == "manager" || len(pod.Spec.Containers) == 1 {
+			return c.Image, nil
+		}
+	}
+	return "", fmt.Errorf("the manager's pod %s/%s has no container named manager: set --redis-probe-image", ns, name)
 }
 
 // eventRecorder records events through the events.k8s.io API.

@@ -46,6 +46,8 @@ type Options struct {
 	LeaseCheckInterval time.Duration
 	// Workers is how many RedisClusters are reconciled at once (zero: rediscluster.DefaultWorkers).
 	Workers int
+	// ProbeImage is the image of the Redis pods' probe sidecar (cmd/keyroll-probe); required.
+	ProbeImage string
 }
 
 // CacheOptions are the manager's cache settings: of Secrets, ConfigMaps, Services, StatefulSets,
@@ -91,6 +93,9 @@ const DefaultLeaseCheckInterval = ledger.DefaultLeaseCheckInterval
 // Setup registers keyroll's reconcilers with a manager. Both share one Connector, and so one Vault
 // client (one login, one rate limit) per VaultConnection. It returns the RedisCluster reconciler.
 func Setup(mgr ctrl.Manager, o Options) (*rediscluster.Reconciler, error) {
+	if o.ProbeImage == "" {
+		return nil, errors.New("no image for the Redis pods' probe sidecar (Options.ProbeImage)")
+	}
 	m := metrics.For(o.Clock)
 	observe := func(conn, op, outcome string, seconds float64) {
 		m.ObserveVault(op, outcome, seconds)
@@ -117,7 +122,7 @@ func Setup(mgr ctrl.Manager, o Options) (*rediscluster.Reconciler, error) {
 	rcr := rediscluster.New(rediscluster.Config{
 		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: o.Recorder, Clock: o.Clock,
 		Connector: conn, Metrics: m, ExternalSecrets: externalSecretsServed(mgr), LeaseCheckInterval: o.LeaseCheckInterval,
-		Workers: o.Workers, OperatorNamespace: o.ServiceAccount.Namespace,
+		Workers: o.Workers, OperatorNamespace: o.ServiceAccount.Namespace, ProbeImage: o.ProbeImage,
 	})
 	mgr.GetLogger().Info("External Secrets Operator's API", "served", rcr.ExternalSecrets)
 	return rcr, rcr.SetupWithManager(mgr)

@@ -51,7 +51,7 @@ func (r *deps) reconcileObjects(ctx context.Context, s *scope, in *internal) err
 	if err := errors.Join(errs...); err != nil {
 		return objectFailed(s, err)
 	}
-	return objectFailed(s, apply.Owned(ctx, r.Client, r.APIReader, rc, render.StatefulSet(rc, version)))
+	return objectFailed(s, apply.Owned(ctx, r.Client, r.APIReader, rc, render.StatefulSet(rc, version, r.probeImage)))
 }
 
 // objectFailed records an owned object that exists and is not keyroll's as the conflict.

@@ -216,7 +216,7 @@ func (r *deps) stage(ctx context.Context, s *scope, in *internal, cred *render.C
 		}
 	}
 	if render.RestartsPods(rc) {
-		return apply.Owned(ctx, r.Client, r.APIReader, rc, render.StatefulSet(rc, cred.Version))
+		return apply.Owned(ctx, r.Client, r.APIReader, rc, render.StatefulSet(rc, cred.Version, r.probeImage))
 	}
 	return nil
 }

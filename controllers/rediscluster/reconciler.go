@@ -56,6 +56,8 @@ type deps struct {
 	nodes   *nodes.Syncer
 	primary *primary.Keeper
 	netpol  *netpol.Keeper
+	// probeImage is the image of the Redis pods' probe sidecar.
+	probeImage string
 }
 
 // source is where a RedisCluster's credential comes from: a Vault lease keyroll holds
@@ -93,6 +95,9 @@ type Config struct {
 	LeaseCheckInterval time.Duration
 	// DialRedis opens a connection to one Redis node (nil: redisnode.Dial, the real ones).
 	DialRedis redisnode.Dialer
+	// ProbeImage is the image of the Redis pods' probe sidecar (cmd/keyroll-probe): the manager's
+	// own.
+	ProbeImage string
 	// OperatorNamespace is where keyroll's manager pods run: a cluster's NetworkPolicy admits
 	// them (empty: keyroll-system).
 	OperatorNamespace string
@@ -112,14 +117,15 @@ func New(cfg Config) *Reconciler {
 	d := &deps{Client: cfg.Client, APIReader: cfg.APIReader, Clock: cfg.Clock, Connector: cfg.Connector,
 		Metrics: cfg.Metrics, Ledger: &ledger.Ledger{Clock: cfg.Clock, Metrics: cfg.Metrics, Checks: ledger.NewLeaseChecks(interval), Upkeep: timers},
 		nodes: &nodes.Syncer{Client: cfg.Client, Dial: dial, Clock: cfg.Clock}, primary: &primary.Keeper{Client: cfg.Client, Dial: dial, Clock: cfg.Clock},
-		netpol: &netpol.Keeper{Client: cfg.Client, APIReader: cfg.APIReader, OperatorNamespace: cmp.Or(cfg.OperatorNamespace, "keyroll-system")}}
+		netpol:     &netpol.Keeper{Client: cfg.Client, APIReader: cfg.APIReader, OperatorNamespace: cmp.Or(cfg.OperatorNamespace, "keyroll-system")},
+		probeImage: cfg.ProbeImage}
 	workers := cfg.Workers
 	if workers <= 0 {
 		workers = DefaultWorkers
 	}
 	return &Reconciler{
 		deps: d, Recorder: cfg.Recorder, ExternalSecrets: cfg.ExternalSecrets, Workers: workers, upkeep: timers,
-		rollout:        &rollout.Engine{Client: d.Client, APIReader: d.APIReader, Clock: d.Clock, Metrics: d.Metrics, Primary: d.primary},
+		rollout:        &rollout.Engine{Client: d.Client, APIReader: d.APIReader, Clock: d.Clock, Metrics: d.Metrics, Primary: d.primary, ProbeImage: d.probeImage},
 		vaultLease:     &vaultlease.Source{Client: d.Client, APIReader: d.APIReader, Clock: d.Clock, Metrics: d.Metrics, Ledger: d.Ledger},
 		externalSecret: externalsecret.NewSource(d.Client, d.APIReader, d.Clock, d.Metrics, d.Ledger),
 	}
@@ -129,7 +135,8 @@ func New(cfg Config) *Reconciler {
 // reconcile with it).
 func (r *Reconciler) WithClient(c client.Client) *Reconciler {
 	out := New(Config{Client: c, APIReader: r.APIReader, Recorder: r.Recorder, Clock: r.Clock, Connector: r.Connector,
-		Metrics: r.Metrics, ExternalSecrets: r.ExternalSecrets, DialRedis: r.nodes.Dial, OperatorNamespace: r.netpol.OperatorNamespace})
+		Metrics: r.Metrics, ExternalSecrets: r.ExternalSecrets, DialRedis: r.nodes.Dial, OperatorNamespace: r.netpol.OperatorNamespace,
+		ProbeImage: r.probeImage})
 	out.Ledger, out.externalSecret, out.upkeep = r.Ledger, r.externalSecret.WithClient(c), r.upkeep // the same memory as r
 	out.vaultLease.Ledger = r.Ledger
 	return out

@@ -107,10 +107,13 @@ func newHarness(t *testing.T, objs ...client.Object) *harness {
 	r := New(Config{
 		Client: k8s, APIReader: k8s, Recorder: rec, Clock: clk, Metrics: metrics.For(clk),
 		Connector: &vaultconnection.Connector{Reader: k8s, Clients: vaults, Clock: clk},
-		DialRedis: redis.Dial,
+		DialRedis: redis.Dial, ProbeImage: testProbeImage,
 	})
 	return &harness{r: r, k8s: k8s, vault: fv, redis: redis, clock: clk, events: rec, vaults: vaults}
 }
+
+// testProbeImage is the probe sidecar's image in these tests.
+const testProbeImage = "registry.example/keyroll:v1"
 
 // runningPods are the Redis pods of rc as the kubelet reports them: each running Redis, Ready, at
 // an address of its own.
@@ -123,7 +126,7 @@ func runningPods(rc *v1alpha1.RedisCluster) []client.Object {
 	for i := range rc.Spec.Replicas {
 		pods = append(pods, &corev1.Pod{
 			ObjectMeta: metav1.ObjectMeta{Namespace: rc.Namespace, Name: fmt.Sprintf("%s-%d", rc.Name, i), UID: types.UID(fmt.Sprintf("pod-%d", i)),
-				Labels: render.SelectorLabels(rc), Annotations: render.StatefulSet(rc, version).Spec.Template.Annotations},
+				Labels: render.SelectorLabels(rc), Annotations: render.StatefulSet(rc, version, testProbeImage).Spec.Template.Annotations},
 			Status: corev1.PodStatus{PodIP: podIP(int(i)),
 				Conditions:        []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}},
 				ContainerStatuses: []corev1.ContainerStatus{{Name: "redis", State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: metav1.NewTime(epoch)}}}}},

@@ -12,6 +12,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
@@ -28,6 +29,8 @@ const (
 	configMountDir = "/etc/keyroll/config"
 	aclMountDir    = "/etc/keyroll/acl"
 	runDir         = "/run/keyroll"
+	// probePort is where the probe sidecar (cmd/keyroll-probe) answers the kubelet.
+	probePort = 8081
 )
 
 // Names of the owned objects.
@@ -228,11 +231,12 @@ func CredentialsSecret(rc *v1alpha1.RedisCluster, username, password, version st
 	return s
 }
 
-// StatefulSet runs the Redis pods. Its update strategy is OnDelete: keyroll itself restarts pods,
-// one at a time. With rollout.redisPods Restart, a rotation restarts them, and new pods start with
-// the credential version in their annotations; with Live (the default) a rotation restarts none,
-// and the template does not change with the credential.
-func StatefulSet(rc *v1alpha1.RedisCluster, version string) *appsv1.StatefulSet {
+// StatefulSet runs the Redis pods, with the probe sidecar from probeImage. Its update strategy is
+// OnDelete: keyroll itself restarts pods, one at a time. With rollout.redisPods Restart, a
+// rotation restarts them, and new pods start with the credential version in their annotations;
+// with Live (the default) a rotation restarts none, and the template does not change with the
+// credential.
+func StatefulSet(rc *v1alpha1.RedisCluster, version, probeImage string) *appsv1.StatefulSet {
 	labels := SelectorLabels(rc)
 	podLabels := maps.Clone(labels)
 	sts := &appsv1.StatefulSet{
@@ -245,7 +249,7 @@ func StatefulSet(rc *v1alpha1.RedisCluster, version string) *appsv1.StatefulSet 
 			UpdateStrategy:      appsv1.StatefulSetUpdateStrategy{Type: appsv1.OnDeleteStatefulSetStrategyType},
 			Template: corev1.PodTemplateSpec{
 				ObjectMeta: metav1.ObjectMeta{Labels: podLabels},
-				Spec:       redisPodSpec(rc),
+				Spec:       redisPodSpec(rc, probeImage),
 			},
 		},
 	}
@@ -289,14 +293,15 @@ func PodTemplateHash(t corev1.PodTemplateSpec) string {
 	return hex.EncodeToString(sum[:8])
 }
 
-func redisPodSpec(rc *v1alpha1.RedisCluster) corev1.PodSpec {
+func redisPodSpec(rc *v1alpha1.RedisCluster, probeImage string) corev1.PodSpec {
 	spec := corev1.PodSpec{
 		AutomountServiceAccountToken: ptr.To(false),
 		SecurityContext: &corev1.PodSecurityContext{
 			RunAsNonRoot: ptr.To(true), RunAsUser: ptr.To[int64](redisUID), RunAsGroup: ptr.To[int64](redisUID),
 			FSGroup: ptr.To[int64](redisUID), SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
 		},
-		Containers: []corev1.Container{redisContainer(rc)},
+		InitContainers: []corev1.Container{probeContainer(probeImage)},
+		Containers:     []corev1.Container{redisContainer(rc)},
 		Volumes: []corev1.Volume{
 			{Name: "config", VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{
 				LocalObjectReference: corev1.LocalObjectReference{Name: ConfigMapName(rc)}}}},
@@ -343,23 +348,15 @@ func redisContainer(rc *v1alpha1.RedisCluster) corev1.Container {
 			{Name: "POD_IP", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{APIVersion: "v1", FieldPath: "status.podIP"}}},
 		},
 		Resources: rc.Spec.Resources,
-		// Every probe field the API server would default is set, so that comparing with the stored
-		// StatefulSet finds no change where there is none.
-		ReadinessProbe: &corev1.Probe{
-			ProbeHandler:  corev1.ProbeHandler{Exec: &corev1.ExecAction{Command: readinessCommand()}},
-			PeriodSeconds: 5, TimeoutSeconds: 3, FailureThreshold: 2, SuccessThreshold: 1,
-		},
+		// The kubelet asks the probe sidecar over HTTP (an exec probe would start a process in the
+		// container each time). Every probe field the API server would default is set, so that
+		// comparing with the stored StatefulSet finds no change where there is none.
+		ReadinessProbe: httpProbe("/ready", 5, 2),
 		// Until Redis first answers (up to 10 minutes) the liveness probe does not run; then a
-		// Redis that answers nothing for a minute (6 pings 10 s apart, 5 s each) is restarted. A
-		// long load answers LOADING, at start as in a replica's resync later, and is left alone.
-		StartupProbe: &corev1.Probe{
-			ProbeHandler:  corev1.ProbeHandler{Exec: &corev1.ExecAction{Command: livenessCommand()}},
-			PeriodSeconds: 2, TimeoutSeconds: 5, FailureThreshold: 300, SuccessThreshold: 1,
-		},
-		LivenessProbe: &corev1.Probe{
-			ProbeHandler:  corev1.ProbeHandler{Exec: &corev1.ExecAction{Command: livenessCommand()}},
-			PeriodSeconds: 10, TimeoutSeconds: 5, FailureThreshold: 6, SuccessThreshold: 1,
-		},
+		// Redis that answers nothing for a minute (6 probes 10 s apart) is restarted. A long load
+		// answers LOADING, at start as in a replica's resync later, and is left alone.
+		StartupProbe:  httpProbe("/live", 2, 300),
+		LivenessProbe: httpProbe("/live", 10, 6),
 		SecurityContext: &corev1.SecurityContext{
 			AllowPrivilegeEscalation: ptr.To(false), ReadOnlyRootFilesystem: ptr.To(true),
 			Capabilities: &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
@@ -370,5 +367,44 @@ func redisContainer(rc *v1alpha1.RedisCluster) corev1.Container {
 			{Name: "run", MountPath: runDir},
 			{Name: "data", MountPath: "/data"},
 		},
+	}
+}
+
+// probeTimeout bounds a probe: the sidecar waits for Redis a second less than the kubelet waits
+// for the sidecar, so that a Redis that does not answer gets the sidecar's 503, which says so.
+const probeTimeout = 5
+
+// httpProbe asks the probe sidecar's path every period seconds.
+func httpProbe(path string, period, failures int32) *corev1.Probe {
+	return &corev1.Probe{
+		ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{
+			Path: path, Port: intstr.FromInt32(probePort), Scheme: corev1.URISchemeHTTP}},
+		PeriodSeconds: period, TimeoutSeconds: probeTimeout, FailureThreshold: failures, SuccessThreshold: 1,
+	}
+}
+
+// probeContainer is the probe sidecar (cmd/keyroll-probe, in the manager's image): it answers the
+// Redis container's probes from Redis's own answers to the probe user, over the pod's loopback
+// (readiness: loaded, and a replica linked and synced; liveness: any answer). A sidecar in the
+// Kubernetes sense (an init container that restarts always): it starts before Redis and stops
+// after it, so that it answers while Redis saves its data at a shutdown.
+func probeContainer(image string) corev1.Container {
+	return corev1.Container{
+		Name:  "probe",
+		Image: image,
+		Command: []string{"/keyroll-probe", fmt.Sprintf("--listen-address=:%d", probePort),
+			fmt.Sprintf("--redis-address=127.0.0.1:%d", redisPort), "--user=" + ProbeUser,
+			"--password-file=" + aclMountDir + "/" + ProbePasswordKey, fmt.Sprintf("--timeout=%ds", probeTimeout-1)},
+		RestartPolicy: ptr.To(corev1.ContainerRestartPolicyAlways),
+		Ports:         []corev1.ContainerPort{{Name: "probe", ContainerPort: probePort, Protocol: corev1.ProtocolTCP}},
+		Resources: corev1.ResourceRequirements{
+			Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("5m"), corev1.ResourceMemory: resource.MustParse("16Mi")},
+			Limits:   corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("64Mi")},
+		},
+		SecurityContext: &corev1.SecurityContext{
+			AllowPrivilegeEscalation: ptr.To(false), ReadOnlyRootFilesystem: ptr.To(true),
+			Capabilities: &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+		},
+		VolumeMounts: []corev1.VolumeMount{{Name: "acl", MountPath: aclMountDir, ReadOnly: true}},
 	}
 }

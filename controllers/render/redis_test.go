@@ -1,6 +1,7 @@
 package render
 
 import (
+	"fmt"
 	"maps"
 	"strings"
 	"testing"
@@ -25,7 +26,7 @@ func testCluster() *v1alpha1.RedisCluster {
 
 func TestStatefulSetIsOnDeleteAndMountsNoCredential(t *testing.T) {
 	rc := testCluster()
-	sts := StatefulSet(rc, "v1")
+	sts := StatefulSet(rc, "v1", testProbeImage)
 	if sts.Spec.UpdateStrategy.Type != appsv1.OnDeleteStatefulSetStrategyType {
 		t.Errorf("update strategy %s, want OnDelete: keyroll restarts pods itself", sts.Spec.UpdateStrategy.Type)
 	}
@@ -33,16 +34,12 @@ func TestStatefulSetIsOnDeleteAndMountsNoCredential(t *testing.T) {
 		t.Errorf("redisPods Live: the pod template names credential %q, so it changes with each rotation", got)
 	}
 	rc.Spec.Rollout.RedisPods = v1alpha1.RedisPodsRestart
-	if got := StatefulSet(rc, "v1").Spec.Template.Annotations[v1alpha1.AnnotationCredentialVersion]; got != "v1" {
+	if got := StatefulSet(rc, "v1", testProbeImage).Spec.Template.Annotations[v1alpha1.AnnotationCredentialVersion]; got != "v1" {
 		t.Errorf("redisPods Restart: pod template credential version %q", got)
 	}
 	c := sts.Spec.Template.Spec.Containers[0]
 	if c.Image != "docker.io/library/redis:7.2" || *sts.Spec.Replicas != 3 || sts.Spec.ServiceName != "orders-headless" {
 		t.Errorf("image %s, replicas %d, service %s", c.Image, *sts.Spec.Replicas, sts.Spec.ServiceName)
-	}
-	probe := strings.Join(c.ReadinessProbe.Exec.Command, " ")
-	if !strings.Contains(probe, "REDISCLI_AUTH") || !strings.Contains(probe, "--user "+ProbeUser) || !strings.Contains(probe, "master_link_status:up") {
-		t.Errorf("the readiness probe must log in as the probe user without a password on the command line, and check replication: %s", probe)
 	}
 	if sc := c.SecurityContext; sc == nil || !*sc.ReadOnlyRootFilesystem || *sc.AllowPrivilegeEscalation {
 		t.Errorf("container security context %+v", sc)
@@ -60,7 +57,7 @@ func TestOwnedObjectsCarryTheManagedLabel(t *testing.T) {
 		ACLSecret(rc, "x", Internal{}, "").Labels, CredentialsSecret(rc, "u", "p", "v").Labels,
 		StateSecret(rc, "a", nil).Labels, VaultPluginSecret(rc, "vault", "p").Labels,
 		ConfigMap(rc).Labels, HeadlessService(rc).Labels, ClientService(rc).Labels,
-		StatefulSet(rc, "v").Labels, PodDisruptionBudget(rc).Labels,
+		StatefulSet(rc, "v", testProbeImage).Labels, PodDisruptionBudget(rc).Labels,
 	} {
 		if labels[v1alpha1.LabelManagedBy] != v1alpha1.ManagedByValue || labels[v1alpha1.LabelCluster] != "orders" {
 			t.Errorf("labels %v", labels)
@@ -94,7 +91,7 @@ func TestRedisConfLoadsTheACLFile(t *testing.T) {
 func TestPodDisruptionBudgetTakesOneRedisPodAtATime(t *testing.T) {
 	rc := testCluster()
 	pdb := PodDisruptionBudget(rc)
-	sts := StatefulSet(rc, "v")
+	sts := StatefulSet(rc, "v", testProbeImage)
 	if pdb.Name != "orders-redis" || pdb.Namespace != "shop" {
 		t.Errorf("PodDisruptionBudget %s/%s, want shop/orders-redis", pdb.Namespace, pdb.Name)
 	}
@@ -113,7 +110,7 @@ func TestPodDisruptionBudgetTakesOneRedisPodAtATime(t *testing.T) {
 	}
 	other := testCluster()
 	other.Name = "orders-redis" // a cluster named as this one's budget
-	if sel.Matches(labels.Set(StatefulSet(other, "v").Spec.Template.Labels)) {
+	if sel.Matches(labels.Set(StatefulSet(other, "v", testProbeImage).Spec.Template.Labels)) {
 		t.Errorf("the budget of orders selects the pods of cluster orders-redis")
 	}
 	if PodDisruptionBudgetName(other) == PodDisruptionBudgetName(rc) {
@@ -134,7 +131,7 @@ func TestRedisPodsPreferDifferentNodes(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			rc := testCluster()
 			rc.Spec.PodAntiAffinity = tc.policy
-			tmpl := StatefulSet(rc, "v").Spec.Template
+			tmpl := StatefulSet(rc, "v", testProbeImage).Spec.Template
 			var terms []corev1.PodAffinityTerm
 			var preferred, required int
 			if a := tmpl.Spec.Affinity; a != nil && a.PodAntiAffinity != nil {
@@ -166,21 +163,30 @@ func TestRedisPodsPreferDifferentNodes(t *testing.T) {
 	}
 }
 
+// testProbeImage is the probe sidecar's image in these tests.
+const testProbeImage = "registry.example/keyroll:v1"
+
 // The liveness probe is not the readiness probe (a replica that resyncs is not Ready and must
 // not be restarted for it); a startup probe gives Redis ten minutes to answer first; after that a
-// Redis is restarted only after a minute without an answer.
+// Redis is restarted only after a minute without an answer. The kubelet asks the probe sidecar
+// over HTTP, never by starting a process in the Redis container.
 func TestLivenessProbeIsPatientAndNotTheReadinessProbe(t *testing.T) {
-	c := StatefulSet(testCluster(), "v").Spec.Template.Spec.Containers[0]
-	live, start := c.LivenessProbe, c.StartupProbe
-	if live == nil || start == nil || live.Exec == nil || start.Exec == nil {
-		t.Fatalf("liveness probe %+v, startup probe %+v: want both, exec", live, start)
+	spec := StatefulSet(testCluster(), "v", testProbeImage).Spec.Template.Spec
+	c := spec.Containers[0]
+	live, start, ready := c.LivenessProbe, c.StartupProbe, c.ReadinessProbe
+	for _, p := range []*corev1.Probe{ready, live, start} {
+		if p == nil || p.HTTPGet == nil || p.Exec != nil {
+			t.Fatalf("probe %+v: want an HTTP probe", p)
+		}
+		if p.HTTPGet.Port.IntValue() != probePort || p.HTTPGet.Scheme != corev1.URISchemeHTTP { // as the API server would default it
+			t.Errorf("probe %+v: want HTTP to the sidecar's port %d", p.HTTPGet, probePort)
+		}
+		if p.PeriodSeconds == 0 || p.TimeoutSeconds == 0 || p.FailureThreshold == 0 || p.SuccessThreshold != 1 {
+			t.Errorf("probe %+v leaves a field to the API server's default", p)
+		}
 	}
-	cmd := strings.Join(live.Exec.Command, " ")
-	if cmd == strings.Join(c.ReadinessProbe.Exec.Command, " ") {
-		t.Error("the liveness probe is the readiness probe")
-	}
-	if !strings.Contains(cmd, "REDISCLI_AUTH") || !strings.Contains(cmd, "--user "+ProbeUser) || !strings.Contains(cmd, " ping") {
-		t.Errorf("the liveness probe must ping as the probe user, without a password on the command line: %s", cmd)
+	if live.HTTPGet.Path != "/live" || start.HTTPGet.Path != "/live" || ready.HTTPGet.Path != "/ready" {
+		t.Errorf("paths: liveness %s, startup %s, readiness %s; want /live, /live, /ready", live.HTTPGet.Path, start.HTTPGet.Path, ready.HTTPGet.Path)
 	}
 	if got := live.PeriodSeconds * live.FailureThreshold; got < 60 || live.TimeoutSeconds < 5 {
 		t.Errorf("liveness: restarted after %d s without an answer (timeout %d s); want at least 60 s, 5 s", got, live.TimeoutSeconds)
@@ -188,9 +194,27 @@ func TestLivenessProbeIsPatientAndNotTheReadinessProbe(t *testing.T) {
 	if got := start.PeriodSeconds * start.FailureThreshold; got < 600 {
 		t.Errorf("startup: %d s for Redis to answer first; want at least 600 s", got)
 	}
-	for _, p := range []*corev1.Probe{c.ReadinessProbe, live, start} { // as the API server would default them
-		if p.PeriodSeconds == 0 || p.TimeoutSeconds == 0 || p.FailureThreshold == 0 || p.SuccessThreshold != 1 {
-			t.Errorf("probe %+v leaves a field to the API server's default", p)
+
+	if len(spec.InitContainers) != 1 {
+		t.Fatalf("init containers %+v: want the probe sidecar alone", spec.InitContainers)
+	}
+	side := spec.InitContainers[0]
+	if side.Image != testProbeImage || side.RestartPolicy == nil || *side.RestartPolicy != corev1.ContainerRestartPolicyAlways {
+		t.Errorf("probe sidecar: image %s, restart policy %v; want %s, a sidecar (Always)", side.Image, side.RestartPolicy, testProbeImage)
+	}
+	cmd := strings.Join(side.Command, " ")
+	for _, want := range []string{"--user=" + ProbeUser, "--password-file=" + aclMountDir + "/" + ProbePasswordKey, fmt.Sprintf("--listen-address=:%d", probePort)} {
+		if !strings.Contains(cmd, want) {
+			t.Errorf("probe sidecar's command %q lacks %s", cmd, want)
 		}
+	}
+	if len(side.Ports) != 1 || side.Ports[0].ContainerPort != probePort {
+		t.Errorf("probe sidecar's ports %+v: want %d", side.Ports, probePort)
+	}
+	if sc := side.SecurityContext; sc == nil || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem || sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation {
+		t.Errorf("probe sidecar's security context %+v: want a read-only root, no privilege escalation", sc)
+	}
+	if side.Resources.Limits.Memory().IsZero() || side.Resources.Requests.Cpu().IsZero() {
+		t.Errorf("probe sidecar's resources %+v: want a memory limit and a CPU request", side.Resources)
 	}
 }

@@ -6,7 +6,7 @@ import (
 	"github.com/keyroll/keyroll/apis/v1alpha1"
 )
 
-// What runs in a Redis pod: the start script (in the ConfigMap) and the probes' commands.
+// What runs in a Redis container: the start script (in the ConfigMap).
 
 // startScript starts Redis as the primary or as a replica of it, whichever the cluster needs. It
 // asks the other pods (the peers file, as the probe user) who the primary is, and replicates from
@@ -75,31 +75,4 @@ if [ "$status" -gt 128 ]; then
 fi
 exit "$status"
 `, runDir, aclMountDir, ReplicationPasswordKey, rc.Name, HeadlessServiceName(rc), redisPort, ReplicationUser, configMountDir, ProbePasswordKey, ProbeUser)
-}
-
-// readinessCommand asks the node, as the probe user, for its state (INFO's default sections; Redis
-// 6 takes one section only): no node is Ready while it loads its dataset (INFO answers then, with
-// role:master on a primary that loads its snapshot); a primary is Ready once it has loaded; a
-// replica only once its link to the primary is up and its first sync is done, so that a rollout
-// never takes a replica for ready while it has no data.
-func readinessCommand() []string {
-	return []string{"sh", "-c", fmt.Sprintf(
-		`out="$(REDISCLI_AUTH="$(cat %[1]s/%[2]s)" redis-cli --no-auth-warning --user %[3]s -h 127.0.0.1 -p %[4]d info)" || exit 1
-printf '%%s\n' "$out" | grep -q '^loading:0' || exit 1
-case "$out" in *role:master*) exit 0 ;; esac
-printf '%%s\n' "$out" | grep -q '^master_link_status:up' && printf '%%s\n' "$out" | grep -q '^master_sync_in_progress:0'`,
-		aclMountDir, ProbePasswordKey, ProbeUser, redisPort)}
-}
-
-// livenessCommand pings the node as the probe user and passes on any answer of a Redis that
-// runs: PONG, and LOADING (it loads its dataset, from disk or from its primary) or MASTERDOWN,
-// which a restart would only start again. It fails on no answer (the probe's timeout: a hung
-// Redis) or no Redis to answer.
-func livenessCommand() []string {
-	return []string{"sh", "-c", fmt.Sprintf(
-		`out="$(REDISCLI_AUTH="$(cat %[1]s/%[2]s)" redis-cli --no-auth-warning --user %[3]s -h 127.0.0.1 -p %[4]d ping 2>&1)"
-case "$out" in PONG|LOADING*|MASTERDOWN*) exit 0 ;; esac
-printf '%%s\n' "$out"
-exit 1`,
-		aclMountDir, ProbePasswordKey, ProbeUser, redisPort)}
 }

@@ -1,17 +1,20 @@
 package render
 
 import (
-	"context"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
@@ -22,13 +25,15 @@ import (
 // a real redis-server, under a temporary directory, with keyroll's mount paths and Redis port
 // moved there; a replica's primary is another such pod.
 type pod struct {
-	t        *testing.T
-	root     string
-	port     int
-	relocate *strings.Replacer
-	out      *strings.Builder
-	cmd      *exec.Cmd
-	exited   chan error
+	t         *testing.T
+	rc        *v1alpha1.RedisCluster
+	root      string
+	port      int
+	probePort int // the probe sidecar's
+	relocate  *strings.Replacer
+	out       *strings.Builder
+	cmd       *exec.Cmd
+	exited    chan error
 }
 
 func startPod(t *testing.T, rc *v1alpha1.RedisCluster, acl map[string][]byte, name string, primary *pod) *pod {
@@ -70,7 +75,7 @@ func startPodIn(t *testing.T, rc *v1alpha1.RedisCluster, acl map[string][]byte, 
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &pod{t: t, root: root, port: port, out: &strings.Builder{}, exited: make(chan error, 1)}
+	p := &pod{t: t, rc: rc, root: root, port: port, out: &strings.Builder{}, exited: make(chan error, 1)}
 	primaryAt := "no-primary 0"
 	var others []*pod
 	if primary != nil {
@@ -111,6 +116,7 @@ func startPodIn(t *testing.T, rc *v1alpha1.RedisCluster, acl map[string][]byte, 
 	}
 	t.Cleanup(func() { _ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL) })
 	go func() { p.exited <- p.cmd.Wait() }()
+	p.startProbe(t)
 	return p
 }
 
@@ -137,25 +143,88 @@ func (p *pod) write(dir, name, content string) {
 
 func (p *pod) addr() string { return fmt.Sprintf("127.0.0.1:%d", p.port) }
 
-// ready runs the pod's readiness probe.
+// ready asks the pod's probe sidecar as the kubelet's readiness probe does.
 func (p *pod) ready() bool {
-	return p.probe(readinessCommand(), 5*time.Second) == nil
+	return p.probe(p.redis().ReadinessProbe) == nil
 }
 
-// alive runs the pod's liveness (and startup) probe, with the probe's timeout as the kubelet
-// enforces it.
+// alive asks the pod's probe sidecar as the kubelet's liveness (and startup) probe does, with the
+// probe's timeout as the kubelet enforces it.
 func (p *pod) alive() error {
-	return p.probe(livenessCommand(), 5*time.Second)
+	return p.probe(p.redis().LivenessProbe)
 }
 
-func (p *pod) probe(cmd []string, timeout time.Duration) error {
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	out, err := exec.CommandContext(ctx, cmd[0], cmd[1], p.relocate.Replace(cmd[2])).CombinedOutput()
+// redis is the Redis container of the pod's template.
+func (p *pod) redis() corev1.Container {
+	return StatefulSet(p.rc, "v", testProbeImage).Spec.Template.Spec.Containers[0]
+}
+
+func (p *pod) probe(pr *corev1.Probe) error {
+	c := http.Client{Timeout: time.Duration(pr.TimeoutSeconds) * time.Second}
+	resp, err := c.Get(fmt.Sprintf("http://127.0.0.1:%d%s", p.probePort, pr.HTTPGet.Path))
 	if err != nil {
-		return fmt.Errorf("%w: %s", err, out)
+		return err
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode < 200 || resp.StatusCode >= 400 { // the kubelet's success
+		return fmt.Errorf("%s: %s", resp.Status, body)
 	}
 	return nil
+}
+
+// startProbe runs the probe sidecar's command (cmd/keyroll-probe, built once) beside the pod's
+// Redis, with the pod's paths and Redis port, answering on a loopback port of its own: in a
+// process group of its own, so that stopping Redis's leaves it running.
+func (p *pod) startProbe(t *testing.T) {
+	t.Helper()
+	bin, err := probeBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.probePort, err = testground.FreePort(); err != nil {
+		t.Fatal(err)
+	}
+	sidecar := StatefulSet(p.rc, "v", testProbeImage).Spec.Template.Spec.InitContainers[0]
+	args := []string{}
+	for _, a := range sidecar.Command[1:] {
+		if strings.HasPrefix(a, "--listen-address=") {
+			a = fmt.Sprintf("--listen-address=127.0.0.1:%d", p.probePort)
+		}
+		args = append(args, p.relocate.Replace(a))
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = p.out, p.out
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+}
+
+// probeBinary builds cmd/keyroll-probe once for the package's tests (TestMain removes it).
+var probeBinary = sync.OnceValues(func() (string, error) {
+	dir, err := os.MkdirTemp("", "keyroll-probe-")
+	if err != nil {
+		return "", err
+	}
+	probeBinDir = dir
+	bin := filepath.Join(dir, "keyroll-probe")
+	cmd := exec.Command("go", "build", "-o", bin, "github.com/keyroll/keyroll/cmd/keyroll-probe")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("building cmd/keyroll-probe: %w: %s", err, out)
+	}
+	return bin, nil
+})
+
+var probeBinDir string
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if probeBinDir != "" {
+		_ = os.RemoveAll(probeBinDir)
+	}
+	os.Exit(code)
 }
 
 func within(t *testing.T, d time.Duration, what string, ok func() bool, out ...*strings.Builder) {

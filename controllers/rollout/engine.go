@@ -45,6 +45,8 @@ type Engine struct {
 	Metrics   *metrics.Metrics
 	// Primary hands the primary role over before the primary restarts.
 	Primary *primary.Keeper
+	// ProbeImage is the image of the Redis pods' probe sidecar.
+	ProbeImage string
 }
 
 // step is one call of Roll: the cluster, its conditions, its Redis pods, and what a pod runs
@@ -77,7 +79,7 @@ func (w podWant) current(p *corev1.Pod) bool {
 func (r *Engine) Roll(ctx context.Context, c *primary.Cluster, version string, pending bool) (done bool, wait time.Duration, err error) {
 	rc := c.RC
 	s := &step{rc: rc, conds: c.Conds, cluster: c, want: podWant{
-		template: render.StatefulSet(rc, version).Spec.Template.Annotations[v1alpha1.AnnotationPodTemplate],
+		template: render.StatefulSet(rc, version, r.ProbeImage).Spec.Template.Annotations[v1alpha1.AnnotationPodTemplate],
 		version:  version, restarts: render.RestartsPods(rc)}}
 	pods := kept(rc, c.Pods)
 	ro := rc.Status.Rollout

@@ -160,7 +160,7 @@ func startManager(t *testing.T, dir, name, bin, kubeconfig string, metricsPort i
 	t.Helper()
 	args := append([]string{"--kubeconfig=" + kubeconfig, "--leader-elect=false",
 		fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", metricsPort), "--health-probe-bind-address=127.0.0.1:0",
-		"--service-account-namespace=keyroll-system", "--zap-log-level=debug"}, extra...)
+		"--service-account-namespace=keyroll-system", "--zap-log-level=debug", "--redis-probe-image=" + testground.ProbeImage}, extra...)
 	p, err := testground.StartProcess(dir, name, bin, args, nil)
 	if err != nil {
 		t.Fatal(err)

@@ -60,7 +60,7 @@ func TestOwnersGuideNetworkPolicyIsAcceptedAndAdmitsKeyroll(t *testing.T) {
 		t.Fatal(err)
 	}
 	rc := &v1alpha1.RedisCluster{ObjectMeta: metav1.ObjectMeta{Namespace: np.Namespace, Name: "orders"}, Spec: v1alpha1.RedisClusterSpec{Replicas: 3}}
-	redisPod := labels.Set(render.StatefulSet(rc, "").Spec.Template.Labels)
+	redisPod := labels.Set(render.StatefulSet(rc, "", testground.ProbeImage).Spec.Template.Labels)
 	manager := labels.Set(managerPodLabels(t))
 	keyrollNS := labels.Set{corev1.LabelMetadataName: harness.OperatorNS}
 	if !selects(t, &np.Spec.PodSelector, redisPod) {

@@ -121,7 +121,7 @@ func Start(ctx context.Context, g *testground.Ground, o Options) (*Operator, err
 	op.Reconciler, err = controllers.Setup(mgr, controllers.Options{
 		Recorder: op.broadcast.NewRecorder(scheme, "keyroll"), Clock: clock.RealClock{}, Tokens: cs,
 		ServiceAccount: types.NamespacedName{Namespace: OperatorNS, Name: OperatorSA},
-		VaultObserver:  o.VaultObserver, LeaseCheckInterval: o.LeaseCheckInterval,
+		VaultObserver:  o.VaultObserver, LeaseCheckInterval: o.LeaseCheckInterval, ProbeImage: testground.ProbeImage,
 	})
 	if err != nil {
 		cancel()

@@ -68,7 +68,7 @@ func StartProcess(g *testground.Ground, bin string, o ProcessOptions) (*Process,
 		metrics = "--metrics-bind-address=127.0.0.1:" + strconv.Itoa(o.MetricsPort)
 	}
 	args := append([]string{"--kubeconfig=" + kubeconfig, "--zap-devel", metrics, "--metrics-secure=false",
-		"--health-probe-bind-address=127.0.0.1:0",
+		"--health-probe-bind-address=127.0.0.1:0", "--redis-probe-image=" + testground.ProbeImage,
 		"--leader-election-namespace=" + OperatorNS, "--service-account-namespace=" + OperatorNS,
 		"--leader-elect-lease-duration=4s", "--leader-elect-renew-deadline=3s", "--leader-elect-retry-period=500ms"}, o.Args...)
 	cmd := exec.Command(bin, args...)

@@ -276,7 +276,7 @@ func startOperator(g *testground.Ground) (*operator, error) {
 	}
 	cmd := exec.Command(bin, "--kubeconfig="+g.CP.Kubeconfig, "--zap-devel",
 		"--metrics-bind-address=127.0.0.1:0", "--metrics-secure=false", "--health-probe-bind-address=127.0.0.1:0",
-		"--leader-election-namespace="+operatorNS, "--service-account-namespace="+operatorNS)
+		"--redis-probe-image="+testground.ProbeImage, "--leader-election-namespace="+operatorNS, "--service-account-namespace="+operatorNS)
 	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {

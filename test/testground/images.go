@@ -27,6 +27,10 @@ const (
 	// ConsumerImage is test/consumer: a Redis client that runs SET/GET continuously with the
 	// credential of a mounted Secret and counts failed commands (see test/consumer).
 	ConsumerImage = "localhost/keyroll/consumer:testground"
+	// ProbeImage is the Redis pods' probe sidecar alone (cmd/keyroll-probe at /keyroll-probe, where
+	// the manager's image has it too): what a manager running outside the node is told with
+	// --redis-probe-image. A manager in a pod runs the sidecar from its own image.
+	ProbeImage = "localhost/keyroll/keyroll-probe:testground"
 	// ManagerImage is keyroll's manager, built by `make image` (the path a user takes).
 	ManagerImage = "localhost/keyroll/keyroll:testground"
 )
@@ -55,10 +59,10 @@ type imageSpec struct {
 	flags    []string
 }
 
-// buildImages builds (or takes from the cache) the pause, Redis and consumer images; they are
-// imported once containerd runs.
+// buildImages builds (or takes from the cache) the pause, Redis, probe and consumer images; they
+// are imported once containerd runs.
 func (n *Node) buildImages(context.Context) error {
-	for _, spec := range []imageSpec{pauseImage(), redisImage(), consumerImage()} {
+	for _, spec := range []imageSpec{pauseImage(), redisImage(), probeImage(), consumerImage()} {
 		archive, err := buildImage(n.Dir, spec)
 		if err != nil {
 			return fmt.Errorf("image %s: %w", spec.ref, err)
@@ -170,15 +174,34 @@ func pauseImage() imageSpec {
 	}
 }
 
+// goBuild builds the static binary of pkg (a path in this repository) as out.
+func goBuild(pkg, out string) error {
+	cmd := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", out, pkg)
+	cmd.Dir = RepoRoot()
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("building %s: %w: %s", pkg, err, b)
+	}
+	return nil
+}
+
+func probeImage() imageSpec {
+	return imageSpec{
+		name: "keyroll-probe", ref: ProbeImage,
+		assemble: func(rootfs string) error {
+			return goBuild("./cmd/keyroll-probe", filepath.Join(rootfs, "keyroll-probe"))
+		},
+		flags: append([]string{"-entrypoint", `["/keyroll-probe"]`, "-user", "65532:65532"},
+			ociLabels("keyroll-probe", "The Redis pods' probe sidecar (cmd/keyroll-probe)")...),
+	}
+}
+
 func consumerImage() imageSpec {
 	return imageSpec{
 		name: "consumer", ref: ConsumerImage,
 		assemble: func(rootfs string) error {
-			cmd := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", filepath.Join(rootfs, "consumer"), "./test/consumer")
-			cmd.Dir = RepoRoot()
-			cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-			if out, err := cmd.CombinedOutput(); err != nil {
-				return fmt.Errorf("building test/consumer: %w: %s", err, out)
+			if err := goBuild("./test/consumer", filepath.Join(rootfs, "consumer")); err != nil {
+				return err
 			}
 			return writePasswd(rootfs, "nonroot:x:65532:65532:nonroot:/:/sbin/nologin")
 		},
