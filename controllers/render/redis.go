@@ -253,7 +253,11 @@ func StatefulSet(rc *v1alpha1.RedisCluster, version, probeImage string) *appsv1.
 			},
 		},
 	}
-	sts.Spec.Template.Annotations = map[string]string{v1alpha1.AnnotationPodTemplate: PodTemplateHash(sts.Spec.Template)}
+	sts.Spec.Template.Annotations = map[string]string{
+		v1alpha1.AnnotationPodTemplate: PodTemplateHash(sts.Spec.Template),
+		// kubectl exec and logs pick the Redis container, not the probe sidecar.
+		"kubectl.kubernetes.io/default-container": "redis",
+	}
 	if RestartsPods(rc) {
 		sts.Spec.Template.Annotations[v1alpha1.AnnotationCredentialVersion] = version
 	}

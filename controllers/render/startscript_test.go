@@ -59,13 +59,20 @@ func aclOf(t *testing.T, rc *v1alpha1.RedisCluster, in Internal, app *Credential
 	return ACLSecret(rc, file, in, "").Data
 }
 
-// primaryAndReplica starts orders-0 and orders-1 of rc with acl and waits until both are Ready.
+// primaryAndReplica starts orders-0 and orders-1 of rc with acl and waits until both are Ready
+// and the primary counts the replica online (its first REPLCONF ACK in, a moment after the
+// replica's sync: what keyroll waits for before a failover).
 func primaryAndReplica(t *testing.T, rc *v1alpha1.RedisCluster, acl map[string][]byte) (primary, replica *pod) {
 	t.Helper()
 	primary = startPod(t, rc, acl, "orders-0", nil)
 	within(t, 10*time.Second, "the primary is Ready", primary.ready, primary.out)
 	replica = startPod(t, rc, acl, "orders-1", primary)
 	within(t, 30*time.Second, "the replica is Ready", replica.ready, primary.out, replica.out)
+	online := func() bool {
+		info, err := testground.RedisDo(primary.addr(), ProbeUser, string(acl[ProbePasswordKey]), "INFO", "replication")
+		return err == nil && strings.Contains(info, fmt.Sprintf("port=%d,state=online", replica.port))
+	}
+	within(t, 5*time.Second, "the primary counts the replica online", online, primary.out, replica.out)
 	return primary, replica
 }
 
