@@ -61,8 +61,30 @@ func TestManagerRunsAsAPodFromDeployDefault(t *testing.T) {
 	rc := applySamples(t, ctx)
 	waitReady(t, client.ObjectKeyFromObject(rc), 3*time.Minute)
 	t.Logf("sample RedisCluster orders Ready under the deployed manager, %s after apply", time.Since(start).Round(time.Millisecond))
+	checkProbeSidecar(t, ctx, rc)
 	checkMetrics(t, leader)
 	deleteAndWait(t, rc)
+}
+
+// checkProbeSidecar: the deployed manager, given no --redis-probe-image, runs the Redis pods'
+// probe sidecar from its own image (read from its pod), and the sidecar answers the kubelet.
+func checkProbeSidecar(t *testing.T, ctx context.Context, rc *v1alpha1.RedisCluster) {
+	t.Helper()
+	pods := &corev1.PodList{}
+	if err := k8s.List(ctx, pods, client.InNamespace(rc.Namespace), client.MatchingLabels{v1alpha1.LabelCluster: rc.Name}); err != nil {
+		t.Fatal(err)
+	}
+	if len(pods.Items) == 0 {
+		t.Fatal("no Redis pods of the sample cluster")
+	}
+	for _, p := range pods.Items {
+		if len(p.Spec.InitContainers) != 1 || p.Spec.InitContainers[0].Image != testground.ManagerImage {
+			t.Errorf("Redis pod %s: init containers %v; want the probe sidecar from the manager's image %s", p.Name, p.Spec.InitContainers, testground.ManagerImage)
+		}
+		if !podReady(&p) {
+			t.Errorf("Redis pod %s is not Ready", p.Name)
+		}
+	}
 }
 
 // managerOverlay writes a kustomization that takes deploy/default and sets the manager's image.
