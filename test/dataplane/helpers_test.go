@@ -41,8 +41,8 @@ func eventually(t testing.TB, timeout time.Duration, check func() string) {
 
 // namespace creates the test's namespace; when the test ends, its RedisClusters (their
 // StatefulSets and pods go with them), consumer Deployments and pods are deleted, so that the
-// real node runs the probes of one test's pods at a time (an exec probe took about 0.3 CPU-s on
-// one machine: the pods of every earlier test left running kept the later ones from Ready).
+// real node runs one test's pods at a time (the pods of earlier tests left running, each consumer
+// busy, would take the node's CPU from the later ones).
 func namespace(t testing.TB, name string) {
 	t.Helper()
 	if err := k8s.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}); err != nil {

@@ -16,8 +16,8 @@ import (
 	"github.com/keyroll/keyroll/test/testground"
 )
 
-// A RedisCluster on the real node: its pods become Ready through the kubelet's own exec probe (no
-// kwok runs here, so nothing else could set Ready), the replicas replicate from pod 0 reached by
+// A RedisCluster on the real node: its pods become Ready through the kubelet's own probe, asking
+// the pod's probe sidecar over HTTP (no kwok runs here, so nothing else could set Ready), the replicas replicate from pod 0 reached by
 // its DNS name, and the credential keyroll wrote authenticates on every pod by pod IP and through
 // the client Service's ClusterIP (kube-proxy's rules), from the host and from a pod.
 func TestRealNodeRunsRedisWithARealProbe(t *testing.T) {
