@@ -30,6 +30,7 @@ type pod struct {
 	root      string
 	port      int
 	probePort int // the probe sidecar's
+	probeOut  strings.Builder
 	relocate  *strings.Replacer
 	out       *strings.Builder
 	cmd       *exec.Cmd
@@ -201,7 +202,8 @@ func (p *pod) startProbe(t *testing.T) {
 		args = append(args, p.relocate.Replace(a))
 	}
 	cmd := exec.Command(bin, args...)
-	cmd.Stdout, cmd.Stderr = p.out, p.out
+	// Its log apart from the script's: a strings.Builder takes one writer at a time.
+	cmd.Stdout, cmd.Stderr = &p.probeOut, &p.probeOut
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
