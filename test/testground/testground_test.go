@@ -217,6 +217,18 @@ func TestEveryProcessStopsWhenATestFails(t *testing.T) {
 				}
 			}
 			checkNodeCleanedUp(t, rec.NodeDir, before, deadline)
+			// A failed or panicking test removes its ground's directory; a killed one cannot, and
+			// leaves its logs for whoever looks into why (the node's part goes with the node's
+			// cleanup). This test removes that one itself.
+			dir := filepath.Dir(rec.NodeDir)
+			if _, err := os.Stat(dir); mode != "kill" && err == nil {
+				t.Errorf("the ground's directory %s is still there after the helper's cleanups (%s)", dir, mode)
+			}
+			if mode == "kill" {
+				if err := os.RemoveAll(dir); err != nil {
+					t.Error(err)
+				}
+			}
 		})
 	}
 }
