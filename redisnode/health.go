@@ -23,19 +23,20 @@ func Ready(ctx context.Context, addr, username, password string) error {
 	if err != nil {
 		return fmt.Errorf("reading INFO: %w", err)
 	}
-	return readiness(InfoFields(info))
+	return readiness(info)
 }
 
-// readiness is Ready's verdict on INFO's fields.
-func readiness(f map[string]string) error {
+// readiness is Ready's verdict on INFO's text.
+func readiness(info string) error {
+	r := ParseReplication(info)
 	switch {
-	case f["loading"] != "0":
+	case InfoFields(info)["loading"] != "0":
 		return errors.New("loading its dataset")
-	case f["role"] == "master":
+	case r.Role == "master":
 		return nil
-	case f["master_link_status"] != "up":
-		return fmt.Errorf("a replica whose link to its primary %s:%s is %s", f["master_host"], f["master_port"], f["master_link_status"])
-	case f["master_sync_in_progress"] != "0":
+	case !r.LinkUp:
+		return fmt.Errorf("a replica whose link to its primary %s:%d is not up", r.MasterHost, r.MasterPort)
+	case r.SyncInProgress:
 		return errors.New("a replica still taking its first sync")
 	}
 	return nil
