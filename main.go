@@ -156,7 +156,7 @@ func redisProbeImage(ctx context.Context, cs kubernetes.Interface, flagged strin
 		return "", fmt.Errorf("reading the manager's own pod %s/%s for its image (or set --redis-probe-image): %w", ns, name, err)
 	}
 	for _, c := range pod.Spec.Containers {
-		if c.Name == "manager" || len(pod.Spec.Containers) == 1 {
+		if c.Name == "manager" {
 			return c.Image, nil
 		}
 	}
