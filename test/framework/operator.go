@@ -1,0 +1,175 @@
+package framework
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	esv1 "github.com/external-secrets/external-secrets/apis/externalsecrets/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/utils/clock"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/config"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/controllers"
+	"github.com/keyroll/keyroll/controllers/rediscluster"
+	"github.com/keyroll/keyroll/test/testground"
+)
+
+// Scheme holds the types the operator and the tests use.
+func Scheme() *runtime.Scheme {
+	s := runtime.NewScheme()
+	_ = clientgoscheme.AddToScheme(s)
+	_ = v1alpha1.AddToScheme(s)
+	_ = esv1.AddToScheme(s)
+	return s
+}
+
+// OperatorOptions adjust an operator run in the test process.
+type OperatorOptions struct {
+	// LeaderElection on, with these timings (zero: off).
+	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
+	// Endpoints serves the metrics and the /healthz and /readyz endpoints on free loopback ports
+	// (Operator.MetricsURL, Operator.ProbesURL).
+	Endpoints bool
+	// VaultObserver sees every Vault request.
+	VaultObserver func(connection, op, outcome string, seconds float64)
+	// LeaseCheckInterval is the operator's --lease-check-interval (zero: its default).
+	LeaseCheckInterval time.Duration
+}
+
+// Election is a leader election quick enough for tests (a 4 s Lease).
+var Election = OperatorOptions{LeaseDuration: 4 * time.Second, RenewDeadline: 3 * time.Second, RetryPeriod: 500 * time.Millisecond}
+
+// Operator is keyroll's manager running in the test process, wired as main.go wires it.
+type Operator struct {
+	Manager    ctrl.Manager
+	Reconciler *rediscluster.Reconciler
+	// MetricsURL and ProbesURL are its metrics endpoint and the base of /healthz and /readyz, with
+	// OperatorOptions.Endpoints.
+	MetricsURL, ProbesURL string
+	cancel                context.CancelFunc
+	done                  chan error
+	broadcast             events.EventBroadcaster
+}
+
+// NewOperator runs another keyroll manager in the test process until its Stop, as the package's
+// operator identity (several may run at once: leader election decides which acts).
+func (f *Framework) NewOperator(ctx context.Context, o OperatorOptions) (*Operator, error) {
+	cfg := f.Ground.CP.Config
+	op := &Operator{done: make(chan error, 1)}
+	metricsAddr, probeAddr := "0", "0"
+	if o.Endpoints {
+		mp, err := testground.FreePort()
+		if err != nil {
+			return nil, err
+		}
+		pp, err := testground.FreePort()
+		if err != nil {
+			return nil, err
+		}
+		metricsAddr, probeAddr = fmt.Sprintf("127.0.0.1:%d", mp), fmt.Sprintf("127.0.0.1:%d", pp)
+		op.MetricsURL, op.ProbesURL = "http://"+metricsAddr+"/metrics", "http://"+probeAddr
+	}
+	scheme := Scheme()
+	mo := ctrl.Options{
+		Scheme: scheme, Metrics: metricsserver.Options{BindAddress: metricsAddr}, HealthProbeBindAddress: probeAddr,
+		Cache: controllers.CacheOptions(cfg),
+		// Several operators, or a restarted one, register their controllers in one process.
+		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
+	}
+	if o.LeaseDuration > 0 {
+		mo.LeaderElection, mo.LeaderElectionID, mo.LeaderElectionNamespace = true, "keyroll.keyroll.dev", f.OperatorNS
+		mo.LeaseDuration, mo.RenewDeadline, mo.RetryPeriod = &o.LeaseDuration, &o.RenewDeadline, &o.RetryPeriod
+		mo.LeaderElectionReleaseOnCancel = true
+	}
+	mgr, err := ctrl.NewManager(cfg, mo)
+	if err != nil {
+		return nil, err
+	}
+	op.Manager = mgr
+	ctx, op.cancel = context.WithCancel(ctx)
+	op.broadcast = events.NewBroadcaster(&events.EventSinkImpl{Interface: f.Clientset.EventsV1()})
+	if err := op.broadcast.StartRecordingToSinkWithContext(ctx); err != nil {
+		op.cancel()
+		return nil, err
+	}
+	op.Reconciler, err = controllers.Setup(mgr, controllers.Options{
+		Recorder: op.broadcast.NewRecorder(scheme, "keyroll"), Clock: clock.RealClock{}, Tokens: f.Clientset,
+		ServiceAccount: types.NamespacedName{Namespace: f.OperatorNS, Name: OperatorSA},
+		VaultObserver:  o.VaultObserver, LeaseCheckInterval: o.LeaseCheckInterval, ProbeImage: testground.ProbeImage,
+	})
+	if err != nil {
+		op.cancel()
+		return nil, err
+	}
+	go func() { op.done <- mgr.Start(ctx) }()
+	return op, nil
+}
+
+// Elected is closed once this operator leads (at once without leader election).
+func (o *Operator) Elected() <-chan struct{} { return o.Manager.Elected() }
+
+// Stop cancels the manager (a leader releases its Lease) and waits for it to end.
+func (o *Operator) Stop() error {
+	o.cancel()
+	err := <-o.done
+	o.broadcast.Shutdown()
+	return err
+}
+
+// operatorMu guards the package's current operator, which tests stop and start again.
+var operatorMu sync.Mutex
+
+// StartOperator runs the package's operator in the test process (Operator returns it); a running
+// one is stopped first.
+func (f *Framework) StartOperator(o OperatorOptions) error {
+	f.StopOperator()
+	op, err := f.NewOperator(context.Background(), o)
+	if err != nil {
+		return err
+	}
+	operatorMu.Lock()
+	f.operator = op
+	operatorMu.Unlock()
+	return nil
+}
+
+// Operator is the package's operator running in the test process (nil while none runs).
+func (f *Framework) Operator() *Operator {
+	operatorMu.Lock()
+	defer operatorMu.Unlock()
+	return f.operator
+}
+
+// StopOperator stops the package's operator, if one runs; it releases its Lease.
+func (f *Framework) StopOperator() {
+	operatorMu.Lock()
+	op := f.operator
+	f.operator = nil
+	operatorMu.Unlock()
+	if op != nil {
+		_ = op.Stop()
+	}
+}
+
+// RestartOperator stops the package's operator and starts a new one with the options of
+// Config.Operator, as a pod restart would.
+func (f *Framework) RestartOperator(t testing.TB) {
+	t.Helper()
+	o := OperatorOptions{}
+	if f.Config.Operator != nil {
+		o = *f.Config.Operator
+	}
+	if err := f.StartOperator(o); err != nil {
+		t.Fatalf("restarting the operator: %v", err)
+	}
+}

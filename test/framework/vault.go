@@ -1,0 +1,167 @@
+package framework
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	vaultapi "github.com/hashicorp/vault/api"
+
+	"github.com/keyroll/keyroll/test/testground"
+)
+
+// SetupVault gives the package's operator what a Vault administrator would: the package's Redis
+// roles (named by Role) on the ground's Redis, the policy of deploy/vault/policy.hcl plus extra
+// policy files of deploy/vault, and Kubernetes auth for its service account in OperatorNS, with
+// hour-long tokens. Run calls it for Config.Roles.
+func (f *Framework) SetupVault(ctx context.Context, roles ...testground.RedisRole) error {
+	g := f.Ground
+	named := make([]testground.RedisRole, len(roles))
+	for i, r := range roles {
+		r.Name = f.Role(r.Name)
+		named[i] = r
+	}
+	if err := g.Vault.ConfigureRedis(ctx, g.Redis, named...); err != nil {
+		return err
+	}
+	if err := f.WriteOperatorPolicy(ctx); err != nil {
+		return err
+	}
+	if err := g.CP.EnsureServiceAccount(ctx, f.OperatorNS, OperatorSA); err != nil {
+		return err
+	}
+	return g.Vault.EnableKubernetesAuth(ctx, g.CP, f.OperatorAuthRole(time.Hour))
+}
+
+// WriteOperatorPolicy writes the operator's Vault policy (named OperatorRole): the policy files of
+// deploy/vault named (default: policy.hcl alone), joined.
+func (f *Framework) WriteOperatorPolicy(ctx context.Context, files ...string) error {
+	if len(files) == 0 {
+		files = []string{"policy.hcl"}
+	}
+	var hcl []byte
+	for _, name := range files {
+		b, err := os.ReadFile(filepath.Join(testground.RepoRoot(), "deploy", "vault", name))
+		if err != nil {
+			return err
+		}
+		hcl = append(append(hcl, b...), '\n')
+	}
+	return f.Ground.Vault.WritePolicy(ctx, f.OperatorRole, string(hcl))
+}
+
+// OperatorAuthRole is a Kubernetes auth role of the operator's service account with its policy,
+// named OperatorRole, whose tokens live tokenTTL; rename it for roles of other lifetimes.
+func (f *Framework) OperatorAuthRole(tokenTTL time.Duration) testground.KubernetesAuthRole {
+	return testground.KubernetesAuthRole{
+		Name: f.OperatorRole, ServiceAccounts: []string{OperatorSA}, Namespaces: []string{f.OperatorNS},
+		Policies: []string{f.OperatorRole}, TokenTTL: tokenTTL,
+	}
+}
+
+// VaultLeases lists, as root, the lease IDs Vault holds under a credential path, sorted.
+func (f *Framework) VaultLeases(t testing.TB, path string) []string {
+	t.Helper()
+	ids, err := f.listLeases(path)
+	if err != nil {
+		t.Fatalf("listing the leases of %s as root: %v", path, err)
+	}
+	return ids
+}
+
+func (f *Framework) listLeases(path string) ([]string, error) {
+	s, err := f.Ground.Vault.Root.Logical().List("sys/leases/lookup/" + path + "/")
+	if err != nil || s == nil {
+		return nil, err
+	}
+	var ids []string
+	keys, _ := s.Data["keys"].([]any)
+	for _, k := range keys {
+		ids = append(ids, path+"/"+fmt.Sprint(k))
+	}
+	slices.Sort(ids)
+	return ids, nil
+}
+
+// LeaseExists asks Vault (as root) whether a lease exists, and when it expires.
+func (f *Framework) LeaseExists(id string) (bool, time.Time) { return f.Ground.Vault.LeaseExpiry(id) }
+
+// EnableAudit enables a file audit device of the package's on the ground's Vault and returns its
+// file (in the ground's directory), which ReadAudit reads. Vault writes every request and
+// response there from then on, the package's and any other's.
+func (f *Framework) EnableAudit(ctx context.Context) (string, error) {
+	path := filepath.Join(f.Ground.Dir, f.Name("vault-audit.log"))
+	err := f.Ground.Vault.Root.Sys().EnableAuditWithOptionsWithContext(ctx, f.Name("file"), &vaultapi.EnableAuditOptions{
+		Type: "file", Options: map[string]string{"file_path": path},
+	})
+	if err != nil {
+		return "", fmt.Errorf("enabling Vault's file audit device: %w", err)
+	}
+	return path, nil
+}
+
+// AuditEntry is one line of Vault's audit log: a request, or the response to one. Vault writes
+// secrets in it as HMACs only.
+type AuditEntry struct {
+	Time  time.Time `json:"time"`
+	Type  string    `json:"type"` // "request" or "response"
+	Error string    `json:"error"`
+	Auth  struct {
+		DisplayName string            `json:"display_name"`
+		Accessor    string            `json:"accessor"`
+		Policies    []string          `json:"policies"`
+		Metadata    map[string]string `json:"metadata"`
+	} `json:"auth"`
+	Request struct {
+		ID            string         `json:"id"`
+		Path          string         `json:"path"`
+		Operation     string         `json:"operation"`
+		RemoteAddress string         `json:"remote_address"`
+		Data          map[string]any `json:"data"`
+	} `json:"request"`
+}
+
+// Issued says whether the entry is Vault's successful answer to a read of path: a credential it
+// issued there.
+func (e AuditEntry) Issued(path string) bool {
+	return e.Type == "response" && e.Error == "" && e.Request.Operation == "read" && e.Request.Path == path
+}
+
+// ReadAudit reads the audit log at path (lines that are not entries are passed over).
+func ReadAudit(path string) ([]AuditEntry, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("reading Vault's audit log: %w", err)
+	}
+	var out []AuditEntry
+	for line := range strings.Lines(string(b)) {
+		var e AuditEntry
+		if json.Unmarshal([]byte(line), &e) == nil {
+			out = append(out, e)
+		}
+	}
+	return out, nil
+}
+
+// AuditIssues counts, in the audit log at auditLog, the credentials Vault issued under path. Unlike
+// sampling the leases, it misses none.
+func AuditIssues(t testing.TB, auditLog, path string) int {
+	t.Helper()
+	entries, err := ReadAudit(auditLog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, e := range entries {
+		if e.Issued(path) {
+			n++
+		}
+	}
+	return n
+}
