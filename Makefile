@@ -27,7 +27,7 @@ PLAYGROUND_FLAGS ?=
 
 .PHONY: help
 help: ## List the targets.
-	@awk 'BEGIN {FS = ":.*##"} /^[a-zA-Z_-]+:.*##/ {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*##"} /^[a-zA-Z0-9_-]+:.*##/ {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 ##@ Development
 
@@ -59,13 +59,22 @@ vet: ## Run go vet.
 	$(GO) vet ./...
 
 .PHONY: lint
-lint: testground ## Run golangci-lint (.golangci.yml: vet, staticcheck, unused, errcheck, goimports, logr checks).
+lint: ## Run golangci-lint (.golangci.yml: vet, staticcheck, unused, errcheck, goimports, logr checks); builds golangci-lint alone.
+	test/tools/build.sh $(TESTGROUND_BIN) golangci-lint
 	$(TESTGROUND_BIN)/golangci-lint run --allow-parallel-runners ./...
 
 ##@ Test
 
+# The test tiers (test/tools/packages.sh lists their packages) and the test-ground binaries each
+# needs; the tool cache builds only those.
+UNIT_PACKAGES = $(shell test/tools/packages.sh unit)
+INTEGRATION_PACKAGES = $(shell test/tools/packages.sh integration)
+E2E_PACKAGES = $(shell test/tools/packages.sh e2e)
+INTEGRATION_TOOLS := etcd kube-apiserver kube-controller-manager kwok vault external-secrets kubectl helm kube-score
+E2E_TOOLS := $(INTEGRATION_TOOLS) kubelet kube-proxy coredns ociimage
+
 .PHONY: deps
-deps: ## Install what the tests need (redis-server) and build the test ground (cached).
+deps: ## Install what the tests need (Debian packages) and build the test ground (cached).
 	test/tools/install-deps.sh
 	test/tools/build.sh $(TESTGROUND_BIN)
 
@@ -74,17 +83,29 @@ testground: ## Build the test-ground binaries, or reuse the cached ones.
 	test/tools/build.sh $(TESTGROUND_BIN)
 
 .PHONY: unit
-unit: ## The fast tier: unit tests with fakes (and a local redis-server), no test ground; seconds.
-	test/tools/install-deps.sh
-	$(GO) test -race -count=1 -skip '^TestIntegration' ./apis/... ./rotation/... ./vault/... ./redisnode/... ./controllers/...
+unit: ## The fast tier: every package outside test/, with fakes and a redis-server on loopback at most; no test ground.
+	test/tools/install-deps.sh redis
+	$(GO) test -race -count=1 -skip '^TestIntegration' $(UNIT_PACKAGES)
 
-.PHONY: test
-test: deps lint verify-generated ## The whole test suite (what CI runs): unit, integration and end-to-end, with -race.
-	$(GO) test -race -count=1 -timeout 40m ./...
+.PHONY: integration
+integration: ## The control-plane tier: the packages under test/ whose ground has no real node, and vault's TestIntegration tests.
+	test/tools/install-deps.sh redis
+	test/tools/build.sh $(TESTGROUND_BIN) $(INTEGRATION_TOOLS)
+	$(GO) test -race -count=1 -timeout 30m -run '^TestIntegration' ./vault/
+	$(GO) test -race -count=1 -timeout 30m $(INTEGRATION_PACKAGES)
+
+.PHONY: e2e
+e2e: ## The real-node tier: the packages under test/ whose ground runs the real node (pods of Redis, consumers, the manager).
+	test/tools/install-deps.sh
+	test/tools/build.sh $(TESTGROUND_BIN) $(E2E_TOOLS)
+	$(GO) test -race -count=1 -timeout 40m $(E2E_PACKAGES)
 
 .PHONY: test-e2e
-test-e2e: deps ## Only the end-to-end and integration tests under test/.
-	$(GO) test -race -count=1 -timeout 40m ./test/...
+test-e2e: integration e2e ## Every test under test/ (the integration and e2e tiers).
+
+.PHONY: test
+test: deps lint verify-generated ## The whole test suite (what CI runs): the unit, integration and e2e tiers in one go test, with -race.
+	$(GO) test -race -count=1 -timeout 40m ./...
 
 .PHONY: reliability
 reliability: deps ## Run the fault matrix (test/faults) and write its measured outcomes into docs/reliability.md.

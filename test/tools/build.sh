@@ -9,12 +9,17 @@
 # built once per machine and never again until that module changes. Progress is printed while a
 # build runs, because a cold build takes tens of minutes on two cores.
 #
-# Usage: test/tools/build.sh [LINK_DIR]
+# Usage: test/tools/build.sh [LINK_DIR [TOOL...]]: only the TOOLs named (every one when none is), so
+# that a make target builds what it needs and nothing more (make lint: golangci-lint alone).
 # Environment: KEYROLL_TOOLS_CACHE (default ${XDG_CACHE_HOME:-$HOME/.cache}/keyroll/tools)
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 link_dir=${1:-$here/../bin}
+shift || true
+wanted=" $* "
+# wanted NAME: the tool was asked for (or every tool was).
+wanted() { [[ $wanted == "  " || $wanted == *" $1 "* ]]; }
 cache=${KEYROLL_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/keyroll/tools}
 mkdir -p "$cache" "$link_dir"
 link_dir=$(cd "$link_dir" && pwd)
@@ -42,6 +47,7 @@ key() {
 # build NAME MODULE_DIR PACKAGE LDFLAGS: builds one binary unless the cache already holds it.
 build() {
 	local name=$1 mod=$2 pkg=$3 ldflags=$4
+	wanted "$name" || return 0
 	local dir="$cache/$name-$(key "$mod" "$pkg $ldflags")"
 	if [[ -x "$dir/$name" ]]; then
 		log "$name: cached ($dir)"
@@ -95,6 +101,7 @@ lane2() {
 # kwok refuses to start without stages: take the "fast" node and pod stages from the kwok module
 # the binary was built from, and keep them beside it.
 kwok_stages() {
+	wanted kwok || return 0
 	local kwok_dir dir
 	kwok_dir=$(dirname "$(readlink "$link_dir/kwok")")
 	dir="$kwok_dir/stages"
@@ -119,4 +126,4 @@ if ((status != 0)); then
 	log "some test-ground binaries failed to build"
 	exit 1
 fi
-log "all test-ground binaries ready in $link_dir ($(((SECONDS - start) / 60)) min)"
+log "test-ground binaries ready in $link_dir ($(((SECONDS - start) / 60)) min)"

@@ -5,7 +5,11 @@
 # busybox-static (the Redis image's shell), iptables and conntrack (kube-proxy), iproute2 (the
 # node's bridge), gcc and libc6-dev (the static pause program), and ca-certificates (the CA bundle
 # that make image copies into the manager image).
+#
+# Usage: test/tools/install-deps.sh [redis]: with redis, only redis-server and redis-tools (what
+# make unit and make integration need; no real node).
 set -euo pipefail
+only=${1:-}
 missing=()
 need() { # need PACKAGE TEST...: the package is missing when the test fails
 	local pkg=$1
@@ -14,16 +18,18 @@ need() { # need PACKAGE TEST...: the package is missing when the test fails
 }
 need redis-server command -v redis-server
 need redis-tools command -v redis-cli
-need containerd command -v containerd
-need runc command -v runc
-need containernetworking-plugins test -x /usr/lib/cni/bridge
-need busybox-static bash -c "dpkg-query -W -f='\${Status}' busybox-static | grep -q 'install ok installed'"
-need iptables command -v iptables
-need conntrack command -v conntrack
-need iproute2 command -v ip
-need gcc command -v gcc
-need libc6-dev test -f /usr/lib/x86_64-linux-gnu/libc.a
-need ca-certificates test -s /etc/ssl/certs/ca-certificates.crt
+if [[ $only != redis ]]; then
+	need containerd command -v containerd
+	need runc command -v runc
+	need containernetworking-plugins test -x /usr/lib/cni/bridge
+	need busybox-static bash -c "dpkg-query -W -f='\${Status}' busybox-static | grep -q 'install ok installed'"
+	need iptables command -v iptables
+	need conntrack command -v conntrack
+	need iproute2 command -v ip
+	need gcc command -v gcc
+	need libc6-dev test -f /usr/lib/x86_64-linux-gnu/libc.a
+	need ca-certificates test -s /etc/ssl/certs/ca-certificates.crt
+fi
 if ((${#missing[@]} == 0)); then
 	exit 0
 fi
