@@ -13,6 +13,7 @@ import (
 	"github.com/go-logr/logr"
 	uzap "go.uber.org/zap"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
@@ -47,6 +48,7 @@ func main() {
 		saName        = flag.String("service-account-name", "keyroll-manager", "Name of the operator's service account.")
 		workers       = flag.Int("max-concurrent-reconciles", rediscluster.DefaultWorkers, "How many RedisClusters are reconciled at once.")
 		probeImage    = flag.String("redis-probe-image", "", "Image of the Redis pods' probe sidecar (keyroll-probe, in the manager's image); empty: the image of the manager's own pod (container manager, pod POD_NAME in POD_NAMESPACE).")
+		watchSelector = flag.String("watch-selector", "", "Label selector of the RedisClusters and VaultConnections this manager handles (e.g. keyroll.dev/install=canary); empty: all. Others, and what belongs to them, it leaves alone: for two installs side by side on one cluster.")
 		leaseCheck    = flag.Duration("lease-check-interval", controllers.DefaultLeaseCheckInterval, "How often a live lease is looked up in Vault besides its renewals, so that a lease revoked outside keyroll is noticed within about that long; negative turns the lookups off.")
 	)
 	zapOpts := zap.Options{}
@@ -54,13 +56,18 @@ func main() {
 	flag.Parse()
 	ctrl.SetLogger(newLogger(&zapOpts))
 	log := ctrl.Log.WithName("setup")
+	selector, err := labels.Parse(*watchSelector)
+	if err != nil {
+		log.Error(err, "Invalid --watch-selector")
+		os.Exit(1)
+	}
 
 	if err := run(ctrl.SetupSignalHandler(), managerOptions{
 		metrics: metricsOptions(*metricsAddr, *metricsSecure, *metricsCerts), probeAddr: *probeAddr, pprofAddr: *pprofAddr,
 		leaderElect: *leaderElect, leaderNS: *leaderNS,
 		leaseDuration: *leaseDuration, renewDeadline: *renewDeadline, retryPeriod: *retryPeriod,
 		serviceAccount:     types.NamespacedName{Namespace: *saNamespace, Name: *saName},
-		leaseCheckInterval: *leaseCheck, workers: *workers, probeImage: *probeImage,
+		leaseCheckInterval: *leaseCheck, workers: *workers, probeImage: *probeImage, watchSelector: selector,
 	}); err != nil {
 		log.Error(err, "Manager stopped with an error")
 		os.Exit(1)
@@ -88,6 +95,7 @@ type managerOptions struct {
 	leaseCheckInterval                        time.Duration
 	workers                                   int
 	probeImage                                string
+	watchSelector                             labels.Selector
 }
 
 func newScheme() *runtime.Scheme {
@@ -114,7 +122,7 @@ func run(ctx context.Context, o managerOptions) error {
 		RenewDeadline:                 &o.renewDeadline,
 		RetryPeriod:                   &o.retryPeriod,
 		// Only Secrets that keyroll labels are cached: never every Secret of the cluster.
-		Cache: controllers.CacheOptions(cfg),
+		Cache: controllers.CacheOptions(cfg, o.watchSelector),
 	})
 	if err != nil {
 		return err

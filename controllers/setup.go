@@ -53,7 +53,9 @@ type Options struct {
 // CacheOptions are the manager's cache settings: of Secrets, ConfigMaps, Services, StatefulSets,
 // PodDisruptionBudgets, NetworkPolicies and ExternalSecrets only those keyroll labels, of pods only the Redis pods;
 // never every object of the cluster. (Consumer workloads are watched by their metadata only.)
-func CacheOptions(cfg *rest.Config) cache.Options {
+// With a selector (--watch-selector), only the RedisClusters and VaultConnections it matches are
+// seen: the manager leaves every other one, and what belongs to it, alone.
+func CacheOptions(cfg *rest.Config, selector labels.Selector) cache.Options {
 	managed := cache.ByObject{Label: labels.SelectorFromSet(labels.Set{v1alpha1.LabelManagedBy: v1alpha1.ManagedByValue})}
 	redisPods, _ := labels.Parse(v1alpha1.LabelCluster)
 	opts := cache.Options{ByObject: map[client.Object]cache.ByObject{
@@ -62,6 +64,10 @@ func CacheOptions(cfg *rest.Config) cache.Options {
 		// Only the Redis pods keyroll restarts, not every pod of the cluster.
 		&corev1.Pod{}: {Label: redisPods},
 	}, DefaultTransform: apply.KeepOwnManagedFields}
+	if selector != nil && !selector.Empty() {
+		opts.ByObject[&v1alpha1.RedisCluster{}] = cache.ByObject{Label: selector}
+		opts.ByObject[&v1alpha1.VaultConnection{}] = cache.ByObject{Label: selector}
+	}
 	if ExternalSecretsServed(cfg) { // a cache setting for a kind the API server does not serve fails
 		opts.ByObject[&esv1.ExternalSecret{}] = managed
 	}

@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/test/framework"
 )
 
 // benchClusters is how many RedisClusters are rotated at once; they are created createBatch at
@@ -24,7 +25,7 @@ const (
 )
 
 // phases are the moments of one cluster's rotation, seen by polling its status every 100 ms
-// (eventually's interval).
+// (framework.Eventually's interval).
 type phases struct {
 	asked, issued, nodes, consumers, revoked time.Time
 }
@@ -35,8 +36,8 @@ type phases struct {
 // the consumers rolled out, and the old lease revoked, and how many client commands failed
 // (the target is 0).
 func BenchmarkTwentyClustersRotateAtOnce(b *testing.B) {
-	namespace(b, "bench")
-	vaultConnection(b, "vault-bench", "bench")
+	ns := fw.Namespace(b, "bench")
+	vc := fw.VaultConnection(b, "vault-bench", framework.Allow(ns))
 	// The clusters are created a few at a time, so that sixty Redis pods and their consumers do
 	// not all start at once on two cores. What is measured is the rotation, which starts once all
 	// are Ready.
@@ -44,36 +45,36 @@ func BenchmarkTwentyClustersRotateAtOnce(b *testing.B) {
 	var clusters, batch []*v1alpha1.RedisCluster
 	for i := range benchClusters {
 		name := fmt.Sprintf("c%02d", i)
-		rc := redisCluster(b, "bench", name, "vault-bench", "database/creds/orders", 3, withConsumer(name+"-app"))
+		rc := fw.RedisCluster(b, ns, name, vc.Name, fw.Path("orders"), framework.Replicas(3), framework.WithConsumers(name+"-app"))
 		clusters, batch = append(clusters, rc), append(batch, rc)
 		if len(batch) == createBatch || i == benchClusters-1 {
 			for _, rc := range batch {
-				waitReady(b, rc, 10*time.Minute)
+				fw.WaitReady(b, rc, 10*time.Minute)
 			}
 			batch = nil
 		}
 	}
-	var apps []*consumers
+	var apps []*framework.Consumers
 	for _, rc := range clusters {
-		apps = append(apps, startConsumers(b, "bench", rc.Name+"-app", 1, rc.Name+":6379", rc.Name+"-credentials"))
+		apps = append(apps, fw.StartConsumers(b, ns, rc.Name+"-app", 1, rc.Name+":6379", rc.Name+"-credentials"))
 	}
 	b.Logf("%d clusters and their consumers up in %s", benchClusters, time.Since(start).Round(time.Second))
 
 	var all []phases
-	for n := range b.N {
+	for range b.N {
 		b.ResetTimer()
-		all = append(all, rotateAll(b, clusters, fmt.Sprintf("bench-%d", n))...)
+		all = append(all, rotateAll(b, ns, clusters)...)
 		b.StopTimer()
 	}
 	var failed int64
 	var errs []string
 	for _, a := range apps {
-		_, f, e := a.totals()
+		_, f, e := a.Totals()
 		failed, errs = failed+f, append(errs, e...)
 	}
 	report(b, all, failed)
 	if failed > 0 {
-		logUnusualEvents(b, "bench")
+		logUnusualEvents(b, ns)
 		b.Errorf("%d client commands failed: %s", failed, strings.Join(errs, "\n"))
 	}
 }
@@ -89,7 +90,7 @@ var routine = map[string]bool{
 // logUnusualEvents logs the events of ns that are not routine (warnings, promotions, hand-overs,
 // probe failures), with their times.
 func logUnusualEvents(b *testing.B, ns string) {
-	events, err := cs.CoreV1().Events(ns).List(context.Background(), metav1.ListOptions{})
+	events, err := fw.Clientset.CoreV1().Events(ns).List(context.Background(), metav1.ListOptions{})
 	if err != nil {
 		b.Logf("listing the events of %s: %v", ns, err)
 		return
@@ -106,15 +107,15 @@ func logUnusualEvents(b *testing.B, ns string) {
 	}
 }
 
-// rotateAll asks every cluster for a rotation at once and follows each through its phases.
-func rotateAll(b *testing.B, clusters []*v1alpha1.RedisCluster, value string) []phases {
+// rotateAll asks every cluster of ns for a rotation at once and follows each through its phases.
+func rotateAll(b *testing.B, ns string, clusters []*v1alpha1.RedisCluster) []phases {
 	b.Helper()
 	type from struct {
 		version, lease string
 	}
 	was := map[string]from{}
 	for _, rc := range clusters {
-		c := get(b, rc).Status.Credential
+		c := fw.Get(b, rc).Status.Credential
 		was[rc.Name] = from{c.Version, c.LeaseID}
 	}
 	ph := make(map[string]*phases, len(clusters))
@@ -125,16 +126,16 @@ func rotateAll(b *testing.B, clusters []*v1alpha1.RedisCluster, value string) []
 		go func() {
 			defer wg.Done()
 			at := time.Now()
-			rotateNow(b, rc, value)
+			fw.RotateNow(b, rc)
 			mu.Lock()
 			ph[rc.Name] = &phases{asked: at}
 			mu.Unlock()
 		}()
 	}
 	wg.Wait()
-	eventually(b, 10*time.Minute, func() string {
+	framework.Eventually(b, 10*time.Minute, func() string {
 		list := &v1alpha1.RedisClusterList{}
-		if err := k8s.List(context.Background(), list, client.InNamespace("bench")); err != nil {
+		if err := fw.Client.List(context.Background(), list, client.InNamespace(ns)); err != nil {
 			return err.Error()
 		}
 		now, pending := time.Now(), 0
@@ -152,7 +153,7 @@ func rotateAll(b *testing.B, clusters []*v1alpha1.RedisCluster, value string) []
 				}
 			}
 			mark(&p.issued, true)
-			u := condition(rc, v1alpha1.ConditionUsersApplied)
+			u := framework.Condition(rc, v1alpha1.ConditionUsersApplied)
 			mark(&p.nodes, u != nil && u.Status == "True" && strings.Contains(u.Message, c.Version))
 			mark(&p.consumers, !p.nodes.IsZero() && rc.Status.Rollout == nil)
 			oldGone := !slices.ContainsFunc(rc.Status.Leases, func(l v1alpha1.LeaseRecord) bool { return l.LeaseID == w.lease })

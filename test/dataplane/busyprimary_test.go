@@ -2,15 +2,16 @@ package dataplane
 
 import (
 	"context"
+	"slices"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
 	"github.com/keyroll/keyroll/controllers/primary"
 	"github.com/keyroll/keyroll/controllers/render"
+	"github.com/keyroll/keyroll/test/framework"
 )
 
 // A primary whose readiness probe fails while its Redis runs on (as when a busy node runs the
@@ -19,12 +20,12 @@ import (
 // INFO from the probe user on the primary (its liveness probe, a PING, goes on passing, so that
 // the kubelet does not restart Redis meanwhile); it is given back afterwards.
 func TestPrimaryWhoseProbeFailsIsNotReplaced(t *testing.T) {
-	namespace(t, "busy")
-	vaultConnection(t, "vault-busy", "busy")
-	rc := redisCluster(t, "busy", "cache", "vault-busy", "database/creds/orders", 3)
-	waitReady(t, rc, 3*time.Minute)
-	before := runs(redisPods(t, rc))
-	admin := appClient(podAddr(redisPods(t, rc)[0]), render.AdminUser, adminPassword(t, rc))
+	ns := fw.Namespace(t, "busy")
+	vc := fw.VaultConnection(t, "vault-busy", framework.Allow(ns))
+	rc := fw.RedisCluster(t, ns, "cache", vc.Name, fw.Path("orders"), framework.Replicas(3))
+	fw.WaitReady(t, rc, 3*time.Minute)
+	before := runs(fw.RedisPods(t, rc))
+	admin := appClient(framework.PodAddr(&fw.RedisPods(t, rc)[0]), render.AdminUser, fw.AdminPassword(rc))
 	defer admin.Close()
 	probeInfo := func(rule string) {
 		t.Helper()
@@ -32,6 +33,8 @@ func TestPrimaryWhoseProbeFailsIsNotReplaced(t *testing.T) {
 			t.Fatalf("ACL SETUSER %s %s on cache-0: %v", render.ProbeUser, rule, err)
 		}
 	}
+	// The events about the cluster so far: promotions counts those that come after.
+	eventsBefore := framework.Reasons(fw.ClusterEvents(t, ns, rc.Name))
 	start := time.Now()
 	probeInfo("-info")
 	restored := false
@@ -41,8 +44,8 @@ func TestPrimaryWhoseProbeFailsIsNotReplaced(t *testing.T) {
 		}
 	}()
 
-	eventually(t, time.Minute, func() string {
-		if p := redisPods(t, rc)[0]; podReady(p) {
+	framework.Eventually(t, time.Minute, func() string {
+		if p := fw.RedisPods(t, rc)[0]; framework.PodReady(&p) {
 			return "cache-0 is still Ready"
 		}
 		return ""
@@ -51,16 +54,16 @@ func TestPrimaryWhoseProbeFailsIsNotReplaced(t *testing.T) {
 	t.Logf("cache-0 not Ready %s after its probe user lost INFO", notReady.Sub(start).Round(time.Millisecond))
 	// Past LostAfter, and a reconcile or two after it (keyroll looks again every LostAfter).
 	for time.Since(notReady) < primary.LostAfter+15*time.Second {
-		if got := get(t, rc).Status.Primary; got != "cache-0" {
+		if got := fw.Get(t, rc).Status.Primary; got != "cache-0" {
 			t.Fatalf("status.primary %s %s after cache-0 stopped being Ready: a primary that answers was replaced", got, time.Since(notReady).Round(time.Second))
 		}
 		time.Sleep(time.Second)
 	}
 	probeInfo("+info")
 	restored = true
-	waitReady(t, rc, 2*time.Minute)
+	fw.WaitReady(t, rc, 2*time.Minute)
 
-	for _, p := range redisPods(t, rc) {
+	for _, p := range fw.RedisPods(t, rc) {
 		if role := p.Labels[v1alpha1.LabelRole]; (p.Name == "cache-0") != (role == v1alpha1.RolePrimary) {
 			t.Errorf("%s is labelled %q with cache-0 the primary", p.Name, role)
 		}
@@ -68,27 +71,15 @@ func TestPrimaryWhoseProbeFailsIsNotReplaced(t *testing.T) {
 			t.Errorf("%s: pod %s with %d restarts, before %s with %d: want it untouched", p.Name, now.uid, now.restarts, before[p.Name].uid, before[p.Name].restarts)
 		}
 	}
-	if got := promotions(t, "busy", start); got != 0 {
+	if got := promotions(t, rc, eventsBefore); got != 0 {
 		t.Errorf("%d PrimaryPromoted events since cache-0's probe began to fail, want none", got)
 	}
 }
 
-// promotions counts the PrimaryPromoted events of ns's RedisClusters since start.
-func promotions(t *testing.T, ns string, start time.Time) int {
+// promotions counts the PrimaryPromoted events about rc beyond those in before (its events'
+// reasons, framework.Reasons, when the probe began to fail).
+func promotions(t *testing.T, rc *v1alpha1.RedisCluster, before []string) int {
 	t.Helper()
-	list := &corev1.EventList{}
-	if err := k8s.List(context.Background(), list, client.InNamespace(ns)); err != nil {
-		t.Fatal(err)
-	}
-	n := 0
-	for _, e := range list.Items {
-		at := e.LastTimestamp.Time
-		if at.IsZero() {
-			at = e.EventTime.Time
-		}
-		if e.InvolvedObject.Kind == "RedisCluster" && e.Reason == v1alpha1.EventPrimaryPromoted && !at.Before(start.Truncate(time.Second)) {
-			n++
-		}
-	}
-	return n
+	added := framework.NewReasons(before, framework.Reasons(fw.ClusterEvents(t, rc.Namespace, rc.Name)))
+	return len(slices.DeleteFunc(added, func(r string) bool { return r != v1alpha1.EventPrimaryPromoted }))
 }

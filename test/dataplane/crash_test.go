@@ -3,8 +3,6 @@ package dataplane
 import (
 	"context"
 	"fmt"
-	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"testing"
@@ -13,23 +11,17 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
-	"github.com/keyroll/keyroll/test/testground"
+	"github.com/keyroll/keyroll/test/framework"
 )
 
 // killRedis kills redis-server inside a pod's container with kubectl exec, as an OOM kill or a
 // crash would end it: SIGKILL, no shutdown, no save. The test then sees the container restart.
 func killRedis(t *testing.T, ns, pod string) {
 	t.Helper()
-	bin, err := testground.Binary("kubectl")
-	if err != nil {
-		t.Fatal(err)
-	}
 	// The kill runs detached, a moment after the exec returns: the container ends with its Redis,
 	// and an exec still running in it would end with it (exit 137).
 	script := `(sleep 0.5; for p in /proc/[0-9]*; do [ "$(cat "$p/comm" 2>/dev/null)" = redis-server ] && kill -KILL "${p#/proc/}"; done) </dev/null >/dev/null 2>&1 &`
-	cmd := exec.Command(bin, "exec", "-n", ns, pod, "-c", "redis", "--", "sh", "-c", script)
-	cmd.Env = append(os.Environ(), "KUBECONFIG="+ground.CP.Kubeconfig)
-	if out, err := cmd.CombinedOutput(); err != nil {
+	if out, err := fw.Kubectl(nil, "exec", "-n", ns, pod, "-c", "redis", "--", "sh", "-c", script); err != nil {
 		t.Fatalf("killing Redis in %s: %v\n%s", pod, err, out)
 	}
 }
@@ -40,27 +32,27 @@ func killRedis(t *testing.T, ns, pod string) {
 // keyroll confirms that run of Redis again (status.nodes). Then the primary's: a replica is
 // promoted, the old primary rejoins as a replica, and no node's data is wiped.
 func TestCrashedRedisContainerRestartsInPlace(t *testing.T) {
-	namespace(t, "crash")
-	vaultConnection(t, "vault-crash", "crash")
-	rc := redisCluster(t, "crash", "cache", "vault-crash", "database/creds/orders", 3)
-	waitReady(t, rc, 3*time.Minute)
-	user, pass := published(t, rc)
-	pods := redisPods(t, rc)
+	ns := fw.Namespace(t, "crash")
+	vc := fw.VaultConnection(t, "vault-crash", framework.Allow(ns))
+	rc := fw.RedisCluster(t, ns, "cache", vc.Name, fw.Path("orders"), framework.Replicas(3))
+	fw.WaitReady(t, rc, 3*time.Minute)
+	user, pass, _ := fw.Credentials(rc)
+	pods := fw.RedisPods(t, rc)
 	const n = 2000
-	writeKeys(t, podAddr(pods[0]), user, pass, n)
-	eventually(t, time.Minute, func() string {
-		if got := countKeys(t, podAddr(pods[1]), user, pass, n); got != n {
+	writeKeys(t, framework.PodAddr(&pods[0]), user, pass, n)
+	framework.Eventually(t, time.Minute, func() string {
+		if got := countKeys(t, framework.PodAddr(&pods[1]), user, pass, n); got != n {
 			return fmt.Sprintf("cache-1 has %d of %d keys", got, n)
 		}
 		return ""
 	})
 	before := runs(pods)["cache-1"]
-	confirmed := nodeStatus(get(t, rc), "cache-1")
+	confirmed := nodeStatus(fw.Get(t, rc), "cache-1")
 
 	start := time.Now()
-	killRedis(t, "crash", "cache-1")
-	eventually(t, 2*time.Minute, func() string {
-		for _, p := range redisPods(t, rc) {
+	killRedis(t, ns, "cache-1")
+	framework.Eventually(t, 2*time.Minute, func() string {
+		for _, p := range fw.RedisPods(t, rc) {
 			if p.Name != "cache-1" {
 				continue
 			}
@@ -68,31 +60,31 @@ func TestCrashedRedisContainerRestartsInPlace(t *testing.T) {
 			if now.uid != before.uid {
 				return fmt.Sprintf("cache-1 is a new pod (%s), want its container restarted in place", now.uid)
 			}
-			if now.restarts <= before.restarts || !podReady(p) {
-				return fmt.Sprintf("cache-1: %d restarts (before %d), Ready %v", now.restarts, before.restarts, podReady(p))
+			if now.restarts <= before.restarts || !framework.PodReady(&p) {
+				return fmt.Sprintf("cache-1: %d restarts (before %d), Ready %v", now.restarts, before.restarts, framework.PodReady(&p))
 			}
 			return ""
 		}
 		return "cache-1 is gone"
 	})
 	t.Logf("cache-1's Redis container restarted in place and Ready again %s after the kill", time.Since(start).Round(time.Millisecond))
-	addr := podAddr(redisPods(t, rc)[1])
+	addr := framework.PodAddr(&fw.RedisPods(t, rc)[1])
 	if got := countKeys(t, addr, user, pass, n); got != n {
 		t.Errorf("the restarted replica has %d of %d keys", got, n)
 	}
 	if !accepts(addr, user, pass) {
 		t.Error("the app user does not log in on the restarted replica")
 	}
-	eventually(t, time.Minute, func() string {
-		now := nodeStatus(get(t, rc), "cache-1")
+	framework.Eventually(t, time.Minute, func() string {
+		now := nodeStatus(fw.Get(t, rc), "cache-1")
 		if now == nil || now.StartedAt == nil || confirmed == nil || confirmed.StartedAt == nil || !now.StartedAt.After(confirmed.StartedAt.Time) {
 			return fmt.Sprintf("status.nodes for cache-1: %+v, before the kill %+v", now, confirmed)
 		}
 		return ""
 	})
 	// keyroll's status follows the pod's readiness with a reconcile's delay.
-	eventually(t, time.Minute, func() string {
-		if c := condition(get(t, rc), v1alpha1.ConditionReady); c == nil || c.Status != "True" {
+	framework.Eventually(t, time.Minute, func() string {
+		if c := framework.Condition(fw.Get(t, rc), v1alpha1.ConditionReady); c == nil || c.Status != "True" {
 			return fmt.Sprintf("after the restart in place: Ready %+v", c)
 		}
 		return ""
@@ -101,22 +93,22 @@ func TestCrashedRedisContainerRestartsInPlace(t *testing.T) {
 	// The primary's Redis killed: its container restarts in the same pod and, finding only
 	// replicas of itself, starts as a replica of one of them rather than as an empty primary;
 	// keyroll promotes the replica with the most data. No node loses a key.
-	before = runs(redisPods(t, rc))["cache-0"]
+	before = runs(fw.RedisPods(t, rc))["cache-0"]
 	start = time.Now()
-	killRedis(t, "crash", "cache-0")
+	killRedis(t, ns, "cache-0")
 	var promoted string
-	eventually(t, 2*time.Minute, func() string {
-		cur := get(t, rc)
+	framework.Eventually(t, 2*time.Minute, func() string {
+		cur := fw.Get(t, rc)
 		if promoted = cur.Status.Primary; promoted == "cache-0" {
 			return "status.primary is still cache-0"
 		}
-		for _, p := range redisPods(t, rc) {
+		for _, p := range fw.RedisPods(t, rc) {
 			if p.Name == "cache-0" {
 				if now := runs([]corev1.Pod{p})["cache-0"]; now.uid != before.uid || now.restarts <= before.restarts {
 					return fmt.Sprintf("cache-0: pod %s with %d restarts (before %s, %d): want its container restarted in place", now.uid, now.restarts, before.uid, before.restarts)
 				}
 			}
-			if !podReady(p) {
+			if !framework.PodReady(&p) {
 				return p.Name + " is not Ready"
 			}
 			if role := p.Labels[v1alpha1.LabelRole]; (p.Name == promoted) != (role == v1alpha1.RolePrimary) {
@@ -126,12 +118,12 @@ func TestCrashedRedisContainerRestartsInPlace(t *testing.T) {
 		return ""
 	})
 	t.Logf("cache-0's Redis killed: %s promoted, every pod Ready again %s after the kill", promoted, time.Since(start).Round(time.Millisecond))
-	for _, p := range redisPods(t, rc) {
-		if got := countKeys(t, podAddr(p), user, pass, n); got != n {
+	for _, p := range fw.RedisPods(t, rc) {
+		if got := countKeys(t, framework.PodAddr(&p), user, pass, n); got != n {
 			t.Errorf("%s has %d of %d keys after the primary's crash", p.Name, got, n)
 		}
 	}
-	if _, err := appClient(podAddr(redisPods(t, rc)[ordinalOf(promoted)]), user, pass).Set(context.Background(), "after-crash", "1", 0).Result(); err != nil {
+	if _, err := appClient(framework.PodAddr(&fw.RedisPods(t, rc)[ordinalOf(promoted)]), user, pass).Set(context.Background(), "after-crash", "1", 0).Result(); err != nil {
 		t.Errorf("the promoted primary %s refuses a write: %v", promoted, err)
 	}
 }

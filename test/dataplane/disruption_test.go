@@ -17,11 +17,12 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/test/framework"
 )
 
 // evict asks the eviction API (policy/v1) to evict a pod, as a node drain does.
 func evict(ns, pod string) error {
-	return cs.CoreV1().Pods(ns).EvictV1(context.Background(), &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: pod}})
+	return fw.Clientset.CoreV1().Pods(ns).EvictV1(context.Background(), &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: pod}})
 }
 
 // keyroll's PodDisruptionBudget lets a drain take one Redis pod at a time: with three pods Ready,
@@ -29,13 +30,13 @@ func evict(ns, pod string) error {
 // budget; the evicted pod comes back and the cluster is Ready again. keyroll wrote its
 // StatefulSet and budget once: neither changed while the pod came back.
 func TestEvictionOfASecondRedisPodIsRefused(t *testing.T) {
-	namespace(t, "evict")
-	vaultConnection(t, "vault-evict", "evict")
-	rc := redisCluster(t, "evict", "cache", "vault-evict", "database/creds/orders", 3)
-	waitReady(t, rc, 3*time.Minute)
+	ns := fw.Namespace(t, "evict")
+	vc := fw.VaultConnection(t, "vault-evict", framework.Allow(ns))
+	rc := fw.RedisCluster(t, ns, "cache", vc.Name, fw.Path("orders"), framework.Replicas(3))
+	fw.WaitReady(t, rc, 3*time.Minute)
 	pdb := &policyv1.PodDisruptionBudget{}
-	eventually(t, time.Minute, func() string {
-		if err := k8s.Get(context.Background(), client.ObjectKey{Namespace: "evict", Name: "cache-redis"}, pdb); err != nil {
+	framework.Eventually(t, time.Minute, func() string {
+		if err := fw.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "cache-redis"}, pdb); err != nil {
 			return err.Error()
 		}
 		if st := pdb.Status; st.ObservedGeneration != pdb.Generation || st.ExpectedPods != 3 || st.CurrentHealthy != 3 || st.DisruptionsAllowed != 1 {
@@ -44,28 +45,28 @@ func TestEvictionOfASecondRedisPodIsRefused(t *testing.T) {
 		return ""
 	})
 	sts := &appsv1.StatefulSet{}
-	if err := k8s.Get(context.Background(), client.ObjectKey{Namespace: "evict", Name: "cache"}, sts); err != nil {
+	if err := fw.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "cache"}, sts); err != nil {
 		t.Fatal(err)
 	}
-	before := runs(redisPods(t, rc))
+	before := runs(fw.RedisPods(t, rc))
 
 	start := time.Now()
-	if err := evict("evict", "cache-1"); err != nil {
+	if err := evict(ns, "cache-1"); err != nil {
 		t.Fatalf("evicting cache-1 with three pods Ready: %v", err)
 	}
-	err := evict("evict", "cache-2")
+	err := evict(ns, "cache-2")
 	if !apierrors.IsTooManyRequests(err) || !strings.Contains(err.Error(), "disruption budget") {
 		t.Fatalf("evicting cache-2 right after cache-1: want 429 TooManyRequests from the disruption budget, got %v", err)
 	}
 	t.Logf("second eviction refused %s after the first: %v", time.Since(start).Round(time.Millisecond), err)
 
-	eventually(t, 2*time.Minute, func() string {
-		pods := redisPods(t, rc)
+	framework.Eventually(t, 2*time.Minute, func() string {
+		pods := fw.RedisPods(t, rc)
 		if len(pods) != 3 {
 			return fmt.Sprintf("%d Redis pods", len(pods))
 		}
 		for _, p := range pods {
-			if !podReady(p) {
+			if !framework.PodReady(&p) {
 				return p.Name + " not Ready"
 			}
 		}
@@ -77,13 +78,13 @@ func TestEvictionOfASecondRedisPodIsRefused(t *testing.T) {
 		return ""
 	})
 	t.Logf("cache-1 evicted and back, Ready, %s after its eviction", time.Since(start).Round(time.Millisecond))
-	waitReady(t, rc, time.Minute)
+	fw.WaitReady(t, rc, time.Minute)
 
 	after := &appsv1.StatefulSet{}
-	if err := k8s.Get(context.Background(), client.ObjectKeyFromObject(sts), after); err != nil {
+	if err := fw.Client.Get(context.Background(), client.ObjectKeyFromObject(sts), after); err != nil {
 		t.Fatal(err)
 	}
-	if err := k8s.Get(context.Background(), client.ObjectKeyFromObject(pdb), pdb); err != nil {
+	if err := fw.Client.Get(context.Background(), client.ObjectKeyFromObject(pdb), pdb); err != nil {
 		t.Fatal(err)
 	}
 	if after.Generation != sts.Generation || pdb.Generation != 1 {
@@ -95,10 +96,10 @@ func TestEvictionOfASecondRedisPodIsRefused(t *testing.T) {
 // changeTemplate gives the Redis pods a new template (a CPU request), which rolls them.
 func changeTemplate(t *testing.T, rc *v1alpha1.RedisCluster, cpu string) {
 	t.Helper()
-	cur := get(t, rc)
+	cur := fw.Get(t, rc)
 	patch := client.MergeFrom(cur.DeepCopy())
 	cur.Spec.Resources = corev1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse(cpu)}}
-	if err := k8s.Patch(context.Background(), cur, patch); err != nil {
+	if err := fw.Client.Patch(context.Background(), cur, patch); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -106,7 +107,7 @@ func changeTemplate(t *testing.T, rc *v1alpha1.RedisCluster, cpu string) {
 // waitRestartOf waits until the watch has seen pod's deletion begin.
 func waitRestartOf(t *testing.T, rw *restartWatch, pod string) {
 	t.Helper()
-	eventually(t, 2*time.Minute, func() string {
+	framework.Eventually(t, 2*time.Minute, func() string {
 		for _, r := range rw.seen() {
 			if r.pod == pod {
 				return ""
@@ -120,18 +121,18 @@ func waitRestartOf(t *testing.T, rw *restartWatch, pod string) {
 func rolledOut(t *testing.T, rc *v1alpha1.RedisCluster, want int, cpu string) *v1alpha1.RedisCluster {
 	t.Helper()
 	var cur *v1alpha1.RedisCluster
-	eventually(t, 5*time.Minute, func() string {
-		cur = get(t, rc)
+	framework.Eventually(t, 5*time.Minute, func() string {
+		cur = fw.Get(t, rc)
 		if ro := cur.Status.Rollout; ro != nil {
 			return fmt.Sprintf("rollout %+v", ro)
 		}
-		pods := redisPods(t, rc)
+		pods := fw.RedisPods(t, rc)
 		if len(pods) != want {
 			return fmt.Sprintf("%d Redis pods, want %d", len(pods), want)
 		}
 		for _, p := range pods {
-			if !podReady(p) || p.Spec.Containers[0].Resources.Requests.Cpu().String() != cpu {
-				return fmt.Sprintf("%s: Ready %v, requests %v", p.Name, podReady(p), p.Spec.Containers[0].Resources.Requests)
+			if !framework.PodReady(&p) || p.Spec.Containers[0].Resources.Requests.Cpu().String() != cpu {
+				return fmt.Sprintf("%s: Ready %v, requests %v", p.Name, framework.PodReady(&p), p.Spec.Containers[0].Resources.Requests)
 			}
 		}
 		return ""
@@ -143,18 +144,18 @@ func rolledOut(t *testing.T, rc *v1alpha1.RedisCluster, want int, cpu string) *v
 // restarts no further pod until it is back and Ready (it comes back from the new template, and
 // counts as updated), then goes on, the primary last, after its hand-over.
 func TestEvictedPodDuringRolloutIsWaitedFor(t *testing.T) {
-	namespace(t, "evicted")
-	vaultConnection(t, "vault-evicted", "evicted")
-	rc := redisCluster(t, "evicted", "cache", "vault-evicted", "database/creds/orders", 3)
-	waitReady(t, rc, 3*time.Minute)
-	user, pass := published(t, rc)
+	ns := fw.Namespace(t, "evicted")
+	vc := fw.VaultConnection(t, "vault-evicted", framework.Allow(ns))
+	rc := fw.RedisCluster(t, ns, "cache", vc.Name, fw.Path("orders"), framework.Replicas(3))
+	fw.WaitReady(t, rc, 3*time.Minute)
+	user, pass, _ := fw.Credentials(rc)
 	const n = 1000
-	writeKeys(t, podAddr(redisPods(t, rc)[0]), user, pass, n)
+	writeKeys(t, framework.PodAddr(&fw.RedisPods(t, rc)[0]), user, pass, n)
 	rw := watchRestarts(t, rc)
 
 	changeTemplate(t, rc, "20m")
 	waitRestartOf(t, rw, "cache-2")
-	if err := k8s.Delete(context.Background(), &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "evicted", Name: "cache-1"}}); err != nil {
+	if err := fw.Client.Delete(context.Background(), &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "cache-1"}}); err != nil {
 		t.Fatal(err)
 	}
 	final := rolledOut(t, rc, 3, "20m")
@@ -173,8 +174,8 @@ func TestEvictedPodDuringRolloutIsWaitedFor(t *testing.T) {
 	if final.Status.Primary == "cache-0" {
 		t.Error("cache-0 restarted as the primary")
 	}
-	for _, p := range redisPods(t, rc) {
-		if got := countKeys(t, podAddr(p), user, pass, n); got != n {
+	for _, p := range fw.RedisPods(t, rc) {
+		if got := countKeys(t, framework.PodAddr(&p), user, pass, n); got != n {
 			t.Errorf("%s has %d of %d keys", p.Name, got, n)
 		}
 	}
@@ -183,29 +184,29 @@ func TestEvictedPodDuringRolloutIsWaitedFor(t *testing.T) {
 // Scaling down while a rollout restarts a pod the scale-down removes: the rollout finishes on the
 // pods that stay, and the primary's role goes to one of them before it restarts.
 func TestScaleDownDuringRolloutFinishes(t *testing.T) {
-	namespace(t, "scaledown")
-	vaultConnection(t, "vault-scaledown", "scaledown")
-	rc := redisCluster(t, "scaledown", "cache", "vault-scaledown", "database/creds/orders", 3)
-	waitReady(t, rc, 3*time.Minute)
-	user, pass := published(t, rc)
+	ns := fw.Namespace(t, "scaledown")
+	vc := fw.VaultConnection(t, "vault-scaledown", framework.Allow(ns))
+	rc := fw.RedisCluster(t, ns, "cache", vc.Name, fw.Path("orders"), framework.Replicas(3))
+	fw.WaitReady(t, rc, 3*time.Minute)
+	user, pass, _ := fw.Credentials(rc)
 	const n = 1000
-	writeKeys(t, podAddr(redisPods(t, rc)[0]), user, pass, n)
+	writeKeys(t, framework.PodAddr(&fw.RedisPods(t, rc)[0]), user, pass, n)
 	rw := watchRestarts(t, rc)
 
 	changeTemplate(t, rc, "30m")
 	waitRestartOf(t, rw, "cache-2")
-	cur := get(t, rc)
+	cur := fw.Get(t, rc)
 	patch := client.MergeFrom(cur.DeepCopy())
 	cur.Spec.Replicas = 2
-	if err := k8s.Patch(context.Background(), cur, patch); err != nil {
+	if err := fw.Client.Patch(context.Background(), cur, patch); err != nil {
 		t.Fatal(err)
 	}
 	final := rolledOut(t, rc, 2, "30m")
 	if final.Status.Primary != "cache-1" {
 		t.Errorf("status.primary %q, want cache-1, the pod that stays besides the restarted primary", final.Status.Primary)
 	}
-	for _, p := range redisPods(t, rc) {
-		if got := countKeys(t, podAddr(p), user, pass, n); got != n {
+	for _, p := range fw.RedisPods(t, rc) {
+		if got := countKeys(t, framework.PodAddr(&p), user, pass, n); got != n {
 			t.Errorf("%s has %d of %d keys", p.Name, got, n)
 		}
 	}

@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/test/framework"
 )
 
 // restart is what a watch of the Redis pods saw as one of them began its deletion.
@@ -38,7 +39,7 @@ type restartWatch struct {
 
 func watchRestarts(t *testing.T, rc *v1alpha1.RedisCluster) *restartWatch {
 	t.Helper()
-	w, err := cs.CoreV1().Pods(rc.Namespace).Watch(context.Background(), metav1.ListOptions{LabelSelector: v1alpha1.LabelCluster + "=" + rc.Name})
+	w, err := fw.Clientset.CoreV1().Pods(rc.Namespace).Watch(context.Background(), metav1.ListOptions{LabelSelector: v1alpha1.LabelCluster + "=" + rc.Name})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,7 +66,7 @@ func (rw *restartWatch) saw(p *corev1.Pod, gone bool) {
 		rw.deleting[string(p.UID)] = true
 		r := restart{pod: p.Name, at: time.Now(), role: p.Labels[v1alpha1.LabelRole]}
 		for name, o := range rw.latest {
-			if name != p.Name && !podReady(*o) {
+			if name != p.Name && !framework.PodReady(o) {
 				r.notReady = append(r.notReady, name)
 			}
 		}
@@ -92,46 +93,48 @@ func (rw *restartWatch) seen() []restart {
 // node has every key, the consumers lost no acknowledged write, and their longest outage is
 // reported (target under 2 s).
 func TestVersionChangeRollsReplicasFirstThenFailsOver(t *testing.T) {
-	namespace(t, "failover")
-	vaultConnection(t, "vault-failover", "failover")
-	rc := redisCluster(t, "failover", "cache", "vault-failover", "database/creds/orders", 3, withConsumer("app"))
-	rc = waitReady(t, rc, 3*time.Minute)
+	ns := fw.Namespace(t, "failover")
+	vc := fw.VaultConnection(t, "vault-failover", framework.Allow(ns))
+	rc := fw.RedisCluster(t, ns, "cache", vc.Name, fw.Path("orders"), framework.Replicas(3), framework.WithConsumers("app"))
+	rc = fw.WaitReady(t, rc, 3*time.Minute)
 	if rc.Status.Primary != "cache-0" {
 		t.Fatalf("status.primary %q, want cache-0 for a new cluster", rc.Status.Primary)
 	}
-	user, pass := published(t, rc)
-	pods := redisPods(t, rc)
-	writeKeys(t, podAddr(pods[0]), user, pass, keys)
-	eventually(t, time.Minute, func() string {
+	user, pass, _ := fw.Credentials(rc)
+	pods := fw.RedisPods(t, rc)
+	writeKeys(t, framework.PodAddr(&pods[0]), user, pass, keys)
+	framework.Eventually(t, time.Minute, func() string {
 		for _, p := range pods[1:] {
-			if got := countKeys(t, podAddr(p), user, pass, keys); got != keys {
+			if got := countKeys(t, framework.PodAddr(&p), user, pass, keys); got != keys {
 				return fmt.Sprintf("%s has %d of %d keys", p.Name, got, keys)
 			}
 		}
 		return ""
 	})
-	app := startConsumers(t, "failover", "app", 2, "cache:6379", "cache-credentials")
+	app := fw.StartConsumers(t, ns, "app", 2, "cache:6379", "cache-credentials")
 	rw := watchRestarts(t, rc)
-	_, failedBefore, _ := app.totals()
+	_, failedBefore, _ := app.Totals()
 
+	// The events about the cluster so far: those of the change are the ones that come after.
+	eventsBefore := framework.Reasons(fw.ClusterEvents(t, ns, rc.Name))
 	start := time.Now()
 	patch := client.MergeFrom(rc.DeepCopy())
 	rc.Spec.Resources = corev1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("10m")}}
-	if err := k8s.Patch(context.Background(), rc, patch); err != nil {
+	if err := fw.Client.Patch(context.Background(), rc, patch); err != nil {
 		t.Fatal(err)
 	}
 	var final *v1alpha1.RedisCluster
-	eventually(t, 6*time.Minute, func() string {
-		final = get(t, rc)
+	framework.Eventually(t, 6*time.Minute, func() string {
+		final = fw.Get(t, rc)
 		if ro := final.Status.Rollout; ro != nil {
 			return fmt.Sprintf("rollout %+v", ro)
 		}
 		if len(rw.seen()) < 3 {
 			return fmt.Sprintf("%d pods restarted", len(rw.seen()))
 		}
-		for _, p := range redisPods(t, rc) {
-			if !podReady(p) || p.Spec.Containers[0].Resources.Requests.Cpu().MilliValue() != 10 {
-				return fmt.Sprintf("%s: Ready %v, resources %v", p.Name, podReady(p), p.Spec.Containers[0].Resources)
+		for _, p := range fw.RedisPods(t, rc) {
+			if !framework.PodReady(&p) || p.Spec.Containers[0].Resources.Requests.Cpu().MilliValue() != 10 {
+				return fmt.Sprintf("%s: Ready %v, resources %v", p.Name, framework.PodReady(&p), p.Spec.Containers[0].Resources)
 			}
 		}
 		return ""
@@ -156,11 +159,11 @@ func TestVersionChangeRollsReplicasFirstThenFailsOver(t *testing.T) {
 	if newPrimary != "cache-1" && newPrimary != "cache-2" {
 		t.Fatalf("status.primary %q after the rollout: want a replica that took over by FAILOVER", newPrimary)
 	}
-	admin := adminPassword(t, rc)
+	admin := fw.AdminPassword(rc)
 	byName := map[string]corev1.Pod{}
-	for _, p := range redisPods(t, rc) {
+	for _, p := range fw.RedisPods(t, rc) {
 		byName[p.Name] = p
-		st, err := node(podAddr(p), admin).Replication(context.Background())
+		st, err := node(framework.PodAddr(&p), admin).Replication(context.Background())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -171,14 +174,14 @@ func TestVersionChangeRollsReplicasFirstThenFailsOver(t *testing.T) {
 		if st.Role != wantRole || p.Labels[v1alpha1.LabelRole] != wantLabel {
 			t.Errorf("%s is a %s labelled %q; want a %s labelled %q", p.Name, st.Role, p.Labels[v1alpha1.LabelRole], wantRole, wantLabel)
 		}
-		if got := countKeys(t, podAddr(p), user, pass, keys); got != keys {
+		if got := countKeys(t, framework.PodAddr(&p), user, pass, keys); got != keys {
 			t.Errorf("%s has %d of %d keys after the rollout", p.Name, got, keys)
 		}
 	}
 	// The client Service sends clients to the new primary alone.
-	eventually(t, 30*time.Second, func() string {
+	framework.Eventually(t, 30*time.Second, func() string {
 		eps := &discoveryv1.EndpointSliceList{}
-		if err := k8s.List(context.Background(), eps, client.InNamespace("failover"), client.MatchingLabels{discoveryv1.LabelServiceName: "cache"}); err != nil {
+		if err := fw.Client.List(context.Background(), eps, client.InNamespace(ns), client.MatchingLabels{discoveryv1.LabelServiceName: "cache"}); err != nil {
 			return err.Error()
 		}
 		var ips []string
@@ -195,23 +198,17 @@ func TestVersionChangeRollsReplicasFirstThenFailsOver(t *testing.T) {
 		return ""
 	})
 	reasons := map[string]int{}
-	list := &corev1.EventList{}
-	if err := k8s.List(context.Background(), list, client.InNamespace("failover")); err != nil {
-		t.Fatal(err)
-	}
-	for _, e := range list.Items {
-		if e.InvolvedObject.Kind == "RedisCluster" && (e.LastTimestamp.After(start) || e.EventTime.After(start)) {
-			reasons[e.Reason]++
-		}
+	for _, r := range framework.NewReasons(eventsBefore, framework.Reasons(fw.ClusterEvents(t, ns, rc.Name))) {
+		reasons[r]++
 	}
 	if reasons[v1alpha1.EventPrimaryHandedOver] != 1 || reasons[v1alpha1.EventPrimaryPromoted] != 0 {
 		t.Errorf("events since the change: %v; want one PrimaryHandedOver and no PrimaryPromoted", reasons)
 	}
 
-	app.halt()
-	ok, failed, lastErrors := app.totals()
+	app.Halt()
+	ok, failed, lastErrors := app.Totals()
 	var longest, lost int64
-	for _, s := range app.stats() {
+	for _, s := range app.Stats() {
 		longest, lost = max(longest, s.LongestOutageMs), lost+s.LostWrites
 	}
 	t.Logf("pods rolled in %s (restarts %v at %v); consumers: %d commands ok, %d failed during the rollout, longest outage %d ms, %d lost writes; errors %v",

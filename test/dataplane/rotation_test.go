@@ -8,8 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/controllers/render"
 	"github.com/keyroll/keyroll/redisnode"
+	"github.com/keyroll/keyroll/test/framework"
 )
 
 const keys = 10000
@@ -107,15 +108,10 @@ func primaryReplication(t *testing.T, addr, adminPassword string) redisnode.Repl
 	return st
 }
 
-// internalPasswords are the passwords of keyroll's own users of rc, by user: the admin user's
-// from the state Secret, the replication and probe users' from the ACL Secret.
-func internalPasswords(t *testing.T, rc *v1alpha1.RedisCluster) map[string]string {
-	t.Helper()
-	return map[string]string{
-		"keyroll-admin": adminPassword(t, rc),
-		"keyroll-repl":  secretData(t, rc.Namespace, rc.Name+"-acl", "replication-password"),
-		"keyroll-probe": secretData(t, rc.Namespace, rc.Name+"-acl", "probe-password"),
-	}
+// internalUsers names keyroll's own users by the Secret key of their password
+// (fw.InternalPasswords' keys).
+var internalUsers = map[string]string{
+	"admin-password": render.AdminUser, "replication-password": render.ReplicationUser, "probe-password": render.ProbeUser,
 }
 
 // Three rotations of a 3-pod RedisCluster without storage, under two consumer pods running SET
@@ -123,45 +119,40 @@ func internalPasswords(t *testing.T, rc *v1alpha1.RedisCluster) map[string]strin
 // no Redis pod restarts, no replica resyncs (in full or in part), the replication links stay up,
 // and keyroll's own users keep their passwords.
 func TestRotationDropsNoCommandAndKeepsTheData(t *testing.T) {
-	namespace(t, "data")
-	vaultConnection(t, "vault-data", "data")
-	rc := redisCluster(t, "data", "cache", "vault-data", "database/creds/orders", 3, withConsumer("app"))
-	waitReady(t, rc, 3*time.Minute)
-	pods := redisPods(t, rc)
-	admin := adminPassword(t, rc)
-	internal := internalPasswords(t, rc)
-	for u, p := range internal {
-		if p == "" {
-			t.Fatalf("no password of %s in keyroll's Secrets", u)
-		}
-	}
-	user, pass := published(t, rc)
-	writeKeys(t, podAddr(pods[0]), user, pass, keys)
-	app := startConsumers(t, "data", "app", 2, "cache:6379", "cache-credentials")
+	ns := fw.Namespace(t, "data")
+	vc := fw.VaultConnection(t, "vault-data", framework.Allow(ns))
+	rc := fw.RedisCluster(t, ns, "cache", vc.Name, fw.Path("orders"), framework.Replicas(3), framework.WithConsumers("app"))
+	fw.WaitReady(t, rc, 3*time.Minute)
+	pods := fw.RedisPods(t, rc)
+	admin := fw.AdminPassword(rc)
+	internal := fw.InternalPasswords(t, rc) // fails the test when keyroll's Secrets lack one
+	user, pass, _ := fw.Credentials(rc)
+	writeKeys(t, framework.PodAddr(&pods[0]), user, pass, keys)
+	app := fw.StartConsumers(t, ns, "app", 2, "cache:6379", "cache-credentials")
 	before := runs(pods)
-	syncs := primaryReplication(t, podAddr(pods[0]), admin)
+	syncs := primaryReplication(t, framework.PodAddr(&pods[0]), admin)
 	if syncs.ConnectedReplicas != 2 {
 		t.Fatalf("the primary has %d replicas before the rotations", syncs.ConnectedReplicas)
 	}
 	t.Logf("before the rotations: sync_full %d, sync_partial_ok %d", syncs.FullSyncs, syncs.PartialSyncs)
-	links := watchLinks([]string{podAddr(pods[1]), podAddr(pods[2])}, admin)
+	links := watchLinks([]string{framework.PodAddr(&pods[1]), framework.PodAddr(&pods[2])}, admin)
 
-	okBefore, _, _ := app.totals()
+	okBefore, _, _ := app.Totals()
 	began := time.Now()
 	for i := 1; i <= 3; i++ {
-		from := get(t, rc).Status.Credential.Version
+		from := fw.Get(t, rc).Status.Credential.Version
 		start := time.Now()
-		rotateNow(t, rc, strconv.Itoa(i))
-		eventually(t, 3*time.Minute, func() string { return rotated(t, rc, from) })
+		fw.RotateNow(t, rc)
+		framework.Eventually(t, 3*time.Minute, func() string { return rotated(t, rc, from) })
 		t.Logf("rotation %d done in %s", i, time.Since(start).Round(time.Millisecond))
 	}
 	time.Sleep(time.Second) // the consumers run on for a moment on the last credential
 	samples, downs := links.halt()
-	app.halt()
+	app.Halt()
 	took := time.Since(began)
-	ok, failed, lastErrors := app.totals()
+	ok, failed, lastErrors := app.Totals()
 	var longest int64
-	for _, s := range app.stats() {
+	for _, s := range app.Stats() {
 		longest = max(longest, s.LongestOutageMs)
 	}
 
@@ -180,30 +171,31 @@ func TestRotationDropsNoCommandAndKeepsTheData(t *testing.T) {
 	if len(downs) > 0 {
 		t.Errorf("a replication link was not up at %d of %d samples: %v", len(downs), samples, downs)
 	}
-	after := redisPods(t, rc)
+	after := fw.RedisPods(t, rc)
 	if got := runs(after); fmt.Sprint(got) != fmt.Sprint(before) {
 		t.Errorf("Redis pods restarted: before %v, after %v", before, got)
 	}
-	st := primaryReplication(t, podAddr(after[0]), admin)
+	st := primaryReplication(t, framework.PodAddr(&after[0]), admin)
 	t.Logf("after the rotations: sync_full %d, sync_partial_ok %d, %d replicas", st.FullSyncs, st.PartialSyncs, st.ConnectedReplicas)
 	if st.FullSyncs != syncs.FullSyncs || st.PartialSyncs != syncs.PartialSyncs || st.ConnectedReplicas != 2 {
 		t.Errorf("the primary served %d full and %d partial syncs after the rotations, %d and %d before (replicas %d)",
 			st.FullSyncs, st.PartialSyncs, syncs.FullSyncs, syncs.PartialSyncs, st.ConnectedReplicas)
 	}
-	user, pass = published(t, rc)
+	user, pass, _ = fw.Credentials(rc)
 	for _, p := range after {
-		n := countKeys(t, podAddr(p), user, pass, keys)
+		n := countKeys(t, framework.PodAddr(&p), user, pass, keys)
 		t.Logf("pod %s: %d of the %d keys", p.Name, n, keys)
 		if n != keys {
 			t.Errorf("pod %s has %d of the %d keys", p.Name, n, keys)
 		}
 	}
-	for u, p := range internalPasswords(t, rc) {
-		if p != internal[u] {
+	for k, p := range fw.InternalPasswords(t, rc) {
+		u := internalUsers[k]
+		if p != internal[k] {
 			t.Errorf("the rotations changed the password of %s in keyroll's Secrets", u)
 		}
 		for _, pod := range after {
-			if !accepts(podAddr(pod), u, p) {
+			if !accepts(framework.PodAddr(&pod), u, p) {
 				t.Errorf("pod %s no longer lets %s log in with its password", pod.Name, u)
 			}
 		}

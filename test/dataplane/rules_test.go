@@ -10,6 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/test/framework"
 )
 
 var hardened = []string{"~app:*", "+@read", "+@write", "-@dangerous"}
@@ -18,24 +19,24 @@ var hardened = []string{"~app:*", "+@read", "+@write", "-@dangerous"}
 // replicas authenticate as keyroll's replication user) nor readiness (the probe has its own user),
 // and a rotation works with it.
 func TestHardenedACLRulesKeepReplicationAndReadiness(t *testing.T) {
-	namespace(t, "hardened")
-	vaultConnection(t, "vault-hardened", "hardened")
-	rc := redisCluster(t, "hardened", "cache", "vault-hardened", "database/creds/hardened", 3, func(rc *v1alpha1.RedisCluster) {
+	ns := fw.Namespace(t, "hardened")
+	vc := fw.VaultConnection(t, "vault-hardened", framework.Allow(ns))
+	rc := fw.RedisCluster(t, ns, "cache", vc.Name, fw.Path("hardened"), framework.Replicas(3), func(rc *v1alpha1.RedisCluster) {
 		rc.Spec.Credentials.ACLRules = hardened
 	})
-	waitReady(t, rc, 3*time.Minute)
-	pods := redisPods(t, rc)
-	admin := adminPassword(t, rc)
+	fw.WaitReady(t, rc, 3*time.Minute)
+	pods := fw.RedisPods(t, rc)
+	admin := fw.AdminPassword(rc)
 	for _, p := range pods[1:] {
-		n := node(podAddr(p), admin)
+		n := node(framework.PodAddr(&p), admin)
 		st, err := n.Replication(context.Background())
 		n.Close()
 		if err != nil || !st.LinkUp || st.SyncInProgress {
 			t.Errorf("replica %s: %+v, %v", p.Name, st, err)
 		}
 	}
-	user, pass := published(t, rc)
-	c := appClient(podAddr(pods[0]), user, pass)
+	user, pass, _ := fw.Credentials(rc)
+	c := appClient(framework.PodAddr(&pods[0]), user, pass)
 	defer c.Close()
 	ctx := context.Background()
 	if err := c.Set(ctx, "app:1", "v", 0).Err(); err != nil {
@@ -46,8 +47,8 @@ func TestHardenedACLRulesKeepReplicationAndReadiness(t *testing.T) {
 			t.Errorf("the hardened app user may run %v: %v", cmd, err)
 		}
 	}
-	eventually(t, 10*time.Second, func() string {
-		r := appClient(podAddr(pods[2]), user, pass)
+	framework.Eventually(t, 10*time.Second, func() string {
+		r := appClient(framework.PodAddr(&pods[2]), user, pass)
 		defer r.Close()
 		if v, err := r.Get(ctx, "app:1").Result(); err != nil || v != "v" {
 			return fmt.Sprintf("app:1 on the replica: %q, %v", v, err)
@@ -55,16 +56,16 @@ func TestHardenedACLRulesKeepReplicationAndReadiness(t *testing.T) {
 		return ""
 	})
 
-	from := get(t, rc).Status.Credential.Version
-	rotateNow(t, rc, "hardened-1")
-	eventually(t, 3*time.Minute, func() string { return rotated(t, rc, from) })
-	newUser, newPass := published(t, rc)
-	for _, p := range redisPods(t, rc) {
-		if !accepts(podAddr(p), newUser, newPass) || accepts(podAddr(p), user, pass) {
-			t.Errorf("after the rotation, pod %s: new user accepted %v, old user accepted %v", p.Name, accepts(podAddr(p), newUser, newPass), accepts(podAddr(p), user, pass))
+	from := fw.Get(t, rc).Status.Credential.Version
+	fw.RotateNow(t, rc)
+	framework.Eventually(t, 3*time.Minute, func() string { return rotated(t, rc, from) })
+	newUser, newPass, _ := fw.Credentials(rc)
+	for _, p := range fw.RedisPods(t, rc) {
+		if !accepts(framework.PodAddr(&p), newUser, newPass) || accepts(framework.PodAddr(&p), user, pass) {
+			t.Errorf("after the rotation, pod %s: new user accepted %v, old user accepted %v", p.Name, accepts(framework.PodAddr(&p), newUser, newPass), accepts(framework.PodAddr(&p), user, pass))
 		}
 	}
-	if got := runs(redisPods(t, rc)); fmt.Sprint(got) != fmt.Sprint(runs(pods)) {
+	if got := runs(fw.RedisPods(t, rc)); fmt.Sprint(got) != fmt.Sprint(runs(pods)) {
 		t.Errorf("Redis pods restarted: %v, then %v", runs(pods), got)
 	}
 }
@@ -73,14 +74,14 @@ func TestHardenedACLRulesKeepReplicationAndReadiness(t *testing.T) {
 // rule named; nothing is applied (no app user on the nodes, no consumers' Secret), and no pod
 // crash-loops on its aclfile.
 func TestUnknownACLRuleIsReported(t *testing.T) {
-	namespace(t, "unknown")
-	vaultConnection(t, "vault-unknown", "unknown")
-	rc := redisCluster(t, "unknown", "cache", "vault-unknown", "database/creds/orders", 2, func(rc *v1alpha1.RedisCluster) {
+	ns := fw.Namespace(t, "unknown")
+	vc := fw.VaultConnection(t, "vault-unknown", framework.Allow(ns))
+	rc := fw.RedisCluster(t, ns, "cache", vc.Name, fw.Path("orders"), framework.Replicas(2), func(rc *v1alpha1.RedisCluster) {
 		rc.Spec.Credentials.ACLRules = []string{"~*", "+@read", "+@nosuchcategory"}
 	})
 	var cond *metav1.Condition
-	eventually(t, 3*time.Minute, func() string {
-		cond = condition(get(t, rc), v1alpha1.ConditionUsersApplied)
+	framework.Eventually(t, 3*time.Minute, func() string {
+		cond = framework.Condition(fw.Get(t, rc), v1alpha1.ConditionUsersApplied)
 		if cond == nil || cond.Reason != v1alpha1.ReasonInvalidACLRules {
 			return fmt.Sprintf("UsersApplied %+v", cond)
 		}
@@ -90,27 +91,27 @@ func TestUnknownACLRuleIsReported(t *testing.T) {
 	if !strings.Contains(cond.Message, "+@nosuchcategory") || !strings.Contains(cond.Message, "Unknown command or category name in ACL") {
 		t.Errorf("the condition does not name the rule with Redis's words: %s", cond.Message)
 	}
-	if d := condition(get(t, rc), v1alpha1.ConditionDegraded); d == nil || d.Status != metav1.ConditionTrue || d.Reason != v1alpha1.ReasonInvalidACLRules {
+	if d := framework.Condition(fw.Get(t, rc), v1alpha1.ConditionDegraded); d == nil || d.Status != metav1.ConditionTrue || d.Reason != v1alpha1.ReasonInvalidACLRules {
 		t.Errorf("Degraded %+v", d)
 	}
-	if user, _ := published(t, rc); user != "" {
+	if _, _, ok := fw.Credentials(rc); ok {
 		t.Error("a consumers' Secret was written")
 	}
 	// The pods come up, run on and stay Ready: watched for longer than a crash loop would take
 	// to show.
-	eventually(t, 2*time.Minute, func() string {
-		pods := redisPods(t, rc)
-		if len(pods) != 2 || !podReady(pods[0]) || !podReady(pods[1]) {
+	framework.Eventually(t, 2*time.Minute, func() string {
+		pods := fw.RedisPods(t, rc)
+		if len(pods) != 2 || !framework.PodReady(&pods[0]) || !framework.PodReady(&pods[1]) {
 			return fmt.Sprintf("%d pods, not all Ready", len(pods))
 		}
 		return ""
 	})
 	deadline := time.Now().Add(15 * time.Second)
-	first := runs(redisPods(t, rc))
+	first := runs(fw.RedisPods(t, rc))
 	for time.Now().Before(deadline) {
-		pods := redisPods(t, rc)
+		pods := fw.RedisPods(t, rc)
 		for _, p := range pods {
-			if !podReady(p) {
+			if !framework.PodReady(&p) {
 				t.Fatalf("pod %s is not Ready: %+v", p.Name, p.Status.ContainerStatuses)
 			}
 		}
@@ -120,9 +121,9 @@ func TestUnknownACLRuleIsReported(t *testing.T) {
 		time.Sleep(time.Second)
 	}
 	user, _ := staged(t, rc)
-	admin := adminPassword(t, rc)
-	for _, p := range redisPods(t, rc) {
-		n := node(podAddr(p), admin)
+	admin := fw.AdminPassword(rc)
+	for _, p := range fw.RedisPods(t, rc) {
+		n := node(framework.PodAddr(&p), admin)
 		users, err := n.Users(context.Background())
 		n.Close()
 		if err != nil || strings.Contains(strings.Join(users, " "), user) {

@@ -14,12 +14,13 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/test/framework"
 )
 
 // staged is the credential keyroll holds for a cluster before any consumer has it.
 func staged(t testing.TB, rc *v1alpha1.RedisCluster) (user, pass string) {
 	t.Helper()
-	return secretData(t, rc.Namespace, rc.Name+"-keyroll", "username"), secretData(t, rc.Namespace, rc.Name+"-keyroll", "password")
+	return fw.SecretData(rc.Namespace, rc.Name+"-keyroll", "username"), fw.SecretData(rc.Namespace, rc.Name+"-keyroll", "password")
 }
 
 // firstAccepted polls every node until it accepts user, and returns when each first did.
@@ -33,7 +34,7 @@ func firstAccepted(t *testing.T, pods []corev1.Pod, user, pass string, timeout t
 		go func() {
 			defer wg.Done()
 			for deadline := time.Now().Add(timeout); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
-				if accepts(podAddr(p), user, pass) {
+				if accepts(framework.PodAddr(&p), user, pass) {
 					mu.Lock()
 					out[p.Name] = time.Now()
 					mu.Unlock()
@@ -53,7 +54,7 @@ func firstAccepted(t *testing.T, pods []corev1.Pod, user, pass string, timeout t
 // accepts the credential it holds: consumers cannot have a credential before that write.
 func watchPublished(t *testing.T, rc *v1alpha1.RedisCluster, pods []corev1.Pod) (check func() []string) {
 	t.Helper()
-	w, err := cs.CoreV1().Secrets(rc.Namespace).Watch(context.Background(), metav1.ListOptions{FieldSelector: "metadata.name=" + rc.Name + "-credentials"})
+	w, err := fw.Clientset.CoreV1().Secrets(rc.Namespace).Watch(context.Background(), metav1.ListOptions{FieldSelector: "metadata.name=" + rc.Name + "-credentials"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,7 +70,7 @@ func watchPublished(t *testing.T, rc *v1alpha1.RedisCluster, pods []corev1.Pod) 
 			}
 			user, pass := string(s.Data["username"]), string(s.Data["password"])
 			for _, p := range pods {
-				if !accepts(podAddr(p), user, pass) {
+				if !accepts(framework.PodAddr(&p), user, pass) {
 					mu.Lock()
 					problems = append(problems, fmt.Sprintf("Secret written with user %s while %s did not accept it", user, p.Name))
 					mu.Unlock()
@@ -91,23 +92,23 @@ func watchPublished(t *testing.T, rc *v1alpha1.RedisCluster, pods []corev1.Pod) 
 // consumer time is later than every node time. And at every write of the consumers' Secret,
 // every node already accepts what it holds.
 func TestNewCredentialReachesEveryNodeBeforeAnyConsumer(t *testing.T) {
-	namespace(t, "order")
-	vaultConnection(t, "vault-order", "order")
-	rc := redisCluster(t, "order", "cache", "vault-order", "database/creds/orders", 3, withConsumer("app"))
-	waitReady(t, rc, 3*time.Minute)
-	pods := redisPods(t, rc)
-	app := startConsumers(t, "order", "app", 2, "cache:6379", "cache-credentials")
+	ns := fw.Namespace(t, "order")
+	vc := fw.VaultConnection(t, "vault-order", framework.Allow(ns))
+	rc := fw.RedisCluster(t, ns, "cache", vc.Name, fw.Path("orders"), framework.Replicas(3), framework.WithConsumers("app"))
+	fw.WaitReady(t, rc, 3*time.Minute)
+	pods := fw.RedisPods(t, rc)
+	app := fw.StartConsumers(t, ns, "app", 2, "cache:6379", "cache-credentials")
 	checkPublished := watchPublished(t, rc, pods)
 	oldUser, _ := staged(t, rc)
-	from := get(t, rc).Status.Credential.Version
+	from := fw.Get(t, rc).Status.Credential.Version
 
 	// The staged credential is watched, so that the nodes are asked from the moment keyroll has it.
-	w, err := cs.CoreV1().Secrets(rc.Namespace).Watch(context.Background(), metav1.ListOptions{FieldSelector: "metadata.name=" + rc.Name + "-keyroll"})
+	w, err := fw.Clientset.CoreV1().Secrets(rc.Namespace).Watch(context.Background(), metav1.ListOptions{FieldSelector: "metadata.name=" + rc.Name + "-keyroll"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer w.Stop()
-	rotateNow(t, rc, "order-1")
+	fw.RotateNow(t, rc)
 	var user, pass string
 	for ev := range w.ResultChan() {
 		if s, ok := ev.Object.(*corev1.Secret); ok && string(s.Data["username"]) != oldUser && len(s.Data["username"]) > 0 {
@@ -119,10 +120,10 @@ func TestNewCredentialReachesEveryNodeBeforeAnyConsumer(t *testing.T) {
 		t.Fatal("the watch of the staged credential ended without a new one")
 	}
 	nodes := firstAccepted(t, pods, user, pass, time.Minute)
-	eventually(t, 3*time.Minute, func() string { return rotated(t, rc, from) })
+	framework.Eventually(t, 3*time.Minute, func() string { return rotated(t, rc, from) })
 	var consumerTimes map[types.UID]time.Time
-	eventually(t, 10*time.Second, func() string {
-		if consumerTimes = app.firstSeenWith(user); len(consumerTimes) < 2 {
+	framework.Eventually(t, 10*time.Second, func() string {
+		if consumerTimes = app.FirstSeenWith(user); len(consumerTimes) < 2 {
 			return fmt.Sprintf("%d consumer pods seen on the new credential", len(consumerTimes))
 		}
 		return ""
@@ -144,7 +145,7 @@ func TestNewCredentialReachesEveryNodeBeforeAnyConsumer(t *testing.T) {
 	if problems := checkPublished(); len(problems) > 0 {
 		t.Errorf("%s", strings.Join(problems, "; "))
 	}
-	if _, failed, errs := app.totals(); failed != 0 {
+	if _, failed, errs := app.Totals(); failed != 0 {
 		t.Errorf("%d consumer commands failed: %v", failed, errs)
 	}
 }
@@ -152,24 +153,24 @@ func TestNewCredentialReachesEveryNodeBeforeAnyConsumer(t *testing.T) {
 // Once the consumers run on the new credential, the old user is removed from every node live:
 // it fails to log in on each within seconds of its lease's revocation, not after a kubelet sync.
 func TestRetiredUserIsGoneFromEveryNode(t *testing.T) {
-	namespace(t, "retire")
-	vaultConnection(t, "vault-retire", "retire")
-	rc := redisCluster(t, "retire", "cache", "vault-retire", "database/creds/orders", 3, withConsumer("app"))
-	cur := waitReady(t, rc, 3*time.Minute)
-	pods := redisPods(t, rc)
-	app := startConsumers(t, "retire", "app", 1, "cache:6379", "cache-credentials")
-	oldUser, oldPass := published(t, rc)
+	ns := fw.Namespace(t, "retire")
+	vc := fw.VaultConnection(t, "vault-retire", framework.Allow(ns))
+	rc := fw.RedisCluster(t, ns, "cache", vc.Name, fw.Path("orders"), framework.Replicas(3), framework.WithConsumers("app"))
+	cur := fw.WaitReady(t, rc, 3*time.Minute)
+	pods := fw.RedisPods(t, rc)
+	app := fw.StartConsumers(t, ns, "app", 1, "cache:6379", "cache-credentials")
+	oldUser, oldPass, _ := fw.Credentials(rc)
 	oldLease := cur.Status.Credential.LeaseID
 
-	rotateNow(t, rc, "retire-1")
+	fw.RotateNow(t, rc)
 	var revoked time.Time
 	gone := map[string]time.Time{}
-	eventually(t, 3*time.Minute, func() string {
-		if exists, _ := ground.Vault.LeaseExpiry(oldLease); !exists && revoked.IsZero() {
+	framework.Eventually(t, 3*time.Minute, func() string {
+		if exists, _ := fw.LeaseExists(oldLease); !exists && revoked.IsZero() {
 			revoked = time.Now()
 		}
 		for _, p := range pods {
-			if _, ok := gone[p.Name]; !ok && !accepts(podAddr(p), oldUser, oldPass) {
+			if _, ok := gone[p.Name]; !ok && !accepts(framework.PodAddr(&p), oldUser, oldPass) {
 				gone[p.Name] = time.Now()
 			}
 		}
@@ -184,7 +185,7 @@ func TestRetiredUserIsGoneFromEveryNode(t *testing.T) {
 			t.Errorf("node %s still accepted the retired user %s after the revocation", name, at.Sub(revoked))
 		}
 	}
-	if _, failed, errs := app.totals(); failed != 0 {
+	if _, failed, errs := app.Totals(); failed != 0 {
 		t.Errorf("%d consumer commands failed: %v", failed, errs)
 	}
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
 	"github.com/keyroll/keyroll/test/docblocks"
+	"github.com/keyroll/keyroll/test/framework"
 	"github.com/keyroll/keyroll/test/testground"
 )
 
@@ -22,12 +23,12 @@ import (
 func pointVaultAt(t *testing.T, rc *v1alpha1.RedisCluster) {
 	t.Helper()
 	svc := &corev1.Service{}
-	if err := k8s.Get(context.Background(), client.ObjectKey{Namespace: rc.Namespace, Name: rc.Name}, svc); err != nil {
+	if err := fw.Client.Get(context.Background(), client.ObjectKey{Namespace: rc.Namespace, Name: rc.Name}, svc); err != nil {
 		t.Fatal(err)
 	}
 	env := []string{
-		"KUBECONFIG=" + ground.CP.Kubeconfig, "PATH=" + testground.BinDir() + ":" + os.Getenv("PATH"),
-		"VAULT_ADDR=" + ground.Vault.Addr, "VAULT_TOKEN=" + ground.Vault.RootToken,
+		"KUBECONFIG=" + fw.Ground.CP.Kubeconfig, "PATH=" + testground.BinDir() + ":" + os.Getenv("PATH"),
+		"VAULT_ADDR=" + fw.Ground.Vault.Addr, "VAULT_TOKEN=" + fw.Ground.Vault.RootToken,
 		"CLUSTER_NS=" + rc.Namespace, "CLUSTER=" + rc.Name, "REDIS_SERVICE_HOST=" + svc.Spec.ClusterIP,
 	}
 	root := testground.RepoRoot()
@@ -42,42 +43,43 @@ func pointVaultAt(t *testing.T, rc *v1alpha1.RedisCluster) {
 // on the primary at once (Vault deletes it there) and on every replica within the lease-check
 // interval (keyroll, onRevokedOutside CutOff), and a new credential takes its place.
 func TestVaultRevokeCutsTheCredentialOffEverywhere(t *testing.T) {
-	namespace(t, "plugin")
-	vaultConnection(t, "vault-plugin", "plugin")
-	// The role the guide's commands make is named <namespace>-<name>.
-	rc := redisCluster(t, "plugin", "cache", "vault-plugin", "database/creds/plugin-cache", 3, func(rc *v1alpha1.RedisCluster) {
+	ns := fw.Namespace(t, "plugin")
+	vc := fw.VaultConnection(t, "vault-plugin", framework.Allow(ns))
+	// The role the guide's commands make is named <namespace>-<name> (the namespace's name carries
+	// the package's prefix, so the role does too).
+	rc := fw.RedisCluster(t, ns, "cache", vc.Name, "database/creds/"+ns+"-cache", framework.Replicas(3), func(rc *v1alpha1.RedisCluster) {
 		rc.Spec.VaultPlugin = &v1alpha1.VaultPluginSpec{Username: "vault"}
 	})
 	// The pods come up before there is a credential; until Vault is configured, its refusal is
 	// reported.
-	eventually(t, 3*time.Minute, func() string {
-		if pods := redisPods(t, rc); len(pods) != 3 || !podReady(pods[2]) {
+	framework.Eventually(t, 3*time.Minute, func() string {
+		if pods := fw.RedisPods(t, rc); len(pods) != 3 || !framework.PodReady(&pods[2]) {
 			return fmt.Sprintf("%d pods, the last not Ready yet", len(pods))
 		}
 		return ""
 	})
 	pointVaultAt(t, rc)
-	rotateNow(t, rc, "vault-configured") // any change wakes a cluster that waits after a refusal
-	cur := waitReady(t, rc, 2*time.Minute)
-	pods := redisPods(t, rc)
-	user, pass := published(t, rc)
+	fw.RotateNow(t, rc) // any change wakes a cluster that waits after a refusal
+	cur := fw.WaitReady(t, rc, 2*time.Minute)
+	pods := fw.RedisPods(t, rc)
+	user, pass, _ := fw.Credentials(rc)
 	for _, p := range pods {
-		if !accepts(podAddr(p), user, pass) {
+		if !accepts(framework.PodAddr(&p), user, pass) {
 			t.Fatalf("pod %s does not accept the user Vault created on the primary", p.Name)
 		}
 	}
 
-	if err := ground.Vault.Root.Sys().Revoke(cur.Status.Credential.LeaseID); err != nil {
+	if err := fw.Ground.Vault.Root.Sys().Revoke(cur.Status.Credential.LeaseID); err != nil {
 		t.Fatal(err)
 	}
 	revoked := time.Now()
-	if accepts(podAddr(pods[0]), user, pass) {
+	if accepts(framework.PodAddr(&pods[0]), user, pass) {
 		t.Error("the primary still accepts the user right after vault lease revoke")
 	}
 	gone := map[string]time.Duration{}
-	eventually(t, leaseCheckInterval+30*time.Second, func() string {
+	framework.Eventually(t, leaseCheckInterval+30*time.Second, func() string {
 		for _, p := range pods[1:] {
-			if _, ok := gone[p.Name]; !ok && !accepts(podAddr(p), user, pass) {
+			if _, ok := gone[p.Name]; !ok && !accepts(framework.PodAddr(&p), user, pass) {
 				gone[p.Name] = time.Since(revoked)
 			}
 		}
@@ -92,13 +94,13 @@ func TestVaultRevokeCutsTheCredentialOffEverywhere(t *testing.T) {
 			t.Errorf("replica %s refused it only %s after the revocation (lease-check interval %s)", name, after, leaseCheckInterval)
 		}
 	}
-	eventually(t, time.Minute, func() string {
-		u, p := published(t, rc)
+	framework.Eventually(t, time.Minute, func() string {
+		u, p, _ := fw.Credentials(rc)
 		if u == user {
 			return "no new credential published"
 		}
 		for _, pod := range pods {
-			if !accepts(podAddr(pod), u, p) {
+			if !accepts(framework.PodAddr(&pod), u, p) {
 				return "pod " + pod.Name + " does not accept the new credential"
 			}
 		}

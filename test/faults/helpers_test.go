@@ -1,136 +1,25 @@
 package faults
 
 import (
-	"context"
-	"encoding/json"
 	"fmt"
-	"os"
 	"slices"
-	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	appsv1 "k8s.io/api/apps/v1"
-	corev1 "k8s.io/api/core/v1"
-	eventsv1 "k8s.io/api/events/v1"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/utils/ptr"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
-	"github.com/keyroll/keyroll/test/harness"
-	"github.com/keyroll/keyroll/test/testground"
+	"github.com/keyroll/keyroll/test/framework"
 )
 
-// eventually polls check until it returns "" or the timeout passes; the last message explains a failure.
-func eventually(t *testing.T, timeout time.Duration, check func() string) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	msg := ""
-	for time.Now().Before(deadline) {
-		if msg = check(); msg == "" {
-			return
-		}
-		time.Sleep(200 * time.Millisecond)
+// sweep turns a VaultConnection's orphan-lease sweep on with action: it takes for orphans the
+// leases older than 10 s that no ledger holds, every 10 s. Every connection of the matrix sweeps.
+func sweep(action v1alpha1.OrphanLeaseAction) framework.VaultConnectionOption {
+	return func(vc *v1alpha1.VaultConnection) {
+		vc.Spec.OrphanLeases = &v1alpha1.OrphanLeases{Action: action,
+			GracePeriod: &metav1.Duration{Duration: 10 * time.Second}, Interval: &metav1.Duration{Duration: 10 * time.Second}}
 	}
-	t.Fatalf("after %s: %s", timeout, msg)
-}
-
-func namespace(t *testing.T, name string) {
-	t.Helper()
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}
-	if err := k8s.Create(context.Background(), ns); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// vaultConnection creates a VaultConnection to address with the operator's Kubernetes auth role,
-// for namespace ns, whose orphan-lease sweep revokes orphans older than 10 s, every 10 s.
-func vaultConnection(t *testing.T, name, address, ns string, mutate ...func(*v1alpha1.VaultConnection)) {
-	t.Helper()
-	vc := &v1alpha1.VaultConnection{
-		ObjectMeta: metav1.ObjectMeta{Name: name},
-		Spec: v1alpha1.VaultConnectionSpec{
-			Address:           address,
-			Auth:              v1alpha1.VaultAuth{Kubernetes: &v1alpha1.KubernetesAuth{Role: harness.OperatorRole}},
-			AllowedNamespaces: []string{ns},
-			OrphanLeases: &v1alpha1.OrphanLeases{Action: v1alpha1.OrphanLeasesRevoke,
-				GracePeriod: &metav1.Duration{Duration: 10 * time.Second}, Interval: &metav1.Duration{Duration: 10 * time.Second}},
-		},
-	}
-	for _, m := range mutate {
-		m(vc)
-	}
-	if err := k8s.Create(context.Background(), vc); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = k8s.Delete(context.Background(), vc) })
-}
-
-func getConnection(t *testing.T, name string) *v1alpha1.VaultConnection {
-	t.Helper()
-	vc := &v1alpha1.VaultConnection{}
-	if err := k8s.Get(context.Background(), client.ObjectKey{Name: name}, vc); err != nil {
-		t.Fatal(err)
-	}
-	return vc
-}
-
-// credPath is the Vault path that issues a role's credentials.
-func credPath(role string) string { return "database/creds/" + role }
-
-// redisCluster creates a one-node RedisCluster (Redis 7.0 on the real node) that takes its
-// credential from role through connection, with consumer (when not empty) as its consumer.
-func redisCluster(t *testing.T, ns, name, connection, role, consumer string, mutate ...func(*v1alpha1.RedisCluster)) *v1alpha1.RedisCluster {
-	t.Helper()
-	rc := &v1alpha1.RedisCluster{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
-		Spec: v1alpha1.RedisClusterSpec{
-			Replicas: 1, Version: "7.0",
-			Credentials: v1alpha1.CredentialsSpec{
-				Source: v1alpha1.SourceVaultLease,
-				VaultLease: &v1alpha1.VaultLeaseSource{
-					ConnectionRef: v1alpha1.ConnectionReference{Name: connection}, Path: credPath(role),
-				},
-			},
-		},
-	}
-	if consumer != "" {
-		rc.Spec.Rollout.Consumers = []v1alpha1.ConsumerReference{{Kind: "Deployment", Name: consumer}}
-	}
-	for _, m := range mutate {
-		m(rc)
-	}
-	if err := k8s.Create(context.Background(), rc); err != nil {
-		t.Fatal(err)
-	}
-	return rc
-}
-
-func get(t *testing.T, rc *v1alpha1.RedisCluster) *v1alpha1.RedisCluster {
-	t.Helper()
-	out := &v1alpha1.RedisCluster{}
-	if err := k8s.Get(context.Background(), client.ObjectKeyFromObject(rc), out); err != nil {
-		t.Fatal(err)
-	}
-	return out
-}
-
-// waitCondition waits until the RedisCluster has a condition with the given status (and reason).
-func waitCondition(t *testing.T, rc *v1alpha1.RedisCluster, condType string, status metav1.ConditionStatus, reason string, timeout time.Duration) *v1alpha1.RedisCluster {
-	t.Helper()
-	var cur *v1alpha1.RedisCluster
-	eventually(t, timeout, func() string {
-		cur = get(t, rc)
-		c := meta.FindStatusCondition(cur.Status.Conditions, condType)
-		if c == nil || c.Status != status || (reason != "" && c.Reason != reason) {
-			return fmt.Sprintf("%s: condition %s is %+v, want %s/%s", rc.Name, condType, c, status, reason)
-		}
-		return ""
-	})
-	return cur
 }
 
 // waitSettled waits until the cluster is Ready with no rollout in progress and no superseded
@@ -138,9 +27,9 @@ func waitCondition(t *testing.T, rc *v1alpha1.RedisCluster, condType string, sta
 func waitSettled(t *testing.T, rc *v1alpha1.RedisCluster, notVersion string, timeout time.Duration) *v1alpha1.RedisCluster {
 	t.Helper()
 	var cur *v1alpha1.RedisCluster
-	eventually(t, timeout, func() string {
-		cur = get(t, rc)
-		c := meta.FindStatusCondition(cur.Status.Conditions, v1alpha1.ConditionReady)
+	framework.Eventually(t, timeout, func() string {
+		cur = fw.Get(t, rc)
+		c := framework.Condition(cur, v1alpha1.ConditionReady)
 		switch {
 		case c == nil || c.Status != metav1.ConditionTrue:
 			return fmt.Sprintf("%s: Ready is %+v", rc.Name, c)
@@ -153,7 +42,12 @@ func waitSettled(t *testing.T, rc *v1alpha1.RedisCluster, notVersion string, tim
 		}
 		return ""
 	})
-	credentialsUser(t, rc) // its password joins the leak scan
+	// The password in the consumers' Secret, and keyroll's own in its state and ACL Secrets, join
+	// the leak scan now: the cluster and the Secrets it owns are deleted when the row ends.
+	credentialsUser(rc)
+	if _, err := rememberSecrets(rc.Namespace); err != nil {
+		t.Fatal(err)
+	}
 	return cur
 }
 
@@ -167,123 +61,53 @@ func ledger(rc *v1alpha1.RedisCluster) []string {
 	return ids
 }
 
-// rotateNow asks for one rotation.
-func rotateNow(t *testing.T, rc *v1alpha1.RedisCluster) {
-	t.Helper()
-	cur := get(t, rc)
-	patch := client.MergeFrom(cur.DeepCopy())
-	if cur.Annotations == nil {
-		cur.Annotations = map[string]string{}
-	}
-	cur.Annotations[v1alpha1.AnnotationRotateNow] = time.Now().UTC().Format(time.RFC3339Nano)
-	if err := k8s.Patch(context.Background(), cur, patch); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // credentialsUser is the username in the consumers' Secret ("" without one).
-func credentialsUser(t *testing.T, rc *v1alpha1.RedisCluster) string {
-	t.Helper()
-	u, _ := credentialsSecret(t, rc)
+func credentialsUser(rc *v1alpha1.RedisCluster) string {
+	u, _ := credentialsSecret(rc)
 	return u
 }
 
-// credentialsSecret is the username and password in the consumers' Secret.
-func credentialsSecret(t *testing.T, rc *v1alpha1.RedisCluster) (string, string) {
-	t.Helper()
-	sec := &corev1.Secret{}
-	if err := k8s.Get(context.Background(), client.ObjectKey{Namespace: rc.Namespace, Name: rc.Name + "-credentials"}, sec); err != nil {
+// credentialsSecret is fw.Credentials that adds the password to the leak scan: the username and
+// password in the consumers' Secret ("" without one).
+func credentialsSecret(rc *v1alpha1.RedisCluster) (string, string) {
+	user, pass, ok := fw.Credentials(rc)
+	if !ok {
 		return "", ""
 	}
-	sawSecret(string(sec.Data["password"]), "the password in "+rc.Namespace+"/"+sec.Name)
-	return string(sec.Data["username"]), string(sec.Data["password"])
+	sawSecret(pass, "the password in "+rc.Namespace+"/"+rc.Name+"-credentials")
+	return user, pass
 }
 
-// consumerDeployment creates a stand-in consumer on kwok's fake node, where it is Ready at once.
-func consumerDeployment(t *testing.T, ns, name string) client.ObjectKey {
-	t.Helper()
-	labels := map[string]string{"app": name}
-	d := &appsv1.Deployment{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
-		Spec: appsv1.DeploymentSpec{
-			Replicas: ptr.To[int32](1),
-			Selector: &metav1.LabelSelector{MatchLabels: labels},
-			Template: corev1.PodTemplateSpec{
-				ObjectMeta: metav1.ObjectMeta{Labels: labels},
-				Spec: corev1.PodSpec{NodeSelector: map[string]string{testground.NodeLabel: "kwok"},
-					Containers: []corev1.Container{{Name: "app", Image: "example/app:1"}}},
-			},
-		},
-	}
-	if err := k8s.Create(context.Background(), d); err != nil {
-		t.Fatal(err)
-	}
-	return client.ObjectKeyFromObject(d)
-}
-
-// events lists the events about an object as "Reason: note".
-func events(t *testing.T, ns, name string) []string {
-	t.Helper()
-	list := &eventsv1.EventList{}
-	if err := k8s.List(context.Background(), list, client.InNamespace(ns)); err != nil {
-		t.Fatal(err)
-	}
-	var out []string
-	for _, e := range list.Items {
-		if e.Regarding.Name == name {
-			out = append(out, e.Reason+": "+e.Note)
-		}
-	}
-	return out
-}
-
-// count is how many of lines contain every one of parts.
-func count(lines []string, parts ...string) int {
-	n := 0
-	for _, l := range lines {
-		all := true
-		for _, p := range parts {
-			all = all && strings.Contains(l, p)
-		}
-		if all {
-			n++
-		}
-	}
-	return n
-}
-
-// vaultLeases lists, as root, the leases Vault holds under a role's credential path.
-func vaultLeases(t *testing.T, role string) []string {
-	t.Helper()
-	s, err := ground.Vault.Root.Logical().List("sys/leases/lookup/" + credPath(role) + "/")
-	if err != nil {
-		t.Fatalf("listing the leases of %s as root: %v", role, err)
+// listLeases lists, as root, the lease IDs Vault holds under a credential path, sorted: what
+// fw.VaultLeases lists, without a test to fail, for the lease watch's goroutine and the check after
+// the matrix.
+func listLeases(path string) ([]string, error) {
+	s, err := fw.Ground.Vault.Root.Logical().List("sys/leases/lookup/" + path + "/")
+	if err != nil || s == nil {
+		return nil, err
 	}
 	var ids []string
-	if s != nil {
-		keys, _ := s.Data["keys"].([]any)
-		for _, k := range keys {
-			ids = append(ids, credPath(role)+"/"+fmt.Sprint(k))
-		}
+	keys, _ := s.Data["keys"].([]any)
+	for _, k := range keys {
+		ids = append(ids, path+"/"+fmt.Sprint(k))
 	}
 	slices.Sort(ids)
-	return ids
+	return ids, nil
 }
 
-// leaseWatch samples, as root, the leases under a role every 100 ms, so that a row can name the
-// leases it saw (a lease revoked within 100 ms of its issue would be missed: auditIssues counts
-// them all).
+// leaseWatch samples, as root, the leases under a credential path every 100 ms, so that a row can
+// name the leases it saw (a lease revoked within 100 ms of its issue would be missed:
+// framework.AuditIssues counts them all).
 type leaseWatch struct {
-	t    *testing.T
-	role string
+	path string
 	mu   sync.Mutex
 	seen map[string]time.Time
 	stop chan struct{}
 	done chan struct{}
 }
 
-func watchLeases(t *testing.T, role string) *leaseWatch {
-	w := &leaseWatch{t: t, role: role, seen: map[string]time.Time{}, stop: make(chan struct{}), done: make(chan struct{})}
+func watchLeases(t *testing.T, path string) *leaseWatch {
+	w := &leaseWatch{path: path, seen: map[string]time.Time{}, stop: make(chan struct{}), done: make(chan struct{})}
 	w.sample()
 	go func() {
 		defer close(w.done)
@@ -301,15 +125,13 @@ func watchLeases(t *testing.T, role string) *leaseWatch {
 }
 
 func (w *leaseWatch) sample() {
-	s, err := ground.Vault.Root.Logical().List("sys/leases/lookup/" + credPath(w.role) + "/")
-	if err != nil || s == nil {
+	ids, err := listLeases(w.path)
+	if err != nil {
 		return
 	}
-	keys, _ := s.Data["keys"].([]any)
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	for _, k := range keys {
-		id := credPath(w.role) + "/" + fmt.Sprint(k)
+	for _, id := range ids {
 		if _, ok := w.seen[id]; !ok {
 			w.seen[id] = time.Now()
 		}
@@ -325,7 +147,7 @@ func (w *leaseWatch) end() {
 	<-w.done
 }
 
-// issued lists every lease seen under the role since the watch began, in the order seen.
+// issued lists every lease seen under the path since the watch began, in the order seen.
 func (w *leaseWatch) issued() []string {
 	w.sample()
 	w.mu.Lock()
@@ -338,35 +160,7 @@ func (w *leaseWatch) issued() []string {
 	return ids
 }
 
-// operatorLog is every line the operators logged so far that contains all of parts.
+// operatorLog is how many lines the operators logged so far contain all of parts.
 func operatorLog(parts ...string) int {
-	return count(strings.Split(logs.text(), "\n"), parts...)
-}
-
-// auditIssues counts, in Vault's audit log, the credentials Vault issued under a role: its
-// successful answers to reads of the role's credential path. Unlike sampling, it misses none.
-func auditIssues(t *testing.T, role string) int {
-	t.Helper()
-	b, err := os.ReadFile(auditLog)
-	if err != nil {
-		t.Fatalf("reading Vault's audit log: %v", err)
-	}
-	n := 0
-	for _, line := range strings.Split(string(b), "\n") {
-		var e struct {
-			Type    string `json:"type"`
-			Error   string `json:"error"`
-			Request struct {
-				Path      string `json:"path"`
-				Operation string `json:"operation"`
-			} `json:"request"`
-		}
-		if json.Unmarshal([]byte(line), &e) != nil {
-			continue
-		}
-		if e.Type == "response" && e.Error == "" && e.Request.Operation == "read" && e.Request.Path == credPath(role) {
-			n++
-		}
-	}
-	return n
+	return framework.CountLines(logs.text(), parts...)
 }

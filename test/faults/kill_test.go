@@ -3,29 +3,31 @@ package faults
 import (
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
 	"github.com/keyroll/keyroll/controllers/stoppoint"
+	"github.com/keyroll/keyroll/test/framework"
 )
 
 // settleTimeout bounds how long a cluster takes to become Ready or finish a rollout here.
 const settleTimeout = 2 * time.Minute
 
-// checkLeases fails unless Vault holds, under role, exactly the leases of rc's ledger, and the
-// ledger holds the current credential's lease only; and unless the consumers' Secret holds that
-// credential's user.
+// checkLeases fails unless Vault holds, under the credential path of role (a base name), exactly
+// the leases of rc's ledger, and the ledger holds the current credential's lease only; and unless
+// the consumers' Secret holds that credential's user.
 func checkLeases(t *testing.T, rc *v1alpha1.RedisCluster, role string) {
 	t.Helper()
-	cur := get(t, rc)
-	live, held := vaultLeases(t, role), ledger(cur)
+	cur := fw.Get(t, rc)
+	live, held := fw.VaultLeases(t, fw.Path(role)), ledger(cur)
 	if !slices.Equal(live, held) {
-		t.Errorf("Vault holds %v under %s, the ledger %v", live, role, held)
+		t.Errorf("Vault holds %v under %s, the ledger %v", live, fw.Path(role), held)
 	}
 	if c := cur.Status.Credential; c == nil || !slices.Equal(held, []string{c.LeaseID}) {
 		t.Errorf("the ledger %v is not the current credential's lease alone (%+v)", held, c)
-	} else if u, pass := credentialsSecret(t, rc); u != c.Username {
+	} else if u, pass := credentialsSecret(rc); u != c.Username {
 		t.Errorf("the consumers' Secret holds user %q, the current credential is %q", u, c.Username)
 	} else {
 		sawSecret(pass, "the password of "+rc.Namespace+"/"+rc.Name+"'s credential "+c.Version)
@@ -38,43 +40,43 @@ func checkLeases(t *testing.T, rc *v1alpha1.RedisCluster, role string) {
 func TestKillAfterIssue(t *testing.T) {
 	r := newRow(t, 1, "SIGKILL after issue, before the ledger write",
 		"the lease is found by the sweeper (Revoke mode: revoked); without the sweeper it expires at its TTL; one credential in use")
-	ns := "f-issue"
-	namespace(t, ns)
-	vaultConnection(t, ns, ground.Vault.Addr, ns)
-	w := watchLeases(t, ns)
+	base := "f-issue"
+	ns := fw.Namespace(t, base)
+	vc := fw.VaultConnection(t, base, framework.Allow(ns), sweep(v1alpha1.OrphanLeasesRevoke))
+	w := watchLeases(t, fw.Path(base))
 	op := startOperator(t, ns+"-1", stoppoint.AfterIssue, ns)
-	rc := redisCluster(t, ns, "orders", ns, ns, "")
+	rc := fw.RedisCluster(t, ns, "orders", vc.Name, fw.Path(base))
 	op.waitStop(t, stoppoint.AfterIssue, settleTimeout)
 	killed := time.Now()
 	orphans := w.issued()
 	if len(orphans) != 1 {
 		t.Fatalf("Vault issued %v before the stop point, want one lease", orphans)
 	}
-	if cur := get(t, rc); len(cur.Status.Leases) != 0 {
+	if cur := fw.Get(t, rc); len(cur.Status.Leases) != 0 {
 		t.Fatalf("the ledger holds %v before its write", ledger(cur))
 	}
-	_, expires := ground.Vault.LeaseExpiry(orphans[0])
+	_, expires := fw.LeaseExists(orphans[0])
 	ttl := time.Until(expires).Round(time.Second)
 
 	second := startOperator(t, ns+"-2", "", ns)
 	waitSettled(t, rc, "", settleTimeout)
-	eventually(t, time.Minute, func() string {
-		if live := vaultLeases(t, ns); slices.Contains(live, orphans[0]) {
+	framework.Eventually(t, time.Minute, func() string {
+		if live := fw.VaultLeases(t, fw.Path(base)); slices.Contains(live, orphans[0]) {
 			return fmt.Sprintf("the orphan %s is still live (%v)", orphans[0], live)
 		}
 		return ""
 	})
 	swept := time.Since(killed).Round(time.Second)
-	checkLeases(t, rc, ns)
-	issued := auditIssues(t, ns)
+	checkLeases(t, rc, base)
+	issued := framework.AuditIssues(t, auditLog, fw.Path(base))
 	if issued != 2 {
 		t.Errorf("%d leases issued, want the orphan and one more", issued)
 	}
-	vc := getConnection(t, ns)
-	if st := vc.Status.OrphanLeases; st == nil || st.Revoked < 1 {
+	if st := fw.GetConnection(t, vc.Name).Status.OrphanLeases; st == nil || st.Revoked < 1 {
 		t.Errorf("the VaultConnection's sweep status %+v counts no revocation", st)
 	}
-	if n := count(events(t, "", ns), v1alpha1.EventOrphanLeaseRevoked, orphans[0]); n != 1 {
+	notes := strings.Join(framework.Notes(fw.Events(t, "", "", vc.Name)), "\n")
+	if n := framework.CountLines(notes, v1alpha1.EventOrphanLeaseRevoked, orphans[0]); n != 1 {
 		t.Errorf("%d %s events name the orphan, want 1", n, v1alpha1.EventOrphanLeaseRevoked)
 	}
 	second.Kill() // the next operator must lead
@@ -87,12 +89,12 @@ func TestKillAfterIssue(t *testing.T) {
 // orphan is reported (status, event), left alone, and gone at its TTL, Vault's bound on it.
 func killAfterIssueReported(t *testing.T) string {
 	t.Helper()
-	ns := "f-issue-report"
-	namespace(t, ns)
-	vaultConnection(t, ns, ground.Vault.Addr, ns, func(vc *v1alpha1.VaultConnection) { vc.Spec.OrphanLeases.Action = v1alpha1.OrphanLeasesReport })
-	w := watchLeases(t, ns)
+	base := "f-issue-report"
+	ns := fw.Namespace(t, base)
+	vc := fw.VaultConnection(t, base, framework.Allow(ns), sweep(v1alpha1.OrphanLeasesReport))
+	w := watchLeases(t, fw.Path(base))
 	op := startOperator(t, ns+"-1", stoppoint.AfterIssue, ns)
-	rc := redisCluster(t, ns, "orders", ns, ns, "")
+	rc := fw.RedisCluster(t, ns, "orders", vc.Name, fw.Path(base))
 	op.waitStop(t, stoppoint.AfterIssue, settleTimeout)
 	killed := time.Now()
 	orphans := w.issued()
@@ -101,27 +103,28 @@ func killAfterIssueReported(t *testing.T) string {
 	}
 	startOperator(t, ns+"-2", "", ns)
 	waitSettled(t, rc, "", settleTimeout)
-	eventually(t, time.Minute, func() string {
-		if st := getConnection(t, ns).Status.OrphanLeases; st == nil || !slices.Contains(st.Orphans, orphans[0]) {
+	framework.Eventually(t, time.Minute, func() string {
+		if st := fw.GetConnection(t, vc.Name).Status.OrphanLeases; st == nil || !slices.Contains(st.Orphans, orphans[0]) {
 			return fmt.Sprintf("the sweep has not reported the orphan %s: %+v", orphans[0], st)
 		}
 		return ""
 	})
 	reported := time.Since(killed)
-	if n := count(events(t, "", ns), v1alpha1.EventOrphanLeasesFound, orphans[0]); n < 1 {
+	notes := strings.Join(framework.Notes(fw.Events(t, "", "", vc.Name)), "\n")
+	if n := framework.CountLines(notes, v1alpha1.EventOrphanLeasesFound, orphans[0]); n < 1 {
 		t.Errorf("no %s event names the orphan", v1alpha1.EventOrphanLeasesFound)
 	}
-	eventually(t, time.Minute, func() string {
-		if slices.Contains(vaultLeases(t, ns), orphans[0]) {
+	framework.Eventually(t, time.Minute, func() string {
+		if slices.Contains(fw.VaultLeases(t, fw.Path(base)), orphans[0]) {
 			return "the reported orphan is still live"
 		}
 		return ""
 	})
 	expired := time.Since(killed)
-	if st := getConnection(t, ns).Status.OrphanLeases; st.Revoked != 0 {
+	if st := fw.GetConnection(t, vc.Name).Status.OrphanLeases; st.Revoked != 0 {
 		t.Errorf("Report mode revoked %d leases", st.Revoked)
 	}
-	checkLeases(t, rc, ns)
+	checkLeases(t, rc, base)
 	return fmt.Sprintf("Report (30 s role): the orphan reported (status.orphanLeases, OrphanLeasesFound) %s after the kill, not revoked, and gone at its TTL, %s after the kill.",
 		reported.Round(time.Second), expired.Round(time.Second))
 }
@@ -133,22 +136,22 @@ func killAfterIssueReported(t *testing.T) string {
 func TestKillAfterLedgerWrite(t *testing.T) {
 	r := newRow(t, 2, "SIGKILL after the ledger write, before the Secret",
 		"one lease revoked as superseded after the next rollout, no extra lease live at the end")
-	ns := "f-ledger"
-	namespace(t, ns)
-	vaultConnection(t, ns, ground.Vault.Addr, ns)
-	consumerDeployment(t, ns, "app")
+	base := "f-ledger"
+	ns := fw.Namespace(t, base)
+	vc := fw.VaultConnection(t, base, framework.Allow(ns), sweep(v1alpha1.OrphanLeasesRevoke))
+	fw.StandInConsumer(t, ns, "app", 1)
 
 	op := startOperator(t, ns+"-1", stoppoint.AfterLedgerWrite, ns)
-	rc := redisCluster(t, ns, "orders", ns, ns, "app")
+	rc := fw.RedisCluster(t, ns, "orders", vc.Name, fw.Path(base), framework.WithConsumers("app"))
 	op.waitStop(t, stoppoint.AfterLedgerWrite, settleTimeout)
-	first := ledger(get(t, rc))
-	if len(first) != 1 || credentialsUser(t, rc) != "" {
-		t.Fatalf("at the stop point: ledger %v, consumers' Secret user %q; want one lease and no Secret", first, credentialsUser(t, rc))
+	first := ledger(fw.Get(t, rc))
+	if len(first) != 1 || credentialsUser(rc) != "" {
+		t.Fatalf("at the stop point: ledger %v, consumers' Secret user %q; want one lease and no Secret", first, credentialsUser(rc))
 	}
 	startOperator(t, ns+"-2", "", ns)
 	waitSettled(t, rc, "", settleTimeout)
-	checkLeases(t, rc, ns)
-	issued := auditIssues(t, ns)
+	checkLeases(t, rc, base)
+	issued := framework.AuditIssues(t, auditLog, fw.Path(base))
 	if issued != 2 {
 		t.Errorf("%d leases issued, want 2 (the killed process's, whose password is lost, and its replacement)", issued)
 	}
@@ -160,27 +163,28 @@ func TestKillAfterLedgerWrite(t *testing.T) {
 }
 
 // killDuringRotation brings a cluster with a consumer to Ready under an operator that stops at
-// point (for namespace ns, whose Vault role has the same name), rotates it, kills the operator
-// there, and lets a new one finish. It checks that exactly one new lease was issued, that the old
-// one was revoked once and that only the new one is live, and returns what it measured.
-func killDuringRotation(t *testing.T, ns string, point stoppoint.Point) string {
+// point (for the namespace of base, whose VaultConnection and Vault role have the same base name),
+// rotates it, kills the operator there, and lets a new one finish. It checks that exactly one new
+// lease was issued, that the old one was revoked once and that only the new one is live, and
+// returns what it measured.
+func killDuringRotation(t *testing.T, base string, point stoppoint.Point) string {
 	t.Helper()
-	namespace(t, ns)
-	vaultConnection(t, ns, ground.Vault.Addr, ns)
-	consumerDeployment(t, ns, "app")
+	ns := fw.Namespace(t, base)
+	vc := fw.VaultConnection(t, base, framework.Allow(ns), sweep(v1alpha1.OrphanLeasesRevoke))
+	fw.StandInConsumer(t, ns, "app", 1)
 
 	op := startOperator(t, ns+"-1", point, ns)
-	rc := redisCluster(t, ns, "orders", ns, ns, "app")
+	rc := fw.RedisCluster(t, ns, "orders", vc.Name, fw.Path(base), framework.WithConsumers("app"))
 	first := waitSettled(t, rc, "", settleTimeout).Status.Credential
 	op.notStopped(t, "before the rotation")
 	start := time.Now()
-	rotateNow(t, rc)
+	fw.RotateNow(t, rc)
 	op.waitStop(t, point, settleTimeout)
 	startOperator(t, ns+"-2", "", ns)
 	final := waitSettled(t, rc, first.Version, settleTimeout)
 	took := time.Since(start).Round(100 * time.Millisecond)
-	checkLeases(t, rc, ns)
-	issued := auditIssues(t, ns)
+	checkLeases(t, rc, base)
+	issued := framework.AuditIssues(t, auditLog, fw.Path(base))
 	if issued != 2 {
 		t.Errorf("%d leases issued, want the first and exactly one new", issued)
 	}
@@ -188,7 +192,8 @@ func killDuringRotation(t *testing.T, ns string, point stoppoint.Point) string {
 	if revoked != 1 {
 		t.Errorf("the superseded lease %s was revoked %d times (log), want 1", first.LeaseID, revoked)
 	}
-	if n := count(events(t, ns, rc.Name), v1alpha1.EventLeaseRevoked, first.LeaseID); n != 1 {
+	notes := strings.Join(framework.Notes(fw.Events(t, ns, "", rc.Name)), "\n")
+	if n := framework.CountLines(notes, v1alpha1.EventLeaseRevoked, first.LeaseID); n != 1 {
 		t.Errorf("%d %s events name the superseded lease, want 1", n, v1alpha1.EventLeaseRevoked)
 	}
 	if final.Status.Credential.LeaseID == first.LeaseID {
@@ -231,28 +236,28 @@ func TestKillAfterRevoke(t *testing.T) {
 // Lease expires (4 s here) and finishes the rotation: one new lease, not two.
 func TestLeaderKilledMidRollout(t *testing.T) {
 	r := newRow(t, 7, "leader SIGKILLed holding the Lease, mid-rollout", "the follower takes over after the lease duration and finishes; one rotation, not two")
-	ns := "f-leader"
-	namespace(t, ns)
-	vaultConnection(t, ns, ground.Vault.Addr, ns)
-	consumerDeployment(t, ns, "app")
+	base := "f-leader"
+	ns := fw.Namespace(t, base)
+	vc := fw.VaultConnection(t, base, framework.Allow(ns), sweep(v1alpha1.OrphanLeasesRevoke))
+	fw.StandInConsumer(t, ns, "app", 1)
 
 	leader := startOperator(t, ns+"-a", stoppoint.MidRollout, ns)
-	eventually(t, time.Minute, func() string {
+	framework.Eventually(t, time.Minute, func() string {
 		if !leader.Leading() {
 			return "the first operator has not acquired the leader-election Lease"
 		}
 		return ""
 	})
 	follower := startOperator(t, ns+"-b", "", ns)
-	rc := redisCluster(t, ns, "orders", ns, ns, "app")
+	rc := fw.RedisCluster(t, ns, "orders", vc.Name, fw.Path(base), framework.WithConsumers("app"))
 	first := waitSettled(t, rc, "", settleTimeout).Status.Credential
 	if follower.Leading() {
 		t.Fatal("the follower leads while the leader lives")
 	}
-	rotateNow(t, rc)
+	fw.RotateNow(t, rc)
 	leader.waitStop(t, stoppoint.MidRollout, settleTimeout)
 	killed := time.Now()
-	eventually(t, time.Minute, func() string {
+	framework.Eventually(t, time.Minute, func() string {
 		if !follower.Leading() {
 			return "the follower has not taken over"
 		}
@@ -261,8 +266,8 @@ func TestLeaderKilledMidRollout(t *testing.T) {
 	takeover := time.Since(killed).Round(100 * time.Millisecond)
 	waitSettled(t, rc, first.Version, settleTimeout)
 	done := time.Since(killed).Round(100 * time.Millisecond)
-	checkLeases(t, rc, ns)
-	issued := auditIssues(t, ns)
+	checkLeases(t, rc, base)
+	issued := framework.AuditIssues(t, auditLog, fw.Path(base))
 	if issued != 2 {
 		t.Errorf("%d leases issued, want the first and one rotation's", issued)
 	}

@@ -8,6 +8,7 @@ import (
 	"sync"
 
 	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
 )
@@ -29,22 +30,32 @@ func sawSecret(value, where string) {
 	secretValues.m[value] = where
 }
 
-// scanLogs looks for every secret value in the operators' logs: those the rows saw and the data of
-// every Secret in the ground now (credentials, keyroll's state and token Secrets, service-account
-// material). It returns a summary, and the places of the values found, never the values.
-func scanLogs() (summary string, leaks []string) {
+// rememberSecrets adds to the leak scan the data of every Secret in ns ("" for every namespace),
+// usernames aside, and says how many Secrets there are.
+func rememberSecrets(ns string) (int, error) {
 	list := &corev1.SecretList{}
-	if err := k8s.List(context.Background(), list); err == nil {
-		for _, s := range list.Items {
-			for k, v := range s.Data {
-				if strings.HasSuffix(strings.ToLower(k), "username") {
-					continue // usernames are no secret: keyroll logs them
-				}
-				sawSecret(string(v), fmt.Sprintf("Secret %s/%s key %s", s.Namespace, s.Name, k))
+	if err := fw.Client.List(context.Background(), list, client.InNamespace(ns)); err != nil {
+		return 0, err
+	}
+	for _, s := range list.Items {
+		for k, v := range s.Data {
+			if strings.HasSuffix(strings.ToLower(k), "username") {
+				continue // usernames are no secret: keyroll logs them
 			}
+			sawSecret(string(v), fmt.Sprintf("Secret %s/%s key %s", s.Namespace, s.Name, k))
 		}
 	}
-	sawSecret(ground.Vault.RootToken, "Vault's root token")
+	return len(list.Items), nil
+}
+
+// scanLogs looks for every secret value in the operators' logs: those the rows saw (among them the
+// data of the Secrets of each row's namespace once its clusters settled: a row's clusters, and the
+// Secrets they own, are deleted when it ends) and the data of every Secret in the ground now
+// (keyroll's token Secrets, service-account material, what the last rows left). It returns a
+// summary, and the places of the values found, never the values.
+func scanLogs() (summary string, leaks []string) {
+	left, _ := rememberSecrets("")
+	sawSecret(fw.Ground.Vault.RootToken, "Vault's root token")
 	text := logs.text()
 	secretValues.Lock()
 	defer secretValues.Unlock()
@@ -55,15 +66,15 @@ func scanLogs() (summary string, leaks []string) {
 	}
 	sort.Strings(leaks)
 	lines := strings.Count(text, "\n") + 1
-	return fmt.Sprintf("Leak scan: %d secret values (every credential the rows saw, the data of the %d Secrets left in the ground, Vault's root token) searched for in the %d log lines of the operator processes: %d found.",
-		len(secretValues.m), len(list.Items), lines, len(leaks)), leaks
+	return fmt.Sprintf("Leak scan: %d secret values (every credential the rows saw, the data of every row's Secrets and of the %d Secrets left in the ground, Vault's root token) searched for in the %d log lines of the operator processes: %d found.",
+		len(secretValues.m), left, lines, len(leaks)), leaks
 }
 
 // orphansLeft lists, across every role of the matrix, the leases Vault holds that no RedisCluster's
 // ledger holds, and says how many leases are live in all.
 func orphansLeft() (live int, orphans []string, err error) {
 	list := &v1alpha1.RedisClusterList{}
-	if err := k8s.List(context.Background(), list); err != nil {
+	if err := fw.Client.List(context.Background(), list); err != nil {
 		return 0, nil, err
 	}
 	known := map[string]bool{}
@@ -73,17 +84,13 @@ func orphansLeft() (live int, orphans []string, err error) {
 		}
 	}
 	for _, role := range roles {
-		s, err := ground.Vault.Root.Logical().List("sys/leases/lookup/" + credPath(role.Name) + "/")
+		ids, err := listLeases(fw.Path(role.Name))
 		if err != nil {
 			return 0, nil, err
 		}
-		if s == nil {
-			continue
-		}
-		keys, _ := s.Data["keys"].([]any)
-		for _, k := range keys {
+		for _, id := range ids {
 			live++
-			if id := credPath(role.Name) + "/" + fmt.Sprint(k); !known[id] {
+			if !known[id] {
 				orphans = append(orphans, id)
 			}
 		}

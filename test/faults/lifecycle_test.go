@@ -9,12 +9,11 @@ import (
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/test/framework"
 	"github.com/keyroll/keyroll/test/testground"
 )
 
@@ -24,36 +23,36 @@ import (
 // then is revoked through it (the new connection could not have revoked it then).
 func TestSourceChanged(t *testing.T) {
 	r := newRow(t, 12, "`connectionRef` / `path` changed", "new credential issued and rolled out; old leases revoked through the old connection")
-	ns, oldConn, newConn := "f-source", "f-source-a", "f-source-b"
-	namespace(t, ns)
+	// The old and the new connection issue from Vault roles of their base names.
+	ns, oldBase, newBase := fw.Namespace(t, "f-source"), "f-source-a", "f-source-b"
 	p := vaultProxy(t)
-	vaultConnection(t, oldConn, p.URL(), ns)
-	vaultConnection(t, newConn, ground.Vault.Addr, ns)
-	consumerDeployment(t, ns, "app")
+	oldConn := fw.VaultConnection(t, oldBase, framework.Address(p.URL()), framework.Allow(ns), sweep(v1alpha1.OrphanLeasesRevoke))
+	newConn := fw.VaultConnection(t, newBase, framework.Allow(ns), sweep(v1alpha1.OrphanLeasesRevoke))
+	fw.StandInConsumer(t, ns, "app", 1)
 	startOperator(t, ns+"-1", "", ns)
-	rc := redisCluster(t, ns, "orders", oldConn, oldConn, "app")
+	rc := fw.RedisCluster(t, ns, "orders", oldConn.Name, fw.Path(oldBase), framework.WithConsumers("app"))
 	first := waitSettled(t, rc, "", settleTimeout).Status.Credential
 
 	p.Cut()
-	cur := get(t, rc)
+	cur := fw.Get(t, rc)
 	patch := client.MergeFrom(cur.DeepCopy())
-	cur.Spec.Credentials.VaultLease.ConnectionRef.Name = newConn
-	cur.Spec.Credentials.VaultLease.Path = credPath(newConn)
-	if err := k8s.Patch(context.Background(), cur, patch); err != nil {
+	cur.Spec.Credentials.VaultLease.ConnectionRef.Name = newConn.Name
+	cur.Spec.Credentials.VaultLease.Path = fw.Path(newBase)
+	if err := fw.Client.Patch(context.Background(), cur, patch); err != nil {
 		t.Fatal(err)
 	}
 	changed := time.Now()
 	var pending string
-	eventually(t, settleTimeout, func() string {
-		cur = get(t, rc)
+	framework.Eventually(t, settleTimeout, func() string {
+		cur = fw.Get(t, rc)
 		c := cur.Status.Credential
-		if c == nil || c.Version == first.Version || c.Path != credPath(newConn) {
+		if c == nil || c.Version == first.Version || c.Path != fw.Path(newBase) {
 			return fmt.Sprintf("no credential from the new path yet: %+v", c)
 		}
-		if u := credentialsUser(t, rc); u != c.Username {
+		if u := credentialsUser(rc); u != c.Username {
 			return "the consumers' Secret does not hold the new credential yet"
 		}
-		lr := meta.FindStatusCondition(cur.Status.Conditions, v1alpha1.ConditionLeasesRevoked)
+		lr := framework.Condition(cur, v1alpha1.ConditionLeasesRevoked)
 		if lr == nil || lr.Reason != v1alpha1.ReasonRevocationPending {
 			return fmt.Sprintf("LeasesRevoked is %+v, want RevocationPending while the old connection is cut off", lr)
 		}
@@ -64,25 +63,25 @@ func TestSourceChanged(t *testing.T) {
 		return ""
 	})
 	rolledOut := time.Since(changed)
-	if ok, _ := ground.Vault.LeaseExpiry(first.LeaseID); !ok {
+	if ok, _ := fw.LeaseExists(first.LeaseID); !ok {
 		t.Fatalf("the old lease %s is gone while its connection was cut off: something else revoked it", first.LeaseID)
 	}
 	p.Restore()
 	restored := time.Now()
-	eventually(t, time.Minute, func() string {
-		if live := vaultLeases(t, oldConn); len(live) != 0 {
+	framework.Eventually(t, time.Minute, func() string {
+		if live := fw.VaultLeases(t, fw.Path(oldBase)); len(live) != 0 {
 			return fmt.Sprintf("the old path still holds %v", live)
 		}
 		return ""
 	})
 	revoked := time.Since(restored)
 	waitSettled(t, rc, first.Version, settleTimeout)
-	checkLeases(t, rc, newConn)
+	checkLeases(t, rc, newBase)
 	if n := operatorLog("Lease revoked", first.LeaseID); n != 1 {
 		t.Errorf("the old lease was revoked %d times, want 1", n)
 	}
 	r.measured = fmt.Sprintf("new credential from %s rolled out %s after the change, while the old connection was cut off (LeasesRevoked=RevocationPending: %q); the old lease revoked through the old connection %s after it came back; Vault holds no lease under the old path",
-		credPath(newConn), rolledOut.Round(100*time.Millisecond), clip(pending, 120), revoked.Round(100*time.Millisecond))
+		fw.Path(newBase), rolledOut.Round(100*time.Millisecond), clip(pending, 120), revoked.Round(100*time.Millisecond))
 }
 
 // stallConsumer makes a consumer Deployment unable to roll out: its next pod selects a node that
@@ -90,7 +89,7 @@ func TestSourceChanged(t *testing.T) {
 func stallConsumer(t *testing.T, key client.ObjectKey, stalled bool) {
 	t.Helper()
 	d := &appsv1.Deployment{}
-	if err := k8s.Get(context.Background(), key, d); err != nil {
+	if err := fw.Client.Get(context.Background(), key, d); err != nil {
 		t.Fatal(err)
 	}
 	patch := client.MergeFrom(d.DeepCopy())
@@ -98,7 +97,7 @@ func stallConsumer(t *testing.T, key client.ObjectKey, stalled bool) {
 	if stalled {
 		d.Spec.Template.Spec.NodeSelector[testground.NodeLabel] = "nowhere"
 	}
-	if err := k8s.Patch(context.Background(), d, patch); err != nil {
+	if err := fw.Client.Patch(context.Background(), d, patch); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -108,39 +107,39 @@ func stallConsumer(t *testing.T, key client.ObjectKey, stalled bool) {
 // stays live; once the consumer can roll out, the rollout finishes and the lease is revoked.
 func TestConsumerNeverAvailable(t *testing.T) {
 	r := newRow(t, 13, "consumer never available", "`RolloutStalled` naming it after `readinessTimeout`; superseded lease stays live; resumes when fixed")
-	ns := "f-stalled"
-	namespace(t, ns)
-	vaultConnection(t, ns, ground.Vault.Addr, ns)
-	app := consumerDeployment(t, ns, "app")
+	base := "f-stalled"
+	ns := fw.Namespace(t, base)
+	vc := fw.VaultConnection(t, base, framework.Allow(ns), sweep(v1alpha1.OrphanLeasesRevoke))
+	app := fw.StandInConsumer(t, ns, "app", 1)
 	startOperator(t, ns+"-1", "", ns)
 	timeout := 15 * time.Second
-	rc := redisCluster(t, ns, "orders", ns, ns, "app", func(rc *v1alpha1.RedisCluster) {
+	rc := fw.RedisCluster(t, ns, "orders", vc.Name, fw.Path(base), framework.WithConsumers("app"), func(rc *v1alpha1.RedisCluster) {
 		rc.Spec.Rollout.ReadinessTimeout = &metav1.Duration{Duration: timeout}
 	})
 	first := waitSettled(t, rc, "", settleTimeout).Status.Credential
 	stallConsumer(t, app, true)
 	start := time.Now()
-	rotateNow(t, rc)
-	cur := waitCondition(t, rc, v1alpha1.ConditionRolloutHealthy, metav1.ConditionFalse, v1alpha1.ReasonRolloutStalled, settleTimeout)
+	fw.RotateNow(t, rc)
+	cur := fw.WaitCondition(t, rc, v1alpha1.ConditionRolloutHealthy, metav1.ConditionFalse, v1alpha1.ReasonRolloutStalled, settleTimeout)
 	stalledAfter := time.Since(start)
-	msg := conditionMessage(cur.Status.Conditions, v1alpha1.ConditionRolloutHealthy)
+	msg := framework.Condition(cur, v1alpha1.ConditionRolloutHealthy).Message
 	if !strings.Contains(msg, "Deployment app") {
 		t.Errorf("RolloutStalled does not name the consumer: %q", msg)
 	}
-	if d := meta.FindStatusCondition(cur.Status.Conditions, v1alpha1.ConditionDegraded); d == nil || d.Status != metav1.ConditionTrue {
+	if d := framework.Condition(cur, v1alpha1.ConditionDegraded); d == nil || d.Status != metav1.ConditionTrue {
 		t.Errorf("Degraded is %+v during the stall, want True", d)
 	}
 	if stalledAfter < timeout {
 		t.Errorf("reported stalled %s after the rotation, before readinessTimeout %s", stalledAfter, timeout)
 	}
-	if ok, _ := ground.Vault.LeaseExpiry(first.LeaseID); !ok || !slices.Contains(ledger(cur), first.LeaseID) {
+	if ok, _ := fw.LeaseExists(first.LeaseID); !ok || !slices.Contains(ledger(cur), first.LeaseID) {
 		t.Errorf("the superseded lease %s is not live and in the ledger during the stall (live %v, ledger %v)", first.LeaseID, ok, ledger(cur))
 	}
 	stallConsumer(t, app, false)
 	fixed := time.Now()
 	waitSettled(t, rc, first.Version, settleTimeout)
 	resumed := time.Since(fixed)
-	checkLeases(t, rc, ns)
+	checkLeases(t, rc, base)
 	r.measured = fmt.Sprintf("RolloutHealthy=False/RolloutStalled (Degraded) %s after the rotation (readinessTimeout %s): %q; the superseded lease live meanwhile; done %s after the consumer could roll out, the superseded lease then revoked",
 		stalledAfter.Round(100*time.Millisecond), timeout, clip(msg, 140), resumed.Round(100*time.Millisecond))
 }
@@ -150,67 +149,53 @@ func TestConsumerNeverAvailable(t *testing.T) {
 // second's finalizer holds, RevocationPending, until Vault answers again.
 func TestDeleteMidRolloutAndWithVaultDown(t *testing.T) {
 	r := newRow(t, 14, "delete mid-rollout; delete with Vault down", "every lease revoked (with Vault down: finalizer holds, `RevocationPending`, revoked after return)")
-	ns, down := "f-delete", "f-delete-down"
-	namespace(t, ns)
-	vaultConnection(t, ns, ground.Vault.Addr, ns)
+	// The connections issue from Vault roles of their base names.
+	base, downBase := "f-delete", "f-delete-down"
+	ns := fw.Namespace(t, base)
+	vc := fw.VaultConnection(t, base, framework.Allow(ns), sweep(v1alpha1.OrphanLeasesRevoke))
 	p := vaultProxy(t)
-	vaultConnection(t, down, p.URL(), ns)
-	app := consumerDeployment(t, ns, "app")
+	down := fw.VaultConnection(t, downBase, framework.Address(p.URL()), framework.Allow(ns), sweep(v1alpha1.OrphanLeasesRevoke))
+	app := fw.StandInConsumer(t, ns, "app", 1)
 	startOperator(t, ns+"-1", "", ns)
-	a := redisCluster(t, ns, "rolling", ns, ns, "app")
-	b := redisCluster(t, ns, "cutoff", down, down, "")
+	a := fw.RedisCluster(t, ns, "rolling", vc.Name, fw.Path(base), framework.WithConsumers("app"))
+	b := fw.RedisCluster(t, ns, "cutoff", down.Name, fw.Path(downBase))
 	waitSettled(t, a, "", settleTimeout)
 	waitSettled(t, b, "", settleTimeout)
 
 	stallConsumer(t, app, true)
-	rotateNow(t, a)
-	eventually(t, settleTimeout, func() string {
-		if n := len(vaultLeases(t, ns)); n != 2 || get(t, a).Status.Rollout == nil {
-			return fmt.Sprintf("%d leases live, rollout %+v; want the rotation in progress with both leases", n, get(t, a).Status.Rollout)
+	fw.RotateNow(t, a)
+	framework.Eventually(t, settleTimeout, func() string {
+		if n := len(fw.VaultLeases(t, fw.Path(base))); n != 2 || fw.Get(t, a).Status.Rollout == nil {
+			return fmt.Sprintf("%d leases live, rollout %+v; want the rotation in progress with both leases", n, fw.Get(t, a).Status.Rollout)
 		}
 		return ""
 	})
-	if err := k8s.Delete(context.Background(), a); err != nil {
-		t.Fatal(err)
-	}
-	gone(t, a, time.Minute)
-	if live := vaultLeases(t, ns); len(live) != 0 {
+	fw.DeleteAndWait(t, a, time.Minute)
+	if live := fw.VaultLeases(t, fw.Path(base)); len(live) != 0 {
 		t.Errorf("deleted mid-rollout, Vault still holds %v", live)
 	}
 
 	p.Cut()
-	if err := k8s.Delete(context.Background(), b); err != nil {
+	if err := fw.Client.Delete(context.Background(), b); err != nil {
 		t.Fatal(err)
 	}
-	cur := waitCondition(t, b, v1alpha1.ConditionLeasesRevoked, metav1.ConditionFalse, v1alpha1.ReasonRevocationPending, time.Minute)
-	if len(vaultLeases(t, down)) != 1 || len(cur.Status.Leases) != 1 {
-		t.Fatalf("with Vault cut off: Vault holds %v, the ledger %v; want the lease in both", vaultLeases(t, down), ledger(cur))
+	cur := fw.WaitCondition(t, b, v1alpha1.ConditionLeasesRevoked, metav1.ConditionFalse, v1alpha1.ReasonRevocationPending, time.Minute)
+	if len(fw.VaultLeases(t, fw.Path(downBase))) != 1 || len(cur.Status.Leases) != 1 {
+		t.Fatalf("with Vault cut off: Vault holds %v, the ledger %v; want the lease in both", fw.VaultLeases(t, fw.Path(downBase)), ledger(cur))
 	}
 	time.Sleep(5 * time.Second) // the finalizer holds
-	if get(t, b).DeletionTimestamp == nil {
+	if fw.Get(t, b).DeletionTimestamp == nil {
 		t.Fatal("the cluster is not being deleted")
 	}
 	p.Restore()
 	restored := time.Now()
-	gone(t, b, time.Minute)
+	fw.DeleteAndWait(t, b, time.Minute) // deleted already: it waits until it is gone
 	after := time.Since(restored)
-	if live := vaultLeases(t, down); len(live) != 0 {
+	if live := fw.VaultLeases(t, fw.Path(downBase)); len(live) != 0 {
 		t.Errorf("deleted with Vault down, Vault still holds %v after its return", live)
 	}
 	r.measured = fmt.Sprintf("deleted mid-rollout: both leases revoked, 0 left; deleted with Vault cut off: finalizer held with LeasesRevoked=RevocationPending, the lease revoked and the cluster gone %s after Vault's return",
 		after.Round(100*time.Millisecond))
-}
-
-// gone waits until the RedisCluster no longer exists.
-func gone(t *testing.T, rc *v1alpha1.RedisCluster, timeout time.Duration) {
-	t.Helper()
-	eventually(t, timeout, func() string {
-		err := k8s.Get(context.Background(), client.ObjectKeyFromObject(rc), &v1alpha1.RedisCluster{})
-		if !apierrors.IsNotFound(err) {
-			return fmt.Sprintf("%s still exists (%v)", rc.Name, err)
-		}
-		return ""
-	})
 }
 
 // clip shortens s to n bytes for a table cell.

@@ -3,8 +3,12 @@
 // cut off, blackholed and sealed through the ground's proxy; and each row checks, counting the
 // leases in Vault as root before and after, that no lease is lost or leaked and no credential is
 // issued twice where one was due. The Redis pods run on the ground's real node; consumers are
-// kwok's stand-ins. Each row prints its measured outcome; TestMain prints the matrix, and writes
-// it into docs/reliability.md when KEYROLL_RELIABILITY_DOC names that file (make reliability).
+// kwok's stand-ins. A row's RedisClusters are deleted when it ends (test/framework's namespace
+// cleanup): an operator of a later row revokes their leases, which stay in their ledgers until one
+// does (or for good, when their Vault was a row's proxy). Each row prints its measured outcome;
+// TestMain checks that no lease is left that no ledger holds and that no secret value was logged,
+// prints the matrix, and writes it into docs/reliability.md when KEYROLL_RELIABILITY_DOC names
+// that file (make reliability).
 package faults
 
 import (
@@ -12,28 +16,24 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"testing"
 	"time"
 
-	"testing"
-
-	vaultapi "github.com/hashicorp/vault/api"
-	"sigs.k8s.io/controller-runtime/pkg/client"
-
-	"github.com/keyroll/keyroll/test/harness"
+	"github.com/keyroll/keyroll/test/framework"
 	"github.com/keyroll/keyroll/test/testground"
 )
 
 var (
-	ground *testground.Ground
-	k8s    client.Client
+	fw *framework.Framework
 	// operatorBin is keyroll's manager binary, built once for the package.
 	operatorBin string
-	// auditLog is the Vault audit device's file.
+	// auditLog is the file of the package's Vault audit device.
 	auditLog string
 )
 
-// The Vault roles of the rows: each row issues from its own, so that its leases can be counted
-// in Vault apart from the others'.
+// The Vault roles of the rows, named without the package's prefix (fw.Role and fw.Path add it):
+// each row issues from its own, so that its leases can be counted in Vault apart from the others'.
+// A row's namespace and VaultConnection have its role's base name.
 var roles = []testground.RedisRole{
 	{Name: "f-issue", DefaultTTL: 10 * time.Minute, MaxTTL: time.Hour},
 	{Name: "f-issue-report", DefaultTTL: 30 * time.Second, MaxTTL: time.Hour},
@@ -58,22 +58,45 @@ var roles = []testground.RedisRole{
 }
 
 func TestMain(m *testing.M) {
+	fw = framework.New(framework.Config{
+		Name:   "faults",
+		Ground: testground.Options{Node: true, Workloads: true, Redis: true, Vault: true},
+		Roles:  roles,
+		Setup:  setup,
+	})
 	os.Exit(run(m))
 }
 
+// run is fw.Run (which this package cannot use) followed by the end-of-matrix checks: they read
+// Vault and the API server after the tests, and fw.Run has stopped the ground by the time it
+// returns. No operator runs in the test process here: the rows run the built binary.
 func run(m *testing.M) int {
-	g, c, stop, err := harness.StartPackage(testground.Options{Node: true, Workloads: true, Redis: true, Vault: true}, setupVault)
+	g, err := testground.Start(fw.Config.Ground)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
+		fmt.Fprintf(os.Stderr, "faults: starting the test ground: %v\n", err)
 		return 1
 	}
-	defer stop()
-	ground, k8s = g, c
-	if operatorBin, err = harness.BuildOperator(g.Dir); err != nil {
-		fmt.Fprintln(os.Stderr, err)
+	defer g.Stop()
+	ctx := context.Background()
+	if err := fw.Use(g); err != nil {
+		fmt.Fprintf(os.Stderr, "faults: %v\n", err)
 		return 1
 	}
-	code := m.Run()
+	if err := fw.SetupVault(ctx, fw.Config.Roles...); err != nil {
+		fmt.Fprintf(os.Stderr, "faults: setting up Vault: %v\n", err)
+		return 1
+	}
+	if err := fw.Config.Setup(ctx, fw); err != nil {
+		fmt.Fprintf(os.Stderr, "faults: setting up the test ground: %v\n", err)
+		return 1
+	}
+	return endOfMatrix(m.Run())
+}
+
+// endOfMatrix checks, once every row ran, that no lease is left that no ledger holds and that no
+// secret value reached the operators' logs; prints the matrix, and writes it into
+// KEYROLL_RELIABILITY_DOC when that names a file and everything passed. It returns the exit code.
+func endOfMatrix(code int) int {
 	if live, orphans, err := orphansLeft(); err != nil || len(orphans) > 0 {
 		fmt.Fprintf(os.Stderr, "after the matrix: leases in Vault that no ledger holds: %v (%v)\n", orphans, err)
 		code = 1
@@ -102,26 +125,17 @@ func run(m *testing.M) int {
 	return code
 }
 
-// setupVault gives the operator what a Vault administrator would (deploy/vault/policy.hcl), and
-// the opt-in policy of the orphan-lease sweep (deploy/vault/sweeper-policy.hcl).
-func setupVault(ctx context.Context, g *testground.Ground) error {
-	if err := harness.SetupVault(ctx, g, roles...); err != nil {
+// setup gives the operator, besides what fw.SetupVault gave it (deploy/vault/policy.hcl), the
+// opt-in policy of the orphan-lease sweep (deploy/vault/sweeper-policy.hcl); enables Vault's audit
+// device, which records every request Vault answers, for counting issues exactly
+// (framework.AuditIssues); and builds the operator.
+func setup(ctx context.Context, f *framework.Framework) (err error) {
+	if err := f.WriteOperatorPolicy(ctx, "policy.hcl", "sweeper-policy.hcl"); err != nil {
 		return err
 	}
-	var hcl []byte
-	for _, f := range []string{"policy.hcl", "sweeper-policy.hcl"} {
-		b, err := os.ReadFile(filepath.Join(testground.RepoRoot(), "deploy", "vault", f))
-		if err != nil {
-			return err
-		}
-		hcl = append(append(hcl, b...), '\n')
-	}
-	if err := g.Vault.WritePolicy(ctx, harness.OperatorRole, string(hcl)); err != nil {
+	if auditLog, err = f.EnableAudit(ctx); err != nil {
 		return err
 	}
-	// Every request Vault answers, for counting issues exactly (auditIssues).
-	auditLog = filepath.Join(g.Dir, "vault-audit.log")
-	return g.Vault.Root.Sys().EnableAuditWithOptionsWithContext(ctx, "file", &vaultapi.EnableAuditOptions{
-		Type: "file", Options: map[string]string{"file_path": auditLog},
-	})
+	operatorBin, err = framework.BuildOperator(f.Ground.Dir)
+	return err
 }

@@ -7,18 +7,19 @@ import (
 	"time"
 
 	"github.com/keyroll/keyroll/controllers/stoppoint"
-	"github.com/keyroll/keyroll/test/harness"
+	"github.com/keyroll/keyroll/test/framework"
 )
 
 // operator is keyroll's manager binary (built from main.go) running against the test ground as
 // its own process, which the test kills with SIGKILL.
 type operator struct {
 	name string
-	*harness.Process
+	*framework.Process
 }
 
 // startOperator starts the manager, stopping at stopAt for the RedisClusters of namespace ns when
-// stopAt is not empty. Its log goes to the package's log (all of which the leak scan reads).
+// stopAt is not empty. Its log goes to the package's log of operator processes (all of which the
+// leak scan reads).
 func startOperator(t *testing.T, name string, stopAt stoppoint.Point, ns string) *operator {
 	t.Helper()
 	return startOperatorOn(t, name, stopAt, ns, "")
@@ -27,7 +28,7 @@ func startOperator(t *testing.T, name string, stopAt stoppoint.Point, ns string)
 // startOperatorOn is startOperator with the API server that kubeconfig names (an APIProxy's).
 func startOperatorOn(t *testing.T, name string, stopAt stoppoint.Point, ns, kubeconfig string) *operator {
 	t.Helper()
-	p, err := harness.StartProcess(ground, operatorBin, harness.ProcessOptions{
+	p, err := fw.StartProcess(operatorBin, framework.ProcessOptions{
 		Kubeconfig: kubeconfig, StopAt: stopAt, StopNamespace: ns,
 		Line: func(l string) { logs.add(name, l) },
 	})
@@ -65,7 +66,8 @@ func (o *operator) notStopped(t *testing.T, when string) {
 	}
 }
 
-// logBook keeps every operator's log lines, by operator, and writes them all to one file.
+// logBook keeps every operator process's log lines, by operator, and writes them all to one file
+// (fw.Logs holds what operators in the test process log: none runs here).
 type logBook struct {
 	mu    sync.Mutex
 	lines map[string][]string

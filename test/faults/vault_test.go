@@ -10,13 +10,14 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/test/framework"
 	"github.com/keyroll/keyroll/test/testground"
 )
 
 // vaultProxy starts a proxy to the ground's Vault, which a row cuts or blackholes.
 func vaultProxy(t *testing.T) *testground.Proxy {
 	t.Helper()
-	p, err := testground.StartProxy(strings.TrimPrefix(ground.Vault.Addr, "http://"))
+	p, err := testground.StartProxy(strings.TrimPrefix(fw.Ground.Vault.Addr, "http://"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -27,7 +28,7 @@ func vaultProxy(t *testing.T) *testground.Proxy {
 // lastRenewal is when the cluster's current lease was last renewed, and that lease.
 func lastRenewal(t *testing.T, rc *v1alpha1.RedisCluster) (string, time.Time) {
 	t.Helper()
-	c := get(t, rc).Status.Credential
+	c := fw.Get(t, rc).Status.Credential
 	if c == nil {
 		return "", time.Time{}
 	}
@@ -44,12 +45,12 @@ func lastRenewal(t *testing.T, rc *v1alpha1.RedisCluster) (string, time.Time) {
 func TestVaultStoppedForTwoRenewals(t *testing.T) {
 	r := newRow(t, 8, "Vault stopped for 2× the renewal interval",
 		"Vault request rate stays under the backoff bound during the outage; renewal within one backoff after return; no lease lapses that was renewable in time")
-	ns := "f-outage"
-	namespace(t, ns)
+	base := "f-outage"
+	ns := fw.Namespace(t, base)
 	p := vaultProxy(t)
-	vaultConnection(t, ns, p.URL(), ns)
+	vc := fw.VaultConnection(t, base, framework.Address(p.URL()), framework.Allow(ns), sweep(v1alpha1.OrphanLeasesRevoke))
 	startOperator(t, ns+"-1", "", ns)
-	rc := redisCluster(t, ns, "orders", ns, ns, "", func(rc *v1alpha1.RedisCluster) { rc.Spec.Credentials.VaultLease.RenewalPercent = 20 })
+	rc := fw.RedisCluster(t, ns, "orders", vc.Name, fw.Path(base), func(rc *v1alpha1.RedisCluster) { rc.Spec.Credentials.VaultLease.RenewalPercent = 20 })
 	cur := waitSettled(t, rc, "", settleTimeout)
 	lease := cur.Status.Credential.LeaseID
 	duration := cur.Status.Credential.LeaseDuration.Duration
@@ -57,7 +58,7 @@ func TestVaultStoppedForTwoRenewals(t *testing.T) {
 	// Start the outage right after a renewal, as the worst case for the lease's remaining life
 	// is the end of an interval.
 	_, before := lastRenewal(t, rc)
-	eventually(t, 2*interval, func() string {
+	framework.Eventually(t, 2*interval, func() string {
 		if _, at := lastRenewal(t, rc); !at.After(before) {
 			return "no renewal yet"
 		}
@@ -71,7 +72,7 @@ func TestVaultStoppedForTwoRenewals(t *testing.T) {
 	p.Restore()
 	restored := time.Now()
 	var renewedAfter time.Duration
-	eventually(t, 45*time.Second, func() string {
+	framework.Eventually(t, 45*time.Second, func() string {
 		id, at := lastRenewal(t, rc)
 		if id != lease {
 			return fmt.Sprintf("the lease changed from %s to %s: it was not kept", lease, id)
@@ -82,7 +83,7 @@ func TestVaultStoppedForTwoRenewals(t *testing.T) {
 		renewedAfter = at.Sub(restored)
 		return ""
 	})
-	if ok, _ := ground.Vault.LeaseExpiry(lease); !ok {
+	if ok, _ := fw.LeaseExists(lease); !ok {
 		t.Errorf("lease %s lapsed during the outage", lease)
 	}
 	// The backoff bound: per cluster, the doublings from 0.5 s to the 30 s cap and then one attempt
@@ -96,7 +97,7 @@ func TestVaultStoppedForTwoRenewals(t *testing.T) {
 	if renewedAfter > 35*time.Second {
 		t.Errorf("renewed %s after Vault returned, more than one backoff cap (30 s)", renewedAfter)
 	}
-	checkLeases(t, rc, ns)
+	checkLeases(t, rc, base)
 	r.measured = fmt.Sprintf("outage %s (2× the %s renewal interval of a %s lease): %d connection attempts to Vault (%.2f/s; bound %d); renewed %s after Vault returned; the lease never lapsed (same lease ID, live in Vault)",
 		outage.Round(time.Second), interval.Round(time.Second), duration, attempts, float64(attempts)/time.Since(cut).Seconds(), bound, renewedAfter.Round(100*time.Millisecond))
 }
@@ -108,21 +109,21 @@ func TestVaultStoppedForTwoRenewals(t *testing.T) {
 // as without the fault.
 func TestVaultBlackholed(t *testing.T) {
 	r := newRow(t, 9, "Vault blackholed", "a call ends by its deadline, the connection's next ones at once but for one every 2 s; other VaultConnections' clusters are not slowed (measured)")
+	// Each namespace, its VaultConnection and its Vault role have the same base name.
 	sick, healthy := "f-blackhole", "f-healthy"
-	namespace(t, sick)
-	namespace(t, healthy)
+	sickNS, healthyNS := fw.Namespace(t, sick), fw.Namespace(t, healthy)
 	p := vaultProxy(t)
-	vaultConnection(t, sick, p.URL(), sick)
-	vaultConnection(t, healthy, ground.Vault.Addr, healthy)
-	startOperator(t, "blackhole-1", "", sick)
-	consumerDeployment(t, healthy, "app")
-	a := redisCluster(t, sick, "orders", sick, sick, "")
-	b := redisCluster(t, healthy, "orders", healthy, healthy, "app")
+	sickVC := fw.VaultConnection(t, sick, framework.Address(p.URL()), framework.Allow(sickNS), sweep(v1alpha1.OrphanLeasesRevoke))
+	healthyVC := fw.VaultConnection(t, healthy, framework.Allow(healthyNS), sweep(v1alpha1.OrphanLeasesRevoke))
+	startOperator(t, "blackhole-1", "", sickNS)
+	fw.StandInConsumer(t, healthyNS, "app", 1)
+	a := fw.RedisCluster(t, sickNS, "orders", sickVC.Name, fw.Path(sick))
+	b := fw.RedisCluster(t, healthyNS, "orders", healthyVC.Name, fw.Path(healthy), framework.WithConsumers("app"))
 	waitSettled(t, a, "", settleTimeout)
 	bv := waitSettled(t, b, "", settleTimeout).Status.Credential.Version
 	rotate := func() time.Duration {
 		start := time.Now()
-		rotateNow(t, b)
+		fw.RotateNow(t, b)
 		bv = waitSettled(t, b, bv, settleTimeout).Status.Credential.Version
 		return time.Since(start)
 	}
@@ -130,10 +131,10 @@ func TestVaultBlackholed(t *testing.T) {
 
 	p.Blackhole()
 	start := time.Now()
-	rotateNow(t, a) // its issue hangs in the blackhole until the deadline
+	fw.RotateNow(t, a) // its issue hangs in the blackhole until the deadline
 	time.Sleep(time.Second)
 	during := rotate()
-	cur := waitCondition(t, a, v1alpha1.ConditionCredentialsReady, metav1.ConditionFalse, v1alpha1.ReasonVaultUnavailable, 30*time.Second)
+	cur := fw.WaitCondition(t, a, v1alpha1.ConditionCredentialsReady, metav1.ConditionFalse, v1alpha1.ReasonVaultUnavailable, 30*time.Second)
 	ended := time.Since(start)
 	if ended > 25*time.Second {
 		t.Errorf("the blackholed issue was reported %s after it began, past its 10 s deadline and a retry", ended)
@@ -153,57 +154,34 @@ func TestVaultBlackholed(t *testing.T) {
 // gets its one lease once Vault is unsealed.
 func TestVaultSealedDuringIssue(t *testing.T) {
 	r := newRow(t, 10, "Vault sealed during issue", "condition says sealed; issue succeeds after unseal; one lease")
-	ns := "f-sealed"
-	namespace(t, ns)
-	vaultConnection(t, ns, ground.Vault.Addr, ns)
+	base := "f-sealed"
+	ns := fw.Namespace(t, base)
+	vc := fw.VaultConnection(t, base, framework.Allow(ns), sweep(v1alpha1.OrphanLeasesRevoke))
 	startOperator(t, ns+"-1", "", ns)
-	eventually(t, time.Minute, func() string {
-		if c := getConnection(t, ns); !isTrue(c.Status.Conditions, v1alpha1.ConditionReady) {
-			return "the VaultConnection is not Ready"
-		}
-		return ""
-	})
+	fw.WaitConnectionReady(t, vc.Name, time.Minute)
 	ctx := context.Background()
-	if err := ground.Vault.Seal(ctx); err != nil {
+	if err := fw.Ground.Vault.Seal(ctx); err != nil {
 		t.Fatal(err)
 	}
 	sealed := true
 	t.Cleanup(func() {
 		if sealed {
-			_ = ground.Vault.Unseal(ctx)
+			_ = fw.Ground.Vault.Unseal(ctx)
 		}
 	})
-	rc := redisCluster(t, ns, "orders", ns, ns, "")
-	cur := waitCondition(t, rc, v1alpha1.ConditionCredentialsReady, metav1.ConditionFalse, v1alpha1.ReasonVaultSealed, time.Minute)
-	msg := conditionMessage(cur.Status.Conditions, v1alpha1.ConditionCredentialsReady)
-	if err := ground.Vault.Unseal(ctx); err != nil {
+	rc := fw.RedisCluster(t, ns, "orders", vc.Name, fw.Path(base))
+	cur := fw.WaitCondition(t, rc, v1alpha1.ConditionCredentialsReady, metav1.ConditionFalse, v1alpha1.ReasonVaultSealed, time.Minute)
+	msg := framework.Condition(cur, v1alpha1.ConditionCredentialsReady).Message
+	if err := fw.Ground.Vault.Unseal(ctx); err != nil {
 		t.Fatal(err)
 	}
 	sealed = false
 	unsealed := time.Now()
 	waitSettled(t, rc, "", settleTimeout)
 	after := time.Since(unsealed)
-	checkLeases(t, rc, ns)
-	if issued := auditIssues(t, ns); issued != 1 {
+	checkLeases(t, rc, base)
+	if issued := framework.AuditIssues(t, auditLog, fw.Path(base)); issued != 1 {
 		t.Errorf("%d leases issued, want one", issued)
 	}
 	r.measured = fmt.Sprintf("CredentialsReady=False/VaultSealed (%q); Ready %s after the unseal, with 1 lease issued", msg, after.Round(100*time.Millisecond))
-}
-
-func isTrue(conds []metav1.Condition, t string) bool {
-	for _, c := range conds {
-		if c.Type == t {
-			return c.Status == metav1.ConditionTrue
-		}
-	}
-	return false
-}
-
-func conditionMessage(conds []metav1.Condition, t string) string {
-	for _, c := range conds {
-		if c.Type == t {
-			return c.Message
-		}
-	}
-	return ""
 }

@@ -23,6 +23,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"go.uber.org/zap/zapcore"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
@@ -45,9 +46,9 @@ type Config struct {
 	Setup func(ctx context.Context, f *Framework) error
 	// Operator, when not nil, runs keyroll's manager in the test process during the tests.
 	Operator *OperatorOptions
-	// LogLevel is the level of what the operator in the test process logs (default: debug). Every
+	// InfoLogs has the operator in the test process log at Info, not at debug (the default). Every
 	// line also goes to Framework.Logs, for the tests that look for what must never be logged.
-	LogLevel zapcore.Level
+	InfoLogs bool
 }
 
 // The operator's service account: the name the manifests give it.
@@ -87,7 +88,34 @@ func (f *Framework) Name(base string) string {
 	return f.Config.Name + "-" + base
 }
 
-// Role is the name of the package's Vault role base; Path is the path that issues its credentials.
+// LabelPackage marks the RedisClusters and VaultConnections a package creates with the package's
+// name; the package's operators see those alone (--watch-selector), so that packages that share a
+// ground never act on each other's.
+const LabelPackage = "test.keyroll.dev/package"
+
+// Selector selects the package's RedisClusters and VaultConnections (nil, all of them, for a
+// package without a Name).
+func (f *Framework) Selector() labels.Selector {
+	if f.Config.Name == "" {
+		return nil
+	}
+	return labels.SelectorFromSet(labels.Set{LabelPackage: f.Config.Name})
+}
+
+// Label marks an object as the package's (see LabelPackage).
+func (f *Framework) Label(obj client.Object) {
+	if f.Config.Name == "" {
+		return
+	}
+	l := obj.GetLabels()
+	if l == nil {
+		l = map[string]string{}
+	}
+	l[LabelPackage] = f.Config.Name
+	obj.SetLabels(l)
+}
+
+// Role is the name of the package's Vault role base.
 func (f *Framework) Role(base string) string { return f.Name(base) }
 
 // Path is the Vault path that issues the credentials of the package's role base.
@@ -164,12 +192,12 @@ func (f *Framework) stop() {
 }
 
 // setLogger sends what controller-runtime and the operator log to standard error and Logs, at
-// Config.LogLevel; to the file KEYROLL_OPERATOR_LOG names, when set (to explain what a benchmark
+// debug or Info (Config.InfoLogs); to the file KEYROLL_OPERATOR_LOG names, when set (to explain what a benchmark
 // measured); nowhere while benchmarks run, which print numbers.
 func (f *Framework) setLogger() {
-	level := zap.Level(f.Config.LogLevel)
-	if f.Config.LogLevel == 0 {
-		level = zap.Level(zapcore.DebugLevel)
+	level := zap.Level(zapcore.DebugLevel)
+	if f.Config.InfoLogs {
+		level = zap.Level(zapcore.InfoLevel)
 	}
 	if path := os.Getenv("KEYROLL_OPERATOR_LOG"); path != "" {
 		if file, err := os.Create(path); err == nil {

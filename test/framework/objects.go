@@ -75,6 +75,7 @@ func (f *Framework) VaultConnection(t testing.TB, base string, opts ...VaultConn
 	for _, o := range opts {
 		o(vc)
 	}
+	f.Label(vc)
 	if err := f.Client.Create(context.Background(), vc); err != nil {
 		t.Fatal(err)
 	}
@@ -131,9 +132,14 @@ func (f *Framework) RedisCluster(t testing.TB, ns, name, connection, path string
 	return rc
 }
 
-// Create creates an object and deletes it when the test ends.
+// Create creates an object and deletes it when the test ends; a RedisCluster or VaultConnection
+// is marked as the package's first (Label), so that the package's operator sees it.
 func (f *Framework) Create(t testing.TB, obj client.Object) {
 	t.Helper()
+	switch obj.(type) {
+	case *v1alpha1.RedisCluster, *v1alpha1.VaultConnection:
+		f.Label(obj)
+	}
 	if err := f.Client.Create(context.Background(), obj); err != nil {
 		t.Fatal(err)
 	}

@@ -82,7 +82,7 @@ func (f *Framework) NewOperator(ctx context.Context, o OperatorOptions) (*Operat
 	scheme := Scheme()
 	mo := ctrl.Options{
 		Scheme: scheme, Metrics: metricsserver.Options{BindAddress: metricsAddr}, HealthProbeBindAddress: probeAddr,
-		Cache: controllers.CacheOptions(cfg),
+		Cache: controllers.CacheOptions(cfg, f.Selector()),
 		// Several operators, or a restarted one, register their controllers in one process.
 		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
 	}

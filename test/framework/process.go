@@ -68,7 +68,11 @@ func (f *Framework) StartProcess(bin string, o ProcessOptions) (*Process, error)
 	if o.MetricsPort > 0 {
 		metrics = "--metrics-bind-address=127.0.0.1:" + strconv.Itoa(o.MetricsPort)
 	}
-	args := append([]string{"--kubeconfig=" + kubeconfig, "--zap-devel", metrics, "--metrics-secure=false",
+	selector := ""
+	if sel := f.Selector(); sel != nil {
+		selector = sel.String()
+	}
+	args := append([]string{"--kubeconfig=" + kubeconfig, "--watch-selector=" + selector, "--zap-devel", metrics, "--metrics-secure=false",
 		"--health-probe-bind-address=127.0.0.1:0", "--redis-probe-image=" + testground.ProbeImage,
 		"--leader-election-namespace=" + f.OperatorNS, "--service-account-namespace=" + f.OperatorNS, "--service-account-name=" + OperatorSA,
 		"--leader-elect-lease-duration=4s", "--leader-elect-renew-deadline=3s", "--leader-elect-retry-period=500ms"}, o.Args...)

@@ -98,7 +98,7 @@ func Start(ctx context.Context, g *testground.Ground, o Options) (*Operator, err
 	}
 	mo := ctrl.Options{
 		Scheme: scheme, Metrics: metricsserver.Options{BindAddress: metricsAddr(o.MetricsAddr)}, HealthProbeBindAddress: metricsAddr(o.ProbeAddr),
-		Cache: controllers.CacheOptions(cfg),
+		Cache: controllers.CacheOptions(cfg, nil),
 		// Several operators, or a restarted one, register their controllers in one process.
 		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
 	}

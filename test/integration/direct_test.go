@@ -22,6 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/test/framework"
 	"github.com/keyroll/keyroll/test/testground"
 )
 
@@ -29,21 +30,21 @@ import (
 // against Vault's Redis and on every Redis pod, none of which mounts it; a reconcile of the steady
 // cluster writes nothing, calls Vault for nothing and sends no Redis command.
 func TestIssueGivesAWorkingCredentialAndASteadyStateWritesNothing(t *testing.T) {
-	namespace(t, "issue")
-	vaultConnection(t, "vault-issue", ground.Vault.Addr, "issue")
-	rc := redisCluster(t, "issue", "orders", "vault-issue", "database/creds/orders", replicas(3))
+	ns := fw.Namespace(t, "issue")
+	vc := fw.VaultConnection(t, "vault-issue", framework.Allow(ns))
+	rc := fw.RedisCluster(t, ns, "orders", vc.Name, fw.Path("orders"), framework.Replicas(3))
 	start := time.Now()
-	cur := waitCondition(t, rc, v1alpha1.ConditionReady, metav1.ConditionTrue, v1alpha1.ReasonAvailable, 90*time.Second)
+	cur := fw.WaitCondition(t, rc, v1alpha1.ConditionReady, metav1.ConditionTrue, v1alpha1.ReasonAvailable, 90*time.Second)
 	t.Logf("Ready %s after create", time.Since(start).Round(time.Millisecond))
 
-	user, pass, ok := credentials(t, rc)
-	if !ok || !authenticates(user, pass) {
+	user, pass, ok := fw.Credentials(rc)
+	if !ok || !fw.Authenticates(user, pass) {
 		t.Fatalf("the credentials Secret does not hold a working credential (user %q)", user)
 	}
-	if msg := onEveryPod(t, rc, user, pass, true); msg != "" {
+	if msg := fw.OnEveryPod(rc, user, pass, true); msg != "" {
 		t.Fatal(msg)
 	}
-	for _, p := range redisPods(t, rc) {
+	for _, p := range fw.RedisPods(t, rc) {
 		if p.Spec.NodeName != testground.RealNodeName {
 			t.Errorf("pod %s runs on %q, want the real node", p.Name, p.Spec.NodeName)
 		}
@@ -53,7 +54,7 @@ func TestIssueGivesAWorkingCredentialAndASteadyStateWritesNothing(t *testing.T) 
 			}
 		}
 	}
-	if c := apimeta.FindStatusCondition(cur.Status.Conditions, v1alpha1.ConditionUsersApplied); c == nil || c.Reason != v1alpha1.ReasonApplied {
+	if c := framework.Condition(cur, v1alpha1.ConditionUsersApplied); c == nil || c.Reason != v1alpha1.ReasonApplied {
 		t.Errorf("UsersApplied %+v", c)
 	}
 	if len(cur.Status.Nodes) != 3 {
@@ -69,25 +70,35 @@ func TestIssueGivesAWorkingCredentialAndASteadyStateWritesNothing(t *testing.T) 
 	if cur.Status.Phase != v1alpha1.PhaseReady || cur.Status.ReadyReplicas != 3 || cur.Status.ObservedGeneration != cur.Generation {
 		t.Fatalf("phase %s, ready %d, observedGeneration %d", cur.Status.Phase, cur.Status.ReadyReplicas, cur.Status.ObservedGeneration)
 	}
-	if exists, _ := leaseExists(t, c.LeaseID); !exists {
+	if exists, _ := fw.LeaseExists(c.LeaseID); !exists {
 		t.Fatal("Vault does not know the lease in status")
 	}
 	for _, want := range []string{v1alpha1.EventCredentialsIssued, v1alpha1.EventUsersApplied} {
-		if !hasEvent(t, "issue", "orders", want) {
+		if !fw.HasEvent(t, ns, "orders", want) {
 			t.Errorf("no %s event", want)
 		}
 	}
 	// Redis pods that start are waited for, not reported (they refuse connections at first).
-	if w := warningNotes(t, "issue", "orders"); len(w) > 0 {
+	if w := framework.Notes(framework.Warnings(fw.ClusterEvents(t, ns, "orders"))); len(w) > 0 {
 		t.Errorf("warnings while a new cluster came up: %v", w)
 	}
 
-	// The VaultConnection reports the login, the token's expiry and Vault's version and seal state.
-	waitConnectionReady(t, "vault-issue")
+	// The VaultConnection reports the login, the token's expiry and Vault's version and seal state
+	// (more than fw.WaitConnectionReady checks).
+	framework.Eventually(t, 30*time.Second, func() string {
+		st := fw.GetConnection(t, vc.Name).Status
+		ready := apimeta.FindStatusCondition(st.Conditions, v1alpha1.ConditionReady)
+		if ready == nil || ready.Status != metav1.ConditionTrue || ready.Reason != v1alpha1.ReasonLoggedIn ||
+			st.VaultVersion == "" || st.Sealed == nil || *st.Sealed || st.TokenExpiresAt == nil || !st.TokenExpiresAt.After(time.Now()) {
+			return fmt.Sprintf("VaultConnection %s status: %+v", vc.Name, st)
+		}
+		return ""
+	})
 
 	// Reconcile again with nothing changed: no write to the API server, no call to Vault.
 	var writes atomic.Int64
 	count := func() { writes.Add(1) }
+	reconciler := fw.Operator().Reconciler
 	r := reconciler.WithClient(interceptor.NewClient(withoutWatch{reconciler.Client}, interceptor.Funcs{
 		Create: func(ctx context.Context, c client.WithWatch, o client.Object, opts ...client.CreateOption) error {
 			count()
@@ -115,7 +126,7 @@ func TestIssueGivesAWorkingCredentialAndASteadyStateWritesNothing(t *testing.T) 
 		},
 	}))
 	req := ctrl.Request{NamespacedName: client.ObjectKeyFromObject(rc)}
-	calls := vaultCalls.of("vault-issue")
+	calls := vaultCalls.of(vc.Name)
 	aclBefore := aclCommands(t, rc)
 	for i := range 2 {
 		res, err := r.Reconcile(context.Background(), req)
@@ -129,7 +140,7 @@ func TestIssueGivesAWorkingCredentialAndASteadyStateWritesNothing(t *testing.T) 
 	if n := writes.Load(); n != 0 {
 		t.Errorf("reconciling an unchanged RedisCluster made %d API writes", n)
 	}
-	if n := vaultCalls.of("vault-issue") - calls; n != 0 {
+	if n := vaultCalls.of(vc.Name) - calls; n != 0 {
 		t.Errorf("reconciling an unchanged RedisCluster made %d Vault calls", n)
 	}
 	if after := aclCommands(t, rc); !maps.Equal(after, aclBefore) {
@@ -141,10 +152,10 @@ func TestIssueGivesAWorkingCredentialAndASteadyStateWritesNothing(t *testing.T) 
 // commandstats, as keyroll's admin user), keyed "pod acl|subcommand".
 func aclCommands(t *testing.T, rc *v1alpha1.RedisCluster) map[string]string {
 	t.Helper()
-	admin := internalPasswords(t, rc)["admin-password"]
+	admin := fw.InternalPasswords(t, rc)["admin-password"]
 	out := map[string]string{}
-	for _, p := range redisPods(t, rc) {
-		info, err := testground.RedisDo(redisAddr(&p), "keyroll-admin", admin, "INFO", "commandstats")
+	for _, p := range fw.RedisPods(t, rc) {
+		info, err := testground.RedisDo(framework.PodAddr(&p), "keyroll-admin", admin, "INFO", "commandstats")
 		if err != nil {
 			t.Fatalf("INFO commandstats on %s: %v", p.Name, err)
 		}
@@ -163,12 +174,12 @@ func aclCommands(t *testing.T, rc *v1alpha1.RedisCluster) map[string]string {
 }
 
 func TestLeaseIsRenewedBeforeExpiryAndReissuedWhenRevokedOutside(t *testing.T) {
-	namespace(t, "renew")
-	vaultConnection(t, "vault-renew", ground.Vault.Addr, "renew")
-	rc := redisCluster(t, "renew", "short", "vault-renew", "database/creds/short")
-	cur := waitReady(t, rc, 60*time.Second)
+	ns := fw.Namespace(t, "renew")
+	vc := fw.VaultConnection(t, "vault-renew", framework.Allow(ns))
+	rc := fw.RedisCluster(t, ns, "short", vc.Name, fw.Path("short"))
+	cur := fw.WaitReady(t, rc, 60*time.Second)
 	first := cur.Status.Credential
-	user, pass, _ := credentials(t, rc)
+	user, pass, _ := fw.Credentials(rc)
 	firstExpiry := first.ExpiresAt.Time
 
 	// The 20 s lease is renewed before it expires, and Vault shows the extended expiry; the
@@ -176,45 +187,44 @@ func TestLeaseIsRenewedBeforeExpiryAndReissuedWhenRevokedOutside(t *testing.T) {
 	deadline := time.Now().Add(60 * time.Second)
 	renewed := false
 	for time.Now().Before(deadline) {
-		if !authenticates(user, pass) {
+		if !fw.Authenticates(user, pass) {
 			t.Fatalf("the credential stopped working %s into the minute", 60*time.Second-time.Until(deadline))
 		}
-		if msg := onEveryPod(t, rc, user, pass, true); msg != "" {
+		if msg := fw.OnEveryPod(rc, user, pass, true); msg != "" {
 			t.Fatalf("%s into the minute: %s", 60*time.Second-time.Until(deadline), msg)
 		}
-		if exists, exp := leaseExists(t, first.LeaseID); !exists {
+		if exists, exp := fw.LeaseExists(first.LeaseID); !exists {
 			t.Fatal("the lease disappeared from Vault")
 		} else if exp.After(firstExpiry.Add(2 * time.Second)) {
 			renewed = true
 		}
 		time.Sleep(2 * time.Second)
 	}
-	cur = get(t, rc)
+	cur = fw.Get(t, rc)
 	if !renewed || cur.Status.Credential.LastRenewal == nil || cur.Status.Credential.LeaseID != first.LeaseID {
 		t.Fatalf("lease not renewed in a minute: renewed in Vault %v, status %+v", renewed, cur.Status.Credential)
 	}
 
 	// Revoked directly in Vault: keyroll notices at the next renewal, cuts the revoked user off
 	// on every node (onRevokedOutside CutOff, the default) and issues a new credential.
-	if err := ground.Vault.Root.Sys().Revoke(first.LeaseID); err != nil {
+	if err := fw.Ground.Vault.Root.Sys().Revoke(first.LeaseID); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 40*time.Second, func() string {
-		cur = get(t, rc)
+	framework.Eventually(t, 40*time.Second, func() string {
+		cur = fw.Get(t, rc)
 		if cur.Status.Credential.LeaseID == first.LeaseID {
 			return "still on the revoked lease"
 		}
 		return ""
 	})
-	user2, pass2, _ := credentials(t, rc)
-	eventually(t, 10*time.Second, func() string {
-		user2, pass2, _ = credentials(t, rc)
-		if user2 == user || !authenticates(user2, pass2) {
+	framework.Eventually(t, 10*time.Second, func() string {
+		user2, pass2, _ := fw.Credentials(rc)
+		if user2 == user || !fw.Authenticates(user2, pass2) {
 			return "the credentials Secret does not hold the new working credential"
 		}
-		return onEveryPod(t, rc, user2, pass2, true)
+		return fw.OnEveryPod(rc, user2, pass2, true)
 	})
-	eventually(t, 10*time.Second, func() string { return onEveryPod(t, rc, user, pass, false) })
+	framework.Eventually(t, 10*time.Second, func() string { return fw.OnEveryPod(rc, user, pass, false) })
 	for _, l := range cur.Status.Leases {
 		if l.LeaseID == first.LeaseID {
 			t.Errorf("the revoked lease is still in the ledger: %+v", l)
@@ -223,73 +233,64 @@ func TestLeaseIsRenewedBeforeExpiryAndReissuedWhenRevokedOutside(t *testing.T) {
 }
 
 func TestDeleteRevokesTheLeaseThenLetsGo(t *testing.T) {
-	namespace(t, "delete")
-	vaultConnection(t, "vault-delete", ground.Vault.Addr, "delete")
-	rc := redisCluster(t, "delete", "orders", "vault-delete", "database/creds/orders")
-	cur := waitReady(t, rc, 60*time.Second)
-	user, pass, _ := credentials(t, rc)
+	ns := fw.Namespace(t, "delete")
+	vc := fw.VaultConnection(t, "vault-delete", framework.Allow(ns))
+	rc := fw.RedisCluster(t, ns, "orders", vc.Name, fw.Path("orders"))
+	cur := fw.WaitReady(t, rc, 60*time.Second)
+	user, pass, _ := fw.Credentials(rc)
 	lease := cur.Status.Credential.LeaseID
-	if !authenticates(user, pass) {
+	if !fw.Authenticates(user, pass) {
 		t.Fatal("credential does not work before delete")
 	}
-	if err := k8s.Delete(context.Background(), rc); err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, 30*time.Second, func() string {
-		err := k8s.Get(context.Background(), client.ObjectKeyFromObject(rc), &v1alpha1.RedisCluster{})
-		if !apierrors.IsNotFound(err) {
-			return "the RedisCluster is still there"
-		}
-		return ""
-	})
-	if authenticates(user, pass) {
+	fw.DeleteAndWait(t, rc, 30*time.Second)
+	if fw.Authenticates(user, pass) {
 		t.Error("the credential still works after delete")
 	}
-	if exists, _ := leaseExists(t, lease); exists {
+	if exists, _ := fw.LeaseExists(lease); exists {
 		t.Error("Vault still knows the lease after delete")
 	}
 }
 
 func TestDeleteWhileVaultIsUnreachableKeepsTheFinalizerUntilRevoked(t *testing.T) {
-	proxy, err := testground.StartProxy(ground.Vault.Addr[len("http://"):])
+	proxy, err := testground.StartProxy(fw.Ground.Vault.Addr[len("http://"):])
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(proxy.Stop)
-	namespace(t, "unreachable")
-	vaultConnection(t, "vault-proxied", proxy.URL(), "unreachable")
-	rc := redisCluster(t, "unreachable", "orders", "vault-proxied", "database/creds/orders")
-	cur := waitReady(t, rc, 60*time.Second)
-	user, pass, _ := credentials(t, rc)
+	ns := fw.Namespace(t, "unreachable")
+	vc := fw.VaultConnection(t, "vault-proxied", framework.Address(proxy.URL()), framework.Allow(ns))
+	rc := fw.RedisCluster(t, ns, "orders", vc.Name, fw.Path("orders"))
+	cur := fw.WaitReady(t, rc, 60*time.Second)
+	user, pass, _ := fw.Credentials(rc)
 	lease := cur.Status.Credential.LeaseID
 
 	proxy.Cut()
-	if err := k8s.Delete(context.Background(), rc); err != nil {
+	if err := fw.Client.Delete(context.Background(), rc); err != nil {
 		t.Fatal(err)
 	}
-	cur = waitCondition(t, rc, v1alpha1.ConditionDegraded, metav1.ConditionTrue, v1alpha1.ReasonRevocationPending, 90*time.Second)
+	cur = fw.WaitCondition(t, rc, v1alpha1.ConditionDegraded, metav1.ConditionTrue, v1alpha1.ReasonRevocationPending, 90*time.Second)
 	t.Logf("while Vault is cut off: %s", conditionText(cur, v1alpha1.ConditionDegraded))
 	time.Sleep(3 * time.Second)
-	cur = get(t, rc)
-	if len(cur.Finalizers) == 0 || len(cur.Status.Leases) != 1 || !authenticates(user, pass) {
+	cur = fw.Get(t, rc)
+	if len(cur.Finalizers) == 0 || len(cur.Status.Leases) != 1 || !fw.Authenticates(user, pass) {
 		t.Fatalf("with Vault unreachable the object must stay with its finalizer and lease: finalizers %v, leases %+v", cur.Finalizers, cur.Status.Leases)
 	}
-	if !hasEvent(t, "unreachable", "orders", v1alpha1.EventRevocationFailed) {
+	if !fw.HasEvent(t, ns, "orders", v1alpha1.EventRevocationFailed) {
 		t.Error("no RevocationFailed event")
 	}
 
 	proxy.Restore()
-	eventually(t, 90*time.Second, func() string {
-		err := k8s.Get(context.Background(), client.ObjectKeyFromObject(rc), &v1alpha1.RedisCluster{})
+	framework.Eventually(t, 90*time.Second, func() string {
+		err := fw.Client.Get(context.Background(), client.ObjectKeyFromObject(rc), &v1alpha1.RedisCluster{})
 		if !apierrors.IsNotFound(err) {
 			return "the RedisCluster is still there after Vault came back"
 		}
 		return ""
 	})
-	if authenticates(user, pass) {
+	if fw.Authenticates(user, pass) {
 		t.Error("the credential still works after the delete completed")
 	}
-	if exists, _ := leaseExists(t, lease); exists {
+	if exists, _ := fw.LeaseExists(lease); exists {
 		t.Error("Vault still knows the lease")
 	}
 }
@@ -304,29 +305,28 @@ func conditionText(rc *v1alpha1.RedisCluster, condType string) string {
 }
 
 func TestRefusedClustersGetAConditionAnEventAndNoSecret(t *testing.T) {
-	namespace(t, "refused")
-	for _, vc := range []*v1alpha1.VaultConnection{
-		vaultConnection(t, "vault-elsewhere", ground.Vault.Addr, "elsewhere"),
-		vaultConnection(t, "vault-refused", ground.Vault.Addr, "refused"),
-	} {
-		waitConnectionReady(t, vc.Name)
+	ns := fw.Namespace(t, "refused")
+	elsewhere := fw.VaultConnection(t, "vault-elsewhere", framework.Allow(fw.Name("elsewhere")))
+	refused := fw.VaultConnection(t, "vault-refused", framework.Allow(ns))
+	for _, vc := range []*v1alpha1.VaultConnection{elsewhere, refused} {
+		fw.WaitConnectionReady(t, vc.Name, 30*time.Second)
 	}
 	cases := map[string]struct {
 		connection, path, reason string
 	}{
-		"not-allowed": {"vault-elsewhere", "database/creds/orders", v1alpha1.ReasonNamespaceNotAllowed},
-		"no-conn":     {"missing", "database/creds/orders", v1alpha1.ReasonConnectionNotFound},
-		"forbidden":   {"vault-refused", "kv/creds/orders", v1alpha1.ReasonPermissionDenied},
+		"not-allowed": {elsewhere.Name, fw.Path("orders"), v1alpha1.ReasonNamespaceNotAllowed},
+		"no-conn":     {fw.Name("missing"), fw.Path("orders"), v1alpha1.ReasonConnectionNotFound},
+		"forbidden":   {refused.Name, "kv/creds/orders", v1alpha1.ReasonPermissionDenied},
 	}
 	for name, tc := range cases {
 		calls := vaultCalls.of(tc.connection)
-		rc := redisCluster(t, "refused", name, tc.connection, tc.path) // t: no-conn lives on past its subtest
+		rc := fw.RedisCluster(t, ns, name, tc.connection, tc.path) // t: no-conn lives on past its subtest
 		t.Run(name, func(t *testing.T) {
-			cur := waitCondition(t, rc, v1alpha1.ConditionCredentialsReady, metav1.ConditionFalse, tc.reason, 30*time.Second)
-			if !hasEvent(t, "refused", name, "") {
+			cur := fw.WaitCondition(t, rc, v1alpha1.ConditionCredentialsReady, metav1.ConditionFalse, tc.reason, 30*time.Second)
+			if !fw.HasEvent(t, ns, name, "") {
 				t.Error("no event")
 			}
-			if _, _, ok := credentials(t, rc); ok || len(cur.Status.Leases) != 0 {
+			if _, _, ok := fw.Credentials(rc); ok || len(cur.Status.Leases) != 0 {
 				t.Errorf("a refused RedisCluster got a credentials Secret or a lease: %+v", cur.Status.Leases)
 			}
 			if tc.reason == v1alpha1.ReasonNamespaceNotAllowed && vaultCalls.of(tc.connection) != calls {
@@ -337,27 +337,27 @@ func TestRefusedClustersGetAConditionAnEventAndNoSecret(t *testing.T) {
 
 	// Creating the missing VaultConnection wakes the RedisCluster that names it, long before its
 	// one-minute retry.
-	vaultConnection(t, "missing", ground.Vault.Addr, "refused")
+	fw.VaultConnection(t, "missing", framework.Allow(ns))
 	start := time.Now()
-	waitCondition(t, &v1alpha1.RedisCluster{ObjectMeta: metav1.ObjectMeta{Namespace: "refused", Name: "no-conn"}},
+	fw.WaitCondition(t, &v1alpha1.RedisCluster{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "no-conn"}},
 		v1alpha1.ConditionCredentialsReady, metav1.ConditionTrue, "", 20*time.Second)
 	t.Logf("credential issued %s after the VaultConnection appeared", time.Since(start).Round(time.Millisecond))
 }
 
 func TestForeignSecretIsLeftUntouched(t *testing.T) {
-	namespace(t, "foreign")
-	vaultConnection(t, "vault-foreign", ground.Vault.Addr, "foreign")
+	ns := fw.Namespace(t, "foreign")
+	vc := fw.VaultConnection(t, "vault-foreign", framework.Allow(ns))
 	foreign := &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "foreign", Name: "taken-credentials"},
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "taken-credentials"},
 		Data:       map[string][]byte{"username": []byte("someone"), "password": []byte("else")},
 	}
-	if err := k8s.Create(context.Background(), foreign); err != nil {
+	if err := fw.Client.Create(context.Background(), foreign); err != nil {
 		t.Fatal(err)
 	}
-	rc := redisCluster(t, "foreign", "taken", "vault-foreign", "database/creds/orders")
-	cur := waitCondition(t, rc, v1alpha1.ConditionCredentialsReady, metav1.ConditionFalse, v1alpha1.ReasonSecretConflict, 30*time.Second)
+	rc := fw.RedisCluster(t, ns, "taken", vc.Name, fw.Path("orders"))
+	cur := fw.WaitCondition(t, rc, v1alpha1.ConditionCredentialsReady, metav1.ConditionFalse, v1alpha1.ReasonSecretConflict, 30*time.Second)
 	after := &corev1.Secret{}
-	if err := k8s.Get(context.Background(), client.ObjectKeyFromObject(foreign), after); err != nil {
+	if err := fw.Client.Get(context.Background(), client.ObjectKeyFromObject(foreign), after); err != nil {
 		t.Fatal(err)
 	}
 	if after.ResourceVersion != foreign.ResourceVersion || string(after.Data["username"]) != "someone" {
@@ -366,7 +366,7 @@ func TestForeignSecretIsLeftUntouched(t *testing.T) {
 	if len(cur.Status.Leases) != 0 {
 		t.Fatalf("a credential was issued although it could not be written: %+v", cur.Status.Leases)
 	}
-	if !hasEvent(t, "foreign", "taken", v1alpha1.EventSecretConflict) {
+	if !fw.HasEvent(t, ns, "taken", v1alpha1.EventSecretConflict) {
 		t.Error("no SecretConflict event")
 	}
 }
@@ -382,15 +382,15 @@ func (withoutWatch) Watch(context.Context, client.ObjectList, ...client.ListOpti
 // the cluster (the primary and a replica, both loaded from the aclfile and given the user live):
 // keys and commands outside the rules are refused. The aclfile holds its password only as a hash.
 func TestACLRulesOfTheSpecHoldOnEveryRedisPod(t *testing.T) {
-	namespace(t, "acl")
-	vaultConnection(t, "vault-acl", ground.Vault.Addr, "acl")
-	rc := redisCluster(t, "acl", "orders", "vault-acl", "database/creds/orders", replicas(2), func(rc *v1alpha1.RedisCluster) {
+	ns := fw.Namespace(t, "acl")
+	vc := fw.VaultConnection(t, "vault-acl", framework.Allow(ns))
+	rc := fw.RedisCluster(t, ns, "orders", vc.Name, fw.Path("orders"), framework.Replicas(2), func(rc *v1alpha1.RedisCluster) {
 		rc.Spec.Credentials.ACLRules = []string{"~orders:*", "+@read", "+@write", "+@connection", "+acl|whoami"}
 	})
-	waitReady(t, rc, 90*time.Second)
-	user, pass, _ := credentials(t, rc)
+	fw.WaitReady(t, rc, 90*time.Second)
+	user, pass, _ := fw.Credentials(rc)
 	acl := &corev1.Secret{}
-	if err := k8s.Get(context.Background(), client.ObjectKey{Namespace: "acl", Name: "orders-acl"}, acl); err != nil {
+	if err := fw.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "orders-acl"}, acl); err != nil {
 		t.Fatal(err)
 	}
 	file := string(acl.Data["users.acl"])
@@ -400,22 +400,22 @@ func TestACLRulesOfTheSpecHoldOnEveryRedisPod(t *testing.T) {
 	if !strings.Contains(file, "user "+user+" on #") || !strings.Contains(file, "~orders:* +@read +@write +@connection +acl|whoami") {
 		t.Errorf("the aclfile does not give %s the spec's rules:\n%s", user, file)
 	}
-	if msg := onEveryPod(t, rc, user, pass, true); msg != "" {
+	if msg := fw.OnEveryPod(rc, user, pass, true); msg != "" {
 		t.Fatal(msg)
 	}
-	pods := redisPods(t, rc)
-	primary, replica := redisAddr(&pods[0]), redisAddr(&pods[1])
+	pods := fw.RedisPods(t, rc)
+	primary, replica := framework.PodAddr(&pods[0]), framework.PodAddr(&pods[1])
 	if _, err := testground.RedisDo(primary, user, pass, "SET", "orders:1", "x"); err != nil {
 		t.Errorf("on the primary, a key the rules allow is refused: %v", err)
 	}
-	eventually(t, 10*time.Second, func() string {
+	framework.Eventually(t, 10*time.Second, func() string {
 		if v, err := testground.RedisDo(replica, user, pass, "GET", "orders:1"); err != nil || v != "x" {
 			return fmt.Sprintf("on the replica, GET orders:1 gives %q, %v; want the primary's value", v, err)
 		}
 		return ""
 	})
 	for _, pod := range pods {
-		addr := redisAddr(&pod)
+		addr := framework.PodAddr(&pod)
 		for _, cmd := range [][]string{{"GET", "payments:1"}, {"SET", "payments:1", "x"}, {"CONFIG", "GET", "maxmemory"}} {
 			if _, err := testground.RedisDo(addr, user, pass, cmd...); err == nil || !strings.Contains(err.Error(), "NOPERM") {
 				t.Errorf("on %s, %v (outside the rules) is not refused: %v", pod.Name, cmd, err)
@@ -424,45 +424,26 @@ func TestACLRulesOfTheSpecHoldOnEveryRedisPod(t *testing.T) {
 	}
 }
 
-// waitConnectionReady waits until a VaultConnection reports the login, the token's expiry and
-// Vault's version and seal state.
-func waitConnectionReady(t *testing.T, name string) {
-	t.Helper()
-	eventually(t, 30*time.Second, func() string {
-		vc := &v1alpha1.VaultConnection{}
-		if err := k8s.Get(context.Background(), client.ObjectKey{Name: name}, vc); err != nil {
-			return err.Error()
-		}
-		st := vc.Status
-		ready := apimeta.FindStatusCondition(st.Conditions, v1alpha1.ConditionReady)
-		if ready == nil || ready.Status != metav1.ConditionTrue || ready.Reason != v1alpha1.ReasonLoggedIn ||
-			st.VaultVersion == "" || st.Sealed == nil || *st.Sealed || st.TokenExpiresAt == nil || !st.TokenExpiresAt.After(time.Now()) {
-			return fmt.Sprintf("VaultConnection %s status: %+v", name, st)
-		}
-		return ""
-	})
-}
-
 // A schedule the API server's pattern lets through but cron cannot parse is reported (Degraded,
 // InvalidSchedule, with an event) while the credential is still issued; fixing it withdraws the report.
 func TestInvalidScheduleIsReportedAndWithdrawnWhenFixed(t *testing.T) {
-	namespace(t, "schedule")
-	vaultConnection(t, "vault-schedule", ground.Vault.Addr, "schedule")
-	rc := redisCluster(t, "schedule", "orders", "vault-schedule", "database/creds/orders", func(rc *v1alpha1.RedisCluster) {
+	ns := fw.Namespace(t, "schedule")
+	vc := fw.VaultConnection(t, "vault-schedule", framework.Allow(ns))
+	rc := fw.RedisCluster(t, ns, "orders", vc.Name, fw.Path("orders"), func(rc *v1alpha1.RedisCluster) {
 		rc.Spec.Rotation.Schedule = "61 * * * *"
 	})
-	cur := waitCondition(t, rc, v1alpha1.ConditionDegraded, metav1.ConditionTrue, v1alpha1.ReasonInvalidSchedule, 30*time.Second)
-	waitCondition(t, rc, v1alpha1.ConditionCredentialsReady, metav1.ConditionTrue, "", 30*time.Second)
-	if !hasEvent(t, "schedule", "orders", v1alpha1.ReasonInvalidSchedule) {
+	cur := fw.WaitCondition(t, rc, v1alpha1.ConditionDegraded, metav1.ConditionTrue, v1alpha1.ReasonInvalidSchedule, 30*time.Second)
+	fw.WaitCondition(t, rc, v1alpha1.ConditionCredentialsReady, metav1.ConditionTrue, "", 30*time.Second)
+	if !fw.HasEvent(t, ns, "orders", v1alpha1.ReasonInvalidSchedule) {
 		t.Error("no InvalidSchedule event")
 	}
 	patch := client.MergeFrom(cur.DeepCopy())
 	cur.Spec.Rotation.Schedule = "@daily"
-	if err := k8s.Patch(context.Background(), cur, patch); err != nil {
+	if err := fw.Client.Patch(context.Background(), cur, patch); err != nil {
 		t.Fatal(err)
 	}
-	waitCondition(t, rc, v1alpha1.ConditionDegraded, metav1.ConditionFalse, "", 30*time.Second)
-	if cur = get(t, rc); cur.Status.Credential.NextRotation == nil {
+	fw.WaitCondition(t, rc, v1alpha1.ConditionDegraded, metav1.ConditionFalse, "", 30*time.Second)
+	if cur = fw.Get(t, rc); cur.Status.Credential.NextRotation == nil {
 		t.Error("no next rotation once the schedule is valid")
 	}
 }
@@ -471,24 +452,24 @@ func TestInvalidScheduleIsReportedAndWithdrawnWhenFixed(t *testing.T) {
 // rotates to a new credential and rolls it out, and at no moment does the credentials Secret hold
 // a credential that does not work.
 func TestCappedRenewalIsReplacedBeforeTheCredentialLapses(t *testing.T) {
-	namespace(t, "capped")
-	vaultConnection(t, "vault-capped", ground.Vault.Addr, "capped")
-	rc := redisCluster(t, "capped", "orders", "vault-capped", "database/creds/capped", func(rc *v1alpha1.RedisCluster) {
+	ns := fw.Namespace(t, "capped")
+	vc := fw.VaultConnection(t, "vault-capped", framework.Allow(ns))
+	rc := fw.RedisCluster(t, ns, "orders", vc.Name, fw.Path("capped"), func(rc *v1alpha1.RedisCluster) {
 		rc.Spec.Credentials.VaultLease.MinTTL = &metav1.Duration{Duration: 5 * time.Second}
 	})
-	cur := waitReady(t, rc, 60*time.Second)
+	cur := fw.WaitReady(t, rc, 60*time.Second)
 	first := cur.Status.Credential
 	maxExpiry := first.IssuedAt.Add(35 * time.Second)
 	var replaced *v1alpha1.CredentialStatus
 	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(500 * time.Millisecond) {
-		user, pass, ok := credentials(t, rc)
-		if !ok || !authenticates(user, pass) {
+		user, pass, ok := fw.Credentials(rc)
+		if !ok || !fw.Authenticates(user, pass) {
 			t.Fatalf("the credentials Secret held a credential that does not work, %s after the first issue", time.Since(first.IssuedAt.Time).Round(time.Second))
 		}
-		if msg := onEveryPod(t, rc, user, pass, true); msg != "" {
+		if msg := fw.OnEveryPod(rc, user, pass, true); msg != "" {
 			t.Fatalf("%s after the first issue, the credentials Secret held a credential the Redis pods refuse: %s", time.Since(first.IssuedAt.Time).Round(time.Second), msg)
 		}
-		if c := get(t, rc).Status.Credential; c.LeaseID != first.LeaseID {
+		if c := fw.Get(t, rc).Status.Credential; c.LeaseID != first.LeaseID {
 			replaced = c
 			break
 		}
@@ -500,15 +481,15 @@ func TestCappedRenewalIsReplacedBeforeTheCredentialLapses(t *testing.T) {
 		t.Errorf("replaced at %s, after the first lease's max TTL %s", replaced.IssuedAt, maxExpiry)
 	}
 	t.Logf("replaced %s after the first issue; the first lease could live %s", replaced.IssuedAt.Sub(first.IssuedAt.Time), 35*time.Second)
-	eventually(t, 30*time.Second, func() string {
-		if exists, _ := leaseExists(t, first.LeaseID); exists {
+	framework.Eventually(t, 30*time.Second, func() string {
+		if exists, _ := fw.LeaseExists(first.LeaseID); exists {
 			return "the capped lease is still live in Vault after the replacement rolled out"
 		}
 		return ""
 	})
 	var msgs []string
 	list := &eventsv1.EventList{}
-	if err := k8s.List(context.Background(), list, client.InNamespace("capped")); err != nil {
+	if err := fw.Client.List(context.Background(), list, client.InNamespace(ns)); err != nil {
 		t.Fatal(err)
 	}
 	for _, e := range list.Items {

@@ -7,7 +7,6 @@ import (
 	"maps"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -23,20 +22,20 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/test/framework"
 	"github.com/keyroll/keyroll/test/testground"
 )
 
 // These tests run the real External Secrets Operator controller (ESO v0.20.4, built by
 // test/tools/eso) against the same API server, Vault and Redis as keyroll.
 
-// esoPolicy lets External Secrets Operator read dynamic Redis credentials, and nothing else.
+// esoPolicy lets External Secrets Operator read dynamic Redis credentials, and nothing else;
+// TestMain's Setup writes it as the package's policy fw.Name("eso").
 const esoPolicy = `path "database/creds/*" { capabilities = ["read"] }`
 
-var esoPolicyOnce sync.Once
-
 // esoKubernetesAuth gives ESO Kubernetes-auth access to Vault as the service account
-// "external-secrets" of ns (Vault role "eso-<ns>"), as deploy/samples/externalsecret-generator.yaml
-// expects it (with its own role name).
+// "external-secrets" of the package's namespace ns (Vault role "<package>-eso-<namespace base>"),
+// as deploy/samples/externalsecret-generator.yaml expects it (with its own role name).
 func esoKubernetesAuth(t *testing.T, ns string, tokenTTL ...time.Duration) string {
 	t.Helper()
 	ttl := time.Hour
@@ -44,18 +43,13 @@ func esoKubernetesAuth(t *testing.T, ns string, tokenTTL ...time.Duration) strin
 		ttl = tokenTTL[0]
 	}
 	ctx := context.Background()
-	esoPolicyOnce.Do(func() {
-		if err := ground.Vault.WritePolicy(ctx, "eso", esoPolicy); err != nil {
-			t.Fatal(err)
-		}
-	})
-	if err := ground.CP.EnsureServiceAccount(ctx, ns, "external-secrets"); err != nil {
+	if err := fw.Ground.CP.EnsureServiceAccount(ctx, ns, "external-secrets"); err != nil {
 		t.Fatal(err)
 	}
-	role := "eso-" + ns
-	err := ground.Vault.WriteKubernetesAuthRole(ctx, testground.KubernetesAuthRole{
+	role := fw.Name("eso-" + strings.TrimPrefix(ns, fw.Name("")))
+	err := fw.Ground.Vault.WriteKubernetesAuthRole(ctx, testground.KubernetesAuthRole{
 		Name: role, ServiceAccounts: []string{"external-secrets"}, Namespaces: []string{ns},
-		Policies: []string{"eso"}, TokenTTL: ttl,
+		Policies: []string{fw.Name("eso")}, TokenTTL: ttl,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -63,15 +57,16 @@ func esoKubernetesAuth(t *testing.T, ns string, tokenTTL ...time.Duration) strin
 	return role
 }
 
-// vaultDynamicSecret creates ESO's VaultDynamicSecret generator for a Redis role; raw asks for
-// the raw Vault response (resultType Raw), which includes the lease. tokenTTL is the TTL of the
-// Vault tokens ESO logs in with (default 1h).
+// vaultDynamicSecret creates ESO's VaultDynamicSecret generator for the package's Redis role
+// (fw.Path(role)), deleted when the test ends; raw asks for the raw Vault response (resultType
+// Raw), which includes the lease. tokenTTL is the TTL of the Vault tokens ESO logs in with
+// (default 1h).
 func vaultDynamicSecret(t *testing.T, ns, name, role string, raw bool, tokenTTL ...time.Duration) {
 	t.Helper()
 	spec := map[string]any{
-		"path": "database/creds/" + role, "method": "GET",
+		"path": fw.Path(role), "method": "GET",
 		"provider": map[string]any{
-			"server": ground.Vault.Addr,
+			"server": fw.Ground.Vault.Addr,
 			"auth": map[string]any{"kubernetes": map[string]any{
 				"mountPath": "kubernetes", "role": esoKubernetesAuth(t, ns, tokenTTL...),
 				"serviceAccountRef": map[string]any{"name": "external-secrets", "audiences": []any{"vault"}},
@@ -81,34 +76,27 @@ func vaultDynamicSecret(t *testing.T, ns, name, role string, raw bool, tokenTTL 
 	if raw {
 		spec["resultType"] = "Raw"
 	}
-	create(t, &unstructured.Unstructured{Object: map[string]any{
+	fw.Create(t, &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": "generators.external-secrets.io/v1alpha1", "kind": "VaultDynamicSecret",
 		"metadata": map[string]any{"name": name, "namespace": ns}, "spec": spec,
 	}})
 }
 
-func create(t *testing.T, obj client.Object) {
-	t.Helper()
-	if err := k8s.Create(context.Background(), obj); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // esCluster creates a RedisCluster in ExternalSecret mode, with one Redis node of Redis 7.0 (as
-// redisCluster does), deleted when the test ends.
-func esCluster(t *testing.T, ns, name string, src v1alpha1.ExternalSecretSource, mutate ...func(*v1alpha1.RedisCluster)) *v1alpha1.RedisCluster {
+// fw.RedisCluster does in VaultLease mode), deleted when the test ends.
+func esCluster(t *testing.T, ns, name string, src v1alpha1.ExternalSecretSource, opts ...framework.ClusterOption) *v1alpha1.RedisCluster {
 	t.Helper()
 	rc := &v1alpha1.RedisCluster{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
 		Spec: v1alpha1.RedisClusterSpec{
-			Replicas: 1, Version: redisVersion,
+			Replicas: 1, Version: framework.RedisVersion,
 			Credentials: v1alpha1.CredentialsSpec{Source: v1alpha1.SourceExternalSecret, ExternalSecret: &src},
 		},
 	}
-	for _, m := range mutate {
-		m(rc)
+	for _, o := range opts {
+		o(rc)
 	}
-	createCluster(t, rc)
+	fw.Create(t, rc)
 	return rc
 }
 
@@ -119,14 +107,14 @@ func esCluster(t *testing.T, ns, name string, src v1alpha1.ExternalSecretSource,
 func checkSyncedSecret(t *testing.T, rc *v1alpha1.RedisCluster) {
 	t.Helper()
 	synced := &corev1.Secret{}
-	if err := k8s.Get(context.Background(), client.ObjectKey{Namespace: rc.Namespace, Name: rc.Name + "-eso"}, synced); err != nil {
+	if err := fw.Client.Get(context.Background(), client.ObjectKey{Namespace: rc.Namespace, Name: rc.Name + "-eso"}, synced); err != nil {
 		t.Fatalf("the Secret ESO writes: %v", err)
 	}
 	if ref := metav1.GetControllerOf(synced); ref == nil || ref.Kind != "ExternalSecret" || ref.Name != rc.Name {
 		t.Errorf("Secret %s-eso is controlled by %+v, want the ExternalSecret %s", rc.Name, ref, rc.Name)
 	}
 	published := &corev1.Secret{}
-	if err := k8s.Get(context.Background(), client.ObjectKey{Namespace: rc.Namespace, Name: rc.Name + "-credentials"}, published); err != nil {
+	if err := fw.Client.Get(context.Background(), client.ObjectKey{Namespace: rc.Namespace, Name: rc.Name + "-credentials"}, published); err != nil {
 		t.Fatal(err)
 	}
 	if ref := metav1.GetControllerOf(published); ref == nil || ref.Kind != "RedisCluster" || ref.Name != rc.Name {
@@ -140,19 +128,19 @@ func checkSyncedSecret(t *testing.T, rc *v1alpha1.RedisCluster) {
 func externalSecret(t *testing.T, rc *v1alpha1.RedisCluster) (*esv1.ExternalSecret, error) {
 	t.Helper()
 	es := &esv1.ExternalSecret{}
-	err := k8s.Get(context.Background(), client.ObjectKey{Namespace: rc.Namespace, Name: rc.Name}, es)
+	err := fw.Client.Get(context.Background(), client.ObjectKey{Namespace: rc.Namespace, Name: rc.Name}, es)
 	return es, err
 }
 
-// deleteAndWait deletes a RedisCluster and waits until it, its ExternalSecret and its credentials
-// Secret are gone.
+// deleteAndWait deletes a RedisCluster and waits until it, its ExternalSecret and every object of
+// the cluster are gone (fw.DeleteAndWait waits for the RedisCluster alone).
 func deleteAndWait(t *testing.T, rc *v1alpha1.RedisCluster) {
 	t.Helper()
-	if err := k8s.Delete(context.Background(), rc); err != nil {
+	if err := fw.Client.Delete(context.Background(), rc); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 60*time.Second, func() string {
-		if err := k8s.Get(context.Background(), client.ObjectKeyFromObject(rc), &v1alpha1.RedisCluster{}); !apierrors.IsNotFound(err) {
+	framework.Eventually(t, 60*time.Second, func() string {
+		if err := fw.Client.Get(context.Background(), client.ObjectKeyFromObject(rc), &v1alpha1.RedisCluster{}); !apierrors.IsNotFound(err) {
 			return fmt.Sprintf("RedisCluster still there (%v)", err)
 		}
 		if _, err := externalSecret(t, rc); !apierrors.IsNotFound(err) {
@@ -162,7 +150,7 @@ func deleteAndWait(t *testing.T, rc *v1alpha1.RedisCluster) {
 		// Services and StatefulSet are collected through their owner references.
 		selector := client.MatchingLabels{v1alpha1.LabelCluster: rc.Name}
 		for _, list := range []client.ObjectList{&corev1.SecretList{}, &corev1.ConfigMapList{}, &corev1.ServiceList{}, &appsv1.StatefulSetList{}} {
-			if err := k8s.List(context.Background(), list, client.InNamespace(rc.Namespace), selector); err != nil {
+			if err := fw.Client.List(context.Background(), list, client.InNamespace(rc.Namespace), selector); err != nil {
 				return err.Error()
 			}
 			if n := meta.LenList(list); n > 0 {
@@ -180,35 +168,30 @@ func deleteAndWait(t *testing.T, rc *v1alpha1.RedisCluster) {
 // the Secrets.
 func TestExternalSecretFromClusterSecretStoreSyncsAWorkingCredentialWithoutLeaseTracking(t *testing.T) {
 	ctx := context.Background()
-	ns := "es-store"
-	namespace(t, ns)
-	tok, err := ground.Vault.Root.Auth().Token().Create(&vaultapi.TokenCreateRequest{Policies: []string{"eso"}, TTL: "1h"})
+	ns := fw.Namespace(t, "es-store")
+	tok, err := fw.Ground.Vault.Root.Auth().Token().Create(&vaultapi.TokenCreateRequest{Policies: []string{fw.Name("eso")}, TTL: "1h"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	esoPolicyOnce.Do(func() {
-		if err := ground.Vault.WritePolicy(ctx, "eso", esoPolicy); err != nil {
-			t.Fatal(err)
-		}
-	})
-	create(t, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "eso-vault-token"},
+	fw.Create(t, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "eso-vault-token"},
 		StringData: map[string]string{"token": tok.Auth.ClientToken}})
-	create(t, &unstructured.Unstructured{Object: map[string]any{
+	store := fw.Name("vault-es-store")
+	fw.Create(t, &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": "external-secrets.io/v1", "kind": "ClusterSecretStore",
-		"metadata": map[string]any{"name": "vault-es-store"},
+		"metadata": map[string]any{"name": store},
 		"spec": map[string]any{"provider": map[string]any{"vault": map[string]any{
-			"server": ground.Vault.Addr, "version": "v1",
+			"server": fw.Ground.Vault.Addr, "version": "v1",
 			"auth": map[string]any{"tokenSecretRef": map[string]any{"name": "eso-vault-token", "key": "token", "namespace": ns}},
 		}}},
 	}})
 	rc := esCluster(t, ns, "orders", v1alpha1.ExternalSecretSource{
-		StoreRef:           &v1alpha1.StoreReference{Kind: "ClusterSecretStore", Name: "vault-es-store"},
-		RemoteKey:          "database/creds/es-store",
+		StoreRef:           &v1alpha1.StoreReference{Kind: "ClusterSecretStore", Name: store},
+		RemoteKey:          fw.Path("es-store"),
 		RefreshInterval:    &metav1.Duration{Duration: 5 * time.Minute},
 		CredentialLifetime: &metav1.Duration{Duration: 10 * time.Minute},
 	})
-	cur := waitReady(t, rc, 90*time.Second)
-	if c := meta.FindStatusCondition(cur.Status.Conditions, v1alpha1.ConditionCredentialsReady); c == nil || c.Reason != v1alpha1.ReasonLeasesNotTracked {
+	cur := fw.WaitReady(t, rc, 90*time.Second)
+	if c := framework.Condition(cur, v1alpha1.ConditionCredentialsReady); c == nil || c.Reason != v1alpha1.ReasonLeasesNotTracked {
 		t.Errorf("CredentialsReady %+v, want reason %s", c, v1alpha1.ReasonLeasesNotTracked)
 	}
 	if lt := cur.Status.Credential.LeasesTracked; lt == nil || *lt {
@@ -217,11 +200,11 @@ func TestExternalSecretFromClusterSecretStoreSyncsAWorkingCredentialWithoutLease
 	if len(cur.Status.Leases) != 0 || cur.Status.Credential.Source != v1alpha1.SourceExternalSecret {
 		t.Errorf("ledger %v, source %s: want no lease, source ExternalSecret", cur.Status.Leases, cur.Status.Credential.Source)
 	}
-	user, pass, _ := credentials(t, rc)
-	if !authenticates(user, pass) {
+	user, pass, _ := fw.Credentials(rc)
+	if !fw.Authenticates(user, pass) {
 		t.Fatal("the credential ESO synced does not authenticate against Vault's Redis")
 	}
-	if msg := onEveryPod(t, rc, user, pass, true); msg != "" {
+	if msg := fw.OnEveryPod(rc, user, pass, true); msg != "" {
 		t.Fatal(msg)
 	}
 	checkSyncedSecret(t, rc)
@@ -236,10 +219,10 @@ func TestExternalSecretFromClusterSecretStoreSyncsAWorkingCredentialWithoutLease
 	}
 	patch := client.MergeFrom(es.DeepCopy())
 	es.Spec.RefreshInterval = &metav1.Duration{Duration: 7 * time.Hour}
-	if err := k8s.Patch(ctx, es, patch); err != nil {
+	if err := fw.Client.Patch(ctx, es, patch); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 20*time.Second, func() string {
+	framework.Eventually(t, 20*time.Second, func() string {
 		es, _ = externalSecret(t, rc)
 		if d := es.Spec.RefreshInterval.Duration; d != 5*time.Minute {
 			return fmt.Sprintf("refreshInterval %s, want it repaired to 5m", d)
@@ -249,10 +232,10 @@ func TestExternalSecretFromClusterSecretStoreSyncsAWorkingCredentialWithoutLease
 	// The repaired ExternalSecret made ESO sync a new credential: once it has rolled out, the
 	// aclfile holds its user and keyroll's three internal users only, no replaced user is pending,
 	// and the node has the new user and not the old one.
-	eventually(t, 60*time.Second, func() string {
-		cur := get(t, rc)
+	framework.Eventually(t, 60*time.Second, func() string {
+		cur := fw.Get(t, rc)
 		acl := &corev1.Secret{}
-		if err := k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "orders-acl"}, acl); err != nil {
+		if err := fw.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "orders-acl"}, acl); err != nil {
 			return err.Error()
 		}
 		users := strings.Count(string(acl.Data["users.acl"]), " on #")
@@ -263,12 +246,12 @@ func TestExternalSecretFromClusterSecretStoreSyncsAWorkingCredentialWithoutLease
 		}
 		return ""
 	})
-	waitReady(t, rc, 60*time.Second)
-	newUser, newPass, _ := credentials(t, rc)
-	if msg := onEveryPod(t, rc, newUser, newPass, true); msg != "" {
+	fw.WaitReady(t, rc, 60*time.Second)
+	newUser, newPass, _ := fw.Credentials(rc)
+	if msg := fw.OnEveryPod(rc, newUser, newPass, true); msg != "" {
 		t.Error(msg)
 	}
-	if msg := onEveryPod(t, rc, user, pass, false); msg != "" {
+	if msg := fw.OnEveryPod(rc, user, pass, false); msg != "" {
 		t.Errorf("after ESO's new credential rolled out: %s", msg)
 	}
 	checkSyncedSecret(t, rc)
@@ -280,14 +263,14 @@ func TestExternalSecretFromClusterSecretStoreSyncsAWorkingCredentialWithoutLease
 	}
 
 	deleteAndWait(t, rc)
-	eventually(t, 30*time.Second, func() string {
-		err := k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "orders-credentials"}, &corev1.Secret{})
+	framework.Eventually(t, 30*time.Second, func() string {
+		err := fw.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "orders-credentials"}, &corev1.Secret{})
 		if !apierrors.IsNotFound(err) {
 			return fmt.Sprintf("the credentials Secret is still there (%v)", err)
 		}
 		return ""
 	})
-	if !hasEvent(t, ns, "orders", v1alpha1.EventRevocationSkipped) {
+	if !fw.HasEvent(t, ns, "orders", v1alpha1.EventRevocationSkipped) {
 		t.Error("no RevocationSkipped event saying that the leases were not tracked")
 	}
 }
@@ -299,22 +282,19 @@ func TestExternalSecretFromClusterSecretStoreSyncsAWorkingCredentialWithoutLease
 // included, reaches the logs, status or events.
 func TestExternalSecretRawLeaseIsTrackedRenewedRolledOutAndRevoked(t *testing.T) {
 	ctx := context.Background()
-	ns := "es-raw"
-	namespace(t, ns)
-	vaultConnection(t, "vault-es-raw", ground.Vault.Addr, ns)
+	ns := fw.Namespace(t, "es-raw")
+	vc := fw.VaultConnection(t, "vault-es-raw", framework.Allow(ns))
 	vaultDynamicSecret(t, ns, "redis-orders", "es-raw", true)
-	consumerDeployment(t, ns, "orders-api")
+	fw.StandInConsumer(t, ns, "orders-api", 2)
 	rc := esCluster(t, ns, "orders", v1alpha1.ExternalSecretSource{
 		GeneratorRef:    &v1alpha1.GeneratorReference{APIVersion: "generators.external-secrets.io/v1alpha1", Kind: "VaultDynamicSecret", Name: "redis-orders"},
 		RefreshInterval: &metav1.Duration{Duration: time.Hour},
-		ConnectionRef:   &v1alpha1.ConnectionReference{Name: "vault-es-raw"},
-	}, func(rc *v1alpha1.RedisCluster) {
-		rc.Spec.Rollout.Consumers = []v1alpha1.ConsumerReference{{Kind: "Deployment", Name: "orders-api"}}
-	})
+		ConnectionRef:   &v1alpha1.ConnectionReference{Name: vc.Name},
+	}, framework.WithConsumers("orders-api"))
 	start := time.Now()
-	cur := waitReady(t, rc, 90*time.Second)
+	cur := fw.WaitReady(t, rc, 90*time.Second)
 	t.Logf("Ready %s after create", time.Since(start).Round(time.Millisecond))
-	if c := meta.FindStatusCondition(cur.Status.Conditions, v1alpha1.ConditionCredentialsReady); c == nil || c.Reason != v1alpha1.ReasonLeasesTracked {
+	if c := framework.Condition(cur, v1alpha1.ConditionCredentialsReady); c == nil || c.Reason != v1alpha1.ReasonLeasesTracked {
 		t.Errorf("CredentialsReady %+v, want reason %s", c, v1alpha1.ReasonLeasesTracked)
 	}
 	c := cur.Status.Credential
@@ -334,24 +314,24 @@ func TestExternalSecretRawLeaseIsTrackedRenewedRolledOutAndRevoked(t *testing.T)
 	if active != 1 {
 		t.Errorf("%d active leases in the ledger, want 1: %+v", active, cur.Status.Leases)
 	}
-	user, pass, _ := credentials(t, rc)
-	if !authenticates(user, pass) {
+	user, pass, _ := fw.Credentials(rc)
+	if !fw.Authenticates(user, pass) {
 		t.Fatal("the credential ESO synced does not authenticate")
 	}
-	if msg := onEveryPod(t, rc, user, pass, true); msg != "" {
+	if msg := fw.OnEveryPod(rc, user, pass, true); msg != "" {
 		t.Fatal(msg)
 	}
 	checkSyncedSecret(t, rc)
 
 	// Renewal: 20 s leases; past the first expiry the credential still works.
 	time.Sleep(time.Until(firstExpiry.Add(5 * time.Second)))
-	if !authenticates(user, pass) {
+	if !fw.Authenticates(user, pass) {
 		t.Fatal("the credential stopped working after its first TTL: the lease was not renewed")
 	}
-	if exists, exp := leaseExists(t, firstLease); !exists || !exp.After(firstExpiry) {
+	if exists, exp := fw.LeaseExists(firstLease); !exists || !exp.After(firstExpiry) {
 		t.Fatalf("lease in Vault: exists %v, expires %s; want it renewed past %s", exists, exp, firstExpiry)
 	}
-	cur = get(t, rc)
+	cur = fw.Get(t, rc)
 	if cur.Status.Credential.LastRenewal == nil || cur.Status.Credential.LeaseID != firstLease {
 		t.Errorf("status after renewal: %+v", cur.Status.Credential)
 	}
@@ -360,11 +340,11 @@ func TestExternalSecretRawLeaseIsTrackedRenewedRolledOutAndRevoked(t *testing.T)
 	// VaultLease mode: onto the node first, then to the consumer.
 	oldVersion := cur.Status.Credential.Version
 	runs := podRuns(t, rc)
-	before := eventReasons(t, ns, "orders")
+	before := framework.Reasons(fw.ClusterEvents(t, ns, "orders"))
 	published := watchPublication(t, rc, "orders-api", oldVersion)
-	rotateNow(t, rc, "es-1")
-	eventually(t, 120*time.Second, func() string {
-		cur = get(t, rc)
+	fw.RotateNow(t, rc)
+	framework.Eventually(t, 120*time.Second, func() string {
+		cur = fw.Get(t, rc)
 		if cur.Status.Credential.Version == oldVersion || cur.Status.Rollout != nil {
 			return fmt.Sprintf("rollout not finished: version %s, rollout %+v", cur.Status.Credential.Version, cur.Status.Rollout)
 		}
@@ -381,12 +361,12 @@ func TestExternalSecretRawLeaseIsTrackedRenewedRolledOutAndRevoked(t *testing.T)
 		t.Errorf("a Redis pod restarted in a Live rotation:\nbefore %v\nafter  %v", runs, after)
 	}
 	checkSyncedSecret(t, rc)
-	newUser, newPass, _ := credentials(t, rc)
+	newUser, newPass, _ := fw.Credentials(rc)
 	es, err := externalSecret(t, rc)
 	if err != nil || es.Annotations[v1alpha1.AnnotationRefreshRequested] == "" {
 		t.Errorf("ExternalSecret has no %s annotation (%v)", v1alpha1.AnnotationRefreshRequested, err)
 	}
-	reasons := newReasons(before, eventReasons(t, ns, "orders"))
+	reasons := framework.NewReasons(before, framework.Reasons(fw.ClusterEvents(t, ns, "orders")))
 	for _, want := range []string{v1alpha1.EventRefreshRequested, v1alpha1.EventUsersApplied, v1alpha1.EventConsumerRestarted,
 		v1alpha1.EventUsersRetired, v1alpha1.EventLeaseRevoked} {
 		if !slices.Contains(reasons, want) {
@@ -397,18 +377,18 @@ func TestExternalSecretRawLeaseIsTrackedRenewedRolledOutAndRevoked(t *testing.T)
 		t.Errorf("a Live rotation recorded PodRestarted: %v", reasons)
 	}
 
-	statusJSON, _ := json.Marshal(get(t, rc).Status)
+	statusJSON, _ := json.Marshal(fw.Get(t, rc).Status)
 	events := &eventsv1.EventList{}
-	if err := k8s.List(ctx, events, client.InNamespace(ns)); err != nil {
+	if err := fw.Client.List(ctx, events, client.InNamespace(ns)); err != nil {
 		t.Fatal(err)
 	}
 	eventsJSON, _ := json.Marshal(events.Items)
 	secrets := map[string]string{"first password": pass, "second password": newPass}
-	for k, v := range internalPasswords(t, rc) {
+	for k, v := range fw.InternalPasswords(t, rc) {
 		secrets[k] = v
 	}
 	for what, secret := range secrets {
-		for where, text := range map[string]string{"logs": operatorLogs.String(), "status": string(statusJSON), "events": string(eventsJSON)} {
+		for where, text := range map[string]string{"logs": fw.Logs.String(), "status": string(statusJSON), "events": string(eventsJSON)} {
 			if secret == "" || strings.Contains(text, secret) {
 				t.Errorf("the %s (%d characters) appears in the operator's %s", what, len(secret), where)
 			}
@@ -418,10 +398,10 @@ func TestExternalSecretRawLeaseIsTrackedRenewedRolledOutAndRevoked(t *testing.T)
 	// Delete: the ExternalSecret goes first, then every lease is revoked; Vault holds none for the
 	// role, whatever ESO minted.
 	deleteAndWait(t, rc)
-	if leases := vaultLeases(t, "es-raw"); len(leases) != 0 {
-		t.Errorf("leases of role es-raw left live in Vault after delete: %v", leases)
+	if leases := fw.VaultLeases(t, fw.Path("es-raw")); len(leases) != 0 {
+		t.Errorf("leases of role %s left live in Vault after delete: %v", fw.Role("es-raw"), leases)
 	}
-	if authenticates(newUser, newPass) {
+	if fw.Authenticates(newUser, newPass) {
 		t.Error("the credential still authenticates after delete")
 	}
 }
@@ -437,86 +417,83 @@ func TestExternalSecretRawLeaseIsTrackedRenewedRolledOutAndRevoked(t *testing.T)
 // lease could lapse.
 func TestExternalSecretLeaseEndingWithESOsTokenIsReplacedAndReported(t *testing.T) {
 	t.Run("token shorter than refreshInterval", func(t *testing.T) {
-		ns := "es-short-token"
-		namespace(t, ns)
-		vaultConnection(t, "vault-"+ns, ground.Vault.Addr, ns)
+		ns := fw.Namespace(t, "es-short-token")
+		vc := fw.VaultConnection(t, "vault-es-short-token", framework.Allow(ns))
 		vaultDynamicSecret(t, ns, "redis-orders", "es-long", true, 20*time.Second)
 		rc := esCluster(t, ns, "orders", v1alpha1.ExternalSecretSource{
 			GeneratorRef:    &v1alpha1.GeneratorReference{APIVersion: "generators.external-secrets.io/v1alpha1", Kind: "VaultDynamicSecret", Name: "redis-orders"},
 			RefreshInterval: &metav1.Duration{Duration: time.Hour},
-			ConnectionRef:   &v1alpha1.ConnectionReference{Name: "vault-" + ns},
+			ConnectionRef:   &v1alpha1.ConnectionReference{Name: vc.Name},
 		})
-		cur := waitReady(t, rc, 90*time.Second)
+		cur := fw.WaitReady(t, rc, 90*time.Second)
 		first := cur.Status.Credential.LeaseID
-		cur = waitCondition(t, rc, v1alpha1.ConditionDegraded, metav1.ConditionTrue, v1alpha1.ReasonLeaseEndedEarly, 100*time.Second)
-		c := meta.FindStatusCondition(cur.Status.Conditions, v1alpha1.ConditionDegraded)
+		cur = fw.WaitCondition(t, rc, v1alpha1.ConditionDegraded, metav1.ConditionTrue, v1alpha1.ReasonLeaseEndedEarly, 100*time.Second)
+		c := framework.Condition(cur, v1alpha1.ConditionDegraded)
 		if !strings.Contains(c.Message, "token TTL well above") {
 			t.Errorf("Degraded message does not say what to change: %s", c.Message)
 		}
-		if exists, _ := leaseExists(t, first); exists {
+		if exists, _ := fw.LeaseExists(first); exists {
 			t.Errorf("the first lease still exists; the test's premise (it dies with ESO's 20 s token) failed")
 		}
-		eventually(t, 30*time.Second, func() string {
-			u, p, ok := credentials(t, rc)
-			if cur := get(t, rc); !ok || cur.Status.Credential.LeaseID == first || !authenticates(u, p) {
+		framework.Eventually(t, 30*time.Second, func() string {
+			u, p, ok := fw.Credentials(rc)
+			if cur := fw.Get(t, rc); !ok || cur.Status.Credential.LeaseID == first || !fw.Authenticates(u, p) {
 				return fmt.Sprintf("no new working credential yet (lease %s)", cur.Status.Credential.LeaseID)
 			}
-			return onEveryPod(t, rc, u, p, true)
+			return fw.OnEveryPod(rc, u, p, true)
 		})
-		if !hasEvent(t, ns, "orders", v1alpha1.EventLeaseRevokedOutside) {
+		if !fw.HasEvent(t, ns, "orders", v1alpha1.EventLeaseRevokedOutside) {
 			t.Errorf("no %s event", v1alpha1.EventLeaseRevokedOutside)
 		}
 		t.Logf("Degraded: %s", c.Message)
 	})
 	t.Run("token longer than refreshInterval", func(t *testing.T) {
-		ns := "es-long-token"
-		namespace(t, ns)
-		vaultConnection(t, "vault-"+ns, ground.Vault.Addr, ns)
+		ns := fw.Namespace(t, "es-long-token")
+		vc := fw.VaultConnection(t, "vault-es-long-token", framework.Allow(ns))
 		vaultDynamicSecret(t, ns, "redis-orders", "es-long", true, time.Minute)
 		rc := esCluster(t, ns, "orders", v1alpha1.ExternalSecretSource{
 			GeneratorRef:    &v1alpha1.GeneratorReference{APIVersion: "generators.external-secrets.io/v1alpha1", Kind: "VaultDynamicSecret", Name: "redis-orders"},
 			RefreshInterval: &metav1.Duration{Duration: 15 * time.Second},
-			ConnectionRef:   &v1alpha1.ConnectionReference{Name: "vault-" + ns},
+			ConnectionRef:   &v1alpha1.ConnectionReference{Name: vc.Name},
 		})
-		waitReady(t, rc, 90*time.Second)
+		fw.WaitReady(t, rc, 90*time.Second)
 		seen := map[string]bool{}
 		for end := time.Now().Add(90 * time.Second); time.Now().Before(end); time.Sleep(time.Second) {
-			cur := get(t, rc)
+			cur := fw.Get(t, rc)
 			for _, l := range cur.Status.Leases {
 				seen[l.LeaseID] = true
-				if exists, _ := leaseExists(t, l.LeaseID); !exists && l.State == v1alpha1.LeaseActive {
+				if exists, _ := fw.LeaseExists(l.LeaseID); !exists && l.State == v1alpha1.LeaseActive {
 					t.Fatalf("the active lease %s died before keyroll replaced it", l.LeaseID)
 				}
 			}
-			if u, p, ok := credentials(t, rc); !ok || !authenticates(u, p) {
+			if u, p, ok := fw.Credentials(rc); !ok || !fw.Authenticates(u, p) {
 				t.Fatalf("the credential in the Secret (user %q) does not authenticate", u)
 			}
 		}
 		if len(seen) < 3 {
 			t.Errorf("%d leases in 90 s of 15 s refreshes, want at least 3", len(seen))
 		}
-		if slices.Contains(eventReasons(t, ns, "orders"), v1alpha1.EventLeaseRevokedOutside) {
+		if slices.Contains(framework.Reasons(fw.ClusterEvents(t, ns, "orders")), v1alpha1.EventLeaseRevokedOutside) {
 			t.Errorf("a lease died before it was replaced")
 		}
 	})
 }
 
 func TestExternalSecretUntrackedLeaseWithLongRefreshIntervalIsReported(t *testing.T) {
-	ns := "es-warn"
-	namespace(t, ns)
+	ns := fw.Namespace(t, "es-warn")
 	vaultDynamicSecret(t, ns, "redis-orders", "es-warn", true)
 	rc := esCluster(t, ns, "orders", v1alpha1.ExternalSecretSource{
 		GeneratorRef:    &v1alpha1.GeneratorReference{APIVersion: "generators.external-secrets.io/v1alpha1", Kind: "VaultDynamicSecret", Name: "redis-orders"},
 		RefreshInterval: &metav1.Duration{Duration: time.Hour},
 	})
-	cur := waitCondition(t, rc, v1alpha1.ConditionDegraded, metav1.ConditionTrue, v1alpha1.ReasonRefreshIntervalTooLong, 90*time.Second)
-	if c := meta.FindStatusCondition(cur.Status.Conditions, v1alpha1.ConditionCredentialsReady); c == nil || c.Reason != v1alpha1.ReasonLeasesNotTracked {
+	cur := fw.WaitCondition(t, rc, v1alpha1.ConditionDegraded, metav1.ConditionTrue, v1alpha1.ReasonRefreshIntervalTooLong, 90*time.Second)
+	if c := framework.Condition(cur, v1alpha1.ConditionCredentialsReady); c == nil || c.Reason != v1alpha1.ReasonLeasesNotTracked {
 		t.Errorf("CredentialsReady %+v, want reason %s", c, v1alpha1.ReasonLeasesNotTracked)
 	}
 	if lt := cur.Status.Credential.LeasesTracked; lt == nil || *lt {
 		t.Errorf("leasesTracked %v, want false", lt)
 	}
-	if !hasEvent(t, ns, "orders", v1alpha1.ReasonRefreshIntervalTooLong) {
+	if !fw.HasEvent(t, ns, "orders", v1alpha1.ReasonRefreshIntervalTooLong) {
 		t.Error("no RefreshIntervalTooLong warning event")
 	}
 	deleteAndWait(t, rc)
@@ -535,29 +512,28 @@ func hasLeaseID(rc *v1alpha1.RedisCluster, id string) bool {
 // the Redis objects exist (they need no credential), but no consumers' Secret is written and the
 // aclfile holds keyroll's own users only.
 func TestExternalSecretThatESOCannotSyncIsReportedWithESOsReason(t *testing.T) {
-	ns := "es-broken"
-	namespace(t, ns)
+	ns := fw.Namespace(t, "es-broken")
 	vaultDynamicSecret(t, ns, "redis-missing", "no-such-role", false)
 	rc := esCluster(t, ns, "orders", v1alpha1.ExternalSecretSource{
 		GeneratorRef: &v1alpha1.GeneratorReference{APIVersion: "generators.external-secrets.io/v1alpha1", Kind: "VaultDynamicSecret", Name: "redis-missing"},
 	})
 	var cond *metav1.Condition
-	eventually(t, 60*time.Second, func() string {
-		cond = meta.FindStatusCondition(get(t, rc).Status.Conditions, v1alpha1.ConditionCredentialsReady)
+	framework.Eventually(t, 60*time.Second, func() string {
+		cond = framework.Condition(fw.Get(t, rc), v1alpha1.ConditionCredentialsReady)
 		if cond == nil || cond.Reason != v1alpha1.ReasonExternalSecretNotReady || !strings.Contains(cond.Message, "is not Ready") {
 			return fmt.Sprintf("CredentialsReady %+v, want ExternalSecretNotReady with ESO's reason", cond)
 		}
 		return ""
 	})
 	t.Logf("condition message: %s", cond.Message)
-	if err := k8s.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "orders"}, &appsv1.StatefulSet{}); err != nil {
+	if err := fw.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "orders"}, &appsv1.StatefulSet{}); err != nil {
 		t.Errorf("no StatefulSet although the Redis objects come before the credential: %v", err)
 	}
-	if _, _, ok := credentials(t, rc); ok {
+	if _, _, ok := fw.Credentials(rc); ok {
 		t.Error("a consumers' Secret exists without a credential")
 	}
 	acl := &corev1.Secret{}
-	if err := k8s.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "orders-acl"}, acl); err != nil {
+	if err := fw.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "orders-acl"}, acl); err != nil {
 		t.Fatal(err)
 	}
 	if n := strings.Count(string(acl.Data["users.acl"]), " on #"); n != 3 {

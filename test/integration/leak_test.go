@@ -11,11 +11,11 @@ import (
 	vaultapi "github.com/hashicorp/vault/api"
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/test/framework"
 )
 
 // A whole issue-rotate-delete scenario on two Redis nodes, with the operator logging at debug
@@ -24,80 +24,65 @@ import (
 // log line, event or status.
 func TestNoSecretReachesLogsEventsOrStatus(t *testing.T) {
 	ctx := context.Background()
-	namespace(t, "leak")
+	ns := fw.Namespace(t, "leak")
 	// Token auth, so that the operator's Vault token is known to the test.
-	tok, err := ground.Vault.Root.Auth().Token().Create(&vaultapi.TokenCreateRequest{Policies: []string{operatorRole}, TTL: "1h"})
+	tok, err := fw.Ground.Vault.Root.Auth().Token().Create(&vaultapi.TokenCreateRequest{Policies: []string{fw.OperatorRole}, TTL: "1h"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	token := tok.Auth.ClientToken
-	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "keyroll-system", Name: "vault-token-leak"},
-		Data: map[string][]byte{"token": []byte(token)}}
-	if err := k8s.Create(ctx, secret); err != nil {
-		t.Fatal(err)
-	}
-	vc := &v1alpha1.VaultConnection{ObjectMeta: metav1.ObjectMeta{Name: "vault-leak"}, Spec: v1alpha1.VaultConnectionSpec{
-		Address: ground.Vault.Addr, AllowedNamespaces: []string{"leak"},
-		Auth: v1alpha1.VaultAuth{Token: &v1alpha1.TokenAuth{SecretRef: v1alpha1.SecretKeyReference{
-			Namespace: "keyroll-system", Name: "vault-token-leak", Key: "token"}}},
-	}}
-	if err := k8s.Create(ctx, vc); err != nil {
-		t.Fatal(err)
-	}
-	rc := redisCluster(t, "leak", "orders", "vault-leak", "database/creds/orders", replicas(2))
+	fw.Create(t, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: fw.OperatorNS, Name: "vault-token-leak"},
+		Data: map[string][]byte{"token": []byte(token)}})
+	vc := fw.VaultConnection(t, "vault-leak", framework.Allow(ns), func(vc *v1alpha1.VaultConnection) {
+		vc.Spec.Auth = v1alpha1.VaultAuth{Token: &v1alpha1.TokenAuth{SecretRef: v1alpha1.SecretKeyReference{
+			Namespace: fw.OperatorNS, Name: "vault-token-leak", Key: "token"}}}
+	})
+	rc := fw.RedisCluster(t, ns, "orders", vc.Name, fw.Path("orders"), framework.Replicas(2))
 
 	var statuses []string
 	snapshot := func() {
-		b, _ := json.Marshal(get(t, rc).Status)
+		b, _ := json.Marshal(fw.Get(t, rc).Status)
 		statuses = append(statuses, string(b))
 		v := &v1alpha1.VaultConnection{}
-		if err := k8s.Get(ctx, client.ObjectKey{Name: "vault-leak"}, v); err == nil {
+		if err := fw.Client.Get(ctx, client.ObjectKey{Name: vc.Name}, v); err == nil {
 			b, _ = json.Marshal(v.Status)
 			statuses = append(statuses, string(b))
 		}
 	}
-	waitReady(t, rc, 90*time.Second)
+	fw.WaitReady(t, rc, 90*time.Second)
 	snapshot()
-	user1, pass1, _ := credentials(t, rc)
+	user1, pass1, _ := fw.Credentials(rc)
 	// The scenario changes users on the nodes: the first credential is on both.
-	if msg := onEveryPod(t, rc, user1, pass1, true); msg != "" {
+	if msg := fw.OnEveryPod(rc, user1, pass1, true); msg != "" {
 		t.Fatal(msg)
 	}
-	internal := internalPasswords(t, rc)
-	rotateNow(t, rc, "leak-1")
-	eventually(t, 60*time.Second, func() string {
-		cur := get(t, rc)
-		if cur.Status.RotateNowAcknowledged != "leak-1" || cur.Status.Rollout != nil || len(cur.Status.Leases) != 1 {
+	internal := fw.InternalPasswords(t, rc)
+	ack := fw.RotateNow(t, rc)
+	framework.Eventually(t, 60*time.Second, func() string {
+		cur := fw.Get(t, rc)
+		if cur.Status.RotateNowAcknowledged != ack || cur.Status.Rollout != nil || len(cur.Status.Leases) != 1 {
 			return "rotation not finished"
 		}
 		return ""
 	})
 	snapshot()
-	user2, pass2, _ := credentials(t, rc)
-	if msg := onEveryPod(t, rc, user2, pass2, true); msg != "" {
+	user2, pass2, _ := fw.Credentials(rc)
+	if msg := fw.OnEveryPod(rc, user2, pass2, true); msg != "" {
 		t.Fatal(msg)
 	}
-	if err := k8s.Delete(ctx, rc); err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, 30*time.Second, func() string {
-		if err := k8s.Get(ctx, client.ObjectKeyFromObject(rc), &v1alpha1.RedisCluster{}); !apierrors.IsNotFound(err) {
-			return "not deleted yet"
-		}
-		return ""
-	})
+	fw.DeleteAndWait(t, rc, 30*time.Second)
 
 	events := &eventsv1.EventList{}
-	if err := k8s.List(ctx, events, client.InNamespace("leak")); err != nil {
+	if err := fw.Client.List(ctx, events, client.InNamespace(ns)); err != nil {
 		t.Fatal(err)
 	}
 	b, _ := json.Marshal(events.Items)
-	places := map[string]string{"logs": operatorLogs.String(), "events": string(b), "status": strings.Join(statuses, "\n")}
+	places := map[string]string{"logs": fw.Logs.String(), "events": string(b), "status": strings.Join(statuses, "\n")}
 	if len(events.Items) < 5 || !strings.Contains(places["logs"], "Credential issued") || !strings.Contains(places["logs"], "Redis node confirmed") {
 		t.Fatalf("the scenario left too little to check: %d events", len(events.Items))
 	}
 	secrets := map[string]string{"first password": pass1, "second password": pass2, "operator's Vault token": token,
-		"Vault root token": ground.Vault.RootToken}
+		"Vault root token": fw.Ground.Vault.RootToken}
 	for k, v := range internal {
 		secrets[k] = v
 	}

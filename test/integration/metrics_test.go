@@ -9,25 +9,9 @@ import (
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
-)
 
-// scrape reads the operator's /metrics.
-func scrape(t *testing.T) map[string]*dto.MetricFamily {
-	t.Helper()
-	resp, err := http.Get(metricsURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	p := expfmt.NewTextParser(model.LegacyValidation)
-	fams, err := p.TextToMetricFamilies(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return fams
-}
+	"github.com/keyroll/keyroll/test/framework"
+)
 
 // value finds the metric of a family whose labels include the given ones.
 func value(fams map[string]*dto.MetricFamily, name string, labels map[string]string) (float64, bool) {
@@ -59,13 +43,17 @@ next:
 }
 
 func TestMetricsAreServedAndMoveWithTheLease(t *testing.T) {
-	namespace(t, "metrics")
-	vaultConnection(t, "vault-metrics", ground.Vault.Addr, "metrics")
-	rc := redisCluster(t, "metrics", "orders", "vault-metrics", "database/creds/short")
-	cur := waitReady(t, rc, 60*time.Second)
-	waitConnectionReady(t, "vault-metrics")
+	ns := fw.Namespace(t, "metrics")
+	vc := fw.VaultConnection(t, "vault-metrics", framework.Allow(ns))
+	rc := fw.RedisCluster(t, ns, "orders", vc.Name, fw.Path("short"))
+	cur := fw.WaitReady(t, rc, 60*time.Second)
+	fw.WaitConnectionReady(t, vc.Name, 30*time.Second)
 
-	fams := scrape(t)
+	// The operator's /metrics (a test that ran before may have restarted the operator, on new ports).
+	fams, err := framework.ScrapeMetrics(fw.Operator().MetricsURL)
+	if err != nil {
+		t.Fatal(err)
+	}
 	types := map[string]dto.MetricType{
 		"keyroll_lease_expiry_seconds":           dto.MetricType_GAUGE,
 		"keyroll_credential_issues_total":        dto.MetricType_COUNTER,
@@ -78,14 +66,14 @@ func TestMetricsAreServedAndMoveWithTheLease(t *testing.T) {
 			t.Errorf("metric %s missing or not a %s", name, typ)
 		}
 	}
-	cluster := map[string]string{"namespace": "metrics", "name": "orders"}
+	cluster := map[string]string{"namespace": ns, "name": "orders"}
 	expiry, ok := value(fams, "keyroll_lease_expiry_seconds", cluster)
 	want := time.Until(cur.Status.Credential.ExpiresAt.Time).Seconds()
 	if !ok || math.Abs(expiry-want) > 3 || expiry > 20 {
 		t.Errorf("keyroll_lease_expiry_seconds %v (found %v), want about %.1f", expiry, ok, want)
 	}
-	if v, ok := value(fams, "keyroll_vault_token_expiry_seconds", map[string]string{"connection": "vault-metrics"}); !ok || v <= 0 {
-		t.Errorf("keyroll_vault_token_expiry_seconds for vault-metrics: %v (found %v)", v, ok)
+	if v, ok := value(fams, "keyroll_vault_token_expiry_seconds", map[string]string{"connection": vc.Name}); !ok || v <= 0 {
+		t.Errorf("keyroll_vault_token_expiry_seconds for %s: %v (found %v)", vc.Name, v, ok)
 	}
 	if v, ok := value(fams, "keyroll_vault_request_duration_seconds", map[string]string{"operation": "issue"}); !ok || v < 1 {
 		t.Errorf("no issue request in keyroll_vault_request_duration_seconds: %v", v)
@@ -102,14 +90,16 @@ func TestMetricsAreServedAndMoveWithTheLease(t *testing.T) {
 
 	// The 20 s lease is renewed: the renewal counter moves and the expiry gauge follows the lease.
 	renewed, _ := value(fams, "keyroll_lease_renewals_total", map[string]string{"result": "success"})
-	eventually(t, 30*time.Second, func() string {
-		if get(t, rc).Status.Credential.LastRenewal == nil {
+	framework.Eventually(t, 30*time.Second, func() string {
+		if fw.Get(t, rc).Status.Credential.LastRenewal == nil {
 			return "not renewed yet"
 		}
 		return ""
 	})
-	cur = get(t, rc)
-	fams = scrape(t)
+	cur = fw.Get(t, rc)
+	if fams, err = framework.ScrapeMetrics(fw.Operator().MetricsURL); err != nil {
+		t.Fatal(err)
+	}
 	if v, _ := value(fams, "keyroll_lease_renewals_total", map[string]string{"result": "success"}); v <= renewed {
 		t.Errorf("keyroll_lease_renewals_total{result=success} %v after a renewal, was %v", v, renewed)
 	}
@@ -121,7 +111,9 @@ func TestMetricsAreServedAndMoveWithTheLease(t *testing.T) {
 }
 
 func TestProbesAnswerAndReadinessWaitsForTheCaches(t *testing.T) {
-	eventually(t, 30*time.Second, func() string {
+	// The running operator's probes (a test that ran before may have restarted it, on new ports).
+	probesURL := fw.Operator().ProbesURL
+	framework.Eventually(t, 30*time.Second, func() string {
 		for _, path := range []string{"/healthz", "/readyz"} {
 			resp, err := http.Get(probesURL + path)
 			if err != nil {

@@ -12,14 +12,12 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
-	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
-	"github.com/keyroll/keyroll/test/testground"
+	"github.com/keyroll/keyroll/test/framework"
 )
 
 // podRecorder follows the Redis pods of a cluster through a watch and records each restart (the
@@ -40,7 +38,7 @@ type restart struct {
 
 func recordPods(t *testing.T, ns, cluster string) *podRecorder {
 	t.Helper()
-	w, err := cs.CoreV1().Pods(ns).Watch(context.Background(), metav1.ListOptions{LabelSelector: v1alpha1.LabelCluster + "=" + cluster})
+	w, err := fw.Clientset.CoreV1().Pods(ns).Watch(context.Background(), metav1.ListOptions{LabelSelector: v1alpha1.LabelCluster + "=" + cluster})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -123,50 +121,10 @@ func (r *podRecorder) checkOneAtATime(t *testing.T, newVersion string, order ...
 	}
 }
 
+// isReady is framework.PodReady for a pod that is not being deleted either: a pod marked for
+// deletion still reports Ready until its kubelet stops it.
 func isReady(p *corev1.Pod) bool {
-	for _, c := range p.Status.Conditions {
-		if c.Type == corev1.PodReady {
-			return c.Status == corev1.ConditionTrue && p.DeletionTimestamp == nil
-		}
-	}
-	return false
-}
-
-// consumerDeployment creates a consumer Deployment of two pods on kwok's fake node (they run
-// nothing; kwok makes them Ready, and stops doing so while paused).
-func consumerDeployment(t *testing.T, ns, name string) {
-	t.Helper()
-	labels := map[string]string{"app": name}
-	d := &appsv1.Deployment{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
-		Spec: appsv1.DeploymentSpec{
-			Replicas: ptr.To[int32](2),
-			Selector: &metav1.LabelSelector{MatchLabels: labels},
-			Template: corev1.PodTemplateSpec{
-				ObjectMeta: metav1.ObjectMeta{Labels: labels},
-				Spec: corev1.PodSpec{
-					NodeSelector: map[string]string{testground.NodeLabel: "kwok"},
-					Containers:   []corev1.Container{{Name: "app", Image: "example/app:1"}},
-				},
-			},
-		},
-	}
-	if err := k8s.Create(context.Background(), d); err != nil {
-		t.Fatal(err)
-	}
-}
-
-func rotateNow(t *testing.T, rc *v1alpha1.RedisCluster, value string) {
-	t.Helper()
-	cur := get(t, rc)
-	patch := client.MergeFrom(cur.DeepCopy())
-	if cur.Annotations == nil {
-		cur.Annotations = map[string]string{}
-	}
-	cur.Annotations[v1alpha1.AnnotationRotateNow] = value
-	if err := k8s.Patch(context.Background(), cur, patch); err != nil {
-		t.Fatal(err)
-	}
+	return framework.PodReady(p) && p.DeletionTimestamp == nil
 }
 
 // podRuns describes each Redis pod's run (uid, restarts, container start), to tell whether any
@@ -174,7 +132,7 @@ func rotateNow(t *testing.T, rc *v1alpha1.RedisCluster, value string) {
 func podRuns(t *testing.T, rc *v1alpha1.RedisCluster) map[string]string {
 	t.Helper()
 	out := map[string]string{}
-	for _, p := range redisPods(t, rc) {
+	for _, p := range fw.RedisPods(t, rc) {
 		run := "uid " + string(p.UID)
 		for _, c := range p.Status.ContainerStatuses {
 			run += fmt.Sprintf(", container %s restarts %d", c.Name, c.RestartCount)
@@ -191,7 +149,7 @@ func podRuns(t *testing.T, rc *v1alpha1.RedisCluster) map[string]string {
 func consumerVersion(t *testing.T, ns, name string) string {
 	t.Helper()
 	d := &appsv1.Deployment{}
-	if err := k8s.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, d); err != nil {
+	if err := fw.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, d); err != nil {
 		t.Fatal(err)
 	}
 	return d.Spec.Template.Annotations[v1alpha1.AnnotationCredentialVersion]
@@ -217,12 +175,12 @@ func watchPublication(t *testing.T, rc *v1alpha1.RedisCluster, consumer, oldVers
 		}
 		sec := &corev1.Secret{}
 		msg := ""
-		if err := k8s.Get(ctx, client.ObjectKey{Namespace: rc.Namespace, Name: rc.Name + "-credentials"}, sec); err != nil {
+		if err := fw.Client.Get(ctx, client.ObjectKey{Namespace: rc.Namespace, Name: rc.Name + "-credentials"}, sec); err != nil {
 			msg = err.Error()
 		} else if v := sec.Annotations[v1alpha1.AnnotationCredentialVersion]; v != version {
 			msg = fmt.Sprintf("the consumers' Secret holds version %s", v)
-		} else if m, err := checkOnEveryPod(rc, string(sec.Data["username"]), string(sec.Data["password"]), true); m != "" || err != nil {
-			msg = fmt.Sprintf("%s%v", m, err)
+		} else {
+			msg = fw.OnEveryPod(rc, string(sec.Data["username"]), string(sec.Data["password"]), true)
 		}
 		if msg != "" {
 			mu.Lock()
@@ -230,12 +188,12 @@ func watchPublication(t *testing.T, rc *v1alpha1.RedisCluster, consumer, oldVers
 			mu.Unlock()
 		}
 	}
-	sw, err := cs.CoreV1().Secrets(rc.Namespace).Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + rc.Name + "-credentials"})
+	sw, err := fw.Clientset.CoreV1().Secrets(rc.Namespace).Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + rc.Name + "-credentials"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(sw.Stop)
-	dw, err := cs.AppsV1().Deployments(rc.Namespace).Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + consumer})
+	dw, err := fw.Clientset.AppsV1().Deployments(rc.Namespace).Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + consumer})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -276,27 +234,27 @@ func watchPublication(t *testing.T, rc *v1alpha1.RedisCluster, consumer, oldVers
 // node, while the old user logs in nowhere and its lease is gone from Vault.
 func checkRetired(t *testing.T, rc *v1alpha1.RedisCluster, consumer, oldUser, oldPass, oldLease string) *v1alpha1.RedisCluster {
 	t.Helper()
-	cur := get(t, rc)
+	cur := fw.Get(t, rc)
 	if v := consumerVersion(t, rc.Namespace, consumer); v != cur.Status.Credential.Version {
 		t.Errorf("consumer template annotation %q, want %q", v, cur.Status.Credential.Version)
 	}
-	if authenticates(oldUser, oldPass) {
+	if fw.Authenticates(oldUser, oldPass) {
 		t.Error("the old credential still works in Vault's Redis after the rollout")
 	}
-	if msg := onEveryPod(t, rc, oldUser, oldPass, false); msg != "" {
+	if msg := fw.OnEveryPod(rc, oldUser, oldPass, false); msg != "" {
 		t.Errorf("after the rollout: %s", msg)
 	}
 	if len(cur.Status.RetiringUsers) > 0 {
 		t.Errorf("status.retiringUsers %v after the rollout", cur.Status.RetiringUsers)
 	}
-	if exists, _ := leaseExists(t, oldLease); exists {
+	if exists, _ := fw.LeaseExists(oldLease); exists {
 		t.Error("the superseded lease is still live in Vault")
 	}
-	newUser, newPass, _ := credentials(t, rc)
-	if !authenticates(newUser, newPass) || newUser == oldUser {
+	newUser, newPass, _ := fw.Credentials(rc)
+	if !fw.Authenticates(newUser, newPass) || newUser == oldUser {
 		t.Error("the new credential does not work in Vault's Redis")
 	}
-	if msg := onEveryPod(t, rc, newUser, newPass, true); msg != "" {
+	if msg := fw.OnEveryPod(rc, newUser, newPass, true); msg != "" {
 		t.Error(msg)
 	}
 	return cur
@@ -307,8 +265,8 @@ func checkRetired(t *testing.T, rc *v1alpha1.RedisCluster, consumer, oldUser, ol
 func waitRolledOut(t *testing.T, rc *v1alpha1.RedisCluster, oldLease string, timeout time.Duration) *v1alpha1.RedisCluster {
 	t.Helper()
 	var cur *v1alpha1.RedisCluster
-	eventually(t, timeout, func() string {
-		cur = get(t, rc)
+	framework.Eventually(t, timeout, func() string {
+		cur = fw.Get(t, rc)
 		if cur.Status.Rollout != nil || len(cur.Status.Leases) != 1 || cur.Status.Leases[0].LeaseID == oldLease {
 			return fmt.Sprintf("rollout %+v, ledger %+v", cur.Status.Rollout, cur.Status.Leases)
 		}
@@ -323,45 +281,43 @@ func waitRolledOut(t *testing.T, rc *v1alpha1.RedisCluster, oldLease string, tim
 // rollout the old user is gone from every node and its lease is revoked. No Redis pod restarts,
 // and each step happens once.
 func TestLiveRotationMovesUsersNotPodsAndConsumersOnlyOnceEveryNodeAcceptsThenRetiresTheOld(t *testing.T) {
-	namespace(t, "rotate")
-	vaultConnection(t, "vault-rotate", ground.Vault.Addr, "rotate")
-	consumerDeployment(t, "rotate", "orders-api")
-	rc := redisCluster(t, "rotate", "orders", "vault-rotate", "database/creds/orders", replicas(3), func(rc *v1alpha1.RedisCluster) {
-		rc.Spec.Rollout.Consumers = []v1alpha1.ConsumerReference{{Kind: "Deployment", Name: "orders-api"}}
-	})
-	cur := waitReady(t, rc, 90*time.Second)
+	ns := fw.Namespace(t, "rotate")
+	vc := fw.VaultConnection(t, "vault-rotate", framework.Allow(ns))
+	fw.StandInConsumer(t, ns, "orders-api", 2)
+	rc := fw.RedisCluster(t, ns, "orders", vc.Name, fw.Path("orders"), framework.Replicas(3), framework.WithConsumers("orders-api"))
+	cur := fw.WaitReady(t, rc, 90*time.Second)
 	oldLease, oldVersion := cur.Status.Credential.LeaseID, cur.Status.Credential.Version
-	oldUser, oldPass, _ := credentials(t, rc)
-	if msg := onEveryPod(t, rc, oldUser, oldPass, true); msg != "" {
+	oldUser, oldPass, _ := fw.Credentials(rc)
+	if msg := fw.OnEveryPod(rc, oldUser, oldPass, true); msg != "" {
 		t.Fatal(msg)
 	}
 	runs := podRuns(t, rc)
 	sts := &appsv1.StatefulSet{}
-	if err := k8s.Get(context.Background(), client.ObjectKeyFromObject(rc), sts); err != nil {
+	if err := fw.Client.Get(context.Background(), client.ObjectKeyFromObject(rc), sts); err != nil {
 		t.Fatal(err)
 	}
 	if v, ok := sts.Spec.Template.Annotations[v1alpha1.AnnotationCredentialVersion]; ok {
 		t.Errorf("in Live mode the StatefulSet's template names credential %s", v)
 	}
-	warningsBefore := warningReasons(t, "rotate", "orders")
+	warningsBefore := framework.Reasons(framework.Warnings(fw.ClusterEvents(t, ns, "orders")))
 	published := watchPublication(t, rc, "orders-api", oldVersion)
 
 	start := time.Now()
-	rotateNow(t, rc, "1")
+	ack := fw.RotateNow(t, rc)
 	// The old credential keeps working while the rollout runs: as long as the consumer (the last
 	// step before the old user is removed) has not been given the new version, it must log in in
 	// Vault's Redis and on every Redis node. The consumer is read before the credential is tried,
 	// so that a retirement in between cannot pass for a failure.
-	eventually(t, 120*time.Second, func() string {
-		if v := consumerVersion(t, "rotate", "orders-api"); v == "" || v == oldVersion {
-			if !authenticates(oldUser, oldPass) {
+	framework.Eventually(t, 120*time.Second, func() string {
+		if v := consumerVersion(t, ns, "orders-api"); v == "" || v == oldVersion {
+			if !fw.Authenticates(oldUser, oldPass) {
 				t.Fatal("the old credential stopped working in Vault's Redis before the consumer was restarted")
 			}
-			if msg := onEveryPod(t, rc, oldUser, oldPass, true); msg != "" {
+			if msg := fw.OnEveryPod(rc, oldUser, oldPass, true); msg != "" {
 				t.Fatalf("before the consumer was restarted: %s", msg)
 			}
 		}
-		cur = get(t, rc)
+		cur = fw.Get(t, rc)
 		if cur.Status.Credential.Version == oldVersion || cur.Status.Rollout != nil {
 			return fmt.Sprintf("rollout not finished: %+v", cur.Status.Rollout)
 		}
@@ -379,14 +335,14 @@ func TestLiveRotationMovesUsersNotPodsAndConsumersOnlyOnceEveryNodeAcceptsThenRe
 	if after := podRuns(t, rc); !maps.Equal(after, runs) {
 		t.Errorf("a Redis pod restarted in a Live rotation:\nbefore %v\nafter  %v", runs, after)
 	}
-	if cur.Status.RotateNowAcknowledged != "1" {
-		t.Errorf("rotate-now not acknowledged: %q", cur.Status.RotateNowAcknowledged)
+	if cur.Status.RotateNowAcknowledged != ack {
+		t.Errorf("rotate-now not acknowledged: %q, want %q", cur.Status.RotateNowAcknowledged, ack)
 	}
 	// Each step once: a reconcile that read a lagging cache must not apply, finish, retire or
 	// revoke a second time. The rotation's events are those that name its credential, the
 	// retirement of the old user or the lease it revoked (an event of the cluster's creation
 	// repeated in a series may reach the API server only now, and names the old user too).
-	got := eventsNaming(t, "rotate", "orders", cur.Status.Credential.Version, "Users "+oldUser+" removed", oldLease)
+	got := framework.Reasons(framework.Naming(fw.ClusterEvents(t, ns, "orders"), cur.Status.Credential.Version, "Users "+oldUser+" removed", oldLease))
 	for _, once := range []string{v1alpha1.EventCredentialsIssued, v1alpha1.EventRotationStarted, v1alpha1.EventUsersApplied,
 		v1alpha1.EventConsumerRestarted, v1alpha1.EventRotationFinished, v1alpha1.EventUsersRetired, v1alpha1.EventLeaseRevoked} {
 		if n := countOf(got, once); n != 1 {
@@ -396,8 +352,9 @@ func TestLiveRotationMovesUsersNotPodsAndConsumersOnlyOnceEveryNodeAcceptsThenRe
 	if countOf(got, v1alpha1.EventPodRestarted) != 0 {
 		t.Errorf("a Live rotation recorded PodRestarted: %v", got)
 	}
-	if w := newReasons(warningsBefore, warningReasons(t, "rotate", "orders")); len(w) > 0 {
-		t.Errorf("warnings during a healthy rotation: %v (every warning: %v)", w, warningNotes(t, "rotate", "orders"))
+	warnings := framework.Warnings(fw.ClusterEvents(t, ns, "orders"))
+	if w := framework.NewReasons(warningsBefore, framework.Reasons(warnings)); len(w) > 0 {
+		t.Errorf("warnings during a healthy rotation: %v (every warning: %v)", w, framework.Notes(warnings))
 	}
 }
 
@@ -406,18 +363,18 @@ func TestLiveRotationMovesUsersNotPodsAndConsumersOnlyOnceEveryNodeAcceptsThenRe
 // other pod is Ready; then the consumer; then the old user leaves every node and its lease is
 // revoked.
 func TestRestartRotationRestartsRedisPodsOneAtATimeThenConsumersAndRevokesTheOldLeaseLast(t *testing.T) {
-	namespace(t, "rotate-restart")
-	vaultConnection(t, "vault-rotate-restart", ground.Vault.Addr, "rotate-restart")
-	consumerDeployment(t, "rotate-restart", "orders-api")
-	rc := redisCluster(t, "rotate-restart", "orders", "vault-rotate-restart", "database/creds/orders", replicas(3), func(rc *v1alpha1.RedisCluster) {
+	ns := fw.Namespace(t, "rotate-restart")
+	vc := fw.VaultConnection(t, "vault-rotate-restart", framework.Allow(ns))
+	fw.StandInConsumer(t, ns, "orders-api", 2)
+	rc := fw.RedisCluster(t, ns, "orders", vc.Name, fw.Path("orders"), framework.Replicas(3), framework.WithConsumers("orders-api"), func(rc *v1alpha1.RedisCluster) {
 		rc.Spec.Rollout.RedisPods = v1alpha1.RedisPodsRestart
-		rc.Spec.Rollout.Consumers = []v1alpha1.ConsumerReference{{Kind: "Deployment", Name: "orders-api"}}
 	})
-	cur := waitReady(t, rc, 90*time.Second)
+	cur := fw.WaitReady(t, rc, 90*time.Second)
 	oldLease, oldVersion := cur.Status.Credential.LeaseID, cur.Status.Credential.Version
-	oldUser, oldPass, _ := credentials(t, rc)
-	pods := recordPods(t, "rotate-restart", "orders")
-	before, warningsBefore := eventReasons(t, "rotate-restart", "orders"), warningReasons(t, "rotate-restart", "orders")
+	oldUser, oldPass, _ := fw.Credentials(rc)
+	pods := recordPods(t, ns, "orders")
+	events := fw.ClusterEvents(t, ns, "orders")
+	before, warningsBefore := framework.Reasons(events), framework.Reasons(framework.Warnings(events))
 	// The first credential replaced none: the pods, which started before it, got its user live
 	// and are not restarted for it.
 	for _, r := range []string{v1alpha1.EventRotationStarted, v1alpha1.EventPodRestarted} {
@@ -430,7 +387,7 @@ func TestRestartRotationRestartsRedisPodsOneAtATimeThenConsumersAndRevokesTheOld
 	// Watch the consumer: when it gets the new version, every Redis pod must already run it.
 	var consumerEarly []string
 	var consumerMu sync.Mutex
-	dw, err := cs.AppsV1().Deployments("rotate-restart").Watch(context.Background(), metav1.ListOptions{FieldSelector: "metadata.name=orders-api"})
+	dw, err := fw.Clientset.AppsV1().Deployments(ns).Watch(context.Background(), metav1.ListOptions{FieldSelector: "metadata.name=orders-api"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -462,12 +419,12 @@ func TestRestartRotationRestartsRedisPodsOneAtATimeThenConsumersAndRevokesTheOld
 	}()
 
 	start := time.Now()
-	rotateNow(t, rc, "1")
-	eventually(t, 180*time.Second, func() string {
-		if v := consumerVersion(t, "rotate-restart", "orders-api"); (v == "" || v == oldVersion) && !authenticates(oldUser, oldPass) {
+	fw.RotateNow(t, rc)
+	framework.Eventually(t, 180*time.Second, func() string {
+		if v := consumerVersion(t, ns, "orders-api"); (v == "" || v == oldVersion) && !fw.Authenticates(oldUser, oldPass) {
 			t.Fatal("the old credential stopped working before the consumer was restarted")
 		}
-		cur = get(t, rc)
+		cur = fw.Get(t, rc)
 		if cur.Status.Credential.Version == oldVersion || cur.Status.Rollout != nil {
 			return fmt.Sprintf("rollout not finished: %+v", cur.Status.Rollout)
 		}
@@ -488,7 +445,8 @@ func TestRestartRotationRestartsRedisPodsOneAtATimeThenConsumersAndRevokesTheOld
 		t.Error(p)
 	}
 	checkRetired(t, rc, "orders-api", oldUser, oldPass, oldLease)
-	got := newReasons(before, eventReasons(t, "rotate-restart", "orders"))
+	events = fw.ClusterEvents(t, ns, "orders")
+	got := framework.NewReasons(before, framework.Reasons(events))
 	for _, want := range []string{v1alpha1.EventPodRestarted, v1alpha1.EventUsersApplied} {
 		if !slices.Contains(got, want) {
 			t.Errorf("no %s event (the rotation's events: %v)", want, got)
@@ -500,8 +458,8 @@ func TestRestartRotationRestartsRedisPodsOneAtATimeThenConsumersAndRevokesTheOld
 			t.Errorf("%d %s events for one rotation, want 1 (the rotation's events: %v)", n, once, got)
 		}
 	}
-	if w := newReasons(warningsBefore, warningReasons(t, "rotate-restart", "orders")); len(w) > 0 {
-		t.Errorf("warnings during a healthy rotation: %v (every warning: %v)", w, warningNotes(t, "rotate-restart", "orders"))
+	if w := framework.NewReasons(warningsBefore, framework.Reasons(framework.Warnings(events))); len(w) > 0 {
+		t.Errorf("warnings during a healthy rotation: %v (every warning: %v)", w, framework.Notes(framework.Warnings(events)))
 	}
 }
 
@@ -512,22 +470,21 @@ func TestRestartRotationRestartsRedisPodsOneAtATimeThenConsumersAndRevokesTheOld
 // no further pod and no consumer is touched, and the old credential and lease stay. Once the
 // kubelet goes on, the rollout resumes and completes.
 func TestStalledRolloutTouchesNoFurtherPodAndResumesWhenReady(t *testing.T) {
-	namespace(t, "stall")
-	vaultConnection(t, "vault-stall", ground.Vault.Addr, "stall")
-	consumerDeployment(t, "stall", "orders-api")
+	ns := fw.Namespace(t, "stall")
+	vc := fw.VaultConnection(t, "vault-stall", framework.Allow(ns))
+	fw.StandInConsumer(t, ns, "orders-api", 2)
 	const timeout = 10 * time.Second
-	rc := redisCluster(t, "stall", "orders", "vault-stall", "database/creds/orders", replicas(3), func(rc *v1alpha1.RedisCluster) {
+	rc := fw.RedisCluster(t, ns, "orders", vc.Name, fw.Path("orders"), framework.Replicas(3), framework.WithConsumers("orders-api"), func(rc *v1alpha1.RedisCluster) {
 		rc.Spec.Rollout.RedisPods = v1alpha1.RedisPodsRestart
 		rc.Spec.Rollout.ReadinessTimeout = &metav1.Duration{Duration: timeout}
-		rc.Spec.Rollout.Consumers = []v1alpha1.ConsumerReference{{Kind: "Deployment", Name: "orders-api"}}
 	})
-	cur := waitReady(t, rc, 90*time.Second)
+	cur := fw.WaitReady(t, rc, 90*time.Second)
 	oldLease, oldVersion := cur.Status.Credential.LeaseID, cur.Status.Credential.Version
-	oldUser, oldPass, _ := credentials(t, rc)
+	oldUser, oldPass, _ := fw.Credentials(rc)
 	before := map[string]string{}
 	for _, name := range []string{"orders-0", "orders-1"} {
 		p := &corev1.Pod{}
-		if err := k8s.Get(context.Background(), client.ObjectKey{Namespace: "stall", Name: name}, p); err != nil {
+		if err := fw.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, p); err != nil {
 			t.Fatal(err)
 		}
 		before[name] = string(p.UID)
@@ -535,24 +492,24 @@ func TestStalledRolloutTouchesNoFurtherPodAndResumesWhenReady(t *testing.T) {
 	// Pods that ran for longer than readinessTimeout before their restart, as pods usually have:
 	// their restart must not be timed from their creation.
 	oldest := &corev1.Pod{}
-	if err := k8s.Get(context.Background(), client.ObjectKey{Namespace: "stall", Name: "orders-2"}, oldest); err != nil {
+	if err := fw.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "orders-2"}, oldest); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(time.Until(oldest.CreationTimestamp.Add(2 * timeout)))
 
 	resume := pauseRealKubelet(t)
-	rotateNow(t, rc, "stall-1")
+	fw.RotateNow(t, rc)
 	var restarted time.Time
-	eventually(t, 30*time.Second, func() string {
-		ro := get(t, rc).Status.Rollout
+	framework.Eventually(t, 30*time.Second, func() string {
+		ro := fw.Get(t, rc).Status.Rollout
 		if ro == nil || ro.PodInFlight != "orders-2" || ro.PodRestartedAt == nil {
 			return fmt.Sprintf("orders-2 not restarted yet: rollout %+v", ro)
 		}
 		restarted = ro.PodRestartedAt.Time
 		return ""
 	})
-	cur = waitCondition(t, rc, v1alpha1.ConditionDegraded, metav1.ConditionTrue, "", 60*time.Second)
-	degraded := apimeta.FindStatusCondition(cur.Status.Conditions, v1alpha1.ConditionDegraded)
+	cur = fw.WaitCondition(t, rc, v1alpha1.ConditionDegraded, metav1.ConditionTrue, "", 60*time.Second)
+	degraded := framework.Condition(cur, v1alpha1.ConditionDegraded)
 	t.Logf("while orders-2 is held: Degraded %s: %s", degraded.Reason, degraded.Message)
 	// Both times are whole seconds, the restart's rounded down.
 	if after := degraded.LastTransitionTime.Sub(restarted); after < timeout-time.Second {
@@ -568,28 +525,28 @@ func TestStalledRolloutTouchesNoFurtherPodAndResumesWhenReady(t *testing.T) {
 	for end := time.Now().Add(3 * time.Second); time.Now().Before(end); time.Sleep(500 * time.Millisecond) {
 		for name, b := range before {
 			p := &corev1.Pod{}
-			if err := k8s.Get(context.Background(), client.ObjectKey{Namespace: "stall", Name: name}, p); err != nil {
+			if err := fw.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, p); err != nil {
 				t.Fatal(err)
 			}
 			if string(p.UID) != b || p.DeletionTimestamp != nil {
 				t.Fatalf("pod %s was touched while the rollout was stalled", name)
 			}
 		}
-		if v := consumerVersion(t, "stall", "orders-api"); v != "" && v != oldVersion {
+		if v := consumerVersion(t, ns, "orders-api"); v != "" && v != oldVersion {
 			t.Fatalf("the consumer was restarted on %s while the rollout was stalled", v)
 		}
 	}
-	if !slices.Contains(warningReasons(t, "stall", "orders"), degraded.Reason) {
-		t.Errorf("no %s warning event (warnings: %v)", degraded.Reason, warningReasons(t, "stall", "orders"))
+	if warnings := framework.Reasons(framework.Warnings(fw.ClusterEvents(t, ns, "orders"))); !slices.Contains(warnings, degraded.Reason) {
+		t.Errorf("no %s warning event (warnings: %v)", degraded.Reason, warnings)
 	}
-	if exists, _ := leaseExists(t, oldLease); !exists {
+	if exists, _ := fw.LeaseExists(oldLease); !exists {
 		t.Fatal("the old lease was revoked while the rollout was stalled")
 	}
-	if !authenticates(oldUser, oldPass) {
+	if !fw.Authenticates(oldUser, oldPass) {
 		t.Fatal("the old credential stopped working while the rollout was stalled")
 	}
 	// Every Redis runs on (the held kubelet stops none), orders-2's too, with the old user.
-	if msg := onEveryPod(t, rc, oldUser, oldPass, true); msg != "" {
+	if msg := fw.OnEveryPod(rc, oldUser, oldPass, true); msg != "" {
 		t.Fatalf("while the rollout was stalled: %s", msg)
 	}
 
@@ -597,66 +554,47 @@ func TestStalledRolloutTouchesNoFurtherPodAndResumesWhenReady(t *testing.T) {
 	start := time.Now()
 	waitRolledOut(t, rc, oldLease, 120*time.Second)
 	t.Logf("the rollout finished %s after the kubelet went on", time.Since(start).Round(time.Millisecond))
-	waitCondition(t, rc, v1alpha1.ConditionDegraded, metav1.ConditionFalse, "", 10*time.Second)
+	fw.WaitCondition(t, rc, v1alpha1.ConditionDegraded, metav1.ConditionFalse, "", 10*time.Second)
 	checkRetired(t, rc, "orders-api", oldUser, oldPass, oldLease)
-}
-
-// vaultLeases lists the leases Vault holds for a role.
-func vaultLeases(t *testing.T, role string) []string {
-	t.Helper()
-	s, err := ground.Vault.Root.Logical().List("sys/leases/lookup/database/creds/" + role)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if s == nil {
-		return nil
-	}
-	var out []string
-	for _, k := range s.Data["keys"].([]any) {
-		out = append(out, "database/creds/"+role+"/"+k.(string))
-	}
-	return out
 }
 
 // An operator stopped in the middle of a rollout (the consumer's new pods are held not Ready, as
 // kwok is paused) and started again resumes it, and the rotation ends with exactly the one new
 // lease it began with: the restarted operator issues nothing more, and the old lease is revoked.
 func TestOperatorRestartMidRolloutResumesWithOneNewLeaseAndOneRevoked(t *testing.T) {
-	namespace(t, "restart")
-	vaultConnection(t, "vault-restart", ground.Vault.Addr, "restart")
-	consumerDeployment(t, "restart", "orders-api")
-	rc := redisCluster(t, "restart", "orders", "vault-restart", "database/creds/restart", func(rc *v1alpha1.RedisCluster) {
-		rc.Spec.Rollout.Consumers = []v1alpha1.ConsumerReference{{Kind: "Deployment", Name: "orders-api"}}
-	})
-	cur := waitReady(t, rc, 60*time.Second)
+	ns := fw.Namespace(t, "restart")
+	vc := fw.VaultConnection(t, "vault-restart", framework.Allow(ns))
+	fw.StandInConsumer(t, ns, "orders-api", 2)
+	rc := fw.RedisCluster(t, ns, "orders", vc.Name, fw.Path("restart"), framework.WithConsumers("orders-api"))
+	cur := fw.WaitReady(t, rc, 60*time.Second)
 	oldLease := cur.Status.Credential.LeaseID
-	oldUser, oldPass, _ := credentials(t, rc)
-	if leases := vaultLeases(t, "restart"); !slices.Equal(leases, []string{oldLease}) {
+	oldUser, oldPass, _ := fw.Credentials(rc)
+	if leases := fw.VaultLeases(t, fw.Path("restart")); !slices.Equal(leases, []string{oldLease}) {
 		t.Fatalf("Vault leases before the rotation: %v", leases)
 	}
 
 	resume := pauseKubelets(t)
-	rotateNow(t, rc, "restart-1")
+	fw.RotateNow(t, rc)
 	var newLease string
-	eventually(t, 60*time.Second, func() string {
-		cur = get(t, rc)
+	framework.Eventually(t, 60*time.Second, func() string {
+		cur = fw.Get(t, rc)
 		ro := cur.Status.Rollout
-		if ro == nil || consumerVersion(t, "restart", "orders-api") != ro.TargetVersion {
+		if ro == nil || consumerVersion(t, ns, "orders-api") != ro.TargetVersion {
 			return fmt.Sprintf("the consumer is not restarted yet: rollout %+v", ro)
 		}
 		newLease = cur.Status.Credential.LeaseID
 		return ""
 	})
-	if leases := vaultLeases(t, "restart"); len(leases) != 2 || !slices.Contains(leases, oldLease) || !slices.Contains(leases, newLease) {
+	if leases := fw.VaultLeases(t, fw.Path("restart")); len(leases) != 2 || !slices.Contains(leases, oldLease) || !slices.Contains(leases, newLease) {
 		t.Fatalf("Vault leases mid-rollout: %v, want the old %s and the new %s", leases, oldLease, newLease)
 	}
-	restartOperator(t)
+	fw.RestartOperator(t)
 	resume()
 	cur = waitRolledOut(t, rc, oldLease, 90*time.Second)
 	if cur.Status.Credential.LeaseID != newLease {
 		t.Errorf("the rotation ended on lease %s, not on %s it began with", cur.Status.Credential.LeaseID, newLease)
 	}
-	if leases := vaultLeases(t, "restart"); !slices.Equal(leases, []string{newLease}) {
+	if leases := fw.VaultLeases(t, fw.Path("restart")); !slices.Equal(leases, []string{newLease}) {
 		t.Fatalf("after the resumed rollout Vault holds %v for the role, want exactly the one new lease %s", leases, newLease)
 	}
 	checkRetired(t, rc, "orders-api", oldUser, oldPass, oldLease)
@@ -668,81 +606,76 @@ func TestOperatorRestartMidRolloutResumesWithOneNewLeaseAndOneRevoked(t *testing
 // on it), while the new one already works there. Once it is resumed the rollout completes and the
 // old user and lease are retired.
 func TestMissingConsumerIsReportedAndPausedConsumerIsWaitedFor(t *testing.T) {
-	namespace(t, "consumers")
-	vaultConnection(t, "vault-consumers", ground.Vault.Addr, "consumers")
-	consumerDeployment(t, "consumers", "paused-api")
-	rc := redisCluster(t, "consumers", "orders", "vault-consumers", "database/creds/orders", func(rc *v1alpha1.RedisCluster) {
-		rc.Spec.Rollout.Consumers = []v1alpha1.ConsumerReference{
-			{Kind: "Deployment", Name: "ghost"}, {Kind: "Deployment", Name: "paused-api"},
-		}
-	})
-	cur := waitReady(t, rc, 60*time.Second)
+	ns := fw.Namespace(t, "consumers")
+	vc := fw.VaultConnection(t, "vault-consumers", framework.Allow(ns))
+	key := fw.StandInConsumer(t, ns, "paused-api", 2)
+	rc := fw.RedisCluster(t, ns, "orders", vc.Name, fw.Path("orders"), framework.WithConsumers("ghost", "paused-api"))
+	cur := fw.WaitReady(t, rc, 60*time.Second)
 	oldLease := cur.Status.Credential.LeaseID
-	oldUser, oldPass, _ := credentials(t, rc)
+	oldUser, oldPass, _ := fw.Credentials(rc)
 	d := &appsv1.Deployment{}
-	key := client.ObjectKey{Namespace: "consumers", Name: "paused-api"}
-	if err := k8s.Get(context.Background(), key, d); err != nil {
+	if err := fw.Client.Get(context.Background(), key, d); err != nil {
 		t.Fatal(err)
 	}
 	patch := client.MergeFrom(d.DeepCopy())
 	d.Spec.Paused = true
-	if err := k8s.Patch(context.Background(), d, patch); err != nil {
+	if err := fw.Client.Patch(context.Background(), d, patch); err != nil {
 		t.Fatal(err)
 	}
 
-	rotateNow(t, rc, "1")
-	cur = waitCondition(t, rc, v1alpha1.ConditionDegraded, metav1.ConditionTrue, v1alpha1.ReasonConsumerPaused, 60*time.Second)
-	reasons := eventReasons(t, "consumers", "orders")
+	fw.RotateNow(t, rc)
+	cur = fw.WaitCondition(t, rc, v1alpha1.ConditionDegraded, metav1.ConditionTrue, v1alpha1.ReasonConsumerPaused, 60*time.Second)
+	reasons := framework.Reasons(fw.ClusterEvents(t, ns, "orders"))
 	if !slices.Contains(reasons, v1alpha1.ReasonConsumerMissing) || !slices.Contains(reasons, v1alpha1.ReasonConsumerPaused) {
 		t.Errorf("events %v: want ConsumerMissing and ConsumerPaused", reasons)
 	}
 	if cur.Status.Rollout == nil {
 		t.Fatal("the rollout finished although a consumer is paused")
 	}
-	if exists, _ := leaseExists(t, oldLease); !exists {
+	if exists, _ := fw.LeaseExists(oldLease); !exists {
 		t.Fatal("the old lease was revoked while a paused consumer still runs on it")
 	}
-	if !authenticates(oldUser, oldPass) {
+	if !fw.Authenticates(oldUser, oldPass) {
 		t.Error("the old credential stopped working in Vault's Redis while a paused consumer still runs on it")
 	}
-	if msg := onEveryPod(t, rc, oldUser, oldPass, true); msg != "" {
+	if msg := fw.OnEveryPod(rc, oldUser, oldPass, true); msg != "" {
 		t.Errorf("while a paused consumer still runs on the old credential: %s", msg)
 	}
-	newUser, newPass, _ := credentials(t, rc)
+	newUser, newPass, _ := fw.Credentials(rc)
 	if newUser == oldUser {
 		t.Error("the consumers' Secret still holds the old credential although every node accepts the new one")
-	} else if msg := onEveryPod(t, rc, newUser, newPass, true); msg != "" {
+	} else if msg := fw.OnEveryPod(rc, newUser, newPass, true); msg != "" {
 		t.Error(msg)
 	}
-	if v := consumerVersion(t, "consumers", "paused-api"); v == cur.Status.Rollout.TargetVersion {
+	if v := consumerVersion(t, ns, "paused-api"); v == cur.Status.Rollout.TargetVersion {
 		t.Error("the paused consumer's template was changed")
 	}
 
-	if err := k8s.Get(context.Background(), key, d); err != nil {
+	if err := fw.Client.Get(context.Background(), key, d); err != nil {
 		t.Fatal(err)
 	}
 	patch = client.MergeFrom(d.DeepCopy())
 	d.Spec.Paused = false
-	if err := k8s.Patch(context.Background(), d, patch); err != nil {
+	if err := fw.Client.Patch(context.Background(), d, patch); err != nil {
 		t.Fatal(err)
 	}
 	waitRolledOut(t, rc, oldLease, 60*time.Second)
 	checkRetired(t, rc, "paused-api", oldUser, oldPass, oldLease)
-	waitCondition(t, rc, v1alpha1.ConditionDegraded, metav1.ConditionFalse, "", 10*time.Second)
+	fw.WaitCondition(t, rc, v1alpha1.ConditionDegraded, metav1.ConditionFalse, "", 10*time.Second)
 }
 
 // pauseKubelets stops kwok, so that pods on its fake node (the consumers) are not made Ready,
 // until the returned function (or the end of the test) starts it again.
 func pauseKubelets(t *testing.T) (resume func()) {
 	t.Helper()
-	ground.Workloads.PauseKubelets()
+	fw.Ground.Workloads.PauseKubelets()
 	resumed := false
 	resume = func() {
 		if resumed {
 			return
 		}
 		resumed = true
-		if err := ground.Workloads.ResumeKubelets(); err != nil {
+		if err := fw.Ground.Workloads.ResumeKubelets(); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -755,7 +688,7 @@ func pauseKubelets(t *testing.T) (resume func()) {
 // of the test, lets it go on.
 func pauseRealKubelet(t *testing.T) (resume func()) {
 	t.Helper()
-	if err := ground.Node.PauseKubelet(); err != nil {
+	if err := fw.Ground.Node.PauseKubelet(); err != nil {
 		t.Fatal(err)
 	}
 	resumed := false
@@ -764,7 +697,7 @@ func pauseRealKubelet(t *testing.T) (resume func()) {
 			return
 		}
 		resumed = true
-		if err := ground.Node.ResumeKubelet(); err != nil {
+		if err := fw.Ground.Node.ResumeKubelet(); err != nil {
 			t.Fatal(err)
 		}
 	}

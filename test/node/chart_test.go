@@ -9,20 +9,17 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/keyroll/keyroll/test/harness"
+	"github.com/keyroll/keyroll/test/framework"
 	"github.com/keyroll/keyroll/test/render"
 	"github.com/keyroll/keyroll/test/testground"
 )
 
-// The chart's release for this test, in a namespace of its own so that its objects do not meet
-// those of deploy/default (which TestManagerRunsAsAPodFromDeployDefault installs): the release
-// name contains "keyroll", so its objects are named keyroll-chart-*.
-const (
-	chartRelease   = "keyroll-chart"
-	chartNamespace = "keyroll-chart"
-)
+// The base of the chart's release name and of its namespace for this test (both fw.Name(chartBase)),
+// a namespace of its own so that its objects do not meet those of deploy/default (which
+// TestManagerRunsAsAPodFromDeployDefault installs): the release name contains "keyroll", so its
+// objects are named node-keyroll-chart-*.
+const chartBase = "keyroll-chart"
 
 // The Helm chart installed with helm on the real node, into a namespace that enforces the
 // restricted Pod Security Standard, with the locally built image (make image): both manager
@@ -32,71 +29,68 @@ const (
 func TestHelmChartInstallsAndRuns(t *testing.T) {
 	imageCtx, cancelImage := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancelImage()
-	if err := ground.Node.LoadManagerImage(imageCtx); err != nil {
+	if err := fw.Ground.Node.LoadManagerImage(imageCtx); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
-	serviceAccount := chartRelease + "-manager"
-	bindVaultRole(t, ctx, []string{harness.OperatorSA, serviceAccount}, []string{harness.OperatorNS, chartNamespace})
+	// The namespace first, so that its cleanup comes after the chart's uninstall.
+	release, namespace := fw.Name(chartBase), fw.Namespace(t, chartBase)
+	serviceAccount := release + "-manager"
+	bindVaultRole(t, ctx, []string{framework.OperatorSA, serviceAccount}, []string{fw.OperatorNS, namespace})
 	t.Cleanup(func() {
-		bindVaultRole(t, context.Background(), []string{harness.OperatorSA}, []string{harness.OperatorNS})
+		bindVaultRole(t, context.Background(), []string{framework.OperatorSA}, []string{fw.OperatorNS})
 	})
 
 	start := time.Now()
-	stopOperator() // the in-process manager stops; the chart's takes over
+	fw.StopOperator() // the in-process manager stops; the chart's takes over
 	t.Cleanup(func() {
-		uninstallChart(t)
-		if err := startOperator(); err != nil {
-			t.Errorf("restarting the in-process operator: %v", err)
-		}
+		uninstallChart(t, release, namespace)
+		fw.RestartOperator(t)
 	})
-	kubectl(t, "create", "namespace", chartNamespace)
-	kubectl(t, "label", "namespace", chartNamespace, "pod-security.kubernetes.io/enforce=restricted")
+	fw.MustKubectl(t, nil, "label", "namespace", namespace, "pod-security.kubernetes.io/enforce=restricted")
 	repo, tag, _ := strings.Cut(testground.ManagerImage, ":")
-	out, err := render.Helm(t, []string{"KUBECONFIG=" + ground.CP.Kubeconfig}, "install", chartRelease, render.Chart(),
-		"--namespace", chartNamespace, "--set", "image.repository="+repo, "--set", "image.tag="+tag,
+	out, err := render.Helm(t, []string{"KUBECONFIG=" + fw.Ground.CP.Kubeconfig}, "install", release, render.Chart(),
+		"--namespace", namespace, "--set", "image.repository="+repo, "--set", "image.tag="+tag,
 		"--wait", "--timeout", "4m")
 	if err != nil {
-		t.Fatalf("helm install on the real node: %v\n%s", err, podSummary(chartNamespace))
+		t.Fatalf("helm install on the real node: %v\n%s", err, fw.PodSummary(namespace))
 	}
 	t.Logf("helm install: deployed and waited for, %s after start:\n%s", time.Since(start).Round(time.Millisecond), firstLines(out, 4))
 
-	pods := chartManagerPods(t, ctx)
-	leader := waitLeaderIn(t, ctx, chartNamespace, pods)
+	pods := chartManagerPods(t, ctx, release, namespace)
+	leader := waitLeaderIn(t, ctx, namespace, pods)
 	t.Logf("the chart's manager pods Ready on the real node and %s leads, %s after start", leader.Name, time.Since(start).Round(time.Millisecond))
-	checkRestricted(t, ctx, chartNamespace)
+	checkRestricted(t, ctx, namespace)
 
-	rc := applySamples(t, ctx)
-	waitReady(t, client.ObjectKeyFromObject(rc), 3*time.Minute)
+	rc := applySamples(t, ctx, "chart-samples")
+	fw.WaitReady(t, rc, 3*time.Minute)
 	t.Logf("sample RedisCluster orders Ready under the chart's manager, %s after start", time.Since(start).Round(time.Millisecond))
-	deleteAndWait(t, rc)
+	fw.DeleteAndWait(t, rc, time.Minute)
 }
 
 // bindVaultRole rewrites the operator's Kubernetes auth role in Vault to bind these service
 // accounts in these namespaces.
 func bindVaultRole(t *testing.T, ctx context.Context, accounts, namespaces []string) {
 	t.Helper()
-	err := ground.Vault.WriteKubernetesAuthRole(ctx, testground.KubernetesAuthRole{
-		Name: harness.OperatorRole, ServiceAccounts: accounts, Namespaces: namespaces,
-		Policies: []string{harness.OperatorRole}, TokenTTL: time.Hour,
-	})
-	if err != nil {
+	role := fw.OperatorAuthRole(time.Hour)
+	role.ServiceAccounts, role.Namespaces = accounts, namespaces
+	if err := fw.Ground.Vault.WriteKubernetesAuthRole(ctx, role); err != nil {
 		t.Fatalf("writing Vault's Kubernetes auth role: %v", err)
 	}
 }
 
-// chartManagerPods lists the chart's manager pods, which helm --wait has seen Ready; both must be
-// on the real node and run the local image.
-func chartManagerPods(t *testing.T, ctx context.Context) []corev1.Pod {
+// chartManagerPods lists the manager pods of the chart's release in namespace, which helm --wait
+// has seen Ready; both must be on the real node and run the local image.
+func chartManagerPods(t *testing.T, ctx context.Context, release, namespace string) []corev1.Pod {
 	t.Helper()
-	list, err := cs.CoreV1().Pods(chartNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=manager,app.kubernetes.io/instance=" + chartRelease})
+	list, err := fw.Clientset.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=manager,app.kubernetes.io/instance=" + release})
 	if err != nil {
 		t.Fatal(err)
 	}
 	var ready []corev1.Pod
 	for _, p := range list.Items {
-		if !podReady(&p) || p.DeletionTimestamp != nil {
+		if !framework.PodReady(&p) || p.DeletionTimestamp != nil {
 			continue
 		}
 		if p.Spec.NodeName != testground.RealNodeName {
@@ -108,25 +102,25 @@ func chartManagerPods(t *testing.T, ctx context.Context) []corev1.Pod {
 		ready = append(ready, p)
 	}
 	if len(ready) != 2 {
-		t.Fatalf("%d of 2 manager pods Ready after helm install --wait:%s", len(ready), podSummary(chartNamespace))
+		t.Fatalf("%d of 2 manager pods Ready after helm install --wait:%s", len(ready), fw.PodSummary(namespace))
 	}
 	return ready
 }
 
 // uninstallChart removes the release and its namespace and waits until the manager pods are gone,
 // so that the in-process operator can lead again.
-func uninstallChart(t *testing.T) {
-	if out, err := render.Helm(t, []string{"KUBECONFIG=" + ground.CP.Kubeconfig}, "uninstall", chartRelease, "--namespace", chartNamespace, "--wait", "--timeout", "2m"); err != nil {
+func uninstallChart(t *testing.T, release, namespace string) {
+	if out, err := render.Helm(t, []string{"KUBECONFIG=" + fw.Ground.CP.Kubeconfig}, "uninstall", release, "--namespace", namespace, "--wait", "--timeout", "2m"); err != nil {
 		t.Errorf("helm uninstall: %v\n%s", err, out)
 	}
-	eventually(t, 2*time.Minute, func() string {
-		list, err := cs.CoreV1().Pods(chartNamespace).List(context.Background(), metav1.ListOptions{})
+	framework.Eventually(t, 2*time.Minute, func() string {
+		list, err := fw.Clientset.CoreV1().Pods(namespace).List(context.Background(), metav1.ListOptions{})
 		if err != nil || len(list.Items) > 0 {
-			return fmt.Sprintf("pods still in %s: %v%s", chartNamespace, err, podSummary(chartNamespace))
+			return fmt.Sprintf("pods still in %s: %v%s", namespace, err, fw.PodSummary(namespace))
 		}
 		return ""
 	})
-	_ = cs.CoreV1().Namespaces().Delete(context.Background(), chartNamespace, metav1.DeleteOptions{})
+	_ = fw.Clientset.CoreV1().Namespaces().Delete(context.Background(), namespace, metav1.DeleteOptions{})
 }
 
 // firstLines returns the first n lines of s.

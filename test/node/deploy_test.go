@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -24,7 +23,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
-	"github.com/keyroll/keyroll/test/harness"
+	"github.com/keyroll/keyroll/test/framework"
 	"github.com/keyroll/keyroll/test/testground"
 )
 
@@ -38,50 +37,45 @@ func TestManagerRunsAsAPodFromDeployDefault(t *testing.T) {
 	imageCtx, cancelImage := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancelImage()
 	start := time.Now()
-	if err := ground.Node.LoadManagerImage(imageCtx); err != nil {
+	if err := fw.Ground.Node.LoadManagerImage(imageCtx); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("make image and import: %s", time.Since(start).Round(time.Millisecond))
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
 	start = time.Now()
-	stopOperator() // the in-process manager releases the Lease; the deployed one takes over
+	fw.StopOperator() // the in-process manager releases the Lease; the deployed one takes over
 	t.Cleanup(func() {
 		undeployManager(t)
-		if err := startOperator(); err != nil {
-			t.Errorf("restarting the in-process operator: %v", err)
-		}
+		fw.RestartOperator(t)
 	})
-	kubectl(t, "apply", "-k", managerOverlay(t))
+	fw.MustKubectl(t, nil, "apply", "-k", managerOverlay(t))
 	pods := waitManagerReady(t, ctx)
-	checkRestricted(t, ctx, harness.OperatorNS)
-	leader := waitLeaderIn(t, ctx, harness.OperatorNS, pods)
+	checkRestricted(t, ctx, managerNS)
+	leader := waitLeaderIn(t, ctx, managerNS, pods)
 	t.Logf("manager pods Ready and %s leads, %s after apply", leader.Name, time.Since(start).Round(time.Millisecond))
 
-	rc := applySamples(t, ctx)
-	waitReady(t, client.ObjectKeyFromObject(rc), 3*time.Minute)
+	rc := applySamples(t, ctx, "samples")
+	fw.WaitReady(t, rc, 3*time.Minute)
 	t.Logf("sample RedisCluster orders Ready under the deployed manager, %s after apply", time.Since(start).Round(time.Millisecond))
-	checkProbeSidecar(t, ctx, rc)
-	checkMetrics(t, leader)
-	deleteAndWait(t, rc)
+	checkProbeSidecar(t, rc)
+	checkMetrics(t, leader, rc.Namespace)
+	fw.DeleteAndWait(t, rc, time.Minute)
 }
 
 // checkProbeSidecar: the deployed manager, given no --redis-probe-image, runs the Redis pods'
 // probe sidecar from its own image (read from its pod), and the sidecar answers the kubelet.
-func checkProbeSidecar(t *testing.T, ctx context.Context, rc *v1alpha1.RedisCluster) {
+func checkProbeSidecar(t *testing.T, rc *v1alpha1.RedisCluster) {
 	t.Helper()
-	pods := &corev1.PodList{}
-	if err := k8s.List(ctx, pods, client.InNamespace(rc.Namespace), client.MatchingLabels{v1alpha1.LabelCluster: rc.Name}); err != nil {
-		t.Fatal(err)
-	}
-	if len(pods.Items) == 0 {
+	pods := fw.RedisPods(t, rc)
+	if len(pods) == 0 {
 		t.Fatal("no Redis pods of the sample cluster")
 	}
-	for _, p := range pods.Items {
+	for _, p := range pods {
 		if len(p.Spec.InitContainers) != 1 || p.Spec.InitContainers[0].Image != testground.ManagerImage {
 			t.Errorf("Redis pod %s: init containers %v; want the probe sidecar from the manager's image %s", p.Name, p.Spec.InitContainers, testground.ManagerImage)
 		}
-		if !podReady(&p) {
+		if !framework.PodReady(&p) {
 			t.Errorf("Redis pod %s is not Ready", p.Name)
 		}
 	}
@@ -103,40 +97,24 @@ func managerOverlay(t *testing.T) string {
 	return dir
 }
 
-// kubectl runs the test ground's kubectl against the ground's API server.
-func kubectl(t *testing.T, args ...string) string {
-	t.Helper()
-	bin, err := testground.Binary("kubectl")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(bin, args...)
-	cmd.Env = append(os.Environ(), "KUBECONFIG="+ground.CP.Kubeconfig)
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("kubectl %s: %v\n%s", strings.Join(args, " "), err, out)
-	}
-	return string(out)
-}
-
 // waitManagerReady waits until both replicas of the manager are Ready, on the real node, running
 // the local image.
 func waitManagerReady(t *testing.T, ctx context.Context) []corev1.Pod {
 	t.Helper()
 	var pods []corev1.Pod
-	eventually(t, 3*time.Minute, func() string {
-		list, err := cs.CoreV1().Pods(harness.OperatorNS).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=manager"})
+	framework.Eventually(t, 3*time.Minute, func() string {
+		list, err := fw.Clientset.CoreV1().Pods(managerNS).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=manager"})
 		if err != nil {
 			return err.Error()
 		}
 		pods = nil
 		for _, p := range list.Items {
-			if podReady(&p) && p.Spec.NodeName == testground.RealNodeName && p.DeletionTimestamp == nil {
+			if framework.PodReady(&p) && p.Spec.NodeName == testground.RealNodeName && p.DeletionTimestamp == nil {
 				pods = append(pods, p)
 			}
 		}
 		if len(pods) < 2 {
-			return fmt.Sprintf("%d of 2 manager pods Ready:%s", len(pods), podSummary(harness.OperatorNS))
+			return fmt.Sprintf("%d of 2 manager pods Ready:%s", len(pods), fw.PodSummary(managerNS))
 		}
 		return ""
 	})
@@ -152,7 +130,7 @@ func waitManagerReady(t *testing.T, ctx context.Context) []corev1.Pod {
 // says so, and a pod that breaks the standard is refused there.
 func checkRestricted(t *testing.T, ctx context.Context, ns string) {
 	t.Helper()
-	got, err := cs.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{})
+	got, err := fw.Clientset.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -163,7 +141,7 @@ func checkRestricted(t *testing.T, ctx context.Context, ns string) {
 		ObjectMeta: metav1.ObjectMeta{Name: "rogue", Namespace: ns},
 		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: testground.RedisImage}}},
 	}
-	_, err = cs.CoreV1().Pods(ns).Create(ctx, rogue, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+	_, err = fw.Clientset.CoreV1().Pods(ns).Create(ctx, rogue, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
 	if !apierrors.IsForbidden(err) {
 		t.Errorf("a pod without a restricted security context was not refused in %s: %v", ns, err)
 	}
@@ -174,8 +152,8 @@ func checkRestricted(t *testing.T, ctx context.Context, ns string) {
 func waitLeaderIn(t *testing.T, ctx context.Context, ns string, pods []corev1.Pod) corev1.Pod {
 	t.Helper()
 	var leader corev1.Pod
-	eventually(t, time.Minute, func() string {
-		l, err := cs.CoordinationV1().Leases(ns).Get(ctx, "keyroll.keyroll.dev", metav1.GetOptions{})
+	framework.Eventually(t, time.Minute, func() string {
+		l, err := fw.Clientset.CoordinationV1().Leases(ns).Get(ctx, "keyroll.keyroll.dev", metav1.GetOptions{})
 		if err != nil {
 			return err.Error()
 		}
@@ -192,9 +170,14 @@ func waitLeaderIn(t *testing.T, ctx context.Context, ns string, pods []corev1.Po
 }
 
 // applySamples applies the samples' VaultConnection (pointed at the ground's Vault on the node's
-// bridge), the RedisCluster orders and its consumer Deployment.
-func applySamples(t *testing.T, ctx context.Context) *v1alpha1.RedisCluster {
+// bridge), the RedisCluster orders and its consumer Deployment, under the package's names: the
+// namespace base (the samples' is default), a VaultConnection vault-<base>, the operator's
+// Kubernetes auth role and the package's Vault role orders (the samples name keyroll and orders).
+// Every other field is the samples'.
+func applySamples(t *testing.T, ctx context.Context, base string) *v1alpha1.RedisCluster {
 	t.Helper()
+	ns, connection := fw.Namespace(t, base), fw.Name("vault-"+base)
+	rc := &v1alpha1.RedisCluster{}
 	for _, f := range []string{"vaultconnection.yaml", "rediscluster-vaultlease.yaml", "consumer-deployment.yaml"} {
 		b, err := os.ReadFile(filepath.Join(testground.RepoRoot(), "deploy", "samples", f))
 		if err != nil {
@@ -204,30 +187,41 @@ func applySamples(t *testing.T, ctx context.Context) *v1alpha1.RedisCluster {
 		if err := yaml.Unmarshal(b, &obj.Object); err != nil {
 			t.Fatalf("%s: %v", f, err)
 		}
-		if obj.GetKind() == "VaultConnection" {
-			_ = unstructured.SetNestedField(obj.Object, ground.Vault.PodAddr, "spec", "address")
+		switch obj.GetKind() {
+		case "VaultConnection":
+			obj.SetName(connection)
+			_ = unstructured.SetNestedField(obj.Object, fw.Ground.Vault.PodAddr, "spec", "address")
+			_ = unstructured.SetNestedField(obj.Object, fw.OperatorRole, "spec", "auth", "kubernetes", "role")
+			_ = unstructured.SetNestedStringSlice(obj.Object, []string{ns}, "spec", "allowedNamespaces")
+		case "RedisCluster":
+			obj.SetNamespace(ns)
+			_ = unstructured.SetNestedField(obj.Object, connection, "spec", "credentials", "vaultLease", "connectionRef", "name")
+			_ = unstructured.SetNestedField(obj.Object, fw.Path("orders"), "spec", "credentials", "vaultLease", "path")
+			rc.Namespace, rc.Name = ns, obj.GetName()
+		default:
+			obj.SetNamespace(ns)
 		}
-		if err := k8s.Create(ctx, obj); err != nil {
+		if err := fw.Client.Create(ctx, obj); err != nil {
 			t.Fatalf("%s: %v", f, err)
 		}
-		t.Cleanup(func() { _ = k8s.Delete(context.Background(), obj) })
+		t.Cleanup(func() { _ = fw.Client.Delete(context.Background(), obj) })
 	}
-	return &v1alpha1.RedisCluster{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "orders"}}
+	return rc
 }
 
 // checkMetrics reads the leader's /metrics on its pod IP, over HTTPS (the manager's certificate is
-// self-signed when no --metrics-cert-dir is given) with the token of a service account bound to
-// keyroll-metrics-reader, as a scraper would.
-func checkMetrics(t *testing.T, leader corev1.Pod) {
+// self-signed when no --metrics-cert-dir is given) with the token of a service account of
+// namespace ns bound to keyroll-metrics-reader, as a scraper would.
+func checkMetrics(t *testing.T, leader corev1.Pod, ns string) {
 	t.Helper()
 	ctx := context.Background()
-	if err := ground.CP.EnsureServiceAccount(ctx, "default", "scraper"); err != nil {
+	if err := fw.Ground.CP.EnsureServiceAccount(ctx, ns, "scraper"); err != nil {
 		t.Fatal(err)
 	}
-	if err := ground.CP.BindClusterRole(ctx, "keyroll-metrics-reader", "default", "scraper"); err != nil {
+	if err := fw.Ground.CP.BindClusterRole(ctx, "keyroll-metrics-reader", ns, "scraper"); err != nil {
 		t.Fatal(err)
 	}
-	token, err := ground.CP.ServiceAccountToken(ctx, "default", "scraper", time.Hour)
+	token, err := fw.Ground.CP.ServiceAccountToken(ctx, ns, "scraper", time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -253,19 +247,19 @@ func checkMetrics(t *testing.T, leader corev1.Pod) {
 func undeployManager(t *testing.T) {
 	ctx := context.Background()
 	d := &appsv1.Deployment{}
-	key := client.ObjectKey{Namespace: harness.OperatorNS, Name: "keyroll-manager"}
-	if err := k8s.Get(ctx, key, d); err != nil {
+	key := client.ObjectKey{Namespace: managerNS, Name: "keyroll-manager"}
+	if err := fw.Client.Get(ctx, key, d); err != nil {
 		return
 	}
 	d.Spec.Replicas = ptr.To[int32](0)
-	if err := k8s.Update(ctx, d); err != nil {
+	if err := fw.Client.Update(ctx, d); err != nil {
 		t.Errorf("scaling the manager down: %v", err)
 		return
 	}
-	eventually(t, time.Minute, func() string {
-		list, err := cs.CoreV1().Pods(harness.OperatorNS).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=manager"})
+	framework.Eventually(t, time.Minute, func() string {
+		list, err := fw.Clientset.CoreV1().Pods(managerNS).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=manager"})
 		if err != nil || len(list.Items) > 0 {
-			return fmt.Sprintf("manager pods still there: %s", podSummary(harness.OperatorNS))
+			return fmt.Sprintf("manager pods still there: %s", fw.PodSummary(managerNS))
 		}
 		return ""
 	})

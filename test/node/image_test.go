@@ -18,6 +18,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/keyroll/keyroll/test/framework"
 	"github.com/keyroll/keyroll/test/testground"
 )
 
@@ -67,11 +68,12 @@ func TestManagerImageIsBuiltWithoutDocker(t *testing.T) {
 		strings.Count(string(b), "-----BEGIN CERTIFICATE-----") < 10 {
 		t.Errorf("the image's layer has no CA bundle at /%s (%d bytes, in the layer %v)", caBundle, len(b), ok)
 	}
-	if err := ground.Node.ImportImage(archive); err != nil {
+	if err := fw.Ground.Node.ImportImage(archive); err != nil {
 		t.Fatal(err)
 	}
+	ns := fw.Namespace(t, "image") // its pods are deleted when the test ends
 	pod := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "keyroll-image"},
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "keyroll-image"},
 		Spec: corev1.PodSpec{
 			RestartPolicy: corev1.RestartPolicyNever,
 			Containers: []corev1.Container{{
@@ -79,21 +81,23 @@ func TestManagerImageIsBuiltWithoutDocker(t *testing.T) {
 			}},
 		},
 	}
-	if _, err := cs.CoreV1().Pods("default").Create(ctx, pod, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cs.CoreV1().Pods("default").Delete(context.Background(), pod.Name, metav1.DeleteOptions{}) })
-	eventually(t, 2*time.Minute, func() string {
-		p, err := cs.CoreV1().Pods("default").Get(ctx, pod.Name, metav1.GetOptions{})
+	framework.Eventually(t, 30*time.Second, func() string { // the namespace's default ServiceAccount comes first
+		if _, err := fw.Clientset.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+			return err.Error()
+		}
+		return ""
+	})
+	framework.Eventually(t, 2*time.Minute, func() string {
+		p, err := fw.Clientset.CoreV1().Pods(ns).Get(ctx, pod.Name, metav1.GetOptions{})
 		if err != nil {
 			return err.Error()
 		}
 		if p.Status.Phase != corev1.PodSucceeded || p.Spec.NodeName != testground.RealNodeName {
-			return fmt.Sprintf("pod %s on %q: %s%s", p.Name, p.Spec.NodeName, p.Status.Phase, podSummary("default"))
+			return fmt.Sprintf("pod %s on %q: %s%s", p.Name, p.Spec.NodeName, p.Status.Phase, fw.PodSummary(ns))
 		}
 		return ""
 	})
-	logs, err := cs.CoreV1().Pods("default").GetLogs(pod.Name, &corev1.PodLogOptions{}).DoRaw(ctx)
+	logs, err := fw.Clientset.CoreV1().Pods(ns).GetLogs(pod.Name, &corev1.PodLogOptions{}).DoRaw(ctx)
 	if err != nil || !strings.Contains(string(logs), "-lease-check-interval") {
 		t.Errorf("keyroll --help in the image printed (%v):\n%s", err, logs)
 	}

@@ -6,28 +6,20 @@
 package node
 
 import (
-	"context"
-	"fmt"
 	"os"
 	"testing"
 	"time"
 
-	"k8s.io/client-go/kubernetes"
-	"sigs.k8s.io/controller-runtime/pkg/client"
-	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
-	"sigs.k8s.io/controller-runtime/pkg/log/zap"
-
-	"github.com/keyroll/keyroll/test/harness"
+	"github.com/keyroll/keyroll/test/framework"
 	"github.com/keyroll/keyroll/test/testground"
 )
 
-var (
-	ground *testground.Ground
-	k8s    client.Client
-	cs     *kubernetes.Clientset
-	// operator is the manager running in this process (nil while a test runs it as a pod).
-	operator *harness.Operator
-)
+var fw *framework.Framework
+
+// managerNS is the namespace deploy/default installs the manager in: its kustomization fixes it,
+// so that it cannot carry the package's prefix. The deployed manager's service account and
+// leader-election Lease are there.
+const managerNS = "keyroll-system"
 
 // The Vault roles of this package: orders for the sample RedisCluster, node for the others.
 var roles = []testground.RedisRole{
@@ -36,49 +28,19 @@ var roles = []testground.RedisRole{
 }
 
 func TestMain(m *testing.M) {
-	os.Exit(run(m))
-}
-
-func run(m *testing.M) int {
-	ctrllog.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.UseDevMode(true)))
-	start := time.Now()
-	// External Secrets Operator's CRDs: the manager watches ExternalSecrets and does not start
-	// without their API.
-	g, c, stop, err := harness.StartPackage(testground.Options{Node: true, Redis: true, Vault: true, ExternalSecretsCRDs: true},
-		func(ctx context.Context, g *testground.Ground) error { return harness.SetupVault(ctx, g, roles...) })
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	defer stop()
-	fmt.Fprintf(os.Stderr, "node: test ground with the real node up in %s\n", time.Since(start).Round(time.Millisecond))
-	ground, k8s = g, c
-	if cs, err = kubernetes.NewForConfig(g.CP.Config); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	if err := startOperator(); err != nil {
-		fmt.Fprintf(os.Stderr, "starting the operator: %v\n", err)
-		return 1
-	}
-	defer stopOperator()
-	return m.Run()
-}
-
-// startOperator runs keyroll's manager in this process, with leader election on the Lease the
-// deployed manager uses, so that the two never act at once.
-func startOperator() error {
-	var err error
-	operator, err = harness.Start(context.Background(), ground, harness.Options{
-		LeaseDuration: 15 * time.Second, RenewDeadline: 10 * time.Second, RetryPeriod: 2 * time.Second,
+	fw = framework.New(framework.Config{
+		Name: "node",
+		// External Secrets Operator's CRDs: the manager watches ExternalSecrets and does not start
+		// without their API.
+		Ground: testground.Options{Node: true, Redis: true, Vault: true, ExternalSecretsCRDs: true},
+		Roles:  roles,
+		// keyroll's manager runs in this process, with leader election on the Lease the deployed
+		// manager uses, so that the two never act at once.
+		Operator: &framework.OperatorOptions{LeaseDuration: 15 * time.Second, RenewDeadline: 10 * time.Second, RetryPeriod: 2 * time.Second},
 	})
-	return err
-}
-
-// stopOperator stops the in-process manager; it releases its Lease.
-func stopOperator() {
-	if operator != nil {
-		_ = operator.Stop()
-		operator = nil
-	}
+	// The operator in this process is the deployed manager's identity: the same service account
+	// (keyroll-manager, which the operator's Kubernetes auth role in Vault binds) and the same
+	// leader-election Lease, both in the manifests' namespace rather than a prefixed one.
+	fw.OperatorNS = managerNS
+	os.Exit(fw.Run(m))
 }

@@ -16,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
+	"github.com/keyroll/keyroll/test/framework"
 	"github.com/keyroll/keyroll/test/testground"
 )
 
@@ -25,7 +26,7 @@ import (
 func TestNodeDNSHasNoForwarderAndPodsResolveOnlyThroughIt(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	for _, line := range strings.Split(ground.Node.Corefile, "\n") {
+	for _, line := range strings.Split(fw.Ground.Node.Corefile, "\n") {
 		if f := strings.Fields(line); len(f) > 0 && (f[0] == "forward" || f[0] == "proxy" || f[0] == "grpc") {
 			t.Errorf("the Corefile forwards: %q", line)
 		}
@@ -38,21 +39,21 @@ func TestNodeDNSHasNoForwarderAndPodsResolveOnlyThroughIt(t *testing.T) {
 	if err != nil || !strings.Contains(string(plugins), "kubernetes") || strings.Contains(string(plugins), "forward") {
 		t.Errorf("coredns -plugins (%v) lists:\n%s\nwant kubernetes and no forward", err, plugins)
 	}
-	if ips, err := ground.Node.LookupHost(ctx, "example.com"); err == nil {
+	if ips, err := fw.Ground.Node.LookupHost(ctx, "example.com"); err == nil {
 		t.Errorf("CoreDNS answered a name outside the cluster: %v", ips)
 	}
-	namespace(t, "dns")
+	ns := fw.Namespace(t, "dns")
 	for _, policy := range []corev1.DNSPolicy{corev1.DNSClusterFirst, corev1.DNSDefault} {
 		name := "dns-" + strings.ToLower(string(policy))
-		startSleeper(t, ctx, "dns", name, policy)
-		resolv, _, err := ground.Node.Exec(ctx, "dns", name, "sleeper", "cat", "/etc/resolv.conf")
+		startSleeper(t, ctx, ns, name, policy)
+		resolv, _, err := fw.Ground.Node.Exec(ctx, ns, name, "sleeper", "cat", "/etc/resolv.conf")
 		if err != nil {
 			t.Fatal(err)
 		}
-		if ns := nameservers(resolv); len(ns) != 1 || ns[0] != testground.NodeIP.String() {
-			t.Errorf("pod with dnsPolicy %s has nameservers %v, want only the cluster DNS %s:\n%s", policy, ns, testground.NodeIP, resolv)
+		if servers := nameservers(resolv); len(servers) != 1 || servers[0] != testground.NodeIP.String() {
+			t.Errorf("pod with dnsPolicy %s has nameservers %v, want only the cluster DNS %s:\n%s", policy, servers, testground.NodeIP, resolv)
 		}
-		routes, _, err := ground.Node.Exec(ctx, "dns", name, "sleeper", "ip", "route")
+		routes, _, err := fw.Ground.Node.Exec(ctx, ns, name, "sleeper", "ip", "route")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -61,7 +62,7 @@ func TestNodeDNSHasNoForwarderAndPodsResolveOnlyThroughIt(t *testing.T) {
 		}
 	}
 	name := "kubernetes.default.svc." + testground.ClusterDomain
-	out, _, err := ground.Node.Exec(ctx, "dns", "dns-clusterfirst", "sleeper", "nslookup", name)
+	out, _, err := fw.Ground.Node.Exec(ctx, ns, "dns-clusterfirst", "sleeper", "nslookup", name)
 	if err != nil || !strings.Contains(out, testground.KubernetesServiceIP.String()) {
 		t.Errorf("a pod resolves %s to:\n%s(%v), want %s", name, out, err, testground.KubernetesServiceIP)
 	}
@@ -75,7 +76,7 @@ func TestNodeTrafficStaysOnTheMachine(t *testing.T) {
 	if !slices.Contains(args, "--kubelet-preferred-address-types=InternalIP") {
 		t.Errorf("the API server runs with %q, want --kubelet-preferred-address-types=InternalIP", args)
 	}
-	data, err := os.ReadFile(filepath.Join(ground.Node.Dir, "cni", "net.d", "10-keyroll-testground.conflist"))
+	data, err := os.ReadFile(filepath.Join(fw.Ground.Node.Dir, "cni", "net.d", "10-keyroll-testground.conflist"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,7 +108,7 @@ func TestNodeTrafficStaysOnTheMachine(t *testing.T) {
 // directory is the ground's.
 func apiServerArgs(t *testing.T) []string {
 	t.Helper()
-	certDir := "--cert-dir=" + filepath.Join(filepath.Dir(ground.CP.CAFile), "apiserver")
+	certDir := "--cert-dir=" + filepath.Join(filepath.Dir(fw.Ground.CP.CAFile), "apiserver")
 	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
 	for _, p := range procs {
 		b, err := os.ReadFile(p)
@@ -148,19 +149,19 @@ func startSleeper(t *testing.T, ctx context.Context, ns, name string, policy cor
 		},
 	}
 	var err error
-	eventually(t, 30*time.Second, func() string { // the namespace's default ServiceAccount comes first
-		if _, err = cs.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+	framework.Eventually(t, 30*time.Second, func() string { // the namespace's default ServiceAccount comes first
+		if _, err = fw.Clientset.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
 			return err.Error()
 		}
 		return ""
 	})
-	eventually(t, time.Minute, func() string {
-		p, err := cs.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+	framework.Eventually(t, time.Minute, func() string {
+		p, err := fw.Clientset.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			return err.Error()
 		}
 		if p.Status.Phase != corev1.PodRunning {
-			return fmt.Sprintf("pod %s is %s: %s", name, p.Status.Phase, podSummary(ns))
+			return fmt.Sprintf("pod %s is %s: %s", name, p.Status.Phase, fw.PodSummary(ns))
 		}
 		return ""
 	})

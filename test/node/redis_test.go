@@ -11,8 +11,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/keyroll/keyroll/test/framework"
 	"github.com/keyroll/keyroll/test/testground"
 )
 
@@ -23,31 +23,36 @@ import (
 func TestRealNodeRunsRedisWithARealProbe(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	namespace(t, "probe")
-	vaultConnection(t, "vault-probe", "probe")
+	ns := fw.Namespace(t, "probe")
+	// The VaultConnection reaches Vault through the node's bridge, the address pods use; the
+	// operator in this process reaches it there too.
+	vc := fw.VaultConnection(t, "vault-probe", framework.Allow(ns), framework.Address(fw.Ground.Vault.PodAddr))
 	start := time.Now()
-	rc := redisCluster(t, "probe", "cache", "vault-probe", "database/creds/node", 3)
-	waitReady(t, client.ObjectKeyFromObject(rc), 3*time.Minute)
+	rc := fw.RedisCluster(t, ns, "cache", vc.Name, fw.Path("node"), framework.Replicas(3))
+	fw.WaitReady(t, rc, 3*time.Minute)
 	t.Logf("RedisCluster Ready with 3 real pods %s after it was created", time.Since(start).Round(time.Millisecond))
-	defer deleteAndWait(t, rc)
+	defer fw.DeleteAndWait(t, rc, time.Minute)
 
-	user, pass := credentials(t, "probe", "cache")
+	user, pass, ok := fw.Credentials(rc)
+	if !ok {
+		t.Fatalf("no Secret %s/cache-credentials", ns)
+	}
 	pods := map[string]*corev1.Pod{}
 	for i := range 3 {
 		name := fmt.Sprintf("cache-%d", i)
-		p, err := cs.CoreV1().Pods("probe").Get(ctx, name, metav1.GetOptions{})
+		p, err := fw.Clientset.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
 		pods[name] = p
 		checkRealPod(t, p)
-		addr := net.JoinHostPort(p.Status.PodIP, "6379")
+		addr := framework.PodAddr(p)
 		if who, err := testground.RedisWhoAmI(addr, user, pass); err != nil || who != user {
 			t.Errorf("the credential does not authenticate on %s at %s: %q, %v", name, addr, who, err)
 		}
 	}
 	primaryIP := pods["cache-0"].Status.PodIP
-	ips, err := ground.Node.LookupHost(ctx, "cache-0.cache-headless.probe.svc."+testground.ClusterDomain)
+	ips, err := fw.Ground.Node.LookupHost(ctx, "cache-0.cache-headless."+ns+".svc."+testground.ClusterDomain)
 	if err != nil || len(ips) != 1 || ips[0] != primaryIP {
 		t.Errorf("cache-0.cache-headless resolves to %v (%v), want pod 0's IP %s", ips, err, primaryIP)
 	}
@@ -55,40 +60,40 @@ func TestRealNodeRunsRedisWithARealProbe(t *testing.T) {
 	for _, replica := range []string{"cache-1", "cache-2"} {
 		// A replica is Ready once its own Redis knows the credential; its link to the primary
 		// comes up within a few seconds.
-		eventually(t, 30*time.Second, func() string {
-			info, err := redisCLI(ctx, "probe", replica, "INFO", "replication")
+		framework.Eventually(t, 30*time.Second, func() string {
+			info, err := fw.RedisCLI(ctx, ns, replica, "INFO", "replication")
 			if err != nil {
 				return fmt.Sprintf("INFO replication on %s: %v", replica, err)
 			}
 			for _, want := range []string{"role:slave", "master_host:cache-0.cache-headless", "master_link_status:up"} {
 				if !strings.Contains(info, want) {
-					return fmt.Sprintf("INFO replication on %s lacks %q:\n%s\nits log:\n%s", replica, want, info, podLog(ctx, "probe", replica))
+					return fmt.Sprintf("INFO replication on %s lacks %q:\n%s\nits log:\n%s", replica, want, info, podLog(ctx, ns, replica))
 				}
 			}
 			return ""
 		})
 	}
 	t.Logf("both replicas' links to cache-0 up %s after the RedisCluster was Ready", time.Since(ready).Round(time.Millisecond))
-	checkClientService(t, ctx, user, pass)
-	checkConsumer(t, ctx)
+	checkClientService(t, ctx, ns, user, pass)
+	checkConsumer(t, ctx, ns)
 }
 
-// checkConsumer runs the test consumer (ConsumerImage) against the client Service, by its DNS
-// name, with the credentials Secret mounted: it runs commands and none fails.
-func checkConsumer(t *testing.T, ctx context.Context) {
+// checkConsumer runs the test consumer (ConsumerImage) in namespace ns against the client
+// Service, by its DNS name, with the credentials Secret mounted: it runs commands and none fails.
+func checkConsumer(t *testing.T, ctx context.Context, ns string) {
 	t.Helper()
-	pod := testground.ConsumerPod("probe", "consumer", "cache:6379", "cache-credentials")
-	if _, err := cs.CoreV1().Pods("probe").Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+	pod := testground.ConsumerPod(ns, "consumer", "cache:6379", "cache-credentials")
+	if _, err := fw.Clientset.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, time.Minute, func() string {
-		p, err := cs.CoreV1().Pods("probe").Get(ctx, "consumer", metav1.GetOptions{})
+	framework.Eventually(t, time.Minute, func() string {
+		p, err := fw.Clientset.CoreV1().Pods(ns).Get(ctx, "consumer", metav1.GetOptions{})
 		if err != nil || p.Status.PodIP == "" {
-			return fmt.Sprintf("consumer pod has no IP yet (%v): %s", err, podSummary("probe"))
+			return fmt.Sprintf("consumer pod has no IP yet (%v): %s", err, fw.PodSummary(ns))
 		}
 		s, err := testground.ReadConsumerStats(p.Status.PodIP)
 		if err != nil || s.OK < 20 {
-			return fmt.Sprintf("consumer stats %+v (%v); log:\n%s", s, err, podLog(ctx, "probe", "consumer"))
+			return fmt.Sprintf("consumer stats %+v (%v); log:\n%s", s, err, podLog(ctx, ns, "consumer"))
 		}
 		if s.Failed != 0 {
 			t.Fatalf("the consumer counted failed commands against a healthy cluster: %+v", s)
@@ -99,7 +104,7 @@ func checkConsumer(t *testing.T, ctx context.Context) {
 
 // podLog is the end of a pod's log, for failure messages.
 func podLog(ctx context.Context, ns, pod string) string {
-	b, err := cs.CoreV1().Pods(ns).GetLogs(pod, &corev1.PodLogOptions{TailLines: ptr.To[int64](30)}).DoRaw(ctx)
+	b, err := fw.Clientset.CoreV1().Pods(ns).GetLogs(pod, &corev1.PodLogOptions{TailLines: ptr.To[int64](30)}).DoRaw(ctx)
 	if err != nil {
 		return err.Error()
 	}
@@ -120,29 +125,30 @@ func checkRealPod(t *testing.T, p *corev1.Pod) {
 	if !c.Ready || c.State.Running == nil || !strings.HasPrefix(c.ContainerID, "containerd://") {
 		t.Errorf("%s: container ready=%v state=%+v id=%q: want a running, Ready containerd container", p.Name, c.Ready, c.State, c.ContainerID)
 	}
-	if !podReady(p) {
+	if !framework.PodReady(p) {
 		t.Errorf("%s is not Ready", p.Name)
 	}
 }
 
-// checkClientService connects through the client Service's ClusterIP: from the host (kube-proxy's
-// OUTPUT rules) and from a replica pod by the Service's DNS name (the pod's resolver is CoreDNS).
-func checkClientService(t *testing.T, ctx context.Context, user, pass string) {
+// checkClientService connects through the client Service's ClusterIP in namespace ns: from the
+// host (kube-proxy's OUTPUT rules) and from a replica pod by the Service's DNS name (the pod's
+// resolver is CoreDNS).
+func checkClientService(t *testing.T, ctx context.Context, ns, user, pass string) {
 	t.Helper()
-	svc, err := cs.CoreV1().Services("probe").Get(ctx, "cache", metav1.GetOptions{})
+	svc, err := fw.Clientset.CoreV1().Services(ns).Get(ctx, "cache", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	addr := net.JoinHostPort(svc.Spec.ClusterIP, "6379")
 	// kube-proxy may still be writing the rules of a new Service.
 	var who string
-	eventually(t, 30*time.Second, func() string {
+	framework.Eventually(t, 30*time.Second, func() string {
 		if who, err = testground.RedisWhoAmI(addr, user, pass); err != nil || who != user {
 			return fmt.Sprintf("through the client Service %s: %q, %v", addr, who, err)
 		}
 		return ""
 	})
-	out, err := redisCLI(ctx, "probe", "cache-2", "-h", "cache", "INFO", "replication")
+	out, err := fw.RedisCLI(ctx, ns, "cache-2", "-h", "cache", "INFO", "replication")
 	if err != nil || !strings.Contains(out, "role:master") {
 		t.Errorf("from cache-2, the client Service cache answers INFO replication with %q (%v), want the primary", out, err)
 	}
@@ -153,31 +159,27 @@ func checkClientService(t *testing.T, ctx context.Context, user, pass string) {
 func TestMountedSecretChangeReachesThePod(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	namespace(t, "mounted")
-	vaultConnection(t, "vault-mounted", "mounted")
-	rc := redisCluster(t, "mounted", "sessions", "vault-mounted", "database/creds/node", 1)
-	waitReady(t, client.ObjectKeyFromObject(rc), 3*time.Minute)
-	defer deleteAndWait(t, rc)
-	stopOperator()
-	defer func() {
-		if err := startOperator(); err != nil {
-			t.Errorf("restarting the operator: %v", err)
-		}
-	}()
-	acl, err := cs.CoreV1().Secrets("mounted").Get(ctx, "sessions-acl", metav1.GetOptions{})
+	ns := fw.Namespace(t, "mounted")
+	vc := fw.VaultConnection(t, "vault-mounted", framework.Allow(ns), framework.Address(fw.Ground.Vault.PodAddr))
+	rc := fw.RedisCluster(t, ns, "sessions", vc.Name, fw.Path("node"))
+	fw.WaitReady(t, rc, 3*time.Minute)
+	defer fw.DeleteAndWait(t, rc, time.Minute)
+	fw.StopOperator()
+	defer fw.RestartOperator(t) // before the deferred deletion, whose finalizer needs the operator
+	acl, err := fw.Clientset.CoreV1().Secrets(ns).Get(ctx, "sessions-acl", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	const key = "propagation-check"
 	nonce := fmt.Sprintf("changed-%d", time.Now().UnixNano())
 	acl.Data[key] = []byte(nonce)
-	if _, err := cs.CoreV1().Secrets("mounted").Update(ctx, acl, metav1.UpdateOptions{}); err != nil {
+	if _, err := fw.Clientset.CoreV1().Secrets(ns).Update(ctx, acl, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	changed := time.Now()
 	var took time.Duration
-	eventually(t, 2*testground.KubeletSyncFrequency+10*time.Second, func() string {
-		out, _, err := ground.Node.Exec(ctx, "mounted", "sessions-0", "redis", "cat", "/etc/keyroll/acl/"+key)
+	framework.Eventually(t, 2*testground.KubeletSyncFrequency+10*time.Second, func() string {
+		out, _, err := fw.Ground.Node.Exec(ctx, ns, "sessions-0", "redis", "cat", "/etc/keyroll/acl/"+key)
 		if err != nil || strings.TrimSpace(out) != nonce {
 			return fmt.Sprintf("the pod's /etc/keyroll/acl/%s holds %q (%v), want %q", key, out, err, nonce)
 		}

@@ -14,85 +14,72 @@ import (
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
-	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
-	"github.com/keyroll/keyroll/test/harness"
+	"github.com/keyroll/keyroll/test/framework"
 	"github.com/keyroll/keyroll/test/testground"
 )
 
 var (
-	ground *testground.Ground
-	k8s    client.Client
+	fw *framework.Framework
 	// pluginDir holds the kubectl-keyroll binary built for this package.
 	pluginDir string
 )
 
 func TestMain(m *testing.M) {
-	os.Exit(run(m))
-}
-
-func run(m *testing.M) int {
-	ctrllog.SetLogger(zap.New(zap.WriteTo(os.Stderr)))
 	if _, err := testground.Binary("kubectl"); err != nil {
 		fmt.Fprintln(os.Stderr, err)
-		return 1
+		os.Exit(1)
 	}
-	dir, err := os.MkdirTemp("", "keyroll-plugin-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
+	fw = framework.New(framework.Config{Name: "plugin", Setup: buildPlugin})
+	os.Exit(fw.Run(m))
+}
+
+// buildPlugin builds kubectl-keyroll into the ground's directory, which goes when the ground stops.
+func buildPlugin(_ context.Context, f *framework.Framework) error {
+	dir := filepath.Join(f.Ground.Dir, "plugin")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
 	}
-	defer os.RemoveAll(dir)
 	build := exec.Command("go", "build", "-o", filepath.Join(dir, "kubectl-keyroll"), "./cmd/kubectl-keyroll")
 	build.Dir = testground.RepoRoot()
 	if out, err := build.CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "building the plugin: %v\n%s", err, out)
-		return 1
+		return fmt.Errorf("building the plugin: %v\n%s", err, out)
 	}
 	pluginDir = dir
-	g, c, stop, err := harness.StartPackage(testground.Options{}, nil)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	defer stop()
-	ground, k8s = g, c
-	return m.Run()
+	return nil
 }
 
-// kubectl runs `kubectl ARGS` with the plugin on PATH and the ground's admin kubeconfig.
-func kubectl(t *testing.T, args ...string) (string, error) {
+// kubeconfigIn writes a copy of the ground's admin kubeconfig whose context's namespace is ns:
+// kubectl and the plugin work there when no -n is given.
+func kubeconfigIn(t *testing.T, ns string) string {
 	t.Helper()
-	bin, _ := testground.Binary("kubectl")
-	cmd := exec.Command(bin, args...)
-	cmd.Env = append(os.Environ(), "PATH="+pluginDir+":"+os.Getenv("PATH"), "KUBECONFIG="+ground.CP.Kubeconfig)
-	out, err := cmd.CombinedOutput()
-	return string(out), err
-}
-
-func mustKubectl(t *testing.T, args ...string) string {
-	t.Helper()
-	out, err := kubectl(t, args...)
+	kc, err := clientcmd.LoadFromFile(fw.Ground.CP.Kubeconfig)
 	if err != nil {
-		t.Fatalf("kubectl %s: %v\n%s", strings.Join(args, " "), err, out)
+		t.Fatal(err)
 	}
-	return out
+	c := kc.Contexts[kc.CurrentContext]
+	if c == nil {
+		t.Fatalf("the ground's kubeconfig has no current context %q", kc.CurrentContext)
+	}
+	c.Namespace = ns
+	path := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := clientcmd.WriteToFile(*kc, path); err != nil {
+		t.Fatal(err)
+	}
+	return path
 }
 
-// cluster creates a RedisCluster and writes its status as keyroll would during a rollout: an
-// Active lease, a Superseded one, one pod of three updated.
+// cluster creates a RedisCluster in namespace (one of fw.Namespace) and writes its status as
+// keyroll would during a rollout: an Active lease, a Superseded one, one pod of three updated. No
+// operator or Vault runs here: its VaultConnection and Vault paths are names in the status only.
 func cluster(t *testing.T, namespace, name string) *v1alpha1.RedisCluster {
 	t.Helper()
 	ctx := context.Background()
-	if err := k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}); client.IgnoreAlreadyExists(err) != nil {
-		t.Fatal(err)
-	}
 	rc := &v1alpha1.RedisCluster{
 		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name},
 		Spec: v1alpha1.RedisClusterSpec{
@@ -104,9 +91,7 @@ func cluster(t *testing.T, namespace, name string) *v1alpha1.RedisCluster {
 				Consumers: []v1alpha1.ConsumerReference{{Kind: "Deployment", Name: name + "-api"}}},
 		},
 	}
-	if err := k8s.Create(ctx, rc); err != nil {
-		t.Fatal(err)
-	}
+	fw.Create(t, rc)
 	now := time.Now().Truncate(time.Second)
 	at := func(d time.Duration) *metav1.Time { return ptr.To(metav1.NewTime(now.Add(d))) }
 	rc.Status = v1alpha1.RedisClusterStatus{
@@ -127,27 +112,22 @@ func cluster(t *testing.T, namespace, name string) *v1alpha1.RedisCluster {
 		},
 		Rollout: &v1alpha1.RolloutStatus{TargetVersion: "new" + name, PodsUpdated: 1, PodInFlight: name + "-1", PodRestartedAt: at(-20 * time.Second), StartedAt: at(-time.Minute)},
 	}
-	if err := k8s.Status().Update(ctx, rc); err != nil {
+	if err := fw.Client.Status().Update(ctx, rc); err != nil {
 		t.Fatalf("writing the status: %v", err)
 	}
 	return rc
 }
 
-func get(t *testing.T, rc *v1alpha1.RedisCluster) *v1alpha1.RedisCluster {
-	t.Helper()
-	cur := &v1alpha1.RedisCluster{}
-	if err := k8s.Get(context.Background(), client.ObjectKeyFromObject(rc), cur); err != nil {
-		t.Fatal(err)
-	}
-	return cur
-}
-
 func TestKubectlKeyrollAgainstTheAPIServer(t *testing.T) {
-	orders := cluster(t, "default", "orders")
-	cluster(t, "shop", "carts")
+	defaultNS, shopNS := fw.Namespace(t, "default"), fw.Namespace(t, "shop")
+	orders := cluster(t, defaultNS, "orders")
+	cluster(t, shopNS, "carts")
+	// kubectl finds the plugin on PATH; without -n, both work in the kubeconfig's namespace,
+	// defaultNS.
+	env := []string{"PATH=" + pluginDir + ":" + os.Getenv("PATH"), "KUBECONFIG=" + kubeconfigIn(t, defaultNS)}
 
-	out := mustKubectl(t, "keyroll", "status", "orders")
-	for _, want := range []string{"default/orders", "Rolling", "3/3 ready", "database/creds/orders through VaultConnection vault",
+	out := fw.MustKubectl(t, env, "keyroll", "status", "orders")
+	for _, want := range []string{defaultNS + "/orders", "Rolling", "3/3 ready", "database/creds/orders through VaultConnection vault",
 		"RolloutProgressing", "RolloutInProgress", "Version:", "neworders", "accessor-new",
 		"Next renewal:", "(in 4m", "Next rotation:", "(in 11h",
 		"database/creds/orders/new", "Active", "database/creds/orders/old", "Superseded", "accessor-old",
@@ -158,24 +138,24 @@ func TestKubectlKeyrollAgainstTheAPIServer(t *testing.T) {
 	}
 
 	// rotate: a new rotate-now value each time, shown as pending until keyroll acts on it.
-	out = mustKubectl(t, "keyroll", "rotate", "orders")
-	first := get(t, orders).Annotations[v1alpha1.AnnotationRotateNow]
+	out = fw.MustKubectl(t, env, "keyroll", "rotate", "orders")
+	first := fw.Get(t, orders).Annotations[v1alpha1.AnnotationRotateNow]
 	if first == "" || !strings.Contains(out, first) {
 		t.Fatalf("rotate set %q and said:\n%s", first, out)
 	}
-	mustKubectl(t, "keyroll", "rotate", "orders")
-	second := get(t, orders).Annotations[v1alpha1.AnnotationRotateNow]
+	fw.MustKubectl(t, env, "keyroll", "rotate", "orders")
+	second := fw.Get(t, orders).Annotations[v1alpha1.AnnotationRotateNow]
 	if second == first {
 		t.Errorf("a second rotate reused the value %q", second)
 	}
-	if out := mustKubectl(t, "keyroll", "status", "orders"); !strings.Contains(out, "not yet acted upon") {
+	if out := fw.MustKubectl(t, env, "keyroll", "status", "orders"); !strings.Contains(out, "not yet acted upon") {
 		t.Errorf("status does not show the pending rotation:\n%s", out)
 	}
 
 	// rotate --wait returns once the request is acknowledged (here by the test, as keyroll would).
 	acked := make(chan error, 1)
 	go func() { acked <- acknowledge(orders, second) }()
-	out, err := kubectl(t, "keyroll", "rotate", "orders", "--wait", "--timeout=30s")
+	out, err := fw.Kubectl(env, "keyroll", "rotate", "orders", "--wait", "--timeout=30s")
 	if ackErr := <-acked; ackErr != nil {
 		t.Fatal(ackErr)
 	}
@@ -184,40 +164,40 @@ func TestKubectlKeyrollAgainstTheAPIServer(t *testing.T) {
 	}
 
 	// pause and resume flip spec.rotation.paused and nothing else.
-	mustKubectl(t, "keyroll", "pause", "orders")
-	if cur := get(t, orders); !cur.Spec.Rotation.Paused || cur.Spec.Rotation.Schedule != "0 3 * * *" {
+	fw.MustKubectl(t, env, "keyroll", "pause", "orders")
+	if cur := fw.Get(t, orders); !cur.Spec.Rotation.Paused || cur.Spec.Rotation.Schedule != "0 3 * * *" {
 		t.Errorf("after pause: %+v", cur.Spec.Rotation)
 	}
-	if out := mustKubectl(t, "keyroll", "status", "orders", "-o", "json"); !strings.Contains(out, `"paused": true`) {
+	if out := fw.MustKubectl(t, env, "keyroll", "status", "orders", "-o", "json"); !strings.Contains(out, `"paused": true`) {
 		t.Errorf("status -o json after pause:\n%s", out)
 	}
-	mustKubectl(t, "keyroll", "resume", "orders")
-	if get(t, orders).Spec.Rotation.Paused {
+	fw.MustKubectl(t, env, "keyroll", "resume", "orders")
+	if fw.Get(t, orders).Spec.Rotation.Paused {
 		t.Error("resume left rotations paused")
 	}
 
 	// leases: one namespace, all of them, and JSON for scripts; --kubeconfig and -n as flags.
-	out = mustKubectl(t, "keyroll", "leases", "--kubeconfig", ground.CP.Kubeconfig, "-n", "shop")
+	out = fw.MustKubectl(t, env, "keyroll", "leases", "--kubeconfig", fw.Ground.CP.Kubeconfig, "-n", shopNS)
 	if !strings.Contains(out, "database/creds/carts/old") || strings.Contains(out, "orders") {
-		t.Errorf("leases -n shop:\n%s", out)
+		t.Errorf("leases -n %s:\n%s", shopNS, out)
 	}
 	var list struct {
 		Items []struct {
 			Namespace, Cluster, LeaseID, State, Connection, TokenAccessor string
 		}
 	}
-	if err := json.Unmarshal([]byte(mustKubectl(t, "keyroll", "leases", "-A", "-o", "json")), &list); err != nil {
+	if err := json.Unmarshal([]byte(fw.MustKubectl(t, env, "keyroll", "leases", "-A", "-o", "json")), &list); err != nil {
 		t.Fatal(err)
 	}
 	states := map[string]string{}
 	for _, l := range list.Items {
 		states[l.Namespace+"/"+l.Cluster+" "+l.LeaseID] = l.State
 	}
-	if len(list.Items) != 4 || states["shop/carts database/creds/carts/old"] != "Superseded" || states["default/orders database/creds/orders/new"] != "Active" {
+	if len(list.Items) != 4 || states[shopNS+"/carts database/creds/carts/old"] != "Superseded" || states[defaultNS+"/orders database/creds/orders/new"] != "Active" {
 		t.Errorf("leases -A -o json: %+v", list.Items)
 	}
 
-	if out, err := kubectl(t, "keyroll", "status", "nope"); err == nil || !strings.Contains(out, `"nope" not found`) {
+	if out, err := fw.Kubectl(env, "keyroll", "status", "nope"); err == nil || !strings.Contains(out, `"nope" not found`) {
 		t.Errorf("status of a missing RedisCluster: %v\n%s", err, out)
 	}
 }
@@ -228,13 +208,13 @@ func acknowledge(rc *v1alpha1.RedisCluster, before string) error {
 	ctx := context.Background()
 	for range 200 {
 		cur := &v1alpha1.RedisCluster{}
-		if err := k8s.Get(ctx, client.ObjectKeyFromObject(rc), cur); err != nil {
+		if err := fw.Client.Get(ctx, client.ObjectKeyFromObject(rc), cur); err != nil {
 			return err
 		}
 		if v := cur.Annotations[v1alpha1.AnnotationRotateNow]; v != before {
 			cur.Status.RotateNowAcknowledged = v
 			cur.Status.Credential.Version = "rotated"
-			return k8s.Status().Update(ctx, cur)
+			return fw.Client.Status().Update(ctx, cur)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}

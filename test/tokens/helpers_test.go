@@ -1,216 +1,14 @@
 package tokens
 
 import (
-	"context"
 	"fmt"
-	"net"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
-	eventsv1 "k8s.io/api/events/v1"
-	"k8s.io/apimachinery/pkg/api/meta"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"sigs.k8s.io/controller-runtime/pkg/client"
-
 	"github.com/keyroll/keyroll/apis/v1alpha1"
-	"github.com/keyroll/keyroll/test/testground"
 )
-
-// eventually polls check until it returns "" or the timeout passes; the last message explains a failure.
-func eventually(t *testing.T, timeout time.Duration, check func() string) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	msg := ""
-	for time.Now().Before(deadline) {
-		if msg = check(); msg == "" {
-			return
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-	t.Fatalf("after %s: %s", timeout, msg)
-}
-
-func namespace(t *testing.T, name string) {
-	t.Helper()
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}
-	if err := k8s.Create(context.Background(), ns); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// vaultConnection creates a VaultConnection with Kubernetes auth as the given role, for one namespace.
-func vaultConnection(t *testing.T, name, role, ns string) *v1alpha1.VaultConnection {
-	t.Helper()
-	vc := &v1alpha1.VaultConnection{
-		ObjectMeta: metav1.ObjectMeta{Name: name},
-		Spec: v1alpha1.VaultConnectionSpec{
-			Address:           ground.Vault.Addr,
-			Auth:              v1alpha1.VaultAuth{Kubernetes: &v1alpha1.KubernetesAuth{Role: role}},
-			AllowedNamespaces: []string{ns},
-		},
-	}
-	if err := k8s.Create(context.Background(), vc); err != nil {
-		t.Fatal(err)
-	}
-	return vc
-}
-
-func getConnection(t *testing.T, name string) *v1alpha1.VaultConnection {
-	t.Helper()
-	vc := &v1alpha1.VaultConnection{}
-	if err := k8s.Get(context.Background(), client.ObjectKey{Name: name}, vc); err != nil {
-		t.Fatal(err)
-	}
-	return vc
-}
-
-// redisCluster creates a RedisCluster that takes its credential from leasePath.
-func redisCluster(t *testing.T, ns, name, connection string, mutate ...func(*v1alpha1.RedisCluster)) *v1alpha1.RedisCluster {
-	t.Helper()
-	rc := &v1alpha1.RedisCluster{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
-		Spec: v1alpha1.RedisClusterSpec{
-			Replicas: 1, Version: "7.0", // the real node's Redis image
-			Credentials: v1alpha1.CredentialsSpec{
-				Source: v1alpha1.SourceVaultLease,
-				VaultLease: &v1alpha1.VaultLeaseSource{
-					ConnectionRef: v1alpha1.ConnectionReference{Name: connection}, Path: leasePath,
-				},
-			},
-		},
-	}
-	for _, m := range mutate {
-		m(rc)
-	}
-	if err := k8s.Create(context.Background(), rc); err != nil {
-		t.Fatal(err)
-	}
-	return rc
-}
-
-func get(t *testing.T, rc *v1alpha1.RedisCluster) *v1alpha1.RedisCluster {
-	t.Helper()
-	out := &v1alpha1.RedisCluster{}
-	if err := k8s.Get(context.Background(), client.ObjectKeyFromObject(rc), out); err != nil {
-		t.Fatal(err)
-	}
-	return out
-}
-
-// waitCondition waits until the RedisCluster has a condition with the given status (and reason).
-func waitCondition(t *testing.T, rc *v1alpha1.RedisCluster, condType string, status metav1.ConditionStatus, reason string, timeout time.Duration) *v1alpha1.RedisCluster {
-	t.Helper()
-	var cur *v1alpha1.RedisCluster
-	eventually(t, timeout, func() string {
-		cur = get(t, rc)
-		c := meta.FindStatusCondition(cur.Status.Conditions, condType)
-		if c == nil || c.Status != status || (reason != "" && c.Reason != reason) {
-			return fmt.Sprintf("%s: condition %s is %+v, want %s/%s", rc.Name, condType, c, status, reason)
-		}
-		return ""
-	})
-	return cur
-}
-
-// credentials reads the credentials Secret.
-func credentials(t *testing.T, rc *v1alpha1.RedisCluster) (user, pass string, ok bool) {
-	t.Helper()
-	sec := &corev1.Secret{}
-	if err := k8s.Get(context.Background(), client.ObjectKey{Namespace: rc.Namespace, Name: rc.Name + "-credentials"}, sec); err != nil {
-		return "", "", false
-	}
-	return string(sec.Data["username"]), string(sec.Data["password"]), true
-}
-
-// authenticates says whether a credential works against the Redis that Vault manages users on.
-func authenticates(user, pass string) bool {
-	who, err := ground.Redis.WhoAmI(user, pass)
-	return err == nil && who == user
-}
-
-// eventReasons lists the reasons of the events about an object.
-func eventReasons(t *testing.T, ns, name string) []string {
-	t.Helper()
-	var out []string
-	for _, e := range eventsAbout(t, ns, name) {
-		out = append(out, e.Reason)
-	}
-	return out
-}
-
-// eventsAbout lists the events in ns about the object name.
-func eventsAbout(t *testing.T, ns, name string) []eventsv1.Event {
-	t.Helper()
-	list := &eventsv1.EventList{}
-	if err := k8s.List(context.Background(), list, client.InNamespace(ns)); err != nil {
-		t.Fatal(err)
-	}
-	var out []eventsv1.Event
-	for _, e := range list.Items {
-		if e.Regarding.Name == name {
-			out = append(out, e)
-		}
-	}
-	return out
-}
-
-// nodeLogins logs in as user on every Redis pod of rc (pods 0 to spec.replicas-1, by pod IP: the
-// host reaches the node's pods directly) and sorts the pods by the outcome: accepted (ACL WHOAMI
-// names user), refused (Redis refused the login: WRONGPASS) and failed (anything else: no pod, no
-// IP, no answer), each with the pod's name and, for failed, why.
-func nodeLogins(t *testing.T, rc *v1alpha1.RedisCluster, user, pass string) (accepted, refused, failed []string) {
-	t.Helper()
-	cur := get(t, rc)
-	for i := range cur.Spec.Replicas {
-		name := fmt.Sprintf("%s-%d", rc.Name, i)
-		pod, err := cs.CoreV1().Pods(rc.Namespace).Get(context.Background(), name, metav1.GetOptions{})
-		switch {
-		case err != nil:
-			failed = append(failed, fmt.Sprintf("%s (%v)", name, err))
-			continue
-		case pod.Status.PodIP == "":
-			failed = append(failed, name+" (no pod IP)")
-			continue
-		}
-		addr := net.JoinHostPort(pod.Status.PodIP, "6379")
-		who, err := testground.RedisWhoAmI(addr, user, pass)
-		switch {
-		case err == nil && who == user:
-			accepted = append(accepted, name)
-		case err != nil && strings.Contains(err.Error(), "WRONGPASS"):
-			refused = append(refused, name)
-		case err != nil:
-			failed = append(failed, fmt.Sprintf("%s at %s (%v)", name, addr, err))
-		default:
-			failed = append(failed, fmt.Sprintf("%s at %s (logged in as %q)", name, addr, who))
-		}
-	}
-	return accepted, refused, failed
-}
-
-// onEveryNode says why user is not accepted on every Redis pod of rc ("" when it is).
-func onEveryNode(t *testing.T, rc *v1alpha1.RedisCluster, user, pass string) string {
-	t.Helper()
-	accepted, refused, failed := nodeLogins(t, rc, user, pass)
-	if len(refused)+len(failed) == 0 && len(accepted) > 0 {
-		return ""
-	}
-	return fmt.Sprintf("user %s: accepted on %v, refused on %v, not checked on %v", user, accepted, refused, failed)
-}
-
-// onNoNode says why user is not refused by every Redis pod of rc ("" when every pod answered
-// WRONGPASS: a pod that cannot be reached does not count as refusing).
-func onNoNode(t *testing.T, rc *v1alpha1.RedisCluster, user, pass string) string {
-	t.Helper()
-	accepted, refused, failed := nodeLogins(t, rc, user, pass)
-	if len(accepted)+len(failed) == 0 && len(refused) > 0 {
-		return ""
-	}
-	return fmt.Sprintf("user %s: accepted on %v, refused on %v, not checked on %v", user, accepted, refused, failed)
-}
 
 // leaseLife is what the watch learned of one lease of a ledger.
 type leaseLife struct {
@@ -263,7 +61,7 @@ func (w *ledgerWatch) fail(format string, args ...any) {
 func (w *ledgerWatch) sample(revokeWindow time.Duration) {
 	t := w.t
 	now := time.Now()
-	vc := getConnection(t, w.connection)
+	vc := fw.GetConnection(t, w.connection)
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.samples++
@@ -273,7 +71,7 @@ func (w *ledgerWatch) sample(revokeWindow time.Duration) {
 		}
 	}
 	for _, rc := range w.clusters {
-		cur := get(t, rc)
+		cur := fw.Get(t, rc)
 		inLedger := map[string]bool{}
 		for _, l := range cur.Status.Leases {
 			inLedger[l.LeaseID] = true
@@ -282,7 +80,7 @@ func (w *ledgerWatch) sample(revokeWindow time.Duration) {
 				life = &leaseLife{cluster: rc.Name, accessor: l.TokenAccessor, firstSeen: now}
 				w.leases[l.LeaseID] = life
 			}
-			if exists, _ := ground.Vault.LeaseExpiry(l.LeaseID); exists {
+			if exists, _ := fw.LeaseExists(l.LeaseID); exists {
 				life.missingSince = time.Time{}
 				continue
 			}
@@ -304,13 +102,13 @@ func (w *ledgerWatch) sample(revokeWindow time.Duration) {
 			}
 			w.reasons[c.Version] = c.RotationReason
 		}
-		user, pass, ok := credentials(t, rc)
-		problem := credentialProblem(t, rc, user, pass, ok)
+		user, pass, ok := fw.Credentials(rc)
+		problem := credentialProblem(rc, user, pass, ok)
 		if problem != "" {
 			// A rotation retires the old user right after the Secret changed: only the credential
 			// the Secret holds after the check counts.
-			if u, p, ok := credentials(t, rc); ok && (u != user || p != pass) {
-				problem = credentialProblem(t, rc, u, p, ok)
+			if u, p, ok := fw.Credentials(rc); ok && (u != user || p != pass) {
+				problem = credentialProblem(rc, u, p, ok)
 			}
 		}
 		if problem != "" {
@@ -321,15 +119,14 @@ func (w *ledgerWatch) sample(revokeWindow time.Duration) {
 
 // credentialProblem says why the credential of rc's credentials Secret does not work ("" when it
 // does): on the Redis Vault created its user on, and on every Redis pod of rc.
-func credentialProblem(t *testing.T, rc *v1alpha1.RedisCluster, user, pass string, ok bool) string {
-	t.Helper()
+func credentialProblem(rc *v1alpha1.RedisCluster, user, pass string, ok bool) string {
 	switch {
 	case !ok:
 		return "no credentials Secret"
-	case !authenticates(user, pass):
+	case !fw.Authenticates(user, pass):
 		return fmt.Sprintf("the credential in the credentials Secret (user %q) does not authenticate on Vault's Redis", user)
 	}
-	if msg := onEveryNode(t, rc, user, pass); msg != "" {
+	if msg := fw.OnEveryPod(rc, user, pass, true); msg != "" {
 		return "the credential in the credentials Secret does not work on every Redis pod: " + msg
 	}
 	return ""

@@ -24,14 +24,12 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/clock"
-	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
 	"github.com/keyroll/keyroll/controllers/metrics"
 	"github.com/keyroll/keyroll/rotation"
-	"github.com/keyroll/keyroll/test/harness"
-	"github.com/keyroll/keyroll/test/testground"
+	"github.com/keyroll/keyroll/test/framework"
 )
 
 // The serial tests (operator restarts, a paused kubelet-free rollout) run first; the parallel ones
@@ -42,15 +40,15 @@ import (
 // issued again.
 func TestLeasesOutliveTheirTokens(t *testing.T) {
 	t.Parallel()
-	namespace(t, "periodic")
-	vaultConnection(t, "vault-periodic", rolePeriodic, "periodic")
-	a := redisCluster(t, "periodic", "orders", "vault-periodic")
-	b := redisCluster(t, "periodic", "carts", "vault-periodic")
+	ns := fw.Namespace(t, "periodic")
+	conn := fw.VaultConnection(t, "vault-periodic", framework.AuthRole(rolePeriodic), framework.Allow(ns)).Name
+	a := fw.RedisCluster(t, ns, "orders", conn, leasePath)
+	b := fw.RedisCluster(t, ns, "carts", conn, leasePath)
 	for _, rc := range []*v1alpha1.RedisCluster{a, b} {
-		waitCondition(t, rc, v1alpha1.ConditionReady, metav1.ConditionTrue, "", readyTimeout)
+		fw.WaitReady(t, rc, readyTimeout)
 	}
 
-	w := watchLedgers(t, "vault-periodic", a, b)
+	w := watchLedgers(t, conn, a, b)
 	w.run(3 * time.Minute)
 
 	w.check()
@@ -58,14 +56,14 @@ func TestLeasesOutliveTheirTokens(t *testing.T) {
 		if vs := w.versions[rc.Name]; len(vs) != 1 {
 			t.Errorf("%s: credential versions %q over three minutes, want the one issued first", rc.Name, vs)
 		}
-		if n := len(get(t, rc).Status.Leases); n != 1 {
+		if n := len(fw.Get(t, rc).Status.Leases); n != 1 {
 			t.Errorf("%s: %d leases in the ledger, want 1", rc.Name, n)
 		}
-		if slices.Contains(eventReasons(t, "periodic", rc.Name), v1alpha1.EventLeaseRevokedOutside) {
+		if slices.Contains(framework.Reasons(fw.Events(t, ns, "", rc.Name)), v1alpha1.EventLeaseRevokedOutside) {
 			t.Errorf("%s: a lease was found gone", rc.Name)
 		}
 	}
-	vc := getConnection(t, "vault-periodic")
+	vc := fw.GetConnection(t, conn)
 	if c := meta.FindStatusCondition(vc.Status.Conditions, v1alpha1.ConditionDegraded); c == nil || c.Status != metav1.ConditionFalse {
 		t.Errorf("VaultConnection Degraded = %+v, want False: periodic tokens outlive their leases", c)
 	}
@@ -78,13 +76,13 @@ func TestLeasesOutliveTheirTokens(t *testing.T) {
 // Secret works throughout; the VaultConnection says that its role's tokens are too short-lived.
 func TestCredentialsRotateBeforeTheirTokenEnds(t *testing.T) {
 	t.Parallel()
-	namespace(t, "bounded")
-	vaultConnection(t, "vault-bounded", roleBounded, "bounded")
+	ns := fw.Namespace(t, "bounded")
+	conn := fw.VaultConnection(t, "vault-bounded", framework.AuthRole(roleBounded), framework.Allow(ns)).Name
 	// Three nodes: every new credential must be on each of them before the Secret has it.
-	rc := redisCluster(t, "bounded", "orders", "vault-bounded", func(rc *v1alpha1.RedisCluster) { rc.Spec.Replicas = 3 })
-	waitCondition(t, rc, v1alpha1.ConditionReady, metav1.ConditionTrue, "", readyTimeout)
+	rc := fw.RedisCluster(t, ns, "orders", conn, leasePath, framework.Replicas(3))
+	fw.WaitReady(t, rc, readyTimeout)
 
-	w := watchLedgers(t, "vault-bounded", rc)
+	w := watchLedgers(t, conn, rc)
 	w.run(3 * time.Minute)
 
 	w.check()
@@ -112,7 +110,7 @@ func TestCredentialsRotateBeforeTheirTokenEnds(t *testing.T) {
 	if retired > 8 {
 		t.Errorf("%d leases were replaced in three minutes of one-minute tokens: rotations follow each other instead of once per token", retired)
 	}
-	if !slices.Contains(eventReasons(t, "bounded", "orders"), v1alpha1.EventTokenEnding) {
+	if !slices.Contains(framework.Reasons(fw.Events(t, ns, "", "orders")), v1alpha1.EventTokenEnding) {
 		t.Errorf("no %s event", v1alpha1.EventTokenEnding)
 	}
 	// The status says so too: each credential after the first replaced one whose token was ending.
@@ -129,7 +127,7 @@ func TestCredentialsRotateBeforeTheirTokenEnds(t *testing.T) {
 		}
 	}
 	t.Logf("credential versions and their status.credential.rotationReason: %s", strings.Join(reasons, ", "))
-	vc := getConnection(t, "vault-bounded")
+	vc := fw.GetConnection(t, conn)
 	c := meta.FindStatusCondition(vc.Status.Conditions, v1alpha1.ConditionDegraded)
 	if c == nil || c.Status != metav1.ConditionTrue || c.Reason != v1alpha1.ReasonTokenMaxTTLTooShort || !strings.Contains(c.Message, "token_period") {
 		t.Errorf("VaultConnection Degraded = %+v, want True/%s naming token_period", c, v1alpha1.ReasonTokenMaxTTLTooShort)
@@ -142,25 +140,24 @@ func TestCredentialsRotateBeforeTheirTokenEnds(t *testing.T) {
 // period, and separately leadership moves to a second manager; afterwards, for three more token
 // periods, no lease is revoked by Vault and none is issued again.
 func TestLeasesSurviveOperatorRestartAndLeaderChange(t *testing.T) {
-	namespace(t, "restart")
-	vaultConnection(t, "vault-restart", rolePeriodic, "restart")
-	rc := redisCluster(t, "restart", "orders", "vault-restart")
-	waitCondition(t, rc, v1alpha1.ConditionReady, metav1.ConditionTrue, "", readyTimeout)
-	w := watchLedgers(t, "vault-restart", rc)
+	ns := fw.Namespace(t, "restart")
+	conn := fw.VaultConnection(t, "vault-restart", framework.AuthRole(rolePeriodic), framework.Allow(ns)).Name
+	rc := fw.RedisCluster(t, ns, "orders", conn, leasePath)
+	fw.WaitReady(t, rc, readyTimeout)
+	w := watchLedgers(t, conn, rc)
 	w.run(2 * tokenPeriod) // steady, its token renewed
 
-	stopOperator()
+	fw.StopOperator()
 	down := time.Now()
 	w.run(tokenPeriod / 4)
-	if err := startOperator(harness.Options{}); err != nil {
+	if err := fw.StartOperator(framework.OperatorOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("operator down for %s", time.Since(down).Round(100*time.Millisecond))
 	w.run(3*tokenPeriod + 5*time.Second)
 
-	stopOperator()
-	election := harness.Options{LeaseDuration: 4 * time.Second, RenewDeadline: 3 * time.Second, RetryPeriod: 500 * time.Millisecond}
-	first, err := harness.Start(context.Background(), ground, election)
+	fw.StopOperator()
+	first, err := fw.NewOperator(context.Background(), framework.Election)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -169,7 +166,7 @@ func TestLeasesSurviveOperatorRestartAndLeaderChange(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("the first manager did not lead")
 	}
-	second, err := harness.Start(context.Background(), ground, election)
+	second, err := fw.NewOperator(context.Background(), framework.Election)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -184,7 +181,7 @@ func TestLeasesSurviveOperatorRestartAndLeaderChange(t *testing.T) {
 	t.Logf("leadership moved in %s", time.Since(handover).Round(100*time.Millisecond))
 	w.run(3*tokenPeriod + 5*time.Second)
 	_ = second.Stop()
-	if err := startOperator(harness.Options{}); err != nil {
+	if err := fw.StartOperator(framework.OperatorOptions{}); err != nil {
 		t.Fatal(err)
 	}
 
@@ -192,10 +189,10 @@ func TestLeasesSurviveOperatorRestartAndLeaderChange(t *testing.T) {
 	if vs := w.versions["orders"]; len(vs) != 1 {
 		t.Errorf("credential versions %q, want the one issued first: nothing may be issued again", vs)
 	}
-	if n := len(get(t, rc).Status.Leases); n != 1 {
+	if n := len(fw.Get(t, rc).Status.Leases); n != 1 {
 		t.Errorf("%d leases in the ledger, want 1", n)
 	}
-	if n := strings.Count(operatorLogs.String(), "Took over persisted Vault tokens"); n < 2 {
+	if n := strings.Count(fw.Logs.String(), "Took over persisted Vault tokens"); n < 2 {
 		t.Errorf("%d take-overs of persisted tokens logged, want one per new manager (at least 2)", n)
 	}
 }
@@ -218,11 +215,10 @@ func TestLeasesSurviveVaultConnectionEdit(t *testing.T) {
 }
 
 func editKubernetesConnection(t *testing.T) {
-	const ns, conn = "edit", "vault-edit"
-	namespace(t, ns)
-	vaultConnection(t, conn, rolePeriodic, ns)
-	rc := redisCluster(t, ns, "orders", conn)
-	waitCondition(t, rc, v1alpha1.ConditionReady, metav1.ConditionTrue, "", readyTimeout)
+	ns := fw.Namespace(t, "edit")
+	conn := fw.VaultConnection(t, "vault-edit", framework.AuthRole(rolePeriodic), framework.Allow(ns)).Name
+	rc := fw.RedisCluster(t, ns, "orders", conn, leasePath)
+	fw.WaitReady(t, rc, readyTimeout)
 	// The test ground's Vault speaks plain http: a CA is never used to verify it, but a new one
 	// is part of the client's settings, so each CA edit builds a new client.
 	secretWith(t, ns, "vault-ca", "ca.crt", selfSignedCA(t))
@@ -256,10 +252,9 @@ func editKubernetesConnection(t *testing.T) {
 
 func editAppRoleConnection(t *testing.T) {
 	ctx := context.Background()
-	const ns, conn = "edit-approle", "vault-edit-approle"
-	namespace(t, ns)
+	ns := fw.Namespace(t, "edit-approle")
 	// As a Vault administrator: the AppRole's role id and two secret ids.
-	root := ground.Vault.Root.Logical()
+	root := fw.Ground.Vault.Root.Logical()
 	id, err := root.ReadWithContext(ctx, "auth/approle/role/"+roleAppRole+"/role-id")
 	if err != nil || id == nil {
 		t.Fatalf("reading the role id of %s: %v", roleAppRole, err)
@@ -277,19 +272,12 @@ func editAppRoleConnection(t *testing.T) {
 		}
 		secretWith(t, ns, name, "secret-id", secretIDs[name])
 	}
-	vc := &v1alpha1.VaultConnection{
-		ObjectMeta: metav1.ObjectMeta{Name: conn},
-		Spec: v1alpha1.VaultConnectionSpec{
-			Address: ground.Vault.Addr, AllowedNamespaces: []string{ns},
-			Auth: v1alpha1.VaultAuth{AppRole: &v1alpha1.AppRoleAuth{RoleID: roleID,
-				SecretIDRef: v1alpha1.SecretKeyReference{Namespace: ns, Name: "approle-first", Key: "secret-id"}}},
-		},
-	}
-	if err := k8s.Create(ctx, vc); err != nil {
-		t.Fatal(err)
-	}
-	rc := redisCluster(t, ns, "orders", conn)
-	waitCondition(t, rc, v1alpha1.ConditionReady, metav1.ConditionTrue, "", readyTimeout)
+	conn := fw.VaultConnection(t, "vault-edit-approle", framework.Allow(ns), func(vc *v1alpha1.VaultConnection) {
+		vc.Spec.Auth = v1alpha1.VaultAuth{AppRole: &v1alpha1.AppRoleAuth{RoleID: roleID,
+			SecretIDRef: v1alpha1.SecretKeyReference{Namespace: ns, Name: "approle-first", Key: "secret-id"}}}
+	}).Name
+	rc := fw.RedisCluster(t, ns, "orders", conn, leasePath)
+	fw.WaitReady(t, rc, readyTimeout)
 	w := watchLedgers(t, conn, rc)
 	before := takeOvers(conn)
 
@@ -312,30 +300,24 @@ func editAppRoleConnection(t *testing.T) {
 		t.Errorf("no new client took the tokens over after the secret-id reference changed")
 	}
 	connectionStayedReady(t, conn)
-	t.Logf("%d samples across the switch of secret ids: every lease alive, the credential working; tokens %+v", w.samples, getConnection(t, conn).Status.Tokens)
+	t.Logf("%d samples across the switch of secret ids: every lease alive, the credential working; tokens %+v", w.samples, fw.GetConnection(t, conn).Status.Tokens)
 }
 
 // takeOvers counts the operator's log lines saying that a new client of the connection took its
 // persisted tokens over.
 func takeOvers(conn string) int {
-	n := 0
-	for _, line := range strings.Split(operatorLogs.String(), "\n") {
-		if strings.Contains(line, "Took over persisted Vault tokens") && strings.Contains(line, `"`+conn+`"`) {
-			n++
-		}
-	}
-	return n
+	return framework.CountLines(fw.Logs.String(), "Took over persisted Vault tokens", `"`+conn+`"`)
 }
 
 // connectionStayedReady checks that the VaultConnection is Ready and never failed to log in.
 func connectionStayedReady(t *testing.T, conn string) {
 	t.Helper()
-	c := meta.FindStatusCondition(getConnection(t, conn).Status.Conditions, v1alpha1.ConditionReady)
+	c := meta.FindStatusCondition(fw.GetConnection(t, conn).Status.Conditions, v1alpha1.ConditionReady)
 	if c == nil || c.Status != metav1.ConditionTrue {
 		t.Errorf("VaultConnection %s Ready = %+v, want True", conn, c)
 	}
 	// A cluster-scoped object's events land in the default namespace.
-	if reasons := eventReasons(t, metav1.NamespaceDefault, conn); slices.Contains(reasons, v1alpha1.EventLoginFailed) {
+	if reasons := framework.Reasons(fw.Events(t, metav1.NamespaceDefault, "", conn)); slices.Contains(reasons, v1alpha1.EventLoginFailed) {
 		t.Errorf("VaultConnection %s events %q: a login failed", conn, reasons)
 	}
 }
@@ -344,7 +326,7 @@ func connectionStayedReady(t *testing.T, conn string) {
 func secretWith(t *testing.T, ns, name, key, value string) {
 	t.Helper()
 	s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}, Data: map[string][]byte{key: []byte(value)}}
-	if err := k8s.Create(context.Background(), s); err != nil {
+	if err := fw.Client.Create(context.Background(), s); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -356,49 +338,49 @@ func secretWith(t *testing.T, ns, name, key, value string) {
 func TestVaultConnectionInUseIsNotDeleted(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	namespace(t, "inuse")
-	vc := vaultConnection(t, "vault-inuse", rolePeriodic, "inuse")
-	orders := redisCluster(t, "inuse", "orders", "vault-inuse")
-	carts := redisCluster(t, "inuse", "carts", "vault-inuse")
+	ns := fw.Namespace(t, "inuse")
+	vc := fw.VaultConnection(t, "vault-inuse", framework.AuthRole(rolePeriodic), framework.Allow(ns))
+	orders := fw.RedisCluster(t, ns, "orders", vc.Name, leasePath)
+	carts := fw.RedisCluster(t, ns, "carts", vc.Name, leasePath)
 	leases := map[string]string{}
 	for _, rc := range []*v1alpha1.RedisCluster{orders, carts} {
-		leases[rc.Name] = waitCondition(t, rc, v1alpha1.ConditionReady, metav1.ConditionTrue, "", readyTimeout).Status.Credential.LeaseID
+		leases[rc.Name] = fw.WaitReady(t, rc, readyTimeout).Status.Credential.LeaseID
 	}
 
-	if err := k8s.Delete(ctx, vc); err != nil {
+	if err := fw.Client.Delete(ctx, vc); err != nil {
 		t.Fatal(err)
 	}
-	waitBlocked(t, "vault-inuse", []string{"inuse/carts", "inuse/orders"}, nil)
-	w := watchLedgers(t, "vault-inuse", orders, carts)
+	waitBlocked(t, vc.Name, []string{ns + "/carts", ns + "/orders"}, nil)
+	w := watchLedgers(t, vc.Name, orders, carts)
 	w.run(2 * tokenPeriod)
 	w.check()
 
-	deleteCluster(t, orders)
-	if exists, _ := ground.Vault.LeaseExpiry(leases["orders"]); exists {
+	fw.DeleteAndWait(t, orders, 60*time.Second)
+	if exists, _ := fw.LeaseExists(leases["orders"]); exists {
 		t.Errorf("lease %s of the deleted cluster orders was not revoked", leases["orders"])
 	}
-	waitBlocked(t, "vault-inuse", []string{"inuse/carts"}, []string{"inuse/orders"})
-	w = watchLedgers(t, "vault-inuse", carts)
+	waitBlocked(t, vc.Name, []string{ns + "/carts"}, []string{ns + "/orders"})
+	w = watchLedgers(t, vc.Name, carts)
 	w.run(2 * tokenPeriod)
 	w.check()
-	if err := k8s.Get(ctx, client.ObjectKey{Name: "vault-inuse"}, &v1alpha1.VaultConnection{}); err != nil {
+	if err := fw.Client.Get(ctx, client.ObjectKey{Name: vc.Name}, &v1alpha1.VaultConnection{}); err != nil {
 		t.Fatalf("the VaultConnection went while carts still uses it: %v", err)
 	}
 
-	deleteCluster(t, carts)
-	eventually(t, 60*time.Second, func() string {
-		if err := k8s.Get(ctx, client.ObjectKey{Name: "vault-inuse"}, &v1alpha1.VaultConnection{}); !apierrors.IsNotFound(err) {
+	fw.DeleteAndWait(t, carts, 60*time.Second)
+	framework.Eventually(t, 60*time.Second, func() string {
+		if err := fw.Client.Get(ctx, client.ObjectKey{Name: vc.Name}, &v1alpha1.VaultConnection{}); !apierrors.IsNotFound(err) {
 			return fmt.Sprintf("VaultConnection still there (%v)", err)
 		}
 		return ""
 	})
 	for name, lease := range leases {
-		if exists, _ := ground.Vault.LeaseExpiry(lease); exists {
+		if exists, _ := fw.LeaseExists(lease); exists {
 			t.Errorf("lease %s of %s was not revoked", lease, name)
 		}
 	}
-	eventually(t, 60*time.Second, func() string {
-		err := k8s.Get(ctx, client.ObjectKey{Namespace: harness.OperatorNS, Name: "keyroll-tokens-vault-inuse"}, &corev1.Secret{})
+	framework.Eventually(t, 60*time.Second, func() string {
+		err := fw.Client.Get(ctx, client.ObjectKey{Namespace: fw.OperatorNS, Name: "keyroll-tokens-" + vc.Name}, &corev1.Secret{})
 		if !apierrors.IsNotFound(err) {
 			return fmt.Sprintf("token Secret still there (%v)", err)
 		}
@@ -410,8 +392,8 @@ func TestVaultConnectionInUseIsNotDeleted(t *testing.T) {
 // waits for the clusters of want and for none of gone.
 func waitBlocked(t *testing.T, name string, want, gone []string) {
 	t.Helper()
-	eventually(t, 30*time.Second, func() string {
-		c := meta.FindStatusCondition(getConnection(t, name).Status.Conditions, v1alpha1.ConditionDeletionBlocked)
+	framework.Eventually(t, 30*time.Second, func() string {
+		c := meta.FindStatusCondition(fw.GetConnection(t, name).Status.Conditions, v1alpha1.ConditionDeletionBlocked)
 		if c == nil || c.Status != metav1.ConditionTrue || c.Reason != v1alpha1.ReasonInUse {
 			return fmt.Sprintf("DeletionBlocked = %+v, want True/InUse", c)
 		}
@@ -426,21 +408,6 @@ func waitBlocked(t *testing.T, name string, want, gone []string) {
 			}
 		}
 		t.Logf("DeletionBlocked: %s", c.Message)
-		return ""
-	})
-}
-
-// deleteCluster deletes a RedisCluster and waits until it is gone.
-func deleteCluster(t *testing.T, rc *v1alpha1.RedisCluster) {
-	t.Helper()
-	ctx := context.Background()
-	if err := k8s.Delete(ctx, get(t, rc)); err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, 60*time.Second, func() string {
-		if err := k8s.Get(ctx, client.ObjectKeyFromObject(rc), &v1alpha1.RedisCluster{}); !apierrors.IsNotFound(err) {
-			return fmt.Sprintf("RedisCluster %s still there (%v)", rc.Name, err)
-		}
 		return ""
 	})
 }
@@ -474,30 +441,29 @@ func TestLeaseRevokedOutsideIsCutOffAndReplaced(t *testing.T) {
 
 func revokedOutside(t *testing.T, policy v1alpha1.RevokedOutsidePolicy) {
 	ctx := context.Background()
-	ns := "revoked-" + strings.ToLower(string(policy))
-	namespace(t, ns)
-	vaultConnection(t, "vault-"+ns, harness.OperatorRole, ns)
-	consumer := consumerDeployment(t, ns, "api")
-	rc := redisCluster(t, ns, "orders", "vault-"+ns, func(rc *v1alpha1.RedisCluster) {
-		rc.Spec.Replicas = 2 // "every node" is more than one
-		rc.Spec.Credentials.OnRevokedOutside = policy
-		rc.Spec.Rollout.Consumers = []v1alpha1.ConsumerReference{{Kind: "Deployment", Name: "api"}}
-	})
-	cur := waitCondition(t, rc, v1alpha1.ConditionReady, metav1.ConditionTrue, "", readyTimeout)
-	oldUser, oldPass, _ := credentials(t, rc)
-	if msg := onEveryNode(t, rc, oldUser, oldPass); msg != "" {
+	base := "revoked-" + strings.ToLower(string(policy))
+	ns := fw.Namespace(t, base)
+	conn := fw.VaultConnection(t, "vault-"+base, framework.Allow(ns)).Name
+	consumer := fw.StandInConsumer(t, ns, "api", 1)
+	rc := fw.RedisCluster(t, ns, "orders", conn, leasePath,
+		framework.Replicas(2), // "every node" is more than one
+		framework.WithConsumers("api"),
+		func(rc *v1alpha1.RedisCluster) { rc.Spec.Credentials.OnRevokedOutside = policy })
+	cur := fw.WaitReady(t, rc, readyTimeout)
+	oldUser, oldPass, _ := fw.Credentials(rc)
+	if msg := fw.OnEveryPod(rc, oldUser, oldPass, true); msg != "" {
 		t.Fatalf("before the revocation, the live credential does not work on every Redis pod: %s", msg)
 	}
 	setPaused(t, consumer, true) // hold the new credential's rollout at the consumer
 
-	if err := ground.Vault.Root.Sys().RevokeWithContext(ctx, cur.Status.Credential.LeaseID); err != nil {
+	if err := fw.Ground.Vault.Root.Sys().RevokeWithContext(ctx, cur.Status.Credential.LeaseID); err != nil {
 		t.Fatal(err)
 	}
 	revoked := time.Now()
 	var newUser, newPass string
-	eventually(t, 75*time.Second, func() string {
-		u, p, ok := credentials(t, rc)
-		if !ok || u == oldUser || !authenticates(u, p) {
+	framework.Eventually(t, 75*time.Second, func() string {
+		u, p, ok := fw.Credentials(rc)
+		if !ok || u == oldUser || !fw.Authenticates(u, p) {
 			return fmt.Sprintf("credentials Secret still holds %q", u)
 		}
 		newUser, newPass = u, p
@@ -509,9 +475,9 @@ func revokedOutside(t *testing.T, policy v1alpha1.RevokedOutsidePolicy) {
 		t.Errorf("the revocation was acted on after %s, want within about a minute", noticed)
 	}
 	// The event follows the status write through the asynchronous recorder.
-	eventually(t, 15*time.Second, func() string {
+	framework.Eventually(t, 15*time.Second, func() string {
 		var types []string
-		for _, e := range eventsAbout(t, ns, "orders") {
+		for _, e := range fw.Events(t, ns, "", "orders") {
 			if e.Reason == v1alpha1.EventLeaseRevokedOutside {
 				types = append(types, e.Type)
 			}
@@ -522,24 +488,24 @@ func revokedOutside(t *testing.T, policy v1alpha1.RevokedOutsidePolicy) {
 		return ""
 	})
 	// The consumers' Secret is written only once every node accepts the new credential.
-	if msg := onEveryNode(t, rc, newUser, newPass); msg != "" {
+	if msg := fw.OnEveryPod(rc, newUser, newPass, true); msg != "" {
 		t.Errorf("the new credential is in the credentials Secret but does not work on every Redis pod: %s", msg)
 	}
 	held := func() string {
-		if r := get(t, rc).Status.Rollout; r == nil {
+		if r := fw.Get(t, rc).Status.Rollout; r == nil {
 			return "no rollout in progress: it finished although the consumer is paused"
 		}
 		return ""
 	}
-	eventually(t, 15*time.Second, held)
+	framework.Eventually(t, 15*time.Second, held)
 
 	switch policy {
 	case v1alpha1.RevokedOutsideCutOff:
-		if msg := onNoNode(t, rc, oldUser, oldPass); msg != "" {
+		if msg := fw.OnEveryPod(rc, oldUser, oldPass, false); msg != "" {
 			t.Errorf("CutOff: the revoked user is not cut off on every Redis pod while the rollout is held: %s", msg)
 		}
 	case v1alpha1.RevokedOutsideRollOver:
-		if msg := onEveryNode(t, rc, oldUser, oldPass); msg != "" {
+		if msg := fw.OnEveryPod(rc, oldUser, oldPass, true); msg != "" {
 			t.Errorf("RollOver: the revoked user was cut off before the new credential rolled out: %s", msg)
 		}
 	}
@@ -547,16 +513,16 @@ func revokedOutside(t *testing.T, policy v1alpha1.RevokedOutsidePolicy) {
 		t.Fatalf("%s: the Redis pods were checked while it was held, but %s", policy, msg)
 	}
 	setPaused(t, consumer, false)
-	eventually(t, 60*time.Second, func() string {
-		if cur := get(t, rc); cur.Status.Rollout != nil || len(cur.Status.Credential.SupersededUsers) > 0 || len(cur.Status.RetiringUsers) > 0 {
+	framework.Eventually(t, 60*time.Second, func() string {
+		if cur := fw.Get(t, rc); cur.Status.Rollout != nil || len(cur.Status.Credential.SupersededUsers) > 0 || len(cur.Status.RetiringUsers) > 0 {
 			return fmt.Sprintf("rollout %+v, superseded users %q, retiring users %q", cur.Status.Rollout, cur.Status.Credential.SupersededUsers, cur.Status.RetiringUsers)
 		}
 		return ""
 	})
-	if msg := onNoNode(t, rc, oldUser, oldPass); msg != "" {
+	if msg := fw.OnEveryPod(rc, oldUser, oldPass, false); msg != "" {
 		t.Errorf("%s: the revoked user still logs in after the rollout: %s", policy, msg)
 	}
-	if msg := onEveryNode(t, rc, newUser, newPass); msg != "" {
+	if msg := fw.OnEveryPod(rc, newUser, newPass, true); msg != "" {
 		t.Errorf("after the rollout, the new credential does not work on every Redis pod: %s", msg)
 	}
 }
@@ -568,18 +534,18 @@ func revokedOutside(t *testing.T, policy v1alpha1.RevokedOutsidePolicy) {
 func TestTokenSecretHoldsTokensOnlyInData(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	namespace(t, "secret")
-	vaultConnection(t, "vault-secret", rolePeriodic, "secret")
-	rc := redisCluster(t, "secret", "orders", "vault-secret")
-	waitCondition(t, rc, v1alpha1.ConditionReady, metav1.ConditionTrue, "", readyTimeout)
+	ns := fw.Namespace(t, "secret")
+	conn := fw.VaultConnection(t, "vault-secret", framework.AuthRole(rolePeriodic), framework.Allow(ns)).Name
+	rc := fw.RedisCluster(t, ns, "orders", conn, leasePath)
+	fw.WaitReady(t, rc, readyTimeout)
 	sec := &corev1.Secret{}
-	if err := k8s.Get(ctx, client.ObjectKey{Namespace: harness.OperatorNS, Name: "keyroll-tokens-vault-secret"}, sec); err != nil {
+	if err := fw.Client.Get(ctx, client.ObjectKey{Namespace: fw.OperatorNS, Name: "keyroll-tokens-" + conn}, sec); err != nil {
 		t.Fatal(err)
 	}
 	if len(sec.Data) == 0 {
 		t.Fatal("the token Secret holds no token")
 	}
-	vc := getConnection(t, "vault-secret")
+	vc := fw.GetConnection(t, conn)
 	if got := sec.Labels[v1alpha1.LabelManagedBy]; got != v1alpha1.ManagedByValue {
 		t.Errorf("token Secret label %s = %q, want %q (labels %v)", v1alpha1.LabelManagedBy, got, v1alpha1.ManagedByValue, sec.Labels)
 	}
@@ -593,8 +559,8 @@ func TestTokenSecretHoldsTokensOnlyInData(t *testing.T) {
 	}
 	labels := strings.Join(append(mapStrings(sec.Labels), mapStrings(sec.Annotations)...), " ")
 	events := allEvents(t)
-	texts := map[string]string{"labels or annotations": labels, "operator logs": operatorLogs.String(), "events": events,
-		"VaultConnection status": fmt.Sprintf("%+v", vc.Status), "RedisCluster status": fmt.Sprintf("%+v", get(t, rc).Status)}
+	texts := map[string]string{"labels or annotations": labels, "operator logs": fw.Logs.String(), "events": events,
+		"VaultConnection status": fmt.Sprintf("%+v", vc.Status), "RedisCluster status": fmt.Sprintf("%+v", fw.Get(t, rc).Status)}
 	for accessor, token := range sec.Data {
 		if !strings.HasPrefix(string(token), "hvs.") {
 			t.Errorf("data %s does not hold a Vault token", accessor)
@@ -615,14 +581,14 @@ func TestTokenSecretHoldsTokensOnlyInData(t *testing.T) {
 			t.Errorf("the %s hold something shaped like a Vault token (%q…)", where, m)
 		}
 	}
-	t.Logf("%d tokens in the token Secret; %d events in all namespaces, %d bytes of logs, the statuses, labels and annotations hold none", len(sec.Data), strings.Count(events, "\n"), len(operatorLogs.String()))
+	t.Logf("%d tokens in the token Secret; %d events in all namespaces, %d bytes of logs, the statuses, labels and annotations hold none", len(sec.Data), strings.Count(events, "\n"), len(fw.Logs.String()))
 	// Nor does a Redis password: the credential's, or those of keyroll's own users on the nodes.
 	for _, p := range []struct{ secret, key string }{
 		{"orders-credentials", "password"}, {"orders-keyroll", "password"}, {"orders-keyroll", "admin-password"},
 		{"orders-acl", "replication-password"}, {"orders-acl", "probe-password"},
 	} {
 		s := &corev1.Secret{}
-		if err := k8s.Get(ctx, client.ObjectKey{Namespace: "secret", Name: p.secret}, s); err != nil {
+		if err := fw.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: p.secret}, s); err != nil {
 			t.Fatal(err)
 		}
 		pw := string(s.Data[p.key])
@@ -630,8 +596,8 @@ func TestTokenSecretHoldsTokensOnlyInData(t *testing.T) {
 			t.Errorf("Secret %s holds no password under %s", p.secret, p.key)
 			continue
 		}
-		for where, text := range map[string]string{"operator logs": operatorLogs.String(), "events": events,
-			"RedisCluster status": fmt.Sprintf("%+v", get(t, rc).Status)} {
+		for where, text := range map[string]string{"operator logs": fw.Logs.String(), "events": events,
+			"RedisCluster status": fmt.Sprintf("%+v", fw.Get(t, rc).Status)} {
 			if strings.Contains(text, pw) {
 				t.Errorf("the password of Secret %s, key %s, reached the %s", p.secret, p.key, where)
 			}
@@ -643,7 +609,7 @@ func TestTokenSecretHoldsTokensOnlyInData(t *testing.T) {
 func allEvents(t *testing.T) string {
 	t.Helper()
 	list := &eventsv1.EventList{}
-	if err := k8s.List(context.Background(), list); err != nil {
+	if err := fw.Client.List(context.Background(), list); err != nil {
 		t.Fatal(err)
 	}
 	var b strings.Builder
@@ -666,10 +632,10 @@ func operatorMetrics() *metrics.Metrics { return metrics.For(clock.RealClock{}) 
 
 func editConnection(t *testing.T, name string, mutate func(*v1alpha1.VaultConnection)) {
 	t.Helper()
-	vc := getConnection(t, name)
+	vc := fw.GetConnection(t, name)
 	patch := client.MergeFrom(vc.DeepCopy())
 	mutate(vc)
-	if err := k8s.Patch(context.Background(), vc, patch); err != nil {
+	if err := fw.Client.Patch(context.Background(), vc, patch); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -691,37 +657,15 @@ func selfSignedCA(t *testing.T) string {
 	return string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}))
 }
 
-func consumerDeployment(t *testing.T, ns, name string) client.ObjectKey {
-	t.Helper()
-	labels := map[string]string{"app": name}
-	d := &appsv1.Deployment{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
-		Spec: appsv1.DeploymentSpec{
-			Replicas: ptr.To[int32](1),
-			Selector: &metav1.LabelSelector{MatchLabels: labels},
-			Template: corev1.PodTemplateSpec{
-				ObjectMeta: metav1.ObjectMeta{Labels: labels},
-				// A stand-in that runs nothing: on kwok's fake node, where it becomes Ready at once.
-				Spec: corev1.PodSpec{NodeSelector: map[string]string{testground.NodeLabel: "kwok"},
-					Containers: []corev1.Container{{Name: "app", Image: "example/app:1"}}},
-			},
-		},
-	}
-	if err := k8s.Create(context.Background(), d); err != nil {
-		t.Fatal(err)
-	}
-	return client.ObjectKeyFromObject(d)
-}
-
 func setPaused(t *testing.T, key client.ObjectKey, paused bool) {
 	t.Helper()
 	d := &appsv1.Deployment{}
-	if err := k8s.Get(context.Background(), key, d); err != nil {
+	if err := fw.Client.Get(context.Background(), key, d); err != nil {
 		t.Fatal(err)
 	}
 	patch := client.MergeFrom(d.DeepCopy())
 	d.Spec.Paused = paused
-	if err := k8s.Patch(context.Background(), d, patch); err != nil {
+	if err := fw.Client.Patch(context.Background(), d, patch); err != nil {
 		t.Fatal(err)
 	}
 }
