@@ -34,6 +34,8 @@ type ControlPlane struct {
 	CAFile string
 
 	watchdog *exec.Cmd
+	// attached: the control plane runs in another process (Attach).
+	attached bool
 }
 
 // ControlPlaneOptions selects what is installed besides keyroll's CRDs.

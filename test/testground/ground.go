@@ -40,8 +40,11 @@ type Ground struct {
 	Vault *Vault
 	// ExternalSecrets is External Secrets Operator's controller, when asked for.
 	ExternalSecrets *Process
+	// Options are the components it runs.
+	Options Options
 
-	ownDir bool
+	ownDir   bool
+	attached bool
 }
 
 // Start starts the components opts asks for, with their logs and files in a new temporary
@@ -51,7 +54,7 @@ func Start(opts Options) (g *Ground, err error) {
 	if err != nil {
 		return nil, err
 	}
-	g = &Ground{Dir: dir, ownDir: true}
+	g = &Ground{Dir: dir, ownDir: true, Options: opts}
 	defer func() {
 		if err != nil {
 			g.Stop()
@@ -118,6 +121,13 @@ func StartT(t testing.TB, opts Options) *Ground {
 // KEYROLL_KEEP_TESTGROUND is set (its logs help to debug a failure).
 func (g *Ground) Stop() {
 	if g == nil {
+		return
+	}
+	if g.attached {
+		g.Node.Stop() // the proxies this process started on the node's bridge
+		if g.ownDir && os.Getenv("KEYROLL_KEEP_TESTGROUND") == "" {
+			_ = os.RemoveAll(g.Dir)
+		}
 		return
 	}
 	if g.ExternalSecrets != nil {

@@ -55,6 +55,9 @@ type Node struct {
 	containerd, kubelet, kubeProxy, coreDNS              *Process
 	proxies                                              []*Proxy
 	pendingImages                                        []string
+	// attached: the node runs in another process (Attach); kubeletPID is its kubelet's.
+	attached   bool
+	kubeletPID int
 }
 
 // PrepareNode readies the machine for a real node before the control plane starts: it takes the
@@ -322,10 +325,10 @@ func (n *Node) Processes() []*Process {
 // controller. It returns once the process is stopped. Stop resumes a held kubelet before it ends
 // it.
 func (n *Node) PauseKubelet() error {
-	if n.kubelet == nil || n.kubelet.Exited() {
-		return errors.New("the kubelet does not run")
+	pid, err := n.kubeletProcess()
+	if err != nil {
+		return err
 	}
-	pid := n.kubelet.PID()
 	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
 		return err
 	}
@@ -340,16 +343,35 @@ func (n *Node) PauseKubelet() error {
 // ResumeKubelet lets a kubelet held by PauseKubelet go on (SIGCONT, by its PID); it catches up
 // on what changed meanwhile.
 func (n *Node) ResumeKubelet() error {
-	if n.kubelet == nil || n.kubelet.Exited() {
-		return errors.New("the kubelet does not run")
+	pid, err := n.kubeletProcess()
+	if err != nil {
+		return err
 	}
-	return syscall.Kill(n.kubelet.PID(), syscall.SIGCONT)
+	return syscall.Kill(pid, syscall.SIGCONT)
+}
+
+// kubeletProcess is the PID of the node's kubelet, this process's or, on an attached node, the
+// ground's.
+func (n *Node) kubeletProcess() (int, error) {
+	switch {
+	case n.attached && Alive(n.kubeletPID):
+		return n.kubeletPID, nil
+	case n.attached, n.kubelet == nil || n.kubelet.Exited():
+		return 0, errors.New("the kubelet does not run")
+	}
+	return n.kubelet.PID(), nil
 }
 
 // Stop ends the node and undoes its changes to the machine (see cleanupNode), then lets the
 // janitor go and releases the node lock.
 func (n *Node) Stop() {
 	if n == nil {
+		return
+	}
+	if n.attached {
+		for _, p := range n.proxies {
+			p.Stop()
+		}
 		return
 	}
 	if n.kubelet != nil && !n.kubelet.Exited() {

@@ -23,9 +23,10 @@ type Vault struct {
 	Port      int
 	RootToken string
 	// Root is a client logged in with the root token.
-	Root *vaultapi.Client
-	proc *Process
-	dir  string
+	Root    *vaultapi.Client
+	proc    *Process
+	logPath string
+	dir     string
 }
 
 // StartVault starts `vault server -dev` on a free loopback port and waits until it is unsealed.
@@ -46,6 +47,7 @@ func StartVault(dir string) (*Vault, error) {
 	if err != nil {
 		return nil, err
 	}
+	v.logPath = v.proc.LogPath
 	if v.Root, err = v.NewClient(v.RootToken); err != nil {
 		v.Stop()
 		return nil, err
@@ -268,13 +270,13 @@ func (v *Vault) Seal(ctx context.Context) error {
 
 // Unseal unseals the dev server with the unseal key it printed when it started.
 func (v *Vault) Unseal(ctx context.Context) error {
-	b, err := os.ReadFile(v.proc.LogPath)
+	b, err := os.ReadFile(v.logPath)
 	if err != nil {
 		return err
 	}
 	_, rest, ok := strings.Cut(string(b), "Unseal Key: ")
 	if !ok {
-		return fmt.Errorf("no unseal key in %s", v.proc.LogPath)
+		return fmt.Errorf("no unseal key in %s", v.logPath)
 	}
 	key, _, _ := strings.Cut(rest, "\n")
 	st, err := v.Root.Sys().UnsealWithContext(ctx, strings.TrimSpace(key))
