@@ -6,7 +6,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -26,6 +25,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/keyroll/keyroll/controllers/nodes"
+	"github.com/keyroll/keyroll/test/framework"
 	"github.com/keyroll/keyroll/test/testground"
 )
 
@@ -65,7 +65,7 @@ func render(t *testing.T, dir string) []*unstructured.Unstructured {
 func apply(t *testing.T, objs []*unstructured.Unstructured) {
 	t.Helper()
 	for _, o := range objs {
-		if err := k8s.Patch(context.Background(), o, client.Apply, client.FieldOwner("keyroll-test"), client.ForceOwnership); err != nil {
+		if err := fw.Client.Patch(context.Background(), o, client.Apply, client.FieldOwner("keyroll-test"), client.ForceOwnership); err != nil {
 			t.Fatalf("applying %s %s: %v", o.GetKind(), o.GetName(), err)
 		}
 	}
@@ -96,10 +96,10 @@ func TestDeployDefaultInstallsUnderRestrictedPodSecurity(t *testing.T) {
 
 	// Collect the API server's warnings: Pod Security admission warns about a Deployment whose pods
 	// it would refuse.
-	warnings := &warningRecorder{}
-	cfg := rest.CopyConfig(ground.CP.Config)
+	warnings := &framework.WarningRecorder{}
+	cfg := rest.CopyConfig(fw.Ground.CP.Config)
 	cfg.WarningHandler = warnings
-	c, err := client.New(cfg, client.Options{Scheme: k8s.Scheme()})
+	c, err := client.New(cfg, client.Options{Scheme: fw.Client.Scheme()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,7 +108,7 @@ func TestDeployDefaultInstallsUnderRestrictedPodSecurity(t *testing.T) {
 			t.Fatalf("kubectl apply -k deploy/default: %s %s refused: %v", o.GetKind(), o.GetName(), err)
 		}
 	}
-	if w := warnings.all(); len(w) > 0 {
+	if w := warnings.All(); len(w) > 0 {
 		t.Errorf("the API server warned while installing deploy/default: %v", w)
 	}
 
@@ -116,40 +116,23 @@ func TestDeployDefaultInstallsUnderRestrictedPodSecurity(t *testing.T) {
 	// in the restricted namespace, and a pod that breaks the standard is refused there (so the
 	// enforcement is real).
 	deploy := &appsv1.Deployment{}
-	if err := k8s.Get(context.Background(), client.ObjectKey{Namespace: ns.GetName(), Name: "keyroll-manager"}, deploy); err != nil {
+	if err := fw.Client.Get(context.Background(), client.ObjectKey{Namespace: ns.GetName(), Name: "keyroll-manager"}, deploy); err != nil {
 		t.Fatal(err)
 	}
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: "manager-template", Namespace: ns.GetName(), Labels: deploy.Spec.Template.Labels},
 		Spec:       deploy.Spec.Template.Spec,
 	}
-	if err := k8s.Create(context.Background(), pod); err != nil {
+	if err := fw.Client.Create(context.Background(), pod); err != nil {
 		t.Fatalf("a pod from the manager Deployment's template is refused in the restricted namespace: %v", err)
 	}
 	bad := pod.DeepCopy()
 	bad.ObjectMeta = metav1.ObjectMeta{Name: "privileged", Namespace: ns.GetName()}
 	bad.Spec.Containers[0].SecurityContext.Capabilities = &corev1.Capabilities{Add: []corev1.Capability{"NET_ADMIN"}}
-	err = k8s.Create(context.Background(), bad)
+	err = fw.Client.Create(context.Background(), bad)
 	if err == nil || !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "restricted") {
 		t.Fatalf("a pod adding a capability was not refused by Pod Security admission: %v", err)
 	}
-}
-
-type warningRecorder struct {
-	mu   sync.Mutex
-	list []string
-}
-
-func (w *warningRecorder) HandleWarningHeader(_ int, _ string, text string) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.list = append(w.list, text)
-}
-
-func (w *warningRecorder) all() []string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return append([]string(nil), w.list...)
 }
 
 func TestManagerDeploymentIsHardened(t *testing.T) {
@@ -229,10 +212,6 @@ func TestGeneratedRBACHasNoWildcard(t *testing.T) {
 func TestManagerServiceAccountMayDoWhatTheRoleSays(t *testing.T) {
 	// The ClusterRole must be bound to the manager's ServiceAccount: ask the API server.
 	apply(t, render(t, "default"))
-	cs, err := kubernetes.NewForConfig(ground.CP.Config)
-	if err != nil {
-		t.Fatal(err)
-	}
 	user := "system:serviceaccount:keyroll-system:keyroll-manager"
 	cases := []struct {
 		verb, group, resource, namespace string
@@ -254,7 +233,7 @@ func TestManagerServiceAccountMayDoWhatTheRoleSays(t *testing.T) {
 		{"create", "authorization.k8s.io", "subjectaccessreviews", "", true},
 	}
 	for _, tc := range cases {
-		ok := canI(t, cs, user, tc.verb, tc.group, tc.resource, tc.namespace)
+		ok := canI(t, fw.Clientset, user, tc.verb, tc.group, tc.resource, tc.namespace)
 		if ok != tc.allowed {
 			t.Errorf("%s %s.%s in %q: allowed %v, want %v", tc.verb, tc.resource, tc.group, tc.namespace, ok, tc.allowed)
 		}

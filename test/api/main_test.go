@@ -4,35 +4,16 @@
 package api
 
 import (
-	"fmt"
 	"os"
 	"testing"
 
-	"sigs.k8s.io/controller-runtime/pkg/client"
-	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
-	"sigs.k8s.io/controller-runtime/pkg/log/zap"
-
-	"github.com/keyroll/keyroll/test/harness"
+	"github.com/keyroll/keyroll/test/framework"
 	"github.com/keyroll/keyroll/test/testground"
 )
 
-var (
-	ground *testground.Ground
-	k8s    client.Client
-)
+var fw *framework.Framework
 
 func TestMain(m *testing.M) {
-	os.Exit(run(m))
-}
-
-func run(m *testing.M) int {
-	ctrllog.SetLogger(zap.New(zap.WriteTo(os.Stderr)))
-	g, c, stop, err := harness.StartPackage(testground.Options{ExternalSecretsCRDs: true}, nil)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	defer stop()
-	ground, k8s = g, c
-	return m.Run()
+	fw = framework.New(framework.Config{Name: "api", Ground: testground.Options{ExternalSecretsCRDs: true}})
+	os.Exit(fw.Run(m))
 }

@@ -8,7 +8,6 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -18,6 +17,7 @@ import (
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	certutil "k8s.io/client-go/util/cert"
 
+	"github.com/keyroll/keyroll/test/framework"
 	"github.com/keyroll/keyroll/test/testground"
 )
 
@@ -30,13 +30,14 @@ import (
 func TestMetricsNeedAuthorisation(t *testing.T) {
 	ctx := context.Background()
 	apply(t, render(t, "default"))
-	cp := ground.CP
+	cp := fw.Ground.CP
+	monitoring := fw.Namespace(t, "monitoring")
 	for _, sa := range []string{"scraper", "stranger"} {
-		if err := cp.EnsureServiceAccount(ctx, "monitoring", sa); err != nil {
+		if err := cp.EnsureServiceAccount(ctx, monitoring, sa); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := cp.BindClusterRole(ctx, "keyroll-metrics-reader", "monitoring", "scraper"); err != nil {
+	if err := cp.BindClusterRole(ctx, "keyroll-metrics-reader", monitoring, "scraper"); err != nil {
 		t.Fatal(err)
 	}
 	token := func(ns, name string) string {
@@ -46,10 +47,13 @@ func TestMetricsNeedAuthorisation(t *testing.T) {
 		}
 		return tok
 	}
-	scraper, stranger := token("monitoring", "scraper"), token("monitoring", "stranger")
+	scraper, stranger := token(monitoring, "scraper"), token(monitoring, "stranger")
 
 	dir := t.TempDir()
-	bin := buildManager(t, dir)
+	bin, err := framework.BuildOperator(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
 	kubeconfig := serviceAccountKubeconfig(t, dir, token("keyroll-system", "keyroll-manager"))
 	certDir := filepath.Join(dir, "certs")
 	pool := servingCert(t, certDir)
@@ -104,22 +108,10 @@ func TestMetricsNeedAuthorisation(t *testing.T) {
 	}
 }
 
-// buildManager builds keyroll's manager binary into dir.
-func buildManager(t *testing.T, dir string) string {
-	t.Helper()
-	bin := filepath.Join(dir, "keyroll")
-	cmd := exec.Command("go", "build", "-o", bin, ".")
-	cmd.Dir = testground.RepoRoot()
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("building keyroll: %v\n%s", err, out)
-	}
-	return bin
-}
-
 // serviceAccountKubeconfig writes a kubeconfig that authenticates with a service-account token.
 func serviceAccountKubeconfig(t *testing.T, dir, token string) string {
 	t.Helper()
-	cfg := ground.CP.Config
+	cfg := fw.Ground.CP.Config
 	kc := clientcmdapi.NewConfig()
 	kc.Clusters["ground"] = &clientcmdapi.Cluster{Server: cfg.Host, CertificateAuthorityData: cfg.CAData}
 	kc.AuthInfos["manager"] = &clientcmdapi.AuthInfo{Token: token}

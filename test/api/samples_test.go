@@ -29,7 +29,7 @@ func TestEverySampleIsAccepted(t *testing.T) {
 	apply(t, objs)
 	t.Cleanup(func() {
 		for _, o := range objs {
-			_ = k8s.Delete(context.Background(), o)
+			_ = fw.Client.Delete(context.Background(), o)
 		}
 	})
 }

@@ -14,8 +14,6 @@ import (
 const validRedisCluster = `
 apiVersion: keyroll.dev/v1alpha1
 kind: RedisCluster
-metadata:
-  namespace: default
 spec:
   replicas: 3
   credentials:
@@ -34,8 +32,6 @@ spec:
 const validExternalSecretCluster = `
 apiVersion: keyroll.dev/v1alpha1
 kind: RedisCluster
-metadata:
-  namespace: default
 spec:
   credentials:
     source: ExternalSecret
@@ -157,16 +153,17 @@ func TestInvalidObjectsAreRefusedNamingTheField(t *testing.T) {
 		t.Fatalf("only %d invalid cases", len(cases))
 	}
 	ctx := context.Background()
+	ns := fw.Namespace(t, "invalid")
 	i := 0
 	for name, tc := range cases {
 		i++
 		t.Run(name, func(t *testing.T) {
-			obj := parse(t, tc.base)
-			obj.SetName(fmt.Sprintf("invalid-%d", i))
+			obj := parse(t, tc.base, ns)
+			obj.SetName(fw.Name(fmt.Sprintf("invalid-%d", i))) // VaultConnections are cluster-scoped
 			tc.change(obj.Object)
-			err := k8s.Create(ctx, obj)
+			err := fw.Client.Create(ctx, obj)
 			if err == nil {
-				_ = k8s.Delete(ctx, obj)
+				_ = fw.Client.Delete(ctx, obj)
 				t.Fatalf("the API server accepted the object")
 			}
 			if !apierrors.IsInvalid(err) {
@@ -182,18 +179,18 @@ func TestInvalidObjectsAreRefusedNamingTheField(t *testing.T) {
 // The credential source cannot change: the leases of one source are not the other's to manage.
 func TestCredentialSourceCannotBeChanged(t *testing.T) {
 	ctx := context.Background()
-	obj := parse(t, validRedisCluster)
+	obj := parse(t, validRedisCluster, fw.Namespace(t, "source-change"))
 	obj.SetName("source-change")
-	if err := k8s.Create(ctx, obj); err != nil {
+	if err := fw.Client.Create(ctx, obj); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = k8s.Delete(ctx, obj) })
-	es := parse(t, validExternalSecretCluster)
+	t.Cleanup(func() { _ = fw.Client.Delete(ctx, obj) })
+	es := parse(t, validExternalSecretCluster, obj.GetNamespace())
 	credentials, _, _ := unstructured.NestedMap(es.Object, "spec", "credentials")
 	if err := unstructured.SetNestedMap(obj.Object, credentials, "spec", "credentials"); err != nil {
 		t.Fatal(err)
 	}
-	err := k8s.Update(ctx, obj)
+	err := fw.Client.Update(ctx, obj)
 	if err == nil || !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "credentials.source cannot be changed") {
 		t.Fatalf("changing credentials.source: want Invalid naming credentials.source, got %v", err)
 	}
@@ -204,6 +201,7 @@ func TestCredentialSourceCannotBeChanged(t *testing.T) {
 // update that leaves it alone is accepted.
 func TestStorageChangeIsRefused(t *testing.T) {
 	ctx := context.Background()
+	ns := fw.Namespace(t, "storage")
 	size := func(q string) func(map[string]any) {
 		return set("spec.storage", map[string]any{"size": q})
 	}
@@ -214,19 +212,19 @@ func TestStorageChangeIsRefused(t *testing.T) {
 		"another storageClass": {size("1Gi"), set("spec.storage.storageClassName", "fast")},
 	} {
 		t.Run(name, func(t *testing.T) {
-			obj := parse(t, validRedisCluster)
+			obj := parse(t, validRedisCluster, ns)
 			obj.SetName("storage-" + strings.ReplaceAll(strings.ToLower(name), " ", "-"))
 			tc.create(obj.Object)
-			if err := k8s.Create(ctx, obj); err != nil {
+			if err := fw.Client.Create(ctx, obj); err != nil {
 				t.Fatal(err)
 			}
-			t.Cleanup(func() { _ = k8s.Delete(ctx, obj) })
+			t.Cleanup(func() { _ = fw.Client.Delete(ctx, obj) })
 			set("spec.replicas", int64(5))(obj.Object) // a change that is allowed
-			if err := k8s.Update(ctx, obj); err != nil {
+			if err := fw.Client.Update(ctx, obj); err != nil {
 				t.Fatalf("an update that leaves spec.storage alone was refused: %v", err)
 			}
 			tc.change(obj.Object)
-			err := k8s.Update(ctx, obj)
+			err := fw.Client.Update(ctx, obj)
 			if err == nil || !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "spec.storage") || !strings.Contains(err.Error(), "create a new RedisCluster") {
 				t.Fatalf("storage %s: want Invalid naming spec.storage, got %v", name, err)
 			}
@@ -237,13 +235,14 @@ func TestStorageChangeIsRefused(t *testing.T) {
 
 func TestValidBasesAreAccepted(t *testing.T) {
 	ctx := context.Background()
+	ns := fw.Namespace(t, "valid")
 	for i, base := range []string{validRedisCluster, validExternalSecretCluster, validVaultConnection} {
-		obj := parse(t, base)
-		obj.SetName(fmt.Sprintf("valid-%d", i))
-		if err := k8s.Create(ctx, obj); err != nil {
+		obj := parse(t, base, ns)
+		obj.SetName(fw.Name(fmt.Sprintf("valid-%d", i))) // VaultConnections are cluster-scoped
+		if err := fw.Client.Create(ctx, obj); err != nil {
 			t.Fatalf("valid base %d refused: %v", i, err)
 		}
-		if err := k8s.Delete(ctx, obj); err != nil {
+		if err := fw.Client.Delete(ctx, obj); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -253,27 +252,27 @@ func TestValidBasesAreAccepted(t *testing.T) {
 // one rule of each kind it names.
 func TestACLRulesOfEveryKindAreAccepted(t *testing.T) {
 	ctx := context.Background()
-	obj := parse(t, validRedisCluster)
+	obj := parse(t, validRedisCluster, fw.Namespace(t, "acl-rules"))
 	obj.SetName("acl-rules")
 	rules := []any{"~app:*", "%R~ro:*", "%W~wo:*", "%RW~rw:*", "&news.*", "+@read", "-@dangerous",
 		"+client|setname", "-flushall", "allkeys", "allchannels", "allcommands", "nocommands", "resetkeys", "resetchannels"}
 	set("spec.credentials.aclRules", rules)(obj.Object)
-	if err := k8s.Create(ctx, obj); err != nil {
+	if err := fw.Client.Create(ctx, obj); err != nil {
 		t.Fatalf("valid ACL rules refused: %v", err)
 	}
-	if err := k8s.Delete(ctx, obj); err != nil {
+	if err := fw.Client.Delete(ctx, obj); err != nil {
 		t.Fatal(err)
 	}
 }
 
 func TestDefaultsAreApplied(t *testing.T) {
 	ctx := context.Background()
-	obj := parse(t, validRedisCluster)
+	obj := parse(t, validRedisCluster, fw.Namespace(t, "defaults"))
 	obj.SetName("defaults")
-	if err := k8s.Create(ctx, obj); err != nil {
+	if err := fw.Client.Create(ctx, obj); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = k8s.Delete(ctx, obj) })
+	t.Cleanup(func() { _ = fw.Client.Delete(ctx, obj) })
 	want := map[string]any{
 		"spec.image":                                 "docker.io/library/redis",
 		"spec.version":                               "7.2",
@@ -296,13 +295,18 @@ func TestDefaultsAreApplied(t *testing.T) {
 	}
 }
 
-func parse(t *testing.T, doc string) *unstructured.Unstructured {
+// parse reads one of the valid bases; a RedisCluster goes into the namespace ns.
+func parse(t *testing.T, doc, ns string) *unstructured.Unstructured {
 	t.Helper()
 	obj := map[string]any{}
 	if err := yaml.Unmarshal([]byte(doc), &obj); err != nil {
 		t.Fatal(err)
 	}
-	return &unstructured.Unstructured{Object: obj}
+	u := &unstructured.Unstructured{Object: obj}
+	if u.GetKind() == "RedisCluster" {
+		u.SetNamespace(ns)
+	}
+	return u
 }
 
 // set returns a change that sets the dotted path to v, creating maps on the way.

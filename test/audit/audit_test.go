@@ -217,13 +217,13 @@ func renderedForSamples(t *testing.T) []*unstructured.Unstructured {
 			o.SetAPIVersion(gv)
 			o.SetKind(kind)
 			for {
-				err := k8s.Get(ctx, client.ObjectKey{Namespace: "default", Name: w.name}, o)
+				err := fw.Client.Get(ctx, client.ObjectKey{Namespace: "default", Name: w.name}, o)
 				if err == nil {
 					break
 				}
 				if time.Now().After(deadline) {
 					rc := &v1alpha1.RedisCluster{}
-					_ = k8s.Get(ctx, client.ObjectKey{Namespace: "default", Name: name}, rc)
+					_ = fw.Client.Get(ctx, client.ObjectKey{Namespace: "default", Name: name}, rc)
 					t.Fatalf("sample %s: no %s %s: %v; conditions %+v", name, kind, w.name, err, rc.Status.Conditions)
 				}
 				time.Sleep(250 * time.Millisecond)
@@ -241,7 +241,7 @@ func renderedForSamples(t *testing.T) []*unstructured.Unstructured {
 	} {
 		list := &unstructured.UnstructuredList{}
 		list.SetGroupVersionKind(gvk.GroupVersion().WithKind(gvk.Kind + "List"))
-		if err := k8s.List(ctx, list, client.InNamespace("default"), client.HasLabels{v1alpha1.LabelCluster}); err != nil {
+		if err := fw.Client.List(ctx, list, client.InNamespace("default"), client.HasLabels{v1alpha1.LabelCluster}); err != nil {
 			t.Fatal(err)
 		}
 		for i := range list.Items {

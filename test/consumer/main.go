@@ -38,40 +38,12 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/keyroll/keyroll/test/consumer/stats"
 )
 
-// Stats are the consumer's counters, as /stats serves them.
-type Stats struct {
-	// OK and Failed count commands (each SET and each GET is one).
-	OK     int64 `json:"ok"`
-	Failed int64 `json:"failed"`
-	// Connects counts connections that authenticated; CredentialReloads, changes of the files.
-	Connects          int64  `json:"connects"`
-	CredentialReloads int64  `json:"credentialReloads"`
-	User              string `json:"user"`
-	LastError         string `json:"lastError,omitempty"`
-	LastFailure       string `json:"lastFailure,omitempty"`
-	// LongestOutageMs is the longest time from a failed command to the next that succeeded.
-	LongestOutageMs int64 `json:"longestOutageMs"`
-	// LostWrites counts GETs that returned an older value than the last SET Redis acknowledged:
-	// an acknowledged write that was lost.
-	LostWrites int64 `json:"lostWrites"`
-	// Failures are the first failed commands, each with its moment and reason (at most
-	// maxFailures, so that the final counters fit a termination message): what a test needs to
-	// explain failures that LastError alone, the reason of the last, does not.
-	Failures []Failure `json:"failures,omitempty"`
-}
-
-// Failure is one failed command.
-type Failure struct {
-	At    string `json:"at"`
-	Op    string `json:"op"`
-	User  string `json:"user"`
-	Error string `json:"error"`
-}
-
-// maxFailures failures of at most maxReason bytes each keep the final counters well inside the
-// 4,096 bytes the kubelet keeps of a termination message.
+// maxFailures failures (Stats.Failures) of at most maxReason bytes each keep the final counters
+// well inside the 4,096 bytes the kubelet keeps of a termination message.
 const (
 	maxFailures = 12
 	maxReason   = 160
@@ -82,7 +54,7 @@ type consumer struct {
 	interval, timeout time.Duration
 
 	mu    sync.Mutex
-	stats Stats
+	stats stats.Stats
 
 	user, pass string
 	conn       net.Conn
@@ -136,7 +108,7 @@ func (c *consumer) serveStats(w http.ResponseWriter, _ *http.Request) {
 }
 
 // snapshot is a copy of the counters.
-func (c *consumer) snapshot() Stats {
+func (c *consumer) snapshot() stats.Stats {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	s := c.stats
@@ -210,7 +182,7 @@ func (c *consumer) do(op string, f func() error) bool {
 		if len(reason) > maxReason {
 			reason = reason[:maxReason]
 		}
-		c.stats.Failures = append(c.stats.Failures, Failure{At: c.stats.LastFailure, Op: op, User: c.user, Error: reason})
+		c.stats.Failures = append(c.stats.Failures, stats.Failure{At: c.stats.LastFailure, Op: op, User: c.user, Error: reason})
 	}
 	log.Printf("consumer: failure %d: %s as %q: %v", c.stats.Failed, op, c.user, err)
 	c.closeLocked()

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/keyroll/keyroll/test/consumer/stats"
 	"github.com/keyroll/keyroll/test/testground"
 )
 
@@ -43,19 +44,19 @@ func TestConsumerCountsCommandsAndFollowsTheCredential(t *testing.T) {
 		}
 	}()
 
-	s := waitStats(t, c, func(s Stats) bool { return s.OK >= 20 })
+	s := waitStats(t, c, func(s stats.Stats) bool { return s.OK >= 20 })
 	if s.Failed != 0 || s.User != "app-1" || s.Connects != 1 {
 		t.Fatalf("with a working credential: %+v", s)
 	}
 	writeCredential(t, creds, "app-2")
-	s = waitStats(t, c, func(s Stats) bool { return s.User == "app-2" && s.OK >= 40 })
+	s = waitStats(t, c, func(s stats.Stats) bool { return s.User == "app-2" && s.OK >= 40 })
 	if s.Failed != 0 || s.CredentialReloads != 1 || s.Connects != 2 {
 		t.Fatalf("after the credential changed: %+v", s)
 	}
 	if _, err := r.Do(r.AdminUser, r.AdminPassword, "ACL", "DELUSER", "app-2"); err != nil {
 		t.Fatal(err)
 	}
-	s = waitStats(t, c, func(s Stats) bool { return s.Failed >= 3 })
+	s = waitStats(t, c, func(s stats.Stats) bool { return s.Failed >= 3 })
 	if s.LastError == "" || s.LastFailure == "" {
 		t.Fatalf("failures without a reason: %+v", s)
 	}
@@ -73,7 +74,7 @@ func TestConsumerCountsCommandsAndFollowsTheCredential(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var got Stats
+	var got stats.Stats
 	if err := json.Unmarshal(b, &got); err != nil || !reflect.DeepEqual(got, c.stats) || got.OK < 40 {
 		t.Fatalf("final counters %s (%v), want %+v", b, err, c.stats)
 	}
@@ -109,13 +110,13 @@ func writeCredential(t *testing.T, dir, user string) {
 }
 
 // waitStats reads /stats until ok holds.
-func waitStats(t *testing.T, c *consumer, ok func(Stats) bool) Stats {
+func waitStats(t *testing.T, c *consumer, ok func(stats.Stats) bool) stats.Stats {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		rec := httptest.NewRecorder()
 		c.serveStats(rec, httptest.NewRequest("GET", "/stats", nil))
-		var s Stats
+		var s stats.Stats
 		if err := json.Unmarshal(rec.Body.Bytes(), &s); err != nil {
 			t.Fatal(err)
 		}

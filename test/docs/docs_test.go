@@ -7,7 +7,7 @@ package docs
 
 import (
 	"context"
-	"net"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,13 +20,12 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
 	"github.com/keyroll/keyroll/test/docblocks"
-	"github.com/keyroll/keyroll/test/harness"
+	"github.com/keyroll/keyroll/test/framework"
 	"github.com/keyroll/keyroll/test/testground"
 )
 
@@ -111,12 +110,18 @@ func TestDevelopmentCommands(t *testing.T) {
 // RedisCluster's own pod, with the role's rules.
 func TestInstallAndVaultAdministratorCommands(t *testing.T) {
 	g := testground.StartT(t, testground.Options{Node: true, Workloads: true, Redis: true, Vault: true})
+	// The docs fix every name (keyroll-system, the role keyroll, default, orders): nothing is prefixed.
+	f := framework.New(framework.Config{})
+	if err := f.Use(g); err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
+	deadline, _ := ctx.Deadline()
 	// The install's manager Deployment runs an image the real node does not have: its namespace,
 	// made before the install applies it (apply keeps the label), sends its pods to kwok.
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: harness.OperatorNS, Labels: map[string]string{testground.NodeLabel: "kwok"}}}
-	if _, err := g.CP.Clientset.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil {
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: f.OperatorNS, Labels: map[string]string{testground.NodeLabel: "kwok"}}}
+	if err := f.Client.Create(ctx, ns); err != nil {
 		t.Fatal(err)
 	}
 	env := []string{
@@ -128,17 +133,13 @@ func TestInstallAndVaultAdministratorCommands(t *testing.T) {
 	for _, b := range docblocks.Tagged(t, root, "install") {
 		docblocks.Run(t, b, root, env, 3*time.Minute)
 	}
-	k8s, err := client.New(g.CP.Config, client.Options{Scheme: harness.Scheme()})
-	if err != nil {
-		t.Fatal(err)
-	}
 	d := &appsv1.Deployment{}
-	if err := k8s.Get(ctx, client.ObjectKey{Namespace: harness.OperatorNS, Name: "keyroll-manager"}, d); err != nil {
+	if err := f.Client.Get(ctx, client.ObjectKey{Namespace: f.OperatorNS, Name: "keyroll-manager"}, d); err != nil {
 		t.Fatalf("the install did not create the manager Deployment: %v", err)
 	}
 
 	// The operator as installed: its service account, logging in to Vault with TokenRequest tokens.
-	op, err := harness.Start(ctx, g, harness.Options{})
+	op, err := f.NewOperator(ctx, framework.OperatorOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -147,114 +148,76 @@ func TestInstallAndVaultAdministratorCommands(t *testing.T) {
 		docblocks.Run(t, b, root, env, 3*time.Minute)
 	}
 
-	rc := &v1alpha1.RedisCluster{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "orders"},
-		Spec: v1alpha1.RedisClusterSpec{Replicas: 1, Version: "7.0", Credentials: v1alpha1.CredentialsSpec{
-			Source:     v1alpha1.SourceVaultLease,
-			VaultLease: &v1alpha1.VaultLeaseSource{ConnectionRef: v1alpha1.ConnectionReference{Name: "vault"}, Path: "database/creds/orders"},
-			ACLRules:   []string{"~orders:*", "&*", "+@all"},
-		}},
+	rc := f.RedisCluster(t, "default", "orders", "vault", f.Path("orders"), func(rc *v1alpha1.RedisCluster) {
+		rc.Spec.Credentials.ACLRules = []string{"~orders:*", "&*", "+@all"}
+	})
+	cur := f.WaitReady(t, rc, time.Until(deadline))
+	user, lease := cur.Status.Credential.Username, cur.Status.Credential.LeaseID
+	if !strings.HasPrefix(lease, f.Path("orders")+"/") {
+		t.Errorf("lease %q is not of the orders role", lease)
 	}
-	if err := k8s.Create(ctx, rc); err != nil {
+	_, pass, ok := f.Credentials(cur)
+	if !ok {
+		t.Fatal("no credentials Secret orders-credentials")
+	}
+	pod, err := f.Clientset.CoreV1().Pods("default").Get(ctx, "orders-0", metav1.GetOptions{})
+	if err != nil {
 		t.Fatal(err)
 	}
-	for {
-		cur := &v1alpha1.RedisCluster{}
-		if err := k8s.Get(ctx, client.ObjectKeyFromObject(rc), cur); err == nil &&
-			meta.IsStatusConditionTrue(cur.Status.Conditions, v1alpha1.ConditionReady) {
-			user, lease := cur.Status.Credential.Username, cur.Status.Credential.LeaseID
-			if !strings.HasPrefix(lease, "database/creds/orders/") {
-				t.Errorf("lease %q is not of the orders role", lease)
-			}
-			pass := secretPassword(t, k8s, ctx)
-			pod, err := g.CP.Clientset.CoreV1().Pods("default").Get(ctx, "orders-0", metav1.GetOptions{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			for where, addr := range map[string]string{"Vault's Redis": g.Redis.Addr(), "the Redis pod orders-0": net.JoinHostPort(pod.Status.PodIP, "6379")} {
-				if who, err := testground.RedisWhoAmI(addr, user, pass); err != nil || who != user {
-					t.Fatalf("the credential issued through the guide's setup does not authenticate on %s: %q, %v", where, who, err)
-				}
-				if _, err := testground.RedisDo(addr, user, pass, "SET", "other:key", "x"); err == nil || !strings.Contains(err.Error(), "NOPERM") {
-					t.Errorf("the orders role's rules (~orders:*) are not enforced on %s: %v", where, err)
-				}
-			}
-			checkTokenKept(t, ctx, k8s, cur.Status.Credential.TokenAccessor)
-			break
+	for where, addr := range map[string]string{"Vault's Redis": g.Redis.Addr(), "the Redis pod orders-0": framework.PodAddr(pod)} {
+		if who, err := testground.RedisWhoAmI(addr, user, pass); err != nil || who != user {
+			t.Fatalf("the credential issued through the guide's setup does not authenticate on %s: %q, %v", where, who, err)
 		}
-		if ctx.Err() != nil {
-			t.Fatalf("the RedisCluster did not become Ready through the guide's setup: %+v", cur.Status.Conditions)
+		if _, err := testground.RedisDo(addr, user, pass, "SET", "other:key", "x"); err == nil || !strings.Contains(err.Error(), "NOPERM") {
+			t.Errorf("the orders role's rules (~orders:*) are not enforced on %s: %v", where, err)
 		}
-		time.Sleep(200 * time.Millisecond)
 	}
-	_ = k8s.Delete(ctx, rc)
+	checkTokenKept(t, ctx, f, cur.Status.Credential.TokenAccessor)
+	_ = f.Client.Delete(ctx, rc)
 
 	// This cluster has no External Secrets Operator: a RedisCluster in ExternalSecret mode says
 	// so (docs/externalsecret-mode.md) instead of waiting silently.
-	es := &v1alpha1.RedisCluster{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "payments"},
-		Spec: v1alpha1.RedisClusterSpec{Replicas: 1, Credentials: v1alpha1.CredentialsSpec{
+	es := f.RedisCluster(t, "default", "payments", "", "", func(rc *v1alpha1.RedisCluster) {
+		rc.Spec.Credentials = v1alpha1.CredentialsSpec{
 			Source: v1alpha1.SourceExternalSecret,
 			ExternalSecret: &v1alpha1.ExternalSecretSource{GeneratorRef: &v1alpha1.GeneratorReference{
 				APIVersion: "generators.external-secrets.io/v1alpha1", Kind: "VaultDynamicSecret", Name: "redis-payments"}},
-		}},
-	}
-	if err := k8s.Create(ctx, es); err != nil {
-		t.Fatal(err)
-	}
-	for {
-		cur := &v1alpha1.RedisCluster{}
-		if err := k8s.Get(ctx, client.ObjectKeyFromObject(es), cur); err == nil {
-			if c := meta.FindStatusCondition(cur.Status.Conditions, v1alpha1.ConditionCredentialsReady); c != nil &&
-				c.Reason == v1alpha1.ReasonExternalSecretsNotInstalled && strings.Contains(c.Message, "install External Secrets Operator") {
-				break
-			}
 		}
-		if ctx.Err() != nil {
-			t.Fatalf("an ExternalSecret-mode RedisCluster without ESO does not report %s: %+v", v1alpha1.ReasonExternalSecretsNotInstalled, cur.Status.Conditions)
+	})
+	framework.Eventually(t, time.Until(deadline), func() string {
+		c := framework.Condition(f.Get(t, es), v1alpha1.ConditionCredentialsReady)
+		if c == nil || c.Reason != v1alpha1.ReasonExternalSecretsNotInstalled || !strings.Contains(c.Message, "install External Secrets Operator") {
+			return fmt.Sprintf("an ExternalSecret-mode RedisCluster without ESO does not report %s: %+v", v1alpha1.ReasonExternalSecretsNotInstalled, c)
 		}
-		time.Sleep(200 * time.Millisecond)
-	}
+		return ""
+	})
 }
 
 // checkTokenKept: the guide's role gives periodic tokens, which keyroll keeps in the
 // VaultConnection's token Secret and lists in its status, with no end.
-func checkTokenKept(t *testing.T, ctx context.Context, k8s client.Client, accessor string) {
+func checkTokenKept(t *testing.T, ctx context.Context, f *framework.Framework, accessor string) {
 	t.Helper()
 	sec := &corev1.Secret{}
-	if err := k8s.Get(ctx, client.ObjectKey{Namespace: harness.OperatorNS, Name: "keyroll-tokens-vault"}, sec); err != nil {
+	if err := f.Client.Get(ctx, client.ObjectKey{Namespace: f.OperatorNS, Name: "keyroll-tokens-vault"}, sec); err != nil {
 		t.Fatalf("the token Secret the guide describes: %v", err)
 	}
 	if _, ok := sec.Data[accessor]; !ok || accessor == "" {
 		t.Errorf("the token that created the lease (accessor %q) is not in the token Secret (keys %d)", accessor, len(sec.Data))
 	}
-	vc := &v1alpha1.VaultConnection{}
-	if err := k8s.Get(ctx, client.ObjectKey{Name: "vault"}, vc); err != nil {
-		t.Fatal(err)
-	}
-	for _, tok := range vc.Status.Tokens {
+	for _, tok := range f.GetConnection(t, "vault").Status.Tokens {
 		if tok.EndsAt != nil {
 			t.Errorf("token %s of the guide's periodic role has an end (%s)", tok.Accessor, tok.EndsAt)
 		}
 	}
 }
 
-func secretPassword(t *testing.T, k8s client.Client, ctx context.Context) string {
-	t.Helper()
-	s := &corev1.Secret{}
-	if err := k8s.Get(ctx, client.ObjectKey{Namespace: "default", Name: "orders-credentials"}, s); err != nil {
-		t.Fatalf("reading the credentials Secret: %v", err)
-	}
-	return string(s.Data["password"])
-}
-
 // TestREADMEFlagDefaultsAreTheBinarys: the defaults in the README's table of manager flags are
 // those of the binary: its --help for every flag that shows one, and for --zap-encoder, which
 // shows none, the encoding of the lines it logs by default.
 func TestREADMEFlagDefaultsAreTheBinarys(t *testing.T) {
-	bin := filepath.Join(t.TempDir(), "keyroll")
-	if out, err := exec.Command("go", "build", "-o", bin, filepath.Join(root)).CombinedOutput(); err != nil {
-		t.Fatalf("building the manager: %v\n%s", err, out)
+	bin, err := framework.BuildOperator(t.TempDir())
+	if err != nil {
+		t.Fatalf("building the manager: %v", err)
 	}
 	help, _ := exec.Command(bin, "--help").CombinedOutput()
 	defaults := map[string]string{}

@@ -20,7 +20,7 @@ import (
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
 	"github.com/keyroll/keyroll/controllers/render"
-	"github.com/keyroll/keyroll/test/harness"
+	"github.com/keyroll/keyroll/test/framework"
 	"github.com/keyroll/keyroll/test/testground"
 )
 
@@ -39,19 +39,17 @@ func TestOwnersGuideNetworkPolicyIsAcceptedAndAdmitsKeyroll(t *testing.T) {
 		t.Fatalf("the example is not YAML: %v\n%s", err, blocks[0])
 	}
 
-	g := testground.StartT(t, testground.Options{})
-	k8s, err := client.New(g.CP.Config, client.Options{Scheme: harness.Scheme()})
-	if err != nil {
+	// The guide fixes the names (its namespace, keyroll's): nothing is prefixed.
+	f := framework.New(framework.Config{})
+	if err := f.Use(testground.StartT(t, testground.Options{})); err != nil {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	if err := k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: obj.GetNamespace()}}); err != nil {
-		t.Fatal(err)
-	}
-	if err := k8s.Create(ctx, obj, client.DryRunAll, client.FieldValidation("Strict")); err != nil {
+	f.Namespace(t, obj.GetNamespace())
+	if err := f.Client.Create(ctx, obj, client.DryRunAll, client.FieldValidation("Strict")); err != nil {
 		t.Fatalf("the API server refuses the owners' guide's NetworkPolicy: %v", err)
 	}
-	if err := k8s.Get(ctx, client.ObjectKeyFromObject(obj), &networkingv1.NetworkPolicy{}); err == nil {
+	if err := f.Client.Get(ctx, client.ObjectKeyFromObject(obj), &networkingv1.NetworkPolicy{}); err == nil {
 		t.Error("the dry run created the NetworkPolicy")
 	}
 
@@ -62,7 +60,7 @@ func TestOwnersGuideNetworkPolicyIsAcceptedAndAdmitsKeyroll(t *testing.T) {
 	rc := &v1alpha1.RedisCluster{ObjectMeta: metav1.ObjectMeta{Namespace: np.Namespace, Name: "orders"}, Spec: v1alpha1.RedisClusterSpec{Replicas: 3}}
 	redisPod := labels.Set(render.StatefulSet(rc, "", testground.ProbeImage).Spec.Template.Labels)
 	manager := labels.Set(managerPodLabels(t))
-	keyrollNS := labels.Set{corev1.LabelMetadataName: harness.OperatorNS}
+	keyrollNS := labels.Set{corev1.LabelMetadataName: f.OperatorNS}
 	if !selects(t, &np.Spec.PodSelector, redisPod) {
 		t.Errorf("the example's podSelector %v does not select the Redis pods of cluster orders (%v)", np.Spec.PodSelector, redisPod)
 	}

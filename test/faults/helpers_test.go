@@ -78,23 +78,6 @@ func credentialsSecret(rc *v1alpha1.RedisCluster) (string, string) {
 	return user, pass
 }
 
-// listLeases lists, as root, the lease IDs Vault holds under a credential path, sorted: what
-// fw.VaultLeases lists, without a test to fail, for the lease watch's goroutine and the check after
-// the matrix.
-func listLeases(path string) ([]string, error) {
-	s, err := fw.Ground.Vault.Root.Logical().List("sys/leases/lookup/" + path + "/")
-	if err != nil || s == nil {
-		return nil, err
-	}
-	var ids []string
-	keys, _ := s.Data["keys"].([]any)
-	for _, k := range keys {
-		ids = append(ids, path+"/"+fmt.Sprint(k))
-	}
-	slices.Sort(ids)
-	return ids, nil
-}
-
 // leaseWatch samples, as root, the leases under a credential path every 100 ms, so that a row can
 // name the leases it saw (a lease revoked within 100 ms of its issue would be missed:
 // framework.AuditIssues counts them all).
@@ -125,7 +108,7 @@ func watchLeases(t *testing.T, path string) *leaseWatch {
 }
 
 func (w *leaseWatch) sample() {
-	ids, err := listLeases(w.path)
+	ids, err := fw.ListLeases(w.path)
 	if err != nil {
 		return
 	}

@@ -84,7 +84,7 @@ func orphansLeft() (live int, orphans []string, err error) {
 		}
 	}
 	for _, role := range roles {
-		ids, err := listLeases(fw.Path(role.Name))
+		ids, err := fw.ListLeases(fw.Path(role.Name))
 		if err != nil {
 			return 0, nil, err
 		}

@@ -63,34 +63,11 @@ func TestMain(m *testing.M) {
 		Ground: testground.Options{Node: true, Workloads: true, Redis: true, Vault: true},
 		Roles:  roles,
 		Setup:  setup,
+		// A row seals Vault, and the matrix counts every credential Vault issued on its roles.
+		OwnVault: true,
+		Teardown: func(_ context.Context, _ *framework.Framework, code int) int { return endOfMatrix(code) },
 	})
-	os.Exit(run(m))
-}
-
-// run is fw.Run (which this package cannot use) followed by the end-of-matrix checks: they read
-// Vault and the API server after the tests, and fw.Run has stopped the ground by the time it
-// returns. No operator runs in the test process here: the rows run the built binary.
-func run(m *testing.M) int {
-	g, err := testground.Start(fw.Config.Ground)
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "faults: starting the test ground: %v\n", err)
-		return 1
-	}
-	defer g.Stop()
-	ctx := context.Background()
-	if err := fw.Use(g); err != nil {
-		fmt.Fprintf(os.Stderr, "faults: %v\n", err)
-		return 1
-	}
-	if err := fw.SetupVault(ctx, fw.Config.Roles...); err != nil {
-		fmt.Fprintf(os.Stderr, "faults: setting up Vault: %v\n", err)
-		return 1
-	}
-	if err := fw.Config.Setup(ctx, fw); err != nil {
-		fmt.Fprintf(os.Stderr, "faults: setting up the test ground: %v\n", err)
-		return 1
-	}
-	return endOfMatrix(m.Run())
+	os.Exit(fw.Run(m))
 }
 
 // endOfMatrix checks, once every row ran, that no lease is left that no ledger holds and that no

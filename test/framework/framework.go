@@ -46,6 +46,13 @@ type Config struct {
 	Setup func(ctx context.Context, f *Framework) error
 	// Operator, when not nil, runs keyroll's manager in the test process during the tests.
 	Operator *OperatorOptions
+	// Teardown runs after the tests, before the ground stops, with their exit code; it returns
+	// the package's (a check over everything the tests left, say).
+	Teardown func(ctx context.Context, f *Framework, code int) int
+	// OwnVault gives the package a Vault server of its own on a shared ground (it seals Vault, or
+	// counts every request Vault answers): set up as the shared one is, its database engine on the
+	// shared Redis and its Kubernetes auth on the shared API server.
+	OwnVault bool
 	// InfoLogs has the operator in the test process log at Info, not at debug (the default). Every
 	// line also goes to Framework.Logs, for the tests that look for what must never be logged.
 	InfoLogs bool
@@ -67,6 +74,7 @@ type Framework struct {
 	OperatorNS, OperatorRole string
 
 	operator *Operator
+	ownVault *testground.Vault
 }
 
 // New returns a Framework for a package; Run starts it.
@@ -132,9 +140,17 @@ func (f *Framework) Run(m *testing.M) int {
 		f.stop()
 		return 1
 	}
-	fmt.Fprintf(os.Stderr, "%s: test ground up in %s\n", f.label(), time.Since(start).Round(time.Millisecond))
+	how := "started"
+	if f.Ground.Attached() {
+		how = "shared"
+	}
+	fmt.Fprintf(os.Stderr, "%s: test ground %s in %s\n", f.label(), how, time.Since(start).Round(time.Millisecond))
 	defer f.stop()
-	return m.Run()
+	code := m.Run()
+	if f.Config.Teardown != nil {
+		code = f.Config.Teardown(context.Background(), f, code)
+	}
+	return code
 }
 
 func (f *Framework) label() string {
@@ -145,7 +161,7 @@ func (f *Framework) label() string {
 }
 
 func (f *Framework) start() error {
-	g, err := testground.Start(f.Config.Ground)
+	g, err := f.ground()
 	if err != nil {
 		return fmt.Errorf("starting the test ground: %w", err)
 	}
@@ -153,6 +169,11 @@ func (f *Framework) start() error {
 		return err
 	}
 	ctx := context.Background()
+	if f.Config.OwnVault && g.Attached() && g.Vault != nil {
+		if err := f.startOwnVault(ctx); err != nil {
+			return fmt.Errorf("starting the package's own Vault: %w", err)
+		}
+	}
 	if f.Ground.Vault != nil && f.Ground.Redis != nil {
 		if err := f.SetupVault(ctx, f.Config.Roles...); err != nil {
 			return fmt.Errorf("setting up Vault: %w", err)
@@ -171,6 +192,22 @@ func (f *Framework) start() error {
 	return nil
 }
 
+// ground attaches to the shared ground that testground.SharedEnv names, when it runs every
+// component the package asks for, or starts one of the package's own.
+func (f *Framework) ground() (*testground.Ground, error) {
+	if path := os.Getenv(testground.SharedEnv); path != "" {
+		g, err := testground.Attach(path)
+		if err != nil {
+			return nil, err
+		}
+		if g.Options.Covers(f.Config.Ground) {
+			return g, nil
+		}
+		g.Stop()
+	}
+	return testground.Start(f.Config.Ground)
+}
+
 // Use makes the framework work on a ground started elsewhere (a test's own, or one of a
 // benchmark's), without setting anything up on it; Run does not stop it.
 func (f *Framework) Use(g *testground.Ground) (err error) {
@@ -186,6 +223,9 @@ func (f *Framework) Use(g *testground.Ground) (err error) {
 
 func (f *Framework) stop() {
 	f.StopOperator()
+	if f.ownVault != nil {
+		f.ownVault.Stop()
+	}
 	if f.Ground != nil {
 		f.Ground.Stop()
 	}

@@ -27,7 +27,15 @@ func (f *Framework) SetupVault(ctx context.Context, roles ...testground.RedisRol
 		r.Name = f.Role(r.Name)
 		named[i] = r
 	}
-	if err := g.Vault.ConfigureRedis(ctx, g.Redis, named...); err != nil {
+	if shared := g.Attached() && f.ownVault == nil; shared {
+		// The shared Vault's connection to Redis allows every role, and its Kubernetes auth is
+		// configured: the package writes roles of its own only.
+		for _, r := range named {
+			if err := g.Vault.WriteRedisRole(ctx, r); err != nil {
+				return err
+			}
+		}
+	} else if err := g.Vault.ConfigureRedis(ctx, g.Redis, named...); err != nil {
 		return err
 	}
 	if err := f.WriteOperatorPolicy(ctx); err != nil {
@@ -36,7 +44,29 @@ func (f *Framework) SetupVault(ctx context.Context, roles ...testground.RedisRol
 	if err := g.CP.EnsureServiceAccount(ctx, f.OperatorNS, OperatorSA); err != nil {
 		return err
 	}
+	if g.Attached() && f.ownVault == nil {
+		return g.Vault.WriteKubernetesAuthRole(ctx, f.OperatorAuthRole(time.Hour))
+	}
 	return g.Vault.EnableKubernetesAuth(ctx, g.CP, f.OperatorAuthRole(time.Hour))
+}
+
+// startOwnVault replaces the shared ground's Vault, for this package, with a server of its own,
+// reachable from pods through the node's bridge as the shared one is.
+func (f *Framework) startOwnVault(ctx context.Context) error {
+	v, err := testground.StartVault(f.Ground.Dir)
+	if err != nil {
+		return err
+	}
+	f.ownVault = v
+	if f.Ground.Node != nil {
+		addr, err := f.Ground.Node.Expose(fmt.Sprintf("127.0.0.1:%d", v.Port))
+		if err != nil {
+			return err
+		}
+		v.PodAddr = "http://" + addr
+	}
+	f.Ground.Vault = v
+	return nil
 }
 
 // WriteOperatorPolicy writes the operator's Vault policy (named OperatorRole): the policy files of
@@ -68,14 +98,15 @@ func (f *Framework) OperatorAuthRole(tokenTTL time.Duration) testground.Kubernet
 // VaultLeases lists, as root, the lease IDs Vault holds under a credential path, sorted.
 func (f *Framework) VaultLeases(t testing.TB, path string) []string {
 	t.Helper()
-	ids, err := f.listLeases(path)
+	ids, err := f.ListLeases(path)
 	if err != nil {
 		t.Fatalf("listing the leases of %s as root: %v", path, err)
 	}
 	return ids
 }
 
-func (f *Framework) listLeases(path string) ([]string, error) {
+// ListLeases is VaultLeases for a goroutine other than the test's, or after the tests.
+func (f *Framework) ListLeases(path string) ([]string, error) {
 	s, err := f.Ground.Vault.Root.Logical().List("sys/leases/lookup/" + path + "/")
 	if err != nil || s == nil {
 		return nil, err

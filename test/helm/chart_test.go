@@ -9,7 +9,6 @@ import (
 	"reflect"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -28,6 +27,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/keyroll/keyroll/test/docblocks"
+	"github.com/keyroll/keyroll/test/framework"
 	"github.com/keyroll/keyroll/test/render"
 	"github.com/keyroll/keyroll/test/testground"
 )
@@ -108,9 +108,11 @@ func TestHelmChartRendersAndLints(t *testing.T) {
 	t.Run("values", func(t *testing.T) { testValues(t, variants) })
 	t.Run("same as deploy", testSameAsDeploy)
 	t.Run("installs under restricted", func(t *testing.T) {
-		objs := installRendered(t, "render", "keyroll-render", "-f", everythingFile)
+		// The release names the chart's cluster-scoped objects (<release>-keyroll-...).
+		ns, release := fw.Namespace(t, "keyroll-render"), fw.Name("render")
+		objs := installRendered(t, release, ns, "-f", everythingFile)
 		waitAvailable(t, objs)
-		checkChartRBAC(t, "keyroll-render", "render-keyroll-manager")
+		checkChartRBAC(t, ns, release+"-keyroll-manager")
 	})
 }
 
@@ -379,25 +381,32 @@ func sameManager(t *testing.T, chartObj, kustObj *unstructured.Unstructured) {
 }
 
 // installRendered applies helm template's output (without the Prometheus Operator's kinds, whose
-// CRDs the test ground does not have) in a new namespace labelled for the restricted Pod Security
-// Standard, and fails on any warning of the API server (Pod Security admission warns about a
-// Deployment whose pods it would refuse).
+// CRDs the test ground does not have) in a new namespace, which it labels for the restricted Pod
+// Security Standard first, and fails on any warning of the API server (Pod Security admission
+// warns about a Deployment whose pods it would refuse).
 func installRendered(t *testing.T, release, namespace string, args ...string) []*unstructured.Unstructured {
 	t.Helper()
 	ctx := context.Background()
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace, Labels: map[string]string{
-		"pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/enforce-version": "latest"}}}
-	if err := k8s.Create(ctx, ns); err != nil {
+	ns := &corev1.Namespace{}
+	if err := fw.Client.Get(ctx, client.ObjectKey{Name: namespace}, ns); err != nil {
+		t.Fatal(err)
+	}
+	patch := client.MergeFrom(ns.DeepCopy())
+	if ns.Labels == nil {
+		ns.Labels = map[string]string{}
+	}
+	ns.Labels["pod-security.kubernetes.io/enforce"], ns.Labels["pod-security.kubernetes.io/enforce-version"] = "restricted", "latest"
+	if err := fw.Client.Patch(ctx, ns, patch); err != nil {
 		t.Fatal(err)
 	}
 	objs, err := render.HelmTemplate(t, release, namespace, args...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	warnings := &warningRecorder{}
-	cfg := rest.CopyConfig(ground.CP.Config)
+	warnings := &framework.WarningRecorder{}
+	cfg := rest.CopyConfig(fw.Ground.CP.Config)
 	cfg.WarningHandler = warnings
-	c, err := client.New(cfg, client.Options{Scheme: k8s.Scheme()})
+	c, err := client.New(cfg, client.Options{Scheme: fw.Client.Scheme()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -411,7 +420,7 @@ func installRendered(t *testing.T, release, namespace string, args ...string) []
 		}
 		applied = append(applied, o)
 	}
-	if w := warnings.all(); len(w) > 0 {
+	if w := warnings.All(); len(w) > 0 {
 		t.Errorf("the API server warned while installing the chart: %v", w)
 	}
 	return applied
@@ -427,7 +436,7 @@ func waitAvailable(t *testing.T, objs []*unstructured.Unstructured) {
 	d := &appsv1.Deployment{}
 	deadline := time.Now().Add(90 * time.Second)
 	for {
-		if err := k8s.Get(ctx, client.ObjectKeyFromObject(dep), d); err != nil {
+		if err := fw.Client.Get(ctx, client.ObjectKeyFromObject(dep), d); err != nil {
 			t.Fatal(err)
 		}
 		if d.Spec.Replicas != nil && d.Status.AvailableReplicas == *d.Spec.Replicas {
@@ -444,7 +453,7 @@ func waitAvailable(t *testing.T, objs []*unstructured.Unstructured) {
 		time.Sleep(250 * time.Millisecond)
 	}
 	pods := &corev1.PodList{}
-	if err := k8s.List(ctx, pods, client.InNamespace(d.Namespace), client.MatchingLabels(d.Spec.Selector.MatchLabels)); err != nil {
+	if err := fw.Client.List(ctx, pods, client.InNamespace(d.Namespace), client.MatchingLabels(d.Spec.Selector.MatchLabels)); err != nil {
 		t.Fatal(err)
 	}
 	if len(pods.Items) != int(*d.Spec.Replicas) {
@@ -452,7 +461,7 @@ func waitAvailable(t *testing.T, objs []*unstructured.Unstructured) {
 	}
 	bad := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "privileged", Namespace: d.Namespace}, Spec: *d.Spec.Template.Spec.DeepCopy()}
 	bad.Spec.Containers[0].SecurityContext.Capabilities = &corev1.Capabilities{Add: []corev1.Capability{"NET_ADMIN"}}
-	if err := k8s.Create(ctx, bad); err == nil || !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "restricted") {
+	if err := fw.Client.Create(ctx, bad); err == nil || !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "restricted") {
 		t.Fatalf("a pod adding a capability was not refused by Pod Security admission in %s: %v", d.Namespace, err)
 	}
 }
@@ -480,7 +489,7 @@ func checkChartRBAC(t *testing.T, namespace, serviceAccount string) {
 			User: user, Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + namespace, "system:authenticated"},
 			ResourceAttributes: &authorizationv1.ResourceAttributes{Verb: tc.verb, Group: tc.group, Resource: res, Subresource: sub, Namespace: tc.namespace},
 		}}
-		out, err := ground.CP.Clientset.AuthorizationV1().SubjectAccessReviews().Create(context.Background(), sar, metav1.CreateOptions{})
+		out, err := fw.Clientset.AuthorizationV1().SubjectAccessReviews().Create(context.Background(), sar, metav1.CreateOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -538,49 +547,32 @@ func wantArgs(t *testing.T, what string, args []string, want ...string) {
 	}
 }
 
-type warningRecorder struct {
-	mu   sync.Mutex
-	list []string
-}
-
-func (w *warningRecorder) HandleWarningHeader(_ int, _ string, text string) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.list = append(w.list, text)
-}
-
-func (w *warningRecorder) all() []string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return append([]string(nil), w.list...)
-}
-
 // TestHelmInstallCommands runs the README's helm install as written, with the test ground's helm
 // and kubectl: the release is deployed, its manager Deployment runs the image it names in the
 // restricted namespace, and its pods are Ready (kwok).
 func TestHelmInstallCommands(t *testing.T) {
 	home := t.TempDir()
 	env := []string{
-		"KUBECONFIG=" + ground.CP.Kubeconfig, "PATH=" + testground.BinDir() + ":" + os.Getenv("PATH"),
+		"KUBECONFIG=" + fw.Ground.CP.Kubeconfig, "PATH=" + testground.BinDir() + ":" + os.Getenv("PATH"),
 		"HELM_CONFIG_HOME=" + filepath.Join(home, "config"), "HELM_CACHE_HOME=" + filepath.Join(home, "cache"),
 		"HELM_DATA_HOME=" + filepath.Join(home, "data"),
 	}
 	for _, b := range docblocks.Tagged(t, testground.RepoRoot(), "helm-install") {
 		docblocks.Run(t, b, testground.RepoRoot(), env, 4*time.Minute)
 	}
-	out, err := render.Helm(t, []string{"KUBECONFIG=" + ground.CP.Kubeconfig}, "status", "keyroll", "--namespace", "keyroll-system")
+	out, err := render.Helm(t, []string{"KUBECONFIG=" + fw.Ground.CP.Kubeconfig}, "status", "keyroll", "--namespace", "keyroll-system")
 	if err != nil || !strings.Contains(out, "STATUS: deployed") {
 		t.Errorf("helm status keyroll: %v\n%s", err, out)
 	}
 	d := &appsv1.Deployment{}
-	if err := k8s.Get(context.Background(), client.ObjectKey{Namespace: "keyroll-system", Name: "keyroll-manager"}, d); err != nil {
+	if err := fw.Client.Get(context.Background(), client.ObjectKey{Namespace: "keyroll-system", Name: "keyroll-manager"}, d); err != nil {
 		t.Fatalf("the README's helm install did not create the manager Deployment: %v", err)
 	}
 	if img := d.Spec.Template.Spec.Containers[0].Image; img != "registry.example/keyroll:v0.1.0" || d.Status.AvailableReplicas != 2 {
 		t.Errorf("the installed manager runs %s with %d available replicas", img, d.Status.AvailableReplicas)
 	}
 	ns := &corev1.Namespace{}
-	if err := k8s.Get(context.Background(), client.ObjectKey{Name: "keyroll-system"}, ns); err != nil || ns.Labels["pod-security.kubernetes.io/enforce"] != "restricted" {
+	if err := fw.Client.Get(context.Background(), client.ObjectKey{Name: "keyroll-system"}, ns); err != nil || ns.Labels["pod-security.kubernetes.io/enforce"] != "restricted" {
 		t.Errorf("keyroll-system is not labelled restricted: %v %v", err, ns.Labels)
 	}
 	checkChartRBAC(t, "keyroll-system", "keyroll-manager")

@@ -10,35 +10,17 @@ import (
 	"os"
 	"testing"
 
-	"sigs.k8s.io/controller-runtime/pkg/client"
-	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
-	"sigs.k8s.io/controller-runtime/pkg/log/zap"
-
-	"github.com/keyroll/keyroll/test/harness"
+	"github.com/keyroll/keyroll/test/framework"
 	"github.com/keyroll/keyroll/test/testground"
 )
 
-var (
-	ground *testground.Ground
-	k8s    client.Client
-)
+var fw *framework.Framework
 
 func TestMain(m *testing.M) {
-	os.Exit(run(m))
-}
-
-func run(m *testing.M) int {
-	ctrllog.SetLogger(zap.New(zap.WriteTo(os.Stderr)))
 	if _, err := testground.Binary("helm"); err != nil {
 		fmt.Fprintln(os.Stderr, err)
-		return 1
+		os.Exit(1)
 	}
-	g, c, stop, err := harness.StartPackage(testground.Options{Workloads: true}, nil)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	defer stop()
-	ground, k8s = g, c
-	return m.Run()
+	fw = framework.New(framework.Config{Name: "helm", Ground: testground.Options{Workloads: true}})
+	os.Exit(fw.Run(m))
 }

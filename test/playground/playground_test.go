@@ -25,7 +25,7 @@ import (
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
 	"github.com/keyroll/keyroll/test/docblocks"
-	"github.com/keyroll/keyroll/test/harness"
+	"github.com/keyroll/keyroll/test/framework"
 	"github.com/keyroll/keyroll/test/testground"
 )
 
@@ -345,6 +345,7 @@ func waitState(t *testing.T, path, logPath string, exited <-chan error, showLog 
 	}
 }
 
+// waitFor is framework.Eventually for the playground: a failure shows the playground's log.
 func waitFor(t *testing.T, timeout time.Duration, showLog func() string, ok func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
@@ -362,14 +363,16 @@ func clientFor(t *testing.T, kubeconfig string) client.Client {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := client.New(cfg, client.Options{Scheme: harness.Scheme()})
+	c, err := client.New(cfg, client.Options{Scheme: framework.Scheme()})
 	if err != nil {
 		t.Fatal(err)
 	}
 	return c
 }
 
-// onEveryOrdersPod checks that a credential logs in on each Redis pod of orders, by its pod IP.
+// onEveryOrdersPod checks that a credential logs in on each Redis pod of orders, by its pod IP. (The
+// test has no framework.Framework, whose OnEveryPod this resembles: the ground is the playground's,
+// in another process; the test has its kubeconfig only.)
 func onEveryOrdersPod(t *testing.T, c client.Client, user, pass string) {
 	t.Helper()
 	pods := &corev1.PodList{}
@@ -380,7 +383,7 @@ func onEveryOrdersPod(t *testing.T, c client.Client, user, pass string) {
 		t.Fatalf("orders has %d Redis pods, want 3", len(pods.Items))
 	}
 	for _, p := range pods.Items {
-		if who, err := testground.RedisWhoAmI(net.JoinHostPort(p.Status.PodIP, "6379"), user, pass); err != nil || who != user {
+		if who, err := testground.RedisWhoAmI(framework.PodAddr(&p), user, pass); err != nil || who != user {
 			t.Errorf("user %s on %s: %q, %v", user, p.Name, who, err)
 		}
 	}
@@ -393,9 +396,10 @@ func ordersPodAddr(t *testing.T, c client.Client, name string) string {
 	if err := c.Get(context.Background(), client.ObjectKey{Namespace: "default", Name: name}, p); err != nil {
 		t.Fatal(err)
 	}
-	return net.JoinHostPort(p.Status.PodIP, "6379")
+	return framework.PodAddr(p)
 }
 
+// secretCredential reads the consumers' Secret of a sample (framework's Credentials, through c).
 func secretCredential(t *testing.T, c client.Client, cluster string) (string, string) {
 	t.Helper()
 	s := &corev1.Secret{}

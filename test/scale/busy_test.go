@@ -3,7 +3,6 @@ package scale
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"fmt"
 	"maps"
 	"net/http"
@@ -20,10 +19,9 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/keyroll/keyroll/test/harness"
+	"github.com/keyroll/keyroll/test/framework"
 	"github.com/keyroll/keyroll/test/testground"
 )
 
@@ -59,7 +57,7 @@ func busyTable() string { return busyHead + strings.Join(busyRows, "\n") }
 // while the foreign Secrets and ConfigMaps, then the Deployments, were created.
 type busy struct {
 	credentialsReady          time.Duration
-	usage                     harness.Usage
+	usage                     framework.Usage
 	heap                      float64
 	readData, readDeployments int64
 }
@@ -168,11 +166,16 @@ func createForeign(b *testing.B, r *run) (readData, readDeployments int64) {
 		return testground.ConsumerDeployment(foreignNamespace, fmt.Sprintf("app-%05d", i), 0, "redis:6379", "none")
 	})
 	// kube-controller-manager gives each a ReplicaSet and a status, at its 20 requests a second.
-	waitFor(b, 15*time.Minute, func() bool {
+	framework.Eventually(b, 15*time.Minute, func() string {
 		time.Sleep(2 * time.Second)
 		list := &appsv1.DeploymentList{}
-		return r.c.List(context.Background(), list, client.InNamespace(foreignNamespace)) == nil &&
-			!slices.ContainsFunc(list.Items, func(d appsv1.Deployment) bool { return d.Status.ObservedGeneration < d.Generation })
+		if err := r.c.List(context.Background(), list, client.InNamespace(foreignNamespace)); err != nil {
+			return err.Error()
+		}
+		if pending := slices.DeleteFunc(list.Items, func(d appsv1.Deployment) bool { return d.Status.ObservedGeneration >= d.Generation }); len(pending) > 0 {
+			return fmt.Sprintf("%d foreign Deployments not yet observed by kube-controller-manager", len(pending))
+		}
+		return ""
 	})
 	read2 := settledRead(b, r)
 	fmt.Printf("busy: %d foreign objects created, and the Deployments given their ReplicaSets, in %.1f s\n", busySecrets+busyConfigMaps+busyDeployments, time.Since(start).Seconds())
@@ -218,11 +221,14 @@ func settledRead(b *testing.B, r *run) int64 {
 		return n
 	}
 	last := read()
-	waitFor(b, 2*time.Minute, func() bool {
+	framework.Eventually(b, 2*time.Minute, func() string {
 		time.Sleep(time.Second)
 		prev := last
 		last = read()
-		return last-prev < 64<<10
+		if last-prev >= 64<<10 {
+			return fmt.Sprintf("the operator still reads %d bytes a second", last-prev)
+		}
+		return ""
 	})
 	return last
 }
@@ -285,7 +291,7 @@ func BenchmarkSteadyState(b *testing.B) {
 }
 
 // steadyState is one run on a fresh ground, with leader election off (its Lease renewals are API
-// writes too, two a second at the harness's timings, whatever the clusters).
+// writes too, two a second at framework.StartProcess's timings, whatever the clusters).
 func steadyState(b *testing.B, n int, window time.Duration) steady {
 	b.Helper()
 	b.StopTimer()
@@ -294,13 +300,13 @@ func steadyState(b *testing.B, n int, window time.Duration) steady {
 	defer r.end()
 	// The run's role caps a lease at twice its TTL, so in the window renewals would be capped and
 	// the leases replaced. A steady state has none of that: an hour outlasts the benchmark.
-	if err := r.g.Vault.WriteRedisRole(ctx, testground.RedisRole{Name: "scale", DefaultTTL: steadyLeaseTTL, MaxTTL: time.Hour}); err != nil {
+	if err := r.fw.Ground.Vault.WriteRedisRole(ctx, testground.RedisRole{Name: r.fw.Role("scale"), DefaultTTL: steadyLeaseTTL, MaxTTL: time.Hour}); err != nil {
 		b.Fatal(err)
 	}
 	// Every request Vault answers, with its time, for the spread of the renewals; kept beside the
-	// profiles when they are kept.
-	audit := filepath.Join(cmp.Or(profileDir(), r.g.Dir), fmt.Sprintf("vault-audit-steady-%d.log", n))
-	if err := r.g.Vault.Root.Sys().EnableAuditWithOptionsWithContext(ctx, "file", &vaultapi.EnableAuditOptions{
+	// profiles when they are kept (fw.EnableAudit writes into the ground's directory only).
+	audit := filepath.Join(cmp.Or(profileDir(), r.fw.Ground.Dir), fmt.Sprintf("vault-audit-steady-%d.log", n))
+	if err := r.fw.Ground.Vault.Root.Sys().EnableAuditWithOptionsWithContext(ctx, "file", &vaultapi.EnableAuditOptions{
 		Type: "file", Options: map[string]string{"file_path": audit},
 	}); err != nil {
 		b.Fatal(err)
@@ -314,7 +320,13 @@ func steadyState(b *testing.B, n int, window time.Duration) steady {
 	dead := func() string { return exited(r.p.Done()) }
 	ready.wait(b, created, n, 15*time.Minute, dead)
 	objects.wait(b, created, n, 15*time.Minute, dead)
-	waitFor(b, 2*steadyLeaseTTL, func() bool { time.Sleep(time.Second); return vaultOps(b, r)["renew"] > 0 })
+	framework.Eventually(b, 2*steadyLeaseTTL, func() string {
+		time.Sleep(time.Second)
+		if vaultOps(b, r)["renew"] == 0 {
+			return "no lease renewed yet"
+		}
+		return ""
+	})
 	fmt.Printf("steady: N=%d  every cluster's objects written and the first renewals begun %.0f s after the creates\n", n, time.Since(created).Seconds())
 
 	b.StartTimer()
@@ -341,11 +353,7 @@ func steadyState(b *testing.B, n int, window time.Duration) steady {
 // (every client's), from its own metrics.
 func apiServerWrites(b *testing.B, r *run) map[string]float64 {
 	b.Helper()
-	cs, err := kubernetes.NewForConfig(r.g.CP.Config)
-	if err != nil {
-		b.Fatal(err)
-	}
-	body, err := cs.RESTClient().Get().AbsPath("/metrics").DoRaw(context.Background())
+	body, err := r.fw.Clientset.RESTClient().Get().AbsPath("/metrics").DoRaw(context.Background())
 	if err != nil {
 		b.Fatalf("reading the API server's metrics: %v", err)
 	}
@@ -412,20 +420,13 @@ func delta(cur, was map[string]float64) map[string]float64 {
 // the most of them in one second, and every other request by path but the token's renew-self.
 func auditSpread(b *testing.B, path string, from, to time.Time) (renewals, busiest int, other map[string]int) {
 	b.Helper()
-	data, err := os.ReadFile(path)
+	entries, err := framework.ReadAudit(path)
 	if err != nil {
-		b.Fatalf("reading Vault's audit log: %v", err)
+		b.Fatal(err)
 	}
 	perSecond, other := map[int64]int{}, map[string]int{}
-	for line := range strings.Lines(string(data)) {
-		var e struct {
-			Time    time.Time `json:"time"`
-			Type    string    `json:"type"`
-			Request struct {
-				Path string `json:"path"`
-			} `json:"request"`
-		}
-		if json.Unmarshal([]byte(line), &e) != nil || e.Type != "response" || e.Time.Before(from) || !e.Time.Before(to) {
+	for _, e := range entries {
+		if e.Type != "response" || e.Time.Before(from) || !e.Time.Before(to) {
 			continue
 		}
 		switch e.Request.Path {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
 	"github.com/keyroll/keyroll/controllers/render"
+	"github.com/keyroll/keyroll/test/framework"
 	"github.com/keyroll/keyroll/test/testground"
 )
 
@@ -83,7 +84,10 @@ func sideKeyroll(b *testing.B, n int) variant {
 	b.Helper()
 	r := startRun(b, fmt.Sprintf("side-keyroll-%d", n), runOptions{ground: testground.Options{ExternalSecretsCRDs: true}})
 	defer r.end()
-	audit := enableAudit(b, r)
+	audit, err := r.fw.EnableAudit(context.Background())
+	if err != nil {
+		b.Fatal(err)
+	}
 	staged := map[string]bool{}
 	for i := range n {
 		staged[render.StateSecretName(cluster(i))] = true
@@ -130,7 +134,10 @@ func sideESO(b *testing.B, n int, name string, flags []string) variant {
 	warm := watchSecrets(b, r, func(s *corev1.Secret) bool { return s.Name == "warmup-credentials" && len(s.Data["username"]) > 0 })
 	createParallel(b, 1, func(int) error { return createExternalSecret(r, "warmup") })
 	warm.wait(b, time.Now(), 1, 2*time.Minute, dead)
-	audit := enableAudit(b, r)
+	audit, err := r.fw.EnableAudit(context.Background())
+	if err != nil {
+		b.Fatal(err)
+	}
 	targets := map[string]bool{}
 	for i := range n {
 		targets[render.CredentialsSecretName(cluster(i))] = true
@@ -145,7 +152,10 @@ func sideESO(b *testing.B, n int, name string, flags []string) variant {
 	v := variant{name: name, secrets: w.wait(b, start, n, 15*time.Minute, dead)}
 	b.StopTimer()
 	v.writes = scrape(b, metricsURL, writesOf) - writes0
-	v.usage, v.vault = mustUsage(b, p.PID()), countVault(b, audit)
+	if v.usage, err = framework.UsageOf(p.PID()); err != nil {
+		b.Fatal(err)
+	}
+	v.vault = countVault(b, audit)
 	return v
 }
 
@@ -161,13 +171,13 @@ func cluster(i int) *v1alpha1.RedisCluster {
 func esoSetup(b *testing.B, r *run) {
 	b.Helper()
 	ctx := context.Background()
-	if err := r.g.Vault.WritePolicy(ctx, "eso", esoPolicy); err != nil {
+	if err := r.fw.Ground.Vault.WritePolicy(ctx, "eso", esoPolicy); err != nil {
 		b.Fatal(err)
 	}
-	if err := r.g.CP.EnsureServiceAccount(ctx, r.ns, esoAccount); err != nil {
+	if err := r.fw.Ground.CP.EnsureServiceAccount(ctx, r.ns, esoAccount); err != nil {
 		b.Fatal(err)
 	}
-	err := r.g.Vault.WriteKubernetesAuthRole(ctx, testground.KubernetesAuthRole{Name: esoRole,
+	err := r.fw.Ground.Vault.WriteKubernetesAuthRole(ctx, testground.KubernetesAuthRole{Name: esoRole,
 		ServiceAccounts: []string{esoAccount}, Namespaces: []string{r.ns}, Policies: []string{"eso"}, TokenTTL: time.Hour})
 	if err != nil {
 		b.Fatal(err)
@@ -176,7 +186,7 @@ func esoSetup(b *testing.B, r *run) {
 		"apiVersion": "generators.external-secrets.io/v1alpha1", "kind": "VaultDynamicSecret",
 		"metadata": map[string]any{"name": generator, "namespace": r.ns},
 		"spec": map[string]any{"path": credPath, "method": "GET", "provider": map[string]any{
-			"server": r.g.Vault.Addr,
+			"server": r.fw.Ground.Vault.Addr,
 			"auth": map[string]any{"kubernetes": map[string]any{"mountPath": "kubernetes", "role": esoRole,
 				"serviceAccountRef": map[string]any{"name": esoAccount, "audiences": []any{"vault"}}}},
 		}},
@@ -214,7 +224,7 @@ func startESO(b *testing.B, r *run, name string, flags []string) (*testground.Pr
 		b.Fatal(err)
 	}
 	args := append([]string{fmt.Sprintf("--metrics-addr=127.0.0.1:%d", port), "--live-addr=0", "--enable-leader-election=false"}, flags...)
-	p, err := testground.StartProcess(r.g.Dir, name, bin, args, []string{"KUBECONFIG=" + r.g.CP.Kubeconfig, "HOME=" + r.g.Dir})
+	p, err := testground.StartProcess(r.fw.Ground.Dir, name, bin, args, []string{"KUBECONFIG=" + r.fw.Ground.CP.Kubeconfig, "HOME=" + r.fw.Ground.Dir})
 	if err != nil {
 		b.Fatal(err)
 	}

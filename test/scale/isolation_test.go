@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/test/framework"
 	"github.com/keyroll/keyroll/test/testground"
 )
 
@@ -104,13 +105,13 @@ func isolate(b *testing.B, n int, blackhole bool) isolation {
 	}
 	r := startRun(b, name, runOptions{})
 	defer r.end()
-	p, err := testground.StartProxy(strings.TrimPrefix(r.g.Vault.Addr, "http://"))
+	p, err := testground.StartProxy(strings.TrimPrefix(r.fw.Ground.Vault.Addr, "http://"))
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer p.Stop()
 	r.connection(b, faultyConnection, p.URL())
-	r.waitConnectionReady(b, faultyConnection)
+	r.fw.WaitConnectionReady(b, faultyConnection, 2*time.Minute)
 	if blackhole {
 		p.Blackhole()
 	}
@@ -124,7 +125,7 @@ func isolate(b *testing.B, n int, blackhole bool) isolation {
 	createAll(b, r.c, r.ns, healthyPrefix, half, r.ns)
 	var res isolation
 	var last map[string]tally
-	waitFor(b, 15*time.Minute, func() bool {
+	framework.Eventually(b, 15*time.Minute, func() string {
 		last = ready.tallies()
 		if res.healthy == 0 && last[healthyPrefix].ready == half {
 			res.healthy = time.Since(start)
@@ -132,7 +133,10 @@ func isolate(b *testing.B, n int, blackhole bool) isolation {
 		if res.faulty == 0 && last[faultyPrefix].ready == half {
 			res.faulty = time.Since(start)
 		}
-		return res.healthy != 0 && (blackhole || res.faulty != 0)
+		if res.healthy == 0 || (!blackhole && res.faulty == 0) {
+			return fmt.Sprintf("CredentialsReady: %d of the healthy half, %d of the other, of %d each", last[healthyPrefix].ready, last[faultyPrefix].ready, half)
+		}
+		return ""
 	})
 	b.StopTimer()
 	if !blackhole {

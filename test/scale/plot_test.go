@@ -4,22 +4,18 @@ package scale
 // are printed, put in a table and plotted.
 
 import (
-	"context"
-	"encoding/json"
 	"fmt"
-	"os"
 	"runtime"
 	"strings"
 	"testing"
 	"time"
 
-	vaultapi "github.com/hashicorp/vault/api"
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/plotutil"
 	"gonum.org/v1/plot/vg"
 
-	"github.com/keyroll/keyroll/test/harness"
+	"github.com/keyroll/keyroll/test/framework"
 )
 
 // variant is what one controller did for N credentials on a ground of its own.
@@ -32,7 +28,7 @@ type variant struct {
 	vault   vaultCalls
 	// writes are the controller's API writes (its rest_client_requests_total).
 	writes float64
-	usage  harness.Usage
+	usage  framework.Usage
 	// aclUsers are keyroll's ACL Secrets whose aclfile held the credential's user at the end.
 	aclUsers int
 }
@@ -43,48 +39,25 @@ type sideResult struct {
 	keyroll, eso, esoScaled variant
 }
 
-// enableAudit enables a file audit device on the ground's Vault (its file goes with the ground).
-func enableAudit(b *testing.B, r *run) string {
-	b.Helper()
-	path := r.g.Dir + "/vault-audit.log"
-	err := r.g.Vault.Root.Sys().EnableAuditWithOptionsWithContext(context.Background(), "file",
-		&vaultapi.EnableAuditOptions{Type: "file", Options: map[string]string{"file_path": path}})
-	if err != nil {
-		b.Fatal(err)
-	}
-	return path
-}
-
 // vaultCalls are what Vault's audit log holds from the moment the device was enabled: successful
 // reads of the role's credential path (issues), successful Kubernetes-auth logins, and all
 // requests.
 type vaultCalls struct{ issues, logins, requests int }
 
-// countVault counts, in the audit log at path, Vault's calls (as test/faults' auditIssues does).
+// countVault counts, in the audit log at path, Vault's calls (its issues as framework.AuditIssues counts them).
 func countVault(b *testing.B, path string) vaultCalls {
 	b.Helper()
-	data, err := os.ReadFile(path)
+	entries, err := framework.ReadAudit(path)
 	if err != nil {
-		b.Fatalf("reading Vault's audit log: %v", err)
+		b.Fatal(err)
 	}
 	var c vaultCalls
-	for _, line := range strings.Split(string(data), "\n") {
-		var e struct {
-			Type    string `json:"type"`
-			Error   string `json:"error"`
-			Request struct {
-				Path      string `json:"path"`
-				Operation string `json:"operation"`
-			} `json:"request"`
-		}
-		if json.Unmarshal([]byte(line), &e) != nil {
-			continue
-		}
+	for _, e := range entries {
 		switch {
 		case e.Type == "request":
 			c.requests++
 		case e.Type != "response" || e.Error != "":
-		case e.Request.Operation == "read" && e.Request.Path == credPath:
+		case e.Issued(credPath):
 			c.issues++
 		case e.Request.Path == "auth/kubernetes/login":
 			c.logins++
@@ -199,14 +172,4 @@ func writeSidePlot(path string, results []sideResult) error {
 		return fmt.Errorf("saving the plot to %s: %w", path, err)
 	}
 	return nil
-}
-
-// mustUsage is the peak RSS and CPU time of the process pid.
-func mustUsage(b *testing.B, pid int) harness.Usage {
-	b.Helper()
-	u, err := harness.UsageOf(pid)
-	if err != nil {
-		b.Fatal(err)
-	}
-	return u
 }

@@ -11,22 +11,24 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
-	"github.com/keyroll/keyroll/test/harness"
+	"github.com/keyroll/keyroll/test/framework"
 	"github.com/keyroll/keyroll/test/testground"
 )
 
 // run is one fresh test ground with Vault, a VaultConnection named after its namespace and the
 // operator running as its own process, for one benchmark size.
 type run struct {
-	g          *testground.Ground
+	// fw works on the run's ground, with nothing prefixed (each run has a ground of its own).
+	fw *framework.Framework
+	// c is a client of the ground for creating objects by the thousand: fw.Client keeps client-go's
+	// default rate limit.
 	c          client.Client
-	p          *harness.Process
+	p          *framework.Process
 	ns         string
 	metricsURL string
 	pprof      string
@@ -59,20 +61,25 @@ func startRun(b *testing.B, name string, o runOptions) *run {
 	if err != nil {
 		b.Fatal(err)
 	}
-	r := &run{g: g, ns: "scale", stop: []func(){g.Stop}}
+	r := &run{fw: framework.New(framework.Config{Name: ""}), ns: "scale", stop: []func(){g.Stop}}
 	b.Cleanup(r.end)
+	if err := r.fw.Use(g); err != nil {
+		b.Fatal(err)
+	}
 	ttl := o.leaseTTL
 	if ttl == 0 {
 		ttl = time.Hour
 	}
-	if err := harness.SetupVault(ctx, g, testground.RedisRole{Name: "scale", DefaultTTL: ttl, MaxTTL: 2 * ttl}); err != nil {
+	if err := r.fw.SetupVault(ctx, testground.RedisRole{Name: "scale", DefaultTTL: ttl, MaxTTL: 2 * ttl}); err != nil {
 		b.Fatal(err)
 	}
 	cfg := rest.CopyConfig(g.CP.Config)
 	cfg.QPS, cfg.Burst = 2000, 4000
-	if r.c, err = client.New(cfg, client.Options{Scheme: harness.Scheme()}); err != nil {
+	if r.c, err = client.New(cfg, client.Options{Scheme: framework.Scheme()}); err != nil {
 		b.Fatal(err)
 	}
+	// Not fw.Namespace: its clean-up at the benchmark's end would find the run's ground stopped
+	// (the namespace goes with the ground).
 	if err := r.c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: r.ns}}); err != nil {
 		b.Fatal(err)
 	}
@@ -101,7 +108,7 @@ func startRun(b *testing.B, name string, o runOptions) *run {
 	r.stop = append(r.stop, func() { _ = logFile.Close() })
 	var logMu sync.Mutex
 	args := append([]string{"--zap-log-level=info", fmt.Sprintf("--pprof-bind-address=127.0.0.1:%d", pprofPort)}, o.args...)
-	r.p, err = harness.StartProcess(g, operatorBinary(b), harness.ProcessOptions{MetricsPort: port,
+	r.p, err = r.fw.StartProcess(operatorBinary(b), framework.ProcessOptions{MetricsPort: port,
 		Args: append(args, strings.Fields(os.Getenv("KEYROLL_SCALE_ARGS"))...),
 		Env:  strings.Fields(os.Getenv("KEYROLL_SCALE_OPERATOR_ENV")),
 		Line: func(l string) {
@@ -116,30 +123,16 @@ func startRun(b *testing.B, name string, o runOptions) *run {
 	fmt.Fprintf(os.Stderr, "scale: %s, the operator's log: %s\n", name, logPath)
 	r.pprof = fmt.Sprintf("http://127.0.0.1:%d/debug/pprof/", pprofPort)
 	r.metricsURL = fmt.Sprintf("http://127.0.0.1:%d/metrics", port)
-	r.waitConnectionReady(b, r.ns)
+	r.fw.WaitConnectionReady(b, r.ns, 2*time.Minute)
 	return r
 }
 
-// connection creates the VaultConnection name (allowed in the run's namespace) to addr.
+// connection creates the VaultConnection name (allowed in the run's namespace) to addr, at the
+// benchmark's rate limit.
 func (r *run) connection(b *testing.B, name, addr string) {
 	b.Helper()
-	vc := &v1alpha1.VaultConnection{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: v1alpha1.VaultConnectionSpec{
-		Address: addr, AllowedNamespaces: []string{r.ns},
-		Auth:      v1alpha1.VaultAuth{Kubernetes: &v1alpha1.KubernetesAuth{Role: harness.OperatorRole}},
-		RateLimit: &v1alpha1.VaultRateLimit{QPS: vaultQPS, Burst: vaultBurst},
-	}}
-	if err := r.c.Create(context.Background(), vc); err != nil {
-		b.Fatal(err)
-	}
-}
-
-// waitConnectionReady waits until the VaultConnection name is Ready.
-func (r *run) waitConnectionReady(b *testing.B, name string) {
-	b.Helper()
-	waitFor(b, 2*time.Minute, func() bool {
-		cur := &v1alpha1.VaultConnection{}
-		return r.c.Get(context.Background(), client.ObjectKey{Name: name}, cur) == nil &&
-			meta.IsStatusConditionTrue(cur.Status.Conditions, v1alpha1.ConditionReady)
+	r.fw.VaultConnection(b, name, framework.Allow(r.ns), framework.Address(addr), func(vc *v1alpha1.VaultConnection) {
+		vc.Spec.RateLimit = &v1alpha1.VaultRateLimit{QPS: vaultQPS, Burst: vaultBurst}
 	})
 }
 

@@ -26,7 +26,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
-	"github.com/keyroll/keyroll/test/harness"
+	"github.com/keyroll/keyroll/test/framework"
 )
 
 // sizes are the counts a benchmark runs with: the environment variable env (comma-separated), or
@@ -63,7 +63,7 @@ func TestMain(m *testing.M) {
 func operatorBinary(b *testing.B) string {
 	buildOnce.Do(func() {
 		if binDir, buildErr = os.MkdirTemp("", "keyroll-scale-"); buildErr == nil {
-			bin, buildErr = harness.BuildOperator(binDir)
+			bin, buildErr = framework.BuildOperator(binDir)
 		}
 	})
 	if buildErr != nil {
@@ -116,7 +116,7 @@ type result struct {
 	// objectsWritten is when every cluster's last object (its StatefulSet) was written.
 	credentialsReady, objectsWritten time.Duration
 	issues, writes, gets             float64
-	usage                            harness.Usage
+	usage                            framework.Usage
 }
 
 func issueAtScale(b *testing.B, n int) result {
@@ -179,7 +179,7 @@ func createAll(b *testing.B, c client.Client, ns, prefix string, n int, connecti
 			Spec: v1alpha1.RedisClusterSpec{Replicas: 1, Credentials: v1alpha1.CredentialsSpec{
 				Source: v1alpha1.SourceVaultLease,
 				VaultLease: &v1alpha1.VaultLeaseSource{
-					ConnectionRef: v1alpha1.ConnectionReference{Name: connection}, Path: "database/creds/scale",
+					ConnectionRef: v1alpha1.ConnectionReference{Name: connection}, Path: credPath,
 				},
 			}},
 		})
@@ -209,17 +209,6 @@ func createParallel(b *testing.B, n int, create func(int) error) {
 	close(errs)
 	for err := range errs {
 		b.Fatalf("creating: %v", err)
-	}
-}
-
-func waitFor(b *testing.B, timeout time.Duration, ok func() bool) {
-	b.Helper()
-	deadline := time.Now().Add(timeout)
-	for !ok() {
-		if time.Now().After(deadline) {
-			b.Fatalf("not done within %s", timeout)
-		}
-		time.Sleep(100 * time.Millisecond)
 	}
 }
 

@@ -14,7 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
-	"github.com/keyroll/keyroll/test/harness"
+	"github.com/keyroll/keyroll/test/framework"
 )
 
 // seenWatch notes when each object of one kind in the run's namespace first satisfied a predicate,
@@ -32,7 +32,7 @@ type seenWatch struct {
 // listed what exists.
 func watchSeen(b *testing.B, r *run, obj client.Object, want func(client.Object) bool) *seenWatch {
 	b.Helper()
-	c, err := cache.New(r.g.CP.Config, cache.Options{Scheme: harness.Scheme(), DefaultNamespaces: map[string]cache.Config{r.ns: {}}})
+	c, err := cache.New(r.fw.Ground.CP.Config, cache.Options{Scheme: framework.Scheme(), DefaultNamespaces: map[string]cache.Config{r.ns: {}}})
 	if err != nil {
 		b.Fatal(err)
 	}

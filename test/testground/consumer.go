@@ -11,31 +11,16 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
+
+	"github.com/keyroll/keyroll/test/consumer/stats"
 )
 
-// ConsumerStats are the counters test/consumer serves on /stats.
-type ConsumerStats struct {
-	OK                int64  `json:"ok"`
-	Failed            int64  `json:"failed"`
-	Connects          int64  `json:"connects"`
-	CredentialReloads int64  `json:"credentialReloads"`
-	User              string `json:"user"`
-	LastError         string `json:"lastError,omitempty"`
-	LastFailure       string `json:"lastFailure,omitempty"`
-	LongestOutageMs   int64  `json:"longestOutageMs"`
-	LostWrites        int64  `json:"lostWrites"`
-	// Failures are the first failed commands (test/consumer keeps twelve).
-	Failures []ConsumerFailure `json:"failures,omitempty"`
-}
-
-// ConsumerFailure is one failed command: when (RFC 3339), which (SET or GET), as which user, and
-// why.
-type ConsumerFailure struct {
-	At    string `json:"at"`
-	Op    string `json:"op"`
-	User  string `json:"user"`
-	Error string `json:"error"`
-}
+// ConsumerStats are the counters test/consumer serves on /stats; ConsumerFailure is one failed
+// command of them.
+type (
+	ConsumerStats   = stats.Stats
+	ConsumerFailure = stats.Failure
+)
 
 // ConsumerPort is where a consumer pod serves /stats, on its pod IP.
 const ConsumerPort = 8080
