@@ -103,9 +103,20 @@ e2e: ## The real-node tier: the packages under test/ whose ground runs the real 
 .PHONY: test-e2e
 test-e2e: integration e2e ## Every test under test/ (the integration and e2e tiers).
 
+# make test runs every package but those with a real node of their own under test/sharedground:
+# one test ground (control plane, real node, kwok, Vault, Redis, External Secrets Operator) that
+# the packages work on at once, each in namespaces and Vault roles of its own; then the packages
+# that start a real node of their own, one after another (the machine has one real node).
+OWN_NODE_PACKAGES = $(shell test/tools/packages.sh own-node)
+SHARED_PACKAGES = $(filter-out $(OWN_NODE_PACKAGES),$(shell $(GO) list ./...))
+# How many test binaries run at once on the shared ground: most of their time is spent waiting
+# (leases, tokens, pods), not computing.
+TEST_PARALLEL ?= 8
+
 .PHONY: test
-test: deps lint verify-generated ## The whole test suite (what CI runs): the unit, integration and e2e tiers in one go test, with -race.
-	$(GO) test -race -count=1 -timeout 40m ./...
+test: deps lint verify-generated ## The whole test suite (what CI runs): every tier with -race; most packages at once on one shared test ground.
+	$(GO) run ./test/sharedground -- $(GO) test -race -count=1 -p $(TEST_PARALLEL) -timeout 40m $(SHARED_PACKAGES)
+	$(GO) test -race -count=1 -timeout 40m $(OWN_NODE_PACKAGES)
 
 .PHONY: reliability
 reliability: deps ## Run the fault matrix (test/faults) and write its measured outcomes into docs/reliability.md.

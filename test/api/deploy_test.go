@@ -18,47 +18,23 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/kustomize/api/krusty"
-	"sigs.k8s.io/kustomize/kyaml/filesys"
 	"sigs.k8s.io/yaml"
 
 	"github.com/keyroll/keyroll/controllers/nodes"
-	"github.com/keyroll/keyroll/test/framework"
+	rendered "github.com/keyroll/keyroll/test/render"
 	"github.com/keyroll/keyroll/test/testground"
 )
 
-// render runs kustomize over a directory of deploy/, as `kubectl apply -k` does.
+// render runs kustomize over a directory of deploy/, as `kubectl apply -k` does, in the order an
+// apply succeeds (namespaces and CRDs first).
 func render(t *testing.T, dir string) []*unstructured.Unstructured {
 	t.Helper()
-	k := krusty.MakeKustomizer(krusty.MakeDefaultOptions())
-	resMap, err := k.Run(filesys.MakeFsOnDisk(), filepath.Join(testground.RepoRoot(), "deploy", dir))
+	objs, err := rendered.Kustomize(dir)
 	if err != nil {
-		t.Fatalf("kustomize deploy/%s: %v", dir, err)
+		t.Fatal(err)
 	}
-	var objs []*unstructured.Unstructured
-	for _, r := range resMap.Resources() {
-		m, err := r.Map()
-		if err != nil {
-			t.Fatal(err)
-		}
-		objs = append(objs, &unstructured.Unstructured{Object: m})
-	}
-	// As kubectl apply would succeed: namespaces and CRDs before what lives in them.
-	first := func(o *unstructured.Unstructured) bool {
-		return o.GetKind() == "Namespace" || o.GetKind() == "CustomResourceDefinition"
-	}
-	slices.SortStableFunc(objs, func(a, b *unstructured.Unstructured) int {
-		switch {
-		case first(a) && !first(b):
-			return -1
-		case first(b) && !first(a):
-			return 1
-		}
-		return 0
-	})
-	return objs
+	return rendered.InstallOrder(objs)
 }
 
 // apply server-side-applies objects in order.
@@ -96,13 +72,7 @@ func TestDeployDefaultInstallsUnderRestrictedPodSecurity(t *testing.T) {
 
 	// Collect the API server's warnings: Pod Security admission warns about a Deployment whose pods
 	// it would refuse.
-	warnings := &framework.WarningRecorder{}
-	cfg := rest.CopyConfig(fw.Ground.CP.Config)
-	cfg.WarningHandler = warnings
-	c, err := client.New(cfg, client.Options{Scheme: fw.Client.Scheme()})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, warnings := fw.WarningClient(t)
 	for _, o := range objs {
 		if err := c.Patch(context.Background(), o, client.Apply, client.FieldOwner("keyroll-test"), client.ForceOwnership); err != nil {
 			t.Fatalf("kubectl apply -k deploy/default: %s %s refused: %v", o.GetKind(), o.GetName(), err)
@@ -129,7 +99,7 @@ func TestDeployDefaultInstallsUnderRestrictedPodSecurity(t *testing.T) {
 	bad := pod.DeepCopy()
 	bad.ObjectMeta = metav1.ObjectMeta{Name: "privileged", Namespace: ns.GetName()}
 	bad.Spec.Containers[0].SecurityContext.Capabilities = &corev1.Capabilities{Add: []corev1.Capability{"NET_ADMIN"}}
-	err = fw.Client.Create(context.Background(), bad)
+	err := fw.Client.Create(context.Background(), bad)
 	if err == nil || !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "restricted") {
 		t.Fatalf("a pod adding a capability was not refused by Pod Security admission: %v", err)
 	}

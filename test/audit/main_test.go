@@ -9,7 +9,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -46,25 +45,13 @@ func TestMain(m *testing.M) {
 // Operator's Kubernetes auth for the payments generator (service account external-secrets in
 // default); then it applies deploy/samples with the Vault addresses pointed at the ground's Vault.
 func setup(ctx context.Context, f *framework.Framework) error {
-	g := f.Ground
-	policy, err := os.ReadFile(filepath.Join(testground.RepoRoot(), "deploy", "vault", "external-secrets-policy.hcl"))
-	if err != nil {
+	if err := f.WriteExternalSecretsPolicy(ctx, "external-secrets"); err != nil {
 		return err
 	}
-	if err := g.Vault.WritePolicy(ctx, "external-secrets", string(policy)); err != nil {
+	if err := f.ExternalSecretsAuth(ctx, "default", "external-secrets", "external-secrets", time.Hour); err != nil {
 		return err
 	}
-	if err := g.CP.EnsureServiceAccount(ctx, "default", "external-secrets"); err != nil {
-		return err
-	}
-	err = g.Vault.WriteKubernetesAuthRole(ctx, testground.KubernetesAuthRole{
-		Name: "external-secrets", ServiceAccounts: []string{"external-secrets"}, Namespaces: []string{"default"},
-		Policies: []string{"external-secrets"}, TokenTTL: time.Hour,
-	})
-	if err != nil {
-		return err
-	}
-	if _, err := framework.ApplySamples(ctx, f.Client, g.Vault.Addr, "keyroll-audit"); err != nil {
+	if _, err := framework.ApplySamples(ctx, f.Client, f.Ground.Vault.Addr, "keyroll-audit"); err != nil {
 		return fmt.Errorf("applying deploy/samples: %w", err)
 	}
 	return nil

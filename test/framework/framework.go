@@ -49,6 +49,10 @@ type Config struct {
 	// Teardown runs after the tests, before the ground stops, with their exit code; it returns
 	// the package's (a check over everything the tests left, say).
 	Teardown func(ctx context.Context, f *Framework, code int) int
+	// OwnGround starts a ground of the package's own even where a shared one runs: the package
+	// holds the node's kubelet or kwok, or stops a component, which the other packages would feel.
+	// (A package without a Name always has its own: its objects are not told apart.)
+	OwnGround bool
 	// OwnVault gives the package a Vault server of its own on a shared ground (it seals Vault, or
 	// counts every request Vault answers): set up as the shared one is, its database engine on the
 	// shared Redis and its Kubernetes auth on the shared API server.
@@ -195,7 +199,7 @@ func (f *Framework) start() error {
 // ground attaches to the shared ground that testground.SharedEnv names, when it runs every
 // component the package asks for, or starts one of the package's own.
 func (f *Framework) ground() (*testground.Ground, error) {
-	if path := os.Getenv(testground.SharedEnv); path != "" {
+	if path := os.Getenv(testground.SharedEnv); path != "" && f.Config.Name != "" && !f.Config.OwnGround {
 		g, err := testground.Attach(path)
 		if err != nil {
 			return nil, err

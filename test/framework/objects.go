@@ -216,3 +216,17 @@ func (f *Framework) StandInConsumer(t testing.TB, ns, name string, replicas int3
 	}
 	return client.ObjectKeyFromObject(d)
 }
+
+// PauseDeployment sets a Deployment's spec.paused (a paused consumer holds its rollout).
+func (f *Framework) PauseDeployment(t testing.TB, key client.ObjectKey, paused bool) {
+	t.Helper()
+	d := &appsv1.Deployment{}
+	if err := f.Client.Get(context.Background(), key, d); err != nil {
+		t.Fatal(err)
+	}
+	patch := client.MergeFrom(d.DeepCopy())
+	d.Spec.Paused = paused
+	if err := f.Client.Patch(context.Background(), d, patch); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
@@ -118,4 +119,18 @@ func (f *Framework) WaitConnectionReady(t testing.TB, name string, timeout time.
 		return ""
 	})
 	return vc
+}
+
+// WarningClient is a client of the ground that records the warnings the API server sends with its
+// answers (Pod Security admission warns about a workload whose pods it would refuse, say).
+func (f *Framework) WarningClient(t testing.TB) (client.Client, *WarningRecorder) {
+	t.Helper()
+	warnings := &WarningRecorder{}
+	cfg := rest.CopyConfig(f.Ground.CP.Config)
+	cfg.WarningHandler = warnings
+	c, err := client.New(cfg, client.Options{Scheme: f.Client.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, warnings
 }

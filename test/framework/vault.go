@@ -196,3 +196,26 @@ func AuditIssues(t testing.TB, auditLog, path string) int {
 	}
 	return n
 }
+
+// WriteExternalSecretsPolicy writes External Secrets Operator's Vault policy of
+// deploy/vault/external-secrets-policy.hcl, named name.
+func (f *Framework) WriteExternalSecretsPolicy(ctx context.Context, name string) error {
+	b, err := os.ReadFile(filepath.Join(testground.RepoRoot(), "deploy", "vault", "external-secrets-policy.hcl"))
+	if err != nil {
+		return err
+	}
+	return f.Ground.Vault.WritePolicy(ctx, name, string(b))
+}
+
+// ExternalSecretsAuth lets External Secrets Operator's generators of namespace ns log in to Vault
+// as that namespace's service account external-secrets (created here): a Kubernetes auth role
+// named role with the policy policy, whose tokens live tokenTTL.
+func (f *Framework) ExternalSecretsAuth(ctx context.Context, ns, role, policy string, tokenTTL time.Duration) error {
+	if err := f.Ground.CP.EnsureServiceAccount(ctx, ns, "external-secrets"); err != nil {
+		return err
+	}
+	return f.Ground.Vault.WriteKubernetesAuthRole(ctx, testground.KubernetesAuthRole{
+		Name: role, ServiceAccounts: []string{"external-secrets"}, Namespaces: []string{ns},
+		Policies: []string{policy}, TokenTTL: tokenTTL,
+	})
+}

@@ -22,12 +22,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
 	"github.com/keyroll/keyroll/test/docblocks"
-	"github.com/keyroll/keyroll/test/framework"
 	"github.com/keyroll/keyroll/test/render"
 	"github.com/keyroll/keyroll/test/testground"
 )
@@ -403,13 +401,7 @@ func installRendered(t *testing.T, release, namespace string, args ...string) []
 	if err != nil {
 		t.Fatal(err)
 	}
-	warnings := &framework.WarningRecorder{}
-	cfg := rest.CopyConfig(fw.Ground.CP.Config)
-	cfg.WarningHandler = warnings
-	c, err := client.New(cfg, client.Options{Scheme: fw.Client.Scheme()})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, warnings := fw.WarningClient(t)
 	var applied []*unstructured.Unstructured
 	for _, o := range render.InstallOrder(objs) {
 		if strings.HasPrefix(o.GetAPIVersion(), "monitoring.coreos.com/") {

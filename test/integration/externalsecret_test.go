@@ -23,15 +23,10 @@ import (
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
 	"github.com/keyroll/keyroll/test/framework"
-	"github.com/keyroll/keyroll/test/testground"
 )
 
 // These tests run the real External Secrets Operator controller (ESO v0.20.4, built by
 // test/tools/eso) against the same API server, Vault and Redis as keyroll.
-
-// esoPolicy lets External Secrets Operator read dynamic Redis credentials, and nothing else;
-// TestMain's Setup writes it as the package's policy fw.Name("eso").
-const esoPolicy = `path "database/creds/*" { capabilities = ["read"] }`
 
 // esoKubernetesAuth gives ESO Kubernetes-auth access to Vault as the service account
 // "external-secrets" of the package's namespace ns (Vault role "<package>-eso-<namespace base>"),
@@ -42,16 +37,8 @@ func esoKubernetesAuth(t *testing.T, ns string, tokenTTL ...time.Duration) strin
 	if len(tokenTTL) > 0 {
 		ttl = tokenTTL[0]
 	}
-	ctx := context.Background()
-	if err := fw.Ground.CP.EnsureServiceAccount(ctx, ns, "external-secrets"); err != nil {
-		t.Fatal(err)
-	}
-	role := fw.Name("eso-" + strings.TrimPrefix(ns, fw.Name("")))
-	err := fw.Ground.Vault.WriteKubernetesAuthRole(ctx, testground.KubernetesAuthRole{
-		Name: role, ServiceAccounts: []string{"external-secrets"}, Namespaces: []string{ns},
-		Policies: []string{fw.Name("eso")}, TokenTTL: ttl,
-	})
-	if err != nil {
+	role := ns + "-eso"
+	if err := fw.ExternalSecretsAuth(context.Background(), ns, role, fw.Name("eso"), ttl); err != nil {
 		t.Fatal(err)
 	}
 	return role
@@ -356,7 +343,7 @@ func TestExternalSecretRawLeaseIsTrackedRenewedRolledOutAndRevoked(t *testing.T)
 	for _, p := range published() {
 		t.Error(p)
 	}
-	checkRetired(t, rc, "orders-api", user, pass, firstLease)
+	fw.CheckRetired(t, rc, "orders-api", user, pass, firstLease)
 	if after := podRuns(t, rc); !maps.Equal(after, runs) {
 		t.Errorf("a Redis pod restarted in a Live rotation:\nbefore %v\nafter  %v", runs, after)
 	}

@@ -27,7 +27,6 @@ func TestMain(m *testing.M) {
 	roles := []testground.RedisRole{
 		{Name: "orders", DefaultTTL: 10 * time.Minute, MaxTTL: time.Hour},
 		{Name: "short", DefaultTTL: 20 * time.Second, MaxTTL: time.Hour},
-		{Name: "restart", DefaultTTL: 10 * time.Minute, MaxTTL: time.Hour},
 		// Leases that reach their max TTL after two renewals.
 		{Name: "capped", DefaultTTL: 15 * time.Second, MaxTTL: 35 * time.Second},
 		// Roles that External Secrets Operator reads for the ExternalSecret-mode tests.
@@ -40,9 +39,10 @@ func TestMain(m *testing.M) {
 		Name:   "integration",
 		Ground: testground.Options{Node: true, Workloads: true, Redis: true, Vault: true, ExternalSecrets: true},
 		Roles:  roles,
-		// External Secrets Operator's Vault policy (esoPolicy), for the ExternalSecret-mode tests.
+		// External Secrets Operator's Vault policy, named fw.Name("eso"), for the ExternalSecret-mode
+		// tests.
 		Setup: func(ctx context.Context, f *framework.Framework) error {
-			return f.Ground.Vault.WritePolicy(ctx, f.Name("eso"), esoPolicy)
+			return f.WriteExternalSecretsPolicy(ctx, f.Name("eso"))
 		},
 		// The operator runs in this process with its metrics and probe endpoints, and every Vault
 		// call it makes is counted.

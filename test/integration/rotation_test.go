@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -145,16 +144,6 @@ func podRuns(t *testing.T, rc *v1alpha1.RedisCluster) map[string]string {
 	return out
 }
 
-// consumerVersion is the credential version on a consumer Deployment's pod template.
-func consumerVersion(t *testing.T, ns, name string) string {
-	t.Helper()
-	d := &appsv1.Deployment{}
-	if err := fw.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, d); err != nil {
-		t.Fatal(err)
-	}
-	return d.Spec.Template.Annotations[v1alpha1.AnnotationCredentialVersion]
-}
-
 // watchPublication watches the consumers' Secret of rc and its consumer Deployment: the first
 // time each shows a credential version other than oldVersion, the credential in the Secret must
 // already log in on every Redis node. The returned function lists what went otherwise (a
@@ -229,52 +218,6 @@ func watchPublication(t *testing.T, rc *v1alpha1.RedisCluster, consumer, oldVers
 	}
 }
 
-// checkRetired checks that a rotation away from the old credential is complete: the consumer and
-// the consumers' Secret have the current one, which works in Vault's Redis and on every Redis
-// node, while the old user logs in nowhere and its lease is gone from Vault.
-func checkRetired(t *testing.T, rc *v1alpha1.RedisCluster, consumer, oldUser, oldPass, oldLease string) *v1alpha1.RedisCluster {
-	t.Helper()
-	cur := fw.Get(t, rc)
-	if v := consumerVersion(t, rc.Namespace, consumer); v != cur.Status.Credential.Version {
-		t.Errorf("consumer template annotation %q, want %q", v, cur.Status.Credential.Version)
-	}
-	if fw.Authenticates(oldUser, oldPass) {
-		t.Error("the old credential still works in Vault's Redis after the rollout")
-	}
-	if msg := fw.OnEveryPod(rc, oldUser, oldPass, false); msg != "" {
-		t.Errorf("after the rollout: %s", msg)
-	}
-	if len(cur.Status.RetiringUsers) > 0 {
-		t.Errorf("status.retiringUsers %v after the rollout", cur.Status.RetiringUsers)
-	}
-	if exists, _ := fw.LeaseExists(oldLease); exists {
-		t.Error("the superseded lease is still live in Vault")
-	}
-	newUser, newPass, _ := fw.Credentials(rc)
-	if !fw.Authenticates(newUser, newPass) || newUser == oldUser {
-		t.Error("the new credential does not work in Vault's Redis")
-	}
-	if msg := fw.OnEveryPod(rc, newUser, newPass, true); msg != "" {
-		t.Error(msg)
-	}
-	return cur
-}
-
-// waitRolledOut waits until rc's rollout is over and its ledger holds only the current lease,
-// which is not oldLease.
-func waitRolledOut(t *testing.T, rc *v1alpha1.RedisCluster, oldLease string, timeout time.Duration) *v1alpha1.RedisCluster {
-	t.Helper()
-	var cur *v1alpha1.RedisCluster
-	framework.Eventually(t, timeout, func() string {
-		cur = fw.Get(t, rc)
-		if cur.Status.Rollout != nil || len(cur.Status.Leases) != 1 || cur.Status.Leases[0].LeaseID == oldLease {
-			return fmt.Sprintf("rollout %+v, ledger %+v", cur.Status.Rollout, cur.Status.Leases)
-		}
-		return ""
-	})
-	return cur
-}
-
 // A rotation in Live mode (the default) changes users, not pods: the new credential's user goes
 // onto every Redis node, and only once every node accepts it is it published in the consumers'
 // Secret and the consumer restarted; the old credential works everywhere until then; after the
@@ -309,7 +252,7 @@ func TestLiveRotationMovesUsersNotPodsAndConsumersOnlyOnceEveryNodeAcceptsThenRe
 	// Vault's Redis and on every Redis node. The consumer is read before the credential is tried,
 	// so that a retirement in between cannot pass for a failure.
 	framework.Eventually(t, 120*time.Second, func() string {
-		if v := consumerVersion(t, ns, "orders-api"); v == "" || v == oldVersion {
+		if v := fw.ConsumerVersion(t, ns, "orders-api"); v == "" || v == oldVersion {
 			if !fw.Authenticates(oldUser, oldPass) {
 				t.Fatal("the old credential stopped working in Vault's Redis before the consumer was restarted")
 			}
@@ -331,7 +274,7 @@ func TestLiveRotationMovesUsersNotPodsAndConsumersOnlyOnceEveryNodeAcceptsThenRe
 	for _, p := range published() {
 		t.Error(p)
 	}
-	cur = checkRetired(t, rc, "orders-api", oldUser, oldPass, oldLease)
+	cur = fw.CheckRetired(t, rc, "orders-api", oldUser, oldPass, oldLease)
 	if after := podRuns(t, rc); !maps.Equal(after, runs) {
 		t.Errorf("a Redis pod restarted in a Live rotation:\nbefore %v\nafter  %v", runs, after)
 	}
@@ -421,7 +364,7 @@ func TestRestartRotationRestartsRedisPodsOneAtATimeThenConsumersAndRevokesTheOld
 	start := time.Now()
 	fw.RotateNow(t, rc)
 	framework.Eventually(t, 180*time.Second, func() string {
-		if v := consumerVersion(t, ns, "orders-api"); (v == "" || v == oldVersion) && !fw.Authenticates(oldUser, oldPass) {
+		if v := fw.ConsumerVersion(t, ns, "orders-api"); (v == "" || v == oldVersion) && !fw.Authenticates(oldUser, oldPass) {
 			t.Fatal("the old credential stopped working before the consumer was restarted")
 		}
 		cur = fw.Get(t, rc)
@@ -444,7 +387,7 @@ func TestRestartRotationRestartsRedisPodsOneAtATimeThenConsumersAndRevokesTheOld
 	for _, p := range published() {
 		t.Error(p)
 	}
-	checkRetired(t, rc, "orders-api", oldUser, oldPass, oldLease)
+	fw.CheckRetired(t, rc, "orders-api", oldUser, oldPass, oldLease)
 	events = fw.ClusterEvents(t, ns, "orders")
 	got := framework.NewReasons(before, framework.Reasons(events))
 	for _, want := range []string{v1alpha1.EventPodRestarted, v1alpha1.EventUsersApplied} {
@@ -463,143 +406,6 @@ func TestRestartRotationRestartsRedisPodsOneAtATimeThenConsumersAndRevokesTheOld
 	}
 }
 
-// A Redis pod that does not come back from its restart (rollout.redisPods Restart; the real
-// node's kubelet is held, so the pod stays Terminating and still reported Ready) stops the
-// rollout: once it has not run Redis for rollout.readinessTimeout after its restart, and not
-// before (the pod ran for longer than that before), the cluster is Degraded with a warning event;
-// no further pod and no consumer is touched, and the old credential and lease stay. Once the
-// kubelet goes on, the rollout resumes and completes.
-func TestStalledRolloutTouchesNoFurtherPodAndResumesWhenReady(t *testing.T) {
-	ns := fw.Namespace(t, "stall")
-	vc := fw.VaultConnection(t, "vault-stall", framework.Allow(ns))
-	fw.StandInConsumer(t, ns, "orders-api", 2)
-	const timeout = 10 * time.Second
-	rc := fw.RedisCluster(t, ns, "orders", vc.Name, fw.Path("orders"), framework.Replicas(3), framework.WithConsumers("orders-api"), func(rc *v1alpha1.RedisCluster) {
-		rc.Spec.Rollout.RedisPods = v1alpha1.RedisPodsRestart
-		rc.Spec.Rollout.ReadinessTimeout = &metav1.Duration{Duration: timeout}
-	})
-	cur := fw.WaitReady(t, rc, 90*time.Second)
-	oldLease, oldVersion := cur.Status.Credential.LeaseID, cur.Status.Credential.Version
-	oldUser, oldPass, _ := fw.Credentials(rc)
-	before := map[string]string{}
-	for _, name := range []string{"orders-0", "orders-1"} {
-		p := &corev1.Pod{}
-		if err := fw.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, p); err != nil {
-			t.Fatal(err)
-		}
-		before[name] = string(p.UID)
-	}
-	// Pods that ran for longer than readinessTimeout before their restart, as pods usually have:
-	// their restart must not be timed from their creation.
-	oldest := &corev1.Pod{}
-	if err := fw.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "orders-2"}, oldest); err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(time.Until(oldest.CreationTimestamp.Add(2 * timeout)))
-
-	resume := pauseRealKubelet(t)
-	fw.RotateNow(t, rc)
-	var restarted time.Time
-	framework.Eventually(t, 30*time.Second, func() string {
-		ro := fw.Get(t, rc).Status.Rollout
-		if ro == nil || ro.PodInFlight != "orders-2" || ro.PodRestartedAt == nil {
-			return fmt.Sprintf("orders-2 not restarted yet: rollout %+v", ro)
-		}
-		restarted = ro.PodRestartedAt.Time
-		return ""
-	})
-	cur = fw.WaitCondition(t, rc, v1alpha1.ConditionDegraded, metav1.ConditionTrue, "", 60*time.Second)
-	degraded := framework.Condition(cur, v1alpha1.ConditionDegraded)
-	t.Logf("while orders-2 is held: Degraded %s: %s", degraded.Reason, degraded.Message)
-	// Both times are whole seconds, the restart's rounded down.
-	if after := degraded.LastTransitionTime.Sub(restarted); after < timeout-time.Second {
-		t.Errorf("Degraded %s after orders-2 was restarted, before its readinessTimeout (%s) was over: %s", after, timeout, degraded.Message)
-	}
-	if degraded.Reason != v1alpha1.ReasonNodeNotReady || !strings.Contains(degraded.Message, "orders-2") {
-		t.Errorf("Degraded %s: %s; want %s naming orders-2", degraded.Reason, degraded.Message, v1alpha1.ReasonNodeNotReady)
-	}
-	if cur.Status.Rollout == nil || cur.Status.Rollout.PodInFlight != "orders-2" {
-		t.Fatalf("rollout status while stalled: %+v", cur.Status.Rollout)
-	}
-	// Nothing further happens while the pod is held.
-	for end := time.Now().Add(3 * time.Second); time.Now().Before(end); time.Sleep(500 * time.Millisecond) {
-		for name, b := range before {
-			p := &corev1.Pod{}
-			if err := fw.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, p); err != nil {
-				t.Fatal(err)
-			}
-			if string(p.UID) != b || p.DeletionTimestamp != nil {
-				t.Fatalf("pod %s was touched while the rollout was stalled", name)
-			}
-		}
-		if v := consumerVersion(t, ns, "orders-api"); v != "" && v != oldVersion {
-			t.Fatalf("the consumer was restarted on %s while the rollout was stalled", v)
-		}
-	}
-	if warnings := framework.Reasons(framework.Warnings(fw.ClusterEvents(t, ns, "orders"))); !slices.Contains(warnings, degraded.Reason) {
-		t.Errorf("no %s warning event (warnings: %v)", degraded.Reason, warnings)
-	}
-	if exists, _ := fw.LeaseExists(oldLease); !exists {
-		t.Fatal("the old lease was revoked while the rollout was stalled")
-	}
-	if !fw.Authenticates(oldUser, oldPass) {
-		t.Fatal("the old credential stopped working while the rollout was stalled")
-	}
-	// Every Redis runs on (the held kubelet stops none), orders-2's too, with the old user.
-	if msg := fw.OnEveryPod(rc, oldUser, oldPass, true); msg != "" {
-		t.Fatalf("while the rollout was stalled: %s", msg)
-	}
-
-	resume()
-	start := time.Now()
-	waitRolledOut(t, rc, oldLease, 120*time.Second)
-	t.Logf("the rollout finished %s after the kubelet went on", time.Since(start).Round(time.Millisecond))
-	fw.WaitCondition(t, rc, v1alpha1.ConditionDegraded, metav1.ConditionFalse, "", 10*time.Second)
-	checkRetired(t, rc, "orders-api", oldUser, oldPass, oldLease)
-}
-
-// An operator stopped in the middle of a rollout (the consumer's new pods are held not Ready, as
-// kwok is paused) and started again resumes it, and the rotation ends with exactly the one new
-// lease it began with: the restarted operator issues nothing more, and the old lease is revoked.
-func TestOperatorRestartMidRolloutResumesWithOneNewLeaseAndOneRevoked(t *testing.T) {
-	ns := fw.Namespace(t, "restart")
-	vc := fw.VaultConnection(t, "vault-restart", framework.Allow(ns))
-	fw.StandInConsumer(t, ns, "orders-api", 2)
-	rc := fw.RedisCluster(t, ns, "orders", vc.Name, fw.Path("restart"), framework.WithConsumers("orders-api"))
-	cur := fw.WaitReady(t, rc, 60*time.Second)
-	oldLease := cur.Status.Credential.LeaseID
-	oldUser, oldPass, _ := fw.Credentials(rc)
-	if leases := fw.VaultLeases(t, fw.Path("restart")); !slices.Equal(leases, []string{oldLease}) {
-		t.Fatalf("Vault leases before the rotation: %v", leases)
-	}
-
-	resume := pauseKubelets(t)
-	fw.RotateNow(t, rc)
-	var newLease string
-	framework.Eventually(t, 60*time.Second, func() string {
-		cur = fw.Get(t, rc)
-		ro := cur.Status.Rollout
-		if ro == nil || consumerVersion(t, ns, "orders-api") != ro.TargetVersion {
-			return fmt.Sprintf("the consumer is not restarted yet: rollout %+v", ro)
-		}
-		newLease = cur.Status.Credential.LeaseID
-		return ""
-	})
-	if leases := fw.VaultLeases(t, fw.Path("restart")); len(leases) != 2 || !slices.Contains(leases, oldLease) || !slices.Contains(leases, newLease) {
-		t.Fatalf("Vault leases mid-rollout: %v, want the old %s and the new %s", leases, oldLease, newLease)
-	}
-	fw.RestartOperator(t)
-	resume()
-	cur = waitRolledOut(t, rc, oldLease, 90*time.Second)
-	if cur.Status.Credential.LeaseID != newLease {
-		t.Errorf("the rotation ended on lease %s, not on %s it began with", cur.Status.Credential.LeaseID, newLease)
-	}
-	if leases := fw.VaultLeases(t, fw.Path("restart")); !slices.Equal(leases, []string{newLease}) {
-		t.Fatalf("after the resumed rollout Vault holds %v for the role, want exactly the one new lease %s", leases, newLease)
-	}
-	checkRetired(t, rc, "orders-api", oldUser, oldPass, oldLease)
-}
-
 // A consumer that does not exist is reported (ConsumerMissing) and passed over; a paused one is
 // reported (ConsumerPaused) and waited for: while it is paused, the rollout stays open and the old
 // credential keeps working in Vault's Redis and on the Redis node (the paused consumer's pods run
@@ -613,15 +419,7 @@ func TestMissingConsumerIsReportedAndPausedConsumerIsWaitedFor(t *testing.T) {
 	cur := fw.WaitReady(t, rc, 60*time.Second)
 	oldLease := cur.Status.Credential.LeaseID
 	oldUser, oldPass, _ := fw.Credentials(rc)
-	d := &appsv1.Deployment{}
-	if err := fw.Client.Get(context.Background(), key, d); err != nil {
-		t.Fatal(err)
-	}
-	patch := client.MergeFrom(d.DeepCopy())
-	d.Spec.Paused = true
-	if err := fw.Client.Patch(context.Background(), d, patch); err != nil {
-		t.Fatal(err)
-	}
+	fw.PauseDeployment(t, key, true)
 
 	fw.RotateNow(t, rc)
 	cur = fw.WaitCondition(t, rc, v1alpha1.ConditionDegraded, metav1.ConditionTrue, v1alpha1.ReasonConsumerPaused, 60*time.Second)
@@ -647,62 +445,14 @@ func TestMissingConsumerIsReportedAndPausedConsumerIsWaitedFor(t *testing.T) {
 	} else if msg := fw.OnEveryPod(rc, newUser, newPass, true); msg != "" {
 		t.Error(msg)
 	}
-	if v := consumerVersion(t, ns, "paused-api"); v == cur.Status.Rollout.TargetVersion {
+	if v := fw.ConsumerVersion(t, ns, "paused-api"); v == cur.Status.Rollout.TargetVersion {
 		t.Error("the paused consumer's template was changed")
 	}
 
-	if err := fw.Client.Get(context.Background(), key, d); err != nil {
-		t.Fatal(err)
-	}
-	patch = client.MergeFrom(d.DeepCopy())
-	d.Spec.Paused = false
-	if err := fw.Client.Patch(context.Background(), d, patch); err != nil {
-		t.Fatal(err)
-	}
-	waitRolledOut(t, rc, oldLease, 60*time.Second)
-	checkRetired(t, rc, "paused-api", oldUser, oldPass, oldLease)
+	fw.PauseDeployment(t, key, false)
+	fw.WaitRolledOut(t, rc, oldLease, 60*time.Second)
+	fw.CheckRetired(t, rc, "paused-api", oldUser, oldPass, oldLease)
 	fw.WaitCondition(t, rc, v1alpha1.ConditionDegraded, metav1.ConditionFalse, "", 10*time.Second)
-}
-
-// pauseKubelets stops kwok, so that pods on its fake node (the consumers) are not made Ready,
-// until the returned function (or the end of the test) starts it again.
-func pauseKubelets(t *testing.T) (resume func()) {
-	t.Helper()
-	fw.Ground.Workloads.PauseKubelets()
-	resumed := false
-	resume = func() {
-		if resumed {
-			return
-		}
-		resumed = true
-		if err := fw.Ground.Workloads.ResumeKubelets(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	t.Cleanup(resume)
-	return resume
-}
-
-// pauseRealKubelet holds the real node's kubelet (testground's Node.PauseKubelet: the Redis pods
-// run on, but none starts, stops or changes its status) until the returned function, or the end
-// of the test, lets it go on.
-func pauseRealKubelet(t *testing.T) (resume func()) {
-	t.Helper()
-	if err := fw.Ground.Node.PauseKubelet(); err != nil {
-		t.Fatal(err)
-	}
-	resumed := false
-	resume = func() {
-		if resumed {
-			return
-		}
-		resumed = true
-		if err := fw.Ground.Node.ResumeKubelet(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	t.Cleanup(resume)
-	return resume
 }
 
 func countOf(list []string, v string) int {

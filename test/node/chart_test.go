@@ -52,6 +52,8 @@ func TestHelmChartInstallsAndRuns(t *testing.T) {
 	repo, tag, _ := strings.Cut(testground.ManagerImage, ":")
 	out, err := render.Helm(t, []string{"KUBECONFIG=" + fw.Ground.CP.Kubeconfig}, "install", release, render.Chart(),
 		"--namespace", namespace, "--set", "image.repository="+repo, "--set", "image.tag="+tag,
+		// On a shared ground, the RedisClusters and VaultConnections of this package alone.
+		"--set-json", fmt.Sprintf("extraArgs=[%q]", "--watch-selector="+fw.Selector().String()),
 		"--wait", "--timeout", "4m")
 	if err != nil {
 		t.Fatalf("helm install on the real node: %v\n%s", err, fw.PodSummary(namespace))

@@ -81,7 +81,9 @@ func checkProbeSidecar(t *testing.T, rc *v1alpha1.RedisCluster) {
 	}
 }
 
-// managerOverlay writes a kustomization that takes deploy/default and sets the manager's image.
+// managerOverlay writes a kustomization that takes deploy/default and sets the manager's image,
+// and, since the ground may be shared with other packages, has the manager handle this package's
+// RedisClusters and VaultConnections alone (--watch-selector).
 func managerOverlay(t *testing.T) string {
 	t.Helper()
 	dir := t.TempDir()
@@ -90,7 +92,9 @@ func managerOverlay(t *testing.T) string {
 		t.Fatal(err)
 	}
 	name, tag, _ := strings.Cut(testground.ManagerImage, ":")
-	k := fmt.Sprintf("resources:\n- %s\nimages:\n- name: keyroll\n  newName: %s\n  newTag: %s\n", base, name, tag)
+	k := fmt.Sprintf("resources:\n- %s\nimages:\n- name: keyroll\n  newName: %s\n  newTag: %s\n", base, name, tag) +
+		fmt.Sprintf("patches:\n- target: {kind: Deployment}\n  patch: |-\n    - op: add\n      path: /spec/template/spec/containers/0/args/-\n      value: %q\n",
+			"--watch-selector="+fw.Selector().String())
 	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(k), 0o644); err != nil {
 		t.Fatal(err)
 	}

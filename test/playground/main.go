@@ -136,24 +136,13 @@ var ordersRole = testground.RedisRole{Name: "orders", DefaultTTL: 2 * time.Minut
 // sample, whose generator logs in as the service account external-secrets of namespace default).
 // The role orders comes once orders runs (pointVaultAtOrders).
 func setupVault(ctx context.Context, f *framework.Framework) error {
-	g := f.Ground
 	if err := f.SetupVault(ctx, testground.RedisRole{Name: "payments", DefaultTTL: 2 * time.Minute, MaxTTL: time.Hour}); err != nil {
 		return err
 	}
-	policy, err := os.ReadFile(filepath.Join(testground.RepoRoot(), "deploy", "vault", "external-secrets-policy.hcl"))
-	if err != nil {
+	if err := f.WriteExternalSecretsPolicy(ctx, "external-secrets"); err != nil {
 		return err
 	}
-	if err := g.Vault.WritePolicy(ctx, "external-secrets", string(policy)); err != nil {
-		return err
-	}
-	if err := g.CP.EnsureServiceAccount(ctx, "default", "external-secrets"); err != nil {
-		return err
-	}
-	return g.Vault.WriteKubernetesAuthRole(ctx, testground.KubernetesAuthRole{
-		Name: "external-secrets", ServiceAccounts: []string{"external-secrets"}, Namespaces: []string{"default"},
-		Policies: []string{"external-secrets"}, TokenTTL: time.Hour,
-	})
+	return f.ExternalSecretsAuth(ctx, "default", "external-secrets", "external-secrets", time.Hour)
 }
 
 // buildPlugin builds the kubectl plugin into bin/kubectl-keyroll, as make plugin does.

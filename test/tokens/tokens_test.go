@@ -17,7 +17,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
-	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -454,7 +453,7 @@ func revokedOutside(t *testing.T, policy v1alpha1.RevokedOutsidePolicy) {
 	if msg := fw.OnEveryPod(rc, oldUser, oldPass, true); msg != "" {
 		t.Fatalf("before the revocation, the live credential does not work on every Redis pod: %s", msg)
 	}
-	setPaused(t, consumer, true) // hold the new credential's rollout at the consumer
+	fw.PauseDeployment(t, consumer, true) // hold the new credential's rollout at the consumer
 
 	if err := fw.Ground.Vault.Root.Sys().RevokeWithContext(ctx, cur.Status.Credential.LeaseID); err != nil {
 		t.Fatal(err)
@@ -512,7 +511,7 @@ func revokedOutside(t *testing.T, policy v1alpha1.RevokedOutsidePolicy) {
 	if msg := held(); msg != "" {
 		t.Fatalf("%s: the Redis pods were checked while it was held, but %s", policy, msg)
 	}
-	setPaused(t, consumer, false)
+	fw.PauseDeployment(t, consumer, false)
 	framework.Eventually(t, 60*time.Second, func() string {
 		if cur := fw.Get(t, rc); cur.Status.Rollout != nil || len(cur.Status.Credential.SupersededUsers) > 0 || len(cur.Status.RetiringUsers) > 0 {
 			return fmt.Sprintf("rollout %+v, superseded users %q, retiring users %q", cur.Status.Rollout, cur.Status.Credential.SupersededUsers, cur.Status.RetiringUsers)
@@ -655,17 +654,4 @@ func selfSignedCA(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}))
-}
-
-func setPaused(t *testing.T, key client.ObjectKey, paused bool) {
-	t.Helper()
-	d := &appsv1.Deployment{}
-	if err := fw.Client.Get(context.Background(), key, d); err != nil {
-		t.Fatal(err)
-	}
-	patch := client.MergeFrom(d.DeepCopy())
-	d.Spec.Paused = paused
-	if err := fw.Client.Patch(context.Background(), d, patch); err != nil {
-		t.Fatal(err)
-	}
 }
