@@ -67,7 +67,8 @@ const OperatorSA = "keyroll-manager"
 
 // Framework is one test package's handle on its test ground.
 type Framework struct {
-	Config
+	// Config is what the package asked for.
+	Config    Config
 	Ground    *testground.Ground
 	Client    client.Client
 	Clientset *kubernetes.Clientset
@@ -197,9 +198,11 @@ func (f *Framework) start() error {
 }
 
 // ground attaches to the shared ground that testground.SharedEnv names, when it runs every
-// component the package asks for, or starts one of the package's own.
+// component the package asks for, or starts one of the package's own. Only packages that ask for
+// the real node share it: on a ground with a real node, pods go there unless they ask for kwok's,
+// and a package written for kwok alone would have its pods run (and their images pulled) for real.
 func (f *Framework) ground() (*testground.Ground, error) {
-	if path := os.Getenv(testground.SharedEnv); path != "" && f.Config.Name != "" && !f.Config.OwnGround {
+	if path := os.Getenv(testground.SharedEnv); path != "" && f.Config.Name != "" && !f.Config.OwnGround && f.Config.Ground.Node {
 		g, err := testground.Attach(path)
 		if err != nil {
 			return nil, err

@@ -205,6 +205,7 @@ func applySamples(t *testing.T, ctx context.Context, base string) *v1alpha1.Redi
 		default:
 			obj.SetNamespace(ns)
 		}
+		fw.Label(obj) // the package's RedisCluster and VaultConnection, for its managers' --watch-selector
 		if err := fw.Client.Create(ctx, obj); err != nil {
 			t.Fatalf("%s: %v", f, err)
 		}
