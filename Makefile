@@ -188,6 +188,11 @@ undeploy: ## Remove what deploy installed.
 
 ##@ Playground
 
+# What the playground runs, and kubectl and vault for the tour.
+PLAYGROUND_TOOLS := etcd kube-apiserver kube-controller-manager kubelet kube-proxy coredns ociimage vault external-secrets kubectl
+
 .PHONY: playground
-playground: deps ## Run keyroll against a real local control plane, Vault and Redis, with the samples applied.
+playground: ## Run keyroll against a real local control plane, Vault and Redis, with the samples applied.
+	test/tools/install-deps.sh
+	test/tools/build.sh $(TESTGROUND_BIN) $(PLAYGROUND_TOOLS)
 	$(GO) run ./test/playground --kubeconfig-out=$(PLAYGROUND_DIR)/playground.kubeconfig $(PLAYGROUND_FLAGS)
