@@ -73,6 +73,16 @@ E2E_PACKAGES = $(shell test/tools/packages.sh e2e)
 INTEGRATION_TOOLS := etcd kube-apiserver kube-controller-manager kwok vault external-secrets kubectl helm kube-score
 E2E_TOOLS := $(INTEGRATION_TOOLS) kubelet kube-proxy coredns ociimage
 
+# make test runs every package but those with a real node of their own under test/sharedground:
+# one test ground (control plane, real node, kwok, Vault, Redis, External Secrets Operator) that
+# the packages work on at once, each in namespaces and Vault roles of its own; then the packages
+# that start a real node of their own, one after another (the machine has one real node).
+OWN_NODE_PACKAGES = $(shell test/tools/packages.sh own-node)
+SHARED_PACKAGES = $(filter-out $(OWN_NODE_PACKAGES),$(shell $(GO) list ./...))
+# How many test binaries run at once on the shared ground: most of their time is spent waiting
+# (leases, tokens, pods), not computing.
+TEST_PARALLEL ?= 8
+
 .PHONY: deps
 deps: ## Install what the tests need (Debian packages) and build the test ground (cached).
 	test/tools/install-deps.sh
@@ -95,23 +105,14 @@ integration: ## The control-plane tier: the packages under test/ whose ground ha
 	$(GO) test -race -count=1 -timeout 30m $(INTEGRATION_PACKAGES)
 
 .PHONY: e2e
-e2e: ## The real-node tier: the packages under test/ whose ground runs the real node (pods of Redis, consumers, the manager).
+e2e: ## The real-node tier: the packages under test/ whose ground runs the real node (pods of Redis, consumers, the manager), on one shared ground as in make test.
 	test/tools/install-deps.sh
 	test/tools/build.sh $(TESTGROUND_BIN) $(E2E_TOOLS)
-	$(GO) test -race -count=1 -timeout 40m $(E2E_PACKAGES)
+	$(GO) run ./test/sharedground -- $(GO) test -race -count=1 -p $(TEST_PARALLEL) -timeout 40m $(filter-out $(OWN_NODE_PACKAGES),$(E2E_PACKAGES))
+	$(GO) test -race -count=1 -timeout 40m $(OWN_NODE_PACKAGES)
 
 .PHONY: test-e2e
 test-e2e: integration e2e ## Every test under test/ (the integration and e2e tiers).
-
-# make test runs every package but those with a real node of their own under test/sharedground:
-# one test ground (control plane, real node, kwok, Vault, Redis, External Secrets Operator) that
-# the packages work on at once, each in namespaces and Vault roles of its own; then the packages
-# that start a real node of their own, one after another (the machine has one real node).
-OWN_NODE_PACKAGES = $(shell test/tools/packages.sh own-node)
-SHARED_PACKAGES = $(filter-out $(OWN_NODE_PACKAGES),$(shell $(GO) list ./...))
-# How many test binaries run at once on the shared ground: most of their time is spent waiting
-# (leases, tokens, pods), not computing.
-TEST_PARALLEL ?= 8
 
 .PHONY: test
 test: deps lint verify-generated ## The whole test suite (what CI runs): every tier with -race; most packages at once on one shared test ground.
