@@ -30,14 +30,21 @@ func sawSecret(value, where string) {
 	secretValues.m[value] = where
 }
 
-// rememberSecrets adds to the leak scan the data of every Secret in ns ("" for every namespace),
-// usernames aside, and says how many Secrets there are.
+// rememberSecrets adds to the leak scan the data of every Secret in ns ("" for every namespace of
+// the package's: on a shared ground the other packages' Secrets hold values that are no secret of
+// this package's operators, such as External Secrets Operator's mount_type "database"), usernames
+// aside, and says how many Secrets there are.
 func rememberSecrets(ns string) (int, error) {
 	list := &corev1.SecretList{}
 	if err := fw.Client.List(context.Background(), list, client.InNamespace(ns)); err != nil {
 		return 0, err
 	}
+	n := 0
 	for _, s := range list.Items {
+		if !strings.HasPrefix(s.Namespace, fw.Name("")) {
+			continue
+		}
+		n++
 		for k, v := range s.Data {
 			if strings.HasSuffix(strings.ToLower(k), "username") {
 				continue // usernames are no secret: keyroll logs them
@@ -45,13 +52,13 @@ func rememberSecrets(ns string) (int, error) {
 			sawSecret(string(v), fmt.Sprintf("Secret %s/%s key %s", s.Namespace, s.Name, k))
 		}
 	}
-	return len(list.Items), nil
+	return n, nil
 }
 
 // scanLogs looks for every secret value in the operators' logs: those the rows saw (among them the
 // data of the Secrets of each row's namespace once its clusters settled: a row's clusters, and the
-// Secrets they own, are deleted when it ends) and the data of every Secret in the ground now
-// (keyroll's token Secrets, service-account material, what the last rows left). It returns a
+// Secrets they own, are deleted when it ends) and the data of every Secret of the package's
+// namespaces now (keyroll's token Secrets in its operator namespace, what the last rows left). It returns a
 // summary, and the places of the values found, never the values.
 func scanLogs() (summary string, leaks []string) {
 	left, _ := rememberSecrets("")
@@ -66,7 +73,7 @@ func scanLogs() (summary string, leaks []string) {
 	}
 	sort.Strings(leaks)
 	lines := strings.Count(text, "\n") + 1
-	return fmt.Sprintf("Leak scan: %d secret values (every credential the rows saw, the data of every row's Secrets and of the %d Secrets left in the ground, Vault's root token) searched for in the %d log lines of the operator processes: %d found.",
+	return fmt.Sprintf("Leak scan: %d secret values (every credential the rows saw, the data of every row's Secrets and of the %d Secrets left in the package's namespaces, Vault's root token) searched for in the %d log lines of the operator processes: %d found.",
 		len(secretValues.m), left, lines, len(leaks)), leaks
 }
 
