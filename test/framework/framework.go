@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"sync"
 	"testing"
 	"time"
 
@@ -78,17 +79,15 @@ type Framework struct {
 	// election Lease and token store are there) and its Kubernetes auth role and policy in Vault.
 	OperatorNS, OperatorRole string
 
-	operator *Operator
-	ownVault *testground.Vault
+	operatorMu sync.Mutex // guards operator, which tests stop and start again
+	operator   *Operator
+	ownVault   *testground.Vault
 }
 
 // New returns a Framework for a package; Run starts it.
 func New(c Config) *Framework {
 	f := &Framework{Config: c, Logs: &SyncBuffer{}}
 	f.OperatorNS, f.OperatorRole = f.Name("keyroll-system"), f.Name("keyroll")
-	if c.Name == "" {
-		f.OperatorRole = "keyroll"
-	}
 	return f
 }
 

@@ -3,7 +3,6 @@ package framework
 import (
 	"context"
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
@@ -126,9 +125,6 @@ func (o *Operator) Stop() error {
 	return err
 }
 
-// operatorMu guards the package's current operator, which tests stop and start again.
-var operatorMu sync.Mutex
-
 // StartOperator runs the package's operator in the test process (Operator returns it); a running
 // one is stopped first.
 func (f *Framework) StartOperator(o OperatorOptions) error {
@@ -137,25 +133,25 @@ func (f *Framework) StartOperator(o OperatorOptions) error {
 	if err != nil {
 		return err
 	}
-	operatorMu.Lock()
+	f.operatorMu.Lock()
 	f.operator = op
-	operatorMu.Unlock()
+	f.operatorMu.Unlock()
 	return nil
 }
 
 // Operator is the package's operator running in the test process (nil while none runs).
 func (f *Framework) Operator() *Operator {
-	operatorMu.Lock()
-	defer operatorMu.Unlock()
+	f.operatorMu.Lock()
+	defer f.operatorMu.Unlock()
 	return f.operator
 }
 
 // StopOperator stops the package's operator, if one runs; it releases its Lease.
 func (f *Framework) StopOperator() {
-	operatorMu.Lock()
+	f.operatorMu.Lock()
 	op := f.operator
 	f.operator = nil
-	operatorMu.Unlock()
+	f.operatorMu.Unlock()
 	if op != nil {
 		_ = op.Stop()
 	}

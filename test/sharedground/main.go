@@ -22,8 +22,6 @@ import (
 	"syscall"
 	"time"
 
-	vaultapi "github.com/hashicorp/vault/api"
-
 	"github.com/keyroll/keyroll/test/testground"
 )
 
@@ -50,7 +48,7 @@ func run(args []string) int {
 		return 1
 	}
 	desc := filepath.Join(g.Dir, "ground.json")
-	if err := g.WriteDescriptor(desc, opts); err != nil {
+	if err := g.WriteDescriptor(desc); err != nil {
 		fmt.Fprintf(os.Stderr, "sharedground: %v\n", err)
 		return 1
 	}
@@ -88,17 +86,8 @@ func run(args []string) int {
 // database engine's connection to the ground's Redis, allowing every role, and Kubernetes auth
 // against the API server.
 func setUp(ctx context.Context, g *testground.Ground) error {
-	v := g.Vault
-	if err := v.Root.Sys().MountWithContext(ctx, "database", &vaultapi.MountInput{Type: "database"}); err != nil {
-		return fmt.Errorf("enabling the database secrets engine: %w", err)
+	if err := g.Vault.ConfigureRedis(ctx, g.Redis); err != nil {
+		return err
 	}
-	_, err := v.Root.Logical().WriteWithContext(ctx, "database/config/redis", map[string]any{
-		"plugin_name": "redis-database-plugin", "host": "127.0.0.1", "port": g.Redis.Port,
-		"username": g.Redis.AdminUser, "password": g.Redis.AdminPassword,
-		"allowed_roles": "*", "verify_connection": true,
-	})
-	if err != nil {
-		return fmt.Errorf("configuring the connection redis: %w", err)
-	}
-	return v.EnableKubernetesAuth(ctx, g.CP)
+	return g.Vault.EnableKubernetesAuth(ctx, g.CP)
 }

@@ -37,8 +37,8 @@ type Descriptor struct {
 }
 
 // WriteDescriptor writes the ground's Descriptor to path (mode 0600).
-func (g *Ground) WriteDescriptor(path string, opts Options) error {
-	d := Descriptor{Options: opts, Kubeconfig: g.CP.Kubeconfig, CAFile: g.CP.CAFile}
+func (g *Ground) WriteDescriptor(path string) error {
+	d := Descriptor{Options: g.Options, Kubeconfig: g.CP.Kubeconfig, CAFile: g.CP.CAFile}
 	if v := g.Vault; v != nil {
 		d.Vault = &struct {
 			Addr, PodAddr, RootToken, LogPath string

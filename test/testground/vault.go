@@ -139,11 +139,15 @@ func (v *Vault) WriteRedisRole(ctx context.Context, role RedisRole) error {
 
 // ConnectRedis points a connection of the database engine (enabled by ConfigureRedis) at another
 // Redis, such as a RedisCluster's client Service, as the plugin user user, and writes roles that
-// issue from it.
+// issue from it. Without roles the connection allows every role (a shared ground's, whose
+// packages write roles of their own).
 func (v *Vault) ConnectRedis(ctx context.Context, conn, host string, port int, user, password string, roles ...RedisRole) error {
 	names := make([]string, 0, len(roles))
 	for _, role := range roles {
 		names = append(names, role.Name)
+	}
+	if len(names) == 0 {
+		names = []string{"*"}
 	}
 	_, err := v.Root.Logical().WriteWithContext(ctx, "database/config/"+conn, map[string]any{
 		"plugin_name": "redis-database-plugin", "host": host, "port": port,
