@@ -37,6 +37,9 @@ const (
 	ClassInvalidConfig = "InvalidConfig"
 	// ClassUnknown: anything else, for example a response the client cannot understand.
 	ClassUnknown = "Unknown"
+	// ClassRefused: keyroll refused the request itself, before sending it: the path or lease lies
+	// outside what the RedisCluster's namespace may use (Refused).
+	ClassRefused = "Refused"
 
 	// OutcomeSuccess is the outcome passed to Config.Observer for a successful request.
 	OutcomeSuccess = "Success"
@@ -131,6 +134,8 @@ func describeClass(class string) string {
 		return "canceled"
 	case ClassInvalidConfig:
 		return "invalid configuration"
+	case ClassRefused:
+		return "refused by keyroll, not sent to Vault"
 	}
 	return "failed"
 }
@@ -146,6 +151,15 @@ func ClassOf(err error) string {
 	}
 	return classify(err)
 }
+
+// Refused is the error of an operation (op: "issue", "renew", "revoke", "lookup", "list-leases")
+// that keyroll refuses to send to Vault at all; why says which rule refuses it.
+func Refused(op, path, why string) error {
+	return &Error{Op: op, Path: path, Class: ClassRefused, detail: why}
+}
+
+// IsRefused says that keyroll refused the operation without sending it to Vault.
+func IsRefused(err error) bool { return ClassOf(err) == ClassRefused }
 
 // IsPermissionDenied reports whether Vault refused the request or the login (403).
 func IsPermissionDenied(err error) bool { return ClassOf(err) == ClassPermissionDenied }

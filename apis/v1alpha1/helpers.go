@@ -2,6 +2,7 @@ package v1alpha1
 
 import (
 	"slices"
+	"strings"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -56,6 +57,52 @@ func (rc *RedisCluster) VaultConnections() []string {
 // AllowsNamespace says whether RedisClusters in ns may use the VaultConnection: listed, or "*".
 func (vc *VaultConnection) AllowsNamespace(ns string) bool {
 	return slices.Contains(vc.Spec.AllowedNamespaces, "*") || slices.Contains(vc.Spec.AllowedNamespaces, ns)
+}
+
+// NamespacePlaceholder stands for a RedisCluster's namespace in spec.allowedPaths.
+const NamespacePlaceholder = "{namespace}"
+
+// AllowsPath says whether RedisClusters in ns may read credentials from path: it matches one of
+// spec.allowedPaths with {namespace} replaced by ns, exactly or, for an entry ending in *, by
+// its prefix. A path with an empty, . or .. segment never matches.
+func (vc *VaultConnection) AllowsPath(ns, path string) bool {
+	if ns == "" || !cleanVaultPath(path) {
+		return false
+	}
+	for _, p := range vc.Spec.AllowedPaths {
+		p = strings.ReplaceAll(p, NamespacePlaceholder, ns)
+		if prefix, ok := strings.CutSuffix(p, "*"); ok {
+			if strings.HasPrefix(path, prefix) {
+				return true
+			}
+		} else if path == p {
+			return true
+		}
+	}
+	return false
+}
+
+// AllowsLease says whether a lease ID lies under a path that RedisClusters in ns may use: Vault
+// names a lease <path>/<id>, so the ID less its last segment must be an allowed path.
+func (vc *VaultConnection) AllowsLease(ns, leaseID string) bool {
+	i := strings.LastIndexByte(leaseID, '/')
+	if i <= 0 || i == len(leaseID)-1 || !cleanVaultPath(leaseID) {
+		return false
+	}
+	return vc.AllowsPath(ns, leaseID[:i])
+}
+
+// cleanVaultPath says whether p is a relative path without empty, . or .. segments.
+func cleanVaultPath(p string) bool {
+	if p == "" {
+		return false
+	}
+	for s := range strings.SplitSeq(p, "/") {
+		if s == "" || s == "." || s == ".." {
+			return false
+		}
+	}
+	return true
 }
 
 // SummaryPhase summarises the conditions for kubectl get (status.phase).

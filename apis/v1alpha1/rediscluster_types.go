@@ -301,6 +301,7 @@ type VaultLeaseSource struct {
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=512
 	// +kubebuilder:validation:Pattern=`^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)+$`
+	// +kubebuilder:validation:XValidation:rule="!self.split('/').exists(s, s == '.' || s == '..')",message="vaultLease.path: the segments . and .. are not allowed"
 	Path string `json:"path"`
 
 	// renewalPercent is how far into the lease's duration it is renewed, in percent.

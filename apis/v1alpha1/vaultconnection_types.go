@@ -40,6 +40,25 @@ type VaultConnectionSpec struct {
 	// +kubebuilder:validation:XValidation:rule="!self.exists(n, n == '*') || self.size() == 1",message="allowedNamespaces: \"*\" must be the only entry"
 	AllowedNamespaces []string `json:"allowedNamespaces,omitempty"`
 
+	// allowedPaths lists the Vault paths that RedisClusters of an allowed namespace may read
+	// credentials from (credentials.vaultLease.path), and so the leases keyroll may renew, look up
+	// and revoke for them: a lease is touched only when its ID lies under an allowed path. In each
+	// entry {namespace} stands for the RedisCluster's namespace, and a trailing * matches any
+	// rest, as in a Vault policy: database/creds/{namespace} (one role per namespace, named after
+	// it) or database/creds/{namespace}.* (several). Empty means no path: every RedisCluster is
+	// refused (PathNotAllowed) without a Vault call. {namespace} must be followed by /, ., _ or the
+	// end, characters a namespace name cannot hold, so that namespace a never matches the paths of
+	// namespace a-b.
+	// +optional
+	// +listType=set
+	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:items:MinLength=1
+	// +kubebuilder:validation:items:MaxLength=512
+	// +kubebuilder:validation:items:Pattern=`^([A-Za-z0-9_.-]|[{]namespace[}])+(/([A-Za-z0-9_.-]|[{]namespace[}])+)*(/?[*])?$`
+	// +kubebuilder:validation:XValidation:rule="self.all(p, !p.matches('[{]namespace[}][^/._]'))",message="allowedPaths: {namespace} must be followed by /, ., _ or the end of the path, or one namespace's paths would match another's (a and a-b)"
+	// +kubebuilder:validation:XValidation:rule="self.all(p, !p.split('/').exists(s, s == '.' || s == '..'))",message="allowedPaths: the segments . and .. are not allowed"
+	AllowedPaths []string `json:"allowedPaths,omitempty"`
+
 	// rateLimit bounds the requests the operator sends to this Vault, for all RedisClusters together.
 	// +optional
 	// +kubebuilder:default={qps: 20, burst: 40}

@@ -790,6 +790,11 @@ func (in *VaultConnectionSpec) DeepCopyInto(out *VaultConnectionSpec) {
 		*out = make([]string, len(*in))
 		copy(*out, *in)
 	}
+	if in.AllowedPaths != nil {
+		in, out := &in.AllowedPaths, &out.AllowedPaths
+		*out = make([]string, len(*in))
+		copy(*out, *in)
+	}
 	if in.RateLimit != nil {
 		in, out := &in.RateLimit, &out.RateLimit
 		*out = new(VaultRateLimit)

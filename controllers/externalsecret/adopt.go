@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"slices"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
@@ -19,10 +21,11 @@ import (
 // adopt takes a credential ESO synced into the status. A new one is recorded, and its lease put
 // into the ledger when tracked, before anything uses it; the credential it replaces is superseded
 // and its lease revoked after the rollout. gone says the tracked lease no longer exists in Vault.
-func (r *Source) adopt(ctx context.Context, cl *ledger.Cluster, sc *render.SyncedCredential, vcl vault.LeaseClient, tracked bool) (gone bool, err error) {
+// es is the UID of keyroll's ExternalSecret: only leases seen in Secrets it controls are taken.
+func (r *Source) adopt(ctx context.Context, cl *ledger.Cluster, sc *render.SyncedCredential, vcl vault.LeaseClient, tracked bool, es types.UID) (gone bool, err error) {
 	rc := cl.RC
 	key := client.ObjectKeyFromObject(rc)
-	sighted := r.sightings.peek(key)
+	sighted := r.sightings.peek(key, es)
 	if !tracked {
 		r.sightings.forget(key, nil)
 		sighted = nil
@@ -121,4 +124,48 @@ func (r *Source) recordSynced(cl *ledger.Cluster, sc *render.SyncedCredential, t
 		}
 	}
 	rc.Status.Credential = cs
+}
+
+// syncedSecret reads the credentials Secret ESO writes; nil while it does not exist. It must be
+// controlled by keyroll's own ExternalSecret, whose UID is es (empty: not created yet): a Secret of
+// that name that anyone else wrote, or another ExternalSecret controls, is never read.
+func (r *Source) syncedSecret(ctx context.Context, rc *v1alpha1.RedisCluster, es types.UID) (*corev1.Secret, error) {
+	if es == "" {
+		return nil, nil
+	}
+	key := client.ObjectKey{Namespace: rc.Namespace, Name: render.SyncedSecretName(rc)}
+	sec := &corev1.Secret{}
+	ours := func() bool {
+		ref := metav1.GetControllerOf(sec)
+		return render.SyncedByExternalSecret(sec, rc) && ref.UID == es
+	}
+	err := r.Client.Get(ctx, key, sec)
+	if client.IgnoreNotFound(err) != nil {
+		return nil, err
+	}
+	if err != nil || !ours() {
+		// Not in the cache (yet): ESO may have written it a moment ago.
+		if err := r.APIReader.Get(ctx, key, sec); err != nil {
+			return nil, client.IgnoreNotFound(err)
+		}
+	}
+	if !ours() {
+		return nil, nil
+	}
+	return sec, nil
+}
+
+// mayTrack says whether the lease ESO obtained may be tracked through vcl: its ID must lie under a
+// path the VaultConnection allows the namespace (see tenancy.ForNamespace). One that does
+// not is announced and left alone: keyroll neither renews nor revokes it.
+func (r *Source) mayTrack(cl *ledger.Cluster, vcl vault.LeaseClient, id string) bool {
+	g, ok := vcl.(interface{ AllowsLease(string) error })
+	if !ok {
+		return true
+	}
+	if err := g.AllowsLease(id); err != nil {
+		cl.Conds.Event(true, v1alpha1.EventLeaseDisowned, "Adopt", "The lease External Secrets Operator obtained is not tracked: %v", err)
+		return false
+	}
+	return true
 }

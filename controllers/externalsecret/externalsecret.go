@@ -37,7 +37,7 @@ func (r *Source) Credential(ctx context.Context, cl *ledger.Cluster, vcl vault.L
 	if err != nil || es == nil {
 		return nil, waitForConnection, err
 	}
-	sec, err := r.syncedSecret(ctx, rc)
+	sec, err := r.syncedSecret(ctx, rc, es.UID)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -50,8 +50,8 @@ func (r *Source) Credential(ctx context.Context, cl *ledger.Cluster, vcl vault.L
 		r.notSynced(cl, es, problem, true)
 		return nil, 0, nil
 	}
-	tracked := vcl != nil && sc.LeaseID != ""
-	gone, err := r.adopt(ctx, cl, sc, vcl, tracked)
+	tracked := vcl != nil && sc.LeaseID != "" && r.mayTrack(cl, vcl, sc.LeaseID)
+	gone, err := r.adopt(ctx, cl, sc, vcl, tracked, es.UID)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -142,26 +142,6 @@ func (r *Source) ensureExternalSecret(ctx context.Context, cl *ledger.Cluster) (
 		return desired, nil // created a moment ago: the cache has not seen it yet
 	}
 	return es, nil
-}
-
-// syncedSecret reads the credentials Secret ESO writes; nil while it does not exist.
-func (r *Source) syncedSecret(ctx context.Context, rc *v1alpha1.RedisCluster) (*corev1.Secret, error) {
-	key := client.ObjectKey{Namespace: rc.Namespace, Name: render.SyncedSecretName(rc)}
-	sec := &corev1.Secret{}
-	err := r.Client.Get(ctx, key, sec)
-	if client.IgnoreNotFound(err) != nil {
-		return nil, err
-	}
-	if err != nil || !render.SyncedByExternalSecret(sec, rc) {
-		// Not in the cache (yet): ESO may have written it a moment ago.
-		if err := r.APIReader.Get(ctx, key, sec); err != nil {
-			return nil, client.IgnoreNotFound(err)
-		}
-	}
-	if !render.SyncedByExternalSecret(sec, rc) {
-		return nil, nil
-	}
-	return sec, nil
 }
 
 // notSynced reports that there is no usable credential from ESO: none yet, or (invalid) a Secret
@@ -293,14 +273,20 @@ const esDeletionGrace = 30 * time.Second
 func (r *Source) Retire(ctx context.Context, cl *ledger.Cluster) (time.Duration, error) {
 	rc := cl.RC
 	key := client.ObjectKeyFromObject(rc)
-	if rc.VaultConnectionName() == "" {
+	es := &esv1.ExternalSecret{}
+	err := r.Client.Get(ctx, client.ObjectKey{Namespace: rc.Namespace, Name: render.ExternalSecretName(rc)}, es)
+	if client.IgnoreNotFound(err) != nil {
+		return 0, err
+	}
+	owned := err == nil && apply.OwnedBy(es, rc)
+	if rc.VaultConnectionName() == "" || !owned {
 		r.sightings.forget(key, nil)
 	} else {
-		sec, err := r.syncedSecret(ctx, rc)
+		sec, err := r.syncedSecret(ctx, rc, es.UID)
 		if err != nil {
 			return 0, err
 		}
-		sighted := r.sightings.peek(key)
+		sighted := r.sightings.peek(key, es.UID)
 		if sec != nil {
 			if sc, _ := render.ParseSynced(sec, rc); sc != nil && sc.LeaseID != "" {
 				sighted = append(sighted, sc.LeaseID)
@@ -312,13 +298,8 @@ func (r *Source) Retire(ctx context.Context, cl *ledger.Cluster) (time.Duration,
 		}
 		r.sightings.forget(key, sighted)
 	}
-	es := &esv1.ExternalSecret{}
-	err := r.Client.Get(ctx, client.ObjectKey{Namespace: rc.Namespace, Name: render.ExternalSecretName(rc)}, es)
-	if apierrors.IsNotFound(err) || (err == nil && !apply.OwnedBy(es, rc)) {
+	if !owned {
 		return 0, nil
-	}
-	if err != nil {
-		return 0, err
 	}
 	if es.DeletionTimestamp.IsZero() {
 		if err := r.Client.Delete(ctx, es); client.IgnoreNotFound(err) != nil {

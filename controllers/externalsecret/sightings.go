@@ -2,7 +2,6 @@ package externalsecret
 
 import (
 	"context"
-	"maps"
 	"slices"
 	"sync"
 
@@ -19,29 +18,42 @@ import (
 
 // sightings remembers the leases seen in each version of the Secrets ESO writes, until they are in
 // a ledger: when ESO writes twice in quick succession, a reconcile sees only the last version, and
-// the lease of the first would otherwise be lost.
+// the lease of the first would otherwise be lost. Each lease is kept with the UID of the
+// ExternalSecret that controls the Secret it was seen in: only those of keyroll's own
+// ExternalSecret are ever taken.
 type sightings struct {
 	mu sync.Mutex
-	m  map[types.NamespacedName]map[string]bool
+	m  map[types.NamespacedName]map[string]types.UID
 }
 
-func (s *sightings) record(key types.NamespacedName, id string) {
+func (s *sightings) record(key types.NamespacedName, id string, owner types.UID) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.m == nil {
-		s.m = map[types.NamespacedName]map[string]bool{}
+		s.m = map[types.NamespacedName]map[string]types.UID{}
 	}
 	if s.m[key] == nil {
-		s.m[key] = map[string]bool{}
+		s.m[key] = map[string]types.UID{}
 	}
-	s.m[key][id] = true
+	s.m[key][id] = owner
 }
 
-// peek returns the leases seen for a cluster, sorted.
-func (s *sightings) peek(key types.NamespacedName) []string {
+// peek returns the leases seen for a cluster in Secrets that the ExternalSecret owner controls,
+// sorted; none when owner is empty.
+func (s *sightings) peek(key types.NamespacedName, owner types.UID) []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return slices.Sorted(maps.Keys(s.m[key]))
+	if owner == "" {
+		return nil
+	}
+	var ids []string
+	for id, uid := range s.m[key] {
+		if uid == owner {
+			ids = append(ids, id)
+		}
+	}
+	slices.Sort(ids)
+	return ids
 }
 
 // forget drops leases that are in the ledger now, or all of a cluster's when ids is nil.
@@ -69,12 +81,13 @@ func (r *Source) SecretEvents() handler.EventHandler {
 		if !ok || cluster == "" {
 			return nil
 		}
-		if ref := metav1.GetControllerOf(sec); ref == nil || ref.Kind != "ExternalSecret" {
+		ref := metav1.GetControllerOf(sec)
+		if ref == nil || ref.Kind != "ExternalSecret" {
 			return nil
 		}
 		key := types.NamespacedName{Namespace: sec.Namespace, Name: cluster}
 		if id := string(sec.Data[render.RawLeaseIDKey]); id != "" {
-			r.sightings.record(key, id)
+			r.sightings.record(key, id, ref.UID)
 		}
 		return []ctrl.Request{{NamespacedName: key}}
 	}

@@ -29,7 +29,8 @@ type Cluster struct {
 	Persist func(ctx context.Context) error
 	// Connect is a Vault client of the VaultConnection named, for the leases that came through
 	// another VaultConnection than the one the spec names now.
-	Connect func(ctx context.Context, connection string) (vault.LeaseClient, error)
+	// It is confined to what the cluster's namespace may do there.
+	Connect func(ctx context.Context, connection, namespace string) (vault.LeaseClient, error)
 }
 
 // ClientFor is the Vault client of the VaultConnection a lease came through: vcl, the spec's, or
@@ -39,7 +40,7 @@ func (c *Cluster) ClientFor(ctx context.Context, vcl vault.LeaseClient, lease v1
 	if name == c.RC.VaultConnectionName() || c.Connect == nil {
 		return vcl, nil
 	}
-	other, err := c.Connect(ctx, name)
+	other, err := c.Connect(ctx, name, c.RC.Namespace)
 	if err != nil {
 		return nil, fmt.Errorf("VaultConnection %s, which lease %s came through: %w", name, lease.LeaseID, err)
 	}

@@ -91,6 +91,10 @@ func (l *Ledger) Input(cl *Cluster, vcl vault.LeaseClient, hasCredential, leaseG
 func (l *Ledger) Check(ctx context.Context, cl *Cluster, vcl vault.LeaseClient) (gone bool, err error) {
 	c := cl.RC.Status.Credential
 	info, err := vcl.Lookup(ctx, c.LeaseID)
+	if vault.IsRefused(err) {
+		l.disown(ctx, cl, c.LeaseID, err)
+		return true, nil
+	}
 	if err != nil {
 		return false, fmt.Errorf("looking up lease: %w", err)
 	}
@@ -108,6 +112,10 @@ func (l *Ledger) Renew(ctx context.Context, cl *Cluster, vcl vault.LeaseClient) 
 	ren, err := vcl.Renew(ctx, c.LeaseID, increment)
 	l.Metrics.Renewals.WithLabelValues(metrics.Result(err)).Inc()
 	if vault.IsLeaseGone(err) {
+		return true, nil
+	}
+	if vault.IsRefused(err) {
+		l.disown(ctx, cl, c.LeaseID, err)
 		return true, nil
 	}
 	if err != nil {
@@ -177,6 +185,10 @@ func (l *Ledger) Revoke(ctx context.Context, cl *Cluster, vcl vault.LeaseClient,
 	}
 	stoppoint.Reached(stoppoint.BeforeRevoke, cl.RC.Namespace)
 	err := vcl.Revoke(ctx, id)
+	if vault.IsRefused(err) {
+		l.disown(ctx, cl, id, err)
+		return nil
+	}
 	if err == nil {
 		stoppoint.Reached(stoppoint.AfterRevoke, cl.RC.Namespace)
 	}
@@ -193,6 +205,17 @@ func (l *Ledger) Revoke(ctx context.Context, cl *Cluster, vcl vault.LeaseClient,
 	cl.Conds.Announce(false, v1alpha1.EventLeaseRevoked, "Revoke", "Revoked lease %s", id) // it leaves the ledger
 	log.FromContext(ctx).Info("Lease revoked", "lease", id)
 	return nil
+}
+
+// disown drops a lease that keyroll refused to send to Vault (vault.IsRefused): its ID does not lie
+// under a path the cluster's namespace may use, so keyroll did not obtain it for this cluster (a
+// hand-written ledger, a Secret another party wrote) or may no longer touch it. keyroll never
+// renews, looks up or revokes it, and a Warning event names it; a live one ends at its TTL, or by
+// a Vault administrator's hand.
+func (l *Ledger) disown(ctx context.Context, cl *Cluster, id string, err error) {
+	cl.RC.Status.Leases = Remove(cl.RC.Status.Leases, id)
+	cl.Conds.Announce(true, v1alpha1.EventLeaseDisowned, "Disown", "Lease %s left the ledger without a Vault call: %v", id, err)
+	log.FromContext(ctx).Info("Lease disowned: outside what the namespace may use", "lease", id, "error", err.Error())
 }
 
 // Outcome sets Degraded for pending revocations, with an event on the transition.

@@ -12,6 +12,7 @@ import (
 	"github.com/keyroll/keyroll/apis/v1alpha1"
 	"github.com/keyroll/keyroll/controllers/apply"
 	"github.com/keyroll/keyroll/controllers/render"
+	"github.com/keyroll/keyroll/controllers/vaultconnection"
 	"github.com/keyroll/keyroll/vault"
 )
 
@@ -19,12 +20,16 @@ import (
 // that is missing or refuses it (a change of the VaultConnection wakes it earlier).
 const waitForConnection = time.Minute
 
-// connect resolves the RedisCluster's VaultConnection and returns its Vault client. Without a
-// client it sets a condition, records an event on the transition and says when to look again.
-// forDelete skips the namespace check: revoking leases keyroll already holds is always allowed.
+// connect resolves the RedisCluster's VaultConnection and returns its Vault client, confined to
+// what the namespace may do; without one it sets a condition (and an event) and says when to look
+// again. forDelete asks for revocations only (the client checks each lease).
 func (r *deps) connect(ctx context.Context, s *scope, forDelete bool) (vault.LeaseClient, time.Duration, error) {
 	rc := s.RC
-	vcl, refusal, err := r.Connector.ClientFor(ctx, r.Client, rc.VaultConnectionName(), rc.Namespace, rc.VaultConnectionField(), !forDelete)
+	use := vaultconnection.Use{Connection: rc.VaultConnectionName(), Field: rc.VaultConnectionField(), Namespace: rc.Namespace, Delete: forDelete}
+	if vl := rc.Spec.Credentials.VaultLease; vl != nil && !forDelete {
+		use.Path, use.PathField = vl.Path, "credentials.vaultLease.path"
+	}
+	vcl, refusal, err := r.Connector.ClientFor(ctx, r.Client, use)
 	if err != nil || refusal == nil {
 		return vcl, 0, err
 	}
@@ -33,13 +38,13 @@ func (r *deps) connect(ctx context.Context, s *scope, forDelete bool) (vault.Lea
 }
 
 // connectTo is a Vault client of the VaultConnection name, for the leases that came through it
-// while the spec names another (the in-use finalizer keeps it while the ledger holds them).
-func (r *deps) connectTo(ctx context.Context, name string) (vault.LeaseClient, error) {
+// while the spec names another, confined to what the namespace may do there.
+func (r *deps) connectTo(ctx context.Context, name, namespace string) (vault.LeaseClient, error) {
 	vc := &v1alpha1.VaultConnection{}
 	if err := r.Get(ctx, client.ObjectKey{Name: name}, vc); err != nil {
 		return nil, fmt.Errorf("reading VaultConnection %s: %w", name, err)
 	}
-	return r.Connector.Client(ctx, vc)
+	return r.Connector.ClientOf(ctx, vc, namespace)
 }
 
 // checkSecretsFree makes sure the Secrets keyroll writes are either absent or its own, before a

@@ -75,7 +75,7 @@ func newHarness(t *testing.T, objs ...client.Object) *harness {
 		}
 	}
 	vc := &v1alpha1.VaultConnection{ObjectMeta: metav1.ObjectMeta{Name: "vault", UID: "vc-uid"}, Spec: v1alpha1.VaultConnectionSpec{
-		Address: "https://vault.example:8200", AllowedNamespaces: []string{"*"},
+		Address: "https://vault.example:8200", AllowedNamespaces: []string{"*"}, AllowedPaths: []string{"database/creds/*"},
 		Auth: v1alpha1.VaultAuth{Kubernetes: &v1alpha1.KubernetesAuth{Mount: "kubernetes", Role: "keyroll", Audiences: []string{"vault"}}},
 	}}
 	for _, o := range objs {

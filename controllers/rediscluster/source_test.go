@@ -35,7 +35,7 @@ func TestConnectionChangeIssuesFromTheNewAndRevokesThroughTheOld(t *testing.T) {
 	other.LeaseDuration = 10 * time.Minute
 	h.vaults.by["vault-b"] = other
 	vc := &v1alpha1.VaultConnection{ObjectMeta: metav1.ObjectMeta{Name: "vault-b"}, Spec: v1alpha1.VaultConnectionSpec{
-		Address: "https://vault-b.example:8200", AllowedNamespaces: []string{"*"},
+		Address: "https://vault-b.example:8200", AllowedNamespaces: []string{"*"}, AllowedPaths: []string{"database/creds/*"},
 		Auth: v1alpha1.VaultAuth{Kubernetes: &v1alpha1.KubernetesAuth{Mount: "kubernetes", Role: "keyroll", Audiences: []string{"vault"}}},
 	}}
 	if err := h.k8s.Create(context.Background(), vc); err != nil {

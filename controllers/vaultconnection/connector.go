@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/controllers/tenancy"
 	"github.com/keyroll/keyroll/vault"
 )
 
@@ -83,25 +84,52 @@ func (c *Connector) Client(ctx context.Context, vc *v1alpha1.VaultConnection) (C
 // that names what to fix.
 type Refusal struct{ Reason, Message string }
 
-// ClientFor is the Vault client of the VaultConnection name (read through r) for a RedisCluster of
-// namespace, whose field names the connection; or why there is none. With checkNamespace false,
-// spec.allowedNamespaces is not asked: revoking leases keyroll already holds is always allowed.
-func (c *Connector) ClientFor(ctx context.Context, r client.Reader, name, namespace, field string, checkNamespace bool) (Client, *Refusal, error) {
+// Use is what a RedisCluster asks of a VaultConnection.
+type Use struct {
+	// Connection is the VaultConnection's name, and Field the spec field that names it.
+	Connection, Field string
+	// Namespace is the RedisCluster's.
+	Namespace string
+	// Path is the Vault path the RedisCluster issues credentials from, and PathField its field;
+	// empty when it issues none itself (ExternalSecret mode, deletion).
+	Path, PathField string
+	// Delete says only revocations are to come: a namespace that is no longer allowed may still
+	// have the leases revoked that lie under its allowed paths (see tenancy.ForNamespace).
+	Delete bool
+}
+
+// ClientFor is the Vault client of the VaultConnection u names (read through r) for a RedisCluster,
+// confined to what its namespace may do (tenancy.ForNamespace); or why there is none, decided before any
+// Vault call.
+func (c *Connector) ClientFor(ctx context.Context, r client.Reader, u Use) (vault.LeaseClient, *Refusal, error) {
 	vc := &v1alpha1.VaultConnection{}
-	if err := r.Get(ctx, client.ObjectKey{Name: name}, vc); err != nil {
+	if err := r.Get(ctx, client.ObjectKey{Name: u.Connection}, vc); err != nil {
 		if !apierrors.IsNotFound(err) {
-			return nil, nil, fmt.Errorf("reading VaultConnection %s: %w", name, err)
+			return nil, nil, fmt.Errorf("reading VaultConnection %s: %w", u.Connection, err)
 		}
-		return nil, &Refusal{v1alpha1.ReasonConnectionNotFound, fmt.Sprintf("VaultConnection %q (%s) does not exist", name, field)}, nil
+		return nil, &Refusal{v1alpha1.ReasonConnectionNotFound, fmt.Sprintf("VaultConnection %q (%s) does not exist", u.Connection, u.Field)}, nil
 	}
-	if checkNamespace && !vc.AllowsNamespace(namespace) {
-		return nil, &Refusal{v1alpha1.ReasonNamespaceNotAllowed, fmt.Sprintf("VaultConnection %q does not allow namespace %q (spec.allowedNamespaces)", name, namespace)}, nil
+	if !u.Delete && !vc.AllowsNamespace(u.Namespace) {
+		return nil, &Refusal{v1alpha1.ReasonNamespaceNotAllowed, fmt.Sprintf("VaultConnection %q does not allow namespace %q (spec.allowedNamespaces)", u.Connection, u.Namespace)}, nil
+	}
+	if u.Path != "" && !vc.AllowsPath(u.Namespace, u.Path) {
+		return nil, &Refusal{v1alpha1.ReasonPathNotAllowed, fmt.Sprintf("%s %q: %s", u.PathField, u.Path, tenancy.PathRefusal(vc, u.Namespace))}, nil
 	}
 	vcl, err := c.Client(ctx, vc)
 	if err != nil {
-		return nil, &Refusal{v1alpha1.ReasonConnectionNotReady, fmt.Sprintf("VaultConnection %q cannot be used: %v", name, err)}, nil
+		return nil, &Refusal{v1alpha1.ReasonConnectionNotReady, fmt.Sprintf("VaultConnection %q cannot be used: %v", u.Connection, err)}, nil
 	}
-	return vcl, nil, nil
+	return tenancy.ForNamespace(vcl, vc, u.Namespace), nil, nil
+}
+
+// ClientOf is the Vault client of VaultConnection vc for the leases of a RedisCluster of namespace
+// that came through it, confined to what the namespace may do (tenancy.ForNamespace).
+func (c *Connector) ClientOf(ctx context.Context, vc *v1alpha1.VaultConnection, namespace string) (vault.LeaseClient, error) {
+	vcl, err := c.Client(ctx, vc)
+	if err != nil {
+		return nil, err
+	}
+	return tenancy.ForNamespace(vcl, vc, namespace), nil
 }
 
 // Forget drops the client of a deleted VaultConnection.

@@ -68,7 +68,7 @@ func (r *Reconciler) sweepOrphans(ctx context.Context, vc *v1alpha1.VaultConnect
 		st = &v1alpha1.OrphanLeaseStatus{}
 		vc.Status.OrphanLeases = st
 	}
-	prefixes, known, err := r.ledgers(ctx, r.Client, vc.Name)
+	prefixes, known, err := r.ledgers(ctx, r.Client, vc)
 	if err != nil {
 		return 0, err
 	}
@@ -113,7 +113,7 @@ func (r *Reconciler) revokeOrphans(ctx context.Context, vc *v1alpha1.VaultConnec
 	if reader == nil {
 		reader = r.Client
 	}
-	_, known, err := r.ledgers(ctx, reader, vc.Name)
+	_, known, err := r.ledgers(ctx, reader, vc)
 	if err != nil {
 		return orphans, err
 	}
@@ -140,8 +140,10 @@ func (r *Reconciler) revokeOrphans(ctx context.Context, vc *v1alpha1.VaultConnec
 // covers, and every lease ID any ledger holds. A path is swept when a VaultLease-mode cluster of
 // the connection reads it (spec or status) or holds a lease under it through the connection, and
 // no ExternalSecret-mode cluster holds a lease under it: External Secrets Operator's leases reach
-// a ledger only when keyroll sees them, so they are never taken for orphans.
-func (r *Reconciler) ledgers(ctx context.Context, rd client.Reader, connection string) ([]string, map[string]bool, error) {
+// a ledger only when keyroll sees them, so they are never taken for orphans. Only the paths that
+// the connection allows the cluster's namespace are swept: a RedisCluster cannot point the sweep
+// at another team's role.
+func (r *Reconciler) ledgers(ctx context.Context, rd client.Reader, vc *v1alpha1.VaultConnection) ([]string, map[string]bool, error) {
 	list := &v1alpha1.RedisClusterList{}
 	if err := rd.List(ctx, list); err != nil {
 		return nil, nil, fmt.Errorf("listing the RedisClusters for the orphan-lease sweep: %w", err)
@@ -151,10 +153,15 @@ func (r *Reconciler) ledgers(ctx context.Context, rd client.Reader, connection s
 	for i := range list.Items {
 		rc := &list.Items[i]
 		vaultLease := rc.Spec.Credentials.Source == v1alpha1.SourceVaultLease && rc.Spec.Credentials.VaultLease != nil
-		if vaultLease && rc.VaultConnectionName() == connection {
-			paths = append(paths, strings.Trim(rc.Spec.Credentials.VaultLease.Path, "/"))
+		sweep := func(p string) {
+			if p = strings.Trim(p, "/"); vc.AllowsNamespace(rc.Namespace) && vc.AllowsPath(rc.Namespace, p) {
+				paths = append(paths, p)
+			}
+		}
+		if vaultLease && rc.VaultConnectionName() == vc.Name {
+			sweep(rc.Spec.Credentials.VaultLease.Path)
 			if c := rc.Status.Credential; c != nil && c.Source == v1alpha1.SourceVaultLease && c.Path != "" {
-				paths = append(paths, strings.Trim(c.Path, "/"))
+				sweep(c.Path)
 			}
 		}
 		for _, l := range rc.Status.Leases {
@@ -162,8 +169,8 @@ func (r *Reconciler) ledgers(ctx context.Context, rd client.Reader, connection s
 			switch {
 			case !vaultLease:
 				external = append(external, leasePath(l.LeaseID))
-			case rc.LeaseConnection(l) == connection:
-				paths = append(paths, leasePath(l.LeaseID))
+			case rc.LeaseConnection(l) == vc.Name:
+				sweep(leasePath(l.LeaseID))
 			}
 		}
 	}

@@ -69,6 +69,7 @@ func TestSweepOrphans(t *testing.T) {
 	_ = v1alpha1.AddToScheme(scheme)
 	vc := &v1alpha1.VaultConnection{ObjectMeta: metav1.ObjectMeta{Name: "vault"}}
 	vc.Spec.Address = "http://127.0.0.1:8200"
+	vc.Spec.AllowedNamespaces, vc.Spec.AllowedPaths = []string{"*"}, []string{"database/creds/*"}
 	vc.Spec.Auth.Token = &v1alpha1.TokenAuth{SecretRef: v1alpha1.SecretKeyReference{Namespace: "keyroll", Name: "tok", Key: "token"}}
 	vc.Spec.OrphanLeases = &v1alpha1.OrphanLeases{Action: v1alpha1.OrphanLeasesReport, GracePeriod: &metav1.Duration{Duration: time.Minute}}
 	meta.SetStatusCondition(&vc.Status.Conditions, metav1.Condition{Type: v1alpha1.ConditionReady, Status: metav1.ConditionTrue, Reason: v1alpha1.ReasonLoggedIn})

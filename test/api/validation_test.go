@@ -48,6 +48,7 @@ spec:
   auth:
     kubernetes: {role: keyroll}
   allowedNamespaces: [default]
+  allowedPaths: ["database/creds/{namespace}", "database/creds/{namespace}.*"]
 `
 
 // aclSyntax is how the API server names the field and the rule when the aclRules rule-syntax
@@ -79,6 +80,7 @@ func TestInvalidObjectsAreRefusedNamingTheField(t *testing.T) {
 		"ExternalSecret source without block": {rc, set("spec.credentials.source", "ExternalSecret"), "spec.credentials"},
 		"empty Vault path":                    {rc, set("spec.credentials.vaultLease.path", ""), "spec.credentials.vaultLease.path"},
 		"absolute Vault path":                 {rc, set("spec.credentials.vaultLease.path", "/database/creds/orders"), "spec.credentials.vaultLease.path"},
+		"Vault path climbing out":             {rc, set("spec.credentials.vaultLease.path", "database/creds/../../sys/raw"), "spec.credentials.vaultLease.path"},
 		"renewal percent too low":             {rc, set("spec.credentials.vaultLease.renewalPercent", int64(5)), "spec.credentials.vaultLease.renewalPercent"},
 		"renewal percent too high":            {rc, set("spec.credentials.vaultLease.renewalPercent", int64(95)), "spec.credentials.vaultLease.renewalPercent"},
 		"negative minTTL":                     {rc, set("spec.credentials.vaultLease.minTTL", "-1m"), "spec.credentials.vaultLease.minTTL"},
@@ -142,6 +144,10 @@ func TestInvalidObjectsAreRefusedNamingTheField(t *testing.T) {
 		}, "spec.auth.token.secretRef.namespace"},
 		"wildcard with other namespaces": {vc, set("spec.allowedNamespaces", []any{"*", "default"}), "spec.allowedNamespaces"},
 		"allowed namespace not a name":   {vc, set("spec.allowedNamespaces", []any{"Bad NS"}), "spec.allowedNamespaces[0]"},
+		"allowed path ambiguous":         {vc, set("spec.allowedPaths", []any{"database/creds/{namespace}-*"}), "spec.allowedPaths"},
+		"allowed path with ..":           {vc, set("spec.allowedPaths", []any{"database/creds/../{namespace}"}), "spec.allowedPaths"},
+		"allowed path wildcard inside":   {vc, set("spec.allowedPaths", []any{"database/*/{namespace}"}), "spec.allowedPaths[0]"},
+		"allowed path other placeholder": {vc, set("spec.allowedPaths", []any{"database/creds/{name}"}), "spec.allowedPaths[0]"},
 		"burst below qps":                {vc, set("spec.rateLimit", map[string]any{"qps": int64(50), "burst": int64(10)}), "spec.rateLimit"},
 		"zero qps":                       {vc, set("spec.rateLimit", map[string]any{"qps": int64(0), "burst": int64(10)}), "spec.rateLimit.qps"},
 		"two CA sources": {vc, set("spec.tls", map[string]any{"caBundle": "-----BEGIN CERTIFICATE-----",

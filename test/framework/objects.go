@@ -49,6 +49,11 @@ func Allow(namespaces ...string) VaultConnectionOption {
 	}
 }
 
+// Paths sets the connection's spec.allowedPaths, in place of the package's own roles.
+func Paths(paths ...string) VaultConnectionOption {
+	return func(vc *v1alpha1.VaultConnection) { vc.Spec.AllowedPaths = paths }
+}
+
 // Address points the connection at another address than the ground's Vault (a proxy, say).
 func Address(addr string) VaultConnectionOption {
 	return func(vc *v1alpha1.VaultConnection) { vc.Spec.Address = addr }
@@ -63,13 +68,15 @@ func AuthRole(role string) VaultConnectionOption {
 
 // VaultConnection creates the package's VaultConnection base (named by Name) to the ground's
 // Vault, logging in with the operator's Kubernetes auth role, and deletes it when the test ends.
+// It allows the paths of the package's own roles (Path), unless Paths says otherwise.
 func (f *Framework) VaultConnection(t testing.TB, base string, opts ...VaultConnectionOption) *v1alpha1.VaultConnection {
 	t.Helper()
 	vc := &v1alpha1.VaultConnection{
 		ObjectMeta: metav1.ObjectMeta{Name: f.Name(base)},
 		Spec: v1alpha1.VaultConnectionSpec{
-			Address: f.Ground.Vault.Addr,
-			Auth:    v1alpha1.VaultAuth{Kubernetes: &v1alpha1.KubernetesAuth{Role: f.OperatorRole}},
+			Address:      f.Ground.Vault.Addr,
+			Auth:         v1alpha1.VaultAuth{Kubernetes: &v1alpha1.KubernetesAuth{Role: f.OperatorRole}},
+			AllowedPaths: []string{f.Path("") + "*"},
 		},
 	}
 	for _, o := range opts {

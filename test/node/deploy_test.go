@@ -197,6 +197,7 @@ func applySamples(t *testing.T, ctx context.Context, base string) *v1alpha1.Redi
 			_ = unstructured.SetNestedField(obj.Object, fw.Ground.Vault.PodAddr, "spec", "address")
 			_ = unstructured.SetNestedField(obj.Object, fw.OperatorRole, "spec", "auth", "kubernetes", "role")
 			_ = unstructured.SetNestedStringSlice(obj.Object, []string{ns}, "spec", "allowedNamespaces")
+			_ = unstructured.SetNestedStringSlice(obj.Object, []string{fw.Path("orders")}, "spec", "allowedPaths")
 		case "RedisCluster":
 			obj.SetNamespace(ns)
 			_ = unstructured.SetNestedField(obj.Object, connection, "spec", "credentials", "vaultLease", "connectionRef", "name")
