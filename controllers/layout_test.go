@@ -33,15 +33,16 @@ var allowed = map[string][]string{
 	"controllers/rollout":         {"apis/v1alpha1", "controllers/apply", "controllers/conditions", "controllers/metrics", "controllers/primary", "controllers/render", "controllers/statustime", "controllers/stoppoint"},
 	"controllers/nodes":           {"apis/v1alpha1", "controllers/conditions", "controllers/render", "controllers/statustime", "redisnode"},
 	"controllers/tenancy":         {"apis/v1alpha1", "vault"},
-	"controllers/vaultconnection": {"apis/v1alpha1", "controllers/apply", "controllers/conditions", "controllers/metrics", "controllers/statustime", "controllers/tenancy", "vault"},
+	"controllers/vaultclient":     {"apis/v1alpha1", "controllers/tenancy", "vault"},
+	"controllers/vaultconnection": {"apis/v1alpha1", "controllers/apply", "controllers/conditions", "controllers/metrics", "controllers/statustime", "controllers/vaultclient", "vault"},
 	"controllers/vaultlease": {"apis/v1alpha1", "controllers/apply", "controllers/ledger", "controllers/metrics", "controllers/render",
 		"controllers/statustime", "controllers/stoppoint", "rotation", "vault"},
 	"controllers/externalsecret": {"apis/v1alpha1", "controllers/apply", "controllers/ledger", "controllers/metrics", "controllers/render",
 		"controllers/statustime", "rotation", "vault"},
 	"controllers/rediscluster": {"apis/v1alpha1", "controllers/apply", "controllers/conditions", "controllers/externalsecret",
 		"controllers/ledger", "controllers/metrics", "controllers/netpol", "controllers/nodes", "controllers/primary", "controllers/render", "controllers/rollout", "controllers/statustime", "controllers/stoppoint",
-		"controllers/upkeep", "controllers/vaultconnection", "controllers/vaultlease", "redisnode", "rotation", "vault"},
-	"controllers": {"apis/v1alpha1", "controllers/apply", "controllers/ledger", "controllers/metrics", "controllers/rediscluster", "controllers/vaultconnection", "vault"},
+		"controllers/upkeep", "controllers/vaultclient", "controllers/vaultconnection", "controllers/vaultlease", "redisnode", "rotation", "vault"},
+	"controllers": {"apis/v1alpha1", "controllers/apply", "controllers/ledger", "controllers/metrics", "controllers/rediscluster", "controllers/vaultclient", "controllers/vaultconnection", "vault"},
 }
 
 type listed struct {

@@ -28,6 +28,7 @@ import (
 	"github.com/keyroll/keyroll/controllers/ledger"
 	"github.com/keyroll/keyroll/controllers/metrics"
 	"github.com/keyroll/keyroll/controllers/rediscluster"
+	"github.com/keyroll/keyroll/controllers/vaultclient"
 	"github.com/keyroll/keyroll/controllers/vaultconnection"
 )
 
@@ -39,6 +40,9 @@ type Options struct {
 	Tokens kubernetes.Interface
 	// ServiceAccount is the operator's own service account.
 	ServiceAccount types.NamespacedName
+	// VaultSecretsNamespace is the only namespace whose Secrets VaultConnections may name (empty:
+	// the service account's).
+	VaultSecretsNamespace string
 	// VaultObserver, when set, sees every Vault request (VaultConnection, operation, outcome, duration).
 	VaultObserver func(connection, op, outcome string, seconds float64)
 	// LeaseCheckInterval is how often a live lease is looked up in Vault besides its renewals
@@ -109,10 +113,10 @@ func Setup(mgr ctrl.Manager, o Options) (*rediscluster.Reconciler, error) {
 			o.VaultObserver(conn, op, outcome, seconds)
 		}
 	}
-	conn := &vaultconnection.Connector{
+	conn := &vaultclient.Connector{
 		Reader: mgr.GetAPIReader(), Tokens: o.Tokens, ServiceAccount: o.ServiceAccount,
-		Writer: mgr.GetClient(), TokenNamespace: o.ServiceAccount.Namespace,
-		Clients: vaultconnection.NewClients(), Clock: o.Clock, Observer: observe,
+		Writer: mgr.GetClient(), TokenNamespace: o.ServiceAccount.Namespace, SecretNamespace: o.VaultSecretsNamespace,
+		Clients: vaultclient.NewClients(), Clock: o.Clock, Observer: observe,
 	}
 	if err := vaultconnection.IndexClusters(mgr); err != nil {
 		return nil, err

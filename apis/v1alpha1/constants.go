@@ -82,10 +82,13 @@ const (
 
 // Condition reasons.
 const (
-	ReasonReconciling         = "Reconciling"
-	ReasonAvailable           = "Available"
-	ReasonLoggedIn            = "LoggedIn"
-	ReasonLoginFailed         = "LoginFailed"
+	ReasonReconciling = "Reconciling"
+	ReasonAvailable   = "Available"
+	ReasonLoggedIn    = "LoggedIn"
+	ReasonLoginFailed = "LoginFailed"
+	// ReasonSettingsRefused: keyroll refuses a VaultConnection's settings (an audience the API
+	// server accepts, a Secret outside the operator's namespace) and sends nothing to its address.
+	ReasonSettingsRefused     = "SettingsRefused"
 	ReasonVaultUnavailable    = "VaultUnavailable"
 	ReasonVaultSealed         = "VaultSealed"
 	ReasonConnectionNotFound  = "ConnectionNotFound"
@@ -173,6 +176,7 @@ const (
 	// Events of a condition's change carry the condition's reason.
 	EventLoggedIn                    = ReasonLoggedIn
 	EventLoginFailed                 = ReasonLoginFailed
+	EventSettingsRefused             = ReasonSettingsRefused
 	EventVaultUnavailable            = ReasonVaultUnavailable
 	EventVaultSealed                 = ReasonVaultSealed
 	EventInUse                       = ReasonInUse

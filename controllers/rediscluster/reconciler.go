@@ -19,7 +19,7 @@ import (
 	"github.com/keyroll/keyroll/controllers/render"
 	"github.com/keyroll/keyroll/controllers/rollout"
 	"github.com/keyroll/keyroll/controllers/upkeep"
-	"github.com/keyroll/keyroll/controllers/vaultconnection"
+	"github.com/keyroll/keyroll/controllers/vaultclient"
 	"github.com/keyroll/keyroll/controllers/vaultlease"
 	"github.com/keyroll/keyroll/redisnode"
 	"github.com/keyroll/keyroll/vault"
@@ -49,7 +49,7 @@ type deps struct {
 	// credential or overwrite a Secret it does not own.
 	APIReader client.Reader
 	Clock     clock.Clock
-	Connector *vaultconnection.Connector
+	Connector *vaultclient.Connector
 	Metrics   *metrics.Metrics
 	Ledger    *ledger.Ledger
 	// nodes changes the users on the Redis nodes.
@@ -85,7 +85,7 @@ type Config struct {
 	APIReader       client.Reader
 	Recorder        events.EventRecorder
 	Clock           clock.Clock
-	Connector       *vaultconnection.Connector
+	Connector       *vaultclient.Connector
 	Metrics         *metrics.Metrics
 	ExternalSecrets bool
 	// Workers is how many RedisClusters are reconciled at once (zero: DefaultWorkers).

@@ -28,6 +28,7 @@ import (
 	"github.com/keyroll/keyroll/controllers/metrics"
 	"github.com/keyroll/keyroll/controllers/render"
 	"github.com/keyroll/keyroll/controllers/rollout"
+	"github.com/keyroll/keyroll/controllers/vaultclient"
 	"github.com/keyroll/keyroll/controllers/vaultconnection"
 	"github.com/keyroll/keyroll/controllers/vaultlease"
 	"github.com/keyroll/keyroll/redisnode/redisnodetest"
@@ -47,7 +48,7 @@ type fakeClients struct {
 	by   map[string]*vaulttest.Fake
 }
 
-func (f *fakeClients) Get(name string, _ vault.Config) (vaultconnection.Client, error) {
+func (f *fakeClients) Get(name string, _ vault.Config) (vaultclient.Client, error) {
 	if v, ok := f.by[name]; ok {
 		return v, nil
 	}
@@ -106,7 +107,7 @@ func newHarness(t *testing.T, objs ...client.Object) *harness {
 	}
 	r := New(Config{
 		Client: k8s, APIReader: k8s, Recorder: rec, Clock: clk, Metrics: metrics.For(clk),
-		Connector: &vaultconnection.Connector{Reader: k8s, Clients: vaults, Clock: clk},
+		Connector: &vaultclient.Connector{Reader: k8s, Clients: vaults, Clock: clk},
 		DialRedis: redis.Dial, ProbeImage: testProbeImage,
 	})
 	return &harness{r: r, k8s: k8s, vault: fv, redis: redis, clock: clk, events: rec, vaults: vaults}

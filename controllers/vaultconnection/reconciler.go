@@ -26,6 +26,7 @@ import (
 	"github.com/keyroll/keyroll/controllers/conditions"
 	"github.com/keyroll/keyroll/controllers/metrics"
 	"github.com/keyroll/keyroll/controllers/statustime"
+	"github.com/keyroll/keyroll/controllers/vaultclient"
 	"github.com/keyroll/keyroll/vault"
 )
 
@@ -46,7 +47,7 @@ type Reconciler struct {
 	APIReader client.Reader
 	Recorder  events.EventRecorder
 	Clock     clock.Clock
-	Connector *Connector
+	Connector *vaultclient.Connector
 	Metrics   *metrics.Metrics
 }
 
@@ -136,7 +137,11 @@ func (r *Reconciler) check(ctx context.Context, vc *v1alpha1.VaultConnection, ne
 	conds := conditions.Setter{Obj: vc, Conditions: &vc.Status.Conditions, Recorder: r.Recorder}
 	now := metav1.NewTime(r.Clock.Now())
 	vc.Status.LastCheckedAt = &now
-	vcl, err := r.Connector.Client(ctx, vc)
+	err := r.Connector.CheckSettings(ctx, vc)
+	var vcl vaultclient.Client
+	if err == nil {
+		vcl, err = r.Connector.Client(ctx, vc)
+	}
 	var held []vault.TokenStatus
 	if err == nil {
 		held, err = r.observe(ctx, vc, vcl, needs)
@@ -148,6 +153,9 @@ func (r *Reconciler) check(ctx context.Context, vc *v1alpha1.VaultConnection, ne
 		}
 		if vault.IsSealed(err) || (vc.Status.Sealed != nil && *vc.Status.Sealed) {
 			reason, event = v1alpha1.ReasonVaultSealed, v1alpha1.EventVaultSealed
+		}
+		if vaultclient.IsSettingsError(err) {
+			reason, event = v1alpha1.ReasonSettingsRefused, v1alpha1.EventSettingsRefused
 		}
 		if conds.Set(v1alpha1.ConditionReady, metav1.ConditionFalse, reason, err.Error()) {
 			conds.Event(true, event, "Login", "Vault connection not ready: %v", err)

@@ -18,6 +18,7 @@ import (
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
 	"github.com/keyroll/keyroll/controllers/metrics"
+	"github.com/keyroll/keyroll/controllers/vaultclient"
 	"github.com/keyroll/keyroll/vault"
 	"github.com/keyroll/keyroll/vault/vaulttest"
 )
@@ -25,8 +26,8 @@ import (
 // oneClient hands out the same Vault fake for every VaultConnection.
 type oneClient struct{ f *vaulttest.Fake }
 
-func (o oneClient) Get(string, vault.Config) (Client, error) { return o.f, nil }
-func (oneClient) Forget(string)                              {}
+func (o oneClient) Get(string, vault.Config) (vaultclient.Client, error) { return o.f, nil }
+func (oneClient) Forget(string)                                          {}
 
 // cluster is a RedisCluster of connection "vault" reading path, holding leases in its ledger.
 func cluster(name string, source v1alpha1.CredentialSource, path string, leases ...string) *v1alpha1.RedisCluster {
@@ -80,7 +81,7 @@ func TestSweepOrphans(t *testing.T) {
 	).Build()
 	rec := events.NewFakeRecorder(20)
 	r := &Reconciler{Client: c, Recorder: rec, Clock: clk, Metrics: metrics.For(clk),
-		Connector: &Connector{Reader: c, Clients: oneClient{vf}, Clock: clk}}
+		Connector: &vaultclient.Connector{Reader: c, Clients: oneClient{vf}, Clock: clk}}
 
 	next, err := r.sweepOrphans(ctx, vc)
 	if err != nil {

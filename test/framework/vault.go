@@ -3,6 +3,7 @@ package framework
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -162,6 +163,35 @@ type AuditEntry struct {
 // issued there.
 func (e AuditEntry) Issued(path string) bool {
 	return e.Type == "response" && e.Error == "" && e.Request.Operation == "read" && e.Request.Path == path
+}
+
+// ByRole says whether the entry is a request made with a token that logged in through the
+// Kubernetes auth role role: the operator's requests, when role is OperatorRole.
+func (e AuditEntry) ByRole(role string) bool {
+	return e.Type == "request" && e.Auth.Metadata["role"] == role
+}
+
+// Names says whether the entry's request names the lease id: in its path (sys/leases/revoke/<id>,
+// sys/leases/renew/<id>) or as its lease_id, which the audit log holds as hashed (AuditHash).
+func (e AuditEntry) Names(id, hashed string) bool {
+	if strings.Contains(e.Request.Path, id) {
+		return true
+	}
+	v, _ := e.Request.Data["lease_id"].(string)
+	return v != "" && (v == hashed || v == id)
+}
+
+// AuditHash is what the package's audit device (EnableAudit) writes in place of s: its HMAC.
+func (f *Framework) AuditHash(ctx context.Context, s string) (string, error) {
+	out, err := f.Ground.Vault.Root.Logical().WriteWithContext(ctx, "sys/audit-hash/"+f.Name("file"), map[string]any{"input": s})
+	if err != nil {
+		return "", fmt.Errorf("hashing with the audit device: %w", err)
+	}
+	h, _ := out.Data["hash"].(string)
+	if h == "" {
+		return "", errors.New("the audit device returned no hash")
+	}
+	return h, nil
 }
 
 // ReadAudit reads the audit log at path (lines that are not entries are passed over).

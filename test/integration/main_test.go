@@ -21,6 +21,8 @@ var (
 	fw *framework.Framework
 	// vaultCalls counts the HTTP attempts the operator makes to Vault, per VaultConnection.
 	vaultCalls = &callCounter{}
+	// auditLog is Vault's audit log, which every request to Vault reaches.
+	auditLog string
 )
 
 func TestMain(m *testing.M) {
@@ -34,14 +36,24 @@ func TestMain(m *testing.M) {
 		{Name: "es-raw", DefaultTTL: 20 * time.Second, MaxTTL: time.Hour},
 		{Name: "es-warn", DefaultTTL: time.Minute, MaxTTL: time.Hour},
 		{Name: "es-long", DefaultTTL: 10 * time.Minute, MaxTTL: time.Hour},
+		// Two tenants' roles, named after their namespaces (<namespace>.<role>) as the Vault
+		// administrators' guide names them, for the tenancy tests.
+		{Name: "ten-a.orders", DefaultTTL: 10 * time.Minute, MaxTTL: time.Hour},
+		{Name: "ten-b.orders", DefaultTTL: 10 * time.Minute, MaxTTL: time.Hour},
+		{Name: "forged.orders", DefaultTTL: 10 * time.Minute, MaxTTL: time.Hour},
+		{Name: "forged.es", DefaultTTL: 10 * time.Minute, MaxTTL: time.Hour},
 	}
 	fw = framework.New(framework.Config{
 		Name:   "integration",
 		Ground: testground.Options{Node: true, Workloads: true, Redis: true, Vault: true, ExternalSecrets: true},
 		Roles:  roles,
 		// External Secrets Operator's Vault policy, named fw.Name("eso"), for the ExternalSecret-mode
-		// tests.
+		// tests; Vault's audit log, for the tenancy tests.
 		Setup: func(ctx context.Context, f *framework.Framework) error {
+			var err error
+			if auditLog, err = f.EnableAudit(ctx); err != nil {
+				return err
+			}
 			return f.WriteExternalSecretsPolicy(ctx, f.Name("eso"))
 		},
 		// The operator runs in this process with its metrics and probe endpoints, and every Vault

@@ -220,7 +220,7 @@ func editKubernetesConnection(t *testing.T) {
 	fw.WaitReady(t, rc, readyTimeout)
 	// The test ground's Vault speaks plain http: a CA is never used to verify it, but a new one
 	// is part of the client's settings, so each CA edit builds a new client.
-	secretWith(t, ns, "vault-ca", "ca.crt", selfSignedCA(t))
+	secretWith(t, fw.OperatorNS, "vault-ca", "ca.crt", selfSignedCA(t))
 	w := watchLedgers(t, conn, rc)
 	before := takeOvers(conn)
 
@@ -234,7 +234,7 @@ func editKubernetesConnection(t *testing.T) {
 	})
 	w.run(2 * tokenPeriod)
 	editConnection(t, conn, func(vc *v1alpha1.VaultConnection) {
-		vc.Spec.TLS = &v1alpha1.VaultTLS{CASecretRef: &v1alpha1.SecretKeyReference{Namespace: ns, Name: "vault-ca", Key: "ca.crt"}}
+		vc.Spec.TLS = &v1alpha1.VaultTLS{CASecretRef: &v1alpha1.SecretKeyReference{Namespace: fw.OperatorNS, Name: "vault-ca", Key: "ca.crt"}}
 	})
 	w.run(3 * tokenPeriod)
 
@@ -269,11 +269,11 @@ func editAppRoleConnection(t *testing.T) {
 		if roleID == "" || secretIDs[name] == "" {
 			t.Fatalf("role id %q or secret id %s empty", roleID, name)
 		}
-		secretWith(t, ns, name, "secret-id", secretIDs[name])
+		secretWith(t, fw.OperatorNS, name, "secret-id", secretIDs[name])
 	}
 	conn := fw.VaultConnection(t, "vault-edit-approle", framework.Allow(ns), func(vc *v1alpha1.VaultConnection) {
 		vc.Spec.Auth = v1alpha1.VaultAuth{AppRole: &v1alpha1.AppRoleAuth{RoleID: roleID,
-			SecretIDRef: v1alpha1.SecretKeyReference{Namespace: ns, Name: "approle-first", Key: "secret-id"}}}
+			SecretIDRef: v1alpha1.SecretKeyReference{Namespace: fw.OperatorNS, Name: "approle-first", Key: "secret-id"}}}
 	}).Name
 	rc := fw.RedisCluster(t, ns, "orders", conn, leasePath)
 	fw.WaitReady(t, rc, readyTimeout)
@@ -322,12 +322,15 @@ func connectionStayedReady(t *testing.T, conn string) {
 }
 
 // secretWith creates a Secret in ns holding value under key.
+// secretWith creates a Secret, deleted when the test ends. A VaultConnection may name Secrets of
+// the operator's namespace only.
 func secretWith(t *testing.T, ns, name, key, value string) {
 	t.Helper()
 	s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}, Data: map[string][]byte{key: []byte(value)}}
 	if err := fw.Client.Create(context.Background(), s); err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { _ = fw.Client.Delete(context.Background(), s) })
 }
 
 // TestVaultConnectionInUseIsNotDeleted: a VaultConnection deleted while two RedisClusters use it

@@ -1,4 +1,4 @@
-package vaultconnection
+package vaultclient
 
 import (
 	"context"

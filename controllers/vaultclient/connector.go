@@ -1,4 +1,8 @@
-package vaultconnection
+// Package vaultclient turns VaultConnections into Vault clients: one shared client (one login, one
+// rate limit, one token store) per VaultConnection, handed to each RedisCluster confined to what
+// its namespace may do (controllers/tenancy), and settings that would hand the manager's power to
+// a VaultConnection's writer refused before anything is sent.
+package vaultclient
 
 import (
 	"context"
@@ -35,11 +39,16 @@ type Connector struct {
 	// (the operator's own namespace); without a namespace, tokens are not persisted.
 	Writer         client.Client
 	TokenNamespace string
+	// SecretNamespace is the only namespace whose Secrets a VaultConnection may name (its
+	// token, secret ID and CA Secrets); empty: TokenNamespace.
+	SecretNamespace string
 	// Clients hands out one Vault client per VaultConnection: NewClients, or fakes in tests.
 	Clients Clients
 	Clock   clock.Clock
 	// Observer, when set, sees every Vault request, with the name of its VaultConnection.
 	Observer func(connection, op, outcome string, seconds float64)
+
+	audiences audienceChecks
 }
 
 // Client is what the controllers use of a Vault client: leases for RedisClusters; login, health
@@ -190,7 +199,8 @@ func (c *Connector) auth(ctx context.Context, a v1alpha1.VaultAuth) (vault.Auth,
 	return vault.Auth{}, errors.New("auth: no method set")
 }
 
-// serviceAccountToken returns a token source for the operator's own service account.
+// serviceAccountToken returns a token source for the operator's own service account. Each token
+// is reviewed before it is handed out: one the API server accepts is refused (refuseAPIToken).
 func (c *Connector) serviceAccountToken(audiences []string, seconds int64) func(context.Context) (string, error) {
 	return func(ctx context.Context) (string, error) {
 		tr := &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{Audiences: audiences}}
@@ -202,12 +212,18 @@ func (c *Connector) serviceAccountToken(audiences []string, seconds int64) func(
 		if err != nil {
 			return "", fmt.Errorf("requesting a token for service account %s: %w", sa, err)
 		}
+		if err := c.refuseAPIToken(ctx, out.Status.Token, audiences); err != nil {
+			return "", err
+		}
 		return out.Status.Token, nil
 	}
 }
 
 // secretValue reads one key of a Secret. Errors name the field and the Secret, never the value.
 func (c *Connector) secretValue(ctx context.Context, ref v1alpha1.SecretKeyReference, field string) ([]byte, error) {
+	if err := c.checkSecretRef(ref, field); err != nil {
+		return nil, err
+	}
 	s := &corev1.Secret{}
 	key := types.NamespacedName{Namespace: ref.Namespace, Name: ref.Name}
 	if err := c.Reader.Get(ctx, key, s); err != nil {

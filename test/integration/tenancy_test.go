@@ -1,0 +1,346 @@
+package integration
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"net"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/test/framework"
+)
+
+// The tenancy tests: one VaultConnection shared by namespaces, each allowed the Vault roles named
+// after it (spec.allowedPaths database/creds/{namespace}.*), as the Vault administrators' guide
+// sets it up. Vault's audit log, which every request reaches, says what keyroll asked of Vault:
+// the operator's requests are those of tokens of its Kubernetes auth role.
+
+// tenantPaths is the guide's rule: a namespace's roles are named <namespace>.<role>.
+var tenantPaths = framework.Paths("database/creds/{namespace}.*")
+
+// operatorRequests are the operator's requests in the audit log that match.
+func operatorRequests(t *testing.T, match func(framework.AuditEntry) bool) []framework.AuditEntry {
+	t.Helper()
+	entries, err := framework.ReadAudit(auditLog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []framework.AuditEntry
+	for _, e := range entries {
+		if e.ByRole(fw.OperatorRole) && match(e) {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+func describeRequests(es []framework.AuditEntry) string {
+	var b strings.Builder
+	for _, e := range es {
+		fmt.Fprintf(&b, "\n  %s %s %s", e.Time.Format(time.RFC3339Nano), e.Request.Operation, e.Request.Path)
+	}
+	return b.String()
+}
+
+// issueByHand is a lease of path that a Vault administrator (root) obtains: another team's.
+func issueByHand(t *testing.T, path string) string {
+	t.Helper()
+	s, err := fw.Ground.Vault.Root.Logical().ReadWithContext(context.Background(), path)
+	if err != nil || s == nil || s.LeaseID == "" {
+		t.Fatalf("reading %s by hand: %v", path, err)
+	}
+	return s.LeaseID
+}
+
+// untouched checks that each lease is live in Vault and that the operator never named it in a
+// request (renew, lookup, revoke: by path, or by its hashed lease_id).
+func untouched(t *testing.T, leases map[string]string) {
+	t.Helper()
+	for what, id := range leases {
+		if ok, _ := fw.LeaseExists(id); !ok {
+			t.Errorf("%s (%s) is gone from Vault", what, id)
+		}
+		hashed, err := fw.AuditHash(context.Background(), id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if es := operatorRequests(t, func(e framework.AuditEntry) bool { return e.Names(id, hashed) }); len(es) > 0 {
+			t.Errorf("the operator sent Vault %d request(s) naming %s (%s):%s", len(es), what, id, describeRequests(es))
+		}
+	}
+}
+
+// TestTenantCannotReadAnotherTenantsRole: namespaces a and b, each with its own role. A
+// RedisCluster in a naming b's path is refused with a condition that names the field, and Vault's
+// audit log holds no request for b's path; a's own path gives a working credential.
+// (keyroll logs in with its own identity here; the per-namespace identity is not built yet.)
+func TestTenantCannotReadAnotherTenantsRole(t *testing.T) {
+	a, b := fw.Namespace(t, "ten-a"), fw.Namespace(t, "ten-b")
+	vc := fw.VaultConnection(t, "vault-tenants", framework.Allow(a, b), tenantPaths)
+	theirs := fw.Path("ten-b.orders")
+
+	thief := fw.RedisCluster(t, a, "stolen", vc.Name, theirs)
+	cur := fw.WaitCondition(t, thief, v1alpha1.ConditionCredentialsReady, metav1.ConditionFalse, v1alpha1.ReasonPathNotAllowed, 30*time.Second)
+	msg := framework.Condition(cur, v1alpha1.ConditionCredentialsReady).Message
+	for _, want := range []string{"credentials.vaultLease.path", theirs, "spec.allowedPaths"} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("the refusal %q does not name %q", msg, want)
+		}
+	}
+	if !fw.HasEvent(t, a, "stolen", v1alpha1.EventAccessDenied) {
+		t.Errorf("no Warning event %s for the refused path", v1alpha1.EventAccessDenied)
+	}
+
+	own := fw.RedisCluster(t, a, "orders", vc.Name, fw.Path("ten-a.orders"))
+	cur = fw.WaitReady(t, own, 90*time.Second)
+	if user, pass, _ := fw.Credentials(own); !fw.Authenticates(user, pass) {
+		t.Error("a's credential from its own role does not authenticate")
+	}
+	if id := cur.Status.Credential.LeaseID; !strings.HasPrefix(id, fw.Path("ten-a.orders")+"/") {
+		t.Errorf("a's lease %q is not of a's role", id)
+	}
+	if cur := fw.Get(t, thief); cur.Status.Credential != nil || len(cur.Status.Leases) > 0 {
+		t.Errorf("the refused cluster holds a credential or leases: %+v %+v", cur.Status.Credential, cur.Status.Leases)
+	}
+	if es := operatorRequests(t, func(e framework.AuditEntry) bool { return strings.Contains(e.Request.Path, theirs) }); len(es) > 0 {
+		t.Errorf("the operator sent Vault %d request(s) for b's path:%s", len(es), describeRequests(es))
+	}
+	fw.DeleteAndWait(t, thief, 30*time.Second)
+	fw.DeleteAndWait(t, own, 30*time.Second)
+}
+
+// TestForgedLeaseIDIsNeverRenewedOrRevoked: leases of another team, placed where keyroll reads
+// lease IDs (a status ledger written by hand, the Secret External Secrets Operator writes for
+// keyroll, and a look-alike Secret), are left alone through a rotation and the deletion of the
+// RedisClusters: live in Vault, and never named in a request of the operator.
+func TestForgedLeaseIDIsNeverRenewedOrRevoked(t *testing.T) {
+	ctx := context.Background()
+	ns := fw.Namespace(t, "forged")
+	vc := fw.VaultConnection(t, "vault-forged", framework.Allow(ns), tenantPaths)
+	foreign := fw.Path("ten-b.orders")
+	leases := map[string]string{
+		"the lease in the hand-written ledger":     issueByHand(t, foreign),
+		"the lease in the ExternalSecret's Secret": issueByHand(t, foreign),
+		"the lease in the look-alike Secret":       issueByHand(t, foreign),
+	}
+
+	// VaultLease mode: a superseded lease added to the ledger by hand.
+	rc := fw.RedisCluster(t, ns, "orders", vc.Name, fw.Path("forged.orders"))
+	fw.WaitReady(t, rc, 90*time.Second)
+	forged := leases["the lease in the hand-written ledger"]
+	framework.Eventually(t, 30*time.Second, func() string {
+		cur := fw.Get(t, rc)
+		cur.Status.Leases = append(cur.Status.Leases, v1alpha1.LeaseRecord{LeaseID: forged, State: v1alpha1.LeaseSuperseded, Version: "forged"})
+		if err := fw.Client.Status().Update(ctx, cur); err != nil {
+			return err.Error()
+		}
+		return ""
+	})
+	fw.RotateNow(t, rc)
+	framework.Eventually(t, 60*time.Second, func() string {
+		for _, n := range framework.Notes(fw.ClusterEvents(t, ns, "orders")) {
+			if strings.HasPrefix(n, v1alpha1.EventLeaseDisowned+": ") && strings.Contains(n, forged) {
+				return ""
+			}
+		}
+		return "no LeaseDisowned event names the forged lease"
+	})
+
+	// ExternalSecret mode, the lease tracked: the Secret ESO writes gets another team's lease ID
+	// by hand, and a look-alike Secret (the cluster's labels, "controlled" by an ExternalSecret of
+	// the cluster's name that is not keyroll's) holds another.
+	vaultDynamicSecret(t, ns, "redis-cache", "forged.es", true)
+	es := esCluster(t, ns, "cache", v1alpha1.ExternalSecretSource{
+		GeneratorRef:    &v1alpha1.GeneratorReference{APIVersion: "generators.external-secrets.io/v1alpha1", Kind: "VaultDynamicSecret", Name: "redis-cache"},
+		RefreshInterval: &metav1.Duration{Duration: time.Hour},
+		ConnectionRef:   &v1alpha1.ConnectionReference{Name: vc.Name},
+	})
+	fw.WaitReady(t, es, 90*time.Second)
+	synced := &corev1.Secret{}
+	if err := fw.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "cache-eso"}, synced); err != nil {
+		t.Fatal(err)
+	}
+	lookAlike := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "cache-eso-copy", Labels: synced.Labels,
+		OwnerReferences: []metav1.OwnerReference{{APIVersion: "external-secrets.io/v1", Kind: "ExternalSecret", Name: "cache",
+			UID: "00000000-0000-0000-0000-000000000000", Controller: ptrTo(true)}}}, Data: map[string][]byte{}}
+	for k, v := range synced.Data {
+		lookAlike.Data[k] = v
+	}
+	lookAlike.Data["lease_id"] = []byte(leases["the lease in the look-alike Secret"])
+	if err := fw.Client.Create(ctx, lookAlike); err != nil {
+		t.Fatal(err)
+	}
+	edited := leases["the lease in the ExternalSecret's Secret"]
+	synced.Data["lease_id"] = []byte(edited)
+	if err := fw.Client.Update(ctx, synced); err != nil {
+		t.Fatal(err)
+	}
+	framework.Eventually(t, 60*time.Second, func() string {
+		for _, n := range framework.Notes(fw.ClusterEvents(t, ns, "cache")) {
+			if strings.HasPrefix(n, v1alpha1.EventLeaseDisowned+": ") && strings.Contains(n, edited) {
+				return ""
+			}
+		}
+		return "no LeaseDisowned event names the lease written into the ExternalSecret's Secret"
+	})
+	fw.RotateNow(t, es)
+	framework.Eventually(t, 60*time.Second, func() string {
+		if cur := fw.Get(t, es); cur.Status.Credential == nil || ledgerHas(cur, edited) {
+			return "the edited lease is in the ledger, or there is no credential"
+		}
+		return ""
+	})
+
+	fw.DeleteAndWait(t, rc, 60*time.Second)
+	deleteAndWait(t, es)
+	untouched(t, leases)
+}
+
+func ledgerHas(rc *v1alpha1.RedisCluster, id string) bool {
+	for _, l := range rc.Status.Leases {
+		if l.LeaseID == id {
+			return true
+		}
+	}
+	return false
+}
+
+func ptrTo[T any](v T) *T { return &v }
+
+// TestDisallowedNamespaceMakesNoVaultCall: a RedisCluster in a namespace the connection does not
+// allow is created, asked to rotate and deleted, with the orphan-lease sweep running every 10 s:
+// the operator sends Vault no request for it (its path, its leases, a sweep of its path).
+func TestDisallowedNamespaceMakesNoVaultCall(t *testing.T) {
+	ns, other := fw.Namespace(t, "nocall"), fw.Namespace(t, "nocall-ok")
+	vc := fw.VaultConnection(t, "vault-nocall", framework.Allow(other), tenantPaths, func(vc *v1alpha1.VaultConnection) {
+		vc.Spec.OrphanLeases = &v1alpha1.OrphanLeases{Action: v1alpha1.OrphanLeasesRevoke,
+			GracePeriod: &metav1.Duration{Duration: 10 * time.Second}, Interval: &metav1.Duration{Duration: 10 * time.Second}}
+	})
+	path := fw.Path("nocall.orders")
+	rc := fw.RedisCluster(t, ns, "orders", vc.Name, path)
+	fw.WaitCondition(t, rc, v1alpha1.ConditionCredentialsReady, metav1.ConditionFalse, v1alpha1.ReasonNamespaceNotAllowed, 30*time.Second)
+	fw.RotateNow(t, rc)
+	// Two sweeps at least, with the cluster there.
+	created := time.Now()
+	framework.Eventually(t, 60*time.Second, func() string {
+		st := fw.GetConnection(t, vc.Name).Status.OrphanLeases
+		if st == nil || st.LastSweepAt == nil || st.LastSweepAt.Time.Before(created.Add(11*time.Second)) {
+			return fmt.Sprintf("no sweep since 11 s after the cluster was created: %+v", st)
+		}
+		return ""
+	})
+	fw.DeleteAndWait(t, rc, 30*time.Second)
+	if es := operatorRequests(t, func(e framework.AuditEntry) bool { return strings.Contains(e.Request.Path, "nocall") }); len(es) > 0 {
+		t.Errorf("the operator sent Vault %d request(s) for the disallowed cluster:%s", len(es), describeRequests(es))
+	}
+	if st := fw.GetConnection(t, vc.Name).Status.OrphanLeases; st == nil || len(st.Paths) > 0 {
+		t.Errorf("the sweep covered paths of a disallowed namespace: %+v", st)
+	}
+}
+
+// recorder is a TCP listener on loopback that counts the connections made to it.
+type recorder struct {
+	ln    net.Listener
+	conns atomic.Int32
+}
+
+func listen(t *testing.T) *recorder {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &recorder{ln: ln}
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			r.conns.Add(1)
+			_ = c.Close()
+		}
+	}()
+	t.Cleanup(func() { _ = ln.Close() })
+	return r
+}
+
+// apiAudience is the audience of the API server's own tokens.
+func apiAudience(t *testing.T) string {
+	t.Helper()
+	tok, err := fw.Ground.CP.ServiceAccountToken(context.Background(), fw.OperatorNS, framework.OperatorSA, 10*time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	parts := strings.Split(tok, ".")
+	if len(parts) != 3 {
+		t.Fatal("the service-account token is not a JWT")
+	}
+	payload, err := base64.RawURLEncoding.DecodeString(parts[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	var claims struct{ Aud []string }
+	if err := json.Unmarshal(payload, &claims); err != nil || len(claims.Aud) == 0 {
+		t.Fatalf("no audience in the API server's token: %v", err)
+	}
+	return claims.Aud[0]
+}
+
+// TestVaultConnectionCannotExfiltrateTokens: a VaultConnection whose writer asks for a token of
+// the API server's own audience, or names a Secret of another namespace, pointed at a listener on
+// loopback: keyroll refuses it (Ready=False, SettingsRefused, naming the field), a RedisCluster
+// using it gets no credential, and the listener sees no connection at all.
+func TestVaultConnectionCannotExfiltrateTokens(t *testing.T) {
+	ctx := context.Background()
+	ns, elsewhere := fw.Namespace(t, "exfil"), fw.Namespace(t, "exfil-secrets")
+	sink := listen(t)
+	addr := framework.Address("http://" + sink.ln.Addr().String())
+
+	aud := fw.VaultConnection(t, "vault-exfil-aud", framework.Allow(ns), addr, func(vc *v1alpha1.VaultConnection) {
+		vc.Spec.Auth = v1alpha1.VaultAuth{Kubernetes: &v1alpha1.KubernetesAuth{Role: fw.OperatorRole, Audiences: []string{apiAudience(t)}}}
+	})
+	fw.Create(t, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: elsewhere, Name: "app-token"},
+		Data: map[string][]byte{"token": []byte("a-secret-of-another-namespace")}})
+	ref := fw.VaultConnection(t, "vault-exfil-ref", framework.Allow(ns), addr, func(vc *v1alpha1.VaultConnection) {
+		vc.Spec.Auth = v1alpha1.VaultAuth{Token: &v1alpha1.TokenAuth{SecretRef: v1alpha1.SecretKeyReference{Namespace: elsewhere, Name: "app-token", Key: "token"}}}
+	})
+	for vc, field := range map[string]string{aud.Name: "auth.kubernetes.audiences", ref.Name: "auth.token.secretRef"} {
+		framework.Eventually(t, 30*time.Second, func() string {
+			c := apimeta.FindStatusCondition(fw.GetConnection(t, vc).Status.Conditions, v1alpha1.ConditionReady)
+			if c == nil || c.Status != metav1.ConditionFalse || c.Reason != v1alpha1.ReasonSettingsRefused || !strings.Contains(c.Message, field) {
+				return fmt.Sprintf("VaultConnection %s: Ready %+v, want False/%s naming %s", vc, c, v1alpha1.ReasonSettingsRefused, field)
+			}
+			return ""
+		})
+	}
+	// RedisClusters that use them ask for credentials, which would log in.
+	for _, vc := range []string{aud.Name, ref.Name} {
+		rc := fw.RedisCluster(t, ns, vc, vc, fw.Path("orders"))
+		fw.WaitCondition(t, rc, v1alpha1.ConditionCredentialsReady, metav1.ConditionFalse, "", 30*time.Second)
+		time.Sleep(2 * time.Second) // a retry or two
+		if cur := fw.Get(t, rc); cur.Status.Credential != nil {
+			t.Errorf("RedisCluster %s got a credential through a refused connection", vc)
+		}
+		fw.DeleteAndWait(t, rc, 30*time.Second)
+	}
+	if n := sink.conns.Load(); n > 0 {
+		t.Fatalf("the connections' address saw %d connection(s)", n)
+	}
+	for _, vc := range []string{aud.Name, ref.Name} {
+		if err := fw.Client.Delete(ctx, fw.GetConnection(t, vc)); err != nil && !apierrors.IsNotFound(err) {
+			t.Fatal(err)
+		}
+	}
+}
