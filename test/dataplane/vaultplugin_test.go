@@ -44,10 +44,10 @@ func pointVaultAt(t *testing.T, rc *v1alpha1.RedisCluster) {
 // interval (keyroll, onRevokedOutside CutOff), and a new credential takes its place.
 func TestVaultRevokeCutsTheCredentialOffEverywhere(t *testing.T) {
 	ns := fw.Namespace(t, "plugin")
-	vc := fw.VaultConnection(t, "vault-plugin", framework.Allow(ns))
-	// The role the guide's commands make is named <namespace>-<name> (the namespace's name carries
-	// the package's prefix, so the role does too).
-	rc := fw.RedisCluster(t, ns, "cache", vc.Name, "database/creds/"+ns+"-cache", framework.Replicas(3), func(rc *v1alpha1.RedisCluster) {
+	// The role the guide's commands make is named <namespace>.<name>, and the connection allows
+	// each namespace the roles named after it, as the guide's tenancy section sets it up.
+	vc := fw.VaultConnection(t, "vault-plugin", framework.Allow(ns), framework.Paths("database/creds/{namespace}.*"))
+	rc := fw.RedisCluster(t, ns, "cache", vc.Name, "database/creds/"+ns+".cache", framework.Replicas(3), func(rc *v1alpha1.RedisCluster) {
 		rc.Spec.VaultPlugin = &v1alpha1.VaultPluginSpec{Username: "vault"}
 	})
 	// The pods come up before there is a credential; until Vault is configured, its refusal is

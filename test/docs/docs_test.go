@@ -174,6 +174,7 @@ func TestInstallAndVaultAdministratorCommands(t *testing.T) {
 	}
 	checkTokenKept(t, ctx, f, cur.Status.Credential.TokenAccessor)
 	_ = f.Client.Delete(ctx, rc)
+	checkTenancy(t, ctx, f, env, time.Until(deadline))
 
 	// This cluster has no External Secrets Operator: a RedisCluster in ExternalSecret mode says
 	// so (docs/externalsecret-mode.md) instead of waiting silently.
@@ -191,6 +192,42 @@ func TestInstallAndVaultAdministratorCommands(t *testing.T) {
 		}
 		return ""
 	})
+}
+
+// checkTenancy runs the guide's tenancy commands: two teams' roles, and a VaultConnection that
+// allows each namespace the roles named after it. A RedisCluster of team-a gets a working
+// credential from its own role; one of team-a that names team-b's role is refused, and Vault's
+// audit log holds no request of the operator for it.
+func checkTenancy(t *testing.T, ctx context.Context, f *framework.Framework, env []string, timeout time.Duration) {
+	t.Helper()
+	auditLog, err := f.EnableAudit(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range docblocks.Tagged(t, root, "vault-tenancy") {
+		docblocks.Run(t, b, root, env, 3*time.Minute)
+	}
+	for _, ns := range []string{"team-a", "team-b"} {
+		if err := f.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	own := f.RedisCluster(t, "team-a", "orders", "vault-teams", "database/creds/team-a.orders")
+	theirs := f.RedisCluster(t, "team-a", "stolen", "vault-teams", "database/creds/team-b.orders")
+	f.WaitCondition(t, theirs, v1alpha1.ConditionCredentialsReady, metav1.ConditionFalse, v1alpha1.ReasonPathNotAllowed, timeout)
+	cur := f.WaitReady(t, own, timeout)
+	if user, pass, _ := f.Credentials(cur); !f.Authenticates(user, pass) {
+		t.Error("team-a's credential from its own role does not authenticate")
+	}
+	entries, err := framework.ReadAudit(auditLog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		if e.ByRole("keyroll") && strings.Contains(e.Request.Path, "team-b.orders") {
+			t.Errorf("the operator asked Vault for team-b's role on team-a's behalf: %s %s", e.Request.Operation, e.Request.Path)
+		}
+	}
 }
 
 // checkTokenKept: the guide's role gives periodic tokens, which keyroll keeps in the
