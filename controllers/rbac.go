@@ -3,24 +3,29 @@ package controllers
 // The operator's permissions, from which controller-gen writes deploy/rbac/role.yaml. Each line is
 // the least the reconcilers need; no wildcard verbs, resources or groups.
 
-// Its own API.
-// +kubebuilder:rbac:groups=keyroll.dev,resources=redisclusters;vaultconnections,verbs=get;list;watch;update;patch
-// +kubebuilder:rbac:groups=keyroll.dev,resources=redisclusters/status;vaultconnections/status,verbs=get;update;patch
+// Its own API: the finalizers and status are patched (never updated); finalizers/update lets the
+// owner references keyroll sets block their owner's deletion.
+// +kubebuilder:rbac:groups=keyroll.dev,resources=redisclusters;vaultconnections,verbs=get;list;watch;patch
+// +kubebuilder:rbac:groups=keyroll.dev,resources=redisclusters/status;vaultconnections/status,verbs=patch
 // +kubebuilder:rbac:groups=keyroll.dev,resources=redisclusters/finalizers,verbs=update
 
-// Objects owned by a RedisCluster.
-// +kubebuilder:rbac:groups="",resources=secrets;services;configmaps,verbs=get;list;watch;create;update;patch;delete
-// +kubebuilder:rbac:groups=apps,resources=statefulsets,verbs=get;list;watch;create;update;patch;delete
-// +kubebuilder:rbac:groups=policy,resources=poddisruptionbudgets,verbs=get;list;watch;create;update;patch;delete
-// +kubebuilder:rbac:groups=networking.k8s.io,resources=networkpolicies,verbs=get;list;watch;create;update;patch;delete
-// +kubebuilder:rbac:groups=external-secrets.io,resources=externalsecrets,verbs=get;list;watch;create;update;patch;delete
+// Objects owned by a RedisCluster, written by server-side apply (create, patch) and read through
+// the cache (get, list, watch); the garbage collector deletes them with their owner, and keyroll
+// itself deletes only a NetworkPolicy or an ExternalSecret the spec no longer asks for.
+// +kubebuilder:rbac:groups="",resources=secrets;services;configmaps,verbs=get;list;watch;create;patch
+// +kubebuilder:rbac:groups=apps,resources=statefulsets,verbs=get;list;watch;create;patch
+// +kubebuilder:rbac:groups=policy,resources=poddisruptionbudgets,verbs=get;list;watch;create;patch
+// +kubebuilder:rbac:groups=networking.k8s.io,resources=networkpolicies,verbs=get;list;watch;create;patch;delete
+// +kubebuilder:rbac:groups=external-secrets.io,resources=externalsecrets,verbs=get;list;watch;create;patch;delete
 
 // Rollouts: Redis pods are deleted one at a time; consumers get a pod-template annotation.
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch;patch;delete
 // +kubebuilder:rbac:groups=apps,resources=deployments;daemonsets,verbs=get;list;watch;patch
 
-// Vault's Kubernetes auth: a token for the operator's own service account.
-// +kubebuilder:rbac:groups="",resources=serviceaccounts/token,verbs=create
+// Vault's Kubernetes auth: a token for the operator's own service account, and no other (the
+// Helm chart puts its service account's name in resourceNames); TokenReviews (in main.go's
+// markers) refuse a token the API server would accept before it is sent to Vault.
+// +kubebuilder:rbac:groups="",resources=serviceaccounts/token,verbs=create,namespace=keyroll-system,resourceNames=keyroll-manager
 
 // Events.
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch

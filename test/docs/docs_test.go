@@ -138,8 +138,9 @@ func TestInstallAndVaultAdministratorCommands(t *testing.T) {
 		t.Fatalf("the install did not create the manager Deployment: %v", err)
 	}
 
-	// The operator as installed: its service account, logging in to Vault with TokenRequest tokens.
-	op, err := f.NewOperator(ctx, framework.OperatorOptions{})
+	// The operator as installed: its service account, with the permissions the install grants it
+	// (deploy/rbac) and no more, logging in to Vault with TokenRequest tokens.
+	op, err := f.NewOperator(ctx, framework.OperatorOptions{AsServiceAccount: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,7 +9,9 @@ import (
 	esv1 "github.com/external-secrets/external-secrets/apis/externalsecrets/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
@@ -43,6 +45,9 @@ type OperatorOptions struct {
 	VaultObserver func(connection, op, outcome string, seconds float64)
 	// LeaseCheckInterval is the operator's --lease-check-interval (zero: its default).
 	LeaseCheckInterval time.Duration
+	// AsServiceAccount makes every request of the operator to the API server as its service
+	// account (impersonated): with the permissions an install grants it, and no more.
+	AsServiceAccount bool
 }
 
 // Election is a leader election quick enough for tests (a 4 s Lease).
@@ -63,7 +68,17 @@ type Operator struct {
 // NewOperator runs another keyroll manager in the test process until its Stop, as the package's
 // operator identity (several may run at once: leader election decides which acts).
 func (f *Framework) NewOperator(ctx context.Context, o OperatorOptions) (*Operator, error) {
-	cfg := f.Ground.CP.Config
+	cfg, tokens := f.Ground.CP.Config, kubernetes.Interface(f.Clientset)
+	if o.AsServiceAccount {
+		cfg = rest.CopyConfig(cfg)
+		cfg.Impersonate = rest.ImpersonationConfig{UserName: "system:serviceaccount:" + f.OperatorNS + ":" + OperatorSA,
+			Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + f.OperatorNS, "system:authenticated"}}
+		cs, err := kubernetes.NewForConfig(cfg)
+		if err != nil {
+			return nil, err
+		}
+		tokens = cs
+	}
 	op := &Operator{done: make(chan error, 1)}
 	metricsAddr, probeAddr := "0", "0"
 	if o.Endpoints {
@@ -96,13 +111,13 @@ func (f *Framework) NewOperator(ctx context.Context, o OperatorOptions) (*Operat
 	}
 	op.Manager = mgr
 	ctx, op.cancel = context.WithCancel(ctx)
-	op.broadcast = events.NewBroadcaster(&events.EventSinkImpl{Interface: f.Clientset.EventsV1()})
+	op.broadcast = events.NewBroadcaster(&events.EventSinkImpl{Interface: tokens.EventsV1()})
 	if err := op.broadcast.StartRecordingToSinkWithContext(ctx); err != nil {
 		op.cancel()
 		return nil, err
 	}
 	op.Reconciler, err = controllers.Setup(mgr, controllers.Options{
-		Recorder: op.broadcast.NewRecorder(scheme, "keyroll"), Clock: clock.RealClock{}, Tokens: f.Clientset,
+		Recorder: op.broadcast.NewRecorder(scheme, "keyroll"), Clock: clock.RealClock{}, Tokens: tokens,
 		ServiceAccount: types.NamespacedName{Namespace: f.OperatorNS, Name: OperatorSA},
 		VaultObserver:  o.VaultObserver, LeaseCheckInterval: o.LeaseCheckInterval, ProbeImage: testground.ProbeImage,
 	})

@@ -465,28 +465,34 @@ func checkChartRBAC(t *testing.T, namespace, serviceAccount string) {
 	for _, tc := range []struct {
 		verb, group, resource, namespace string
 		allowed                          bool
+		name                             string
 	}{
-		{"list", "keyroll.dev", "redisclusters", "", true},
-		{"patch", "keyroll.dev", "redisclusters/status", "default", true},
-		{"create", "", "serviceaccounts/token", namespace, true},
-		{"update", "coordination.k8s.io", "leases", namespace, true},
-		{"update", "coordination.k8s.io", "leases", "default", false},
-		{"create", "authentication.k8s.io", "tokenreviews", "", true},
-		{"create", "authorization.k8s.io", "subjectaccessreviews", "", true},
-		{"delete", "keyroll.dev", "vaultconnections", "", false},
-		{"create", "", "pods", "default", false},
+		{"list", "keyroll.dev", "redisclusters", "", true, ""},
+		{"patch", "keyroll.dev", "redisclusters/status", "default", true, ""},
+		// A token of its own service account, and of no other.
+		{"create", "", "serviceaccounts/token", namespace, true, serviceAccount},
+		{"create", "", "serviceaccounts/token", namespace, false, "default"},
+		{"create", "", "serviceaccounts/token", "default", false, serviceAccount},
+		{"delete", "", "secrets", "default", false, ""},
+		{"update", "", "secrets", "default", false, ""},
+		{"update", "coordination.k8s.io", "leases", namespace, true, ""},
+		{"update", "coordination.k8s.io", "leases", "default", false, ""},
+		{"create", "authentication.k8s.io", "tokenreviews", "", true, ""},
+		{"create", "authorization.k8s.io", "subjectaccessreviews", "", true, ""},
+		{"delete", "keyroll.dev", "vaultconnections", "", false, ""},
+		{"create", "", "pods", "default", false, ""},
 	} {
 		res, sub, _ := strings.Cut(tc.resource, "/")
 		sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
 			User: user, Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + namespace, "system:authenticated"},
-			ResourceAttributes: &authorizationv1.ResourceAttributes{Verb: tc.verb, Group: tc.group, Resource: res, Subresource: sub, Namespace: tc.namespace},
+			ResourceAttributes: &authorizationv1.ResourceAttributes{Verb: tc.verb, Group: tc.group, Resource: res, Subresource: sub, Namespace: tc.namespace, Name: tc.name},
 		}}
 		out, err := fw.Clientset.AuthorizationV1().SubjectAccessReviews().Create(context.Background(), sar, metav1.CreateOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
 		if out.Status.Allowed != tc.allowed {
-			t.Errorf("the chart's service account: %s %s.%s in %q allowed %v, want %v", tc.verb, tc.resource, tc.group, tc.namespace, out.Status.Allowed, tc.allowed)
+			t.Errorf("the chart's service account: %s %s.%s %q in %q allowed %v, want %v", tc.verb, tc.resource, tc.group, tc.name, tc.namespace, out.Status.Allowed, tc.allowed)
 		}
 	}
 }
