@@ -118,6 +118,9 @@ func Setup(mgr ctrl.Manager, o Options) (*rediscluster.Reconciler, error) {
 		Writer: mgr.GetClient(), TokenNamespace: o.ServiceAccount.Namespace, SecretNamespace: o.VaultSecretsNamespace,
 		Clients: vaultclient.NewClients(), Clock: o.Clock, Observer: observe,
 	}
+	if ns := o.ServiceAccount.Namespace; ns != "" {
+		conn.Intents = &vaultclient.Intents{Writer: mgr.GetClient(), Reader: mgr.GetAPIReader(), Namespace: ns, Clock: o.Clock}
+	}
 	if err := vaultconnection.IndexClusters(mgr); err != nil {
 		return nil, err
 	}

@@ -66,10 +66,12 @@ type VaultConnectionSpec struct {
 
 	// orphanLeases sets up the sweep for leases that Vault holds under the credential paths of this
 	// connection's RedisClusters but that no RedisCluster's ledger knows (a lease issued just before
-	// the operator was killed, before it reached the ledger). The sweep needs a Vault policy with
-	// list and sudo on sys/leases/lookup/<path>/ (deploy/vault); without it, the sweep reports that it
-	// is not permitted and such a lease lives until its TTL. Use Vault roles dedicated to keyroll:
-	// every lease under a swept path that no ledger knows counts as an orphan.
+	// the operator was killed, before it reached the ledger). Only the allowed paths of allowed
+	// namespaces are swept, and only a lease whose issue this install recorded beforehand (an
+	// intent, in its own namespace) is revoked: one that another install, Vault Agent or a person
+	// obtained on the same role is reported and left alone. The sweep needs a Vault policy with list
+	// and sudo on sys/leases/lookup/<path>/ (deploy/vault); without it, the sweep reports that it is
+	// not permitted and such a lease lives until its TTL.
 	// +optional
 	OrphanLeases *OrphanLeases `json:"orphanLeases,omitempty"`
 }
@@ -124,6 +126,11 @@ type OrphanLeaseStatus struct {
 	// found is how many orphans the last sweep found.
 	// +optional
 	Found int32 `json:"found,omitempty"`
+
+	// foreign is how many of the orphans found this install did not issue (no record of its own
+	// matches them: another install, Vault Agent, a person): they are reported, never revoked.
+	// +optional
+	Foreign int32 `json:"foreign,omitempty"`
 
 	// revoked is how many orphans the sweeps of this connection have revoked in all.
 	// +optional

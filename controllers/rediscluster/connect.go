@@ -3,11 +3,9 @@ package rediscluster
 import (
 	"context"
 	"errors"
-	"fmt"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
 	"github.com/keyroll/keyroll/controllers/apply"
@@ -40,11 +38,7 @@ func (r *deps) connect(ctx context.Context, s *scope, forDelete bool) (vault.Lea
 // connectTo is a Vault client of the VaultConnection name, for the leases that came through it
 // while the spec names another, confined to what the namespace may do there.
 func (r *deps) connectTo(ctx context.Context, name, namespace string) (vault.LeaseClient, error) {
-	vc := &v1alpha1.VaultConnection{}
-	if err := r.Get(ctx, client.ObjectKey{Name: name}, vc); err != nil {
-		return nil, fmt.Errorf("reading VaultConnection %s: %w", name, err)
-	}
-	return r.Connector.ClientOf(ctx, vc, namespace)
+	return r.Connector.ClientOf(ctx, r.Client, name, namespace)
 }
 
 // checkSecretsFree makes sure the Secrets keyroll writes are either absent or its own, before a

@@ -123,10 +123,14 @@ func New(cfg Config) *Reconciler {
 	if workers <= 0 {
 		workers = DefaultWorkers
 	}
+	vl := &vaultlease.Source{Client: d.Client, APIReader: d.APIReader, Clock: d.Clock, Metrics: d.Metrics, Ledger: d.Ledger}
+	if cfg.Connector != nil && cfg.Connector.Intents != nil {
+		vl.Intents = cfg.Connector.Intents
+	}
 	return &Reconciler{
 		deps: d, Recorder: cfg.Recorder, ExternalSecrets: cfg.ExternalSecrets, Workers: workers, upkeep: timers,
 		rollout:        &rollout.Engine{Client: d.Client, APIReader: d.APIReader, Clock: d.Clock, Metrics: d.Metrics, Primary: d.primary, ProbeImage: d.probeImage},
-		vaultLease:     &vaultlease.Source{Client: d.Client, APIReader: d.APIReader, Clock: d.Clock, Metrics: d.Metrics, Ledger: d.Ledger},
+		vaultLease:     vl,
 		externalSecret: externalsecret.NewSource(d.Client, d.APIReader, d.Clock, d.Metrics, d.Ledger),
 	}
 }

@@ -42,6 +42,8 @@ type Connector struct {
 	// SecretNamespace is the only namespace whose Secrets a VaultConnection may name (its
 	// token, secret ID and CA Secrets); empty: TokenNamespace.
 	SecretNamespace string
+	// Intents records each issue before it is made (nil: none are recorded).
+	Intents *Intents
 	// Clients hands out one Vault client per VaultConnection: NewClients, or fakes in tests.
 	Clients Clients
 	Clock   clock.Clock
@@ -131,9 +133,14 @@ func (c *Connector) ClientFor(ctx context.Context, r client.Reader, u Use) (vaul
 	return tenancy.ForNamespace(vcl, vc, u.Namespace), nil, nil
 }
 
-// ClientOf is the Vault client of VaultConnection vc for the leases of a RedisCluster of namespace
-// that came through it, confined to what the namespace may do (tenancy.ForNamespace).
-func (c *Connector) ClientOf(ctx context.Context, vc *v1alpha1.VaultConnection, namespace string) (vault.LeaseClient, error) {
+// ClientOf is the Vault client of the VaultConnection name (read through r) for the leases of a
+// RedisCluster of namespace that came through it, confined to what the namespace may do there
+// (tenancy.ForNamespace).
+func (c *Connector) ClientOf(ctx context.Context, r client.Reader, name, namespace string) (vault.LeaseClient, error) {
+	vc := &v1alpha1.VaultConnection{}
+	if err := r.Get(ctx, client.ObjectKey{Name: name}, vc); err != nil {
+		return nil, fmt.Errorf("reading VaultConnection %s: %w", name, err)
+	}
 	vcl, err := c.Client(ctx, vc)
 	if err != nil {
 		return nil, err

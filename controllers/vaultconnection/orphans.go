@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
+	"github.com/keyroll/keyroll/controllers/vaultclient"
 	"github.com/keyroll/keyroll/vault"
 )
 
@@ -16,12 +18,18 @@ type leaseLister interface {
 	Lookup(ctx context.Context, leaseID string) (*vault.LeaseInfo, error)
 }
 
+// orphan is a lease Vault holds under a swept path that no ledger holds.
+type orphan struct {
+	ID       string
+	IssuedAt time.Time
+}
+
 // findOrphans lists the leases Vault holds under prefixes (the credential paths the connection's
 // RedisClusters read) that no ledger holds (known) and that were issued more than grace ago: a
 // lease issued just now may be on its way into a ledger (the status write after Vault's answer).
-// A lease that is gone by the time it is looked up is no orphan. The result is sorted.
-func findOrphans(ctx context.Context, vl leaseLister, prefixes []string, known map[string]bool, grace time.Duration, now time.Time) ([]string, error) {
-	var orphans []string
+// A lease that is gone by the time it is looked up is no orphan. The result is sorted by ID.
+func findOrphans(ctx context.Context, vl leaseLister, prefixes []string, known map[string]bool, grace time.Duration, now time.Time) ([]orphan, error) {
+	var orphans []orphan
 	var errs []error
 	for _, prefix := range prefixes {
 		ids, err := vl.ListLeases(ctx, prefix)
@@ -39,10 +47,61 @@ func findOrphans(ctx context.Context, vl leaseLister, prefixes []string, known m
 				continue
 			}
 			if info.Exists && now.Sub(info.IssuedAt) > grace {
-				orphans = append(orphans, id)
+				orphans = append(orphans, orphan{ID: id, IssuedAt: info.IssuedAt})
 			}
 		}
 	}
-	slices.Sort(orphans)
-	return slices.Compact(orphans), errors.Join(errs...)
+	slices.SortFunc(orphans, func(a, b orphan) int { return strings.Compare(a.ID, b.ID) })
+	return slices.CompactFunc(orphans, func(a, b orphan) bool { return a.ID == b.ID }), errors.Join(errs...)
+}
+
+// intentWindow is how long after its intent an issue's lease may have been issued: an issue ends
+// within the Vault client's timeout (10 s) after the intent is written. intentSkew allows for the
+// clocks of keyroll and Vault.
+const (
+	intentWindow = time.Minute
+	intentSkew   = 5 * time.Second
+)
+
+// claim splits the orphans into those this install issued (each matches an intent of its own: the
+// same path, issued within intentWindow after the intent) and the others, which it never revokes.
+// It also returns the intents to drop: those matched, and those too old to match any lease still
+// to be found (the lease reached a ledger, or was never issued).
+func claim(orphans []orphan, intents []vaultclient.Intent, grace time.Duration, now time.Time) (ours, others []orphan, matched map[string]string, stale []string) {
+	matched = map[string]string{} // lease ID to intent ID
+	used := map[string]bool{}
+	byTime := slices.Clone(orphans)
+	slices.SortFunc(byTime, func(a, b orphan) int { return a.IssuedAt.Compare(b.IssuedAt) })
+	for _, o := range byTime {
+		found := false
+		for _, in := range intents {
+			if used[in.ID] || strings.Trim(in.Path, "/") != leasePath(o.ID) ||
+				o.IssuedAt.Before(in.At.Add(-intentSkew)) || o.IssuedAt.After(in.At.Add(intentWindow)) {
+				continue
+			}
+			used[in.ID], matched[o.ID], found = true, in.ID, true
+			break
+		}
+		if found {
+			ours = append(ours, o)
+		} else {
+			others = append(others, o)
+		}
+	}
+	for _, in := range intents {
+		if !used[in.ID] && now.Sub(in.At) > intentWindow+grace {
+			stale = append(stale, in.ID)
+		}
+	}
+	slices.SortFunc(ours, func(a, b orphan) int { return strings.Compare(a.ID, b.ID) })
+	slices.SortFunc(others, func(a, b orphan) int { return strings.Compare(a.ID, b.ID) })
+	return ours, others, matched, stale
+}
+
+func ids(orphans []orphan) []string {
+	out := make([]string, 0, len(orphans))
+	for _, o := range orphans {
+		out = append(out, o.ID)
+	}
+	return out
 }

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/keyroll/keyroll/controllers/vaultclient"
 	"github.com/keyroll/keyroll/vault"
 )
 
@@ -43,11 +44,40 @@ func TestFindOrphans(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := []string{"database/creds/orders/b"}; !slices.Equal(got, want) {
+	if want := []string{"database/creds/orders/b"}; !slices.Equal(ids(got), want) {
 		t.Errorf("orphans %v, want %v", got, want)
 	}
 	l.denied = true
 	if _, err := findOrphans(context.Background(), l, []string{"database/creds/orders"}, nil, time.Minute, now); !vault.IsPermissionDenied(err) {
 		t.Errorf("without the list policy: %v, want PermissionDenied", err)
+	}
+}
+
+// An orphan is this install's only when an intent of its own matches it: the same path, issued
+// from a little before the intent to intentWindow after it; one intent claims one lease. Intents
+// too old to match a lease still to come are dropped.
+func TestClaimMatchesOrphansToIntents(t *testing.T) {
+	at := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	intents := []vaultclient.Intent{
+		{ID: "i1", Path: "database/creds/orders", At: at},
+		{ID: "i2", Path: "database/creds/orders", At: at.Add(time.Hour)},
+		{ID: "old", Path: "database/creds/orders", At: at.Add(-time.Hour)},
+	}
+	orphans := []orphan{
+		{ID: "database/creds/orders/a", IssuedAt: at.Add(2 * time.Second)},           // i1's
+		{ID: "database/creds/orders/b", IssuedAt: at.Add(3 * time.Second)},           // i1 is taken
+		{ID: "database/creds/other/c", IssuedAt: at.Add(time.Hour)},                  // another path
+		{ID: "database/creds/orders/d", IssuedAt: at.Add(time.Hour + 2*time.Minute)}, // past i2's window
+	}
+	ours, others, matched, stale := claim(orphans, intents, time.Minute, at.Add(90*time.Minute))
+	if got := ids(ours); !slices.Equal(got, []string{"database/creds/orders/a"}) || matched["database/creds/orders/a"] != "i1" {
+		t.Errorf("ours %v (matched %v), want a, by i1", got, matched)
+	}
+	if got := ids(others); !slices.Equal(got, []string{"database/creds/orders/b", "database/creds/orders/d", "database/creds/other/c"}) {
+		t.Errorf("others %v", got)
+	}
+	slices.Sort(stale)
+	if !slices.Equal(stale, []string{"i2", "old"}) {
+		t.Errorf("stale intents %v, want i2 and old (unmatched, past their window and the grace period)", stale)
 	}
 }

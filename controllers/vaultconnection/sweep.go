@@ -14,6 +14,7 @@ import (
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
 	"github.com/keyroll/keyroll/controllers/conditions"
+	"github.com/keyroll/keyroll/controllers/vaultclient"
 	"github.com/keyroll/keyroll/vault"
 )
 
@@ -76,16 +77,31 @@ func (r *Reconciler) sweepOrphans(ctx context.Context, vc *v1alpha1.VaultConnect
 	if err != nil {
 		return 0, err
 	}
-	orphans, sweepErr := findOrphans(ctx, vcl, prefixes, known, grace, now)
-	if action == v1alpha1.OrphanLeasesRevoke && len(orphans) > 0 {
-		orphans, err = r.revokeOrphans(ctx, vc, vcl, orphans)
-		if err != nil {
+	found, sweepErr := findOrphans(ctx, vcl, prefixes, known, grace, now)
+	var intents []vaultclient.Intent
+	if r.Connector.Intents != nil {
+		if intents, err = r.Connector.Intents.Open(ctx, vc.Name); err != nil {
 			return 0, err
 		}
 	}
+	ours, others, matched, stale := claim(found, intents, grace, now)
+	left := ids(ours)
+	if action == v1alpha1.OrphanLeasesRevoke && len(ours) > 0 {
+		if left, err = r.revokeOrphans(ctx, vc, vcl, left, matched); err != nil {
+			return 0, err
+		}
+	}
+	if sweepErr == nil && len(stale) > 0 && r.Connector.Intents != nil {
+		if err := r.Connector.Intents.Drop(ctx, vc.Name, stale...); err != nil {
+			return 0, err
+		}
+	}
+	orphans := append(left, ids(others)...)
+	slices.Sort(orphans)
 	last := metav1.NewTime(now)
 	prevError := st.Error
 	st.LastSweepAt, st.Paths, st.Found = &last, prefixes[:min(len(prefixes), 64)], int32(len(orphans))
+	st.Foreign = int32(len(others))
 	st.Orphans = orphans[:min(len(orphans), maxListedOrphans)]
 	st.Error = ""
 	r.Metrics.SetOrphanLeases(vc.Name, len(orphans))
@@ -99,16 +115,17 @@ func (r *Reconciler) sweepOrphans(ctx context.Context, vc *v1alpha1.VaultConnect
 	}
 	if len(orphans) > 0 {
 		conds.Event(true, v1alpha1.EventOrphanLeasesFound, "SweepOrphans",
-			"Found %d lease(s) that no RedisCluster's ledger knows, issued more than %s ago (orphanLeases.action %s): %s",
-			len(orphans), grace, action, listSome(orphans, 5))
+			"Found %d lease(s) that no RedisCluster's ledger knows, issued more than %s ago (orphanLeases.action %s): %s; %d of them this install did not issue, and leaves alone: %s",
+			len(orphans), grace, action, listSome(orphans, 5), len(others), listSome(ids(others), 5))
 	}
 	log.FromContext(ctx).V(1).Info("Orphan-lease sweep done", "paths", len(prefixes), "orphans", len(orphans))
 	return interval, nil
 }
 
-// revokeOrphans revokes the orphans that no ledger holds now, read from the API server. It
-// returns those that are still orphans (revocation failed), the revoked ones counted in status.
-func (r *Reconciler) revokeOrphans(ctx context.Context, vc *v1alpha1.VaultConnection, vcl vault.LeaseClient, orphans []string) ([]string, error) {
+// revokeOrphans revokes the orphans this install issued that no ledger holds now, read from the
+// API server, and drops their intents (matched: lease ID to intent ID). It returns those that are
+// still orphans (revocation failed), the revoked ones counted in status.
+func (r *Reconciler) revokeOrphans(ctx context.Context, vc *v1alpha1.VaultConnection, vcl vault.LeaseClient, orphans []string, matched map[string]string) ([]string, error) {
 	reader := r.APIReader
 	if reader == nil {
 		reader = r.Client
@@ -118,20 +135,27 @@ func (r *Reconciler) revokeOrphans(ctx context.Context, vc *v1alpha1.VaultConnec
 		return orphans, err
 	}
 	conds := conditions.Setter{Obj: vc, Conditions: &vc.Status.Conditions, Recorder: r.Recorder}
-	var left []string
+	var left, done []string
 	for _, id := range orphans {
 		if known[id] {
-			continue // it reached a ledger after all
+			done = append(done, matched[id]) // it reached a ledger after all
+			continue
 		}
 		if err := vcl.Revoke(ctx, id); err != nil {
 			left = append(left, id)
 			log.FromContext(ctx).Info("Revoking an orphan lease failed; tried again at the next sweep", "lease", id, "error", err.Error())
 			continue
 		}
+		done = append(done, matched[id])
 		vc.Status.OrphanLeases.Revoked++
 		r.Metrics.OrphanLeasesRevoked.WithLabelValues(vc.Name).Inc()
-		conds.Event(false, v1alpha1.EventOrphanLeaseRevoked, "SweepOrphans", "Revoked lease %s, which no RedisCluster's ledger knows", id)
+		conds.Event(false, v1alpha1.EventOrphanLeaseRevoked, "SweepOrphans", "Revoked lease %s, which this install issued and no RedisCluster's ledger knows", id)
 		log.FromContext(ctx).Info("Orphan lease revoked", "lease", id)
+	}
+	if r.Connector.Intents != nil {
+		if err := r.Connector.Intents.Drop(ctx, vc.Name, done...); err != nil {
+			return left, err
+		}
 	}
 	return left, nil
 }

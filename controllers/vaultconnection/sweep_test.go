@@ -11,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/events"
 	clocktesting "k8s.io/utils/clock/testing"
@@ -46,50 +47,67 @@ func cluster(name string, source v1alpha1.CredentialSource, path string, leases 
 }
 
 // The sweep reports a lease under a cluster's path that no ledger holds and that is older than
-// the grace period, and (action Revoke) revokes it; it leaves alone a lease in a ledger, a lease
-// issued within the grace period, and the leases under a path that External Secrets Operator's clusters read. It runs
-// once per interval; Off clears its status.
+// the grace period, and (action Revoke) revokes it when this install recorded its issue (an
+// intent); it leaves alone a lease in a ledger, a lease issued within the grace period, a lease
+// obtained on the same path by anyone else (no intent), and the leases under a path that External
+// Secrets Operator's clusters read. It runs once per interval; Off clears its status.
 func TestSweepOrphans(t *testing.T) {
 	ctx := context.Background()
 	clk := clocktesting.NewFakeClock(time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC))
 	vf := vaulttest.New(clk)
-	issue := func(path string) string {
+	scheme := runtime.NewScheme()
+	_ = clientgoscheme.AddToScheme(scheme)
+	_ = v1alpha1.AddToScheme(scheme)
+	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(
+		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "keyroll", Name: "tok"}, Data: map[string][]byte{"token": []byte("t")}},
+	).Build()
+	intents := &vaultclient.Intents{Writer: c, Reader: c, Namespace: "keyroll", Clock: clk}
+	// issue obtains a lease as keyroll does (recording its intent first) or, without keyroll,
+	// as another install or a person would.
+	issue := func(path string, keyroll bool) string {
+		if keyroll {
+			if _, err := intents.Record(ctx, "vault", path, types.NamespacedName{Namespace: "apps", Name: "orders"}); err != nil {
+				t.Fatal(err)
+			}
+		}
 		l, err := vf.Issue(ctx, path)
 		if err != nil {
 			t.Fatal(err)
 		}
 		return l.ID
 	}
-	held, orphan := issue("database/creds/orders"), issue("database/creds/orders")
-	esHeld, esUnseen := issue("database/creds/es"), issue("database/creds/es")
+	held, orphan, foreign := issue("database/creds/orders", false), issue("database/creds/orders", true), issue("database/creds/orders", false)
+	esHeld, esUnseen := issue("database/creds/es", false), issue("database/creds/es", false)
 	clk.Step(10 * time.Minute)
-	young := issue("database/creds/orders")
+	young := issue("database/creds/orders", true)
 
-	scheme := runtime.NewScheme()
-	_ = clientgoscheme.AddToScheme(scheme)
-	_ = v1alpha1.AddToScheme(scheme)
 	vc := &v1alpha1.VaultConnection{ObjectMeta: metav1.ObjectMeta{Name: "vault"}}
 	vc.Spec.Address = "http://127.0.0.1:8200"
 	vc.Spec.AllowedNamespaces, vc.Spec.AllowedPaths = []string{"*"}, []string{"database/creds/*"}
 	vc.Spec.Auth.Token = &v1alpha1.TokenAuth{SecretRef: v1alpha1.SecretKeyReference{Namespace: "keyroll", Name: "tok", Key: "token"}}
 	vc.Spec.OrphanLeases = &v1alpha1.OrphanLeases{Action: v1alpha1.OrphanLeasesReport, GracePeriod: &metav1.Duration{Duration: time.Minute}}
 	meta.SetStatusCondition(&vc.Status.Conditions, metav1.Condition{Type: v1alpha1.ConditionReady, Status: metav1.ConditionTrue, Reason: v1alpha1.ReasonLoggedIn})
-	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(
+	for _, rc := range []*v1alpha1.RedisCluster{
 		cluster("orders", v1alpha1.SourceVaultLease, "database/creds/orders", held),
 		cluster("es", v1alpha1.SourceExternalSecret, "", esHeld),
-		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "keyroll", Name: "tok"}, Data: map[string][]byte{"token": []byte("t")}},
-	).Build()
+	} {
+		if err := c.Create(ctx, rc); err != nil {
+			t.Fatal(err)
+		}
+	}
 	rec := events.NewFakeRecorder(20)
 	r := &Reconciler{Client: c, Recorder: rec, Clock: clk, Metrics: metrics.For(clk),
-		Connector: &vaultclient.Connector{Reader: c, Clients: oneClient{vf}, Clock: clk}}
+		Connector: &vaultclient.Connector{Reader: c, Clients: oneClient{vf}, Clock: clk, Intents: intents}}
 
 	next, err := r.sweepOrphans(ctx, vc)
 	if err != nil {
 		t.Fatal(err)
 	}
 	st := vc.Status.OrphanLeases
-	if st == nil || st.Found != 1 || !slices.Equal(st.Orphans, []string{orphan}) || st.Revoked != 0 {
-		t.Fatalf("Report: status %+v, want the one orphan %s found and none revoked", st, orphan)
+	both := []string{orphan, foreign}
+	slices.Sort(both)
+	if st == nil || st.Found != 2 || st.Foreign != 1 || !slices.Equal(st.Orphans, both) || st.Revoked != 0 {
+		t.Fatalf("Report: status %+v, want the orphans %v found (one foreign) and none revoked", st, both)
 	}
 	if !slices.Equal(st.Paths, []string{"database/creds/orders"}) {
 		t.Errorf("swept paths %v: the ExternalSecret cluster's path must not be swept", st.Paths)
@@ -110,17 +128,20 @@ func TestSweepOrphans(t *testing.T) {
 		t.Fatalf("a sweep before its interval: next %s, err %v, leases %v; want nothing done", next, err, vf.Leases())
 	}
 	clk.Step(defaultOrphanInterval)
-	young2 := issue("database/creds/orders") // young has aged past the grace period meanwhile
+	young2 := issue("database/creds/orders", true) // young has aged past the grace period meanwhile
 	if _, err := r.sweepOrphans(ctx, vc); err != nil {
 		t.Fatal(err)
 	}
-	want := []string{held, esHeld, esUnseen, young2}
+	want := []string{held, foreign, esHeld, esUnseen, young2}
 	slices.Sort(want)
 	if got := vf.Leases(); !slices.Equal(got, want) {
-		t.Errorf("after the Revoke sweep Vault holds %v, want %v (only the orphan revoked)", got, want)
+		t.Errorf("after the Revoke sweep Vault holds %v, want %v (only keyroll's orphans revoked)", got, want)
 	}
-	if st := vc.Status.OrphanLeases; st.Revoked != 2 || st.Found != 0 {
-		t.Errorf("Revoke: status %+v, want two revoked (%s, %s), none left", st, orphan, young)
+	if st := vc.Status.OrphanLeases; st.Revoked != 2 || st.Found != 1 || st.Foreign != 1 {
+		t.Errorf("Revoke: status %+v, want two revoked (%s, %s), the foreign one left", st, orphan, young)
+	}
+	if open, err := intents.Open(ctx, "vault"); err != nil || len(open) != 1 {
+		t.Errorf("intents left %+v (%v), want young2's alone: the revoked orphans' dropped", open, err)
 	}
 	if e := drain(rec); !strings.Contains(e, v1alpha1.EventOrphanLeaseRevoked) {
 		t.Errorf("events %q, want %s", e, v1alpha1.EventOrphanLeaseRevoked)

@@ -7,6 +7,7 @@ import (
 	"context"
 	"time"
 
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -23,6 +24,16 @@ type Source struct {
 	Clock     clock.Clock
 	Metrics   *metrics.Metrics
 	Ledger    *ledger.Ledger
+	// Intents, when set, records each issue before it is made (vaultclient.Intents): the
+	// orphan-lease sweep revokes only a lease whose issue was recorded and that no ledger holds.
+	Intents Intents
+}
+
+// Intents records that keyroll is about to issue a credential, and drops the record once the
+// lease is in the ledger (or there is none).
+type Intents interface {
+	Record(ctx context.Context, connection, path string, cluster types.NamespacedName) (string, error)
+	Drop(ctx context.Context, connection string, ids ...string) error
 }
 
 // Retire has nothing to stop before the leases are revoked.

@@ -206,15 +206,20 @@ func (r *Source) issue(ctx context.Context, cl *ledger.Cluster, vcl vault.LeaseC
 		log.FromContext(ctx).V(1).Info("The cached RedisCluster is older than the API server's; issuing from the newer one", "error", err)
 		return nil, &retryLater{after: time.Second}
 	}
+	intent, err := r.recordIntent(ctx, rc, path)
+	if err != nil {
+		return nil, err
+	}
 	lease, err := vcl.Issue(ctx, path)
 	r.countIssue(d, err)
 	if err != nil {
+		r.dropIntent(ctx, rc, intent)
 		return nil, r.issueFailed(cl, err)
 	}
 	u, p := lease.Data["username"], lease.Data["password"]
 	if u == "" || p == "" || !render.ValidUsername(u) {
-		if lease.ID != "" {
-			_ = vcl.Revoke(ctx, lease.ID)
+		if lease.ID == "" || vcl.Revoke(ctx, lease.ID) == nil {
+			r.dropIntent(ctx, rc, intent)
 		}
 		return nil, r.issueFailed(cl, fmt.Errorf("vault path %s returned no usable username and password (keys: %v)", path, lease.Data))
 	}
@@ -223,14 +228,41 @@ func (r *Source) issue(ctx context.Context, cl *ledger.Cluster, vcl vault.LeaseC
 	r.recordLease(cl, lease, cred, d)
 	credentialsReady(cl) // with the ledger write: the lease is live from then on
 	if err := cl.Persist(ctx); err != nil {
-		// Not recorded, so never used: give it back at once.
-		_ = vcl.Revoke(ctx, lease.ID)
+		// Not recorded, so never used: give it back at once (the intent stays while it may live).
+		if vcl.Revoke(ctx, lease.ID) == nil {
+			r.dropIntent(ctx, rc, intent)
+		}
 		return nil, fmt.Errorf("recording lease in the ledger: %w", err)
 	}
+	r.dropIntent(ctx, rc, intent)
 	stoppoint.Reached(stoppoint.AfterLedgerWrite, rc.Namespace)
 	cl.Conds.Event(false, v1alpha1.EventCredentialsIssued, "Issue", "Issued credential %s for user %s from %s (%s)", cred.Version, u, path, d.Reason)
 	log.FromContext(ctx).Info("Credential issued", "version", cred.Version, "username", u, "reason", string(d.Reason), "leaseDuration", lease.Duration)
 	return cred, nil
+}
+
+// recordIntent records that a credential is about to be issued from path (Intents); "" without
+// Intents. Nothing is issued when the record cannot be written.
+func (r *Source) recordIntent(ctx context.Context, rc *v1alpha1.RedisCluster, path string) (string, error) {
+	if r.Intents == nil {
+		return "", nil
+	}
+	id, err := r.Intents.Record(ctx, rc.VaultConnectionName(), path, client.ObjectKeyFromObject(rc))
+	if err != nil {
+		return "", fmt.Errorf("recording the intent to issue from %s: %w", path, err)
+	}
+	return id, nil
+}
+
+// dropIntent drops an intent whose lease is in the ledger, or that issued none. A failure leaves
+// the record to the sweep, which drops it once it is older than any lease it could match.
+func (r *Source) dropIntent(ctx context.Context, rc *v1alpha1.RedisCluster, id string) {
+	if id == "" {
+		return
+	}
+	if err := r.Intents.Drop(ctx, rc.VaultConnectionName(), id); err != nil {
+		log.FromContext(ctx).Info("Dropping an intent record failed; the orphan-lease sweep drops it later", "error", err.Error())
+	}
 }
 
 // credentialsReady says that a live credential from Vault is issued.
