@@ -212,7 +212,9 @@ func (c *Client) Renew(ctx context.Context, leaseID string, increment time.Durat
 	asked := wholeSeconds(increment)
 	var s *vaultapi.Secret
 	_, err := c.call(ctx, opRenew, leaseID, currentToken, func(ctx context.Context, h *heldToken) (err error) {
-		s, err = h.api.Sys().RenewWithContext(ctx, leaseID, asked)
+		// The lease ID in the URL, not the body: a policy on sys/leases/renew/<prefix>* then
+		// limits which leases the token may renew.
+		s, err = h.api.Logical().WriteWithContext(ctx, "sys/leases/renew/"+leaseID, map[string]any{"increment": asked})
 		return err
 	})
 	if err != nil {

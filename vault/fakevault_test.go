@@ -40,6 +40,16 @@ func (f *fakeVault) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	r.Body = io.NopCloser(bytes.NewReader(raw))
 	var body map[string]any
 	_ = json.Unmarshal(raw, &body)
+	// Vault takes the lease of a renewal or revocation in the URL or in the body: either way it
+	// is the body's lease_id here.
+	for _, base := range []string{"sys/leases/renew", "sys/leases/revoke"} {
+		if id, ok := strings.CutPrefix(p, base+"/"); ok {
+			if body == nil {
+				body = map[string]any{}
+			}
+			p, body["lease_id"] = base, id
+		}
+	}
 	f.mu.Lock()
 	f.hits[p]++
 	f.bodies[p] = append(f.bodies[p], body)

@@ -33,8 +33,8 @@ const (
 
 	keyrollPolicy = `
 path "database/creds/*" { capabilities = ["read"] }
-path "sys/leases/renew" { capabilities = ["update"] }
-path "sys/leases/revoke" { capabilities = ["update"] }
+path "sys/leases/renew/database/creds/*" { capabilities = ["update"] }
+path "sys/leases/revoke/database/creds/*" { capabilities = ["update"] }
 path "sys/leases/lookup" { capabilities = ["update"] }
 `
 	limitedPolicy = `
@@ -655,4 +655,50 @@ func TestIntegrationPermissionDenied(t *testing.T) {
 	if info := c.TokenInfo(); info.Method != "token" || !info.Renewable || info.TTL <= 0 || info.TTL > time.Hour {
 		t.Errorf("TokenInfo() of a 1h token = %+v", info)
 	}
+}
+
+// TestIntegrationPolicyLimitsLeasesByPrefix: the client names the lease in the URL of a renewal and
+// a revocation, so a policy on sys/leases/renew/<prefix>* and sys/leases/revoke/<prefix>* (as
+// deploy/vault/policy.hcl and a tenant's policy are written) lets a token renew and revoke the
+// leases of its own role and refuses another role's: Vault, too, keeps a tenant to its leases.
+func TestIntegrationPolicyLimitsLeasesByPrefix(t *testing.T) {
+	g := sharedGround(t)
+	ctx := testContext(t, time.Minute)
+	const tenantPolicy = `
+path "database/creds/orders" { capabilities = ["read"] }
+path "sys/leases/renew/database/creds/orders/*" { capabilities = ["update"] }
+path "sys/leases/revoke/database/creds/orders/*" { capabilities = ["update"] }
+`
+	if err := g.Vault.WritePolicy(ctx, "tenant-orders", tenantPolicy); err != nil {
+		t.Fatal(err)
+	}
+	tok, err := g.Vault.Root.Auth().Token().CreateWithContext(ctx, &vaultapi.TokenCreateRequest{Policies: []string{"tenant-orders"}, TTL: "1h"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tenant := newClient(t, vault.Config{Address: g.Vault.Addr, Auth: vault.Auth{Token: &vault.TokenAuth{Token: tok.Auth.ClientToken}}})
+	own, err := tenant.Issue(ctx, ordersPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	theirs, err := g.Vault.Root.Logical().ReadWithContext(ctx, cappedPath)
+	if err != nil || theirs == nil {
+		t.Fatalf("reading %s as root: %v", cappedPath, err)
+	}
+	if _, err := tenant.Renew(ctx, theirs.LeaseID, 0); !vault.IsPermissionDenied(err) {
+		t.Errorf("renewing another role's lease: %v, want PermissionDenied", err)
+	}
+	if err := tenant.Revoke(ctx, theirs.LeaseID); !vault.IsPermissionDenied(err) {
+		t.Errorf("revoking another role's lease: %v, want PermissionDenied", err)
+	}
+	if ok, _ := g.Vault.LeaseExpiry(theirs.LeaseID); !ok {
+		t.Error("the other role's lease is gone")
+	}
+	if _, err := tenant.Renew(ctx, own.ID, 0); err != nil {
+		t.Errorf("renewing its own lease: %v", err)
+	}
+	if err := tenant.Revoke(ctx, own.ID); err != nil {
+		t.Errorf("revoking its own lease: %v", err)
+	}
+	_ = g.Vault.Root.Sys().RevokeWithContext(ctx, theirs.LeaseID)
 }

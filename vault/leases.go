@@ -10,7 +10,8 @@ import (
 // The lease calls besides Issue and Renew: Revoke, ListLeases (the orphan sweep) and Lookup.
 
 // Revoke revokes a lease. Vault revokes synchronously unless asked not to: the call returns once
-// the credential is gone.
+// the credential is gone. The lease ID goes in the URL, so that a policy on
+// sys/leases/revoke/<prefix>* limits which leases the token may revoke.
 func (c *Client) Revoke(ctx context.Context, leaseID string) error {
 	if leaseID == "" {
 		return &Error{Op: opRevoke, Class: ClassBadRequest, detail: "empty lease ID"}
@@ -18,7 +19,8 @@ func (c *Client) Revoke(ctx context.Context, leaseID string) error {
 	ctx, cancel := c.withTimeout(ctx)
 	defer cancel()
 	_, err := c.call(ctx, opRevoke, leaseID, currentToken, func(ctx context.Context, h *heldToken) error {
-		return h.api.Sys().RevokeWithContext(ctx, leaseID)
+		_, err := h.api.Logical().WriteWithContext(ctx, "sys/leases/revoke/"+leaseID, nil)
+		return err
 	})
 	if err != nil {
 		return err

@@ -429,12 +429,12 @@ func auditSpread(b *testing.B, path string, from, to time.Time) (renewals, busie
 		if e.Type != "response" || e.Time.Before(from) || !e.Time.Before(to) {
 			continue
 		}
-		switch e.Request.Path {
-		case "sys/leases/renew":
+		switch {
+		case strings.HasPrefix(e.Request.Path, "sys/leases/renew/"):
 			renewals++
 			perSecond[e.Time.Unix()]++
 			busiest = max(busiest, perSecond[e.Time.Unix()])
-		case "auth/token/renew-self":
+		case e.Request.Path == "auth/token/renew-self":
 		default:
 			other[e.Request.Path]++
 		}
