@@ -36,6 +36,10 @@ const (
 	// version apart): a pod whose value differs was made from an older template, and is restarted.
 	AnnotationPodTemplate = "keyroll.dev/pod-template"
 
+	// LabelVaultPluginPassword marks the Secret that spec.vaultPlugin.passwordSecretRef names as
+	// meant for that use; its value is the RedisCluster's name. keyroll uses no other Secret there.
+	LabelVaultPluginPassword = "keyroll.dev/vault-plugin-password"
+
 	// LabelVaultConnection names the VaultConnection a token Secret belongs to.
 	LabelVaultConnection = "keyroll.dev/vault-connection"
 
@@ -125,6 +129,7 @@ const (
 	ReasonNodeNotReady                = "NodeNotReady"
 	ReasonInvalidACLRules             = "InvalidACLRules"
 	ReasonSecretNotFound              = "SecretNotFound"
+	ReasonSecretNotLabelled           = "SecretNotLabelled"
 )
 
 // Event reasons (UpperCamelCase; events fire on transitions only).

@@ -183,7 +183,8 @@ type VaultPluginSpec struct {
 
 	// passwordSecretRef names a Secret in the RedisCluster's namespace, and the key in it, that
 	// holds the user's password (the administrator keeps it, and gives the same password to
-	// Vault). Without it keyroll generates a password and keeps it, with the username, in Secret
+	// Vault). The Secret must carry the label keyroll.dev/vault-plugin-password=<RedisCluster's
+	// name>: keyroll uses no other Secret of the namespace. Without it keyroll generates a password and keeps it, with the username, in Secret
 	// <name>-vault-plugin (keys username and password) for the administrator to read.
 	// +optional
 	PasswordSecretRef *LocalSecretKeyReference `json:"passwordSecretRef,omitempty"`

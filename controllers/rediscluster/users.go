@@ -72,8 +72,7 @@ type internal struct {
 // yet, and the Vault plugin's user. The admin password goes into the state Secret before any
 // aclfile has its hash: at once when an aclfile exists, and for a new cluster with its first
 // credential or just before its first aclfile, whichever comes first (saveAdmin); the others go
-// into the ACL Secret with the aclfile. It returns nil when the Vault plugin's Secret is missing
-// (the condition says so).
+// into the ACL Secret with the aclfile. It returns nil without the Vault plugin's Secret.
 func (r *deps) internalUsers(ctx context.Context, s *scope) (*internal, error) {
 	rc := s.RC
 	state, err := r.ownedSecret(ctx, rc, render.StateSecretName(rc))
@@ -139,8 +138,8 @@ func (r *deps) ownedSecret(ctx context.Context, rc *v1alpha1.RedisCluster, name 
 }
 
 // vaultPluginUser is the Vault plugin's user of spec.vaultPlugin: its password from the
-// administrator's Secret, or generated into <name>-vault-plugin. nil without spec.vaultPlugin, or
-// when the administrator's Secret or key is missing (UsersApplied says so).
+// administrator's labelled Secret, or generated into <name>-vault-plugin; nil without one
+// (UsersApplied says why).
 func (r *deps) vaultPluginUser(ctx context.Context, s *scope) (*render.ACLUser, error) {
 	rc := s.RC
 	vp := rc.Spec.VaultPlugin
@@ -149,15 +148,18 @@ func (r *deps) vaultPluginUser(ctx context.Context, s *scope) (*render.ACLUser, 
 	}
 	var password string
 	if ref := vp.PasswordSecretRef; ref != nil {
-		// The administrator's Secret carries no keyroll label, so the cache does not hold it.
-		sec := &corev1.Secret{}
+		sec := &corev1.Secret{} // not in the cache, which holds keyroll's Secrets only
 		err := r.APIReader.Get(ctx, client.ObjectKey{Namespace: rc.Namespace, Name: ref.Name}, sec)
 		if client.IgnoreNotFound(err) != nil {
 			return nil, fmt.Errorf("reading Secret %s (spec.vaultPlugin.passwordSecretRef): %w", ref.Name, err)
 		}
+		// Only a Secret labelled for this cluster's plugin user: not any Secret of the namespace.
+		reason, msg := v1alpha1.ReasonSecretNotLabelled, fmt.Sprintf("spec.vaultPlugin.passwordSecretRef: Secret %s is not labelled %s=%s; keyroll uses only a Secret labelled for this cluster's plugin user", ref.Name, v1alpha1.LabelVaultPluginPassword, rc.Name)
 		if password = string(sec.Data[ref.Key]); password == "" {
-			msg := fmt.Sprintf("spec.vaultPlugin.passwordSecretRef: Secret %s has no key %q in namespace %s", ref.Name, ref.Key, rc.Namespace)
-			if s.Conds.Set(v1alpha1.ConditionUsersApplied, metav1.ConditionFalse, v1alpha1.ReasonSecretNotFound, msg) {
+			reason, msg = v1alpha1.ReasonSecretNotFound, fmt.Sprintf("spec.vaultPlugin.passwordSecretRef: Secret %s has no key %q in namespace %s", ref.Name, ref.Key, rc.Namespace)
+		}
+		if password == "" || sec.Labels[v1alpha1.LabelVaultPluginPassword] != rc.Name {
+			if s.Conds.Set(v1alpha1.ConditionUsersApplied, metav1.ConditionFalse, reason, msg) {
 				s.Conds.Announce(true, v1alpha1.EventSecretNotFound, "ApplyUsers", "%s", msg)
 			}
 			return nil, nil

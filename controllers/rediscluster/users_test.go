@@ -353,3 +353,37 @@ func countOf(s []string, v string) int {
 	}
 	return n
 }
+
+// The Secret that vaultPlugin.passwordSecretRef names is used only when it is labelled for this
+// cluster's plugin user: another Secret of the namespace is never hashed into the aclfile.
+func TestPluginPasswordSecretMustBeLabelledForTheCluster(t *testing.T) {
+	sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "app-secrets"},
+		Data: map[string][]byte{"password": []byte("a-password-of-another-app")}}
+	h := newHarness(t, cluster(threeNodes, func(rc *v1alpha1.RedisCluster) {
+		rc.Spec.VaultPlugin = &v1alpha1.VaultPluginSpec{Username: "vault",
+			PasswordSecretRef: &v1alpha1.LocalSecretKeyReference{Name: "app-secrets", Key: "password"}}
+	}), sec)
+
+	rc := h.settle(t)
+	c := condition(rc, v1alpha1.ConditionUsersApplied)
+	if c == nil || c.Reason != v1alpha1.ReasonSecretNotLabelled || !strings.Contains(c.Message, v1alpha1.LabelVaultPluginPassword+"=orders") {
+		t.Fatalf("UsersApplied %+v: want %s naming the label", c, v1alpha1.ReasonSecretNotLabelled)
+	}
+	acl := ""
+	if s := h.secret(t, "orders-acl"); s != nil {
+		acl = string(s.Data[render.ACLFileKey])
+	}
+	if _, ok := render.ParseACLUsers(acl)["vault"]; ok || strings.Contains(acl, render.HashPassword("a-password-of-another-app")) {
+		t.Fatal("the unlabelled Secret's password reached the aclfile")
+	}
+
+	sec.Labels = map[string]string{v1alpha1.LabelVaultPluginPassword: "orders"}
+	if err := h.k8s.Update(context.Background(), sec); err != nil {
+		t.Fatal(err)
+	}
+	h.settle(t)
+	users := render.ParseACLUsers(string(h.secret(t, "orders-acl").Data[render.ACLFileKey]))
+	if u, ok := users["vault"]; !ok || u.PasswordHash != render.HashPassword("a-password-of-another-app") {
+		t.Fatalf("the labelled Secret's password is not the plugin user's: %+v", users["vault"])
+	}
+}
