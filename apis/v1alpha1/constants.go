@@ -99,6 +99,7 @@ const (
 	ReasonConnectionNotReady  = "ConnectionNotReady"
 	ReasonNamespaceNotAllowed = "NamespaceNotAllowed"
 	ReasonPathNotAllowed      = "PathNotAllowed"
+	ReasonSourceNotAllowed    = "SourceNotAllowed"
 	ReasonPermissionDenied    = "PermissionDenied"
 	ReasonIssued              = "Issued"
 	ReasonIssueFailed         = "IssueFailed"

@@ -59,6 +59,36 @@ func (vc *VaultConnection) AllowsNamespace(ns string) bool {
 	return slices.Contains(vc.Spec.AllowedNamespaces, "*") || slices.Contains(vc.Spec.AllowedNamespaces, ns)
 }
 
+// AllowsClusterScoped says whether the connection lets RedisClusters use the cluster-scoped
+// store or generator of kind (ClusterSecretStore, ClusterGenerator) named name.
+func (vc *VaultConnection) AllowsClusterScoped(kind, name string) bool {
+	es := vc.Spec.ExternalSecrets
+	if es == nil {
+		return false
+	}
+	switch kind {
+	case "ClusterSecretStore":
+		return slices.Contains(es.ClusterSecretStores, name)
+	case "ClusterGenerator":
+		return slices.Contains(es.ClusterGenerators, name)
+	}
+	return false
+}
+
+// ClusterScopedSource is the cluster-scoped store or generator an ExternalSecret-mode RedisCluster
+// names (kind, name and the field that names it), if any.
+func (rc *RedisCluster) ClusterScopedSource() (kind, name, field string) {
+	src := rc.Spec.Credentials.ExternalSecret
+	switch {
+	case src == nil:
+	case src.StoreRef != nil && src.StoreRef.Kind == "ClusterSecretStore":
+		return src.StoreRef.Kind, src.StoreRef.Name, "credentials.externalSecret.storeRef"
+	case src.GeneratorRef != nil && src.GeneratorRef.Kind == "ClusterGenerator":
+		return src.GeneratorRef.Kind, src.GeneratorRef.Name, "credentials.externalSecret.generatorRef"
+	}
+	return "", "", ""
+}
+
 // NamespacePlaceholder stands for a RedisCluster's namespace in spec.allowedPaths.
 const NamespacePlaceholder = "{namespace}"
 

@@ -59,6 +59,14 @@ type VaultConnectionSpec struct {
 	// +kubebuilder:validation:XValidation:rule="self.all(p, !p.split('/').exists(s, s == '.' || s == '..'))",message="allowedPaths: the segments . and .. are not allowed"
 	AllowedPaths []string `json:"allowedPaths,omitempty"`
 
+	// externalSecrets lists the cluster-scoped stores and generators of External Secrets Operator
+	// that ExternalSecret-mode RedisClusters of an allowed namespace may use through this connection
+	// (credentials.externalSecret.connectionRef). A RedisCluster that names a ClusterSecretStore or
+	// a ClusterGenerator must name a connection that lists it; one in its own namespace (SecretStore,
+	// VaultDynamicSecret) needs none.
+	// +optional
+	ExternalSecrets *ExternalSecretsAccess `json:"externalSecrets,omitempty"`
+
 	// rateLimit bounds the requests the operator sends to this Vault, for all RedisClusters together.
 	// +optional
 	// +kubebuilder:default={qps: 20, burst: 40}
@@ -74,6 +82,23 @@ type VaultConnectionSpec struct {
 	// not permitted and such a lease lives until its TTL.
 	// +optional
 	OrphanLeases *OrphanLeases `json:"orphanLeases,omitempty"`
+}
+
+// ExternalSecretsAccess names the cluster-scoped stores and generators a connection allows.
+type ExternalSecretsAccess struct {
+	// clusterSecretStores are the names of the ClusterSecretStores allowed.
+	// +optional
+	// +listType=set
+	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:items:MaxLength=253
+	ClusterSecretStores []string `json:"clusterSecretStores,omitempty"`
+
+	// clusterGenerators are the names of the ClusterGenerators allowed.
+	// +optional
+	// +listType=set
+	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:items:MaxLength=253
+	ClusterGenerators []string `json:"clusterGenerators,omitempty"`
 }
 
 // OrphanLeaseAction is what the sweep does with a lease no ledger knows.

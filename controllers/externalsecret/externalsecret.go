@@ -33,6 +33,9 @@ import (
 // externalSecret.connectionRef is not set) and asks ESO for a new credential when one is due.
 func (r *Source) Credential(ctx context.Context, cl *ledger.Cluster, vcl vault.LeaseClient) (*render.Credential, time.Duration, error) {
 	rc := cl.RC
+	if !mayUseSource(cl, vcl) {
+		return nil, waitForConnection, nil
+	}
 	es, err := r.ensureExternalSecret(ctx, cl)
 	if err != nil || es == nil {
 		return nil, waitForConnection, err
@@ -305,9 +308,9 @@ func (r *Source) Retire(ctx context.Context, cl *ledger.Cluster) (time.Duration,
 		if err := r.Client.Delete(ctx, es); client.IgnoreNotFound(err) != nil {
 			return 0, fmt.Errorf("deleting ExternalSecret %s: %w", es.Name, err)
 		}
-		if rc.VaultConnectionName() == "" {
+		if c := rc.Status.Credential; rc.VaultConnectionName() == "" || (c != nil && c.LeasesTracked != nil && !*c.LeasesTracked) {
 			cl.Conds.Event(false, v1alpha1.EventRevocationSkipped, "Delete",
-				"Leases are not tracked (no credentials.externalSecret.connectionRef): the leases External Secrets Operator obtained live until their Vault TTL")
+				"Leases are not tracked (no credentials.externalSecret.connectionRef, or no lease in what External Secrets Operator synced): the leases it obtained live until their Vault TTL")
 		}
 		return time.Second, nil
 	}

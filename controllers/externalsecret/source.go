@@ -5,14 +5,17 @@
 package externalsecret
 
 import (
+	"fmt"
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/keyroll/keyroll/apis/v1alpha1"
 	"github.com/keyroll/keyroll/controllers/ledger"
 	"github.com/keyroll/keyroll/controllers/metrics"
+	"github.com/keyroll/keyroll/vault"
 )
 
 // Source is the ExternalSecret source.
@@ -44,3 +47,25 @@ func (r *Source) Forget(key types.NamespacedName) { r.sightings.forget(key, nil)
 // waitForConnection is how long a cluster whose ExternalSecret cannot be written waits before it
 // looks again (a change of the RedisCluster wakes it earlier).
 const waitForConnection = time.Minute
+
+// mayUseSource says whether the RedisCluster may use the store or generator it names: one of its
+// own namespace always; a ClusterSecretStore or ClusterGenerator only through a VaultConnection
+// (externalSecret.connectionRef, whose client is vcl) that lists it in spec.externalSecrets.
+// Otherwise the condition says so, and no ExternalSecret is written for it.
+func mayUseSource(cl *ledger.Cluster, vcl vault.LeaseClient) bool {
+	kind, name, field := cl.RC.ClusterScopedSource()
+	if kind == "" {
+		return true
+	}
+	err := fmt.Errorf("%s: %s %q may be used only through a VaultConnection that lists it in spec.externalSecrets (credentials.externalSecret.connectionRef)", field, kind, name)
+	if g, ok := vcl.(interface {
+		AllowsClusterScoped(kind, name, field string) error
+	}); ok {
+		err = g.AllowsClusterScoped(kind, name, field)
+	}
+	if err != nil {
+		cl.NotReady(v1alpha1.ReasonSourceNotAllowed, v1alpha1.EventAccessDenied, "WriteExternalSecret", err.Error(), true)
+		return false
+	}
+	return true
+}

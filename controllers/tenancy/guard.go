@@ -102,6 +102,15 @@ func PathRefusal(vc *v1alpha1.VaultConnection, namespace string) string {
 	return fmt.Sprintf("VaultConnection %q allows namespace %q only the paths %v (spec.allowedPaths, {namespace} = %s)", vc.Name, namespace, vc.Spec.AllowedPaths, namespace)
 }
 
+// AllowsClusterScoped says whether RedisClusters of the namespace may use the cluster-scoped
+// store or generator of kind named name through this connection (nil), or why not.
+func (t *tenantClient) AllowsClusterScoped(kind, name, field string) error {
+	if t.vc.AllowsClusterScoped(kind, name) {
+		return nil
+	}
+	return fmt.Errorf("%s: %s %q is not one that VaultConnection %q allows (spec.externalSecrets)", field, kind, name, t.vc.Name)
+}
+
 // AllowsLease says whether the lease may be renewed, looked up and revoked through this client
 // (nil), or why not.
 func (t *tenantClient) AllowsLease(leaseID string) error {

@@ -148,8 +148,9 @@ func deleteAndWait(t *testing.T, rc *v1alpha1.RedisCluster) {
 	})
 }
 
-// A ClusterSecretStore (Vault provider, token auth) with a remote key: ESO syncs the credential
-// into <name>-eso, keyroll puts it on the Redis node and publishes it in the consumers' Secret,
+// A ClusterSecretStore (Vault provider, token auth) with a remote key: it is refused until a
+// VaultConnection that the RedisCluster names lists it (spec.externalSecrets); then ESO syncs the
+// credential into <name>-eso, keyroll puts it on the Redis node and publishes it in the consumers' Secret,
 // reports that its lease is not tracked, repairs drift of the ExternalSecret (whose new credential
 // replaces the old user on the node), and deleting the RedisCluster removes the ExternalSecret and
 // the Secrets.
@@ -176,6 +177,25 @@ func TestExternalSecretFromClusterSecretStoreSyncsAWorkingCredentialWithoutLease
 		RemoteKey:          fw.Path("es-store"),
 		RefreshInterval:    &metav1.Duration{Duration: 5 * time.Minute},
 		CredentialLifetime: &metav1.Duration{Duration: 10 * time.Minute},
+	})
+	// A cluster-scoped store is the whole cluster's: refused without a connection that allows it.
+	refused := fw.WaitCondition(t, rc, v1alpha1.ConditionCredentialsReady, metav1.ConditionFalse, v1alpha1.ReasonSourceNotAllowed, 30*time.Second)
+	if msg := framework.Condition(refused, v1alpha1.ConditionCredentialsReady).Message; !strings.Contains(msg, "credentials.externalSecret.storeRef") || !strings.Contains(msg, store) {
+		t.Errorf("the refusal %q names neither the field nor the store", msg)
+	}
+	if _, err := externalSecret(t, rc); !apierrors.IsNotFound(err) {
+		t.Fatalf("an ExternalSecret was written for a store the RedisCluster may not use (%v)", err)
+	}
+	vc := fw.VaultConnection(t, "vault-es-store", framework.Allow(ns), func(vc *v1alpha1.VaultConnection) {
+		vc.Spec.ExternalSecrets = &v1alpha1.ExternalSecretsAccess{ClusterSecretStores: []string{store}}
+	})
+	framework.Eventually(t, 30*time.Second, func() string {
+		cur := fw.Get(t, rc)
+		cur.Spec.Credentials.ExternalSecret.ConnectionRef = &v1alpha1.ConnectionReference{Name: vc.Name}
+		if err := fw.Client.Update(ctx, cur); err != nil {
+			return err.Error()
+		}
+		return ""
 	})
 	cur := fw.WaitReady(t, rc, 90*time.Second)
 	if c := framework.Condition(cur, v1alpha1.ConditionCredentialsReady); c == nil || c.Reason != v1alpha1.ReasonLeasesNotTracked {
