@@ -138,3 +138,28 @@ func TestManagerRBACIsLeastPrivilege(t *testing.T) {
 		}
 	}
 }
+
+// TestNamespaceIdentityRoleIsBoundByNamespacesOnly: the ClusterRole for identity Namespace grants
+// tokens of the one service account keyroll logs in with for a namespace, and the install binds it
+// nowhere: a namespace that opts in binds it with a RoleBinding of its own.
+func TestNamespaceIdentityRoleIsBoundByNamespacesOnly(t *testing.T) {
+	b, err := os.ReadFile("../deploy/rbac/namespace_identity_role.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var role rbacv1.ClusterRole
+	if err := yaml.Unmarshal(b, &role); err != nil {
+		t.Fatal(err)
+	}
+	want := rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"serviceaccounts/token"}, ResourceNames: []string{"keyroll-vault"}, Verbs: []string{"create"}}
+	if len(role.Rules) != 1 || fmt.Sprint(role.Rules[0]) != fmt.Sprint(want) {
+		t.Errorf("%s rules %+v, want only %+v", role.Name, role.Rules, want)
+	}
+	bindings, err := os.ReadFile("../deploy/rbac/role_binding.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bytes.Contains(bindings, []byte(role.Name)) {
+		t.Errorf("the install binds %s: it is for each namespace to bind", role.Name)
+	}
+}

@@ -62,12 +62,15 @@ func New(cfg Config) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
+	if cfg.Limiter == nil {
+		cfg.Limiter = rate.NewLimiter(rate.Limit(cfg.RateLimit.QPS), cfg.RateLimit.Burst)
+	}
 	c := &Client{
 		cfg:        cfg,
 		http:       hc,
 		clock:      cfg.Clock,
 		log:        cfg.Logger.WithValues("vaultAddress", cfg.Address, "authMethod", cfg.Auth.method()),
-		limiter:    rate.NewLimiter(rate.Limit(cfg.RateLimit.QPS), cfg.RateLimit.Burst),
+		limiter:    cfg.Limiter,
 		secrets:    newRedactor(),
 		authSem:    make(chan struct{}, 1),
 		unanswered: &unanswered{clock: cfg.Clock},

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"golang.org/x/time/rate"
 	"k8s.io/utils/clock"
 )
 
@@ -44,6 +45,9 @@ type Config struct {
 	Auth Auth
 	// RateLimit bounds the requests sent to Vault (logins and token renewals included).
 	RateLimit RateLimit
+	// Limiter, when set, is a limiter that the client shares with others (the clients of one
+	// connection's namespaces), made for RateLimit; without it the client makes its own.
+	Limiter *rate.Limiter
 	// Timeout bounds every call, however long the caller's context lasts (a sooner deadline of
 	// the context wins), so that a Vault that never answers ends each call in time. A call is
 	// not retried: it fails with a classified error, and the caller tries again later.

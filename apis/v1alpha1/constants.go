@@ -122,6 +122,8 @@ const (
 	ReasonInvalidSchedule             = "InvalidSchedule"
 	ReasonTokenMaxTTLTooShort         = "TokenMaxTTLTooShort"
 	ReasonTokensOutliveLeases         = "TokensOutliveLeases"
+	ReasonNamespaceLoginFailed        = "NamespaceLoginFailed"
+	ReasonNamespacesLoggedIn          = "NamespacesLoggedIn"
 	ReasonInUse                       = "InUse"
 	ReasonLeaseEndedEarly             = "LeaseEndedEarly"
 	ReasonApplied                     = "Applied"
@@ -183,6 +185,7 @@ const (
 	EventLoggedIn                    = ReasonLoggedIn
 	EventLoginFailed                 = ReasonLoginFailed
 	EventSettingsRefused             = ReasonSettingsRefused
+	EventNamespaceLoginFailed        = ReasonNamespaceLoginFailed
 	EventVaultUnavailable            = ReasonVaultUnavailable
 	EventVaultSealed                 = ReasonVaultSealed
 	EventInUse                       = ReasonInUse

@@ -89,6 +89,11 @@ func (rc *RedisCluster) ClusterScopedSource() (kind, name, field string) {
 	return "", "", ""
 }
 
+// NamespaceIdentity says whether each namespace logs in to Vault with an identity of its own.
+func (vc *VaultConnection) NamespaceIdentity() bool {
+	return vc.Spec.Identity == IdentityNamespace && vc.Spec.Auth.Kubernetes != nil
+}
+
 // NamespacePlaceholder stands for a RedisCluster's namespace in spec.allowedPaths.
 const NamespacePlaceholder = "{namespace}"
 

@@ -4,8 +4,24 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
+// VaultIdentity is whose Vault login a RedisCluster's requests go out with.
+// +kubebuilder:validation:Enum=Operator;Namespace
+type VaultIdentity string
+
+const (
+	// IdentityOperator: the operator's own login, one for every namespace (keyroll's guard,
+	// allowedPaths, keeps the namespaces apart).
+	IdentityOperator VaultIdentity = "Operator"
+	// IdentityNamespace: a login per namespace, with a service account of the RedisCluster's
+	// namespace (auth.kubernetes.serviceAccountName), so that Vault's role and policy for that
+	// namespace decide what it may read, renew and revoke.
+	IdentityNamespace VaultIdentity = "Namespace"
+)
+
 // VaultConnectionSpec describes how the operator reaches one Vault server and which namespaces'
 // RedisClusters may use it.
+// +kubebuilder:validation:XValidation:rule="!has(self.identity) || self.identity != 'Namespace' || has(self.auth.kubernetes)",message="identity Namespace needs auth.kubernetes: each namespace logs in with a service account of its own"
+// +kubebuilder:validation:XValidation:rule="(has(self.identity) && self.identity == 'Namespace') || !has(self.auth.kubernetes) || !self.auth.kubernetes.role.contains('{namespace}')",message="auth.kubernetes.role may hold {namespace} only with identity Namespace"
 type VaultConnectionSpec struct {
 	// address is the URL of the Vault server, for example https://vault.vault.svc:8200.
 	// +required
@@ -29,6 +45,15 @@ type VaultConnectionSpec struct {
 	// auth is how the operator logs in to Vault: exactly one of kubernetes, appRole or token.
 	// +required
 	Auth VaultAuth `json:"auth"`
+
+	// identity is whose Vault login a RedisCluster's requests go out with: Operator (the
+	// default), the operator's own service account, for every namespace; or Namespace, a service
+	// account of the RedisCluster's namespace (auth.kubernetes.serviceAccountName), logging in to
+	// auth.kubernetes.role with {namespace} replaced, so that Vault's role and policy for each
+	// namespace decide which paths and leases it may use. Tokens are then kept per namespace.
+	// +optional
+	// +kubebuilder:default=Operator
+	Identity VaultIdentity `json:"identity,omitempty"`
 
 	// allowedNamespaces lists the namespaces whose RedisClusters may use this connection.
 	// Empty means none; ["*"] means all.
@@ -247,12 +272,22 @@ type KubernetesAuth struct {
 	// +kubebuilder:validation:Pattern=`^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$`
 	Mount string `json:"mount,omitempty"`
 
-	// role is the Vault role to log in as.
+	// role is the Vault role to log in as; with identity Namespace, {namespace} in it stands for
+	// the RedisCluster's namespace (keyroll-{namespace}, say).
 	// +required
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=255
-	// +kubebuilder:validation:Pattern=`^[A-Za-z0-9_.@-]+$`
+	// +kubebuilder:validation:Pattern=`^([A-Za-z0-9_.@-]|[{]namespace[}])+$`
 	Role string `json:"role"`
+
+	// serviceAccountName is, with identity Namespace, the service account of each RedisCluster's
+	// namespace that keyroll requests tokens for (the namespace's administrator creates it, and
+	// lets keyroll's manager create its tokens: docs/vault-administrators.md).
+	// +optional
+	// +kubebuilder:default=keyroll-vault
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
+	ServiceAccountName string `json:"serviceAccountName,omitempty"`
 
 	// audiences the service-account token is requested for; they must match the role's audience.
 	// +optional
@@ -371,6 +406,11 @@ type TokenStatus struct {
 	// current says new leases are created with this token.
 	// +optional
 	Current bool `json:"current,omitempty"`
+
+	// namespace is, with identity Namespace, the namespace whose login the token is.
+	// +optional
+	// +kubebuilder:validation:MaxLength=63
+	Namespace string `json:"namespace,omitempty"`
 
 	// leases is how many leases in RedisClusters' ledgers this token created.
 	// +optional

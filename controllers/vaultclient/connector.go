@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
@@ -51,6 +52,7 @@ type Connector struct {
 	Observer func(connection, op, outcome string, seconds float64)
 
 	audiences audienceChecks
+	shared    sharedLimits
 }
 
 // Client is what the controllers use of a Vault client: leases for RedisClusters; login, health
@@ -82,13 +84,28 @@ func (c cacheClients) Get(name string, cfg vault.Config) (Client, error) {
 
 func (c cacheClients) Forget(name string) { c.cache.Forget(name) }
 
-// Client returns the Vault client of a VaultConnection.
+// Client returns the Vault client of a VaultConnection itself: its health and, with identity
+// Operator, the login every namespace shares. With identity Namespace it never logs in.
 func (c *Connector) Client(ctx context.Context, vc *v1alpha1.VaultConnection) (Client, error) {
-	cfg, err := c.config(ctx, vc)
+	return c.clientIn(ctx, vc, "")
+}
+
+// NamespaceClient is the Vault client of a VaultConnection for RedisClusters of namespace: with
+// identity Namespace, one of that namespace's own, which logs in with the namespace's service
+// account and keeps its tokens apart; with identity Operator, the connection's (Client).
+func (c *Connector) NamespaceClient(ctx context.Context, vc *v1alpha1.VaultConnection, namespace string) (Client, error) {
+	if !vc.NamespaceIdentity() {
+		namespace = ""
+	}
+	return c.clientIn(ctx, vc, namespace)
+}
+
+func (c *Connector) clientIn(ctx context.Context, vc *v1alpha1.VaultConnection, namespace string) (Client, error) {
+	cfg, err := c.config(ctx, vc, namespace)
 	if err != nil {
 		return nil, err
 	}
-	return c.Clients.Get(vc.Name, cfg)
+	return c.Clients.Get(c.shared.key(vc.Name, namespace), cfg)
 }
 
 // Refusal says why a RedisCluster has no Vault client: the reason of its condition, and a message
@@ -126,7 +143,7 @@ func (c *Connector) ClientFor(ctx context.Context, r client.Reader, u Use) (vaul
 	if u.Path != "" && !vc.AllowsPath(u.Namespace, u.Path) {
 		return nil, &Refusal{v1alpha1.ReasonPathNotAllowed, fmt.Sprintf("%s %q: %s", u.PathField, u.Path, tenancy.PathRefusal(vc, u.Namespace))}, nil
 	}
-	vcl, err := c.Client(ctx, vc)
+	vcl, err := c.NamespaceClient(ctx, vc, u.Namespace)
 	if err != nil {
 		return nil, &Refusal{v1alpha1.ReasonConnectionNotReady, fmt.Sprintf("VaultConnection %q cannot be used: %v", u.Connection, err)}, nil
 	}
@@ -141,31 +158,43 @@ func (c *Connector) ClientOf(ctx context.Context, r client.Reader, name, namespa
 	if err := r.Get(ctx, client.ObjectKey{Name: name}, vc); err != nil {
 		return nil, fmt.Errorf("reading VaultConnection %s: %w", name, err)
 	}
-	vcl, err := c.Client(ctx, vc)
+	vcl, err := c.NamespaceClient(ctx, vc, namespace)
 	if err != nil {
 		return nil, err
 	}
 	return tenancy.ForNamespace(vcl, vc, namespace), nil
 }
 
-// Forget drops the client of a deleted VaultConnection.
-func (c *Connector) Forget(name string) { c.Clients.Forget(name) }
+// Forget drops the clients of a deleted VaultConnection, its namespaces' included.
+func (c *Connector) Forget(name string) {
+	for _, key := range c.shared.forget(name) {
+		c.Clients.Forget(key)
+	}
+}
 
-func (c *Connector) config(ctx context.Context, vc *v1alpha1.VaultConnection) (vault.Config, error) {
+// config is the Vault client configuration of vc for namespace ("": the connection's own).
+func (c *Connector) config(ctx context.Context, vc *v1alpha1.VaultConnection, namespace string) (vault.Config, error) {
 	spec := vc.Spec
-	cfg := vault.Config{Address: spec.Address, Namespace: spec.Namespace, Clock: c.Clock,
-		// Not the reconcile's logger: the client outlives the reconcile that created it and serves
-		// every RedisCluster behind this connection.
-		Logger: ctrl.Log.WithName("vault").WithValues("vaultConnection", vc.Name)}
+	log := ctrl.Log.WithName("vault").WithValues("vaultConnection", vc.Name)
+	if namespace != "" {
+		log = log.WithValues("identityNamespace", namespace)
+	}
+	// Not the reconcile's logger: the client outlives the reconcile that created it and serves
+	// every RedisCluster behind this connection (or its namespace).
+	cfg := vault.Config{Address: spec.Address, Namespace: spec.Namespace, Clock: c.Clock, Logger: log}
 	if c.Observer != nil {
 		name := vc.Name // the client outlives vc, which its caller goes on using
 		cfg.Observer = func(op, outcome string, d time.Duration) { c.Observer(name, op, outcome, d.Seconds()) }
 	}
 	if c.TokenNamespace != "" && c.Writer != nil {
-		cfg.Tokens = newTokenStore(c.Writer, c.Reader, c.TokenNamespace, vc)
+		cfg.Tokens = newTokenStore(c.Writer, c.Reader, c.TokenNamespace, vc, namespace)
 	}
 	if spec.RateLimit != nil {
 		cfg.RateLimit = vault.RateLimit{QPS: float64(spec.RateLimit.QPS), Burst: int(spec.RateLimit.Burst)}
+	}
+	if vc.NamespaceIdentity() {
+		// One budget for the connection, however many namespaces log in through it.
+		cfg.Limiter = c.shared.limiter(vc.Name, cfg.RateLimit)
 	}
 	if tls := spec.TLS; tls != nil {
 		cfg.TLSServerName = tls.TLSServerName
@@ -178,17 +207,27 @@ func (c *Connector) config(ctx context.Context, vc *v1alpha1.VaultConnection) (v
 			cfg.CABundle = ca
 		}
 	}
-	auth, err := c.auth(ctx, spec.Auth)
+	auth, err := c.auth(ctx, vc, namespace)
 	cfg.Auth = auth
 	return cfg, err
 }
 
-func (c *Connector) auth(ctx context.Context, a v1alpha1.VaultAuth) (vault.Auth, error) {
-	switch {
+func (c *Connector) auth(ctx context.Context, vc *v1alpha1.VaultConnection, namespace string) (vault.Auth, error) {
+	switch a := vc.Spec.Auth; {
 	case a.Kubernetes != nil:
 		k := a.Kubernetes
-		return vault.Auth{Kubernetes: &vault.KubernetesAuth{Mount: k.Mount, Role: k.Role,
-			JWT:       c.serviceAccountToken(k.Audiences, k.TokenExpirationSeconds),
+		role, sa := k.Role, c.ServiceAccount
+		jwt := c.serviceAccountToken(sa, k.Audiences, k.TokenExpirationSeconds)
+		if vc.NamespaceIdentity() {
+			role, sa = strings.ReplaceAll(k.Role, v1alpha1.NamespacePlaceholder, namespace), types.NamespacedName{Namespace: namespace, Name: k.ServiceAccountName}
+			jwt = c.serviceAccountToken(sa, k.Audiences, k.TokenExpirationSeconds)
+			if namespace == "" { // the connection's own client: health only, never a login
+				jwt = func(context.Context) (string, error) {
+					return "", errors.New("identity Namespace: the connection itself never logs in, each namespace does")
+				}
+			}
+		}
+		return vault.Auth{Kubernetes: &vault.KubernetesAuth{Mount: k.Mount, Role: role, JWT: jwt,
 			Audiences: k.Audiences, TokenExpiration: time.Duration(k.TokenExpirationSeconds) * time.Second}}, nil
 	case a.AppRole != nil:
 		id, err := c.secretValue(ctx, a.AppRole.SecretIDRef, "auth.appRole.secretIDRef")
@@ -206,15 +245,15 @@ func (c *Connector) auth(ctx context.Context, a v1alpha1.VaultAuth) (vault.Auth,
 	return vault.Auth{}, errors.New("auth: no method set")
 }
 
-// serviceAccountToken returns a token source for the operator's own service account. Each token
-// is reviewed before it is handed out: one the API server accepts is refused (refuseAPIToken).
-func (c *Connector) serviceAccountToken(audiences []string, seconds int64) func(context.Context) (string, error) {
+// serviceAccountToken returns a token source for a service account: the operator's own, or with
+// identity Namespace the namespace's. Each token is reviewed before it is handed out: one the API
+// server accepts is refused (refuseAPIToken).
+func (c *Connector) serviceAccountToken(sa types.NamespacedName, audiences []string, seconds int64) func(context.Context) (string, error) {
 	return func(ctx context.Context) (string, error) {
 		tr := &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{Audiences: audiences}}
 		if seconds > 0 {
 			tr.Spec.ExpirationSeconds = &seconds
 		}
-		sa := c.ServiceAccount
 		out, err := c.Tokens.CoreV1().ServiceAccounts(sa.Namespace).CreateToken(ctx, sa.Name, tr, metav1.CreateOptions{})
 		if err != nil {
 			return "", fmt.Errorf("requesting a token for service account %s: %w", sa, err)

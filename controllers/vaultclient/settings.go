@@ -68,7 +68,7 @@ func (c *Connector) checkAudiences(ctx context.Context, audiences []string, seco
 	if ok && now.Sub(at) < audienceCheckValid {
 		return nil
 	}
-	if _, err := c.serviceAccountToken(audiences, seconds)(ctx); err != nil {
+	if _, err := c.serviceAccountToken(c.ServiceAccount, audiences, seconds)(ctx); err != nil {
 		return err
 	}
 	c.audiences.mu.Lock()

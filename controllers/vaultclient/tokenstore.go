@@ -33,20 +33,25 @@ type tokenStore struct {
 	conn   string
 }
 
-// tokenSecretName is the name of the Secret holding a VaultConnection's tokens.
-func tokenSecretName(connection string) string {
+// tokenSecretName is the name of the Secret holding a VaultConnection's tokens, or with identity
+// Namespace those of one namespace's login (keyroll-tokens-<connection>.<namespace>: a namespace
+// name holds no dot, so no two pairs share a name).
+func tokenSecretName(connection, namespace string) string {
 	name := "keyroll-tokens-" + connection
+	if namespace != "" {
+		name += "." + namespace
+	}
 	if len(name) <= 253 {
 		return name
 	}
-	sum := sha256.Sum256([]byte(connection))
+	sum := sha256.Sum256([]byte(connection + "/" + namespace))
 	return name[:253-17] + "-" + hex.EncodeToString(sum[:8])
 }
 
-func newTokenStore(writer client.Client, reader client.Reader, namespace string, vc *v1alpha1.VaultConnection) *tokenStore {
+func newTokenStore(writer client.Client, reader client.Reader, namespace string, vc *v1alpha1.VaultConnection, identity string) *tokenStore {
 	return &tokenStore{
 		writer: writer, reader: reader, conn: vc.Name,
-		key: types.NamespacedName{Namespace: namespace, Name: tokenSecretName(vc.Name)},
+		key: types.NamespacedName{Namespace: namespace, Name: tokenSecretName(vc.Name, identity)},
 		owner: metav1.OwnerReference{APIVersion: v1alpha1.GroupVersion.String(), Kind: "VaultConnection",
 			Name: vc.Name, UID: vc.UID},
 	}

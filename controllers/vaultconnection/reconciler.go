@@ -103,12 +103,15 @@ func (r *Reconciler) forget(name string) {
 type tokenNeeds struct {
 	until  map[string]time.Time
 	leases map[string]int32
+	// byNamespace is until per namespace of the RedisClusters: with identity Namespace, each
+	// namespace's login keeps its own tokens.
+	byNamespace map[string]map[string]time.Time
 }
 
 // users lists the RedisClusters that use vc or hold a lease obtained through it, and what their
 // leases need of vc's tokens.
 func (r *Reconciler) users(ctx context.Context, vc *v1alpha1.VaultConnection) ([]string, tokenNeeds, error) {
-	needs := tokenNeeds{until: map[string]time.Time{}, leases: map[string]int32{}}
+	needs := tokenNeeds{until: map[string]time.Time{}, leases: map[string]int32{}, byNamespace: map[string]map[string]time.Time{}}
 	list := &v1alpha1.RedisClusterList{}
 	if err := r.List(ctx, list, client.MatchingFields{ClusterIndex: vc.Name}); err != nil {
 		return nil, needs, fmt.Errorf("listing the RedisClusters of VaultConnection %s: %w", vc.Name, err)
@@ -125,6 +128,10 @@ func (r *Reconciler) users(ctx context.Context, vc *v1alpha1.VaultConnection) ([
 			if exp := statustime.Of(l.ExpiresAt); exp.After(needs.until[l.TokenAccessor]) {
 				needs.until[l.TokenAccessor] = exp
 			}
+			if needs.byNamespace[rc.Namespace] == nil {
+				needs.byNamespace[rc.Namespace] = map[string]time.Time{}
+			}
+			needs.byNamespace[rc.Namespace][l.TokenAccessor] = needs.until[l.TokenAccessor]
 		}
 	}
 	slices.Sort(users)
@@ -143,7 +150,9 @@ func (r *Reconciler) check(ctx context.Context, vc *v1alpha1.VaultConnection, ne
 		vcl, err = r.Connector.Client(ctx, vc)
 	}
 	var held []vault.TokenStatus
-	if err == nil {
+	if err == nil && vc.NamespaceIdentity() {
+		held, err = r.observeNamespaces(ctx, vc, vcl, needs)
+	} else if err == nil {
 		held, err = r.observe(ctx, vc, vcl, needs)
 	}
 	if err != nil {
@@ -166,7 +175,9 @@ func (r *Reconciler) check(ctx context.Context, vc *v1alpha1.VaultConnection, ne
 	if conds.Set(v1alpha1.ConditionReady, metav1.ConditionTrue, v1alpha1.ReasonLoggedIn, "Logged in to Vault "+vc.Status.VaultVersion) {
 		conds.Event(false, v1alpha1.EventLoggedIn, "Login", "Logged in to Vault %s", vc.Status.VaultVersion)
 	}
-	r.reportTokenLifetime(vc, conds, vcl.TokenInfo(), held, needs)
+	if !vc.NamespaceIdentity() {
+		r.reportTokenLifetime(vc, conds, vcl.TokenInfo(), held, needs)
+	}
 	vc.Status.ObservedGeneration = vc.Generation
 	return ctrl.Result{RequeueAfter: r.nextCheck(held)}, nil
 }

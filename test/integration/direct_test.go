@@ -307,7 +307,8 @@ func conditionText(rc *v1alpha1.RedisCluster, condType string) string {
 func TestRefusedClustersGetAConditionAnEventAndNoSecret(t *testing.T) {
 	ns := fw.Namespace(t, "refused")
 	elsewhere := fw.VaultConnection(t, "vault-elsewhere", framework.Allow(fw.Name("elsewhere")))
-	refused := fw.VaultConnection(t, "vault-refused", framework.Allow(ns))
+	// kv/creds/orders passes keyroll's guard (allowedPaths), and Vault's policy refuses it.
+	refused := fw.VaultConnection(t, "vault-refused", framework.Allow(ns), framework.Paths(fw.Path("")+"*", "kv/creds/*"))
 	for _, vc := range []*v1alpha1.VaultConnection{elsewhere, refused} {
 		fw.WaitConnectionReady(t, vc.Name, 30*time.Second)
 	}

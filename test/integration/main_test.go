@@ -40,6 +40,8 @@ func TestMain(m *testing.M) {
 		// administrators' guide names them, for the tenancy tests.
 		{Name: "ten-a.orders", DefaultTTL: 10 * time.Minute, MaxTTL: time.Hour},
 		{Name: "ten-b.orders", DefaultTTL: 10 * time.Minute, MaxTTL: time.Hour},
+		{Name: "nsid-a.orders", DefaultTTL: 10 * time.Minute, MaxTTL: time.Hour},
+		{Name: "nsid-b.orders", DefaultTTL: 10 * time.Minute, MaxTTL: time.Hour},
 		{Name: "forged.orders", DefaultTTL: 10 * time.Minute, MaxTTL: time.Hour},
 		{Name: "forged.es", DefaultTTL: 10 * time.Minute, MaxTTL: time.Hour},
 	}

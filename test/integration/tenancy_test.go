@@ -19,6 +19,7 @@ import (
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
 	"github.com/keyroll/keyroll/test/framework"
+	"github.com/keyroll/keyroll/test/testground"
 )
 
 // The tenancy tests: one VaultConnection shared by namespaces, each allowed the Vault roles named
@@ -32,13 +33,20 @@ var tenantPaths = framework.Paths("database/creds/{namespace}.*")
 // operatorRequests are the operator's requests in the audit log that match.
 func operatorRequests(t *testing.T, match func(framework.AuditEntry) bool) []framework.AuditEntry {
 	t.Helper()
+	return requestsOf(t, fw.OperatorRole, match)
+}
+
+// requestsOf are the requests in the audit log of tokens of the Kubernetes auth role role that
+// match.
+func requestsOf(t *testing.T, role string, match func(framework.AuditEntry) bool) []framework.AuditEntry {
+	t.Helper()
 	entries, err := framework.ReadAudit(auditLog)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var out []framework.AuditEntry
 	for _, e := range entries {
-		if e.ByRole(fw.OperatorRole) && match(e) {
+		if e.ByRole(role) && match(e) {
 			out = append(out, e)
 		}
 	}
@@ -83,12 +91,57 @@ func untouched(t *testing.T, leases map[string]string) {
 
 // TestTenantCannotReadAnotherTenantsRole: namespaces a and b, each with its own role. A
 // RedisCluster in a naming b's path is refused with a condition that names the field, and Vault's
-// audit log holds no request for b's path; a's own path gives a working credential.
-// (keyroll logs in with its own identity here; the per-namespace identity is not built yet.)
+// audit log holds no request for b's path; a's own path gives a working credential. In both
+// identity modes: the operator's own login, and a login per namespace (identity Namespace), where
+// Vault's role and policy for each namespace decide as well.
 func TestTenantCannotReadAnotherTenantsRole(t *testing.T) {
-	a, b := fw.Namespace(t, "ten-a"), fw.Namespace(t, "ten-b")
-	vc := fw.VaultConnection(t, "vault-tenants", framework.Allow(a, b), tenantPaths)
-	theirs := fw.Path("ten-b.orders")
+	t.Run("Operator", func(t *testing.T) { tenantsApart(t, v1alpha1.IdentityOperator, "ten") })
+	t.Run("Namespace", func(t *testing.T) { tenantsApart(t, v1alpha1.IdentityNamespace, "nsid") })
+}
+
+// tenantIdentity gives namespace ns a Vault identity of its own, as the Vault administrators' guide
+// sets one up for identity Namespace: the service account keyroll-vault in ns, a Kubernetes auth
+// role named after the namespace bound to it, and a policy that lets it read the roles named
+// after the namespace and renew and revoke their leases only.
+func tenantIdentity(t *testing.T, ns string) {
+	t.Helper()
+	ctx := context.Background()
+	if err := fw.Ground.CP.EnsureServiceAccount(ctx, ns, "keyroll-vault"); err != nil {
+		t.Fatal(err)
+	}
+	policy := fmt.Sprintf(`
+path "database/creds/%[1]s.*" { capabilities = ["read"] }
+path "sys/leases/renew/database/creds/%[1]s.*" { capabilities = ["update"] }
+path "sys/leases/revoke/database/creds/%[1]s.*" { capabilities = ["update"] }
+path "sys/leases/lookup" { capabilities = ["update"] }
+path "auth/token/renew-self" { capabilities = ["update"] }
+path "auth/token/lookup-self" { capabilities = ["read"] }
+`, ns)
+	if err := fw.Ground.Vault.WritePolicy(ctx, ns, policy); err != nil {
+		t.Fatal(err)
+	}
+	if err := fw.Ground.Vault.WriteKubernetesAuthRole(ctx, testground.KubernetesAuthRole{Name: ns, ServiceAccounts: []string{"keyroll-vault"},
+		Namespaces: []string{ns}, Policies: []string{ns}, TokenPeriod: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// namespaceIdentity makes a VaultConnection log in per namespace, to the Vault role named after it.
+func namespaceIdentity(vc *v1alpha1.VaultConnection) {
+	vc.Spec.Identity = v1alpha1.IdentityNamespace
+	vc.Spec.Auth = v1alpha1.VaultAuth{Kubernetes: &v1alpha1.KubernetesAuth{Role: "{namespace}", ServiceAccountName: "keyroll-vault"}}
+}
+
+func tenantsApart(t *testing.T, identity v1alpha1.VaultIdentity, prefix string) {
+	a, b := fw.Namespace(t, prefix+"-a"), fw.Namespace(t, prefix+"-b")
+	opts := []framework.VaultConnectionOption{framework.Allow(a, b), tenantPaths}
+	if identity == v1alpha1.IdentityNamespace {
+		tenantIdentity(t, a)
+		tenantIdentity(t, b)
+		opts = append(opts, namespaceIdentity)
+	}
+	vc := fw.VaultConnection(t, "vault-tenants-"+prefix, opts...)
+	theirs := fw.Path(prefix + "-b.orders")
 
 	thief := fw.RedisCluster(t, a, "stolen", vc.Name, theirs)
 	cur := fw.WaitCondition(t, thief, v1alpha1.ConditionCredentialsReady, metav1.ConditionFalse, v1alpha1.ReasonPathNotAllowed, 30*time.Second)
@@ -102,22 +155,82 @@ func TestTenantCannotReadAnotherTenantsRole(t *testing.T) {
 		t.Errorf("no Warning event %s for the refused path", v1alpha1.EventAccessDenied)
 	}
 
-	own := fw.RedisCluster(t, a, "orders", vc.Name, fw.Path("ten-a.orders"))
+	own := fw.RedisCluster(t, a, "orders", vc.Name, fw.Path(prefix+"-a.orders"))
 	cur = fw.WaitReady(t, own, 90*time.Second)
 	if user, pass, _ := fw.Credentials(own); !fw.Authenticates(user, pass) {
 		t.Error("a's credential from its own role does not authenticate")
 	}
-	if id := cur.Status.Credential.LeaseID; !strings.HasPrefix(id, fw.Path("ten-a.orders")+"/") {
+	if id := cur.Status.Credential.LeaseID; !strings.HasPrefix(id, fw.Path(prefix+"-a.orders")+"/") {
 		t.Errorf("a's lease %q is not of a's role", id)
 	}
 	if cur := fw.Get(t, thief); cur.Status.Credential != nil || len(cur.Status.Leases) > 0 {
 		t.Errorf("the refused cluster holds a credential or leases: %+v %+v", cur.Status.Credential, cur.Status.Leases)
 	}
-	if es := operatorRequests(t, func(e framework.AuditEntry) bool { return strings.Contains(e.Request.Path, theirs) }); len(es) > 0 {
-		t.Errorf("the operator sent Vault %d request(s) for b's path:%s", len(es), describeRequests(es))
+	fw.DeleteAndWait(t, thief, 30*time.Second)
+	for _, role := range []string{fw.OperatorRole, a, b} {
+		if es := requestsOf(t, role, func(e framework.AuditEntry) bool { return strings.Contains(e.Request.Path, theirs) }); len(es) > 0 {
+			t.Errorf("keyroll sent Vault %d request(s) for b's path as %s:%s", len(es), role, describeRequests(es))
+		}
+	}
+	if identity == v1alpha1.IdentityNamespace {
+		vaultDecides(t, a, vc.Name, cur, prefix)
+	}
+	fw.DeleteAndWait(t, own, 30*time.Second)
+}
+
+// vaultDecides, with identity Namespace: a's credential came from a's own login, whose tokens are
+// kept apart from other namespaces' (keyroll-tokens-<connection>.<namespace>); after an operator
+// restart a rotation revokes the old lease through that login; and with keyroll's guard opened
+// wide (allowedPaths database/creds/*), Vault itself refuses a's login b's path.
+func vaultDecides(t *testing.T, a, conn string, rc *v1alpha1.RedisCluster, prefix string) {
+	t.Helper()
+	ctx := context.Background()
+	lease := rc.Status.Credential.LeaseID
+	issued := requestsOf(t, a, func(e framework.AuditEntry) bool { return e.Request.Path == fw.Path(prefix+"-a.orders") })
+	if len(issued) == 0 {
+		t.Errorf("no issue of a's credential by a's own Vault login (role %s) in the audit log", a)
+	}
+	if es := requestsOf(t, fw.OperatorRole, func(e framework.AuditEntry) bool { return strings.Contains(e.Request.Path, prefix+"-a.orders") }); len(es) > 0 {
+		t.Errorf("the operator's own login sent Vault %d request(s) for a's path:%s", len(es), describeRequests(es))
+	}
+	sec := &corev1.Secret{}
+	if err := fw.Client.Get(ctx, client.ObjectKey{Namespace: fw.OperatorNS, Name: "keyroll-tokens-" + conn + "." + a}, sec); err != nil {
+		t.Fatalf("a's token Secret: %v", err)
+	}
+	if _, ok := sec.Data[rc.Status.Credential.TokenAccessor]; !ok {
+		t.Errorf("the token that created a's lease is not in a's token Secret")
+	}
+	fw.RestartOperator(t)
+	ack := fw.RotateNow(t, rc)
+	framework.Eventually(t, 90*time.Second, func() string {
+		cur := fw.Get(t, rc)
+		if cur.Status.RotateNowAcknowledged != ack || cur.Status.Rollout != nil || ledgerHas(cur, lease) {
+			return "rotation not finished, or the old lease still in the ledger"
+		}
+		return ""
+	})
+	hashed, err := fw.AuditHash(ctx, lease)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if es := requestsOf(t, a, func(e framework.AuditEntry) bool {
+		return e.Request.Operation == "update" && e.Names(lease, hashed) && strings.HasPrefix(e.Request.Path, "sys/leases/revoke/")
+	}); len(es) == 0 {
+		t.Errorf("the old lease %s was not revoked through a's own login after the restart", lease)
+	}
+
+	wide := fw.VaultConnection(t, "vault-tenants-wide", framework.Allow(a), framework.Paths("database/creds/*"), namespaceIdentity)
+	theirs := fw.Path(prefix + "-b.orders")
+	thief := fw.RedisCluster(t, a, "wide", wide.Name, theirs)
+	cur := fw.WaitCondition(t, thief, v1alpha1.ConditionCredentialsReady, metav1.ConditionFalse, v1alpha1.ReasonPermissionDenied, 60*time.Second)
+	if cur.Status.Credential != nil {
+		t.Errorf("a got a credential from b's role through its own login")
+	}
+	denied := requestsOf(t, a, func(e framework.AuditEntry) bool { return e.Request.Path == theirs })
+	if len(denied) == 0 {
+		t.Error("no request of a's login for b's path in the audit log: Vault did not decide")
 	}
 	fw.DeleteAndWait(t, thief, 30*time.Second)
-	fw.DeleteAndWait(t, own, 30*time.Second)
 }
 
 // TestForgedLeaseIDIsNeverRenewedOrRevoked: leases of another team, placed where keyroll reads

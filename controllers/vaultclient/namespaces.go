@@ -1,0 +1,75 @@
+package vaultclient
+
+import (
+	"sync"
+
+	"golang.org/x/time/rate"
+
+	"github.com/keyroll/keyroll/vault"
+)
+
+// sharedLimits keeps, per VaultConnection, the keys of its clients in the cache (the connection's
+// own, and one per namespace with identity Namespace) and the rate limiter its namespaces' clients
+// share, so that spec.rateLimit bounds the connection as a whole.
+type sharedLimits struct {
+	mu       sync.Mutex
+	keys     map[string]map[string]bool
+	limiters map[string]limiterEntry
+}
+
+type limiterEntry struct {
+	settings vault.RateLimit
+	limiter  *rate.Limiter
+}
+
+// key is the cache key of the client of connection for namespace ("": the connection's own).
+func (s *sharedLimits) key(connection, namespace string) string {
+	key := connection
+	if namespace != "" {
+		key += "/" + namespace
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.keys == nil {
+		s.keys = map[string]map[string]bool{}
+	}
+	if s.keys[connection] == nil {
+		s.keys[connection] = map[string]bool{}
+	}
+	s.keys[connection][key] = true
+	return key
+}
+
+// limiter is the limiter that connection's namespaces share, new when its settings change.
+func (s *sharedLimits) limiter(connection string, settings vault.RateLimit) *rate.Limiter {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if e, ok := s.limiters[connection]; ok && e.settings == settings {
+		return e.limiter
+	}
+	if s.limiters == nil {
+		s.limiters = map[string]limiterEntry{}
+	}
+	qps, burst := settings.QPS, settings.Burst
+	if qps <= 0 || burst <= 0 {
+		qps, burst = vault.DefaultQPS, vault.DefaultBurst
+	}
+	l := rate.NewLimiter(rate.Limit(qps), burst)
+	s.limiters[connection] = limiterEntry{settings: settings, limiter: l}
+	return l
+}
+
+// forget drops what is kept of connection and returns the cache keys of its clients.
+func (s *sharedLimits) forget(connection string) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	keys := []string{connection}
+	for k := range s.keys[connection] {
+		if k != connection {
+			keys = append(keys, k)
+		}
+	}
+	delete(s.keys, connection)
+	delete(s.limiters, connection)
+	return keys
+}
