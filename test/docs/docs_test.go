@@ -208,11 +208,6 @@ func checkTenancy(t *testing.T, ctx context.Context, f *framework.Framework, env
 	for _, b := range docblocks.Tagged(t, root, "vault-tenancy") {
 		docblocks.Run(t, b, root, env, 3*time.Minute)
 	}
-	for _, ns := range []string{"team-a", "team-b"} {
-		if err := f.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
-			t.Fatal(err)
-		}
-	}
 	own := f.RedisCluster(t, "team-a", "orders", "vault-teams", "database/creds/team-a.orders")
 	theirs := f.RedisCluster(t, "team-a", "stolen", "vault-teams", "database/creds/team-b.orders")
 	f.WaitCondition(t, theirs, v1alpha1.ConditionCredentialsReady, metav1.ConditionFalse, v1alpha1.ReasonPathNotAllowed, timeout)
@@ -228,6 +223,29 @@ func checkTenancy(t *testing.T, ctx context.Context, f *framework.Framework, env
 		if e.ByRole("keyroll") && strings.Contains(e.Request.Path, "team-b.orders") {
 			t.Errorf("the operator asked Vault for team-b's role on team-a's behalf: %s %s", e.Request.Operation, e.Request.Path)
 		}
+	}
+
+	// identity Namespace: team-b's credential through team-b's own login, with the permissions
+	// the namespace granted keyroll (its RoleBinding) and no more.
+	b := f.RedisCluster(t, "team-b", "orders", "vault-teams-own", "database/creds/team-b.orders")
+	cur = f.WaitReady(t, b, timeout)
+	if user, pass, _ := f.Credentials(cur); !f.Authenticates(user, pass) {
+		t.Error("team-b's credential through its own login does not authenticate")
+	}
+	if entries, err = framework.ReadAudit(auditLog); err != nil {
+		t.Fatal(err)
+	}
+	issued := 0
+	for _, e := range entries {
+		if e.Request.Path == "database/creds/team-b.orders" && e.Type == "request" {
+			if !e.ByRole("keyroll-team-b") {
+				t.Errorf("team-b's credential was asked for as %q, not as team-b's own role", e.Auth.Metadata["role"])
+			}
+			issued++
+		}
+	}
+	if issued == 0 {
+		t.Error("no issue of team-b's credential in the audit log")
 	}
 }
 
