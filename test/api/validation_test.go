@@ -145,11 +145,17 @@ func TestInvalidObjectsAreRefusedNamingTheField(t *testing.T) {
 		"wildcard with other namespaces": {vc, set("spec.allowedNamespaces", []any{"*", "default"}), "spec.allowedNamespaces"},
 		"allowed namespace not a name":   {vc, set("spec.allowedNamespaces", []any{"Bad NS"}), "spec.allowedNamespaces[0]"},
 		"allowed path ambiguous":         {vc, set("spec.allowedPaths", []any{"database/creds/{namespace}-*"}), "spec.allowedPaths"},
-		"allowed path with ..":           {vc, set("spec.allowedPaths", []any{"database/creds/../{namespace}"}), "spec.allowedPaths"},
-		"allowed path wildcard inside":   {vc, set("spec.allowedPaths", []any{"database/*/{namespace}"}), "spec.allowedPaths[0]"},
-		"allowed path other placeholder": {vc, set("spec.allowedPaths", []any{"database/creds/{name}"}), "spec.allowedPaths[0]"},
-		"burst below qps":                {vc, set("spec.rateLimit", map[string]any{"qps": int64(50), "burst": int64(10)}), "spec.rateLimit"},
-		"zero qps":                       {vc, set("spec.rateLimit", map[string]any{"qps": int64(0), "burst": int64(10)}), "spec.rateLimit.qps"},
+		"namespace identity without kubernetes auth": {vc, func(o map[string]any) {
+			set("spec.identity", "Namespace")(o)
+			set("spec.auth", map[string]any{"token": map[string]any{"secretRef": map[string]any{"namespace": "keyroll-system", "name": "t", "key": "token"}}})(o)
+		}, "spec"},
+		"role placeholder without namespace identity": {vc, set("spec.auth.kubernetes.role", "keyroll-{namespace}"), "spec"},
+		"unknown identity":                            {vc, set("spec.identity", "Team"), "spec.identity"},
+		"allowed path with ..":                        {vc, set("spec.allowedPaths", []any{"database/creds/../{namespace}"}), "spec.allowedPaths"},
+		"allowed path wildcard inside":                {vc, set("spec.allowedPaths", []any{"database/*/{namespace}"}), "spec.allowedPaths[0]"},
+		"allowed path other placeholder":              {vc, set("spec.allowedPaths", []any{"database/creds/{name}"}), "spec.allowedPaths[0]"},
+		"burst below qps":                             {vc, set("spec.rateLimit", map[string]any{"qps": int64(50), "burst": int64(10)}), "spec.rateLimit"},
+		"zero qps":                                    {vc, set("spec.rateLimit", map[string]any{"qps": int64(0), "burst": int64(10)}), "spec.rateLimit.qps"},
 		"two CA sources": {vc, set("spec.tls", map[string]any{"caBundle": "-----BEGIN CERTIFICATE-----",
 			"caSecretRef": map[string]any{"namespace": "a", "name": "b", "key": "ca.crt"}}), "spec.tls"},
 		"CA bundle not PEM":       {vc, set("spec.tls", map[string]any{"caBundle": "not a certificate"}), "spec.tls.caBundle"},
