@@ -172,7 +172,11 @@ func (r *Reconciler) check(ctx context.Context, vc *v1alpha1.VaultConnection, ne
 		log.FromContext(ctx).V(1).Info("Vault connection not ready", "reason", reason, "error", err.Error())
 		return ctrl.Result{RequeueAfter: retryWait(held, r.Clock.Now())}, nil
 	}
-	if conds.Set(v1alpha1.ConditionReady, metav1.ConditionTrue, v1alpha1.ReasonLoggedIn, "Logged in to Vault "+vc.Status.VaultVersion) {
+	ready := "Logged in to Vault " + vc.Status.VaultVersion
+	if vc.NamespaceIdentity() {
+		ready = "Vault " + vc.Status.VaultVersion + " answers; each namespace logs in with its own identity (identity Namespace)"
+	}
+	if conds.Set(v1alpha1.ConditionReady, metav1.ConditionTrue, v1alpha1.ReasonLoggedIn, ready) {
 		conds.Event(false, v1alpha1.EventLoggedIn, "Login", "Logged in to Vault %s", vc.Status.VaultVersion)
 	}
 	if !vc.NamespaceIdentity() {
