@@ -2,7 +2,9 @@ package vaultconnection
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -48,16 +50,12 @@ func sweepSettings(vc *v1alpha1.VaultConnection) (v1alpha1.OrphanLeaseAction, ti
 // the credential paths of the connection's RedisClusters and compares them with every ledger
 // (see findOrphans); orphans are reported, and revoked when spec.orphanLeases.action is Revoke.
 // Before a revocation the ledgers are read again from the API server, not the cache, so that a
-// lease that reached a ledger meanwhile is never taken for an orphan.
+// lease that reached a ledger meanwhile is never taken for an orphan. With identity Namespace each
+// namespace's paths are listed, and its orphans revoked, through that namespace's own login.
 func (r *Reconciler) sweepOrphans(ctx context.Context, vc *v1alpha1.VaultConnection) (time.Duration, error) {
 	action, grace, interval := sweepSettings(vc)
 	if action == v1alpha1.OrphanLeasesOff {
 		vc.Status.OrphanLeases = nil
-		return 0, nil
-	}
-	if vc.NamespaceIdentity() {
-		// No one login may list every swept path: each namespace's may list its own only.
-		vc.Status.OrphanLeases = &v1alpha1.OrphanLeaseStatus{Error: "the orphan-lease sweep does not run with identity Namespace yet: a lease lost between issue and ledger lives until its TTL"}
 		return 0, nil
 	}
 	now := r.Clock.Now()
@@ -74,15 +72,17 @@ func (r *Reconciler) sweepOrphans(ctx context.Context, vc *v1alpha1.VaultConnect
 		st = &v1alpha1.OrphanLeaseStatus{}
 		vc.Status.OrphanLeases = st
 	}
-	prefixes, known, err := r.ledgers(ctx, r.Client, vc)
+	byNamespace, known, err := r.ledgers(ctx, r.Client, vc)
 	if err != nil {
 		return 0, err
 	}
-	vcl, err := r.Connector.Client(ctx, vc)
-	if err != nil {
-		return 0, err
+	found, through, sweepErr := r.listOrphans(ctx, vc, byNamespace, known, grace, now)
+	var prefixes []string
+	for _, paths := range byNamespace {
+		prefixes = append(prefixes, paths...)
 	}
-	found, sweepErr := findOrphans(ctx, vcl, prefixes, known, grace, now)
+	slices.Sort(prefixes)
+	prefixes = slices.Compact(prefixes)
 	var intents []vaultclient.Intent
 	if r.Connector.Intents != nil {
 		if intents, err = r.Connector.Intents.Open(ctx, vc.Name); err != nil {
@@ -92,7 +92,7 @@ func (r *Reconciler) sweepOrphans(ctx context.Context, vc *v1alpha1.VaultConnect
 	ours, others, matched, stale := claim(found, intents, grace, now)
 	left := ids(ours)
 	if action == v1alpha1.OrphanLeasesRevoke && len(ours) > 0 {
-		if left, err = r.revokeOrphans(ctx, vc, vcl, left, matched); err != nil {
+		if left, err = r.revokeOrphans(ctx, vc, through, left, matched); err != nil {
 			return 0, err
 		}
 	}
@@ -127,10 +127,51 @@ func (r *Reconciler) sweepOrphans(ctx context.Context, vc *v1alpha1.VaultConnect
 	return interval, nil
 }
 
+// listOrphans finds the orphans under each namespace's paths (findOrphans), through the
+// connection's login or, with identity Namespace, each namespace's own; through says which client
+// found each, and revokes it.
+func (r *Reconciler) listOrphans(ctx context.Context, vc *v1alpha1.VaultConnection, byNamespace map[string][]string, known map[string]bool,
+	grace time.Duration, now time.Time) ([]orphan, map[string]vault.LeaseClient, error) {
+	through := map[string]vault.LeaseClient{}
+	var found []orphan
+	var errs []error
+	sweep := func(vcl vault.LeaseClient, paths []string) {
+		f, err := findOrphans(ctx, vcl, paths, known, grace, now)
+		for _, o := range f {
+			through[o.ID] = vcl
+		}
+		found, errs = append(found, f...), append(errs, err)
+	}
+	if !vc.NamespaceIdentity() {
+		vcl, err := r.Connector.Client(ctx, vc)
+		if err != nil {
+			return nil, nil, err
+		}
+		var all []string
+		for _, paths := range byNamespace {
+			all = append(all, paths...)
+		}
+		slices.Sort(all)
+		sweep(vcl, slices.Compact(all))
+	} else {
+		for _, ns := range slices.Sorted(maps.Keys(byNamespace)) {
+			nsc, err := r.Connector.NamespaceClient(ctx, vc, ns)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("namespace %s: %w", ns, err))
+				continue
+			}
+			sweep(nsc, byNamespace[ns])
+		}
+	}
+	slices.SortFunc(found, func(a, b orphan) int { return strings.Compare(a.ID, b.ID) })
+	return found, through, errors.Join(errs...)
+}
+
 // revokeOrphans revokes the orphans this install issued that no ledger holds now, read from the
-// API server, and drops their intents (matched: lease ID to intent ID). It returns those that are
-// still orphans (revocation failed), the revoked ones counted in status.
-func (r *Reconciler) revokeOrphans(ctx context.Context, vc *v1alpha1.VaultConnection, vcl vault.LeaseClient, orphans []string, matched map[string]string) ([]string, error) {
+// API server, through the client that found each, and drops their intents (matched: lease ID to
+// intent ID). It returns those that are still orphans (revocation failed), the revoked ones
+// counted in status.
+func (r *Reconciler) revokeOrphans(ctx context.Context, vc *v1alpha1.VaultConnection, through map[string]vault.LeaseClient, orphans []string, matched map[string]string) ([]string, error) {
 	reader := r.APIReader
 	if reader == nil {
 		reader = r.Client
@@ -146,7 +187,7 @@ func (r *Reconciler) revokeOrphans(ctx context.Context, vc *v1alpha1.VaultConnec
 			done = append(done, matched[id]) // it reached a ledger after all
 			continue
 		}
-		if err := vcl.Revoke(ctx, id); err != nil {
+		if err := through[id].Revoke(ctx, id); err != nil {
 			left = append(left, id)
 			log.FromContext(ctx).Info("Revoking an orphan lease failed; tried again at the next sweep", "lease", id, "error", err.Error())
 			continue
@@ -166,25 +207,26 @@ func (r *Reconciler) revokeOrphans(ctx context.Context, vc *v1alpha1.VaultConnec
 }
 
 // ledgers reads every RedisCluster's ledger: the credential paths that the sweep of connection
-// covers, and every lease ID any ledger holds. A path is swept when a VaultLease-mode cluster of
+// covers, by namespace, and every lease ID any ledger holds. A path is swept when a VaultLease-mode cluster of
 // the connection reads it (spec or status) or holds a lease under it through the connection, and
 // no ExternalSecret-mode cluster holds a lease under it: External Secrets Operator's leases reach
 // a ledger only when keyroll sees them, so they are never taken for orphans. Only the paths that
 // the connection allows the cluster's namespace are swept: a RedisCluster cannot point the sweep
 // at another team's role.
-func (r *Reconciler) ledgers(ctx context.Context, rd client.Reader, vc *v1alpha1.VaultConnection) ([]string, map[string]bool, error) {
+func (r *Reconciler) ledgers(ctx context.Context, rd client.Reader, vc *v1alpha1.VaultConnection) (map[string][]string, map[string]bool, error) {
 	list := &v1alpha1.RedisClusterList{}
 	if err := rd.List(ctx, list); err != nil {
 		return nil, nil, fmt.Errorf("listing the RedisClusters for the orphan-lease sweep: %w", err)
 	}
 	known := map[string]bool{}
-	var paths, external []string
+	paths := map[string][]string{}
+	var external []string
 	for i := range list.Items {
 		rc := &list.Items[i]
 		vaultLease := rc.Spec.Credentials.Source == v1alpha1.SourceVaultLease && rc.Spec.Credentials.VaultLease != nil
 		sweep := func(p string) {
 			if p = strings.Trim(p, "/"); vc.AllowsNamespace(rc.Namespace) && vc.AllowsPath(rc.Namespace, p) {
-				paths = append(paths, p)
+				paths[rc.Namespace] = append(paths[rc.Namespace], p)
 			}
 		}
 		if vaultLease && rc.VaultConnectionName() == vc.Name {
@@ -203,9 +245,16 @@ func (r *Reconciler) ledgers(ctx context.Context, rd client.Reader, vc *v1alpha1
 			}
 		}
 	}
-	paths = slices.DeleteFunc(paths, func(p string) bool { return p == "" || slices.Contains(external, p) })
-	slices.Sort(paths)
-	return slices.Compact(paths), known, nil
+	for ns, p := range paths {
+		p = slices.DeleteFunc(p, func(p string) bool { return p == "" || slices.Contains(external, p) })
+		slices.Sort(p)
+		if p = slices.Compact(p); len(p) == 0 {
+			delete(paths, ns)
+		} else {
+			paths[ns] = p
+		}
+	}
+	return paths, known, nil
 }
 
 // leasePath is the credential path a lease was issued under: its ID without the last element.

@@ -38,6 +38,7 @@ var roles = []testground.RedisRole{
 	{Name: "f-issue", DefaultTTL: 10 * time.Minute, MaxTTL: time.Hour},
 	{Name: "f-issue-report", DefaultTTL: 30 * time.Second, MaxTTL: time.Hour},
 	{Name: "f-intents", DefaultTTL: 10 * time.Minute, MaxTTL: time.Hour},
+	{Name: "f-nsid.orders", DefaultTTL: 10 * time.Minute, MaxTTL: time.Hour},
 	{Name: "f-ledger", DefaultTTL: 10 * time.Minute, MaxTTL: time.Hour},
 	{Name: "f-secret", DefaultTTL: 10 * time.Minute, MaxTTL: time.Hour},
 	{Name: "f-rollout", DefaultTTL: 10 * time.Minute, MaxTTL: time.Hour},

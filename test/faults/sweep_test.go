@@ -152,3 +152,58 @@ func checkLeasesUnder(t *testing.T, rc *v1alpha1.RedisCluster, path string, othe
 		t.Errorf("Vault holds %v under %s, want %v", live, path, want)
 	}
 }
+
+// TestSweepWithNamespaceIdentity is the sweep of a VaultConnection with identity Namespace: the
+// namespace's own login (its Vault role and policy, which may list its leases) lists the leases
+// under its paths and revokes the one this install lost, and leaves alone one obtained by hand.
+func TestSweepWithNamespaceIdentity(t *testing.T) {
+	ctx := context.Background()
+	r := newRow(t, 16, "SIGKILL after issue, with a login per namespace (identity Namespace)",
+		"the sweep, through the namespace's own login, revokes the lost lease and leaves one obtained by hand live")
+	base := "f-nsid"
+	ns := fw.Namespace(t, base)
+	path := fw.Path(base + ".orders")
+	fw.NamespaceIdentity(t, ns)
+	s, err := fw.Ground.Vault.Root.Logical().ReadWithContext(ctx, path)
+	if err != nil || s == nil || s.LeaseID == "" {
+		t.Fatalf("reading %s by hand: %v", path, err)
+	}
+	handLease := s.LeaseID
+	vc := fw.VaultConnection(t, base, framework.Allow(ns), framework.Paths("database/creds/{namespace}.*"),
+		framework.NamespaceIdentityOption, sweep(v1alpha1.OrphanLeasesRevoke))
+	w := watchLeases(t, path)
+	op := startOperator(t, ns+"-1", stoppoint.AfterIssue, ns)
+	rc := fw.RedisCluster(t, ns, "orders", vc.Name, path)
+	op.waitStop(t, stoppoint.AfterIssue, settleTimeout)
+	killed := time.Now()
+	var lost []string
+	for _, id := range w.issued() {
+		if id != handLease {
+			lost = append(lost, id)
+		}
+	}
+	if len(lost) != 1 {
+		t.Fatalf("Vault issued %v before the stop point, want one lease of this install", lost)
+	}
+	startOperator(t, ns+"-2", "", ns)
+	waitSettled(t, rc, "", settleTimeout)
+	framework.Eventually(t, time.Minute, func() string {
+		if live := fw.VaultLeases(t, path); slices.Contains(live, lost[0]) {
+			return fmt.Sprintf("the lost lease %s is still live", lost[0])
+		}
+		return ""
+	})
+	swept := time.Since(killed).Round(time.Second)
+	if ok, _ := fw.LeaseExists(handLease); !ok {
+		t.Error("the lease obtained by hand was revoked")
+	}
+	st := fw.GetConnection(t, vc.Name).Status.OrphanLeases
+	if st == nil || st.Revoked != 1 || st.Error != "" {
+		t.Errorf("the sweep's status %+v: want one revoked, no error", st)
+	}
+	checkLeasesUnder(t, rc, path, handLease)
+	if err := fw.Ground.Vault.Root.Sys().RevokeWithContext(ctx, handLease); err != nil {
+		t.Fatal(err)
+	}
+	r.measured = fmt.Sprintf("the lost lease revoked %s after the kill through the namespace's own login; the lease obtained by hand left live", swept)
+}

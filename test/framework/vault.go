@@ -14,6 +14,7 @@ import (
 
 	vaultapi "github.com/hashicorp/vault/api"
 
+	"github.com/keyroll/keyroll/apis/v1alpha1"
 	"github.com/keyroll/keyroll/test/testground"
 )
 
@@ -248,4 +249,44 @@ func (f *Framework) ExternalSecretsAuth(ctx context.Context, ns, role, policy st
 		Name: role, ServiceAccounts: []string{"external-secrets"}, Namespaces: []string{ns},
 		Policies: []string{policy}, TokenTTL: tokenTTL,
 	})
+}
+
+// NamespaceServiceAccount is the service account of a namespace that keyroll logs in with for
+// VaultConnections with identity Namespace (the API's default).
+const NamespaceServiceAccount = "keyroll-vault"
+
+// NamespaceIdentity gives namespace ns a Vault identity of its own, as the Vault administrators'
+// guide sets one up for identity Namespace: the service account keyroll-vault in ns, a Kubernetes
+// auth role named after the namespace bound to it, and a policy that lets it read the roles named
+// after the namespace (<ns>.<role>), renew, revoke and (for the orphan-lease sweep) list their
+// leases, and nothing else.
+func (f *Framework) NamespaceIdentity(t testing.TB, ns string) {
+	t.Helper()
+	ctx := context.Background()
+	if err := f.Ground.CP.EnsureServiceAccount(ctx, ns, NamespaceServiceAccount); err != nil {
+		t.Fatal(err)
+	}
+	policy := fmt.Sprintf(`
+path "database/creds/%[1]s.*" { capabilities = ["read"] }
+path "sys/leases/renew/database/creds/%[1]s.*" { capabilities = ["update"] }
+path "sys/leases/revoke/database/creds/%[1]s.*" { capabilities = ["update"] }
+path "sys/leases/lookup/database/creds/%[1]s.*" { capabilities = ["list", "sudo"] }
+path "sys/leases/lookup" { capabilities = ["update"] }
+path "auth/token/renew-self" { capabilities = ["update"] }
+path "auth/token/lookup-self" { capabilities = ["read"] }
+`, ns)
+	if err := f.Ground.Vault.WritePolicy(ctx, ns, policy); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Ground.Vault.WriteKubernetesAuthRole(ctx, testground.KubernetesAuthRole{Name: ns, ServiceAccounts: []string{NamespaceServiceAccount},
+		Namespaces: []string{ns}, Policies: []string{ns}, TokenPeriod: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// NamespaceIdentityOption makes a VaultConnection log in per namespace (identity Namespace), to
+// the Vault role named after the namespace (NamespaceIdentity).
+func NamespaceIdentityOption(vc *v1alpha1.VaultConnection) {
+	vc.Spec.Identity = v1alpha1.IdentityNamespace
+	vc.Spec.Auth = v1alpha1.VaultAuth{Kubernetes: &v1alpha1.KubernetesAuth{Role: v1alpha1.NamespacePlaceholder, ServiceAccountName: NamespaceServiceAccount}}
 }

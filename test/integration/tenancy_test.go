@@ -19,7 +19,6 @@ import (
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
 	"github.com/keyroll/keyroll/test/framework"
-	"github.com/keyroll/keyroll/test/testground"
 )
 
 // The tenancy tests: one VaultConnection shared by namespaces, each allowed the Vault roles named
@@ -99,46 +98,13 @@ func TestTenantCannotReadAnotherTenantsRole(t *testing.T) {
 	t.Run("Namespace", func(t *testing.T) { tenantsApart(t, v1alpha1.IdentityNamespace, "nsid") })
 }
 
-// tenantIdentity gives namespace ns a Vault identity of its own, as the Vault administrators' guide
-// sets one up for identity Namespace: the service account keyroll-vault in ns, a Kubernetes auth
-// role named after the namespace bound to it, and a policy that lets it read the roles named
-// after the namespace and renew and revoke their leases only.
-func tenantIdentity(t *testing.T, ns string) {
-	t.Helper()
-	ctx := context.Background()
-	if err := fw.Ground.CP.EnsureServiceAccount(ctx, ns, "keyroll-vault"); err != nil {
-		t.Fatal(err)
-	}
-	policy := fmt.Sprintf(`
-path "database/creds/%[1]s.*" { capabilities = ["read"] }
-path "sys/leases/renew/database/creds/%[1]s.*" { capabilities = ["update"] }
-path "sys/leases/revoke/database/creds/%[1]s.*" { capabilities = ["update"] }
-path "sys/leases/lookup" { capabilities = ["update"] }
-path "auth/token/renew-self" { capabilities = ["update"] }
-path "auth/token/lookup-self" { capabilities = ["read"] }
-`, ns)
-	if err := fw.Ground.Vault.WritePolicy(ctx, ns, policy); err != nil {
-		t.Fatal(err)
-	}
-	if err := fw.Ground.Vault.WriteKubernetesAuthRole(ctx, testground.KubernetesAuthRole{Name: ns, ServiceAccounts: []string{"keyroll-vault"},
-		Namespaces: []string{ns}, Policies: []string{ns}, TokenPeriod: time.Hour}); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// namespaceIdentity makes a VaultConnection log in per namespace, to the Vault role named after it.
-func namespaceIdentity(vc *v1alpha1.VaultConnection) {
-	vc.Spec.Identity = v1alpha1.IdentityNamespace
-	vc.Spec.Auth = v1alpha1.VaultAuth{Kubernetes: &v1alpha1.KubernetesAuth{Role: "{namespace}", ServiceAccountName: "keyroll-vault"}}
-}
-
 func tenantsApart(t *testing.T, identity v1alpha1.VaultIdentity, prefix string) {
 	a, b := fw.Namespace(t, prefix+"-a"), fw.Namespace(t, prefix+"-b")
 	opts := []framework.VaultConnectionOption{framework.Allow(a, b), tenantPaths}
 	if identity == v1alpha1.IdentityNamespace {
-		tenantIdentity(t, a)
-		tenantIdentity(t, b)
-		opts = append(opts, namespaceIdentity)
+		fw.NamespaceIdentity(t, a)
+		fw.NamespaceIdentity(t, b)
+		opts = append(opts, framework.NamespaceIdentityOption)
 	}
 	vc := fw.VaultConnection(t, "vault-tenants-"+prefix, opts...)
 	theirs := fw.Path(prefix + "-b.orders")
@@ -219,7 +185,7 @@ func vaultDecides(t *testing.T, a, conn string, rc *v1alpha1.RedisCluster, prefi
 		t.Errorf("the old lease %s was not revoked through a's own login after the restart", lease)
 	}
 
-	wide := fw.VaultConnection(t, "vault-tenants-wide", framework.Allow(a), framework.Paths("database/creds/*"), namespaceIdentity)
+	wide := fw.VaultConnection(t, "vault-tenants-wide", framework.Allow(a), framework.Paths("database/creds/*"), framework.NamespaceIdentityOption)
 	theirs := fw.Path(prefix + "-b.orders")
 	thief := fw.RedisCluster(t, a, "wide", wide.Name, theirs)
 	cur := fw.WaitCondition(t, thief, v1alpha1.ConditionCredentialsReady, metav1.ConditionFalse, v1alpha1.ReasonPermissionDenied, 60*time.Second)
