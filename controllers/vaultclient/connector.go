@@ -218,14 +218,14 @@ func (c *Connector) auth(ctx context.Context, vc *v1alpha1.VaultConnection, name
 		k := a.Kubernetes
 		role, sa := k.Role, c.ServiceAccount
 		jwt := c.serviceAccountToken(sa, k.Audiences, k.TokenExpirationSeconds)
-		if vc.NamespaceIdentity() {
+		switch {
+		case vc.NamespaceIdentity() && namespace == "": // the connection's own client: health only, never a login
+			jwt = func(context.Context) (string, error) {
+				return "", errors.New("identity Namespace: the connection itself never logs in, each namespace does")
+			}
+		case vc.NamespaceIdentity():
 			role, sa = strings.ReplaceAll(k.Role, v1alpha1.NamespacePlaceholder, namespace), types.NamespacedName{Namespace: namespace, Name: k.ServiceAccountName}
 			jwt = c.serviceAccountToken(sa, k.Audiences, k.TokenExpirationSeconds)
-			if namespace == "" { // the connection's own client: health only, never a login
-				jwt = func(context.Context) (string, error) {
-					return "", errors.New("identity Namespace: the connection itself never logs in, each namespace does")
-				}
-			}
 		}
 		return vault.Auth{Kubernetes: &vault.KubernetesAuth{Mount: k.Mount, Role: role, JWT: jwt,
 			Audiences: k.Audiences, TokenExpiration: time.Duration(k.TokenExpirationSeconds) * time.Second}}, nil

@@ -47,7 +47,7 @@ func TestNamespaceIdentityGivesEachNamespaceItsOwnLogin(t *testing.T) {
 	vc := &v1alpha1.VaultConnection{ObjectMeta: metav1.ObjectMeta{Name: "vault"}, Spec: v1alpha1.VaultConnectionSpec{
 		Address: "https://vault.example:8200", Identity: v1alpha1.IdentityNamespace,
 		RateLimit: &v1alpha1.VaultRateLimit{QPS: 5, Burst: 10},
-		Auth:      v1alpha1.VaultAuth{Kubernetes: &v1alpha1.KubernetesAuth{Mount: "kubernetes", Role: "keyroll-{namespace}", ServiceAccountName: "keyroll-vault"}},
+		Auth:      v1alpha1.VaultAuth{Kubernetes: &v1alpha1.KubernetesAuth{Mount: "kubernetes", Role: "{namespace}", ServiceAccountName: "keyroll-vault"}},
 	}}
 	for _, ns := range []string{"team-a", "team-b"} {
 		if _, err := c.NamespaceClient(ctx, vc, ns); err != nil {
@@ -58,7 +58,7 @@ func TestNamespaceIdentityGivesEachNamespaceItsOwnLogin(t *testing.T) {
 		t.Fatal(err)
 	}
 	a, b, own := got["vault/team-a"], got["vault/team-b"], got["vault"]
-	if a.Auth.Kubernetes == nil || a.Auth.Kubernetes.Role != "keyroll-team-a" || b.Auth.Kubernetes.Role != "keyroll-team-b" {
+	if a.Auth.Kubernetes == nil || a.Auth.Kubernetes.Role != "team-a" || b.Auth.Kubernetes.Role != "team-b" {
 		t.Fatalf("namespace clients' roles: %+v, %+v", a.Auth.Kubernetes, b.Auth.Kubernetes)
 	}
 	if a.Limiter == nil || a.Limiter != b.Limiter || a.Limiter.Burst() != 10 {
@@ -66,6 +66,11 @@ func TestNamespaceIdentityGivesEachNamespaceItsOwnLogin(t *testing.T) {
 	}
 	if _, err := own.Auth.Kubernetes.JWT(ctx); err == nil || !strings.Contains(err.Error(), "never logs in") {
 		t.Errorf("the connection's own client would log in: %v", err)
+	}
+	for _, cfg := range []vault.Config{own, a, b} {
+		if _, err := vault.New(cfg); err != nil {
+			t.Errorf("a client of the connection cannot be made: %v", err)
+		}
 	}
 	if _, err := a.Auth.Kubernetes.JWT(ctx); err != nil {
 		t.Errorf("team-a's token source: %v", err)

@@ -81,3 +81,23 @@ func TestClaimMatchesOrphansToIntents(t *testing.T) {
 		t.Errorf("stale intents %v, want i2 and old (unmatched, past their window and the grace period)", stale)
 	}
 }
+
+// A lease obtained by hand a moment before keyroll's issue (within the clock skew allowed) is not
+// taken for keyroll's when keyroll's own lease came after the intent.
+func TestClaimPrefersTheLeaseIssuedAfterTheIntent(t *testing.T) {
+	at := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	intents := []vaultclient.Intent{{ID: "i", Path: "database/creds/orders", At: at}}
+	orphans := []orphan{
+		{ID: "database/creds/orders/by-hand", IssuedAt: at.Add(-2 * time.Second)},
+		{ID: "database/creds/orders/keyroll", IssuedAt: at.Add(300 * time.Millisecond)},
+	}
+	ours, others, _, _ := claim(orphans, intents, time.Minute, at.Add(time.Hour))
+	if !slices.Equal(ids(ours), []string{"database/creds/orders/keyroll"}) || !slices.Equal(ids(others), []string{"database/creds/orders/by-hand"}) {
+		t.Errorf("ours %v, others %v", ids(ours), ids(others))
+	}
+	// With only the lease from just before, the skew allows it.
+	ours, _, _, _ = claim(orphans[:1], intents, time.Minute, at.Add(time.Hour))
+	if len(ours) != 1 {
+		t.Errorf("a lease issued within the clock skew before the intent is not claimed: %v", ids(ours))
+	}
+}

@@ -189,7 +189,7 @@ func TestSweepWithNamespaceIdentity(t *testing.T) {
 	waitSettled(t, rc, "", settleTimeout)
 	framework.Eventually(t, time.Minute, func() string {
 		if live := fw.VaultLeases(t, path); slices.Contains(live, lost[0]) {
-			return fmt.Sprintf("the lost lease %s is still live", lost[0])
+			return fmt.Sprintf("the lost lease %s is still live; the sweep's status: %+v", lost[0], fw.GetConnection(t, vc.Name).Status.OrphanLeases)
 		}
 		return ""
 	})

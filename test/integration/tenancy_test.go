@@ -107,6 +107,7 @@ func tenantsApart(t *testing.T, identity v1alpha1.VaultIdentity, prefix string) 
 		opts = append(opts, framework.NamespaceIdentityOption)
 	}
 	vc := fw.VaultConnection(t, "vault-tenants-"+prefix, opts...)
+	fw.WaitConnectionReady(t, vc.Name, 30*time.Second)
 	theirs := fw.Path(prefix + "-b.orders")
 
 	thief := fw.RedisCluster(t, a, "stolen", vc.Name, theirs)
