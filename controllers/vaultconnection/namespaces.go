@@ -2,7 +2,6 @@ package vaultconnection
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -22,14 +21,8 @@ import (
 // service account or Vault role missing, say) is reported (Degraded, NamespaceLoginFailed) and
 // does not hold up the others. It returns every namespace's tokens.
 func (r *Reconciler) observeNamespaces(ctx context.Context, vc *v1alpha1.VaultConnection, vcl vaultclient.Client, needs tokenNeeds) ([]vault.TokenStatus, error) {
-	h, err := vcl.Health(ctx)
-	if err != nil {
+	if err := health(ctx, vc, vcl); err != nil {
 		return nil, err
-	}
-	vc.Status.VaultVersion = h.Version
-	vc.Status.Sealed = &h.Sealed
-	if h.Sealed {
-		return nil, errors.New("the Vault server is sealed")
 	}
 	var held []vault.TokenStatus
 	var statuses []v1alpha1.TokenStatus

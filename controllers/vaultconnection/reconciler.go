@@ -186,16 +186,24 @@ func (r *Reconciler) check(ctx context.Context, vc *v1alpha1.VaultConnection, ne
 	return ctrl.Result{RequeueAfter: r.nextCheck(held)}, nil
 }
 
-// observe reads Vault's health and keeps the tokens alive. It returns the tokens held.
-func (r *Reconciler) observe(ctx context.Context, vc *v1alpha1.VaultConnection, vcl vault.ConnectionClient, needs tokenNeeds) ([]vault.TokenStatus, error) {
+// health reads Vault's health into the status; a sealed Vault is an error.
+func health(ctx context.Context, vc *v1alpha1.VaultConnection, vcl vault.ConnectionClient) error {
 	h, err := vcl.Health(ctx)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	vc.Status.VaultVersion = h.Version
 	vc.Status.Sealed = &h.Sealed
 	if h.Sealed {
-		return nil, errors.New("the Vault server is sealed")
+		return errors.New("the Vault server is sealed")
+	}
+	return nil
+}
+
+// observe reads Vault's health and keeps the tokens alive. It returns the tokens held.
+func (r *Reconciler) observe(ctx context.Context, vc *v1alpha1.VaultConnection, vcl vault.ConnectionClient, needs tokenNeeds) ([]vault.TokenStatus, error) {
+	if err := health(ctx, vc, vcl); err != nil {
+		return nil, err
 	}
 	held, err := vcl.KeepTokens(ctx, needs.until)
 	vc.Status.Tokens = tokenStatuses(held, needs)

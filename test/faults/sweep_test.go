@@ -81,28 +81,7 @@ func TestSweepRevokesOnlyWhatThisInstallIssued(t *testing.T) {
 	// This install: killed after Vault issued the first lease, before the ledger write.
 	vc := fw.VaultConnection(t, base, framework.Allow(ns), sweep(v1alpha1.OrphanLeasesRevoke))
 	w := watchLeases(t, path)
-	op := startOperator(t, ns+"-1", stoppoint.AfterIssue, ns)
-	rc := fw.RedisCluster(t, ns, "orders", vc.Name, path)
-	op.waitStop(t, stoppoint.AfterIssue, settleTimeout)
-	killed := time.Now()
-	var lost []string
-	for _, id := range w.issued() {
-		if id != handLease && id != installTwoLease {
-			lost = append(lost, id)
-		}
-	}
-	if len(lost) != 1 {
-		t.Fatalf("Vault issued %v before the stop point, want one lease of this install", lost)
-	}
-	startOperator(t, ns+"-2", "", ns)
-	waitSettled(t, rc, "", settleTimeout)
-	framework.Eventually(t, time.Minute, func() string {
-		if live := fw.VaultLeases(t, path); slices.Contains(live, lost[0]) {
-			return fmt.Sprintf("the lost lease %s is still live", lost[0])
-		}
-		return ""
-	})
-	swept := time.Since(killed).Round(time.Second)
+	rc, lost, swept := loseAndSweep(t, ns, vc.Name, path, w, handLease, installTwoLease)
 	// Two more sweeps: the others are old enough to count, and stay.
 	after := time.Now()
 	framework.Eventually(t, time.Minute, func() string {
@@ -122,7 +101,7 @@ func TestSweepRevokesOnlyWhatThisInstallIssued(t *testing.T) {
 		t.Errorf("the sweep's status %+v: want the two leases reported as not this install's, and one revoked", st)
 	}
 	notes := strings.Join(framework.Notes(fw.Events(t, "", "", vc.Name)), "\n")
-	if n := framework.CountLines(notes, v1alpha1.EventOrphanLeaseRevoked, lost[0]); n != 1 {
+	if n := framework.CountLines(notes, v1alpha1.EventOrphanLeaseRevoked, lost); n != 1 {
 		t.Errorf("%d %s events name the lost lease, want 1", n, v1alpha1.EventOrphanLeaseRevoked)
 	}
 	for _, id := range []string{handLease, installTwoLease} {
@@ -172,28 +151,7 @@ func TestSweepWithNamespaceIdentity(t *testing.T) {
 	vc := fw.VaultConnection(t, base, framework.Allow(ns), framework.Paths("database/creds/{namespace}.*"),
 		framework.NamespaceIdentityOption, sweep(v1alpha1.OrphanLeasesRevoke))
 	w := watchLeases(t, path)
-	op := startOperator(t, ns+"-1", stoppoint.AfterIssue, ns)
-	rc := fw.RedisCluster(t, ns, "orders", vc.Name, path)
-	op.waitStop(t, stoppoint.AfterIssue, settleTimeout)
-	killed := time.Now()
-	var lost []string
-	for _, id := range w.issued() {
-		if id != handLease {
-			lost = append(lost, id)
-		}
-	}
-	if len(lost) != 1 {
-		t.Fatalf("Vault issued %v before the stop point, want one lease of this install", lost)
-	}
-	startOperator(t, ns+"-2", "", ns)
-	waitSettled(t, rc, "", settleTimeout)
-	framework.Eventually(t, time.Minute, func() string {
-		if live := fw.VaultLeases(t, path); slices.Contains(live, lost[0]) {
-			return fmt.Sprintf("the lost lease %s is still live; the sweep's status: %+v", lost[0], fw.GetConnection(t, vc.Name).Status.OrphanLeases)
-		}
-		return ""
-	})
-	swept := time.Since(killed).Round(time.Second)
+	rc, _, swept := loseAndSweep(t, ns, vc.Name, path, w, handLease)
 	if ok, _ := fw.LeaseExists(handLease); !ok {
 		t.Error("the lease obtained by hand was revoked")
 	}
@@ -206,4 +164,34 @@ func TestSweepWithNamespaceIdentity(t *testing.T) {
 		t.Fatal(err)
 	}
 	r.measured = fmt.Sprintf("the lost lease revoked %s after the kill through the namespace's own login; the lease obtained by hand left live", swept)
+}
+
+// loseAndSweep starts an operator for namespace ns that is killed (SIGKILL) after Vault issued
+// the first lease of a new RedisCluster on path and before its ledger write, then another, and
+// waits until the connection's sweep has revoked the lost lease (the one the watch saw that is
+// not among others). It returns the cluster, the lost lease and how long after the kill it went.
+func loseAndSweep(t *testing.T, ns, connection, path string, w *leaseWatch, others ...string) (*v1alpha1.RedisCluster, string, time.Duration) {
+	t.Helper()
+	op := startOperator(t, ns+"-1", stoppoint.AfterIssue, ns)
+	rc := fw.RedisCluster(t, ns, "orders", connection, path)
+	op.waitStop(t, stoppoint.AfterIssue, settleTimeout)
+	killed := time.Now()
+	var lost []string
+	for _, id := range w.issued() {
+		if !slices.Contains(others, id) {
+			lost = append(lost, id)
+		}
+	}
+	if len(lost) != 1 {
+		t.Fatalf("Vault issued %v before the stop point, want one lease of this install", lost)
+	}
+	startOperator(t, ns+"-2", "", ns)
+	waitSettled(t, rc, "", settleTimeout)
+	framework.Eventually(t, time.Minute, func() string {
+		if live := fw.VaultLeases(t, path); slices.Contains(live, lost[0]) {
+			return fmt.Sprintf("the lost lease %s is still live; the sweep's status: %+v", lost[0], fw.GetConnection(t, connection).Status.OrphanLeases)
+		}
+		return ""
+	})
+	return rc, lost[0], time.Since(killed).Round(time.Second)
 }
