@@ -64,30 +64,41 @@ const (
 )
 
 // claim splits the orphans into those this install issued (each matches an intent of its own: the
-// same path, issued within intentWindow after the intent, or within intentSkew before it when the
-// clocks differ) and the others, which it never revokes. Each intent claims one lease: the first
-// issued after it, else the last issued just before it, so that a lease someone obtained by hand
-// a moment before keyroll's issue is not taken for keyroll's. It also returns the intents to drop:
-// those matched, and those too old to match any lease still to be found (the lease reached a
-// ledger, or was never issued).
+// same path, issued within intentWindow after the intent) and the others, which it never revokes.
+// Each intent claims one lease, the first issued after it. A lease issued up to intentSkew before
+// the intent (Vault's clock behind keyroll's) is claimed only once no lease after the intent can
+// still turn up (intentWindow and the grace period have passed), so that a lease someone obtained
+// by hand a moment before keyroll's issue is never taken for keyroll's while keyroll's own is
+// still too young to count. It also returns the intents to drop: those matched, and those too old
+// to match any lease still to be found (the lease reached a ledger, or was never issued).
 func claim(orphans []orphan, intents []vaultclient.Intent, grace time.Duration, now time.Time) (ours, others []orphan, matched map[string]string, stale []string) {
 	matched = map[string]string{} // lease ID to intent ID
 	byTime := slices.Clone(intents)
 	slices.SortFunc(byTime, func(a, b vaultclient.Intent) int { return a.At.Compare(b.At) })
 	for _, in := range byTime {
-		best := -1
+		settled := now.Sub(in.At) > intentWindow+grace
+		after, before := -1, -1
 		for i, o := range orphans {
-			if _, taken := matched[o.ID]; taken || strings.Trim(in.Path, "/") != leasePath(o.ID) ||
-				o.IssuedAt.Before(in.At.Add(-intentSkew)) || o.IssuedAt.After(in.At.Add(intentWindow)) {
+			if _, taken := matched[o.ID]; taken || strings.Trim(in.Path, "/") != leasePath(o.ID) {
 				continue
 			}
-			if best < 0 || better(o.IssuedAt, orphans[best].IssuedAt, in.At) {
-				best = i
+			switch {
+			case !o.IssuedAt.Before(in.At) && !o.IssuedAt.After(in.At.Add(intentWindow)):
+				if after < 0 || o.IssuedAt.Before(orphans[after].IssuedAt) {
+					after = i
+				}
+			case settled && !o.IssuedAt.Before(in.At.Add(-intentSkew)) && o.IssuedAt.Before(in.At):
+				if before < 0 || o.IssuedAt.After(orphans[before].IssuedAt) {
+					before = i
+				}
 			}
 		}
-		if best >= 0 {
-			matched[orphans[best].ID] = in.ID
-		} else if now.Sub(in.At) > intentWindow+grace {
+		switch {
+		case after >= 0:
+			matched[orphans[after].ID] = in.ID
+		case before >= 0:
+			matched[orphans[before].ID] = in.ID
+		case settled:
 			stale = append(stale, in.ID)
 		}
 	}
@@ -101,20 +112,6 @@ func claim(orphans []orphan, intents []vaultclient.Intent, grace time.Duration, 
 	slices.SortFunc(ours, func(a, b orphan) int { return strings.Compare(a.ID, b.ID) })
 	slices.SortFunc(others, func(a, b orphan) int { return strings.Compare(a.ID, b.ID) })
 	return ours, others, matched, stale
-}
-
-// better says whether a lease issued at a is a likelier match of an intent at than one issued at
-// b: a lease issued after the intent beats one issued before it, and among those after (or those
-// before), the nearer one wins.
-func better(a, b, at time.Time) bool {
-	aAfter, bAfter := !a.Before(at), !b.Before(at)
-	if aAfter != bAfter {
-		return aAfter
-	}
-	if aAfter {
-		return a.Before(b)
-	}
-	return a.After(b)
 }
 
 func ids(orphans []orphan) []string {
