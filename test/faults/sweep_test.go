@@ -155,10 +155,13 @@ func TestSweepWithNamespaceIdentity(t *testing.T) {
 	if ok, _ := fw.LeaseExists(handLease); !ok {
 		t.Error("the lease obtained by hand was revoked")
 	}
-	st := fw.GetConnection(t, vc.Name).Status.OrphanLeases
-	if st == nil || st.Revoked != 1 || st.Error != "" {
-		t.Errorf("the sweep's status %+v: want one revoked, no error", st)
-	}
+	// The status is written after the revocation: wait for it.
+	framework.Eventually(t, 30*time.Second, func() string {
+		if st := fw.GetConnection(t, vc.Name).Status.OrphanLeases; st == nil || st.Revoked != 1 || st.Foreign != 1 || st.Error != "" {
+			return fmt.Sprintf("the sweep's status %+v: want one revoked, the lease obtained by hand reported, no error", st)
+		}
+		return ""
+	})
 	checkLeasesUnder(t, rc, path, handLease)
 	if err := fw.Ground.Vault.Root.Sys().RevokeWithContext(ctx, handLease); err != nil {
 		t.Fatal(err)
