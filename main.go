@@ -50,6 +50,7 @@ func main() {
 		probeImage    = flag.String("redis-probe-image", "", "Image of the Redis pods' probe sidecar (keyroll-probe, in the manager's image); empty: the image of the manager's own pod (container manager, pod POD_NAME in POD_NAMESPACE).")
 		watchSelector = flag.String("watch-selector", "", "Label selector of the RedisClusters and VaultConnections this manager handles (e.g. keyroll.dev/install=canary); empty: all. Others, and what belongs to them, it leaves alone: for two installs side by side on one cluster.")
 		secretsNS     = flag.String("vault-secrets-namespace", "", "The only namespace whose Secrets a VaultConnection may name (auth.token.secretRef, auth.appRole.secretIDRef, tls.caSecretRef); empty: the operator's own (--service-account-namespace).")
+		usersCheck    = flag.Duration("redis-users-check-interval", controllers.DefaultUsersCheckInterval, "How often keyroll compares every Redis node's ACL (ACL LIST) with what it confirmed there, and removes users that are not the cluster's; negative turns the comparison off.")
 		leaseCheck    = flag.Duration("lease-check-interval", controllers.DefaultLeaseCheckInterval, "How often a live lease is looked up in Vault besides its renewals, so that a lease revoked outside keyroll is noticed within about that long; negative turns the lookups off.")
 	)
 	zapOpts := zap.Options{}
@@ -68,7 +69,7 @@ func main() {
 		leaderElect: *leaderElect, leaderNS: *leaderNS,
 		leaseDuration: *leaseDuration, renewDeadline: *renewDeadline, retryPeriod: *retryPeriod,
 		serviceAccount:     types.NamespacedName{Namespace: *saNamespace, Name: *saName},
-		leaseCheckInterval: *leaseCheck, workers: *workers, probeImage: *probeImage, watchSelector: selector,
+		leaseCheckInterval: *leaseCheck, usersCheckInterval: *usersCheck, workers: *workers, probeImage: *probeImage, watchSelector: selector,
 		vaultSecretsNamespace: *secretsNS,
 	}); err != nil {
 		log.Error(err, "Manager stopped with an error")
@@ -94,7 +95,7 @@ type managerOptions struct {
 	leaderNS                                  string
 	leaseDuration, renewDeadline, retryPeriod time.Duration
 	serviceAccount                            types.NamespacedName
-	leaseCheckInterval                        time.Duration
+	leaseCheckInterval, usersCheckInterval    time.Duration
 	workers                                   int
 	probeImage                                string
 	watchSelector                             labels.Selector
@@ -145,7 +146,7 @@ func run(ctx context.Context, o managerOptions) error {
 	if _, err := controllers.Setup(mgr, controllers.Options{
 		Recorder: recorder, Clock: clock.RealClock{}, Tokens: cs, ServiceAccount: o.serviceAccount,
 		VaultSecretsNamespace: o.vaultSecretsNamespace,
-		LeaseCheckInterval:    o.leaseCheckInterval, Workers: o.workers, ProbeImage: probeImage,
+		LeaseCheckInterval:    o.leaseCheckInterval, UsersCheckInterval: o.usersCheckInterval, Workers: o.workers, ProbeImage: probeImage,
 	}); err != nil {
 		return err
 	}

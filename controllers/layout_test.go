@@ -29,7 +29,7 @@ var allowed = map[string][]string{
 	"controllers/render":          {"apis/v1alpha1"},
 	"controllers/ledger":          {"apis/v1alpha1", "controllers/conditions", "controllers/metrics", "controllers/render", "controllers/statustime", "controllers/stoppoint", "rotation", "vault"},
 	"controllers/netpol":          {"apis/v1alpha1", "controllers/apply", "controllers/render"},
-	"controllers/primary":         {"apis/v1alpha1", "controllers/conditions", "controllers/render", "controllers/statustime", "redisnode"},
+	"controllers/primary":         {"apis/v1alpha1", "controllers/conditions", "controllers/nodes", "controllers/render", "controllers/statustime", "redisnode"},
 	"controllers/rollout":         {"apis/v1alpha1", "controllers/apply", "controllers/conditions", "controllers/metrics", "controllers/primary", "controllers/render", "controllers/statustime", "controllers/stoppoint"},
 	"controllers/nodes":           {"apis/v1alpha1", "controllers/conditions", "controllers/render", "controllers/statustime", "redisnode"},
 	"controllers/tenancy":         {"apis/v1alpha1", "vault"},
@@ -42,7 +42,7 @@ var allowed = map[string][]string{
 	"controllers/rediscluster": {"apis/v1alpha1", "controllers/apply", "controllers/conditions", "controllers/externalsecret",
 		"controllers/ledger", "controllers/metrics", "controllers/netpol", "controllers/nodes", "controllers/primary", "controllers/render", "controllers/rollout", "controllers/statustime", "controllers/stoppoint",
 		"controllers/upkeep", "controllers/vaultclient", "controllers/vaultconnection", "controllers/vaultlease", "redisnode", "rotation", "vault"},
-	"controllers": {"apis/v1alpha1", "controllers/apply", "controllers/ledger", "controllers/metrics", "controllers/rediscluster", "controllers/vaultclient", "controllers/vaultconnection", "vault"},
+	"controllers": {"apis/v1alpha1", "controllers/apply", "controllers/ledger", "controllers/metrics", "controllers/nodes", "controllers/rediscluster", "controllers/vaultclient", "controllers/vaultconnection", "vault"},
 }
 
 type listed struct {

@@ -27,6 +27,7 @@ import (
 	"github.com/keyroll/keyroll/controllers/apply"
 	"github.com/keyroll/keyroll/controllers/ledger"
 	"github.com/keyroll/keyroll/controllers/metrics"
+	"github.com/keyroll/keyroll/controllers/nodes"
 	"github.com/keyroll/keyroll/controllers/rediscluster"
 	"github.com/keyroll/keyroll/controllers/vaultclient"
 	"github.com/keyroll/keyroll/controllers/vaultconnection"
@@ -48,6 +49,9 @@ type Options struct {
 	// LeaseCheckInterval is how often a live lease is looked up in Vault besides its renewals
 	// (zero: DefaultLeaseCheckInterval; negative: never).
 	LeaseCheckInterval time.Duration
+	// UsersCheckInterval is how often every Redis node's ACL is compared with what keyroll
+	// confirmed there (zero: DefaultUsersCheckInterval; negative: never).
+	UsersCheckInterval time.Duration
 	// Workers is how many RedisClusters are reconciled at once (zero: rediscluster.DefaultWorkers).
 	Workers int
 	// ProbeImage is the image of the Redis pods' probe sidecar (cmd/keyroll-probe); required.
@@ -100,6 +104,10 @@ func ExternalSecretsServed(cfg *rest.Config) bool {
 // DefaultLeaseCheckInterval is how often a live lease is looked up in Vault besides its renewals.
 const DefaultLeaseCheckInterval = ledger.DefaultLeaseCheckInterval
 
+// DefaultUsersCheckInterval is how often every Redis node's ACL is compared with what keyroll
+// confirmed there.
+const DefaultUsersCheckInterval = nodes.DefaultCheckInterval
+
 // Setup registers keyroll's reconcilers with a manager. Both share one Connector, and so one Vault
 // client (one login, one rate limit) per VaultConnection. It returns the RedisCluster reconciler.
 func Setup(mgr ctrl.Manager, o Options) (*rediscluster.Reconciler, error) {
@@ -135,7 +143,7 @@ func Setup(mgr ctrl.Manager, o Options) (*rediscluster.Reconciler, error) {
 	rcr := rediscluster.New(rediscluster.Config{
 		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: o.Recorder, Clock: o.Clock,
 		Connector: conn, Metrics: m, ExternalSecrets: externalSecretsServed(mgr), LeaseCheckInterval: o.LeaseCheckInterval,
-		Workers: o.Workers, OperatorNamespace: o.ServiceAccount.Namespace, ProbeImage: o.ProbeImage,
+		UsersCheckInterval: o.UsersCheckInterval, Workers: o.Workers, OperatorNamespace: o.ServiceAccount.Namespace, ProbeImage: o.ProbeImage,
 	})
 	mgr.GetLogger().Info("External Secrets Operator's API", "served", rcr.ExternalSecrets)
 	return rcr, rcr.SetupWithManager(mgr)

@@ -35,6 +35,12 @@ type User struct {
 type Node interface {
 	// Users lists the node's ACL users by name.
 	Users(ctx context.Context) ([]string, error)
+	// ACLList is the node's whole ACL, one line per user (ACL LIST): names, flags, password
+	// hashes and rules, as Redis normalises them.
+	ACLList(ctx context.Context) ([]string, error)
+	// DisableUser resets the user to off, with no password and no rights (the default user of
+	// keyroll's aclfile).
+	DisableUser(ctx context.Context, name string) error
 	// SetUser makes the user exactly u: enabled, with u's one password and rules, whatever it
 	// was before. Connections already authenticated as the user stay open.
 	SetUser(ctx context.Context, u User) error
@@ -111,6 +117,23 @@ func (n *Client) Users(ctx context.Context) ([]string, error) {
 		return nil, n.wrap("listing ACL users", err)
 	}
 	return users, nil
+}
+
+// ACLList reads ACL LIST.
+func (n *Client) ACLList(ctx context.Context) ([]string, error) {
+	lines, err := n.c.ACLList(ctx).Result()
+	if err != nil {
+		return nil, n.wrap("reading ACL LIST", err)
+	}
+	return lines, nil
+}
+
+// DisableUser sends ACL SETUSER name reset.
+func (n *Client) DisableUser(ctx context.Context, name string) error {
+	if err := n.c.ACLSetUser(ctx, name, "reset").Err(); err != nil {
+		return n.wrap("disabling user "+name, err)
+	}
+	return nil
 }
 
 // hashPattern is a SHA-256 in lower-case hex, as Redis's #<hash> rule takes it.
@@ -329,6 +352,13 @@ func isReply(err error, code string) bool {
 // Unreachable.
 func (n *Client) wrap(what string, err error) error {
 	return fmt.Errorf("%s on %s: %w", what, n.addr, err)
+}
+
+// LoginRefused says whether err is a node's refusal of the connection's user: its password no
+// longer matches, the user is gone or off (WRONGPASS), or it may no longer run what keyroll asked
+// (NOPERM).
+func LoginRefused(err error) bool {
+	return isReply(err, "WRONGPASS") || isReply(err, "NOPERM")
 }
 
 // Unreachable says whether err means that no connection to the node could be made or kept (as

@@ -131,8 +131,13 @@ const (
 	ReasonNodeUnreachable             = "NodeUnreachable"
 	ReasonNodeNotReady                = "NodeNotReady"
 	ReasonInvalidACLRules             = "InvalidACLRules"
-	ReasonSecretNotFound              = "SecretNotFound"
-	ReasonSecretNotLabelled           = "SecretNotLabelled"
+	// ReasonUsersChanged: a Redis node's users were changed outside keyroll (a user added, or one
+	// of the cluster's changed); keyroll puts the node back to the cluster's users.
+	ReasonUsersChanged = "UsersChanged"
+	// ReasonAdminLockedOut: neither of keyroll's administrative users can log in on a node.
+	ReasonAdminLockedOut    = "AdminLockedOut"
+	ReasonSecretNotFound    = "SecretNotFound"
+	ReasonSecretNotLabelled = "SecretNotLabelled"
 )
 
 // Event reasons (UpperCamelCase; events fire on transitions only).
@@ -180,6 +185,14 @@ const (
 	EventOrphanLeaseRevoked = "OrphanLeaseRevoked"
 	// EventOrphanSweepFailed: the sweep could not list or look up leases (a missing policy, for one).
 	EventOrphanSweepFailed = "OrphanSweepFailed"
+	// EventUnknownUserRemoved: a Redis user that is not the cluster's was removed from a node.
+	EventUnknownUserRemoved = "UnknownUserRemoved"
+	// EventUserRestored: one of the cluster's users had been changed on a node outside keyroll and
+	// was set back.
+	EventUserRestored = "UserRestored"
+	// EventLookAlikePod: a pod carries the cluster's Redis pod labels but is not one of its
+	// StatefulSet's pods; keyroll sends it nothing and does not count it.
+	EventLookAlikePod = "LookAlikePod"
 
 	// Events of a condition's change carry the condition's reason.
 	EventLoggedIn                    = ReasonLoggedIn
@@ -203,5 +216,7 @@ const (
 	EventNodeUnreachable             = ReasonNodeUnreachable
 	EventNodeNotReady                = ReasonNodeNotReady
 	EventInvalidACLRules             = ReasonInvalidACLRules
+	EventUsersChanged                = ReasonUsersChanged
+	EventAdminLockedOut              = ReasonAdminLockedOut
 	EventSecretNotFound              = ReasonSecretNotFound
 )

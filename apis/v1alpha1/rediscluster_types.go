@@ -225,6 +225,7 @@ type StorageSpec struct {
 // +kubebuilder:validation:XValidation:rule="self.source == 'ExternalSecret' ? has(self.externalSecret) : !has(self.externalSecret)",message="credentials.externalSecret must be set when source is ExternalSecret, and only then"
 // +kubebuilder:validation:XValidation:rule="self.usernameKey != self.passwordKey",message="credentials.usernameKey and credentials.passwordKey must differ"
 // +kubebuilder:validation:XValidation:rule="self.source == oldSelf.source",message="credentials.source cannot be changed; create a new RedisCluster to switch sources"
+// +kubebuilder:validation:XValidation:rule="(has(self.unsafeAllowAdminCommands) && self.unsafeAllowAdminCommands) || !has(self.aclRules) || self.aclRules.all(r, r != '+@admin' && !r.matches('^[+](acl|config|replicaof|slaveof|sync|psync|replconf|failover|shutdown|module|debug|monitor|cluster)([|].*)?$'))",messageExpression="'spec.credentials.aclRules: ' + self.aclRules.filter(r, r == '+@admin' || r.matches('^[+](acl|config|replicaof|slaveof|sync|psync|replconf|failover|shutdown|module|debug|monitor|cluster)([|].*)?$'))[0] + ' would let the application user run commands that take Redis over from keyroll (ACL, replication, failover, configuration, shutdown, modules, debugging, cluster administration); set spec.credentials.unsafeAllowAdminCommands to grant them anyway'",fieldPath=".aclRules",reason=FieldValueForbidden
 type CredentialsSpec struct {
 	// source is where the credential comes from: VaultLease (the operator reads Vault and holds the
 	// lease) or ExternalSecret (External Secrets Operator syncs it through an ExternalSecret the
@@ -276,6 +277,10 @@ type CredentialsSpec struct {
 
 	// aclRules are the Redis ACL rules the credential's user gets on every node; they should match
 	// the Vault role's creation statements. The default allows all keys, channels and commands.
+	// Whatever they say, keyroll appends rules that deny the application user the commands that
+	// would take Redis over from keyroll: -acl -config -replicaof -slaveof -sync -psync -replconf
+	// -failover -shutdown -module -debug -monitor -cluster (unless unsafeAllowAdminCommands is set);
+	// a rule that grants one of them by name, or +@admin, is refused.
 	// +optional
 	// +kubebuilder:default={"~*","&*","+@all"}
 	// +kubebuilder:validation:MinItems=1
@@ -286,6 +291,15 @@ type CredentialsSpec struct {
 	// +kubebuilder:validation:XValidation:rule="self.all(r, !(r in ['on', 'off', 'nopass', 'reset', 'resetpass']) && !r.startsWith('>') && !r.startsWith('<') && !r.startsWith('#'))",message="aclRules may hold only key, channel and command rules; passwords and user state are managed by keyroll"
 	// +kubebuilder:validation:XValidation:rule="self.all(r, r in ['allkeys', 'allchannels', 'allcommands', 'nocommands', 'resetkeys', 'resetchannels'] || r.matches('^(~|%R~|%W~|%RW~|&).+$') || r.matches('^[+-]@[a-z]+$') || r.matches('^[+-][a-z][a-z0-9_-]*([|][a-z][a-z0-9_-]*)?$'))",message="aclRules: each rule must be a key pattern (~, %R~, %W~, %RW~), a channel pattern (&), a category (+@name, -@name), a command (+name, -name, +name|subcommand) or one of allkeys, allchannels, allcommands, nocommands, resetkeys, resetchannels"
 	ACLRules []string `json:"aclRules,omitempty"`
+
+	// unsafeAllowAdminCommands gives the application user whatever aclRules grant, without the
+	// rules keyroll appends to deny it ACL, replication, failover, configuration, shutdown,
+	// module, debug and cluster commands. Unsafe: with them, anyone holding the credential can
+	// change or add Redis users, replicate the data elsewhere or stop Redis. keyroll still
+	// removes users that are not its own and puts its own back, but cannot stop what is done
+	// between two of its checks.
+	// +optional
+	UnsafeAllowAdminCommands bool `json:"unsafeAllowAdminCommands,omitempty"`
 }
 
 // VaultLeaseSource reads a dynamic credential from Vault directly.
@@ -585,6 +599,13 @@ type NodeStatus struct {
 	// usersVersion identifies (as a hash) the set of users the node was confirmed to have.
 	// +optional
 	UsersVersion string `json:"usersVersion,omitempty"`
+
+	// aclDigest identifies (as a hash) the node's whole ACL (ACL LIST) as keyroll confirmed it:
+	// keyroll compares it with the node's every --redis-users-check-interval, and a user added,
+	// changed or removed outside keyroll shows as a difference.
+	// +optional
+	// +kubebuilder:validation:MaxLength=64
+	ACLDigest string `json:"aclDigest,omitempty"`
 
 	// confirmedAt is when keyroll last confirmed the node.
 	// +optional

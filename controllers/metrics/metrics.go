@@ -25,8 +25,10 @@ type Metrics struct {
 	stalePods       *prometheus.GaugeVec
 	// RevokedOutside counts live leases found revoked outside keyroll.
 	RevokedOutside prometheus.Counter
-	tokens         *prometheus.GaugeVec
-	orphans        *prometheus.GaugeVec
+	// UnknownUsersRemoved counts the Redis users removed from a node that were not its cluster's.
+	UnknownUsersRemoved prometheus.Counter
+	tokens              *prometheus.GaugeVec
+	orphans             *prometheus.GaugeVec
 	// OrphanLeasesRevoked counts the orphan leases the sweep revoked, per VaultConnection.
 	OrphanLeasesRevoked *prometheus.CounterVec
 }
@@ -79,6 +81,9 @@ func newMetrics(clk clock.PassiveClock) *Metrics {
 		RevokedOutside: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "keyroll_leases_revoked_outside_total", Help: "Live leases found revoked outside keyroll (then replaced at once).",
 		}),
+		UnknownUsersRemoved: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "keyroll_redis_unknown_users_removed_total", Help: "Redis users found on a node that were not its cluster's, and removed.",
+		}),
 		orphans: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "keyroll_orphan_leases", Help: "Leases under a VaultConnection's credential paths that no RedisCluster's ledger knows, as the last sweep found.",
 		}, []string{"connection"}),
@@ -93,7 +98,7 @@ func newMetrics(clk clock.PassiveClock) *Metrics {
 
 func (m *Metrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{m.Issues, m.Renewals, m.Rotations, m.Revocations, m.RolloutDuration,
-		m.VaultRequests, m.leaseExpiry, m.tokenExpiry, m.stalePods, m.RevokedOutside, m.tokens, m.orphans, m.OrphanLeasesRevoked}
+		m.VaultRequests, m.leaseExpiry, m.tokenExpiry, m.stalePods, m.RevokedOutside, m.UnknownUsersRemoved, m.tokens, m.orphans, m.OrphanLeasesRevoked}
 }
 
 // ObserveVault records one Vault request.

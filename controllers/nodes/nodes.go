@@ -15,9 +15,11 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
@@ -38,10 +40,28 @@ const notRunningWait = 5 * time.Second
 
 // Syncer changes the users of Redis nodes.
 type Syncer struct {
-	// Client reads the Redis pods (from the cache).
+	// Client reads the Redis pods and the StatefulSet (from the cache).
 	Client client.Reader
 	Dial   redisnode.Dialer
 	Clock  clock.Clock
+	// CheckInterval is how often every node's ACL is compared with what keyroll confirmed there
+	// (zero or negative: never).
+	CheckInterval time.Duration
+	// Removed counts the users removed from a node that were not the cluster's (nil: none).
+	Removed prometheus.Counter
+	checks  checks
+}
+
+// DefaultCheckInterval is how often every node's ACL is compared with what was confirmed there.
+const DefaultCheckInterval = time.Minute
+
+// NewSyncer returns a Syncer that compares every node's ACL every checkInterval (zero:
+// DefaultCheckInterval; negative: never) and counts the unknown users it removes in removed.
+func NewSyncer(c client.Reader, dial redisnode.Dialer, clk clock.Clock, checkInterval time.Duration, removed prometheus.Counter) *Syncer {
+	if checkInterval == 0 {
+		checkInterval = DefaultCheckInterval
+	}
+	return &Syncer{Client: c, Dial: dial, Clock: clk, CheckInterval: checkInterval, Removed: removed}
 }
 
 // Want is what every node of a cluster must have.
@@ -55,10 +75,12 @@ type Want struct {
 
 // Sync brings the cluster's nodes to want, one after the other, and records each in
 // status.nodes. done says every one of spec.replicas pods is confirmed on want; then the
-// retiring users are gone from every node and leave status.retiringUsers. The UsersApplied
-// condition says how far it got, and why it stopped.
+// retiring users are gone from every node and leave status.retiringUsers, and wait is when the
+// nodes' ACLs are next compared with what was confirmed. A node whose ACL changed outside
+// keyroll is reported (UsersApplied False, UsersChanged) and put back by the next reconcile, at
+// once. The UsersApplied condition says how far it got, and why it stopped.
 func (s *Syncer) Sync(ctx context.Context, rc *v1alpha1.RedisCluster, conds conditions.Setter, want Want) (done bool, wait time.Duration, err error) {
-	pods, err := s.pods(ctx, rc)
+	m, err := ListMembers(ctx, s.Client, rc)
 	if err != nil {
 		return false, 0, err
 	}
@@ -67,9 +89,11 @@ func (s *Syncer) Sync(ctx context.Context, rc *v1alpha1.RedisCluster, conds cond
 	for _, n := range rc.Status.Nodes {
 		records[n.Pod] = n
 	}
+	check := s.checks.due(client.ObjectKeyFromObject(rc), s.Clock.Now(), s.CheckInterval)
 	confirmed := 0
 	var stopped *problem
-	for _, p := range pods {
+	var changed []string
+	for _, p := range m.Pods {
 		run, ok := running(p)
 		if !ok {
 			stopped = s.notRunning(rc, p)
@@ -77,29 +101,55 @@ func (s *Syncer) Sync(ctx context.Context, rc *v1alpha1.RedisCluster, conds cond
 		}
 		rec, seen := records[p.Name]
 		fresh := !seen || rec.PodUID != p.UID || !statustime.Of(rec.StartedAt).Equal(run.startedAt)
-		if fresh || rec.UsersVersion != version {
-			if err := s.syncNode(ctx, run.addr, want, fresh); err != nil {
+		steady := !fresh && rec.UsersVersion == version && rec.ACLDigest != ""
+		if steady && check {
+			what, err := s.compare(ctx, run.addr, want, rec.ACLDigest)
+			if err != nil {
+				stopped = s.failed(rc, p, run.addr, err)
+				break
+			}
+			if what != "" {
+				rec.ACLDigest = "" // the next sync puts it back
+				records[p.Name] = rec
+				changed = append(changed, fmt.Sprintf("pod %s (%s)", p.Name, what))
+				continue
+			}
+		}
+		if !steady {
+			repair := !fresh && rec.UsersVersion == version
+			digest, err := s.syncNode(ctx, conds, node{pod: p.Name, addr: run.addr, fresh: fresh, repair: repair}, want)
+			if err != nil {
 				stopped = s.failed(rc, p, run.addr, err)
 				break
 			}
 			log.FromContext(ctx).V(1).Info("Redis node confirmed", "pod", p.Name, "usersVersion", version)
 			rec = v1alpha1.NodeStatus{Pod: p.Name, PodUID: p.UID, StartedAt: statustime.At(run.startedAt),
-				UsersVersion: version, ConfirmedAt: statustime.At(s.Clock.Now())}
+				UsersVersion: version, ACLDigest: digest, ConfirmedAt: statustime.At(s.Clock.Now())}
 		}
 		records[p.Name] = rec
 		confirmed++
 	}
-	rc.Status.Nodes = recordsOf(pods, records)
-	if stopped == nil && len(pods) < int(rc.Spec.Replicas) {
+	rc.Status.Nodes = recordsOf(m.Pods, records)
+	if stopped == nil && len(changed) > 0 {
+		stopped = &problem{reason: v1alpha1.ReasonUsersChanged, event: v1alpha1.EventUsersChanged, wait: time.Millisecond,
+			msg: "the ACL of " + strings.Join(changed, ", ") + " changed outside keyroll; keyroll puts the cluster's users back"}
+	}
+	if stopped == nil && len(m.Pods) < int(rc.Spec.Replicas) {
 		stopped = &problem{reason: v1alpha1.ReasonApplying, wait: notRunningWait,
-			msg: fmt.Sprintf("%d of %d Redis pods exist", len(pods), rc.Spec.Replicas)}
+			msg: fmt.Sprintf("%d of %d Redis pods exist", len(m.Pods), rc.Spec.Replicas)}
 	}
 	if stopped != nil {
 		return false, stopped.report(conds, confirmed, int(rc.Spec.Replicas)), nil
 	}
+	if check {
+		s.checks.done(client.ObjectKeyFromObject(rc), s.Clock.Now())
+	}
 	s.applied(rc, conds, want)
-	return true, 0, nil
+	return true, s.checks.next(client.ObjectKeyFromObject(rc), s.Clock.Now(), s.CheckInterval), nil
 }
+
+// Forget drops what the syncer keeps of a deleted cluster.
+func (s *Syncer) Forget(key types.NamespacedName) { s.checks.forget(key) }
 
 // applied records that every node has want: the retiring users are gone everywhere, and the
 // nodes have the set without them.
@@ -122,65 +172,6 @@ func (s *Syncer) applied(rc *v1alpha1.RedisCluster, conds conditions.Setter, wan
 			rc.Status.Nodes[i].UsersVersion = without
 		}
 	}
-}
-
-// syncNode sets every wanted user on the node at addr, deletes the retiring ones (and, on a
-// fresh run of Redis, every user the set does not have: they came from an aclfile older than
-// the one it mounts) and confirms they are gone, then confirms the current credential by
-// logging in as it.
-func (s *Syncer) syncNode(ctx context.Context, addr string, want Want, fresh bool) error {
-	n := s.Dial(addr, render.AdminUser, want.AdminPassword)
-	defer func() { _ = n.Close() }()
-	present, err := n.Users(ctx)
-	if err != nil {
-		return err
-	}
-	for _, u := range want.Users.All {
-		if err := n.SetUser(ctx, redisnode.User{Name: u.Username, PasswordHash: u.PasswordHash, Rules: u.Rules}); err != nil {
-			return err
-		}
-	}
-	var del []string
-	for _, name := range present {
-		retiring := slices.Contains(want.Users.Retiring, name)
-		stale := fresh && name != "default" && !want.Users.Has(name)
-		if retiring || stale {
-			del = append(del, name)
-		}
-	}
-	if err := n.DelUsers(ctx, del...); err != nil {
-		return err
-	}
-	if err := confirmGone(ctx, n, del); err != nil {
-		return err
-	}
-	if c := want.Confirm; c != nil {
-		ok, err := n.Accepts(ctx, c.Username, c.Password)
-		if err != nil {
-			return err
-		}
-		if !ok {
-			return fmt.Errorf("the node does not accept user %s after setting it", c.Username)
-		}
-	}
-	return nil
-}
-
-// confirmGone confirms that the node no longer has the users it was told to delete: they are
-// no longer among its users. (Logging in as one cannot confirm it: keyroll does not keep a retired
-// user's password, and a wrong password fails with the same WRONGPASS as a user that is gone.)
-func confirmGone(ctx context.Context, n redisnode.Node, deleted []string) error {
-	if len(deleted) == 0 {
-		return nil
-	}
-	present, err := n.Users(ctx)
-	if err != nil {
-		return err
-	}
-	if left := slices.DeleteFunc(slices.Clone(deleted), func(name string) bool { return !slices.Contains(present, name) }); len(left) > 0 {
-		return fmt.Errorf("the node still has users %s after deleting them", strings.Join(left, ", "))
-	}
-	return nil
 }
 
 // problem is why a sync stopped, and when to look again.
@@ -264,6 +255,11 @@ func unreachable(p *corev1.Pod, addr string, err error) *problem {
 		return &problem{reason: v1alpha1.ReasonInvalidACLRules, event: v1alpha1.EventInvalidACLRules, wait: time.Minute,
 			msg: fmt.Sprintf("pod %s refused spec.credentials.aclRules: %v", p.Name, re)}
 	}
+	var lo *lockedOut
+	if errors.As(err, &lo) {
+		return &problem{reason: v1alpha1.ReasonAdminLockedOut, event: v1alpha1.EventAdminLockedOut, wait: time.Minute,
+			msg: fmt.Sprintf("pod %s: %v; restart the pod (kubectl delete pod %s) so that its Redis loads the cluster's aclfile again", p.Name, err, p.Name)}
+	}
 	hint := ""
 	if redisnode.Unreachable(err) {
 		hint = fmt.Sprintf(" (keyroll connects to every Redis pod on TCP port %d: a NetworkPolicy must let it in)", RedisPort)
@@ -302,21 +298,6 @@ func running(p *corev1.Pod) (run, bool) {
 	return run{}, false
 }
 
-// pods are the cluster's Redis pods, replicas first (highest ordinal first), the primary (pod 0)
-// last.
-func (s *Syncer) pods(ctx context.Context, rc *v1alpha1.RedisCluster) ([]*corev1.Pod, error) {
-	list := &corev1.PodList{}
-	if err := s.Client.List(ctx, list, client.InNamespace(rc.Namespace), client.MatchingLabels(render.SelectorLabels(rc))); err != nil {
-		return nil, fmt.Errorf("listing Redis pods: %w", err)
-	}
-	pods := make([]*corev1.Pod, 0, len(list.Items))
-	for i := range list.Items {
-		pods = append(pods, &list.Items[i])
-	}
-	slices.SortFunc(pods, func(a, b *corev1.Pod) int { return Ordinal(b) - Ordinal(a) })
-	return pods, nil
-}
-
 // Ordinal is a StatefulSet pod's ordinal.
 func Ordinal(p *corev1.Pod) int {
 	n, _ := strconv.Atoi(p.Name[strings.LastIndexByte(p.Name, '-')+1:])
@@ -341,12 +322,12 @@ func recordsOf(pods []*corev1.Pod, records map[string]v1alpha1.NodeStatus) []v1a
 // Unless one accepted them, the UsersApplied condition says why not (refused, with Redis's
 // words; no node running yet; unreachable) and wait says when to look again.
 func (s *Syncer) CheckRules(ctx context.Context, rc *v1alpha1.RedisCluster, conds conditions.Setter, rules []string, adminPassword string) (accepted bool, wait time.Duration, err error) {
-	pods, err := s.pods(ctx, rc)
+	m, err := ListMembers(ctx, s.Client, rc)
 	if err != nil {
 		return false, 0, err
 	}
 	var failed *problem
-	for _, p := range slices.Backward(pods) {
+	for _, p := range slices.Backward(m.Pods) {
 		run, ok := running(p)
 		if !ok {
 			continue

@@ -13,14 +13,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	clocktesting "k8s.io/utils/clock/testing"
 	"k8s.io/utils/ptr"
-	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
-	"github.com/keyroll/keyroll/controllers/conditions"
 	"github.com/keyroll/keyroll/controllers/render"
 	"github.com/keyroll/keyroll/redisnode"
-	"github.com/keyroll/keyroll/redisnode/redisnodetest"
 )
 
 // A Redis node that does not run is waited for until it has not run for readinessTimeout, timed
@@ -73,27 +69,14 @@ func TestNotRunningIsTimedFromWhenThePodStopped(t *testing.T) {
 // and status.retiringUsers keeps the user until every node is confirmed without it.
 func TestRetiredUserIsConfirmedGoneOnEachNode(t *testing.T) {
 	ctx := context.Background()
-	rc := &v1alpha1.RedisCluster{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "orders", Generation: 1}}
-	rc.Spec.Replicas = 3
+	g := newGround(t, 3)
+	rc, redis, s, conds := g.rc, g.redis, g.syncer, g.conds
 	rc.Status.RetiringUsers = []string{"V_OLD"}
-	in := render.Internal{Admin: "admin-password", Replication: "replication-password", Probe: "probe-password"}
-	redis := redisnodetest.New()
-	var pods []client.Object
 	for i := range 3 {
-		pods = append(pods, &corev1.Pod{
-			ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: fmt.Sprintf("orders-%d", i), Labels: render.SelectorLabels(rc)},
-			Status: corev1.PodStatus{PodIP: fmt.Sprintf("10.0.0.%d", 10+i),
-				Conditions:        []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}},
-				ContainerStatuses: []corev1.ContainerStatus{{Name: "redis", State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}}}},
-		})
-		redis.Restart(addr(i), redisnode.User{Name: render.AdminUser, PasswordHash: render.HashPassword(in.Admin)},
-			redisnode.User{Name: "V_OLD", PasswordHash: render.HashPassword("old")})
+		redis.AddUser(addr(i), redisnode.User{Name: "V_OLD", PasswordHash: render.HashPassword("old")}, false)
 	}
-	s := &Syncer{Client: fake.NewClientBuilder().WithObjects(pods...).Build(), Dial: redis.Dial, Clock: clocktesting.NewFakeClock(time.Now())}
 	cur := render.NewCredential("V_NEW", "new")
-	app := []render.ACLUser{{Username: cur.Username, PasswordHash: render.HashPassword(cur.Password), Rules: []string{"~*", "+@all"}}}
-	want := Want{Users: render.ClusterUsers(rc, in, app), Confirm: &cur, AdminPassword: in.Admin}
-	conds := conditions.Setter{Obj: rc, Conditions: &rc.Status.Conditions}
+	want := g.want(&cur)
 	redis.KeepsDeleted[addr(1)] = true
 
 	done, _, err := s.Sync(ctx, rc, conds, want)

@@ -18,12 +18,14 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
 	"github.com/keyroll/keyroll/controllers/conditions"
+	"github.com/keyroll/keyroll/controllers/nodes"
 	"github.com/keyroll/keyroll/controllers/render"
 	"github.com/keyroll/keyroll/controllers/statustime"
 	"github.com/keyroll/keyroll/redisnode"
@@ -46,9 +48,10 @@ const (
 // Keeper keeps the primary of RedisClusters.
 type Keeper struct {
 	// Client reads the Redis pods (from the cache) and writes their role labels.
-	Client client.Client
-	Dial   redisnode.Dialer
-	Clock  clock.Clock
+	Client     client.Client
+	Dial       redisnode.Dialer
+	Clock      clock.Clock
+	lookAlikes seenPods
 }
 
 // Cluster is one reconcile's view: the cluster, its conditions, its Redis pods and the admin
@@ -60,18 +63,22 @@ type Cluster struct {
 	Admin string
 }
 
-// For lists rc's Redis pods.
+// For lists rc's Redis pods (nodes.ListMembers), and reports each pod that only looks like one
+// (a Warning event, once per pod while keyroll runs).
 func (k *Keeper) For(ctx context.Context, rc *v1alpha1.RedisCluster, conds conditions.Setter, admin string) (*Cluster, error) {
-	list := &corev1.PodList{}
-	if err := k.Client.List(ctx, list, client.InNamespace(rc.Namespace), client.MatchingLabels(render.SelectorLabels(rc))); err != nil {
-		return nil, fmt.Errorf("listing Redis pods: %w", err)
+	m, err := nodes.ListMembers(ctx, k.Client, rc)
+	if err != nil {
+		return nil, err
 	}
-	c := &Cluster{RC: rc, Conds: conds, Admin: admin}
-	for i := range list.Items {
-		c.Pods = append(c.Pods, &list.Items[i])
+	for _, p := range k.lookAlikes.fresh(client.ObjectKeyFromObject(rc), m.LookAlikes) {
+		conds.Event(true, v1alpha1.EventLookAlikePod, "ListNodes",
+			"Pod %s carries the labels of this cluster's Redis pods but is not one of StatefulSet %s's pods: keyroll sends it nothing and does not count it as a Redis node", p.Name, rc.Name)
 	}
-	return c, nil
+	return &Cluster{RC: rc, Conds: conds, Admin: admin, Pods: m.Pods}, nil
 }
+
+// Forget drops what the keeper keeps of a deleted cluster.
+func (k *Keeper) Forget(key types.NamespacedName) { k.lookAlikes.set(key, nil) }
 
 // Keep makes status.primary name the cluster's primary and the role labels follow it: the first
 // primary is pod 0 (the start script makes it one); a primary not Ready for LostAfter that no

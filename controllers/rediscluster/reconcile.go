@@ -186,10 +186,10 @@ func (r *Reconciler) deliver(ctx context.Context, s *scope, d delivery) (ctrl.Re
 	// Users cut off ahead of their replacement's rollout leave the nodes (and status) in the
 	// users step: the consumers still need the credential that replaced them.
 	pending := ledger.Pending(s.RC) || ledger.CutOff(s.RC)
-	applied, wait, err := r.reconcileUsers(ctx, s, d.in, d.cred)
-	if !applied || err != nil {
+	applied, usersWait, err := r.reconcileUsers(ctx, s, d.in, d.cred)
+	if d.next = soonest(d.next, usersWait); !applied || err != nil {
 		r.readyReplicas(ctx, s)
-		return result(soonest(d.next, wait), err)
+		return result(d.next, err)
 	}
 	rolledOut, wait, err := r.rollout.Roll(ctx, d.pc, d.cred.Version, pending)
 	if err != nil {
@@ -239,11 +239,11 @@ func (r *deps) retireSuperseded(ctx context.Context, s *scope, in *internal, vcl
 	return true, 0, nil
 }
 
-// forget drops what the reconciler keeps of a deleted cluster: its lease checks and metrics.
+// forget drops what the reconciler keeps of a deleted cluster: its lease checks, node checks and metrics.
 func (r *Reconciler) forget(key types.NamespacedName) {
-	r.Ledger.Checks.Forget(key)
-	r.upkeep.Forget(key)
-	r.Metrics.Forget(key)
+	for _, f := range []func(types.NamespacedName){r.Ledger.Checks.Forget, r.upkeep.Forget, r.nodes.Forget, r.primary.Forget, r.Metrics.Forget} {
+		f(key)
+	}
 }
 
 // result asks to be called again after after, or returns err alone: never both.

@@ -93,6 +93,8 @@ type Config struct {
 	// LeaseCheckInterval is how often a live lease is looked up (zero: DefaultLeaseCheckInterval;
 	// negative: never).
 	LeaseCheckInterval time.Duration
+	// UsersCheckInterval is how often nodes' ACLs are checked (zero: nodes.DefaultCheckInterval).
+	UsersCheckInterval time.Duration
 	// DialRedis opens a connection to one Redis node (nil: redisnode.Dial, the real ones).
 	DialRedis redisnode.Dialer
 	// ProbeImage is the image of the Redis pods' probe sidecar (cmd/keyroll-probe): the manager's
@@ -116,7 +118,7 @@ func New(cfg Config) *Reconciler {
 	timers := upkeep.NewTimers(delayedExecution(cfg.Clock))
 	d := &deps{Client: cfg.Client, APIReader: cfg.APIReader, Clock: cfg.Clock, Connector: cfg.Connector,
 		Metrics: cfg.Metrics, Ledger: &ledger.Ledger{Clock: cfg.Clock, Metrics: cfg.Metrics, Checks: ledger.NewLeaseChecks(interval), Upkeep: timers},
-		nodes: &nodes.Syncer{Client: cfg.Client, Dial: dial, Clock: cfg.Clock}, primary: &primary.Keeper{Client: cfg.Client, Dial: dial, Clock: cfg.Clock},
+		nodes: nodes.NewSyncer(cfg.Client, dial, cfg.Clock, cfg.UsersCheckInterval, cfg.Metrics.UnknownUsersRemoved), primary: &primary.Keeper{Client: cfg.Client, Dial: dial, Clock: cfg.Clock},
 		netpol:     &netpol.Keeper{Client: cfg.Client, APIReader: cfg.APIReader, OperatorNamespace: cmp.Or(cfg.OperatorNamespace, "keyroll-system")},
 		probeImage: cfg.ProbeImage}
 	workers := cfg.Workers
@@ -139,7 +141,7 @@ func New(cfg Config) *Reconciler {
 // reconcile with it).
 func (r *Reconciler) WithClient(c client.Client) *Reconciler {
 	out := New(Config{Client: c, APIReader: r.APIReader, Recorder: r.Recorder, Clock: r.Clock, Connector: r.Connector,
-		Metrics: r.Metrics, ExternalSecrets: r.ExternalSecrets, DialRedis: r.nodes.Dial, OperatorNamespace: r.netpol.OperatorNamespace,
+		Metrics: r.Metrics, ExternalSecrets: r.ExternalSecrets, DialRedis: r.nodes.Dial, UsersCheckInterval: r.nodes.CheckInterval, OperatorNamespace: r.netpol.OperatorNamespace,
 		ProbeImage: r.probeImage})
 	out.Ledger, out.externalSecret, out.upkeep = r.Ledger, r.externalSecret.WithClient(c), r.upkeep // the same memory as r
 	out.vaultLease.Ledger = r.Ledger

@@ -15,6 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/events"
 	testclock "k8s.io/utils/clock/testing"
@@ -116,18 +117,23 @@ func newHarness(t *testing.T, objs ...client.Object) *harness {
 // testProbeImage is the probe sidecar's image in these tests.
 const testProbeImage = "registry.example/keyroll:v1"
 
-// runningPods are the Redis pods of rc as the kubelet reports them: each running Redis, Ready, at
+// runningPods are rc's StatefulSet (as the reconciler would apply it, with a UID the fake client
+// does not give) and its Redis pods as the kubelet reports them: each running Redis, Ready, at
 // an address of its own.
 func runningPods(rc *v1alpha1.RedisCluster) []client.Object {
-	var pods []client.Object
 	version := ""
 	if c := rc.Status.Credential; c != nil {
 		version = c.Version
 	}
+	sts := render.StatefulSet(rc, version, testProbeImage)
+	sts.UID = "sts-uid"
+	sts.OwnerReferences = []metav1.OwnerReference{{APIVersion: "keyroll.dev/v1alpha1", Kind: "RedisCluster", Name: rc.Name, UID: rc.UID, Controller: ptr.To(true)}}
+	pods := []client.Object{sts}
 	for i := range rc.Spec.Replicas {
 		pods = append(pods, &corev1.Pod{
 			ObjectMeta: metav1.ObjectMeta{Namespace: rc.Namespace, Name: fmt.Sprintf("%s-%d", rc.Name, i), UID: types.UID(fmt.Sprintf("pod-%d", i)),
-				Labels: render.SelectorLabels(rc), Annotations: render.StatefulSet(rc, version, testProbeImage).Spec.Template.Annotations},
+				Labels: render.SelectorLabels(rc), Annotations: sts.Spec.Template.Annotations,
+				OwnerReferences: []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "StatefulSet", Name: sts.Name, UID: sts.UID, Controller: ptr.To(true)}}},
 			Status: corev1.PodStatus{PodIP: podIP(int(i)),
 				Conditions:        []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}},
 				ContainerStatuses: []corev1.ContainerStatus{{Name: "redis", State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: metav1.NewTime(epoch)}}}}},

@@ -18,7 +18,7 @@ import (
 // from the current template (runningPods: its credential version), Ready at the same address.
 func (h *harness) recreatePod(t *testing.T, rc *v1alpha1.RedisCluster, i int, uid string) {
 	t.Helper()
-	p := runningPods(rc)[i].(*corev1.Pod)
+	p := runningPods(rc)[i+1].(*corev1.Pod) // after the StatefulSet
 	p.UID = types.UID(uid)
 	if err := h.k8s.Create(context.Background(), p); err != nil {
 		t.Fatal(err)

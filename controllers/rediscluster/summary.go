@@ -10,16 +10,14 @@ import (
 	"github.com/keyroll/keyroll/apis/v1alpha1"
 )
 
-// concerns are the conditions that Degraded sums up, the most pressing first: a lease that cannot
-// be revoked, Redis nodes that cannot be given their users, a rollout that does not move on, a
-// credential source that needs attention, a schedule that does not parse.
+// concerns are the conditions that Degraded sums up, the most pressing first: leases not revoked, nodes
+// without their users, a stuck rollout, a credential source that needs attention, a bad schedule.
 var concerns = []string{
 	v1alpha1.ConditionLeasesRevoked, v1alpha1.ConditionUsersApplied, v1alpha1.ConditionRolloutHealthy,
 	v1alpha1.ConditionSourceHealthy, v1alpha1.ConditionScheduleValid,
 }
 
-// inProgress are reasons of a False concern that are work going on, not a problem: UsersApplied
-// while the nodes are being given their users.
+// inProgress are reasons of a False concern that are work going on (users being applied), not a problem.
 var inProgress = []string{v1alpha1.ReasonApplying}
 
 // summarize computes Ready and Degraded from the conditions of each concern, in this one place,

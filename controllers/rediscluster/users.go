@@ -20,12 +20,12 @@ import (
 // the aclfile (so that a pod restarting meanwhile starts with them), then on each running node,
 // confirmed there; only once every node accepts the current credential is it written to the
 // consumers' Secret. aclRules that Redis has not accepted yet are checked on a node first: rules
-// it refuses are reported, and nothing is applied.
+// it refuses are reported, and nothing is applied. Once done, wait is when they are next checked.
 func (r *deps) reconcileUsers(ctx context.Context, s *scope, in *internal, cred *render.Credential) (done bool, wait time.Duration, err error) {
 	rc := s.RC
 	rulesKey := render.RulesKey(rc)
 	if in.acl.Annotations[render.AnnotationRulesAccepted] != rulesKey {
-		ok, wait, err := r.nodes.CheckRules(ctx, rc, s.Conds, rc.Spec.Credentials.ACLRules, in.Admin)
+		ok, wait, err := r.nodes.CheckRules(ctx, rc, s.Conds, render.AppRules(rc), in.Admin)
 		if !ok || err != nil {
 			return false, wait, err
 		}
@@ -38,7 +38,7 @@ func (r *deps) reconcileUsers(ctx context.Context, s *scope, in *internal, cred 
 	if !done || err != nil || cred == nil {
 		return done, wait, err
 	}
-	return true, 0, apply.Owned(ctx, r.Client, r.APIReader, rc, render.CredentialsSecret(rc, cred.Username, cred.Password, cred.Version))
+	return true, wait, apply.Owned(ctx, r.Client, r.APIReader, rc, render.CredentialsSecret(rc, cred.Username, cred.Password, cred.Version))
 }
 
 // writeACLSecret writes the aclfile of users, after the admin password whose hash it holds is in

@@ -120,8 +120,8 @@ func TestRefusedACLRuleIsReportedAndNothingIsApplied(t *testing.T) {
 		t.Error("a credentials Secret was written")
 	}
 	users := render.ParseACLUsers(string(h.secret(t, "orders-acl").Data[render.ACLFileKey]))
-	if _, ok := users[h.staged(t).Username]; ok || len(users) != 3 {
-		t.Errorf("the aclfile has users %v: want keyroll's three only", users)
+	if _, ok := users[h.staged(t).Username]; ok || len(users) != 4 {
+		t.Errorf("the aclfile has users %v: want keyroll's four only", users)
 	}
 	if got := h.redis.Users(nodeAddr(1)); slices.Contains(got, h.staged(t).Username) {
 		t.Errorf("a node has the app user: %v", got)

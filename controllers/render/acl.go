@@ -1,6 +1,7 @@
 package render
 
 import (
+	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
@@ -25,7 +26,37 @@ const (
 	ReplicationUser = "keyroll-repl"
 	// ProbeUser is the user of the probes (startup, liveness, readiness).
 	ProbeUser = "keyroll-probe"
+	// RecoveryUser is keyroll's second administrative user, with AdminUser's rules: keyroll logs
+	// in as it on a node where AdminUser was changed outside keyroll, to set AdminUser back. Its
+	// password is derived from the admin password (Internal.RecoveryPassword), so that nothing
+	// more needs to be kept.
+	RecoveryUser = "keyroll-recovery"
 )
+
+// AppDenyRules follow spec.credentials.aclRules on the application user (unless
+// unsafeAllowAdminCommands): whatever the owner's rules grant, the application user cannot run
+// the commands that take a node over from keyroll. Each is an @admin command of every Redis
+// keyroll supports (6.2 and later), denied whole: Redis before 7.0 takes no -command|subcommand.
+var AppDenyRules = []string{
+	"-acl",                                                   // its users, keyroll's among them
+	"-replicaof", "-slaveof", "-sync", "-psync", "-replconf", // replication
+	"-failover",
+	"-config", // CONFIG GET would read masterauth, the replication user's password
+	"-shutdown",
+	"-module",
+	"-debug", "-monitor", // MONITOR shows every command of every client
+	"-cluster",
+}
+
+// AppRules are the rules of rc's application users: spec.credentials.aclRules, then
+// AppDenyRules unless the owner opted out of them.
+func AppRules(rc *v1alpha1.RedisCluster) []string {
+	rules := slices.Clone(rc.Spec.Credentials.ACLRules)
+	if rc.Spec.Credentials.UnsafeAllowAdminCommands {
+		return rules
+	}
+	return append(rules, AppDenyRules...)
+}
 
 var (
 	adminRules       = []string{"+@connection", "+acl", "+info", "+role", "+failover", "+replicaof"}
@@ -111,6 +142,14 @@ type Internal struct {
 	VaultPlugin *ACLUser
 }
 
+// RecoveryPassword is the password of RecoveryUser: an HMAC of the admin password, so that it is
+// as secret as that one and needs no place of its own.
+func RecoveryPassword(admin string) string {
+	m := hmac.New(sha256.New, []byte(admin))
+	m.Write([]byte("keyroll/recovery-user"))
+	return hex.EncodeToString(m.Sum(nil))
+}
+
 // Users is the set of users every node of a cluster must have, and the users it must not have
 // (Retiring), in the order they are applied.
 type Users struct {
@@ -123,6 +162,7 @@ type Users struct {
 func ClusterUsers(rc *v1alpha1.RedisCluster, in Internal, app []ACLUser) Users {
 	u := Users{All: []ACLUser{
 		{Username: AdminUser, PasswordHash: HashPassword(in.Admin), Rules: adminRules},
+		{Username: RecoveryUser, PasswordHash: HashPassword(RecoveryPassword(in.Admin)), Rules: adminRules},
 		{Username: ReplicationUser, PasswordHash: HashPassword(in.Replication), Rules: replicationRules},
 		{Username: ProbeUser, PasswordHash: HashPassword(in.Probe), Rules: probeRules},
 	}}
@@ -164,12 +204,12 @@ func (u Users) WithoutRetiring() Users { return Users{All: u.All} }
 // ACLFile renders the aclfile of the set.
 func (u Users) ACLFile() (string, error) { return RenderACLFile(u.All) }
 
-// AppUsers are the app users of rc's nodes, each with spec.credentials.aclRules: the current
+// AppUsers are the app users of rc's nodes, each with AppRules: the current
 // credential (nil: none, or not yet applied), and the users of superseded credentials that the
 // rollout still needs, taken over from the aclfile as it is (existing), where only their password
 // hashes are.
 func AppUsers(rc *v1alpha1.RedisCluster, cred *Credential, existing map[string]ACLUser) []ACLUser {
-	rules := rc.Spec.Credentials.ACLRules
+	rules := AppRules(rc)
 	var users []ACLUser
 	if cred != nil {
 		users = append(users, ACLUser{Username: cred.Username, PasswordHash: HashPassword(cred.Password), Rules: rules})
@@ -193,10 +233,10 @@ func AppUsers(rc *v1alpha1.RedisCluster, cred *Credential, existing map[string]A
 	return users
 }
 
-// RulesKey identifies the aclRules and the Redis image they were checked against: rules Redis
+// RulesKey identifies the app users' rules (AppRules) and the Redis image they were checked against: rules Redis
 // accepted once are not checked again until either changes.
 func RulesKey(rc *v1alpha1.RedisCluster) string {
-	sum := sha256.Sum256([]byte(rc.Spec.Image + ":" + rc.Spec.Version + "\x00" + strings.Join(rc.Spec.Credentials.ACLRules, "\x00")))
+	sum := sha256.Sum256([]byte(rc.Spec.Image + ":" + rc.Spec.Version + "\x00" + strings.Join(AppRules(rc), "\x00")))
 	return hex.EncodeToString(sum[:8])
 }
 

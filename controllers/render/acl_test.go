@@ -108,7 +108,8 @@ func TestCredentialVersion(t *testing.T) {
 	}
 }
 
-// keyroll's own users have rules of their own, whatever aclRules say; the app users have aclRules.
+// keyroll's own users have rules of their own, whatever aclRules say; the app users have aclRules,
+// then the rules that deny them keyroll's commands.
 func TestClusterUsersGiveKeyrollsUsersTheirOwnRules(t *testing.T) {
 	rc := &v1alpha1.RedisCluster{}
 	rc.Spec.Credentials.ACLRules = []string{"~app:*", "+@read", "-@dangerous"}
@@ -119,8 +120,8 @@ func TestClusterUsersGiveKeyrollsUsersTheirOwnRules(t *testing.T) {
 		rules[x.Username] = x.Rules
 	}
 	want := map[string][]string{
-		AdminUser: adminRules, ReplicationUser: {"+psync", "+replconf", "+ping"}, ProbeUser: {"+ping", "+info"},
-		"vault": VaultPluginRules, "app": {"~app:*", "+@read", "-@dangerous"},
+		AdminUser: adminRules, RecoveryUser: adminRules, ReplicationUser: {"+psync", "+replconf", "+ping"}, ProbeUser: {"+ping", "+info"},
+		"vault": VaultPluginRules, "app": append([]string{"~app:*", "+@read", "-@dangerous"}, AppDenyRules...),
 	}
 	for name, w := range want {
 		if !slices.Equal(rules[name], w) {
@@ -179,5 +180,29 @@ func TestAppUsersKeepReplacedUsersUntilTheyRetire(t *testing.T) {
 	}
 	if retiring.WithoutRetiring().Version() == retiring.Version() {
 		t.Error("the version does not tell a set with retiring users from one without")
+	}
+}
+
+// The application user's rules end with the deny rules, unless the owner opted out of them; the
+// recovery user's password is derived from the admin password, differs from it, and is stable.
+func TestAppRulesEndWithTheDenyRules(t *testing.T) {
+	rc := &v1alpha1.RedisCluster{}
+	rc.Spec.Credentials.ACLRules = []string{"~*", "+@all"}
+	if got := AppRules(rc); !slices.Equal(got, append([]string{"~*", "+@all"}, AppDenyRules...)) {
+		t.Errorf("AppRules %v", got)
+	}
+	if !slices.Equal(rc.Spec.Credentials.ACLRules, []string{"~*", "+@all"}) {
+		t.Errorf("AppRules changed the spec: %v", rc.Spec.Credentials.ACLRules)
+	}
+	key := RulesKey(rc)
+	rc.Spec.Credentials.UnsafeAllowAdminCommands = true
+	if got := AppRules(rc); !slices.Equal(got, []string{"~*", "+@all"}) {
+		t.Errorf("AppRules with unsafeAllowAdminCommands %v", got)
+	}
+	if RulesKey(rc) == key {
+		t.Error("the rules key does not change with unsafeAllowAdminCommands: the rules would not be checked again")
+	}
+	if r := RecoveryPassword("a"); r == "a" || r != RecoveryPassword("a") || r == RecoveryPassword("b") || len(r) != 64 {
+		t.Errorf("RecoveryPassword(a) = %q", r)
 	}
 }

@@ -70,7 +70,28 @@ func (f *Fake) PrimaryOf(addr string) string {
 // Node is one fake node's users.
 type Node struct {
 	Users map[string]redisnode.User
+	// DefaultOn says the default user was turned on (without a password).
+	DefaultOn bool
 }
+
+// AddUser adds or changes a user on the node at addr outside keyroll (by hand, or an
+// application user with ACL rights); with defaultOn, it turns the default user on instead.
+func (f *Fake) AddUser(addr string, u redisnode.User, defaultOn bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n := f.nodes[addr]
+	if defaultOn {
+		n.DefaultOn = true
+		return
+	}
+	n.Users[u.Name] = u
+}
+
+// replyError is an error reply of a node, as go-redis returns one.
+type replyError string
+
+func (e replyError) Error() string { return string(e) }
+func (replyError) RedisError()     {}
 
 // New returns a Fake with no nodes.
 func New() *Fake {
@@ -164,7 +185,7 @@ func (c *conn) node() (*Node, error) {
 		c.f.nodes[c.addr] = n
 	}
 	if !n.accepts(c.user, c.pass) {
-		return nil, fmt.Errorf("WRONGPASS invalid username-password pair or user is disabled")
+		return nil, replyError("WRONGPASS invalid username-password pair or user is disabled")
 	}
 	return n, nil
 }
@@ -181,6 +202,44 @@ func (c *conn) Users(context.Context) ([]string, error) {
 		out = append(out, name)
 	}
 	return out, nil
+}
+
+func (c *conn) ACLList(context.Context) ([]string, error) {
+	c.f.mu.Lock()
+	defer c.f.mu.Unlock()
+	n, err := c.node()
+	if err != nil {
+		return nil, err
+	}
+	out := []string{"user default off resetchannels -@all"}
+	if n.DefaultOn {
+		out[0] = "user default on nopass ~* &* +@all"
+	}
+	var names []string
+	for name := range n.Users {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		u := n.Users[name]
+		out = append(out, strings.TrimSpace(fmt.Sprintf("user %s on #%s %s", name, u.PasswordHash, strings.Join(u.Rules, " "))))
+	}
+	return out, nil
+}
+
+func (c *conn) DisableUser(_ context.Context, name string) error {
+	c.f.mu.Lock()
+	defer c.f.mu.Unlock()
+	n, err := c.node()
+	if err != nil {
+		return err
+	}
+	if name == "default" {
+		n.DefaultOn = false
+	} else if _, ok := n.Users[name]; ok {
+		n.Users[name] = redisnode.User{Name: name}
+	}
+	return nil
 }
 
 func (c *conn) refused(rules []string) error {

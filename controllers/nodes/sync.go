@@ -1,0 +1,246 @@
+package nodes
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/controllers/conditions"
+	"github.com/keyroll/keyroll/controllers/render"
+	"github.com/keyroll/keyroll/redisnode"
+)
+
+// node is one Redis node as one sync finds it.
+type node struct {
+	pod, addr string
+	// fresh says the node runs a Redis keyroll has not confirmed yet (a new or restarted one).
+	fresh bool
+	// repair says the node was confirmed on the users it must have, and its ACL changed since.
+	repair bool
+}
+
+// syncNode makes the node's ACL exactly want: every wanted user set, the default user off, every
+// other user deleted (and confirmed gone), then the current credential confirmed by logging in as
+// it. It returns the digest of the node's ACL as it left it. Users deleted that a confirmed
+// node should not have had (not on a fresh run of Redis, whose extra users come from an older
+// aclfile) are reported, one UnknownUserRemoved event each, as are the cluster's users that
+// were changed on the node and set back (UserRestored).
+func (s *Syncer) syncNode(ctx context.Context, conds conditions.Setter, nd node, want Want) (string, error) {
+	n, via, before, err := s.login(ctx, nd.addr, want.AdminPassword)
+	if err != nil {
+		return "", err
+	}
+	defer func() { _ = n.Close() }()
+	for _, u := range want.Users.All {
+		if err := n.SetUser(ctx, redisnode.User{Name: u.Username, PasswordHash: u.PasswordHash, Rules: u.Rules}); err != nil {
+			return "", err
+		}
+	}
+	if line := userLine(before, "default"); strings.HasPrefix(line, "user default on") {
+		if err := n.DisableUser(ctx, "default"); err != nil {
+			return "", err
+		}
+	}
+	var del, unknown []string
+	for _, line := range before {
+		name := lineUser(line)
+		if name == "default" || want.Users.Has(name) {
+			continue
+		}
+		del = append(del, name)
+		if !nd.fresh && !slices.Contains(want.Users.Retiring, name) {
+			unknown = append(unknown, name)
+		}
+	}
+	if err := n.DelUsers(ctx, del...); err != nil {
+		return "", err
+	}
+	after, err := n.ACLList(ctx)
+	if err != nil {
+		return "", err
+	}
+	if left := slices.DeleteFunc(slices.Clone(del), func(name string) bool { return userLine(after, name) == "" }); len(left) > 0 {
+		return "", fmt.Errorf("the node still has users %s after deleting them", strings.Join(left, ", "))
+	}
+	if c := want.Confirm; c != nil {
+		ok, err := n.Accepts(ctx, c.Username, c.Password)
+		if err != nil {
+			return "", err
+		}
+		if !ok {
+			return "", fmt.Errorf("the node does not accept user %s after setting it", c.Username)
+		}
+	}
+	s.report(conds, nd, via, unknown, changedUsers(nd, want, before, after))
+	return digest(after), nil
+}
+
+// changedUsers are the cluster's users whose line of the node's ACL the sync changed, on a node
+// that was confirmed on them: they were changed outside keyroll.
+func changedUsers(nd node, want Want, before, after []string) []string {
+	var out []string
+	if !nd.repair {
+		return nil
+	}
+	for _, u := range append([]string{"default"}, names(want.Users)...) {
+		if userLine(before, u) != userLine(after, u) {
+			out = append(out, u)
+		}
+	}
+	return out
+}
+
+// report announces what a sync found changed outside keyroll on one node.
+func (s *Syncer) report(conds conditions.Setter, nd node, via string, unknown, restored []string) {
+	for _, name := range unknown {
+		conds.Event(true, v1alpha1.EventUnknownUserRemoved, "ApplyUsers",
+			"Removed user %s from pod %s: it is not one of the cluster's users (keyroll owns the users of its Redis nodes)", name, nd.pod)
+		if s.Removed != nil {
+			s.Removed.Inc()
+		}
+	}
+	if len(restored) > 0 {
+		conds.Event(true, v1alpha1.EventUserRestored, "ApplyUsers",
+			"Set users %s on pod %s back to the cluster's, logged in as %s: they had been changed outside keyroll", strings.Join(restored, ", "), nd.pod, via)
+	}
+}
+
+// compare says what differs between the node's ACL and what keyroll confirmed there (digest):
+// nothing (""), users that are not the cluster's, the cluster's users changed, or keyroll's
+// admin user refused.
+func (s *Syncer) compare(ctx context.Context, addr string, want Want, confirmed string) (string, error) {
+	n, via, lines, err := s.login(ctx, addr, want.AdminPassword)
+	if err != nil {
+		return "", err
+	}
+	_ = n.Close()
+	switch {
+	case via != render.AdminUser:
+		return render.AdminUser + " refused; keyroll logged in as " + via, nil
+	case digest(lines) == confirmed:
+		return "", nil
+	}
+	var unknown []string
+	for _, line := range lines {
+		if name := lineUser(line); name != "default" && !want.Users.Has(name) {
+			unknown = append(unknown, name)
+		}
+	}
+	if len(unknown) > 0 {
+		return "users " + strings.Join(unknown, ", ") + " are not the cluster's", nil
+	}
+	return "the cluster's users were changed", nil
+}
+
+// login opens a session on the node at addr as keyroll's admin user, or, when the node refuses
+// it (its password or rules changed), as the recovery user. It returns the user it logged in as
+// and the node's ACL as it found it.
+func (s *Syncer) login(ctx context.Context, addr, adminPassword string) (redisnode.Node, string, []string, error) {
+	var refused []error
+	for _, id := range []struct{ user, password string }{
+		{render.AdminUser, adminPassword}, {render.RecoveryUser, render.RecoveryPassword(adminPassword)},
+	} {
+		n := s.Dial(addr, id.user, id.password)
+		lines, err := n.ACLList(ctx)
+		if err == nil {
+			return n, id.user, lines, nil
+		}
+		_ = n.Close()
+		if !redisnode.LoginRefused(err) {
+			return nil, "", nil, err
+		}
+		refused = append(refused, err)
+	}
+	return nil, "", nil, &lockedOut{errors.Join(refused...)}
+}
+
+// lockedOut is a node that refuses both of keyroll's administrative users.
+type lockedOut struct{ err error }
+
+func (e *lockedOut) Error() string {
+	return fmt.Sprintf("neither %s nor %s may manage the node's users: %v", render.AdminUser, render.RecoveryUser, e.err)
+}
+
+func (e *lockedOut) Unwrap() error { return e.err }
+
+// lineUser is the user an ACL LIST line is about.
+func lineUser(line string) string {
+	f := strings.Fields(line)
+	if len(f) < 2 || f[0] != "user" {
+		return ""
+	}
+	return f[1]
+}
+
+// userLine is the ACL LIST line of user name ("" when the node has no such user).
+func userLine(lines []string, name string) string {
+	for _, l := range lines {
+		if lineUser(l) == name {
+			return l
+		}
+	}
+	return ""
+}
+
+func names(u render.Users) []string {
+	out := make([]string, 0, len(u.All))
+	for _, x := range u.All {
+		out = append(out, x.Username)
+	}
+	return out
+}
+
+// digest identifies a node's whole ACL (ACL LIST, which Redis lists in one order, users' names,
+// flags, password hashes and rules normalised).
+func digest(lines []string) string {
+	sum := sha256.Sum256([]byte(strings.Join(lines, "\n")))
+	return hex.EncodeToString(sum[:16])
+}
+
+// checks remembers when each cluster's nodes' ACLs were last compared with what was confirmed:
+// in memory, so that the comparisons cost no status write (after a restart, every cluster is
+// compared at its first sync).
+type checks struct {
+	mu   sync.Mutex
+	last map[types.NamespacedName]time.Time
+}
+
+func (c *checks) due(key types.NamespacedName, now time.Time, every time.Duration) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return every > 0 && now.Sub(c.last[key]) >= every
+}
+
+func (c *checks) done(key types.NamespacedName, now time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.last == nil {
+		c.last = map[types.NamespacedName]time.Time{}
+	}
+	c.last[key] = now
+}
+
+// next is how long until the cluster's next comparison (0: none).
+func (c *checks) next(key types.NamespacedName, now time.Time, every time.Duration) time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if every <= 0 {
+		return 0
+	}
+	return max(every-now.Sub(c.last[key]), time.Millisecond)
+}
+
+func (c *checks) forget(key types.NamespacedName) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.last, key)
+}
