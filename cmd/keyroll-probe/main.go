@@ -8,7 +8,13 @@
 //	GET /live   200 while Redis answers (PONG, LOADING, MASTERDOWN), else 503
 //
 // A 503's body says why, in Redis's words; it never holds the password, which is read from its
-// file at each probe.
+// file at each check.
+//
+// It holds under a flood of requests (any pod may reach it unless a NetworkPolicy keeps them
+// out): it listens on the pod's IP only (the address the kubelet probes), accepts a bounded number
+// of connections at once (the others wait in the kernel's accept queue), runs one Redis check of
+// each kind at a time, whose verdict answers every request for a second, and gives each request a
+// deadline.
 package main
 
 import (
@@ -21,40 +27,49 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
+
+	"golang.org/x/net/netutil"
+	"golang.org/x/sync/singleflight"
 
 	"github.com/keyroll/keyroll/redisnode"
 )
 
 func main() {
 	var (
-		listen   = flag.String("listen-address", ":8081", "Address the /ready and /live endpoints bind to.")
+		listenIP = flag.String("listen-ip", "", "IP address the /ready and /live endpoints bind to: the pod's IP, which the kubelet probes; empty: every address.")
+		port     = flag.Int("port", 8081, "Port of the /ready and /live endpoints.")
+		maxConns = flag.Int("max-connections", 32, "How many connections are served at once; more wait to be accepted.")
 		redis    = flag.String("redis-address", "127.0.0.1:6379", "The Redis node to probe.")
 		user     = flag.String("user", "keyroll-probe", "The ACL user the probes authenticate as.")
-		passFile = flag.String("password-file", "/etc/keyroll/acl/probe-password", "File holding the user's password, read at each probe.")
-		timeout  = flag.Duration("timeout", 2*time.Second, "How long one probe waits for Redis; keep it below the kubelet's probe timeout.")
+		passFile = flag.String("password-file", "/etc/keyroll/acl/probe-password", "File holding the user's password, read at each check.")
+		timeout  = flag.Duration("timeout", 2*time.Second, "How long one check waits for Redis; keep it below the kubelet's probe timeout.")
+		fresh    = flag.Duration("verdict-ttl", time.Second, "How long a check's verdict answers further requests; keep it well below the probes' period.")
 	)
 	flag.Parse()
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	p := &prober{redis: *redis, user: *user, passwordFile: *passFile, timeout: *timeout, log: log}
+	p := &prober{redis: *redis, user: *user, passwordFile: *passFile, timeout: *timeout, fresh: *fresh, log: log,
+		ready: redisnode.Ready, live: redisnode.Alive}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	if err := serve(ctx, *listen, p.handler()); err != nil {
+	if err := serve(ctx, net.JoinHostPort(*listenIP, strconv.Itoa(*port)), *maxConns, p); err != nil {
 		log.Error("Serving probes", "error", err)
 		os.Exit(1)
 	}
 }
 
-// serve answers on addr until ctx ends.
-func serve(ctx context.Context, addr string, h http.Handler) error {
+// serve answers on addr, at most maxConns connections at once, until ctx ends.
+func serve(ctx context.Context, addr string, maxConns int, p *prober) error {
 	l, err := net.Listen("tcp", addr)
 	if err != nil {
 		return err
 	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	srv := p.server()
+	l = netutil.LimitListener(l, maxConns)
 	go func() {
 		<-ctx.Done()
 		shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -67,29 +82,47 @@ func serve(ctx context.Context, addr string, h http.Handler) error {
 	return nil
 }
 
+// server is the HTTP server of p's endpoints: a request that is slow to arrive or to be read
+// gives up its connection, and an idle connection is closed soon.
+func (p *prober) server() *http.Server {
+	return &http.Server{Handler: p.handler(), ReadHeaderTimeout: 2 * time.Second, ReadTimeout: 2 * time.Second,
+		WriteTimeout: p.timeout + 2*time.Second, IdleTimeout: 5 * time.Second, MaxHeaderBytes: 4 << 10}
+}
+
 // prober checks one Redis node and logs when a verdict changes.
 type prober struct {
 	redis, user, passwordFile string
-	timeout                   time.Duration
-	log                       *slog.Logger
+	// timeout bounds one check; fresh is how long its verdict answers further requests.
+	timeout, fresh time.Duration
+	log            *slog.Logger
+	// ready and live are the checks of /ready and /live.
+	ready, live check
 
-	mu   sync.Mutex
-	last map[string]string // the last verdict of each check: "" passed, else why not
+	checks singleflight.Group
+	mu     sync.Mutex
+	last   map[string]verdict // the last verdict of each check
+}
+
+// verdict is one check's outcome: nil passed, else why not.
+type verdict struct {
+	err error
+	at  time.Time
 }
 
 type check func(ctx context.Context, addr, username, password string) error
 
 func (p *prober) handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /ready", p.serve("ready", redisnode.Ready))
-	mux.HandleFunc("GET /live", p.serve("live", redisnode.Alive))
+	mux.HandleFunc("GET /ready", p.serve("ready", p.ready))
+	mux.HandleFunc("GET /live", p.serve("live", p.live))
 	return mux
 }
 
 func (p *prober) serve(name string, c check) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		err := p.run(r.Context(), c)
-		p.note(name, err)
+		ctx, cancel := context.WithTimeout(r.Context(), p.timeout+time.Second)
+		defer cancel()
+		err := p.verdict(ctx, name, c)
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		if err != nil {
 			w.WriteHeader(http.StatusServiceUnavailable)
@@ -100,17 +133,40 @@ func (p *prober) serve(name string, c check) http.HandlerFunc {
 	}
 }
 
-func (p *prober) run(ctx context.Context, c check) error {
+// verdict is the check's verdict: the last one while it is fresh, else that of a new check, which
+// every request arriving meanwhile waits for (one check of a kind runs at a time).
+func (p *prober) verdict(ctx context.Context, name string, c check) error {
+	p.mu.Lock()
+	v, ok := p.last[name]
+	p.mu.Unlock()
+	if ok && time.Since(v.at) < p.fresh {
+		return v.err
+	}
+	ch := p.checks.DoChan(name, func() (any, error) {
+		err := p.run(c)
+		p.note(name, err)
+		return nil, err
+	})
+	select {
+	case res := <-ch:
+		return res.Err
+	case <-ctx.Done():
+		return fmt.Errorf("no verdict within the request's deadline: %w", ctx.Err())
+	}
+}
+
+// run checks Redis once, within p.timeout.
+func (p *prober) run(c check) error {
 	pw, err := os.ReadFile(p.passwordFile)
 	if err != nil {
 		return fmt.Errorf("reading the probe user's password: %w", err)
 	}
-	ctx, cancel := context.WithTimeout(ctx, p.timeout)
+	ctx, cancel := context.WithTimeout(context.Background(), p.timeout)
 	defer cancel()
 	return c(ctx, p.redis, p.user, strings.TrimRight(string(pw), "\n"))
 }
 
-// note logs a check whose verdict changed (the first one too, when it fails).
+// note keeps a check's verdict, and logs it when it changed (the first one too, when it fails).
 func (p *prober) note(name string, err error) {
 	why := ""
 	if err != nil {
@@ -119,12 +175,16 @@ func (p *prober) note(name string, err error) {
 	p.mu.Lock()
 	before, seen := p.last[name]
 	if p.last == nil {
-		p.last = map[string]string{}
+		p.last = map[string]verdict{}
 	}
-	p.last[name] = why
+	p.last[name] = verdict{err: err, at: time.Now()}
 	p.mu.Unlock()
+	beforeWhy := ""
+	if before.err != nil {
+		beforeWhy = before.err.Error()
+	}
 	switch {
-	case seen && before == why:
+	case seen && beforeWhy == why:
 	case err != nil:
 		p.log.Info("Probe fails", "probe", name, "reason", why)
 	case seen:

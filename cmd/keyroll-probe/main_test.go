@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"io"
 	"log/slog"
 	"net"
@@ -11,7 +12,13 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"sync"
+	"sync/atomic"
 	"time"
+
+	"golang.org/x/net/netutil"
+
+	"github.com/keyroll/keyroll/redisnode"
 )
 
 // A probe that fails answers 503 with why, and neither its answer nor its log holds the password;
@@ -29,8 +36,8 @@ func TestAFailedProbeSaysWhyWithoutThePassword(t *testing.T) {
 	addr := l.Addr().String()
 	_ = l.Close()
 	var logs bytes.Buffer
-	p := &prober{redis: addr, user: "keyroll-probe", passwordFile: file, timeout: time.Second,
-		log: slog.New(slog.NewTextHandler(&logs, nil))}
+	p := &prober{redis: addr, user: "keyroll-probe", passwordFile: file, timeout: time.Second, fresh: time.Second,
+		log: slog.New(slog.NewTextHandler(&logs, nil)), ready: redisnode.Ready, live: redisnode.Alive}
 	srv := httptest.NewServer(p.handler())
 	defer srv.Close()
 
@@ -62,5 +69,75 @@ func TestAFailedProbeSaysWhyWithoutThePassword(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusMethodNotAllowed {
 		t.Errorf("POST /ready: %s, want 405", resp.Status)
+	}
+}
+
+// Under a flood of concurrent requests, on as many connections, the sidecar runs one check at a
+// time (a handful in all: a verdict answers for a second) and answers every request, right; a
+// check that hangs gets each request a 503 within the request's deadline, not a hung connection.
+func TestAFloodRunsOneCheckAtATime(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "probe-password")
+	if err := os.WriteFile(file, []byte("pw\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var running, most, checks atomic.Int32
+	hang := make(chan struct{})
+	slow := func(ctx context.Context, _, _, _ string) error {
+		defer running.Add(-1)
+		if n := running.Add(1); n > most.Load() {
+			most.Store(n)
+		}
+		checks.Add(1)
+		select {
+		case <-hang:
+			<-ctx.Done()
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+			return nil
+		}
+	}
+	p := &prober{passwordFile: file, timeout: 500 * time.Millisecond, fresh: time.Second, log: slog.New(slog.DiscardHandler), ready: slow, live: slow}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := p.server()
+	go func() { _ = srv.Serve(netutil.LimitListener(l, 8)) }()
+	defer srv.Close()
+
+	flood := func(n int) (codes map[int]int, longest time.Duration) {
+		codes = map[int]int{}
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		for range n {
+			wg.Go(func() {
+				c := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 10 * time.Second}
+				start := time.Now()
+				resp, err := c.Get("http://" + l.Addr().String() + "/live")
+				took := time.Since(start)
+				mu.Lock()
+				defer mu.Unlock()
+				longest = max(longest, took)
+				if err != nil {
+					codes[-1]++
+					return
+				}
+				_ = resp.Body.Close()
+				codes[resp.StatusCode]++
+			})
+		}
+		wg.Wait()
+		return codes, longest
+	}
+	codes, longest := flood(500)
+	if codes[http.StatusOK] != 500 || most.Load() != 1 || checks.Load() > 3 {
+		t.Errorf("500 requests: answers %v, %d checks, at most %d at once (longest answer %s); want 500 OK, one check at a time, a few in all", codes, checks.Load(), most.Load(), longest)
+	}
+
+	close(hang)
+	time.Sleep(time.Second) // the verdict of the flood is no longer fresh
+	codes, longest = flood(50)
+	if codes[http.StatusServiceUnavailable] != 50 || longest > 3*time.Second {
+		t.Errorf("50 requests to a hung check: answers %v, longest %s; want 50 times 503 within the deadline", codes, longest)
 	}
 }

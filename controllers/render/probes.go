@@ -29,20 +29,25 @@ func httpProbe(path string, period, failures int32) *corev1.Probe {
 
 // probeContainer is the probe sidecar (cmd/keyroll-probe, in the manager's image): it answers the
 // Redis container's probes from Redis's own answers to the probe user, over the pod's loopback
-// (readiness: loaded, and a replica linked and synced; liveness: any answer). A sidecar in the
+// (readiness: loaded, and a replica linked and synced; liveness: any answer), one check at a time
+// and at most 32 connections at once, so that a flood of requests cannot take it past its memory
+// limit (which would restart the pod's Redis with it). A sidecar in the
 // Kubernetes sense (an init container that restarts always): it starts before Redis and stops
 // after it, so that it answers while Redis saves its data at a shutdown.
 func probeContainer(image string) corev1.Container {
 	return corev1.Container{
 		Name:  "probe",
 		Image: image,
-		Command: []string{"/keyroll-probe", fmt.Sprintf("--listen-address=:%d", probePort),
+		// It listens on the pod's IP only: the kubelet probes that address; the pod's other
+		// containers do not reach it over the loopback.
+		Command: []string{"/keyroll-probe", "--listen-ip=$(POD_IP)", fmt.Sprintf("--port=%d", probePort),
 			fmt.Sprintf("--redis-address=127.0.0.1:%d", redisPort), "--user=" + ProbeUser,
 			"--password-file=" + aclMountDir + "/" + ProbePasswordKey, fmt.Sprintf("--timeout=%ds", probeTimeout-1)},
 		RestartPolicy: ptr.To(corev1.ContainerRestartPolicyAlways),
 		// About 15 MiB resident after hundreds of probes; Go's soft limit keeps the heap well
 		// below the container's.
-		Env:   []corev1.EnvVar{{Name: "GOMEMLIMIT", Value: "24MiB"}},
+		Env: []corev1.EnvVar{{Name: "GOMEMLIMIT", Value: "24MiB"},
+			{Name: "POD_IP", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{APIVersion: "v1", FieldPath: "status.podIP"}}}},
 		Ports: []corev1.ContainerPort{{Name: "probe", ContainerPort: probePort, Protocol: corev1.ProtocolTCP}},
 		Resources: corev1.ResourceRequirements{
 			// No CPU limit: throttling could hold an answer past the probe's timeout.

@@ -128,6 +128,7 @@ func TestLivenessProbeLeavesALoadAloneAndFailsAHungRedis(t *testing.T) {
 	if err := syscall.Kill(pgid, syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
+	time.Sleep(1100 * time.Millisecond) // the last verdict answers for a second (--verdict-ttl)
 	start = time.Now()
 	err = again.alive()
 	took := time.Since(start)

@@ -203,7 +203,7 @@ func TestLivenessProbeIsPatientAndNotTheReadinessProbe(t *testing.T) {
 		t.Errorf("probe sidecar: image %s, restart policy %v; want %s, a sidecar (Always)", side.Image, side.RestartPolicy, testProbeImage)
 	}
 	cmd := strings.Join(side.Command, " ")
-	for _, want := range []string{"--user=" + ProbeUser, "--password-file=" + aclMountDir + "/" + ProbePasswordKey, fmt.Sprintf("--listen-address=:%d", probePort)} {
+	for _, want := range []string{"--user=" + ProbeUser, "--password-file=" + aclMountDir + "/" + ProbePasswordKey, "--listen-ip=$(POD_IP)", fmt.Sprintf("--port=%d", probePort)} {
 		if !strings.Contains(cmd, want) {
 			t.Errorf("probe sidecar's command %q lacks %s", cmd, want)
 		}

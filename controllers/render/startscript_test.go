@@ -196,8 +196,11 @@ func (p *pod) startProbe(t *testing.T) {
 	sidecar := StatefulSet(p.rc, "v", testProbeImage).Spec.Template.Spec.InitContainers[0]
 	args := []string{}
 	for _, a := range sidecar.Command[1:] {
-		if strings.HasPrefix(a, "--listen-address=") {
-			a = fmt.Sprintf("--listen-address=127.0.0.1:%d", p.probePort)
+		switch {
+		case a == "--listen-ip=$(POD_IP)":
+			a = "--listen-ip=127.0.0.1" // as the kubelet expands it, with the pod's IP
+		case strings.HasPrefix(a, "--port="):
+			a = fmt.Sprintf("--port=%d", p.probePort)
 		}
 		args = append(args, p.relocate.Replace(a))
 	}
