@@ -345,7 +345,7 @@ func ruleError(err error) *RuleError {
 // isReply says whether err is a Redis error reply with the given code (WRONGPASS, NOPERM).
 func isReply(err error, code string) bool {
 	var re redis.Error
-	return errors.As(err, &re) && strings.HasPrefix(err.Error(), code+" ")
+	return errors.As(err, &re) && strings.HasPrefix(re.Error(), code+" ")
 }
 
 // wrap names the node and what was done. Whether the node could not be reached shows in

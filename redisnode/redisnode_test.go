@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -188,3 +189,40 @@ func authedConn(t *testing.T, addr, username, password string) authed {
 }
 
 func (a authed) get(key string) error { return a.c.Get(context.Background(), key).Err() }
+
+// A node that refuses the connection's user (wrong password: WRONGPASS; a command the user may
+// not run: NOPERM) says so through LoginRefused, whatever wraps the error; an unreachable node
+// does not. ACLList lists every user, the default one included; DisableUser turns a user off.
+func TestLoginRefusedAndTheACL(t *testing.T) {
+	r, n := startRedis(t)
+	c := ctx(t)
+	wrong := redisnode.New(r.Addr(), r.AdminUser, "not-the-password")
+	defer wrong.Close()
+	_, err := wrong.ACLList(c)
+	if !redisnode.LoginRefused(err) {
+		t.Errorf("a wrong password: LoginRefused(%v) false", err)
+	}
+	if err := n.SetUser(c, redisnode.User{Name: "app", PasswordHash: hash("p"), Rules: []string{"~*", "+get"}}); err != nil {
+		t.Fatal(err)
+	}
+	app := redisnode.New(r.Addr(), "app", "p")
+	defer app.Close()
+	if _, err := app.ACLList(c); !redisnode.LoginRefused(err) {
+		t.Errorf("a command the user may not run: LoginRefused(%v) false", err)
+	}
+	gone := redisnode.New("127.0.0.1:1", "x", "y")
+	defer gone.Close()
+	if _, err := gone.ACLList(c); err == nil || redisnode.LoginRefused(err) {
+		t.Errorf("an unreachable node: LoginRefused(%v) true", err)
+	}
+	lines, err := n.ACLList(c)
+	if err != nil || len(lines) != 3 || !strings.HasPrefix(lines[1], "user app on ") || !strings.Contains(lines[1], " #"+hash("p")+" ") || !strings.HasPrefix(lines[2], "user default off ") {
+		t.Fatalf("ACL LIST %q, %v", lines, err)
+	}
+	if err := n.DisableUser(c, "app"); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := n.Accepts(c, "app", "p"); err != nil || ok {
+		t.Errorf("after DisableUser the user logs in: %v, %v", ok, err)
+	}
+}

@@ -5,6 +5,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
@@ -40,6 +41,14 @@ func (s Setter) Event(warning bool, reason, action, format string, args ...any) 
 		return
 	}
 	s.Recorder.Eventf(s.Obj, nil, eventType(warning), reason, action, format, args...)
+}
+
+// EventAbout records an event on the object at once that concerns related too (a pod of the
+// object's, say): events about different related objects are not folded into one series.
+func (s Setter) EventAbout(related runtime.Object, warning bool, reason, action, format string, args ...any) {
+	if s.Recorder != nil {
+		s.Recorder.Eventf(s.Obj, related, eventType(warning), reason, action, format, args...)
+	}
 }
 
 // Announce records an event about a change of the object's status (a condition's transition,

@@ -21,6 +21,8 @@ type LeaseChecks struct {
 
 	mu   sync.Mutex
 	last map[types.NamespacedName]leaseCheck
+	// now are the clusters whose lease is looked up at their next reconcile (Now).
+	now map[types.NamespacedName]bool
 }
 
 type leaseCheck struct {
@@ -30,7 +32,7 @@ type leaseCheck struct {
 
 // NewLeaseChecks looks each live lease up every interval (zero or less: never).
 func NewLeaseChecks(interval time.Duration) *LeaseChecks {
-	return &LeaseChecks{interval: interval, last: map[types.NamespacedName]leaseCheck{}}
+	return &LeaseChecks{interval: interval, last: map[types.NamespacedName]leaseCheck{}, now: map[types.NamespacedName]bool{}}
 }
 
 // Next is when the lease of key is next looked up; confirmed is when the status last saw it
@@ -41,7 +43,11 @@ func (l *LeaseChecks) Next(key types.NamespacedName, lease string, confirmed tim
 	}
 	l.mu.Lock()
 	c, ok := l.last[key]
+	now := l.now[key]
 	l.mu.Unlock()
+	if now {
+		return time.Unix(0, 0) // long due
+	}
 	at := confirmed
 	if ok && c.lease == lease && c.at.After(at) {
 		at = c.at
@@ -63,6 +69,19 @@ func (l *LeaseChecks) Checked(key types.NamespacedName, lease string, at time.Ti
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.last[key] = leaseCheck{lease: lease, at: at}
+	delete(l.now, key)
+}
+
+// Now has the lease of key looked up at the cluster's next reconcile, before anything else is
+// done with it: a user of its credential has gone from a Redis node, as Vault's plugin deletes it
+// when the lease is revoked (lease checks on).
+func (l *LeaseChecks) Now(key types.NamespacedName) {
+	if l == nil || l.interval <= 0 {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.now[key] = true
 }
 
 // Forget drops what is kept of a deleted cluster.
@@ -73,4 +92,5 @@ func (l *LeaseChecks) Forget(key types.NamespacedName) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	delete(l.last, key)
+	delete(l.now, key)
 }

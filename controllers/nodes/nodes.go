@@ -49,19 +49,24 @@ type Syncer struct {
 	CheckInterval time.Duration
 	// Removed counts the users removed from a node that were not the cluster's (nil: none).
 	Removed prometheus.Counter
-	checks  checks
+	// LeaseCheckNow, when set, has the cluster's lease looked up before its next sync: an
+	// application user went from a node, as when Vault's plugin deletes it at a revocation, which
+	// putting the user back would undo until the next lease check.
+	LeaseCheckNow func(types.NamespacedName)
+	checks        checks
 }
 
 // DefaultCheckInterval is how often every node's ACL is compared with what was confirmed there.
 const DefaultCheckInterval = time.Minute
 
 // NewSyncer returns a Syncer that compares every node's ACL every checkInterval (zero:
-// DefaultCheckInterval; negative: never) and counts the unknown users it removes in removed.
-func NewSyncer(c client.Reader, dial redisnode.Dialer, clk clock.Clock, checkInterval time.Duration, removed prometheus.Counter) *Syncer {
+// DefaultCheckInterval; negative: never), counts the unknown users it removes in removed and asks
+// leaseCheckNow for a lease lookup when an application user is gone from a node.
+func NewSyncer(c client.Reader, dial redisnode.Dialer, clk clock.Clock, checkInterval time.Duration, removed prometheus.Counter, leaseCheckNow func(types.NamespacedName)) *Syncer {
 	if checkInterval == 0 {
 		checkInterval = DefaultCheckInterval
 	}
-	return &Syncer{Client: c, Dial: dial, Clock: clk, CheckInterval: checkInterval, Removed: removed}
+	return &Syncer{Client: c, Dial: dial, Clock: clk, CheckInterval: checkInterval, Removed: removed, LeaseCheckNow: leaseCheckNow}
 }
 
 // Want is what every node of a cluster must have.
@@ -93,6 +98,8 @@ func (s *Syncer) Sync(ctx context.Context, rc *v1alpha1.RedisCluster, conds cond
 	confirmed := 0
 	var stopped *problem
 	var changed []string
+	var founds []found
+	defer func() { s.report(conds, founds) }()
 	for _, p := range m.Pods {
 		run, ok := running(p)
 		if !ok {
@@ -103,10 +110,13 @@ func (s *Syncer) Sync(ctx context.Context, rc *v1alpha1.RedisCluster, conds cond
 		fresh := !seen || rec.PodUID != p.UID || !statustime.Of(rec.StartedAt).Equal(run.startedAt)
 		steady := !fresh && rec.UsersVersion == version && rec.ACLDigest != ""
 		if steady && check {
-			what, err := s.compare(ctx, run.addr, want, rec.ACLDigest)
+			what, appGone, err := s.compare(ctx, run.addr, want, rec.ACLDigest)
 			if err != nil {
 				stopped = s.failed(rc, p, run.addr, err)
 				break
+			}
+			if appGone && s.LeaseCheckNow != nil {
+				s.LeaseCheckNow(client.ObjectKeyFromObject(rc))
 			}
 			if what != "" {
 				rec.ACLDigest = "" // the next sync puts it back
@@ -117,7 +127,8 @@ func (s *Syncer) Sync(ctx context.Context, rc *v1alpha1.RedisCluster, conds cond
 		}
 		if !steady {
 			repair := !fresh && rec.UsersVersion == version
-			digest, err := s.syncNode(ctx, conds, node{pod: p.Name, addr: run.addr, fresh: fresh, repair: repair}, want)
+			digest, f, err := s.syncNode(ctx, node{pod: p.Name, addr: run.addr, fresh: fresh, repair: repair}, want)
+			founds = append(founds, f)
 			if err != nil {
 				stopped = s.failed(rc, p, run.addr, err)
 				break

@@ -28,26 +28,33 @@ type node struct {
 	repair bool
 }
 
+// found is what a sync found changed outside keyroll on one node.
+type found struct {
+	pod, via string
+	// unknown are the users deleted that a confirmed node should not have had (not on a fresh
+	// run of Redis, whose extra users come from an older aclfile); restored are the cluster's
+	// users that had been changed on the node and were set back.
+	unknown, restored []string
+}
+
 // syncNode makes the node's ACL exactly want: every wanted user set, the default user off, every
 // other user deleted (and confirmed gone), then the current credential confirmed by logging in as
-// it. It returns the digest of the node's ACL as it left it. Users deleted that a confirmed
-// node should not have had (not on a fresh run of Redis, whose extra users come from an older
-// aclfile) are reported, one UnknownUserRemoved event each, as are the cluster's users that
-// were changed on the node and set back (UserRestored).
-func (s *Syncer) syncNode(ctx context.Context, conds conditions.Setter, nd node, want Want) (string, error) {
+// it. It returns the digest of the node's ACL as it left it, and what it found changed outside
+// keyroll.
+func (s *Syncer) syncNode(ctx context.Context, nd node, want Want) (string, found, error) {
 	n, via, before, err := s.login(ctx, nd.addr, want.AdminPassword)
 	if err != nil {
-		return "", err
+		return "", found{}, err
 	}
 	defer func() { _ = n.Close() }()
 	for _, u := range want.Users.All {
 		if err := n.SetUser(ctx, redisnode.User{Name: u.Username, PasswordHash: u.PasswordHash, Rules: u.Rules}); err != nil {
-			return "", err
+			return "", found{}, err
 		}
 	}
 	if line := userLine(before, "default"); strings.HasPrefix(line, "user default on") {
 		if err := n.DisableUser(ctx, "default"); err != nil {
-			return "", err
+			return "", found{}, err
 		}
 	}
 	var del, unknown []string
@@ -62,26 +69,25 @@ func (s *Syncer) syncNode(ctx context.Context, conds conditions.Setter, nd node,
 		}
 	}
 	if err := n.DelUsers(ctx, del...); err != nil {
-		return "", err
+		return "", found{}, err
 	}
 	after, err := n.ACLList(ctx)
 	if err != nil {
-		return "", err
+		return "", found{}, err
 	}
 	if left := slices.DeleteFunc(slices.Clone(del), func(name string) bool { return userLine(after, name) == "" }); len(left) > 0 {
-		return "", fmt.Errorf("the node still has users %s after deleting them", strings.Join(left, ", "))
+		return "", found{}, fmt.Errorf("the node still has users %s after deleting them", strings.Join(left, ", "))
 	}
 	if c := want.Confirm; c != nil {
 		ok, err := n.Accepts(ctx, c.Username, c.Password)
 		if err != nil {
-			return "", err
+			return "", found{}, err
 		}
 		if !ok {
-			return "", fmt.Errorf("the node does not accept user %s after setting it", c.Username)
+			return "", found{}, fmt.Errorf("the node does not accept user %s after setting it", c.Username)
 		}
 	}
-	s.report(conds, nd, via, unknown, changedUsers(nd, want, before, after))
-	return digest(after), nil
+	return digest(after), found{pod: nd.pod, via: via, unknown: unknown, restored: changedUsers(nd, want, before, after)}, nil
 }
 
 // changedUsers are the cluster's users whose line of the node's ACL the sync changed, on a node
@@ -99,46 +105,69 @@ func changedUsers(nd node, want Want, before, after []string) []string {
 	return out
 }
 
-// report announces what a sync found changed outside keyroll on one node.
-func (s *Syncer) report(conds conditions.Setter, nd node, via string, unknown, restored []string) {
-	for _, name := range unknown {
-		conds.Event(true, v1alpha1.EventUnknownUserRemoved, "ApplyUsers",
-			"Removed user %s from pod %s: it is not one of the cluster's users (keyroll owns the users of its Redis nodes)", name, nd.pod)
-		if s.Removed != nil {
-			s.Removed.Inc()
+// report announces what a sync found changed outside keyroll: one event of each kind for all
+// nodes (the recorder folds events of one reason about one version of the cluster into one, and
+// would drop the later ones' notes), naming each user and node.
+func (s *Syncer) report(conds conditions.Setter, all []found) {
+	var removed, restored []string
+	for _, f := range all {
+		for _, name := range f.unknown {
+			removed = append(removed, fmt.Sprintf("%s from pod %s", name, f.pod))
+			if s.Removed != nil {
+				s.Removed.Inc()
+			}
 		}
+		if len(f.restored) > 0 {
+			restored = append(restored, fmt.Sprintf("%s on pod %s (logged in as %s)", strings.Join(f.restored, ", "), f.pod, f.via))
+		}
+	}
+	if len(removed) > 0 {
+		conds.Event(true, v1alpha1.EventUnknownUserRemoved, "ApplyUsers",
+			"Removed users that are not the cluster's (keyroll owns the users of its Redis nodes): %s", strings.Join(removed, "; "))
 	}
 	if len(restored) > 0 {
 		conds.Event(true, v1alpha1.EventUserRestored, "ApplyUsers",
-			"Set users %s on pod %s back to the cluster's, logged in as %s: they had been changed outside keyroll", strings.Join(restored, ", "), nd.pod, via)
+			"Set users changed outside keyroll back to the cluster's: %s", strings.Join(restored, "; "))
 	}
 }
 
 // compare says what differs between the node's ACL and what keyroll confirmed there (digest):
-// nothing (""), users that are not the cluster's, the cluster's users changed, or keyroll's
-// admin user refused.
-func (s *Syncer) compare(ctx context.Context, addr string, want Want, confirmed string) (string, error) {
+// nothing (""), users that are not the cluster's, application users gone (appGone), the
+// cluster's users changed, or keyroll's admin user refused.
+func (s *Syncer) compare(ctx context.Context, addr string, want Want, confirmed string) (what string, appGone bool, err error) {
 	n, via, lines, err := s.login(ctx, addr, want.AdminPassword)
 	if err != nil {
-		return "", err
+		return "", false, err
 	}
 	_ = n.Close()
 	switch {
 	case via != render.AdminUser:
-		return render.AdminUser + " refused; keyroll logged in as " + via, nil
+		return render.AdminUser + " refused; keyroll logged in as " + via, false, nil
 	case digest(lines) == confirmed:
-		return "", nil
+		return "", false, nil
 	}
-	var unknown []string
+	var unknown, gone []string
 	for _, line := range lines {
 		if name := lineUser(line); name != "default" && !want.Users.Has(name) {
 			unknown = append(unknown, name)
 		}
 	}
-	if len(unknown) > 0 {
-		return "users " + strings.Join(unknown, ", ") + " are not the cluster's", nil
+	for _, name := range want.Users.App {
+		if userLine(lines, name) == "" {
+			gone = append(gone, name)
+		}
 	}
-	return "the cluster's users were changed", nil
+	var diffs []string
+	if len(unknown) > 0 {
+		diffs = append(diffs, "users "+strings.Join(unknown, ", ")+" are not the cluster's")
+	}
+	if len(gone) > 0 {
+		diffs = append(diffs, "users "+strings.Join(gone, ", ")+" are gone (their lease is looked up before they are put back)")
+	}
+	if len(diffs) == 0 {
+		diffs = append(diffs, "the cluster's users were changed")
+	}
+	return strings.Join(diffs, "; "), len(gone) > 0, nil
 }
 
 // login opens a session on the node at addr as keyroll's admin user, or, when the node refuses

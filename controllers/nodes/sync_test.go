@@ -148,7 +148,8 @@ func TestUnknownUsersAreRemovedAtTheNextCheck(t *testing.T) {
 		}
 	}
 	evs := strings.Join(g.drainEvents(), "\n")
-	for _, want := range []string{"UnknownUserRemoved Removed user backdoor from pod orders-0", "UnknownUserRemoved Removed user backdoor from pod orders-2", "UserRestored Set users default on pod orders-1"} {
+	for _, want := range []string{"UnknownUserRemoved Removed users that are not the cluster's (keyroll owns the users of its Redis nodes): backdoor from pod orders-2; backdoor from pod orders-0",
+		"UserRestored Set users changed outside keyroll back to the cluster's: default on pod orders-1 (logged in as keyroll-admin)"} {
 		if !strings.Contains(evs, want) {
 			t.Errorf("no event %q in:\n%s", want, evs)
 		}
@@ -184,7 +185,7 @@ func TestAdminChangedOnANodeIsSetBackThroughTheRecoveryUser(t *testing.T) {
 	if !g.redis.Accepts(addr(1), render.AdminUser, g.in.Admin) {
 		t.Error("keyroll-admin was not set back on orders-1")
 	}
-	if evs := strings.Join(g.drainEvents(), "\n"); !strings.Contains(evs, "UserRestored Set users keyroll-admin on pod orders-1 back to the cluster's, logged in as keyroll-recovery") {
+	if evs := strings.Join(g.drainEvents(), "\n"); !strings.Contains(evs, "UserRestored Set users changed outside keyroll back to the cluster's: keyroll-admin on pod orders-1 (logged in as keyroll-recovery)") {
 		t.Errorf("events:\n%s", evs)
 	}
 
@@ -239,5 +240,27 @@ func TestOnlyTheStatefulSetsPodsAreNodes(t *testing.T) {
 	}
 	if m, err := ListMembers(context.Background(), g.k8s, g.rc); err != nil || len(m.Pods) != 0 {
 		t.Errorf("without the StatefulSet: members %d, %v", len(m.Pods), err)
+	}
+}
+
+// An application user gone from a node (Vault's plugin deletes it when its lease is revoked) has
+// the cluster's lease looked up before the user is put back, so that a revocation is honoured
+// rather than undone.
+func TestAnApplicationUserGoneAsksForALeaseCheckFirst(t *testing.T) {
+	g := newGround(t, 2)
+	var asked []types.NamespacedName
+	g.syncer.LeaseCheckNow = func(k types.NamespacedName) { asked = append(asked, k) }
+	cur := render.NewCredential("V_APP", "app")
+	want := g.want(&cur)
+	if done, _ := g.sync(t, want); !done {
+		t.Fatalf("first sync: %+v", g.usersApplied())
+	}
+	if err := g.redis.Dial(addr(0), render.AdminUser, g.in.Admin).DelUsers(context.Background(), "V_APP"); err != nil {
+		t.Fatal(err)
+	}
+	g.clock.Step(time.Minute)
+	if done, _ := g.sync(t, want); done || len(asked) != 1 || asked[0] != client.ObjectKeyFromObject(g.rc) ||
+		!strings.Contains(g.usersApplied().Message, "users V_APP are gone (their lease is looked up before they are put back)") {
+		t.Fatalf("at the check: asked %v, UsersApplied %+v", asked, g.usersApplied())
 	}
 }

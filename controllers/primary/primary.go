@@ -64,14 +64,14 @@ type Cluster struct {
 }
 
 // For lists rc's Redis pods (nodes.ListMembers), and reports each pod that only looks like one
-// (a Warning event, once per pod while keyroll runs).
+// (a Warning event about the cluster and the pod, once per pod while keyroll runs).
 func (k *Keeper) For(ctx context.Context, rc *v1alpha1.RedisCluster, conds conditions.Setter, admin string) (*Cluster, error) {
 	m, err := nodes.ListMembers(ctx, k.Client, rc)
 	if err != nil {
 		return nil, err
 	}
 	for _, p := range k.lookAlikes.fresh(client.ObjectKeyFromObject(rc), m.LookAlikes) {
-		conds.Event(true, v1alpha1.EventLookAlikePod, "ListNodes",
+		conds.EventAbout(p, true, v1alpha1.EventLookAlikePod, "ListNodes",
 			"Pod %s carries the labels of this cluster's Redis pods but is not one of StatefulSet %s's pods: keyroll sends it nothing and does not count it as a Redis node", p.Name, rc.Name)
 	}
 	return &Cluster{RC: rc, Conds: conds, Admin: admin, Pods: m.Pods}, nil

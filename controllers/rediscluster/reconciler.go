@@ -116,15 +116,13 @@ func New(cfg Config) *Reconciler {
 		dial = redisnode.Dial
 	}
 	timers := upkeep.NewTimers(delayedExecution(cfg.Clock))
+	checks := ledger.NewLeaseChecks(interval)
 	d := &deps{Client: cfg.Client, APIReader: cfg.APIReader, Clock: cfg.Clock, Connector: cfg.Connector,
-		Metrics: cfg.Metrics, Ledger: &ledger.Ledger{Clock: cfg.Clock, Metrics: cfg.Metrics, Checks: ledger.NewLeaseChecks(interval), Upkeep: timers},
-		nodes: nodes.NewSyncer(cfg.Client, dial, cfg.Clock, cfg.UsersCheckInterval, cfg.Metrics.UnknownUsersRemoved), primary: &primary.Keeper{Client: cfg.Client, Dial: dial, Clock: cfg.Clock},
+		Metrics: cfg.Metrics, Ledger: &ledger.Ledger{Clock: cfg.Clock, Metrics: cfg.Metrics, Checks: checks, Upkeep: timers},
+		nodes: nodes.NewSyncer(cfg.Client, dial, cfg.Clock, cfg.UsersCheckInterval, cfg.Metrics.UnknownUsersRemoved, checks.Now), primary: &primary.Keeper{Client: cfg.Client, Dial: dial, Clock: cfg.Clock},
 		netpol:     &netpol.Keeper{Client: cfg.Client, APIReader: cfg.APIReader, OperatorNamespace: cmp.Or(cfg.OperatorNamespace, "keyroll-system")},
 		probeImage: cfg.ProbeImage}
-	workers := cfg.Workers
-	if workers <= 0 {
-		workers = DefaultWorkers
-	}
+	workers := cmp.Or(max(cfg.Workers, 0), DefaultWorkers)
 	vl := &vaultlease.Source{Client: d.Client, APIReader: d.APIReader, Clock: d.Clock, Metrics: d.Metrics, Ledger: d.Ledger}
 	if cfg.Connector != nil && cfg.Connector.Intents != nil {
 		vl.Intents = cfg.Connector.Intents

@@ -155,6 +155,8 @@ func RecoveryPassword(admin string) string {
 type Users struct {
 	All      []ACLUser
 	Retiring []string
+	// App names the application users among All (the credentials' users).
+	App []string
 }
 
 // ClusterUsers is what every node of rc must have: keyroll's own users, the Vault plugin's user,
@@ -174,6 +176,7 @@ func ClusterUsers(rc *v1alpha1.RedisCluster, in Internal, app []ACLUser) Users {
 	for _, a := range app {
 		if !slices.Contains(rc.Status.RetiringUsers, a.Username) && !u.Has(a.Username) {
 			u.All = append(u.All, a)
+			u.App = append(u.App, a.Username)
 		}
 	}
 	u.Retiring = slices.Clone(rc.Status.RetiringUsers)
@@ -199,7 +202,7 @@ func (u Users) Version() string {
 }
 
 // WithoutRetiring is the set once the retiring users are gone from every node.
-func (u Users) WithoutRetiring() Users { return Users{All: u.All} }
+func (u Users) WithoutRetiring() Users { return Users{All: u.All, App: u.App} }
 
 // ACLFile renders the aclfile of the set.
 func (u Users) ACLFile() (string, error) { return RenderACLFile(u.All) }

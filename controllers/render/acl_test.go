@@ -1,11 +1,14 @@
 package render
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
 	"github.com/keyroll/keyroll/test/testground"
@@ -204,5 +207,53 @@ func TestAppRulesEndWithTheDenyRules(t *testing.T) {
 	}
 	if r := RecoveryPassword("a"); r == "a" || r != RecoveryPassword("a") || r == RecoveryPassword("b") || len(r) != 64 {
 		t.Errorf("RecoveryPassword(a) = %q", r)
+	}
+}
+
+// Each command AppDenyRules deny is one of Redis's own @admin commands (ACL CAT admin lists it, or
+// subcommands of it) on the Redis the test ground runs (7.0); Redis takes the deny rules after
+// +@all, and the user they end up with may run ordinary commands and none of those.
+func TestAppDenyRulesAreRedisAdminCommands(t *testing.T) {
+	r, err := testground.StartRedis(t.TempDir())
+	if err != nil {
+		t.Fatalf("starting redis-server (apt-get install redis-server): %v", err)
+	}
+	defer r.Stop()
+	c := redis.NewClient(&redis.Options{Addr: r.Addr(), Username: r.AdminUser, Password: r.AdminPassword, Protocol: 2, DisableIdentity: true})
+	defer c.Close()
+	admin, err := c.Do(context.Background(), "ACL", "CAT", "admin").StringSlice()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc := &v1alpha1.RedisCluster{}
+	rc.Spec.Credentials.ACLRules = []string{"~*", "&*", "+@all"}
+	args := append([]string{"ACL", "SETUSER", "app", "reset", "on", ">p"}, AppRules(rc)...)
+	if _, err := r.Do(r.AdminUser, r.AdminPassword, args...); err != nil {
+		t.Fatalf("Redis refused the application user's rules: %v", err)
+	}
+	for _, deny := range AppDenyRules {
+		cmd := strings.TrimPrefix(deny, "-")
+		if !slices.ContainsFunc(admin, func(c string) bool { return c == cmd || strings.HasPrefix(c, cmd+"|") }) {
+			t.Errorf("%s is not an @admin command of this Redis: %v", cmd, admin)
+		}
+		call := []string{cmd}
+		if i := slices.IndexFunc(admin, func(c string) bool { return strings.HasPrefix(c, cmd+"|") }); i >= 0 && !slices.Contains(admin, cmd) {
+			call = strings.Split(admin[i], "|") // a container command: one of its subcommands
+		}
+		var out string
+		for range 4 { // as many arguments as the command's arity asks for
+			if out, err = r.Do(r.AdminUser, r.AdminPassword, append([]string{"ACL", "DRYRUN", "app"}, call...)...); err == nil || !strings.Contains(err.Error(), "wrong number of arguments") {
+				break
+			}
+			call = append(call, "1")
+		}
+		if err != nil || !strings.Contains(out, "no permissions") {
+			t.Errorf("ACL DRYRUN app %v: %q, %v; want no permissions", call, out, err)
+		}
+	}
+	for _, ok := range [][]string{{"GET", "k"}, {"SET", "k", "v"}, {"KEYS", "*"}, {"FLUSHALL"}, {"INFO"}} {
+		if out, err := r.Do(r.AdminUser, r.AdminPassword, append([]string{"ACL", "DRYRUN", "app"}, ok...)...); err != nil || out != "OK" {
+			t.Errorf("ACL DRYRUN app %v: %q, %v; want OK", ok, out, err)
+		}
 	}
 }

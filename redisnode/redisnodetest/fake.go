@@ -185,7 +185,8 @@ func (c *conn) node() (*Node, error) {
 		c.f.nodes[c.addr] = n
 	}
 	if !n.accepts(c.user, c.pass) {
-		return nil, replyError("WRONGPASS invalid username-password pair or user is disabled")
+		// wrapped, as the real client wraps what the node answers
+		return nil, fmt.Errorf("on %s: %w", c.addr, replyError("WRONGPASS invalid username-password pair or user is disabled"))
 	}
 	return n, nil
 }

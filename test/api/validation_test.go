@@ -9,6 +9,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/yaml"
+
+	krender "github.com/keyroll/keyroll/controllers/render"
 )
 
 const validRedisCluster = `
@@ -343,4 +345,40 @@ func del(path string) func(map[string]any) {
 	return func(obj map[string]any) {
 		unstructured.RemoveNestedField(obj, strings.Split(path, ".")...)
 	}
+}
+
+// Rules that grant the application user one of the commands keyroll keeps for itself by name (or
+// the whole @admin category) are refused at admission, naming the field and the rule, each of
+// them: the walk is derived from keyroll's AppDenyRules, so that a command added there is walked
+// too. With spec.credentials.unsafeAllowAdminCommands the owner takes them knowingly.
+func TestACLRulesGrantingKeyrollsCommandsAreRefused(t *testing.T) {
+	ctx := context.Background()
+	ns := fw.Namespace(t, "acl-admin")
+	var rules []string
+	for _, deny := range krender.AppDenyRules {
+		cmd := strings.TrimPrefix(deny, "-")
+		rules = append(rules, "+"+cmd, "+"+cmd+"|anything")
+	}
+	rules = append(rules, "+@admin")
+	for i, rule := range rules {
+		obj := parse(t, validRedisCluster, ns)
+		obj.SetName(fmt.Sprintf("admin-%d", i))
+		set("spec.credentials.aclRules", []any{"~*", "+@all", rule})(obj.Object)
+		err := fw.Client.Create(ctx, obj)
+		if err == nil {
+			_ = fw.Client.Delete(ctx, obj)
+			t.Errorf("aclRules with %s accepted", rule)
+			continue
+		}
+		if !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "spec.credentials.aclRules: Forbidden: spec.credentials.aclRules: "+rule+" would let the application user") {
+			t.Errorf("aclRules with %s: %v; want Forbidden naming the field and the rule", rule, err)
+		}
+		set("spec.credentials.unsafeAllowAdminCommands", true)(obj.Object)
+		if err := fw.Client.Create(ctx, obj); err != nil {
+			t.Errorf("aclRules with %s and unsafeAllowAdminCommands refused: %v", rule, err)
+		} else if err := fw.Client.Delete(ctx, obj); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Logf("%d rules refused", len(rules))
 }

@@ -45,6 +45,8 @@ type OperatorOptions struct {
 	VaultObserver func(connection, op, outcome string, seconds float64)
 	// LeaseCheckInterval is the operator's --lease-check-interval (zero: its default).
 	LeaseCheckInterval time.Duration
+	// UsersCheckInterval is the operator's --redis-users-check-interval (zero: its default).
+	UsersCheckInterval time.Duration
 	// AsServiceAccount makes every request of the operator to the API server as its service
 	// account (impersonated): with the permissions an install grants it, and no more.
 	AsServiceAccount bool
@@ -119,7 +121,8 @@ func (f *Framework) NewOperator(ctx context.Context, o OperatorOptions) (*Operat
 	op.Reconciler, err = controllers.Setup(mgr, controllers.Options{
 		Recorder: op.broadcast.NewRecorder(scheme, "keyroll"), Clock: clock.RealClock{}, Tokens: tokens,
 		ServiceAccount: types.NamespacedName{Namespace: f.OperatorNS, Name: OperatorSA},
-		VaultObserver:  o.VaultObserver, LeaseCheckInterval: o.LeaseCheckInterval, ProbeImage: testground.ProbeImage,
+		VaultObserver:  o.VaultObserver, LeaseCheckInterval: o.LeaseCheckInterval, UsersCheckInterval: o.UsersCheckInterval,
+		ProbeImage: testground.ProbeImage,
 	})
 	if err != nil {
 		op.cancel()

@@ -1,0 +1,153 @@
+package nodetrust
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+
+	"github.com/keyroll/keyroll/test/framework"
+)
+
+// sidecarProcess finds the probe sidecar of the pod with IP ip among this machine's processes
+// (the test ground's node runs here): the one keyroll-probe told to listen on that IP.
+func sidecarProcess(t *testing.T, ip string) int {
+	t.Helper()
+	dirs, err := os.ReadDir("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range dirs {
+		pid, err := strconv.Atoi(d.Name())
+		if err != nil {
+			continue
+		}
+		cmdline, err := os.ReadFile(filepath.Join("/proc", d.Name(), "cmdline"))
+		if err != nil {
+			continue
+		}
+		args := bytes.Split(cmdline, []byte{0})
+		if len(args) > 1 && bytes.HasSuffix(args[0], []byte("keyroll-probe")) && bytes.Contains(cmdline, []byte("--listen-ip="+ip+"\x00")) {
+			return pid
+		}
+	}
+	t.Fatalf("no keyroll-probe process listens on %s", ip)
+	return 0
+}
+
+// peakRSS is a process's peak resident set (VmHWM), in bytes.
+func peakRSS(t *testing.T, pid int) int64 {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return kb << 10
+		}
+	}
+	t.Fatalf("no VmHWM in /proc/%d/status", pid)
+	return 0
+}
+
+// containers are a pod's containers' IDs and restart counts, the sidecar's included.
+func containers(p *corev1.Pod) string {
+	var out []string
+	for _, c := range append(p.Status.InitContainerStatuses, p.Status.ContainerStatuses...) {
+		out = append(out, fmt.Sprintf("%s=%s/%d", c.Name, c.ContainerID, c.RestartCount))
+	}
+	return strings.Join(out, " ")
+}
+
+// 3,000 concurrent requests, each on a connection of its own, to the probe sidecar beside a real
+// Redis: the sidecar's peak resident memory stays under its container's limit, every request is
+// answered 200 (Redis is alive) within the kubelet's probe timeout, and neither Redis nor the
+// sidecar restarts (same container IDs, same restart counts, the pod Ready throughout).
+func TestProbeSidecarHoldsUnderFlood(t *testing.T) {
+	ns := fw.Namespace(t, "flood")
+	vc := fw.VaultConnection(t, "vault-flood", framework.Allow(ns))
+	rc := fw.RedisCluster(t, ns, "cache", vc.Name, fw.Path("orders"), framework.Replicas(1))
+	fw.WaitReady(t, rc, 3*time.Minute)
+	pod := fw.RedisPods(t, rc)[0]
+	var limit resource.Quantity
+	for _, c := range pod.Spec.InitContainers {
+		if c.Name == "probe" {
+			limit = c.Resources.Limits[corev1.ResourceMemory]
+		}
+	}
+	if limit.IsZero() {
+		t.Fatalf("the probe sidecar has no memory limit: %+v", pod.Spec.InitContainers)
+	}
+	pid := sidecarProcess(t, pod.Status.PodIP)
+	before := containers(&pod)
+	t.Logf("sidecar pid %d, peak RSS before the flood %d KiB, limit %s", pid, peakRSS(t, pid)>>10, limit.String())
+
+	const requests = 3000
+	const deadline = 5 * time.Second // the kubelet's probe timeout (render: probeTimeout)
+	url := "http://" + net.JoinHostPort(pod.Status.PodIP, "8081") + "/live"
+	codes := map[string]int{}
+	var longest time.Duration
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for range requests {
+		wg.Go(func() {
+			c := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 30 * time.Second}
+			<-start
+			begin := time.Now()
+			resp, err := c.Get(url)
+			took := time.Since(begin)
+			outcome := ""
+			if err != nil {
+				outcome = "error: " + err.Error()
+			} else {
+				body, _ := io.ReadAll(resp.Body)
+				_ = resp.Body.Close()
+				outcome = fmt.Sprintf("%d %s", resp.StatusCode, strings.TrimSpace(string(body)))
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			codes[outcome]++
+			longest = max(longest, took)
+		})
+	}
+	began := time.Now()
+	close(start)
+	wg.Wait()
+	peak := peakRSS(t, pid)
+	t.Logf("%d concurrent requests in %s: answers %v, longest %s; sidecar peak RSS %d KiB of a %s limit",
+		requests, time.Since(began).Round(time.Millisecond), codes, longest.Round(time.Millisecond), peak>>10, limit.String())
+	if codes["200 ok"] != requests {
+		t.Errorf("answers %v: want %d times 200 ok", codes, requests)
+	}
+	if longest > deadline {
+		t.Errorf("an answer took %s, longer than the kubelet's probe timeout %s", longest, deadline)
+	}
+	if peak >= limit.Value() {
+		t.Errorf("the sidecar's peak RSS %d KiB reached its limit %s", peak>>10, limit.String())
+	}
+
+	// Long enough for a liveness failure to restart a container (6 probes 10 s apart would take
+	// a minute; one OOM kill shows at once).
+	time.Sleep(15 * time.Second)
+	after := fw.RedisPods(t, rc)[0]
+	if got := containers(&after); got != before || !framework.PodReady(&after) || after.UID != pod.UID {
+		t.Errorf("containers before the flood %s, after %s (Ready %v)", before, got, framework.PodReady(&after))
+	}
+}

@@ -1,0 +1,243 @@
+package nodetrust
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/redis/go-redis/v9"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/redisnode"
+	"github.com/keyroll/keyroll/test/framework"
+)
+
+// session is a go-redis client of one node as user: one connection, no retries.
+func session(addr, user, pass string) *redis.Client {
+	return redis.NewClient(&redis.Options{Addr: addr, Username: user, Password: pass, Protocol: 2, DisableIdentity: true,
+		PoolSize: 1, MaxRetries: -1})
+}
+
+// usersOf lists a node's users as keyroll's admin user.
+func usersOf(t *testing.T, p *corev1.Pod, admin string) []string {
+	t.Helper()
+	n := redisnode.New(framework.PodAddr(p), "keyroll-admin", admin)
+	defer n.Close()
+	users, err := n.Users(context.Background())
+	if err != nil {
+		t.Fatalf("listing the users of %s as keyroll-admin: %v", p.Name, err)
+	}
+	return users
+}
+
+// With the default aclRules, and with a bare +@all, the credentials Secret's user is refused
+// (NOPERM) every command that would take a node over from keyroll, on every node, and its
+// ordinary commands work; keyroll's admin user still logs in on each node afterwards, and no user
+// was added.
+func TestApplicationUserCannotTouchKeyrollsUsers(t *testing.T) {
+	for name, rules := range map[string][]string{"default rules": nil, "+@all": {"~*", "+@all"}} {
+		t.Run(name, func(t *testing.T) {
+			ns := fw.Namespace(t, "takeover-"+strings.Trim(strings.ReplaceAll(name, " ", "-"), "+@"))
+			vc := fw.VaultConnection(t, "vault-"+ns, framework.Allow(ns))
+			rc := fw.RedisCluster(t, ns, "cache", vc.Name, fw.Path("orders"), framework.Replicas(2), func(rc *v1alpha1.RedisCluster) {
+				rc.Spec.Credentials.ACLRules = rules
+			})
+			cur := fw.WaitReady(t, rc, 3*time.Minute)
+			user, pass, _ := fw.Credentials(rc)
+			admin := fw.AdminPassword(rc)
+			ctx := context.Background()
+			forbidden := [][]any{
+				{"ACL", "SETUSER", "keyroll-admin", "resetpass", ">taken"},
+				{"ACL", "SETUSER", "backdoor", "on", ">x", "+@all", "~*"},
+				{"ACL", "LIST"},
+				{"REPLICAOF", "NO", "ONE"},
+				{"FAILOVER"},
+				{"CONFIG", "SET", "maxmemory", "1"},
+				{"CONFIG", "GET", "masterauth"},
+				{"SHUTDOWN", "NOSAVE"},
+				{"MONITOR"},
+				{"CLUSTER", "RESET"},
+			}
+			// Redis 7 refuses MODULE and DEBUG to every connection by default, before the ACL
+			// has a say (enable-module-command, enable-debug-command): whether the ACL denies
+			// them too is asked with ACL DRYRUN.
+			denied := [][]any{{"MODULE", "LOAD", "/tmp/x.so"}, {"DEBUG", "SLEEP", "0"}, {"CONFIG", "GET", "maxmemory"}}
+			for _, p := range fw.RedisPods(t, rc) {
+				c := session(framework.PodAddr(&p), user, pass)
+				for _, cmd := range forbidden {
+					if err := c.Do(ctx, cmd...).Err(); err == nil || !strings.HasPrefix(err.Error(), "NOPERM") {
+						t.Errorf("%s: the application user ran %v: %v", p.Name, cmd, err)
+					}
+				}
+				ordinary := [][]any{{"GET", "app:1"}, {"EXISTS", "app:1"}, {"INFO", "replication"}, {"KEYS", "*"}}
+				if p.Name == cur.Status.Primary {
+					ordinary = append(ordinary, []any{"SET", "app:1", "v"}, []any{"INCR", "app:n"}, []any{"FLUSHDB"})
+				}
+				for _, cmd := range ordinary {
+					if err := c.Do(ctx, cmd...).Err(); err != nil && err != redis.Nil {
+						t.Errorf("%s: the application user cannot run %v: %v", p.Name, cmd, err)
+					}
+				}
+				_ = c.Close()
+				a := session(framework.PodAddr(&p), "keyroll-admin", admin)
+				for _, cmd := range denied {
+					res, err := a.Do(ctx, append([]any{"ACL", "DRYRUN", user}, cmd...)...).Text()
+					if err != nil || !strings.Contains(res, "no permissions") {
+						t.Errorf("%s: ACL DRYRUN of %v as the application user: %q, %v; want no permissions", p.Name, cmd, res, err)
+					}
+				}
+				_ = a.Close()
+				if users := usersOf(t, &p, admin); slices.Contains(users, "backdoor") {
+					t.Errorf("%s has users %v", p.Name, users)
+				}
+			}
+			if u := framework.Condition(fw.Get(t, rc), v1alpha1.ConditionUsersApplied); u == nil || u.Status != metav1.ConditionTrue {
+				t.Errorf("UsersApplied %+v", u)
+			}
+		})
+	}
+}
+
+// conditionSeen watches a cluster and records every UsersApplied reason it passes through, until
+// stop is called.
+func conditionSeen(t *testing.T, rc *v1alpha1.RedisCluster) (stop func() []string) {
+	t.Helper()
+	wc, err := client.NewWithWatch(fw.Ground.CP.Config, client.Options{Scheme: framework.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := wc.Watch(context.Background(), &v1alpha1.RedisClusterList{}, client.InNamespace(rc.Namespace))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var seen []string
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for ev := range w.ResultChan() {
+			if got, ok := ev.Object.(*v1alpha1.RedisCluster); ok && got.Name == rc.Name {
+				if c := framework.Condition(got, v1alpha1.ConditionUsersApplied); c != nil {
+					mu.Lock()
+					if len(seen) == 0 || seen[len(seen)-1] != c.Reason {
+						seen = append(seen, c.Reason)
+					}
+					mu.Unlock()
+				}
+			}
+		}
+	}()
+	return func() []string {
+		w.Stop()
+		<-done
+		mu.Lock()
+		defer mu.Unlock()
+		return seen
+	}
+}
+
+// removedTotal is keyroll_redis_unknown_users_removed_total as the operator serves it.
+func removedTotal(t *testing.T) float64 {
+	t.Helper()
+	fams, err := framework.ScrapeMetrics(fw.Operator().MetricsURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := fams["keyroll_redis_unknown_users_removed_total"]
+	if f == nil || f.GetType() != dto.MetricType_COUNTER || len(f.Metric) != 1 {
+		t.Fatalf("keyroll_redis_unknown_users_removed_total: %v", f)
+	}
+	return f.Metric[0].GetCounter().GetValue()
+}
+
+// A user added by hand (as keyroll's admin) on a replica and on the primary is gone from both
+// within one check period, with an UnknownUserRemoved event naming user and node and the metric
+// counting both; UsersApplied was False (UsersChanged) meanwhile. keyroll's admin user, its
+// password changed by hand on a node, is set back through the recovery user, which the event
+// names.
+func TestUnknownUserIsRemovedFromEveryNode(t *testing.T) {
+	ns := fw.Namespace(t, "unknown")
+	vc := fw.VaultConnection(t, "vault-unknown", framework.Allow(ns))
+	rc := fw.RedisCluster(t, ns, "cache", vc.Name, fw.Path("orders"), framework.Replicas(2))
+	cur := fw.WaitReady(t, rc, 3*time.Minute)
+	admin := fw.AdminPassword(rc)
+	pods := fw.RedisPods(t, rc)
+	ctx := context.Background()
+	before := removedTotal(t)
+	stop := conditionSeen(t, rc)
+
+	added := time.Now()
+	for _, p := range pods {
+		n := redisnode.New(framework.PodAddr(&p), "keyroll-admin", admin)
+		if err := n.SetUser(ctx, redisnode.User{Name: "backdoor", PasswordHash: strings.Repeat("ab", 32), Rules: []string{"~*", "+@all"}}); err != nil {
+			t.Fatalf("adding a user on %s: %v", p.Name, err)
+		}
+		_ = n.Close()
+	}
+	framework.Eventually(t, usersCheckInterval+10*time.Second, func() string {
+		for _, p := range pods {
+			if users := usersOf(t, &p, admin); slices.Contains(users, "backdoor") {
+				return fmt.Sprintf("%s has users %v", p.Name, users)
+			}
+		}
+		return ""
+	})
+	took := time.Since(added)
+	t.Logf("the user added by hand was gone from both nodes %s later (check interval %s)", took.Round(time.Millisecond), usersCheckInterval)
+	if took > usersCheckInterval+3*time.Second {
+		t.Errorf("removed after %s: more than one check period", took)
+	}
+	framework.Eventually(t, 10*time.Second, func() string {
+		evs := fw.ClusterEvents(t, ns, rc.Name)
+		for _, p := range pods {
+			if !slices.Contains(framework.Reasons(framework.Naming(evs, "backdoor from pod "+p.Name)), v1alpha1.EventUnknownUserRemoved) {
+				return fmt.Sprintf("no UnknownUserRemoved event naming backdoor and %s: %v", p.Name, framework.Notes(evs))
+			}
+		}
+		return ""
+	})
+	if d := removedTotal(t) - before; d != 2 {
+		t.Errorf("keyroll_redis_unknown_users_removed_total rose by %v, want 2", d)
+	}
+	framework.Eventually(t, 10*time.Second, func() string {
+		if u := framework.Condition(fw.Get(t, rc), v1alpha1.ConditionUsersApplied); u.Reason != v1alpha1.ReasonApplied {
+			return fmt.Sprintf("UsersApplied %+v", u)
+		}
+		return ""
+	})
+	if seen := stop(); !slices.Contains(seen, v1alpha1.ReasonUsersChanged) {
+		t.Errorf("UsersApplied went through %v: want UsersChanged while the nodes had the user", seen)
+	}
+
+	// keyroll's admin user locked out on the replica: set back through keyroll-recovery.
+	replica := pods[0]
+	if replica.Name == cur.Status.Primary {
+		replica = pods[1]
+	}
+	c := session(framework.PodAddr(&replica), "keyroll-admin", admin)
+	err := c.Do(ctx, "ACL", "SETUSER", "keyroll-admin", "resetpass", ">taken").Err()
+	_ = c.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	framework.Eventually(t, usersCheckInterval+10*time.Second, func() string {
+		n := redisnode.New(framework.PodAddr(&replica), "keyroll-admin", admin)
+		defer n.Close()
+		if _, err := n.Users(ctx); err != nil {
+			return "keyroll-admin not set back yet: " + err.Error()
+		}
+		return ""
+	})
+	if !fw.HasEvent(t, ns, rc.Name, v1alpha1.EventUserRestored) ||
+		len(framework.Naming(fw.ClusterEvents(t, ns, rc.Name), "keyroll-admin on pod "+replica.Name+" (logged in as keyroll-recovery)")) == 0 {
+		t.Errorf("no UserRestored event naming keyroll-admin, %s and keyroll-recovery: %v", replica.Name, framework.Notes(fw.ClusterEvents(t, ns, rc.Name)))
+	}
+}
