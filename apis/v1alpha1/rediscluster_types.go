@@ -111,13 +111,14 @@ type RedisClusterSpec struct {
 	// +kubebuilder:validation:Pattern=`^[a-z0-9]([a-z0-9._-]*[a-z0-9])?(:[0-9]{1,5})?(/[a-z0-9]([a-z0-9._-]*[a-z0-9])?)*$`
 	Image string `json:"image,omitempty"`
 
-	// version is the Redis version, used as the image tag (for example 7.2 or 7.2.5). Redis 6.2 or
-	// later is needed (ACLs, and FAILOVER).
+	// version is the Redis version, used as the image tag (for example 7.2, 7.2.5 or 7.2-alpine).
+	// Redis 6.2 or later is needed (ACLs, and FAILOVER). (The rule leaves a value the pattern
+	// refuses to the pattern's message.)
 	// +optional
 	// +kubebuilder:default="7.2"
 	// +kubebuilder:validation:MaxLength=64
-	// +kubebuilder:validation:Pattern=`^[0-9]+\.[0-9]+(\.[0-9]+)?(-[a-z0-9]+)?$`
-	// +kubebuilder:validation:XValidation:rule="int(self.split('.')[0]) > 6 || (int(self.split('.')[0]) == 6 && int(self.split('.')[1]) >= 2)",message="version: Redis 6.2 or later is required (ACLs, and FAILOVER to hand the primary role over before a restart)"
+	// +kubebuilder:validation:Pattern=`^[0-9]{1,4}\.[0-9]{1,4}(\.[0-9]{1,4})?(-[a-z0-9]+)?$`
+	// +kubebuilder:validation:XValidation:rule="!self.matches('^[0-9]{1,4}[.][0-9]{1,4}([.][0-9]{1,4})?(-[a-z0-9]+)?$') || int(self.split('-')[0].split('.')[0]) > 6 || (int(self.split('-')[0].split('.')[0]) == 6 && int(self.split('-')[0].split('.')[1]) >= 2)",message="version: Redis 6.2 or later is required (ACLs, and FAILOVER to hand the primary role over before a restart)"
 	Version string `json:"version,omitempty"`
 
 	// resources of the Redis container.

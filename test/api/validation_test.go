@@ -382,3 +382,45 @@ func TestACLRulesGrantingKeyrollsCommandsAreRefused(t *testing.T) {
 	}
 	t.Logf("%d rules refused", len(rules))
 }
+
+// Every version the pattern admits evaluates in the CEL rule that asks for 6.2 or later: a
+// suffixed tag (6.2-alpine), a patch version, the widest numbers. The pattern's edges: what it
+// admits is accepted or refused by the rule's message, never by an evaluation error.
+func TestVersionEdgesEvaluate(t *testing.T) {
+	ctx := context.Background()
+	ns := fw.Namespace(t, "version-edges")
+	cases := map[string]bool{
+		"6.2": true, "6.2-alpine": true, "6.2.14-bookworm": true, "7.0.15": true, "10.0": true, "9999.9999.9999-x": true,
+		"6.1": false, "6.1-alpine": false, "5.0.14": false, "0.0": false, "0000.0001": false,
+	}
+	i := 0
+	for version, ok := range cases {
+		i++
+		obj := parse(t, validRedisCluster, ns)
+		obj.SetName(fmt.Sprintf("version-%d", i))
+		set("spec.version", version)(obj.Object)
+		err := fw.Client.Create(ctx, obj)
+		switch {
+		case ok && err != nil:
+			t.Errorf("version %s refused: %v", version, err)
+		case !ok && err == nil:
+			t.Errorf("version %s accepted", version)
+		case !ok && !strings.Contains(err.Error(), "version: Redis 6.2 or later is required"):
+			t.Errorf("version %s refused without the rule's message: %v", version, err)
+		}
+		if err == nil {
+			if err := fw.Client.Delete(ctx, obj); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for _, version := range []string{"12345.0", "7", "7.2.", "7.2-", "7.2-Alpine", "v7.2"} {
+		obj := parse(t, validRedisCluster, ns)
+		obj.SetName("version-pattern")
+		set("spec.version", version)(obj.Object)
+		if err := fw.Client.Create(ctx, obj); err == nil || !strings.Contains(err.Error(), "spec.version") || strings.Contains(err.Error(), "evaluat") {
+			t.Errorf("version %s: %v; want refused by the pattern, naming spec.version", version, err)
+			_ = fw.Client.Delete(ctx, obj)
+		}
+	}
+}
