@@ -23,6 +23,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
 	"github.com/keyroll/keyroll/controllers/ledger"
@@ -472,5 +473,28 @@ func TestSummary(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// One cluster's failures do not delay another's retry: a thousand clusters that each failed
+// five times leave a cluster's first retry at backoffBase, and no retry waits past backoffCap.
+func TestFailingClustersDoNotDelayAnotherClustersRetry(t *testing.T) {
+	rl := failureBackoff()
+	for i := range 1000 {
+		req := reconcile.Request{NamespacedName: types.NamespacedName{Namespace: "failing", Name: fmt.Sprint(i)}}
+		for range 5 {
+			rl.When(req)
+		}
+	}
+	other := reconcile.Request{NamespacedName: types.NamespacedName{Namespace: "healthy", Name: "orders"}}
+	if d := rl.When(other); d != backoffBase {
+		t.Errorf("a healthy cluster's first retry waits %s, want %s", d, backoffBase)
+	}
+	var last time.Duration
+	for range 20 {
+		last = rl.When(other)
+	}
+	if last != backoffCap {
+		t.Errorf("after 20 failures a retry waits %s, want the cap %s", last, backoffCap)
 	}
 }

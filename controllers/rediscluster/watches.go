@@ -5,7 +5,6 @@ import (
 	"time"
 
 	esv1 "github.com/external-secrets/external-secrets/apis/externalsecrets/v1"
-	"golang.org/x/time/rate"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -75,17 +74,16 @@ func clusterOfPod(_ context.Context, o client.Object) []ctrl.Request {
 // reconcileTimeout bounds one reconcile, Vault calls and API requests included.
 const reconcileTimeout = 2 * time.Minute
 
-// A failed reconcile's backoff doubles from backoffBase to backoffCap, so that a lease is renewed
-// within backoffCap of Vault's return after any outage (controller-runtime's default grows to
-// 1000 s, longer than many leases live); the bucket bounds all clusters' retries together.
+// A failed reconcile's backoff doubles from backoffBase to backoffCap, per cluster, so that a lease
+// is renewed within backoffCap of Vault's return after any outage (controller-runtime's default
+// grows to 1000 s, longer than many leases live). No bucket is shared by all clusters: with one,
+// a thousand failing clusters would hold every other cluster's retry back for minutes; each
+// VaultConnection's rate limit bounds the calls to Vault instead.
 const (
 	backoffBase = 500 * time.Millisecond
 	backoffCap  = 30 * time.Second
 )
 
 func failureBackoff() workqueue.TypedRateLimiter[reconcile.Request] {
-	return workqueue.NewTypedMaxOfRateLimiter(
-		workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](backoffBase, backoffCap),
-		&workqueue.TypedBucketRateLimiter[reconcile.Request]{Limiter: rate.NewLimiter(rate.Limit(10), 100)},
-	)
+	return workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](backoffBase, backoffCap)
 }
