@@ -9,6 +9,7 @@ import (
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -231,5 +232,55 @@ func TestOnDeleteConsumerIsReported(t *testing.T) {
 	c := condition(rc, v1alpha1.ConditionRolloutHealthy)
 	if c == nil || c.Reason != v1alpha1.ReasonRolloutStalled || !strings.Contains(c.Message, "StatefulSet worker has updateStrategy OnDelete") {
 		t.Errorf("RolloutHealthy %+v: want the OnDelete consumer named", c)
+	}
+}
+
+// A consumer whose status says it rolled out while a pod of its old template still shuts down
+// (status.terminatingReplicas is there only with its feature gate) is waited for until that pod is
+// gone: the pod may still use the superseded credential, whose user stays and whose lease stays
+// live until then.
+func TestTerminatingOldConsumerPodIsWaitedFor(t *testing.T) {
+	sel := &metav1.LabelSelector{MatchLabels: map[string]string{"app": "api"}}
+	api := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "api"}, Spec: appsv1.DeploymentSpec{Selector: sel}}
+	h := newHarness(t, cluster(func(rc *v1alpha1.RedisCluster) {
+		rc.Spec.Rollout.Consumers = []v1alpha1.ConsumerReference{{Kind: "Deployment", Name: "api"}}
+	}), api)
+	rolledOut := func() {
+		t.Helper()
+		if err := h.k8s.Get(context.Background(), client.ObjectKeyFromObject(api), api); err != nil {
+			t.Fatal(err)
+		}
+		api.Status = appsv1.DeploymentStatus{ObservedGeneration: api.Generation, Replicas: 1, UpdatedReplicas: 1, AvailableReplicas: 1}
+		if err := h.k8s.Status().Update(context.Background(), api); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.settle(t)
+	rolledOut()
+	rc := h.settle(t)
+	old := rc.Status.Credential
+	// A pod of the current template, which the rotation's rollout replaces, and shuts down slowly.
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "api-old", Labels: map[string]string{"app": "api"},
+		Annotations: map[string]string{v1alpha1.AnnotationCredentialVersion: old.Version}}, Status: corev1.PodStatus{Phase: corev1.PodRunning}}
+	if err := h.k8s.Create(context.Background(), pod); err != nil {
+		t.Fatal(err)
+	}
+	rc.Annotations = map[string]string{v1alpha1.AnnotationRotateNow: "now"}
+	if err := h.k8s.Update(context.Background(), rc); err != nil {
+		t.Fatal(err)
+	}
+	h.settle(t)
+	rolledOut() // the Deployment's status: rolled out, no terminating count
+	rc = h.settle(t)
+	if rc.Status.Rollout == nil || !slices.Contains(h.vault.Leases(), old.LeaseID) {
+		t.Fatalf("rollout %+v, old lease live %v: want the rollout waiting for pod api-old", rc.Status.Rollout, slices.Contains(h.vault.Leases(), old.LeaseID))
+	}
+	if err := h.k8s.Delete(context.Background(), pod); err != nil {
+		t.Fatal(err)
+	}
+	h.clock.Step(2 * time.Second)
+	rc = h.settle(t)
+	if rc.Status.Rollout != nil || slices.Contains(h.vault.Leases(), old.LeaseID) {
+		t.Errorf("rollout %+v, old lease live %v: want the rollout done once the old pod is gone", rc.Status.Rollout, slices.Contains(h.vault.Leases(), old.LeaseID))
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -57,6 +58,10 @@ func (r *Engine) rollConsumers(ctx context.Context, s *step, ro *v1alpha1.Rollou
 				return false, consumerPoll, nil
 			}
 			return false, r.consumerStalled(s, ro, ref), nil
+		}
+		if old, err := r.oldPods(ctx, rc.Namespace, w, ro.TargetVersion); err != nil || old != "" {
+			log.FromContext(ctx).V(1).Info("Waiting for a consumer's old pods to end", "kind", ref.Kind, "name", ref.Name, "pod", old)
+			return false, min(r.consumerStalled(s, ro, ref), 2*time.Second), err
 		}
 		if ro.ConsumerRestartedAt != nil {
 			ro.ConsumerRestartedAt = nil
@@ -113,10 +118,34 @@ func reportConsumer(s *step, reason, event, msg string) {
 	}
 }
 
+// oldPods names a pod of the workload that runs, or is still shutting down, on a credential other
+// than version ("" when there is none): the workload's status may count a rollout done while such
+// a pod terminates (a Deployment's status.terminatingReplicas is there only with its feature
+// gate), and a terminating pod may still use the credential. Read past the cache (keyroll caches
+// no consumer pod).
+func (r *Engine) oldPods(ctx context.Context, ns string, w workload, version string) (string, error) {
+	sel, err := metav1.LabelSelectorAsSelector(w.selector())
+	if err != nil || sel.Empty() {
+		return "", err
+	}
+	pods := &corev1.PodList{}
+	if err := r.APIReader.List(ctx, pods, client.InNamespace(ns), client.MatchingLabelsSelector{Selector: sel}); err != nil {
+		return "", fmt.Errorf("listing the pods of a consumer: %w", err)
+	}
+	for _, p := range pods.Items {
+		ended := p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
+		if !ended && p.Annotations[v1alpha1.AnnotationCredentialVersion] != version {
+			return p.Name, nil
+		}
+	}
+	return "", nil
+}
+
 // workload is a consumer: a Deployment, StatefulSet or DaemonSet.
 type workload interface {
 	object() client.Object
 	template() *metav1.ObjectMeta
+	selector() *metav1.LabelSelector
 	paused() bool
 	rolledOut() bool
 	// onDelete says the workload rolls its pods only when they are deleted.
@@ -146,10 +175,11 @@ func (r *Engine) consumer(ctx context.Context, ns string, ref v1alpha1.ConsumerR
 
 type deployment struct{ *appsv1.Deployment }
 
-func (d deployment) object() client.Object        { return d.Deployment }
-func (d deployment) template() *metav1.ObjectMeta { return &d.Spec.Template.ObjectMeta }
-func (d deployment) paused() bool                 { return d.Spec.Paused }
-func (d deployment) onDelete() bool               { return false }
+func (d deployment) object() client.Object           { return d.Deployment }
+func (d deployment) template() *metav1.ObjectMeta    { return &d.Spec.Template.ObjectMeta }
+func (d deployment) paused() bool                    { return d.Spec.Paused }
+func (d deployment) selector() *metav1.LabelSelector { return d.Spec.Selector }
+func (d deployment) onDelete() bool                  { return false }
 func (d deployment) rolledOut() bool {
 	want := int32(1)
 	if d.Spec.Replicas != nil {
@@ -164,9 +194,10 @@ func (d deployment) rolledOut() bool {
 
 type statefulSet struct{ *appsv1.StatefulSet }
 
-func (s statefulSet) object() client.Object        { return s.StatefulSet }
-func (s statefulSet) template() *metav1.ObjectMeta { return &s.Spec.Template.ObjectMeta }
-func (s statefulSet) paused() bool                 { return false }
+func (s statefulSet) object() client.Object           { return s.StatefulSet }
+func (s statefulSet) template() *metav1.ObjectMeta    { return &s.Spec.Template.ObjectMeta }
+func (s statefulSet) paused() bool                    { return false }
+func (s statefulSet) selector() *metav1.LabelSelector { return s.Spec.Selector }
 func (s statefulSet) onDelete() bool {
 	return s.Spec.UpdateStrategy.Type == appsv1.OnDeleteStatefulSetStrategyType
 }
@@ -182,9 +213,10 @@ func (s statefulSet) rolledOut() bool {
 
 type daemonSet struct{ *appsv1.DaemonSet }
 
-func (d daemonSet) object() client.Object        { return d.DaemonSet }
-func (d daemonSet) template() *metav1.ObjectMeta { return &d.Spec.Template.ObjectMeta }
-func (d daemonSet) paused() bool                 { return false }
+func (d daemonSet) object() client.Object           { return d.DaemonSet }
+func (d daemonSet) template() *metav1.ObjectMeta    { return &d.Spec.Template.ObjectMeta }
+func (d daemonSet) paused() bool                    { return false }
+func (d daemonSet) selector() *metav1.LabelSelector { return d.Spec.Selector }
 func (d daemonSet) onDelete() bool {
 	return d.Spec.UpdateStrategy.Type == appsv1.OnDeleteDaemonSetStrategyType
 }
