@@ -14,7 +14,8 @@
 // /etc/consumer/credentials), -listen host:port (default :8080; in a pod, $(POD_IP):8080),
 // -interval (default 100ms), -timeout (each command's, and the dial's; default 5s, as common
 // clients have it: a machine under load may stall a reply for a second or two), -key (default
-// consumer:$HOSTNAME), -final FILE (default /dev/termination-log; empty: none).
+// consumer:$HOSTNAME), -final FILE (default /dev/termination-log; empty: none), -linger (how long
+// it goes on after SIGTERM, as an application that drains its work does; default 0).
 package main
 
 import (
@@ -73,6 +74,7 @@ func main() {
 	flag.DurationVar(&c.timeout, "timeout", 5*time.Second, "How long a command (or a dial) may take.")
 	listen := flag.String("listen", ":8080", "Where /stats is served.")
 	final := flag.String("final", "/dev/termination-log", "Where the final counters go on SIGTERM (empty: nowhere).")
+	linger := flag.Duration("linger", 0, "How long SET/GET go on after SIGTERM before the consumer stops.")
 	flag.Parse()
 	if c.addr == "" {
 		log.Fatal("consumer: -redis is required")
@@ -86,8 +88,23 @@ func main() {
 	log.Printf("consumer: SET/GET %s against %s every %s; stats on http://%s/stats", c.key, c.addr, c.interval, ln.Addr())
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
+	if *linger > 0 {
+		ctx = lingering(ctx, *linger)
+	}
 	c.loop(ctx)
 	c.writeFinal(*final)
+}
+
+// lingering ends d after signalled does.
+func lingering(signalled context.Context, d time.Duration) context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		<-signalled.Done()
+		log.Printf("consumer: signalled; going on for %s", d)
+		time.Sleep(d)
+		cancel()
+	}()
+	return ctx
 }
 
 // writeFinal writes the counters as JSON to path.

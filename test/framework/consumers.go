@@ -8,10 +8,12 @@ import (
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/utils/ptr"
 
 	"github.com/keyroll/keyroll/test/testground"
 )
@@ -33,10 +35,15 @@ type Consumers struct {
 }
 
 // StartConsumers creates a Deployment of consumer pods against redisAddr with the Secret's
-// credential, waits until each runs commands, and follows them until the test ends.
-func (f *Framework) StartConsumers(t testing.TB, ns, name string, replicas int32, redisAddr, secret string) *Consumers {
+// credential (changed by opts), waits until each runs commands, and follows them until the test
+// ends.
+func (f *Framework) StartConsumers(t testing.TB, ns, name string, replicas int32, redisAddr, secret string, opts ...func(*appsv1.Deployment)) *Consumers {
 	t.Helper()
-	if err := f.Client.Create(context.Background(), testground.ConsumerDeployment(ns, name, replicas, redisAddr, secret)); err != nil {
+	d := testground.ConsumerDeployment(ns, name, replicas, redisAddr, secret)
+	for _, o := range opts {
+		o(d)
+	}
+	if err := f.Client.Create(context.Background(), d); err != nil {
 		t.Fatal(err)
 	}
 	w, err := f.Clientset.CoreV1().Pods(ns).Watch(context.Background(), metav1.ListOptions{LabelSelector: "app=" + name})
@@ -83,6 +90,16 @@ func (f *Framework) StartConsumers(t testing.TB, ns, name string, replicas int32
 		return ""
 	})
 	return c
+}
+
+// Lingering makes consumer pods go on for d after SIGTERM (their grace period d and 10 s more), as
+// an application that drains its work before it stops.
+func Lingering(d time.Duration) func(*appsv1.Deployment) {
+	return func(dep *appsv1.Deployment) {
+		spec := &dep.Spec.Template.Spec
+		spec.TerminationGracePeriodSeconds = ptr.To(int64((d + 10*time.Second).Seconds()))
+		spec.Containers[0].Args = append(spec.Containers[0].Args, "-linger="+d.String())
+	}
 }
 
 // Halt stops following the pods (the counters stay as last read).

@@ -543,8 +543,8 @@ func TestExternalSecretThatESOCannotSyncIsReportedWithESOsReason(t *testing.T) {
 	if err := fw.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "orders-acl"}, acl); err != nil {
 		t.Fatal(err)
 	}
-	if n := strings.Count(string(acl.Data["users.acl"]), " on #"); n != 3 {
-		t.Errorf("the aclfile holds %d users without a credential, want keyroll's 3:\n%s", n, acl.Data["users.acl"])
+	if n := strings.Count(string(acl.Data["users.acl"]), " on #"); n != 4 {
+		t.Errorf("the aclfile holds %d users without a credential, want keyroll's 4:\n%s", n, acl.Data["users.acl"])
 	}
 	deleteAndWait(t, rc)
 }
