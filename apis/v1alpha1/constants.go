@@ -185,6 +185,9 @@ const (
 	EventOrphanLeaseRevoked = "OrphanLeaseRevoked"
 	// EventOrphanSweepFailed: the sweep could not list or look up leases (a missing policy, for one).
 	EventOrphanSweepFailed = "OrphanSweepFailed"
+	// EventSupersededLeaseEnding: a superseded lease that the rollout still needs cannot be renewed
+	// past its max TTL; the rollout must be done by then.
+	EventSupersededLeaseEnding = "SupersededLeaseEnding"
 	// EventUnknownUserRemoved: a Redis user that is not the cluster's was removed from a node.
 	EventUnknownUserRemoved = "UnknownUserRemoved"
 	// EventUserRestored: one of the cluster's users had been changed on a node outside keyroll and

@@ -760,6 +760,16 @@ type LeaseRecord struct {
 	// expiresAt is when the lease expires unless renewed.
 	// +optional
 	ExpiresAt *metav1.Time `json:"expiresAt,omitempty"`
+
+	// lastRenewal is when a superseded lease was last renewed: keyroll keeps the leases of
+	// credentials that consumers not yet restarted still use alive until the rollout ends.
+	// +optional
+	LastRenewal *metav1.Time `json:"lastRenewal,omitempty"`
+
+	// renewalCapped says that Vault renews a superseded lease no further (its max TTL): the
+	// rollout must be done by expiresAt.
+	// +optional
+	RenewalCapped bool `json:"renewalCapped,omitempty"`
 }
 
 // RolloutStatus is the progress of a rollout.

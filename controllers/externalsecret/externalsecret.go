@@ -63,11 +63,20 @@ func (r *Source) Credential(ctx context.Context, cl *ledger.Cluster, vcl vault.L
 		return nil, 0, err
 	}
 	r.Ledger.Planned(cl, next)
+	keep := time.Time{}
+	if vcl != nil {
+		// The superseded leases consumers not yet restarted still use are kept alive, as in
+		// VaultLease mode.
+		if keep, err = r.Ledger.KeepSuperseded(ctx, cl, vcl, ledger.DefaultRenewalPercent); err != nil {
+			return nil, 0, err
+		}
+		r.Ledger.Due(cl, keep)
+	}
 	r.reportSynced(cl, es, sc, tracked)
 	if wait := r.settling(rc); wait > 0 {
 		return nil, wait, nil
 	}
-	when := statustime.RequeueAfter(r.Clock.Now(), next.When)
+	when := statustime.RequeueAfter(r.Clock.Now(), ledger.Earliest(next.When, keep))
 	if next.Action != rotation.ActionNothing {
 		when = syncSettle // a refresh is asked for: look again once ESO may have answered
 	}

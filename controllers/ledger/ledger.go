@@ -125,7 +125,7 @@ func (l *Ledger) Renew(ctx context.Context, cl *Cluster, vcl vault.LeaseClient) 
 	c.LastRenewal, c.ExpiresAt, c.Renewable, c.RenewalCapped = statustime.At(l.Clock.Now()), expires, ren.Renewable, ren.Capped
 	for i := range cl.RC.Status.Leases {
 		if cl.RC.Status.Leases[i].LeaseID == c.LeaseID {
-			cl.RC.Status.Leases[i].ExpiresAt = expires
+			cl.RC.Status.Leases[i].ExpiresAt, cl.RC.Status.Leases[i].LastRenewal = expires, c.LastRenewal
 		}
 	}
 	l.Checks.Checked(client.ObjectKeyFromObject(cl.RC), c.LeaseID, l.Clock.Now())

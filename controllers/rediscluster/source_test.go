@@ -284,3 +284,96 @@ func TestTerminatingOldConsumerPodIsWaitedFor(t *testing.T) {
 		t.Errorf("rollout %+v, old lease live %v: want the rollout done once the old pod is gone", rc.Status.Rollout, slices.Contains(h.vault.Leases(), old.LeaseID))
 	}
 }
+
+// A superseded lease that consumers not yet restarted still use is renewed while the rollout goes
+// on, through its own connection, past the end of its first term; one that Vault renews no further
+// is reported (SupersededLeaseEnding) with the time the rollout must be done by; one that is gone
+// from Vault is honoured: its user is cut off (onRevokedOutside CutOff) and it leaves the ledger.
+func TestSupersededLeaseIsKeptAliveWhileTheRolloutRuns(t *testing.T) {
+	api := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "api"}}
+	h := newHarness(t, cluster(func(rc *v1alpha1.RedisCluster) {
+		rc.Spec.Rollout.Consumers = []v1alpha1.ConsumerReference{{Kind: "Deployment", Name: "api"}}
+	}), api)
+	h.vault.LeaseDuration, h.vault.MaxTTL = 2*time.Minute, 7*time.Minute
+	setRolledOut := func(done bool) {
+		t.Helper()
+		if err := h.k8s.Get(context.Background(), client.ObjectKeyFromObject(api), api); err != nil {
+			t.Fatal(err)
+		}
+		api.Status = appsv1.DeploymentStatus{ObservedGeneration: api.Generation, Replicas: 1, AvailableReplicas: 1}
+		if done {
+			api.Status.UpdatedReplicas = 1
+		}
+		if err := h.k8s.Status().Update(context.Background(), api); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.settle(t)
+	setRolledOut(true)
+	rc := h.settle(t)
+	old := rc.Status.Credential
+	setRolledOut(false) // the rotation's rollout of the Deployment does not finish
+	rc.Annotations = map[string]string{v1alpha1.AnnotationRotateNow: "now"}
+	if err := h.k8s.Update(context.Background(), rc); err != nil {
+		t.Fatal(err)
+	}
+	h.settle(t)
+	h.eventReasons()
+	for range 8 { // 4 minutes: twice the lease's first term
+		h.clock.Step(30 * time.Second)
+		rc = h.settle(t)
+	}
+	rec, ok := leaseRecord(rc, old.LeaseID)
+	if !ok || !slices.Contains(h.vault.Leases(), old.LeaseID) || rec.LastRenewal == nil || !rec.ExpiresAt.After(h.clock.Now()) {
+		t.Fatalf("4 minutes into the rollout: the superseded lease is live in Vault %v, in the ledger %+v; want it renewed and live", slices.Contains(h.vault.Leases(), old.LeaseID), rec)
+	}
+	for range 4 { // 6 minutes, the max TTL (7) within a term's reach: Vault renews no further
+		h.clock.Step(30 * time.Second)
+		rc = h.settle(t)
+	}
+	if rec, _ := leaseRecord(rc, old.LeaseID); !rec.RenewalCapped || !slices.Contains(h.eventReasons(), v1alpha1.EventSupersededLeaseEnding) {
+		t.Errorf("near the max TTL: record %+v; want renewalCapped and a SupersededLeaseEnding event", rec)
+	}
+	for range 4 { // 8 minutes: the lease has ended in Vault
+		h.clock.Step(30 * time.Second)
+		rc = h.settle(t)
+	}
+	if rec, ok := leaseRecord(rc, old.LeaseID); ok || slices.Contains(h.redis.Users(nodeAddr(0)), old.Username) {
+		t.Errorf("past the max TTL: record %+v, users %v; want the ended lease out of the ledger and its user cut off", rec, h.redis.Users(nodeAddr(0)))
+	}
+
+	// A second rotation's superseded lease, revoked outside keyroll, is cut off.
+	h2 := newHarness(t, cluster(func(rc *v1alpha1.RedisCluster) {
+		rc.Spec.Rollout.Consumers = []v1alpha1.ConsumerReference{{Kind: "Deployment", Name: "api"}}
+	}), &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "api"}})
+	h2.vault.LeaseDuration = 2 * time.Minute
+	h, api = h2, &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "api"}}
+	h.settle(t)
+	setRolledOut(true)
+	rc = h.settle(t)
+	old = rc.Status.Credential
+	setRolledOut(false)
+	rc.Annotations = map[string]string{v1alpha1.AnnotationRotateNow: "now"}
+	if err := h.k8s.Update(context.Background(), rc); err != nil {
+		t.Fatal(err)
+	}
+	h.settle(t)
+	h.vault.RevokeOutside(old.LeaseID)
+	h.clock.Step(90 * time.Second)
+	rc = h.settle(t)
+	if _, ok := leaseRecord(rc, old.LeaseID); ok {
+		t.Errorf("a superseded lease revoked outside: still in the ledger %v, retiring users %v", ok, rc.Status.RetiringUsers)
+	}
+	if slices.Contains(h.redis.Users(nodeAddr(0)), old.Username) {
+		t.Errorf("the revoked superseded user %s is still on the node: %v", old.Username, h.redis.Users(nodeAddr(0)))
+	}
+}
+
+func leaseRecord(rc *v1alpha1.RedisCluster, id string) (v1alpha1.LeaseRecord, bool) {
+	for _, l := range rc.Status.Leases {
+		if l.LeaseID == id {
+			return l, true
+		}
+	}
+	return v1alpha1.LeaseRecord{}, false
+}

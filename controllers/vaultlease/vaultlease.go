@@ -50,7 +50,9 @@ func (r *Source) Credential(ctx context.Context, cl *ledger.Cluster, vcl vault.L
 			r.Ledger.Planned(cl, d)
 			r.ledgerHasRoom(cl)
 			credentialsReady(cl)
-			return cur, statustime.RequeueAfter(r.Clock.Now(), d.When), nil
+			keep, err := r.Ledger.KeepSuperseded(ctx, cl, vcl, in.RenewalPercent)
+			r.Ledger.Due(cl, keep)
+			return cur, statustime.RequeueAfter(r.Clock.Now(), ledger.Earliest(d.When, keep)), err
 		case rotation.ActionRenew:
 			gone, err = r.Ledger.Renew(ctx, cl, lvcl)
 		case rotation.ActionCheck:

@@ -1,0 +1,135 @@
+package ledger
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/controllers/metrics"
+	"github.com/keyroll/keyroll/controllers/statustime"
+	"github.com/keyroll/keyroll/vault"
+)
+
+// KeepSuperseded keeps the superseded leases alive that the rollout still needs: consumers not
+// yet restarted log in with their credentials until the rollout ends, and then they are revoked.
+// Each is renewed at percent of its term (from its last renewal, or its issue, to its expiry),
+// through the connection it came through, for as long again. A lease Vault cannot extend any
+// further (its max TTL) is marked renewalCapped, with a Warning event that says by when the
+// rollout must be done; a lease Vault no longer knows, or past its expiry, was revoked outside
+// keyroll (or ended) and is honoured as onRevokedOutside says. It returns when the next renewal is due (zero: none).
+func (l *Ledger) KeepSuperseded(ctx context.Context, cl *Cluster, vcl vault.LeaseClient, percent int32) (time.Time, error) {
+	now := l.Clock.Now()
+	var next time.Time
+	var errs []error
+	for _, rec := range slices.Clone(cl.RC.Status.Leases) {
+		if rec.State == v1alpha1.LeaseSuperseded && rec.ExpiresAt != nil {
+			if !now.Before(rec.ExpiresAt.Time) {
+				l.supersededGone(ctx, cl, rec) // ended: Vault has let it go
+				continue
+			}
+			next = Earliest(next, rec.ExpiresAt.Time)
+		}
+		from, end, ok := renewalSpan(rec)
+		if !ok {
+			continue
+		}
+		due := from.Add(time.Duration(float64(end.Sub(from)) * float64(percent) / 100))
+		if now.Before(due) {
+			next = Earliest(next, due)
+			continue
+		}
+		renewed, err := l.renewSuperseded(ctx, cl, vcl, rec, end.Sub(from))
+		errs = append(errs, err)
+		if f, e, ok := renewalSpan(renewed); ok && err == nil {
+			next = Earliest(next, f.Add(time.Duration(float64(e.Sub(f))*float64(percent)/100)))
+		}
+	}
+	return next, errors.Join(errs...)
+}
+
+// renewalSpan is the span of a superseded lease's current term: from its last renewal (or issue)
+// to its expiry; ok false for a lease that is not renewed (current, being revoked, capped, or
+// without the times).
+func renewalSpan(rec v1alpha1.LeaseRecord) (from, end time.Time, ok bool) {
+	if rec.State != v1alpha1.LeaseSuperseded || rec.RenewalCapped || rec.ExpiresAt == nil {
+		return time.Time{}, time.Time{}, false
+	}
+	from, end = statustime.Of(rec.LastRenewal), rec.ExpiresAt.Time
+	if from.IsZero() {
+		from = statustime.Of(rec.IssuedAt)
+	}
+	return from, end, !from.IsZero() && end.After(from)
+}
+
+// renewSuperseded renews one superseded lease by term and records the outcome in the ledger; it
+// returns the record as it is now (zero when the lease left the ledger).
+func (l *Ledger) renewSuperseded(ctx context.Context, cl *Cluster, vcl vault.LeaseClient, rec v1alpha1.LeaseRecord, term time.Duration) (v1alpha1.LeaseRecord, error) {
+	lvcl, err := cl.ClientFor(ctx, vcl, rec)
+	if err != nil {
+		return rec, err
+	}
+	ren, err := lvcl.Renew(ctx, rec.LeaseID, term)
+	l.Metrics.Renewals.WithLabelValues(metrics.Result(err)).Inc()
+	switch {
+	case vault.IsLeaseGone(err):
+		l.supersededGone(ctx, cl, rec)
+		return v1alpha1.LeaseRecord{}, nil
+	case vault.IsRefused(err):
+		l.disown(ctx, cl, rec.LeaseID, err)
+		return v1alpha1.LeaseRecord{}, nil
+	case err != nil:
+		return rec, fmt.Errorf("renewing superseded lease %s: %w", rec.LeaseID, err)
+	}
+	for i := range cl.RC.Status.Leases {
+		r := &cl.RC.Status.Leases[i]
+		if r.LeaseID != rec.LeaseID {
+			continue
+		}
+		r.LastRenewal, r.ExpiresAt = statustime.At(l.Clock.Now()), statustime.At(ren.ExpiresAt)
+		if ren.Capped || !ren.Renewable {
+			r.RenewalCapped = true
+			cl.Conds.Announce(true, v1alpha1.EventSupersededLeaseEnding, "Renew",
+				"Superseded lease %s (user %s) cannot be renewed past %s (its max TTL): the rollout must be done by then, or the consumers not yet restarted lose that credential when Vault ends the lease",
+				rec.LeaseID, rec.Username, ren.ExpiresAt.UTC().Format(time.RFC3339))
+		}
+		rec = *r
+	}
+	log.FromContext(ctx).V(1).Info("Superseded lease renewed", "lease", rec.LeaseID, "granted", ren.Duration, "capped", ren.Capped)
+	return rec, nil
+}
+
+// supersededGone honours a superseded lease that Vault no longer knows (revoked outside keyroll,
+// or ended): it leaves the ledger, and its user leaves the Redis nodes at once (onRevokedOutside
+// CutOff, the default) or when the rollout is done (RollOver).
+func (l *Ledger) supersededGone(ctx context.Context, cl *Cluster, rec v1alpha1.LeaseRecord) {
+	rc := cl.RC
+	l.Metrics.RevokedOutside.Inc()
+	rc.Status.Leases = Remove(rc.Status.Leases, rec.LeaseID)
+	what := "its user is cut off on every Redis node (onRevokedOutside CutOff)"
+	switch {
+	case rec.Username == "":
+	case rc.Spec.Credentials.OnRevokedOutside == v1alpha1.RevokedOutsideRollOver:
+		what = "its user stays on the Redis nodes until the rollout is done (onRevokedOutside RollOver)"
+		if c := rc.Status.Credential; c != nil && !slices.Contains(c.SupersededUsers, rec.Username) {
+			c.SupersededUsers = append(c.SupersededUsers, rec.Username)
+		}
+	case !slices.Contains(rc.Status.RetiringUsers, rec.Username):
+		rc.Status.RetiringUsers = append(rc.Status.RetiringUsers, rec.Username)
+	}
+	cl.Conds.Announce(true, v1alpha1.EventLeaseRevokedOutside, "Renew",
+		"Superseded lease %s of user %s is gone from Vault (revoked outside keyroll, or ended): %s", rec.LeaseID, rec.Username, what)
+	log.FromContext(ctx).Info("Superseded lease gone from Vault", "lease", rec.LeaseID, "username", rec.Username)
+}
+
+// Earliest is the earlier of two times, zero standing for none.
+func Earliest(a, b time.Time) time.Time {
+	if a.IsZero() || (!b.IsZero() && b.Before(a)) {
+		return b
+	}
+	return a
+}
