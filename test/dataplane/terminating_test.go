@@ -15,7 +15,7 @@ import (
 
 // A consumer that drains its work for 20 s after SIGTERM keeps working through its termination
 // after a rotation: the old user is removed from the nodes only after the last pod of the old
-// template is gone, not when the Deployment's status (without its terminatingReplicas, behind a
+// template has stopped (its consumer ended, or the pod gone), not when the Deployment's status (without its terminatingReplicas, behind a
 // feature gate) already counts the rollout done. No command of any consumer pod fails.
 func TestTerminatingConsumerPodsAreWaitedFor(t *testing.T) {
 	const linger = 20 * time.Second
@@ -45,10 +45,16 @@ func TestTerminatingConsumerPodsAreWaitedFor(t *testing.T) {
 				return
 			case <-time.After(100 * time.Millisecond):
 			}
-			_, err := fw.Clientset.CoreV1().Pods(ns).Get(ctx, oldPod, metav1.GetOptions{})
+			p, err := fw.Clientset.CoreV1().Pods(ns).Get(ctx, oldPod, metav1.GetOptions{})
+			ended := apierrors.IsNotFound(err) // or its consumer has stopped, the pod object not yet removed
+			if err == nil {
+				for _, c := range p.Status.ContainerStatuses {
+					ended = ended || (c.Name == "consumer" && c.State.Terminated != nil)
+				}
+			}
 			gone := !accepts(framework.PodAddr(&primary), oldUser, oldPass)
 			mu.Lock()
-			if apierrors.IsNotFound(err) && podGone.IsZero() {
+			if ended && podGone.IsZero() {
 				podGone = time.Now()
 			}
 			if gone && userGone.IsZero() {
@@ -70,12 +76,12 @@ func TestTerminatingConsumerPodsAreWaitedFor(t *testing.T) {
 	})
 	close(stop)
 	wg.Wait()
-	t.Logf("rotation at 0; old consumer pod gone at %s, old user refused on the primary at %s", podGone.Sub(rotatedAt).Round(time.Millisecond), userGone.Sub(rotatedAt).Round(time.Millisecond))
+	t.Logf("rotation at 0; old consumer pod stopped at %s, old user refused on the primary at %s", podGone.Sub(rotatedAt).Round(time.Millisecond), userGone.Sub(rotatedAt).Round(time.Millisecond))
 	if userGone.Before(podGone) {
-		t.Errorf("the old user was removed %s before the old consumer pod was gone", podGone.Sub(userGone))
+		t.Errorf("the old user was removed %s before the old consumer pod stopped", podGone.Sub(userGone))
 	}
 	if podGone.Sub(rotatedAt) < linger {
-		t.Errorf("the old pod was gone %s after the rotation, before its %s of lingering: the test does not test a terminating pod", podGone.Sub(rotatedAt), linger)
+		t.Errorf("the old pod stopped %s after the rotation, before its %s of lingering: the test does not test a terminating pod", podGone.Sub(rotatedAt), linger)
 	}
 	if _, failed, errs := app.Totals(); failed != 0 {
 		t.Errorf("%d consumer commands failed: %v", failed, errs)
