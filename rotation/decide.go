@@ -141,15 +141,16 @@ type Decision struct {
 // match wins:
 //
 //  1. No credential, lease gone or lease expired: Issue. Always, even when paused or rolling out.
-//  2. A rollout in progress: no rotation starts (renewals go on). Otherwise a changed source
-//     (VaultConnection or path): Rotate now, even when paused.
-//  3. Renewal capped with less than MinTTL left: Rotate now. Capped with more left, or a lease that
+//  2. Renewal capped with less than MinTTL left: Rotate now. Capped with more left, or a lease that
 //     is not renewable: Rotate at the jittered renewal point, or MinTTL before expiry if earlier
 //     (never in the first tenth of the lease, so a MinTTL as long as the lease cannot loop). A
 //     lease whose token ends first (TokenEndsAt) is replaced the same way, with the token's end as
 //     its expiry, counted from the lease's issue.
-//     These replacements happen even when paused and outside the maintenance window: the
-//     alternative is a credential that lapses.
+//     These replacements happen even when paused, outside the maintenance window and during a
+//     rollout (which then rolls to the replacement; the lease it replaces is kept alive until
+//     the rollout is done): the alternative is a credential that lapses.
+//  3. A rollout in progress: no other rotation starts (renewals go on). Otherwise a changed
+//     source (VaultConnection or path): Rotate now, even when paused.
 //  4. Paused: no scheduled or requested rotation.
 //  5. Rotate-now requested: Rotate, maintenance window or not.
 //  6. Scheduled rotation due (NextRotation at or before Now): Rotate once, however many
@@ -278,16 +279,16 @@ type rotationOutcome struct {
 // decideRotation applies rules 2 to 6 of Decide.
 func decideRotation(in Input, p plan) rotationOutcome {
 	switch {
-	case in.RolloutInProgress:
-		return rotationOutcome{reason: ReasonRolloutInProgress}
-	case in.SourceChanged:
-		return rotationOutcome{rotate: true, reason: ReasonSourceChanged}
 	case in.RenewalCapped && in.CappedTTL < in.MinTTL, in.RenewalCapped && due(p.replace, in.Now):
 		return rotationOutcome{rotate: true, reason: ReasonRenewalCapped}
 	case due(p.replace, in.Now):
 		return rotationOutcome{rotate: true, reason: ReasonNotRenewable}
 	case due(p.tokenReplace, in.Now):
 		return rotationOutcome{rotate: true, reason: ReasonTokenEnding}
+	case in.RolloutInProgress:
+		return rotationOutcome{reason: ReasonRolloutInProgress}
+	case in.SourceChanged:
+		return rotationOutcome{rotate: true, reason: ReasonSourceChanged}
 	case in.Paused:
 		return rotationOutcome{reason: ReasonPaused}
 	case rotateNowPending(in):

@@ -156,11 +156,17 @@ func TestDecide(t *testing.T) {
 			in:   func(in *Input) { in.LastRotation, in.RolloutInProgress, in.RotateNow = yesterday3am, true, "1" },
 			want: Decision{Action: ActionNothing, Reason: ReasonRolloutInProgress, When: renewAt},
 		},
-		"rollout in progress holds a replacement until expiry": {
+		"a replacement that saves the lease goes ahead of a rollout in progress": {
 			in: func(in *Input) {
 				in.Renewable, in.RolloutInProgress, in.Now = false, true, in.ExpiresAt.Add(-30*time.Second)
 			},
-			want: Decision{Action: ActionNothing, Reason: ReasonRolloutInProgress, When: issuedAt.Add(time.Hour)},
+			want: Decision{Action: ActionRotate, Reason: ReasonNotRenewable, When: issuedAt.Add(time.Hour).Add(-30 * time.Second)},
+		},
+		"a token that ends goes ahead of a rollout in progress": {
+			in: func(in *Input) {
+				in.IssuedAt, in.TokenEndsAt, in.Now, in.RolloutInProgress = issuedAt, issuedAt.Add(30*time.Minute), tokenReplaceAt, true
+			},
+			want: Decision{Action: ActionRotate, Reason: ReasonTokenEnding, When: tokenReplaceAt},
 		},
 		"rollout in progress does not stop a renewal": {
 			in:   func(in *Input) { in.Now, in.RolloutInProgress = renewAt, true },

@@ -770,6 +770,11 @@ type LeaseRecord struct {
 	// rollout must be done by expiresAt.
 	// +optional
 	RenewalCapped bool `json:"renewalCapped,omitempty"`
+
+	// supersededBy is the version of the credential that superseded this lease's.
+	// +optional
+	// +kubebuilder:validation:MaxLength=64
+	SupersededBy string `json:"supersededBy,omitempty"`
 }
 
 // RolloutStatus is the progress of a rollout.

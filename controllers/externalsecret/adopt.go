@@ -114,7 +114,7 @@ func (r *Source) recordSynced(cl *ledger.Cluster, sc *render.SyncedCredential, t
 			cs.LastRenewal = statustime.At(info.LastRenewal)
 		}
 		if fresh {
-			ledger.Supersede(rc)
+			ledger.Supersede(rc, sc.Version)
 		}
 		if info.Exists && !ledger.Has(rc.Status.Leases, sc.LeaseID) {
 			rc.Status.Leases = append(rc.Status.Leases, v1alpha1.LeaseRecord{

@@ -241,11 +241,11 @@ func Count(rc *v1alpha1.RedisCluster, st v1alpha1.LeaseState) int {
 	return n
 }
 
-// Supersede marks the active lease superseded: a newer credential replaces it.
-func Supersede(rc *v1alpha1.RedisCluster) {
+// Supersede marks the active lease superseded: credential version by replaces it.
+func Supersede(rc *v1alpha1.RedisCluster, by string) {
 	for i := range rc.Status.Leases {
 		if rc.Status.Leases[i].State == v1alpha1.LeaseActive {
-			rc.Status.Leases[i].State = v1alpha1.LeaseSuperseded
+			rc.Status.Leases[i].State, rc.Status.Leases[i].SupersededBy = v1alpha1.LeaseSuperseded, by
 		}
 	}
 }

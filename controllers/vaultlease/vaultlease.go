@@ -285,7 +285,7 @@ func (r *Source) countIssue(d rotation.Decision, err error) {
 func (r *Source) recordLease(cl *ledger.Cluster, lease *vault.Lease, cred *render.Credential, d rotation.Decision) {
 	rc := cl.RC
 	now := statustime.At(r.Clock.Now())
-	ledger.Supersede(rc)
+	ledger.Supersede(rc, cred.Version)
 	expires := statustime.At(lease.ExpiresAt)
 	if lease.ID != "" {
 		rc.Status.Leases = append(rc.Status.Leases, v1alpha1.LeaseRecord{
