@@ -141,7 +141,7 @@ func (r *Reconciler) WithClient(c client.Client) *Reconciler {
 	out := New(Config{Client: c, APIReader: r.APIReader, Recorder: r.Recorder, Clock: r.Clock, Connector: r.Connector,
 		Metrics: r.Metrics, ExternalSecrets: r.ExternalSecrets, DialRedis: r.nodes.Dial, UsersCheckInterval: r.nodes.CheckInterval, OperatorNamespace: r.netpol.OperatorNamespace,
 		ProbeImage: r.probeImage})
-	out.Ledger, out.externalSecret, out.upkeep = r.Ledger, r.externalSecret.WithClient(c), r.upkeep // the same memory as r
+	out.Ledger, out.externalSecret, out.upkeep, out.nodes = r.Ledger, r.externalSecret.WithClient(c), r.upkeep, r.nodes // the same memory as r (nodes writes nothing)
 	out.vaultLease.Ledger = r.Ledger
 	return out
 }

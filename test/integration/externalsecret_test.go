@@ -237,7 +237,7 @@ func TestExternalSecretFromClusterSecretStoreSyncsAWorkingCredentialWithoutLease
 		return ""
 	})
 	// The repaired ExternalSecret made ESO sync a new credential: once it has rolled out, the
-	// aclfile holds its user and keyroll's three internal users only, no replaced user is pending,
+	// aclfile holds its user and keyroll's four internal users only, no replaced user is pending,
 	// and the node has the new user and not the old one.
 	framework.Eventually(t, 60*time.Second, func() string {
 		cur := fw.Get(t, rc)
@@ -247,7 +247,7 @@ func TestExternalSecretFromClusterSecretStoreSyncsAWorkingCredentialWithoutLease
 		}
 		users := strings.Count(string(acl.Data["users.acl"]), " on #")
 		if cur.Status.Credential.Username == user || cur.Status.Rollout != nil || len(cur.Status.Credential.SupersededUsers) > 0 ||
-			len(cur.Status.RetiringUsers) > 0 || users != 4 {
+			len(cur.Status.RetiringUsers) > 0 || users != 5 {
 			return fmt.Sprintf("user %s, rollout %+v, supersededUsers %v, retiringUsers %v, %d users in the aclfile", cur.Status.Credential.Username,
 				cur.Status.Rollout, cur.Status.Credential.SupersededUsers, cur.Status.RetiringUsers, users)
 		}
