@@ -48,7 +48,7 @@ func (r *Source) adopt(ctx context.Context, cl *ledger.Cluster, sc *render.Synce
 		gone = tracked && !info.Exists
 	}
 	if tracked {
-		rc.Status.Leases = ledger.AddSighted(rc.Status.Leases, sighted, now)
+		rc.Status.Leases = ledger.AddSighted(rc.Status.Leases, sighted, now, rc.VaultConnectionName())
 	}
 	if err := cl.Persist(ctx); err != nil {
 		return false, fmt.Errorf("recording the synced credential: %w", err)
@@ -119,7 +119,7 @@ func (r *Source) recordSynced(cl *ledger.Cluster, sc *render.SyncedCredential, t
 		if info.Exists && !ledger.Has(rc.Status.Leases, sc.LeaseID) {
 			rc.Status.Leases = append(rc.Status.Leases, v1alpha1.LeaseRecord{
 				LeaseID: sc.LeaseID, State: v1alpha1.LeaseActive, Version: sc.Version, Username: sc.Username,
-				IssuedAt: cs.IssuedAt, ExpiresAt: cs.ExpiresAt,
+				IssuedAt: cs.IssuedAt, ExpiresAt: cs.ExpiresAt, Connection: rc.VaultConnectionName(),
 			})
 		}
 	}

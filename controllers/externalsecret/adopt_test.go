@@ -50,3 +50,30 @@ func TestSyncedCredentialKeepsTheReasonOfTheRequestItAnswers(t *testing.T) {
 		})
 	}
 }
+
+// A tracked lease of ExternalSecret mode is recorded with the VaultConnection it is tracked
+// through, so that after a change (or removal) of connectionRef it is still renewed and revoked
+// through that one; the lease it replaces is marked superseded by the new credential.
+func TestTrackedLeaseRecordsItsConnection(t *testing.T) {
+	now := metav1.NewTime(time.Date(2026, 3, 4, 5, 6, 7, 0, time.UTC))
+	rc := &v1alpha1.RedisCluster{}
+	rc.Spec.Credentials.ExternalSecret = &v1alpha1.ExternalSecretSource{ConnectionRef: &v1alpha1.ConnectionReference{Name: "vault-a"}}
+	rc.Status.Leases = []v1alpha1.LeaseRecord{{LeaseID: "old", State: v1alpha1.LeaseActive, Connection: "vault-a"}}
+	sc := &render.SyncedCredential{Credential: render.Credential{Username: "v-orders-2", Password: "pw", Version: "v2"}, LeaseID: "new"}
+	r := &Source{Clock: testclock.NewFakeClock(now.Time)}
+	r.recordSynced(&ledger.Cluster{RC: rc}, sc, true, &vault.LeaseInfo{Exists: true, ExpiresAt: now.Add(time.Hour)}, &now, true)
+	rec, ok := map[string]v1alpha1.LeaseRecord{}, false
+	for _, l := range rc.Status.Leases {
+		rec[l.LeaseID] = l
+	}
+	if _, ok = rec["new"]; !ok || rec["new"].Connection != "vault-a" || rec["new"].State != v1alpha1.LeaseActive {
+		t.Errorf("the new lease's record %+v: want Active through vault-a", rec["new"])
+	}
+	if rec["old"].State != v1alpha1.LeaseSuperseded || rec["old"].SupersededBy != "v2" {
+		t.Errorf("the old lease's record %+v: want Superseded by v2", rec["old"])
+	}
+	rc.Spec.Credentials.ExternalSecret.ConnectionRef = nil
+	if got := rc.LeaseConnection(rec["new"]); got != "vault-a" {
+		t.Errorf("without connectionRef the lease's connection is %q, want vault-a", got)
+	}
+}

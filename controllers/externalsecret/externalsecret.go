@@ -304,7 +304,7 @@ func (r *Source) Retire(ctx context.Context, cl *ledger.Cluster) (time.Duration,
 				sighted = append(sighted, sc.LeaseID)
 			}
 		}
-		rc.Status.Leases = ledger.AddSighted(rc.Status.Leases, sighted, statustime.At(r.Clock.Now()))
+		rc.Status.Leases = ledger.AddSighted(rc.Status.Leases, sighted, statustime.At(r.Clock.Now()), rc.VaultConnectionName())
 		if err := cl.Persist(ctx); err != nil {
 			return 0, err
 		}

@@ -251,11 +251,12 @@ func Supersede(rc *v1alpha1.RedisCluster, by string) {
 }
 
 // AddSighted puts leases seen in earlier versions of the Secret (ESO may mint more than one, on a
-// first sync for instance) into the ledger as superseded, to be revoked after the rollout.
-func AddSighted(leases []v1alpha1.LeaseRecord, sighted []string, now *metav1.Time) []v1alpha1.LeaseRecord {
+// first sync for instance) into the ledger as superseded, to be revoked after the rollout through
+// connection, the VaultConnection they are tracked through.
+func AddSighted(leases []v1alpha1.LeaseRecord, sighted []string, now *metav1.Time, connection string) []v1alpha1.LeaseRecord {
 	for _, id := range sighted {
 		if !Has(leases, id) {
-			leases = append(leases, v1alpha1.LeaseRecord{LeaseID: id, State: v1alpha1.LeaseSuperseded, IssuedAt: now})
+			leases = append(leases, v1alpha1.LeaseRecord{LeaseID: id, State: v1alpha1.LeaseSuperseded, IssuedAt: now, Connection: connection})
 		}
 	}
 	return leases
