@@ -24,6 +24,8 @@ const leaseCheckInterval = 10 * time.Second
 // the package's prefix (fw.Role and fw.Path add it).
 var roles = []testground.RedisRole{
 	{Name: "orders", DefaultTTL: 10 * time.Minute, MaxTTL: time.Hour},
+	// Leases of two minutes, which a rollout of five outlives unless they are renewed.
+	{Name: "brief", DefaultTTL: 2 * time.Minute, MaxTTL: time.Hour},
 	{Name: "hardened", DefaultTTL: 10 * time.Minute, MaxTTL: time.Hour, ACLRules: []string{"~app:*", "+@read", "+@write", "-@dangerous"}},
 }
 

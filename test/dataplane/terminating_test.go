@@ -3,13 +3,16 @@ package dataplane
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/keyroll/keyroll/apis/v1alpha1"
 	"github.com/keyroll/keyroll/test/framework"
 )
 
@@ -83,6 +86,67 @@ func TestTerminatingConsumerPodsAreWaitedFor(t *testing.T) {
 	if podGone.Sub(rotatedAt) < linger {
 		t.Errorf("the old pod stopped %s after the rotation, before its %s of lingering: the test does not test a terminating pod", podGone.Sub(rotatedAt), linger)
 	}
+	if _, failed, errs := app.Totals(); failed != 0 {
+		t.Errorf("%d consumer commands failed: %v", failed, errs)
+	}
+}
+
+// A rollout that outlasts the superseded lease's term: two-minute leases, and a consumer whose new
+// pod counts as available only after five minutes (minReadySeconds), so that its old pod goes on
+// with the old credential meanwhile. The superseded lease is renewed throughout (Vault, asked as
+// root every second, has it live), its user logs in on every node every second until the rollout
+// ends, and then the lease is revoked and the user refused.
+func TestSupersededLeaseOutlivesALongRollout(t *testing.T) {
+	const hold = 5 * time.Minute
+	ns := fw.Namespace(t, "long-rollout")
+	vc := fw.VaultConnection(t, "vault-long-rollout", framework.Allow(ns))
+	rc := fw.RedisCluster(t, ns, "cache", vc.Name, fw.Path("brief"), framework.Replicas(2), framework.WithConsumers("app"),
+		func(rc *v1alpha1.RedisCluster) { rc.Spec.Rollout.ReadinessTimeout = &metav1.Duration{Duration: 10 * time.Minute} })
+	cur := fw.WaitReady(t, rc, 3*time.Minute)
+	app := fw.StartConsumers(t, ns, "app", 1, "cache:6379", "cache-credentials", func(d *appsv1.Deployment) {
+		d.Spec.MinReadySeconds = int32(hold.Seconds())
+	})
+	oldUser, oldPass, _ := fw.Credentials(rc)
+	oldLease := cur.Status.Credential.LeaseID
+
+	rotatedAt := time.Now()
+	fw.RotateNow(t, rc)
+	var problems []string
+	checks := 0
+	for time.Since(rotatedAt) < hold+2*time.Minute {
+		if msg := rotated(t, rc, cur.Status.Credential.Version); msg == "" {
+			break
+		}
+		live, expiry := fw.LeaseExists(oldLease)
+		if !live {
+			problems = append(problems, fmt.Sprintf("%s into the rollout: the superseded lease is gone from Vault", time.Since(rotatedAt).Round(time.Second)))
+		}
+		if msg := fw.OnEveryPod(rc, oldUser, oldPass, true); msg != "" {
+			problems = append(problems, fmt.Sprintf("%s into the rollout: %s", time.Since(rotatedAt).Round(time.Second), msg))
+		}
+		if checks++; checks%30 == 0 {
+			t.Logf("%s into the rollout: superseded lease live, expires in %s", time.Since(rotatedAt).Round(time.Second), time.Until(expiry).Round(time.Second))
+		}
+		if len(problems) > 5 {
+			break
+		}
+		time.Sleep(time.Second)
+	}
+	took := time.Since(rotatedAt)
+	t.Logf("rollout done %s after the rotation (%d checks of the superseded lease and user)", took.Round(time.Second), checks)
+	if len(problems) > 0 {
+		t.Fatalf("%s", strings.Join(problems, "\n"))
+	}
+	if took < hold {
+		t.Fatalf("the rollout ended %s after the rotation, before the consumer's %s: the test does not test a long rollout", took, hold)
+	}
+	framework.Eventually(t, time.Minute, func() string { return rotated(t, rc, cur.Status.Credential.Version) })
+	framework.Eventually(t, 30*time.Second, func() string {
+		if live, _ := fw.LeaseExists(oldLease); live {
+			return "the superseded lease is still live after the rollout"
+		}
+		return fw.OnEveryPod(rc, oldUser, oldPass, false)
+	})
 	if _, failed, errs := app.Totals(); failed != 0 {
 		t.Errorf("%d consumer commands failed: %v", failed, errs)
 	}
