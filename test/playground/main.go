@@ -270,7 +270,7 @@ The Redis pods are real, and mount no credential: keyroll put the issued user on
 Log in inside one as that user (its password goes on stdin, never on a command line):
   user="$(kubectl get secret orders-credentials -o jsonpath='{.data.username}' | base64 -d)"
   pass="$(kubectl get secret orders-credentials -o jsonpath='{.data.password}' | base64 -d)"
-  kubectl exec -i orders-0 -- sh -c 'read -r REDISCLI_AUTH; export REDISCLI_AUTH; exec redis-cli --no-auth-warning --user "$1" ACL WHOAMI' sh "$user" <<<"$pass"
+  kubectl exec -i orders-0 -- sh -c 'read -r REDISCLI_AUTH; export REDISCLI_AUTH; exec redis-cli --no-auth-warning --user "$1" SET playground:hello "$1"' sh "$user" <<<"$pass"
 and look at a replica's replication as keyroll's probe user, whose password the pod mounts:
   kubectl exec orders-1 -- sh -c 'REDISCLI_AUTH="$(cat /etc/keyroll/acl/probe-password)" redis-cli --no-auth-warning --user keyroll-probe INFO replication'
 
