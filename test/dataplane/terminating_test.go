@@ -101,7 +101,9 @@ func TestSupersededLeaseOutlivesALongRollout(t *testing.T) {
 	ns := fw.Namespace(t, "long-rollout")
 	vc := fw.VaultConnection(t, "vault-long-rollout", framework.Allow(ns))
 	rc := fw.RedisCluster(t, ns, "cache", vc.Name, fw.Path("brief"), framework.Replicas(2), framework.WithConsumers("app"),
-		func(rc *v1alpha1.RedisCluster) { rc.Spec.Rollout.ReadinessTimeout = &metav1.Duration{Duration: 10 * time.Minute} })
+		func(rc *v1alpha1.RedisCluster) {
+			rc.Spec.Rollout.ReadinessTimeout = &metav1.Duration{Duration: 10 * time.Minute}
+		})
 	cur := fw.WaitReady(t, rc, 3*time.Minute)
 	app := fw.StartConsumers(t, ns, "app", 1, "cache:6379", "cache-credentials", func(d *appsv1.Deployment) {
 		d.Spec.MinReadySeconds = int32(hold.Seconds())
