@@ -330,7 +330,8 @@ type VaultLeaseSource struct {
 	// minTTL: when a renewal would leave less than this, a new credential is issued instead.
 	// +optional
 	// +kubebuilder:default="1m"
-	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('0s') && duration(self) <= duration('720h')",message="vaultLease.minTTL must be between 0s and 720h"
+	// +kubebuilder:validation:XValidation:rule="self.matches('^(0|-?([0-9]+([.][0-9]*)?(ns|us|ms|s|m|h))+)$')",message="vaultLease.minTTL must be a duration such as 90s, 5m or 1h30m"
+	// +kubebuilder:validation:XValidation:rule="!self.matches('^(0|-?([0-9]+([.][0-9]*)?(ns|us|ms|s|m|h))+)$') || (duration(self) >= duration('0s') && duration(self) <= duration('720h'))",message="vaultLease.minTTL must be between 0s and 720h"
 	MinTTL *metav1.Duration `json:"minTTL,omitempty"`
 }
 
@@ -348,7 +349,7 @@ type ConnectionReference struct {
 // store, or a generator (such as a VaultDynamicSecret).
 // +kubebuilder:validation:XValidation:rule="has(self.generatorRef) != has(self.remoteKey)",message="externalSecret: set exactly one of remoteKey (with storeRef) and generatorRef"
 // +kubebuilder:validation:XValidation:rule="has(self.remoteKey) == has(self.storeRef)",message="externalSecret.storeRef is required with remoteKey, and only with it"
-// +kubebuilder:validation:XValidation:rule="!has(self.credentialLifetime) || !has(self.refreshInterval) || duration(self.refreshInterval) < duration(self.credentialLifetime)",message="externalSecret.refreshInterval must be shorter than externalSecret.credentialLifetime, or External Secrets Operator leaves an expired credential in place"
+// +kubebuilder:validation:XValidation:rule="!has(self.credentialLifetime) || !has(self.refreshInterval) || !self.refreshInterval.matches('^(0|-?([0-9]+([.][0-9]*)?(ns|us|ms|s|m|h))+)$') || !self.credentialLifetime.matches('^(0|-?([0-9]+([.][0-9]*)?(ns|us|ms|s|m|h))+)$') || duration(self.refreshInterval) < duration(self.credentialLifetime)",message="externalSecret.refreshInterval must be shorter than externalSecret.credentialLifetime, or External Secrets Operator leaves an expired credential in place"
 type ExternalSecretSource struct {
 	// storeRef names the SecretStore or ClusterSecretStore that remoteKey is read from.
 	// +optional
@@ -367,7 +368,8 @@ type ExternalSecretSource struct {
 	// refreshInterval is how often External Secrets Operator refreshes the Secret.
 	// +optional
 	// +kubebuilder:default="1h"
-	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('0s')",message="externalSecret.refreshInterval must not be negative"
+	// +kubebuilder:validation:XValidation:rule="self.matches('^(0|-?([0-9]+([.][0-9]*)?(ns|us|ms|s|m|h))+)$')",message="externalSecret.refreshInterval must be a duration such as 90s, 5m or 1h30m"
+	// +kubebuilder:validation:XValidation:rule="!self.matches('^(0|-?([0-9]+([.][0-9]*)?(ns|us|ms|s|m|h))+)$') || (duration(self) >= duration('0s'))",message="externalSecret.refreshInterval must not be negative"
 	RefreshInterval *metav1.Duration `json:"refreshInterval,omitempty"`
 
 	// refreshPolicy is External Secrets Operator's refresh policy.
@@ -387,7 +389,8 @@ type ExternalSecretSource struct {
 	// keyroll reads it from the lease when the generator hands the lease over; otherwise it cannot
 	// see it, and this field lets the API server refuse a refreshInterval that is not shorter.
 	// +optional
-	// +kubebuilder:validation:XValidation:rule="duration(self) > duration('0s')",message="externalSecret.credentialLifetime must be positive"
+	// +kubebuilder:validation:XValidation:rule="self.matches('^(0|-?([0-9]+([.][0-9]*)?(ns|us|ms|s|m|h))+)$')",message="externalSecret.credentialLifetime must be a duration such as 90s, 5m or 1h30m"
+	// +kubebuilder:validation:XValidation:rule="!self.matches('^(0|-?([0-9]+([.][0-9]*)?(ns|us|ms|s|m|h))+)$') || (duration(self) > duration('0s'))",message="externalSecret.credentialLifetime must be positive"
 	CredentialLifetime *metav1.Duration `json:"credentialLifetime,omitempty"`
 }
 
@@ -456,7 +459,8 @@ type MaintenanceWindow struct {
 
 	// duration is how long the window stays open.
 	// +required
-	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('10m') && duration(self) <= duration('24h')",message="maintenanceWindow.duration must be between 10m and 24h"
+	// +kubebuilder:validation:XValidation:rule="self.matches('^(0|-?([0-9]+([.][0-9]*)?(ns|us|ms|s|m|h))+)$')",message="maintenanceWindow.duration must be a duration such as 90s, 5m or 1h30m"
+	// +kubebuilder:validation:XValidation:rule="!self.matches('^(0|-?([0-9]+([.][0-9]*)?(ns|us|ms|s|m|h))+)$') || (duration(self) >= duration('10m') && duration(self) <= duration('24h'))",message="maintenanceWindow.duration must be between 10m and 24h"
 	Duration metav1.Duration `json:"duration"`
 
 	// timeZone is an IANA time zone name; default UTC.
@@ -474,7 +478,8 @@ type RolloutSpec struct {
 	// once they are). Between 10s and 1h.
 	// +optional
 	// +kubebuilder:default="5m"
-	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('10s') && duration(self) <= duration('1h')",message="rollout.readinessTimeout must be between 10s and 1h"
+	// +kubebuilder:validation:XValidation:rule="self.matches('^(0|-?([0-9]+([.][0-9]*)?(ns|us|ms|s|m|h))+)$')",message="rollout.readinessTimeout must be a duration such as 90s, 5m or 1h30m"
+	// +kubebuilder:validation:XValidation:rule="!self.matches('^(0|-?([0-9]+([.][0-9]*)?(ns|us|ms|s|m|h))+)$') || (duration(self) >= duration('10s') && duration(self) <= duration('1h'))",message="rollout.readinessTimeout must be between 10s and 1h"
 	ReadinessTimeout *metav1.Duration `json:"readinessTimeout,omitempty"`
 
 	// redisPods says what a rotation does to the Redis pods. Live (the default) changes the users

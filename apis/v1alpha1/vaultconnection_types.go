@@ -150,13 +150,15 @@ type OrphanLeases struct {
 	// now may be on its way into a ledger. At least 10s.
 	// +optional
 	// +kubebuilder:default="5m"
-	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('10s')",message="orphanLeases.gracePeriod must be at least 10s"
+	// +kubebuilder:validation:XValidation:rule="self.matches('^(0|-?([0-9]+([.][0-9]*)?(ns|us|ms|s|m|h))+)$')",message="orphanLeases.gracePeriod must be a duration such as 90s, 5m or 1h30m"
+	// +kubebuilder:validation:XValidation:rule="!self.matches('^(0|-?([0-9]+([.][0-9]*)?(ns|us|ms|s|m|h))+)$') || (duration(self) >= duration('10s'))",message="orphanLeases.gracePeriod must be at least 10s"
 	GracePeriod *metav1.Duration `json:"gracePeriod,omitempty"`
 
 	// interval is how often the sweep runs. At least 10s.
 	// +optional
 	// +kubebuilder:default="10m"
-	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('10s')",message="orphanLeases.interval must be at least 10s"
+	// +kubebuilder:validation:XValidation:rule="self.matches('^(0|-?([0-9]+([.][0-9]*)?(ns|us|ms|s|m|h))+)$')",message="orphanLeases.interval must be a duration such as 90s, 5m or 1h30m"
+	// +kubebuilder:validation:XValidation:rule="!self.matches('^(0|-?([0-9]+([.][0-9]*)?(ns|us|ms|s|m|h))+)$') || (duration(self) >= duration('10s'))",message="orphanLeases.interval must be at least 10s"
 	Interval *metav1.Duration `json:"interval,omitempty"`
 }
 

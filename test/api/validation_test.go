@@ -424,3 +424,41 @@ func TestVersionEdgesEvaluate(t *testing.T) {
 		}
 	}
 }
+
+// A duration field's value that is no duration ("10 minutes", "1d", "") is refused by the field's
+// pattern, naming the field, and never reaches a CEL rule that could not evaluate it.
+func TestDurationEdgesEvaluate(t *testing.T) {
+	ctx := context.Background()
+	ns := fw.Namespace(t, "duration-edges")
+	fields := []struct {
+		base, path, valid string
+	}{
+		{validRedisCluster, "spec.credentials.vaultLease.minTTL", "90s"},
+		{validRedisCluster, "spec.rollout.readinessTimeout", "1m30s"},
+		{validExternalSecretCluster, "spec.credentials.externalSecret.refreshInterval", "1h"},
+		{validExternalSecretCluster, "spec.credentials.externalSecret.credentialLifetime", "2h"},
+		{validVaultConnection, "spec.orphanLeases.gracePeriod", "1m"},
+		{validVaultConnection, "spec.orphanLeases.interval", "10m"},
+	}
+	i := 0
+	for _, f := range fields {
+		for _, v := range []string{f.valid, "10 minutes", "1d", "", "5", "-"} {
+			i++
+			obj := parse(t, f.base, ns)
+			obj.SetName(fw.Name(fmt.Sprintf("duration-%d", i)))
+			set(f.path, v)(obj.Object)
+			err := fw.Client.Create(ctx, obj)
+			switch {
+			case v == f.valid && err != nil:
+				t.Errorf("%s %q refused: %v", f.path, v, err)
+			case v != f.valid && err == nil:
+				t.Errorf("%s %q accepted", f.path, v)
+			case v != f.valid && (!strings.Contains(err.Error(), f.path) || strings.Contains(err.Error(), "evaluat")):
+				t.Errorf("%s %q: %v; want refused naming the field, without an evaluation error", f.path, v, err)
+			}
+			if err == nil {
+				_ = fw.Client.Delete(ctx, obj)
+			}
+		}
+	}
+}
