@@ -25,7 +25,7 @@ func TestPrimaryWhoseProbeFailsIsNotReplaced(t *testing.T) {
 	rc := fw.RedisCluster(t, ns, "cache", vc.Name, fw.Path("orders"), framework.Replicas(3))
 	fw.WaitReady(t, rc, 3*time.Minute)
 	before := runs(fw.RedisPods(t, rc))
-	admin := appClient(framework.PodAddr(&fw.RedisPods(t, rc)[0]), render.AdminUser, fw.AdminPassword(rc))
+	admin := framework.RedisClient(framework.PodAddr(&fw.RedisPods(t, rc)[0]), render.AdminUser, fw.AdminPassword(rc))
 	defer admin.Close()
 	probeInfo := func(rule string) {
 		t.Helper()

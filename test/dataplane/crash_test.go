@@ -123,7 +123,7 @@ func TestCrashedRedisContainerRestartsInPlace(t *testing.T) {
 			t.Errorf("%s has %d of %d keys after the primary's crash", p.Name, got, n)
 		}
 	}
-	if _, err := appClient(framework.PodAddr(&fw.RedisPods(t, rc)[ordinalOf(promoted)]), user, pass).Set(context.Background(), "after-crash", "1", 0).Result(); err != nil {
+	if _, err := framework.RedisClient(framework.PodAddr(&fw.RedisPods(t, rc)[ordinalOf(promoted)]), user, pass).Set(context.Background(), "after-crash", "1", 0).Result(); err != nil {
 		t.Errorf("the promoted primary %s refuses a write: %v", promoted, err)
 	}
 }

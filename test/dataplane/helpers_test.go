@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -63,11 +62,6 @@ func accepts(addr, user, pass string) bool {
 // node is a client of one Redis node as keyroll's admin user.
 func node(addr, adminPassword string) *redisnode.Client {
 	return redisnode.New(addr, "keyroll-admin", adminPassword)
-}
-
-// appClient is a go-redis client of one node as an app user.
-func appClient(addr, user, pass string) *redis.Client {
-	return redis.NewClient(&redis.Options{Addr: addr, Username: user, Password: pass, Protocol: 2, DisableIdentity: true, PoolSize: 2})
 }
 
 // podRun identifies one run of a pod: a restart or a new pod changes it.

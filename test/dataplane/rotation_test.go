@@ -18,7 +18,7 @@ const keys = 10000
 // writeKeys writes data:0 … data:<n-1> to the primary as the app user.
 func writeKeys(t *testing.T, addr, user, pass string, n int) {
 	t.Helper()
-	c := appClient(addr, user, pass)
+	c := framework.RedisClient(addr, user, pass)
 	defer c.Close()
 	ctx := context.Background()
 	for start := 0; start < n; start += 1000 {
@@ -35,7 +35,7 @@ func writeKeys(t *testing.T, addr, user, pass string, n int) {
 // countKeys counts how many of data:0 … data:<n-1> the node at addr has.
 func countKeys(t *testing.T, addr, user, pass string, n int) int64 {
 	t.Helper()
-	c := appClient(addr, user, pass)
+	c := framework.RedisClient(addr, user, pass)
 	defer c.Close()
 	var total int64
 	for start := 0; start < n; start += 1000 {

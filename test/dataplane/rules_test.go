@@ -36,7 +36,7 @@ func TestHardenedACLRulesKeepReplicationAndReadiness(t *testing.T) {
 		}
 	}
 	user, pass, _ := fw.Credentials(rc)
-	c := appClient(framework.PodAddr(&pods[0]), user, pass)
+	c := framework.RedisClient(framework.PodAddr(&pods[0]), user, pass)
 	defer c.Close()
 	ctx := context.Background()
 	if err := c.Set(ctx, "app:1", "v", 0).Err(); err != nil {
@@ -48,7 +48,7 @@ func TestHardenedACLRulesKeepReplicationAndReadiness(t *testing.T) {
 		}
 	}
 	framework.Eventually(t, 10*time.Second, func() string {
-		r := appClient(framework.PodAddr(&pods[2]), user, pass)
+		r := framework.RedisClient(framework.PodAddr(&pods[2]), user, pass)
 		defer r.Close()
 		if v, err := r.Get(ctx, "app:1").Result(); err != nil || v != "v" {
 			return fmt.Sprintf("app:1 on the replica: %q, %v", v, err)

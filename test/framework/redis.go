@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/redis/go-redis/v9"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -173,4 +174,10 @@ func (f *Framework) RedisCLI(ctx context.Context, ns, pod string, args ...string
 	script := `REDISCLI_AUTH="$(cat /etc/keyroll/acl/probe-password)" exec redis-cli --no-auth-warning --user keyroll-probe "$@"`
 	out, _, err := f.Ground.Node.Exec(ctx, ns, pod, "redis", append([]string{"sh", "-c", script, "redis-cli"}, args...)...)
 	return out, err
+}
+
+// RedisClient is a go-redis client of one Redis node (a pod's address) as user: RESP2 and no
+// client identity, as Redis 7.0 takes them; a pool of two connections.
+func RedisClient(addr, user, pass string) *redis.Client {
+	return redis.NewClient(&redis.Options{Addr: addr, Username: user, Password: pass, Protocol: 2, DisableIdentity: true, PoolSize: 2})
 }

@@ -95,7 +95,7 @@ func TestLookAlikePodGetsNothing(t *testing.T) {
 		t.Errorf("UsersApplied %+v", u)
 	}
 	for name, addr := range running {
-		c := session(addr, "", "")
+		c := framework.RedisClient(addr, "", "")
 		stats, err := c.Info(ctx, "stats", "commandstats").Result()
 		aclLog, logErr := c.Do(ctx, "ACL", "LOG").Slice()
 		_ = c.Close()

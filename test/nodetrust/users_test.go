@@ -20,12 +20,6 @@ import (
 	"github.com/keyroll/keyroll/test/framework"
 )
 
-// session is a go-redis client of one node as user: one connection, no retries.
-func session(addr, user, pass string) *redis.Client {
-	return redis.NewClient(&redis.Options{Addr: addr, Username: user, Password: pass, Protocol: 2, DisableIdentity: true,
-		PoolSize: 1, MaxRetries: -1})
-}
-
 // usersOf lists a node's users as keyroll's admin user.
 func usersOf(t *testing.T, p *corev1.Pod, admin string) []string {
 	t.Helper()
@@ -71,7 +65,7 @@ func TestApplicationUserCannotTouchKeyrollsUsers(t *testing.T) {
 			// them too is asked with ACL DRYRUN.
 			denied := [][]any{{"MODULE", "LOAD", "/tmp/x.so"}, {"DEBUG", "SLEEP", "0"}, {"CONFIG", "GET", "maxmemory"}}
 			for _, p := range fw.RedisPods(t, rc) {
-				c := session(framework.PodAddr(&p), user, pass)
+				c := framework.RedisClient(framework.PodAddr(&p), user, pass)
 				for _, cmd := range forbidden {
 					if err := c.Do(ctx, cmd...).Err(); err == nil || !strings.HasPrefix(err.Error(), "NOPERM") {
 						t.Errorf("%s: the application user ran %v: %v", p.Name, cmd, err)
@@ -87,7 +81,7 @@ func TestApplicationUserCannotTouchKeyrollsUsers(t *testing.T) {
 					}
 				}
 				_ = c.Close()
-				a := session(framework.PodAddr(&p), "keyroll-admin", admin)
+				a := framework.RedisClient(framework.PodAddr(&p), "keyroll-admin", admin)
 				for _, cmd := range denied {
 					res, err := a.Do(ctx, append([]any{"ACL", "DRYRUN", user}, cmd...)...).Text()
 					if err != nil || !strings.Contains(res, "no permissions") {
@@ -222,7 +216,7 @@ func TestUnknownUserIsRemovedFromEveryNode(t *testing.T) {
 	if replica.Name == cur.Status.Primary {
 		replica = pods[1]
 	}
-	c := session(framework.PodAddr(&replica), "keyroll-admin", admin)
+	c := framework.RedisClient(framework.PodAddr(&replica), "keyroll-admin", admin)
 	err := c.Do(ctx, "ACL", "SETUSER", "keyroll-admin", "resetpass", ">taken").Err()
 	_ = c.Close()
 	if err != nil {
