@@ -33,8 +33,6 @@ type User struct {
 
 // Node is what keyroll does on one Redis node. Client implements it; redisnodetest fakes it.
 type Node interface {
-	// Users lists the node's ACL users by name.
-	Users(ctx context.Context) ([]string, error)
 	// ACLList is the node's whole ACL, one line per user (ACL LIST): names, flags, password
 	// hashes and rules, as Redis normalises them.
 	ACLList(ctx context.Context) ([]string, error)

@@ -191,20 +191,6 @@ func (c *conn) node() (*Node, error) {
 	return n, nil
 }
 
-func (c *conn) Users(context.Context) ([]string, error) {
-	c.f.mu.Lock()
-	defer c.f.mu.Unlock()
-	n, err := c.node()
-	if err != nil {
-		return nil, err
-	}
-	out := []string{"default"}
-	for name := range n.Users {
-		out = append(out, name)
-	}
-	return out, nil
-}
-
 func (c *conn) ACLList(context.Context) ([]string, error) {
 	c.f.mu.Lock()
 	defer c.f.mu.Unlock()
