@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-
-	"github.com/redis/go-redis/v9"
 )
 
 // The health of the node a probe sidecar sits beside, as the kubelet's probes want it: each check
@@ -17,7 +15,7 @@ import (
 // up and its first sync is done, so that a rollout never takes a replica for ready while it has no
 // data.
 func Ready(ctx context.Context, addr, username, password string) error {
-	c := redis.NewClient(options(addr, username, password))
+	c := newClient(options(addr, username, password))
 	defer func() { _ = c.Close() }()
 	info, err := c.Info(ctx).Result() // the default sections: server, replication, persistence...
 	if err != nil {
@@ -46,7 +44,7 @@ func readiness(info string) error {
 // (it loads its dataset, from disk or from its primary) or MASTERDOWN, which a restart would only
 // start again; an error on no answer (a hung Redis: ctx's deadline) or no Redis to answer.
 func Alive(ctx context.Context, addr, username, password string) error {
-	c := redis.NewClient(options(addr, username, password))
+	c := newClient(options(addr, username, password))
 	defer func() { _ = c.Close() }()
 	err := c.Ping(ctx).Err()
 	if err == nil || isReply(err, "LOADING") || isReply(err, "MASTERDOWN") {

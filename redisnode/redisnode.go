@@ -89,7 +89,7 @@ var _ Node = (*Client)(nil)
 
 // New returns a client of the node at addr that authenticates as username.
 func New(addr, username, password string) *Client {
-	return &Client{addr: addr, c: redis.NewClient(options(addr, username, password))}
+	return &Client{addr: addr, c: newClient(options(addr, username, password))}
 }
 
 // options are go-redis's settings for keyroll's short exchanges: one connection, no retries (the
@@ -188,7 +188,7 @@ func (n *Client) CheckRules(ctx context.Context, rules []string) error {
 
 // Accepts authenticates as username with password on a connection of its own.
 func (n *Client) Accepts(ctx context.Context, username, password string) (bool, error) {
-	c := redis.NewClient(options(n.addr, username, password))
+	c := newClient(options(n.addr, username, password))
 	defer func() { _ = c.Close() }()
 	err := c.Ping(ctx).Err()
 	switch {

@@ -106,7 +106,8 @@ const (
 	ReasonSecretConflict      = "SecretConflict"
 	ReasonLeasesNotTracked    = "LeasesNotTracked"
 	// ReasonLedgerFull: status.leases holds as many leases as it can; no new credential is
-	// issued until superseded leases are revoked.
+	// issued until superseded leases are revoked (ExternalSecret mode: External Secrets
+	// Operator's refreshes are paused before the ledger is full).
 	ReasonLedgerFull                  = "LedgerFull"
 	ReasonExternalSecretNotReady      = "ExternalSecretNotReady"
 	ReasonExternalSecretsNotInstalled = "ExternalSecretsNotInstalled"

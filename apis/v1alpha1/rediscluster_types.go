@@ -581,10 +581,12 @@ type RedisClusterStatus struct {
 	Nodes []NodeStatus `json:"nodes,omitempty"`
 
 	// retiringUsers are Redis users being removed from every node: those of superseded
-	// credentials once the rollout is done, or of a lease revoked outside keyroll.
+	// credentials once the rollout is done, or of a lease revoked outside keyroll. It holds the
+	// users of every superseded lease and credential at once (at most 64 and 16), and of leases
+	// revoked outside keyroll.
 	// +optional
 	// +listType=set
-	// +kubebuilder:validation:MaxItems=32
+	// +kubebuilder:validation:MaxItems=128
 	RetiringUsers []string `json:"retiringUsers,omitempty"`
 }
 
@@ -718,6 +720,13 @@ type CredentialStatus struct {
 	// token, which keyroll cannot keep alive. Cleared once a later lease outlives that age.
 	// +optional
 	LeaseEndedEarlyAfter *metav1.Duration `json:"leaseEndedEarlyAfter,omitempty"`
+
+	// cutOff (ExternalSecret mode): this credential's lease is gone from Vault before its expiry
+	// (revoked outside keyroll, or ended with External Secrets Operator's token) and, with
+	// onRevokedOutside CutOff, its user was taken off every Redis node. keyroll delivers it no
+	// more and waits for the new credential it asked External Secrets Operator for.
+	// +optional
+	CutOff bool `json:"cutOff,omitempty"`
 
 	// supersededUsers are the Redis users of replaced credentials whose leases are not tracked
 	// (ExternalSecret mode): they stay in the Redis pods' aclfile until the rollout is done.

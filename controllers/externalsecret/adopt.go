@@ -22,7 +22,9 @@ import (
 // into the ledger when tracked, before anything uses it; the credential it replaces is superseded
 // and its lease revoked after the rollout. gone says the tracked lease no longer exists in Vault.
 // es is the UID of keyroll's ExternalSecret: only leases seen in Secrets it controls are taken.
-func (r *Source) adopt(ctx context.Context, cl *ledger.Cluster, sc *render.SyncedCredential, vcl vault.LeaseClient, tracked bool, es types.UID) (gone bool, err error) {
+// waiting says that the credential, with the leases sighted, does not fit in the status (see
+// fits): it is not adopted, and the sightings are kept until there is room.
+func (r *Source) adopt(ctx context.Context, cl *ledger.Cluster, sc *render.SyncedCredential, vcl vault.LeaseClient, tracked bool, es types.UID) (gone, waiting bool, err error) {
 	rc := cl.RC
 	key := client.ObjectKeyFromObject(rc)
 	sighted := r.sightings.peek(key, es)
@@ -34,14 +36,17 @@ func (r *Source) adopt(ctx context.Context, cl *ledger.Cluster, sc *render.Synce
 	fresh := c == nil || c.Version != sc.Version
 	untrackedLease := tracked && c != nil && !fresh && c.LeaseID == ""
 	if !fresh && !untrackedLease && !unrecorded(rc, sighted, sc.LeaseID, tracked) {
-		return false, nil
+		return false, false, nil
+	}
+	if !fits(rc, newLeases(rc, sighted, sc.LeaseID), tracked) {
+		return false, true, nil
 	}
 	now := statustime.At(r.Clock.Now())
 	if fresh || untrackedLease {
 		info := &vault.LeaseInfo{Exists: true}
 		if tracked {
 			if info, err = vcl.Lookup(ctx, sc.LeaseID); err != nil {
-				return false, fmt.Errorf("looking up the lease External Secrets Operator obtained: %w", err)
+				return false, false, fmt.Errorf("looking up the lease External Secrets Operator obtained: %w", err)
 			}
 		}
 		r.recordSynced(cl, sc, tracked, info, now, fresh)
@@ -51,7 +56,7 @@ func (r *Source) adopt(ctx context.Context, cl *ledger.Cluster, sc *render.Synce
 		rc.Status.Leases = ledger.AddSighted(rc.Status.Leases, sighted, now, rc.VaultConnectionName())
 	}
 	if err := cl.Persist(ctx); err != nil {
-		return false, fmt.Errorf("recording the synced credential: %w", err)
+		return false, false, fmt.Errorf("recording the synced credential: %w", err)
 	}
 	r.sightings.forget(key, sighted)
 	if fresh {
@@ -63,7 +68,19 @@ func (r *Source) adopt(ctx context.Context, cl *ledger.Cluster, sc *render.Synce
 			sc.Version, sc.Username, render.SyncedSecretName(rc), note)
 		log.FromContext(ctx).Info("Synced credential adopted", "version", sc.Version, "username", sc.Username, "leaseTracked", tracked)
 	}
-	return gone, nil
+	return gone, false, nil
+}
+
+// newLeases counts the leases that adopting the synced credential (lease current) with the
+// leases sighted would add to the ledger.
+func newLeases(rc *v1alpha1.RedisCluster, sighted []string, current string) int {
+	added := map[string]bool{}
+	for _, id := range append(slices.Clone(sighted), current) {
+		if id != "" && !ledger.Has(rc.Status.Leases, id) {
+			added[id] = true
+		}
+	}
+	return len(added)
 }
 
 // unrecorded says whether leases seen in the Secret are missing from the ledger.
@@ -101,6 +118,11 @@ func (r *Source) recordSynced(cl *ledger.Cluster, sc *render.SyncedCredential, t
 			cs.SupersededUsers = append(slices.Clone(cs.SupersededUsers), prev.Username)
 		}
 	}
+	if fresh {
+		// The lease of the credential it replaces (tracked through this connection or another)
+		// is revoked after the rollout.
+		ledger.Supersede(rc, sc.Version)
+	}
 	if sc.LeaseDuration > 0 {
 		cs.LeaseDuration = &metav1.Duration{Duration: sc.LeaseDuration}
 	}
@@ -112,9 +134,6 @@ func (r *Source) recordSynced(cl *ledger.Cluster, sc *render.SyncedCredential, t
 		}
 		if !info.LastRenewal.IsZero() {
 			cs.LastRenewal = statustime.At(info.LastRenewal)
-		}
-		if fresh {
-			ledger.Supersede(rc, sc.Version)
 		}
 		if info.Exists && !ledger.Has(rc.Status.Leases, sc.LeaseID) {
 			rc.Status.Leases = append(rc.Status.Leases, v1alpha1.LeaseRecord{

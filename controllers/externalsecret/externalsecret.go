@@ -54,25 +54,28 @@ func (r *Source) Credential(ctx context.Context, cl *ledger.Cluster, vcl vault.L
 		return nil, 0, nil
 	}
 	tracked := vcl != nil && sc.LeaseID != "" && r.mayTrack(cl, vcl, sc.LeaseID)
-	gone, err := r.adopt(ctx, cl, sc, vcl, tracked, es.UID)
-	if err != nil {
-		return nil, 0, err
+	gone, waiting, err := r.adopt(ctx, cl, sc, vcl, tracked, es.UID)
+	if err != nil || waiting {
+		reportBounds(cl, waiting)
+		return nil, cutOffWait, err
 	}
 	next, err := r.decideSynced(ctx, cl, vcl, tracked, gone)
 	if err != nil {
 		return nil, 0, err
 	}
 	r.Ledger.Planned(cl, next)
-	keep := time.Time{}
-	if vcl != nil {
-		// The superseded leases consumers not yet restarted still use are kept alive, as in
-		// VaultLease mode.
-		if keep, err = r.Ledger.KeepSuperseded(ctx, cl, vcl, ledger.DefaultRenewalPercent); err != nil {
-			return nil, 0, err
-		}
-		r.Ledger.Due(cl, keep)
+	// The superseded leases consumers not yet restarted still use are kept alive, as in VaultLease
+	// mode, each through the connection it came through (even once connectionRef is gone).
+	keep, err := r.Ledger.KeepSuperseded(ctx, cl, vcl, ledger.DefaultRenewalPercent)
+	if err != nil {
+		return nil, 0, err
 	}
+	r.Ledger.Due(cl, keep)
 	r.reportSynced(cl, es, sc, tracked)
+	reportBounds(cl, false)
+	if rc.Status.Credential.CutOff {
+		return nil, cutOffWait, nil // nothing to deliver until External Secrets Operator answers
+	}
 	if wait := r.settling(rc); wait > 0 {
 		return nil, wait, nil
 	}
@@ -84,21 +87,35 @@ func (r *Source) Credential(ctx context.Context, cl *ledger.Cluster, vcl vault.L
 }
 
 // decideSynced lets rotation.Decide say what the synced credential needs and does it: renew or
-// look up a tracked lease, or ask ESO for a new credential, until nothing more is due or a
-// refresh is asked for (ESO answers with a new Secret, which starts the next reconcile). It
-// returns the last decision, which plans what comes next.
+// look up a tracked lease, through the connection it came through, or ask ESO for a new
+// credential, until nothing more is due or a refresh is asked for (ESO answers with a new Secret,
+// which starts the next reconcile). A lease tracked through another connection than
+// externalSecret.connectionRef names now (or through one when it names none) is replaced, as in
+// VaultLease mode. It returns the last decision, which plans what comes next.
 func (r *Source) decideSynced(ctx context.Context, cl *ledger.Cluster, vcl vault.LeaseClient, tracked, gone bool) (rotation.Decision, error) {
 	var d rotation.Decision
+	lvcl, moved, err := cl.CurrentClient(ctx, vcl)
+	if err != nil {
+		return d, err
+	}
+	tracked = tracked || moved
+	if c := cl.RC.Status.Credential; c.CutOff {
+		// Its lease is gone and its user cut off: a new credential is all it needs (asked for
+		// again when the request is left unanswered).
+		d = rotation.Decision{Action: rotation.ActionIssue, Reason: rotation.ReasonLeaseGone}
+		return d, r.requestRefresh(ctx, cl, d)
+	}
 	for range ledger.MaxSteps {
-		d = rotation.Decide(r.Ledger.Input(cl, vcl, true, gone))
-		var err error
+		in := r.Ledger.Input(cl, lvcl, true, gone)
+		in.SourceChanged = moved
+		d = rotation.Decide(in)
 		switch {
 		case d.Action == rotation.ActionNothing:
 			return d, nil
 		case d.Action == rotation.ActionRenew && tracked:
-			gone, err = r.Ledger.Renew(ctx, cl, vcl)
+			gone, err = r.Ledger.Renew(ctx, cl, lvcl)
 		case d.Action == rotation.ActionCheck && tracked:
-			gone, err = r.Ledger.Check(ctx, cl, vcl)
+			gone, err = r.Ledger.Check(ctx, cl, lvcl)
 		case d.Action == rotation.ActionIssue || d.Action == rotation.ActionRotate:
 			if d.Reason == rotation.ReasonLeaseGone {
 				// External Secrets Operator's token is not keyroll's to keep alive: a lease that
@@ -115,6 +132,11 @@ func (r *Source) decideSynced(ctx context.Context, cl *ledger.Cluster, vcl vault
 	}
 	return d, nil
 }
+
+// cutOffWait is how often a cluster whose credential is cut off, or does not fit in the status,
+// is looked at while nothing changes (a new Secret from External Secrets Operator, a revocation
+// that makes room, wakes it earlier).
+const cutOffWait = 30 * time.Second
 
 // syncSettle is how long a new credential from ESO must stay in place before it is rolled out:
 // one refresh can make ESO write the Secret twice in quick succession (each time with a new
@@ -137,6 +159,7 @@ func (r *Source) settling(rc *v1alpha1.RedisCluster) time.Duration {
 // ensureExternalSecret creates or repairs the ExternalSecret and returns it as the API has it.
 func (r *Source) ensureExternalSecret(ctx context.Context, cl *ledger.Cluster) (*esv1.ExternalSecret, error) {
 	desired := render.ExternalSecret(cl.RC)
+	pauseRefreshes(cl.RC, desired)
 	err := apply.Owned(ctx, r.Client, r.APIReader, cl.RC, desired)
 	var conflict *apply.ConflictError
 	if errors.As(err, &conflict) {
@@ -193,8 +216,8 @@ func (r *Source) requestRefresh(ctx context.Context, cl *ledger.Cluster, d rotat
 	if d.AcknowledgeRotateNow {
 		rc.Status.RotateNowAcknowledged = rc.Annotations[v1alpha1.AnnotationRotateNow]
 	}
-	if c.RefreshRequestedAt != nil && r.Clock.Since(c.RefreshRequestedAt.Time) < refreshRequestTimeout {
-		return nil
+	if (c.RefreshRequestedAt != nil && r.Clock.Since(c.RefreshRequestedAt.Time) < refreshRequestTimeout) || refreshesPaused(rc) {
+		return nil // pending, or refreshes are paused (LedgerFull): asked for once there is room
 	}
 	now := statustime.At(r.Clock.Now())
 	c.RefreshRequestedAt, c.RotationReason = now, string(d.Reason)
@@ -327,52 +350,4 @@ func (r *Source) Retire(ctx context.Context, cl *ledger.Cluster) (time.Duration,
 		return time.Second, nil
 	}
 	return 0, nil
-}
-
-// endedEarly reports, as Degraded=LeaseEndedEarly, that a tracked lease ended before its expiry
-// (status.credential.leaseEndedEarlyAfter), until the current lease has outlived that age. It says
-// whether it did.
-func (r *Source) endedEarly(cl *ledger.Cluster, tracked bool) bool {
-	c := cl.RC.Status.Credential
-	if c.LeaseEndedEarlyAfter == nil {
-		return false
-	}
-	alive := c.LeaseID != "" && ledger.Has(cl.RC.Status.Leases, c.LeaseID) // not the lease that ended
-	if !tracked || (alive && r.Clock.Since(statustime.Of(c.IssuedAt)) > c.LeaseEndedEarlyAfter.Duration) {
-		c.LeaseEndedEarlyAfter = nil // the current lease lives longer: it was a one-off
-		return false
-	}
-	msg := fmt.Sprintf("A lease External Secrets Operator obtained was gone from Vault %s after it was issued, before its expiry: most likely External Secrets Operator's own Vault token ended, and Vault revoked the lease with it (keyroll cannot keep that token alive; it replaced the credential as soon as it noticed, within --lease-check-interval). Give External Secrets Operator's auth role a token TTL well above externalSecret.refreshInterval (%s), so that each credential is refreshed before its token ends",
-		c.LeaseEndedEarlyAfter.Duration, durationOr(cl.RC.Spec.Credentials.ExternalSecret.RefreshInterval))
-	if cl.Conds.Set(v1alpha1.ConditionSourceHealthy, metav1.ConditionFalse, v1alpha1.ReasonLeaseEndedEarly, msg) {
-		cl.Conds.Announce(true, v1alpha1.EventLeaseEndedEarly, "Adopt", "%s", msg)
-	}
-	return true
-}
-
-func durationOr(d *metav1.Duration) string {
-	if d == nil {
-		return "not set"
-	}
-	return d.Duration.String()
-}
-
-// leaseGoneExternally records that the tracked lease of the credential External Secrets Operator
-// synced is gone from Vault before its expiry: revoked outside keyroll, or ended with External
-// Secrets Operator's own Vault token, which keyroll cannot keep alive. The lease leaves the
-// ledger; the caller asks External Secrets Operator for a new credential at once.
-func (r *Source) leaseGoneExternally(ctx context.Context, cl *ledger.Cluster) {
-	c := cl.RC.Status.Credential
-	if c == nil || c.LeaseID == "" {
-		return
-	}
-	r.Metrics.RevokedOutside.Inc()
-	cl.RC.Status.Leases = ledger.Remove(cl.RC.Status.Leases, c.LeaseID)
-	if now := r.Clock.Now(); c.IssuedAt != nil && c.ExpiresAt != nil && now.Before(c.ExpiresAt.Time) {
-		c.LeaseEndedEarlyAfter = &metav1.Duration{Duration: now.Sub(c.IssuedAt.Time).Truncate(time.Second)}
-	}
-	cl.Conds.Announce(true, v1alpha1.EventLeaseRevokedOutside, "Revoke",
-		"Lease %s that External Secrets Operator obtained is gone from Vault before its expiry (revoked outside keyroll, or ended with External Secrets Operator's own Vault token): asking for a new credential at once",
-		c.LeaseID)
-	log.FromContext(ctx).Info("Tracked lease gone from Vault; asking External Secrets Operator for a new credential", "lease", c.LeaseID)
 }

@@ -69,3 +69,10 @@ func mayUseSource(cl *ledger.Cluster, vcl vault.LeaseClient) bool {
 	}
 	return true
 }
+
+// NotInstalled reports that ExternalSecret mode cannot work in this operator: External Secrets
+// Operator's API was missing when it started.
+func NotInstalled(cl *ledger.Cluster) {
+	msg := "credentials.source is ExternalSecret, but External Secrets Operator's API (external-secrets.io/v1 ExternalSecret) was not installed when keyroll started: install External Secrets Operator, then restart keyroll"
+	cl.NotReady(v1alpha1.ReasonExternalSecretsNotInstalled, v1alpha1.EventExternalSecretsNotInstalled, "Sync", msg, true)
+}

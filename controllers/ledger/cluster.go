@@ -38,6 +38,9 @@ type Cluster struct {
 func (c *Cluster) ClientFor(ctx context.Context, vcl vault.LeaseClient, lease v1alpha1.LeaseRecord) (vault.LeaseClient, error) {
 	name := c.RC.LeaseConnection(lease)
 	if name == c.RC.VaultConnectionName() || c.Connect == nil {
+		if vcl == nil {
+			return nil, fmt.Errorf("lease %s records no VaultConnection, and the spec names none", lease.LeaseID)
+		}
 		return vcl, nil
 	}
 	other, err := c.Connect(ctx, name, c.RC.Namespace)
@@ -45,6 +48,22 @@ func (c *Cluster) ClientFor(ctx context.Context, vcl vault.LeaseClient, lease v1
 		return nil, fmt.Errorf("VaultConnection %s, which lease %s came through: %w", name, lease.LeaseID, err)
 	}
 	return other, nil
+}
+
+// CurrentClient is the client of the VaultConnection the current lease came through (vcl, the
+// spec's, unless the owner changed the connection since), and whether that is another connection
+// than the spec names now (none included).
+func (c *Cluster) CurrentClient(ctx context.Context, vcl vault.LeaseClient) (vault.LeaseClient, bool, error) {
+	cur := c.RC.Status.Credential
+	if cur == nil || cur.LeaseID == "" {
+		return vcl, false, nil
+	}
+	rec, ok := c.Lease(cur.LeaseID)
+	if !ok {
+		return vcl, false, nil
+	}
+	lvcl, err := c.ClientFor(ctx, vcl, rec)
+	return lvcl, c.RC.LeaseConnection(rec) != c.RC.VaultConnectionName(), err
 }
 
 // Lease is the ledger's record of lease id (ok false: none).

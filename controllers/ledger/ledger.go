@@ -31,6 +31,10 @@ const MaxSteps = 4
 // MaxLeases is how many leases the ledger holds at most (status.leases, as the CRD bounds it).
 const MaxLeases = 64
 
+// MaxSupersededUsers is how many users of replaced credentials without a tracked lease the status
+// holds at most (status.credential.supersededUsers, as the CRD bounds it).
+const MaxSupersededUsers = 16
+
 // Ledger works on the lease ledger of RedisClusters through their Vault connections.
 type Ledger struct {
 	Clock   clock.Clock
@@ -173,18 +177,30 @@ func (l *Ledger) RevokeSuperseded(ctx context.Context, cl *Cluster, vcl vault.Le
 	return l.Outcome(cl, errors.Join(errs...))
 }
 
+// RevokeAll revokes every lease in the ledger, superseded ones included (a RedisCluster being
+// deleted), each through the VaultConnection it came through; vcl, the spec's, may be nil when the
+// spec names none.
+func (l *Ledger) RevokeAll(ctx context.Context, cl *Cluster, vcl vault.LeaseClient) error {
+	var errs []error
+	for _, lease := range slices.Clone(cl.RC.Status.Leases) {
+		errs = append(errs, l.Revoke(ctx, cl, vcl, lease.LeaseID))
+	}
+	return l.Outcome(cl, errors.Join(errs...))
+}
+
 // Revoke revokes one lease, through the VaultConnection it came through: on success it leaves
 // the ledger, on failure it is marked Revoking.
 func (l *Ledger) Revoke(ctx context.Context, cl *Cluster, vcl vault.LeaseClient, id string) error {
-	if rec, ok := cl.Lease(id); ok {
-		other, err := cl.ClientFor(ctx, vcl, rec)
-		if err != nil {
-			return err
-		}
-		vcl = other
+	rec, ok := cl.Lease(id)
+	if !ok {
+		rec = v1alpha1.LeaseRecord{LeaseID: id}
+	}
+	vcl, err := cl.ClientFor(ctx, vcl, rec)
+	if err != nil {
+		return err
 	}
 	stoppoint.Reached(stoppoint.BeforeRevoke, cl.RC.Namespace)
-	err := vcl.Revoke(ctx, id)
+	err = vcl.Revoke(ctx, id)
 	if vault.IsRefused(err) {
 		l.disown(ctx, cl, id, err)
 		return nil
@@ -325,6 +341,28 @@ func Retire(rc *v1alpha1.RedisCluster) {
 
 // DefaultRenewalPercent is how far into a lease ESO obtained keyroll renews it.
 const DefaultRenewalPercent = 67
+
+// HonourGone applies onRevokedOutside to the user of a lease that is gone from Vault before keyroll
+// revoked it (revoked outside keyroll, or ended): with CutOff, the default, the user is to leave
+// every node at once (status.retiringUsers); with RollOver it stays there until the credential
+// that replaces it has rolled out (status.credential.supersededUsers). It says whether the user
+// is cut off.
+func HonourGone(rc *v1alpha1.RedisCluster, username string) bool {
+	if username == "" {
+		return rc.Spec.Credentials.OnRevokedOutside != v1alpha1.RevokedOutsideRollOver
+	}
+	if c := rc.Status.Credential; rc.Spec.Credentials.OnRevokedOutside == v1alpha1.RevokedOutsideRollOver &&
+		(c == nil || len(c.SupersededUsers) < MaxSupersededUsers) { // a full list cuts off
+		if c != nil && !slices.Contains(c.SupersededUsers, username) {
+			c.SupersededUsers = append(c.SupersededUsers, username)
+		}
+		return false
+	}
+	if !slices.Contains(rc.Status.RetiringUsers, username) {
+		rc.Status.RetiringUsers = append(rc.Status.RetiringUsers, username)
+	}
+	return true
+}
 
 // CutOff says that a user leaves the nodes whose lease is not being revoked by keyroll: a lease
 // revoked outside keyroll left the ledger at once (onRevokedOutside CutOff), ahead of the rollout

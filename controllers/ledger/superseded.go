@@ -27,13 +27,16 @@ func (l *Ledger) KeepSuperseded(ctx context.Context, cl *Cluster, vcl vault.Leas
 	var next time.Time
 	var errs []error
 	for _, rec := range slices.Clone(cl.RC.Status.Leases) {
-		if rec.State == v1alpha1.LeaseSuperseded && rec.ExpiresAt != nil {
-			if !now.Before(rec.ExpiresAt.Time) {
-				l.supersededGone(ctx, cl, rec) // ended: Vault has let it go
-				continue
-			}
-			next = Earliest(next, rec.ExpiresAt.Time)
+		if rec.State != v1alpha1.LeaseSuperseded {
+			continue
 		}
+		ends := l.supersededEnd(ctx, cl, vcl, rec)
+		if !ends.IsZero() && !now.Before(ends) {
+			l.supersededGone(ctx, cl, rec) // ended: Vault has let it go, or does with its token
+			continue
+		}
+		next = Earliest(next, ends)
+		rec, _ = cl.Lease(rec.LeaseID) // as supersededEnd left it
 		from, end, ok := renewalSpan(rec)
 		if !ok {
 			continue
@@ -50,6 +53,34 @@ func (l *Ledger) KeepSuperseded(ctx context.Context, cl *Cluster, vcl vault.Leas
 		}
 	}
 	return next, errors.Join(errs...)
+}
+
+// supersededEnd is when a superseded lease ends at the latest: its expiry, or the end of the Vault
+// token that created it when that comes first (Vault revokes a lease with its token, and no
+// renewal saves it). The first time the token's end is found to come first, the lease is marked
+// renewalCapped and a Warning event says by when the rollout must be done.
+func (l *Ledger) supersededEnd(ctx context.Context, cl *Cluster, vcl vault.LeaseClient, rec v1alpha1.LeaseRecord) time.Time {
+	expiry := statustime.Of(rec.ExpiresAt)
+	if rec.TokenAccessor == "" {
+		return expiry
+	}
+	lvcl, err := cl.ClientFor(ctx, vcl, rec)
+	if err != nil {
+		return expiry
+	}
+	t, ok := lvcl.Token(rec.TokenAccessor)
+	if !ok || t.EndsAt.IsZero() || (!expiry.IsZero() && !t.EndsAt.Before(expiry)) {
+		return expiry
+	}
+	for i := range cl.RC.Status.Leases {
+		if r := &cl.RC.Status.Leases[i]; r.LeaseID == rec.LeaseID && !r.RenewalCapped {
+			r.RenewalCapped = true
+			cl.Conds.Announce(true, v1alpha1.EventSupersededLeaseEnding, "Renew",
+				"Superseded lease %s (user %s) ends at %s with the Vault token that created it (its max TTL): the rollout must be done by then; after it, its user is treated as onRevokedOutside says",
+				rec.LeaseID, rec.Username, t.EndsAt.UTC().Format(time.RFC3339))
+		}
+	}
+	return t.EndsAt
 }
 
 // renewalSpan is the span of a superseded lease's current term: from its last renewal (or issue)
@@ -111,15 +142,8 @@ func (l *Ledger) supersededGone(ctx context.Context, cl *Cluster, rec v1alpha1.L
 	l.Metrics.RevokedOutside.Inc()
 	rc.Status.Leases = Remove(rc.Status.Leases, rec.LeaseID)
 	what := "its user is cut off on every Redis node (onRevokedOutside CutOff)"
-	switch {
-	case rec.Username == "":
-	case rc.Spec.Credentials.OnRevokedOutside == v1alpha1.RevokedOutsideRollOver:
+	if !HonourGone(rc, rec.Username) {
 		what = "its user stays on the Redis nodes until the rollout is done (onRevokedOutside RollOver)"
-		if c := rc.Status.Credential; c != nil && !slices.Contains(c.SupersededUsers, rec.Username) {
-			c.SupersededUsers = append(c.SupersededUsers, rec.Username)
-		}
-	case !slices.Contains(rc.Status.RetiringUsers, rec.Username):
-		rc.Status.RetiringUsers = append(rc.Status.RetiringUsers, rec.Username)
 	}
 	cl.Conds.Announce(true, v1alpha1.EventLeaseRevokedOutside, "Renew",
 		"Superseded lease %s of user %s is gone from Vault (revoked outside keyroll, or ended): %s", rec.LeaseID, rec.Username, what)

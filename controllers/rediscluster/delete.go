@@ -2,7 +2,6 @@ package rediscluster
 
 import (
 	"context"
-	"errors"
 	"fmt"
 
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -12,6 +11,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/vault"
 )
 
 // reconcileDelete revokes every lease in the ledger, then removes the finalizer. While a lease may
@@ -42,21 +42,22 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, s *scope) (ctrl.Result
 	return ctrl.Result{}, r.removeFinalizer(ctx, s)
 }
 
-// revokeAll revokes every lease in the ledger, superseded ones included.
+// revokeAll revokes every lease in the ledger, superseded ones included, each through the
+// VaultConnection it came through: the spec's, or, when the spec names none any more (ExternalSecret
+// mode without connectionRef), the one its record names.
 func (r *deps) revokeAll(ctx context.Context, s *scope) (ctrl.Result, error) {
-	vcl, wait, err := r.connect(ctx, s, true)
-	if vcl == nil {
-		msg := fmt.Sprintf("%d lease(s) cannot be revoked: %s", len(s.RC.Status.Leases), conditionMessage(s.RC, v1alpha1.ConditionCredentialsReady))
-		if s.Conds.Set(v1alpha1.ConditionLeasesRevoked, metav1.ConditionFalse, v1alpha1.ReasonRevocationPending, msg) {
-			s.Conds.Announce(true, v1alpha1.EventRevocationFailed, "Revoke", "%s", msg)
+	var vcl vault.LeaseClient
+	if s.RC.VaultConnectionName() != "" {
+		c, wait, err := r.connect(ctx, s, true)
+		if vcl = c; vcl == nil {
+			msg := fmt.Sprintf("%d lease(s) cannot be revoked: %s", len(s.RC.Status.Leases), conditionMessage(s.RC, v1alpha1.ConditionCredentialsReady))
+			if s.Conds.Set(v1alpha1.ConditionLeasesRevoked, metav1.ConditionFalse, v1alpha1.ReasonRevocationPending, msg) {
+				s.Conds.Announce(true, v1alpha1.EventRevocationFailed, "Revoke", "%s", msg)
+			}
+			return result(wait, err)
 		}
-		return result(wait, err)
 	}
-	var errs []error
-	for _, l := range s.RC.Status.Leases {
-		errs = append(errs, r.Ledger.Revoke(ctx, s.Cluster, vcl, l.LeaseID))
-	}
-	return ctrl.Result{}, r.Ledger.Outcome(s.Cluster, errors.Join(errs...))
+	return ctrl.Result{}, r.Ledger.RevokeAll(ctx, s.Cluster, vcl)
 }
 
 // removeFinalizer writes the (now empty) ledger first, then lets the object go.

@@ -16,9 +16,11 @@ import (
 	"github.com/keyroll/keyroll/apis/v1alpha1"
 	"github.com/keyroll/keyroll/controllers/apply"
 	"github.com/keyroll/keyroll/controllers/conditions"
+	"github.com/keyroll/keyroll/controllers/externalsecret"
 	"github.com/keyroll/keyroll/controllers/ledger"
 	"github.com/keyroll/keyroll/controllers/primary"
 	"github.com/keyroll/keyroll/controllers/render"
+	"github.com/keyroll/keyroll/redisnode"
 	"github.com/keyroll/keyroll/vault"
 )
 
@@ -37,6 +39,7 @@ type scope struct {
 // Reconcile brings one RedisCluster towards its spec. Status is written once, at the end, except
 // that a newly issued lease is written to the ledger before anything uses it.
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.Result, reterr error) {
+	ctx = redisnode.Budgeted(ctx) // a cluster whose Redis does not answer yields its worker
 	rc := &v1alpha1.RedisCluster{}
 	if err := r.Get(ctx, req.NamespacedName, rc); err != nil {
 		if apierrors.IsNotFound(err) {
@@ -102,7 +105,7 @@ func (r *Reconciler) ensureFinalizer(ctx context.Context, rc *v1alpha1.RedisClus
 func (r *Reconciler) reconcileNormal(ctx context.Context, s *scope) (ctrl.Result, error) {
 	rc := s.RC
 	if rc.Spec.Credentials.Source == v1alpha1.SourceExternalSecret && !r.ExternalSecrets {
-		r.externalSecretsMissing(s)
+		externalsecret.NotInstalled(s.Cluster)
 		return ctrl.Result{}, nil
 	}
 	s.ParseRotation()
@@ -114,6 +117,11 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, s *scope) (ctrl.Result
 		return result(waitForConnection, err)
 	}
 	d, err := r.credentialAndObjects(ctx, s, in)
+	if err == nil && d.cred == nil && d.pc != nil && ledger.CutOff(rc) {
+		// A user cut off with no credential to replace it yet leaves every node now.
+		_, wait, err := r.reconcileUsers(ctx, s, in, nil)
+		return result(soonest(d.next, wait), err)
+	}
 	if err != nil || d.cred == nil {
 		return result(d.next, err)
 	}
@@ -231,7 +239,7 @@ func (r *deps) retireSuperseded(ctx context.Context, s *scope, in *internal, vcl
 	if !applied || err != nil {
 		return false, wait, err
 	}
-	if vcl != nil && len(ledger.Superseded(s.RC)) > 0 {
+	if len(ledger.Superseded(s.RC)) > 0 { // each through the connection it came through
 		if err := r.Ledger.RevokeSuperseded(ctx, s.Cluster, vcl); err != nil {
 			return false, 0, err
 		}
@@ -268,12 +276,6 @@ func (r *Reconciler) readyReplicas(ctx context.Context, s *scope) {
 	if err := r.Get(ctx, client.ObjectKey{Namespace: s.RC.Namespace, Name: s.RC.Name}, sts); err == nil {
 		s.RC.Status.ReadyReplicas = sts.Status.ReadyReplicas
 	}
-}
-
-// externalSecretsMissing reports that ExternalSecret mode cannot work in this operator.
-func (r *Reconciler) externalSecretsMissing(s *scope) {
-	msg := "credentials.source is ExternalSecret, but External Secrets Operator's API (external-secrets.io/v1 ExternalSecret) was not installed when keyroll started: install External Secrets Operator, then restart keyroll"
-	s.NotReady(v1alpha1.ReasonExternalSecretsNotInstalled, v1alpha1.EventExternalSecretsNotInstalled, "Sync", msg, true)
 }
 
 // writeStatus sums the conditions up (Ready, Degraded), derives the phase and writes the status if

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -111,16 +110,8 @@ func (r *Source) ledgerHasRoom(cl *ledger.Cluster) {
 // from another source than the spec names now (connection or path).
 func (r *Source) leaseClient(ctx context.Context, cl *ledger.Cluster, vcl vault.LeaseClient) (vault.LeaseClient, bool, error) {
 	c := cl.RC.Status.Credential
-	if c == nil || c.LeaseID == "" {
-		return vcl, false, nil
-	}
-	changed := c.Path != "" && c.Path != cl.RC.Spec.Credentials.VaultLease.Path
-	rec, ok := cl.Lease(c.LeaseID)
-	if !ok {
-		return vcl, changed, nil
-	}
-	lvcl, err := cl.ClientFor(ctx, vcl, rec)
-	return lvcl, changed || cl.RC.LeaseConnection(rec) != cl.RC.VaultConnectionName(), err
+	lvcl, moved, err := cl.CurrentClient(ctx, vcl)
+	return lvcl, moved || (c != nil && c.Path != "" && c.Path != cl.RC.Spec.Credentials.VaultLease.Path), err
 }
 
 // revokedOutside honours a live lease that was revoked outside keyroll (an administrator's `vault
@@ -134,10 +125,7 @@ func (r *Source) revokedOutside(ctx context.Context, cl *ledger.Cluster) error {
 	c := rc.Status.Credential
 	r.Metrics.RevokedOutside.Inc()
 	rc.Status.Leases = ledger.Remove(rc.Status.Leases, c.LeaseID)
-	if rc.Spec.Credentials.OnRevokedOutside == v1alpha1.RevokedOutsideRollOver {
-		if c.Username != "" && !slices.Contains(c.SupersededUsers, c.Username) {
-			c.SupersededUsers = append(c.SupersededUsers, c.Username)
-		}
+	if !ledger.HonourGone(rc, c.Username) {
 		cl.Conds.Announce(true, v1alpha1.EventLeaseRevokedOutside, "Revoke",
 			"Lease %s of user %s was revoked outside keyroll; issuing a new credential at once (onRevokedOutside RollOver: the user stays on the Redis nodes until the new credential has rolled out)", c.LeaseID, c.Username)
 		log.FromContext(ctx).Info("Lease revoked outside keyroll; rolling over", "lease", c.LeaseID, "username", c.Username)
@@ -146,9 +134,6 @@ func (r *Source) revokedOutside(ctx context.Context, cl *ledger.Cluster) error {
 	cl.Conds.Announce(true, v1alpha1.EventLeaseRevokedOutside, "Revoke",
 		"Lease %s of user %s was revoked outside keyroll; the user is cut off on every Redis node and a new credential is issued at once (onRevokedOutside CutOff)", c.LeaseID, c.Username)
 	log.FromContext(ctx).Info("Lease revoked outside keyroll; cutting its user off", "lease", c.LeaseID, "username", c.Username)
-	if c.Username != "" && !slices.Contains(rc.Status.RetiringUsers, c.Username) {
-		rc.Status.RetiringUsers = append(rc.Status.RetiringUsers, c.Username)
-	}
 	return nil
 }
 

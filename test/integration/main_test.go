@@ -36,6 +36,9 @@ func TestMain(m *testing.M) {
 		{Name: "es-raw", DefaultTTL: 20 * time.Second, MaxTTL: time.Hour},
 		{Name: "es-warn", DefaultTTL: time.Minute, MaxTTL: time.Hour},
 		{Name: "es-long", DefaultTTL: 10 * time.Minute, MaxTTL: time.Hour},
+		// One test's alone: every lease under it must be in that test's ledger.
+		{Name: "es-bounds", DefaultTTL: 10 * time.Minute, MaxTTL: time.Hour},
+		{Name: "es-conn", DefaultTTL: 10 * time.Minute, MaxTTL: time.Hour},
 		// Two tenants' roles, named after their namespaces (<namespace>.<role>) as the Vault
 		// administrators' guide names them, for the tenancy tests.
 		{Name: "ten-a.orders", DefaultTTL: 10 * time.Minute, MaxTTL: time.Hour},

@@ -1,0 +1,77 @@
+package externalsecret
+
+import (
+	"fmt"
+
+	esv1 "github.com/external-secrets/external-secrets/apis/externalsecrets/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/controllers/ledger"
+)
+
+// The status holds at most ledger.MaxLeases leases and ledger.MaxSupersededUsers superseded
+// users, as the CRD bounds them. External Secrets Operator mints a credential at each refresh,
+// and while a rollout does not end (a consumer that never becomes ready) each one is kept: the
+// ledger fills. keyroll never writes a status the schema refuses, and never lets a lease go
+// unrecorded: when the ledger is nearly full it pauses External Secrets Operator's refreshes
+// (the ExternalSecret's refreshPolicy becomes CreatedOnce, under which ESO does not refresh a
+// Secret it synced), says so (SourceHealthy=False, LedgerFull, with an event), and lifts the pause
+// once the rollout is done and the superseded leases are revoked. The margin leaves room for the
+// credentials ESO may be minting while the pause reaches it.
+const (
+	pauseLeaseMargin = 8
+	pauseUserMargin  = 4
+)
+
+// refreshesPaused says whether External Secrets Operator's refreshes are to be paused for rc.
+func refreshesPaused(rc *v1alpha1.RedisCluster) bool {
+	users := 0
+	if c := rc.Status.Credential; c != nil {
+		users = len(c.SupersededUsers)
+	}
+	return len(rc.Status.Leases) >= ledger.MaxLeases-pauseLeaseMargin || users >= ledger.MaxSupersededUsers-pauseUserMargin
+}
+
+// pauseRefreshes makes the ExternalSecret as rendered refresh no more while refreshesPaused.
+func pauseRefreshes(rc *v1alpha1.RedisCluster, es *esv1.ExternalSecret) {
+	if refreshesPaused(rc) {
+		es.Spec.RefreshPolicy = esv1.RefreshPolicyCreatedOnce
+	}
+}
+
+// fits says whether the status can take a new credential with the leases sighted: adopting one
+// that does not fit would make the status write fail.
+func fits(rc *v1alpha1.RedisCluster, newLeases int, tracked bool) bool {
+	c := rc.Status.Credential
+	if !tracked {
+		return c == nil || len(c.SupersededUsers) < ledger.MaxSupersededUsers
+	}
+	return len(rc.Status.Leases)+newLeases <= ledger.MaxLeases
+}
+
+// reportBounds sets SourceHealthy=False, LedgerFull, while refreshes are paused or a credential
+// waits for room (waiting), with an event on the transition, and withdraws it once there is room.
+func reportBounds(cl *ledger.Cluster, waiting bool) bool {
+	rc := cl.RC
+	users := 0
+	if c := rc.Status.Credential; c != nil {
+		users = len(c.SupersededUsers)
+	}
+	if !waiting && !refreshesPaused(rc) {
+		if c := meta.FindStatusCondition(rc.Status.Conditions, v1alpha1.ConditionSourceHealthy); c != nil && c.Reason == v1alpha1.ReasonLedgerFull {
+			cl.Conds.Set(v1alpha1.ConditionSourceHealthy, metav1.ConditionTrue, v1alpha1.ReasonAvailable, "The ledger has room again: External Secrets Operator refreshes the credential")
+		}
+		return false
+	}
+	msg := fmt.Sprintf("The ledger holds %d of at most %d leases and %d of at most %d superseded users while the rollout is not done: External Secrets Operator's refreshes are paused (ExternalSecret refreshPolicy CreatedOnce) until the rollout is done and the superseded leases are revoked",
+		len(rc.Status.Leases), ledger.MaxLeases, users, ledger.MaxSupersededUsers)
+	if waiting {
+		msg += "; the credential External Secrets Operator synced last does not fit and is not adopted (nothing is delivered until there is room)"
+	}
+	if cl.Conds.Set(v1alpha1.ConditionSourceHealthy, metav1.ConditionFalse, v1alpha1.ReasonLedgerFull, msg) {
+		cl.Conds.Announce(true, v1alpha1.EventLedgerFull, "Adopt", "%s", msg)
+	}
+	return true
+}
