@@ -14,6 +14,7 @@ import (
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
 	"github.com/keyroll/keyroll/test/framework"
+	"github.com/keyroll/keyroll/test/testground"
 )
 
 // A consumer that drains its work for 20 s after SIGTERM keeps working through its termination
@@ -95,15 +96,40 @@ func TestTerminatingConsumerPodsAreWaitedFor(t *testing.T) {
 // pod counts as available only after five minutes (minReadySeconds), so that its old pod goes on
 // with the old credential meanwhile. The superseded lease is renewed throughout (Vault, asked as
 // root every second, has it live), its user logs in on every node every second until the rollout
-// ends, and then the lease is revoked and the user refused.
+// ends, and then the lease is revoked and the user refused. Also with spec.vaultPlugin, where
+// Vault's plugin itself creates the user on the cluster's primary, and deletes it there when the
+// lease lapses. The two run side by side.
 func TestSupersededLeaseOutlivesALongRollout(t *testing.T) {
-	const hold = 5 * time.Minute
-	ns := fw.Namespace(t, "long-rollout")
-	vc := fw.VaultConnection(t, "vault-long-rollout", framework.Allow(ns))
-	rc := fw.RedisCluster(t, ns, "cache", vc.Name, fw.Path("brief"), framework.Replicas(2), framework.WithConsumers("app"),
-		func(rc *v1alpha1.RedisCluster) {
-			rc.Spec.Rollout.ReadinessTimeout = &metav1.Duration{Duration: 10 * time.Minute}
+	for _, v := range []struct {
+		name   string
+		plugin bool
+	}{{"direct", false}, {"vaultPlugin", true}} {
+		t.Run(v.name, func(t *testing.T) {
+			t.Parallel()
+			supersededLeaseOutlivesALongRollout(t, v.plugin)
 		})
+	}
+}
+
+func supersededLeaseOutlivesALongRollout(t *testing.T, plugin bool) {
+	const hold = 5 * time.Minute
+	base := "long-rollout"
+	if plugin {
+		base = "long-rollout-plugin"
+	}
+	ns := fw.Namespace(t, base)
+	vc := fw.VaultConnection(t, "vault-"+base, framework.Allow(ns))
+	opts := []framework.ClusterOption{framework.Replicas(2), framework.WithConsumers("app"), func(rc *v1alpha1.RedisCluster) {
+		rc.Spec.Rollout.ReadinessTimeout = &metav1.Duration{Duration: 10 * time.Minute}
+	}}
+	var rc *v1alpha1.RedisCluster
+	if plugin {
+		rc = pluginCluster(t, ns, vc.Name, fw.Path(base), opts...)
+		// brief's leases of two minutes, from a connection to the cluster's own primary.
+		connectPlugin(t, rc, testground.RedisRole{Name: base, DefaultTTL: 2 * time.Minute, MaxTTL: time.Hour})
+	} else {
+		rc = fw.RedisCluster(t, ns, "cache", vc.Name, fw.Path("brief"), opts...)
+	}
 	cur := fw.WaitReady(t, rc, 3*time.Minute)
 	app := fw.StartConsumers(t, ns, "app", 1, "cache:6379", "cache-credentials", func(d *appsv1.Deployment) {
 		d.Spec.MinReadySeconds = int32(hold.Seconds())

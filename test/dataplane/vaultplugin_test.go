@@ -38,6 +38,55 @@ func pointVaultAt(t *testing.T, rc *v1alpha1.RedisCluster) {
 	}
 }
 
+// connectPlugin points a connection of Vault's database engine at a RedisCluster's client Service
+// as its plugin user, with the password keyroll generated, and writes role on it (both named
+// fw.Role(role.Name)): what the guide's commands do (pointVaultAt), for a role whose TTLs the test
+// chooses. Then it wakes the cluster (vaultConfigured).
+func connectPlugin(t *testing.T, rc *v1alpha1.RedisCluster, role testground.RedisRole) {
+	t.Helper()
+	svc := &corev1.Service{}
+	if err := fw.Client.Get(context.Background(), client.ObjectKeyFromObject(rc), svc); err != nil {
+		t.Fatal(err)
+	}
+	secret := rc.Name + "-vault-plugin"
+	user, pass := fw.SecretData(rc.Namespace, secret, "username"), fw.SecretData(rc.Namespace, secret, "password")
+	if user == "" || pass == "" {
+		t.Fatalf("Secret %s/%s holds no plugin user", rc.Namespace, secret)
+	}
+	role.Name = fw.Role(role.Name)
+	if err := fw.Ground.Vault.ConnectRedis(context.Background(), role.Name, svc.Spec.ClusterIP, 6379, user, pass, role); err != nil {
+		t.Fatal(err)
+	}
+	vaultConfigured(t, rc)
+}
+
+// vaultConfigured wakes a cluster that waits after Vault's refusal (any change of it does), so that
+// it asks Vault again at once. Not with rotate-now: a retry may have issued the credential
+// meanwhile, and a rotation would then replace it, perhaps after WaitReady has returned it.
+func vaultConfigured(t *testing.T, rc *v1alpha1.RedisCluster) {
+	t.Helper()
+	fw.Annotate(t, rc, "test.keyroll.dev/vault-configured", time.Now().UTC().Format(time.RFC3339Nano))
+}
+
+// pluginCluster creates a RedisCluster "cache" with spec.vaultPlugin, and waits for its pods,
+// which come up before its credential (Vault refuses it, and keyroll reports the refusal, until
+// it is pointed at them). When the test ends it is deleted before its pods: its finalizer revokes
+// its leases, and Vault deletes their users through the plugin, on the primary.
+func pluginCluster(t *testing.T, ns, connection, path string, opts ...framework.ClusterOption) *v1alpha1.RedisCluster {
+	t.Helper()
+	plugin := func(rc *v1alpha1.RedisCluster) { rc.Spec.VaultPlugin = &v1alpha1.VaultPluginSpec{Username: "vault"} }
+	rc := fw.RedisCluster(t, ns, "cache", connection, path, append([]framework.ClusterOption{plugin}, opts...)...)
+	t.Cleanup(func() { fw.DeleteAndWait(t, rc, time.Minute) })
+	framework.Eventually(t, 3*time.Minute, func() string {
+		pods := fw.RedisPods(t, rc)
+		if len(pods) != int(rc.Spec.Replicas) || !framework.PodReady(&pods[len(pods)-1]) {
+			return fmt.Sprintf("%d of %d pods, the last not Ready yet", len(pods), rc.Spec.Replicas)
+		}
+		return ""
+	})
+	return rc
+}
+
 // With Vault's plugin pointed at the cluster's own Service, Vault creates the users on the primary
 // and keyroll carries them to every node; `vault lease revoke` of the live lease cuts the user off
 // on the primary at once (Vault deletes it there) and on every replica within the lease-check
@@ -47,19 +96,9 @@ func TestVaultRevokeCutsTheCredentialOffEverywhere(t *testing.T) {
 	// The role the guide's commands make is named <namespace>.<name>, and the connection allows
 	// each namespace the roles named after it, as the guide's tenancy section sets it up.
 	vc := fw.VaultConnection(t, "vault-plugin", framework.Allow(ns), framework.Paths("database/creds/{namespace}.*"))
-	rc := fw.RedisCluster(t, ns, "cache", vc.Name, "database/creds/"+ns+".cache", framework.Replicas(3), func(rc *v1alpha1.RedisCluster) {
-		rc.Spec.VaultPlugin = &v1alpha1.VaultPluginSpec{Username: "vault"}
-	})
-	// The pods come up before there is a credential; until Vault is configured, its refusal is
-	// reported.
-	framework.Eventually(t, 3*time.Minute, func() string {
-		if pods := fw.RedisPods(t, rc); len(pods) != 3 || !framework.PodReady(&pods[2]) {
-			return fmt.Sprintf("%d pods, the last not Ready yet", len(pods))
-		}
-		return ""
-	})
+	rc := pluginCluster(t, ns, vc.Name, "database/creds/"+ns+".cache", framework.Replicas(3))
 	pointVaultAt(t, rc)
-	fw.RotateNow(t, rc) // any change wakes a cluster that waits after a refusal
+	vaultConfigured(t, rc)
 	cur := fw.WaitReady(t, rc, 2*time.Minute)
 	pods := fw.RedisPods(t, rc)
 	user, pass, _ := fw.Credentials(rc)
