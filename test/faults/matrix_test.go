@@ -2,10 +2,11 @@ package faults
 
 import (
 	"fmt"
-	"os"
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/keyroll/keyroll/test/framework"
 )
 
 // The markers between which docs/reliability.md holds the matrix of the last run.
@@ -72,17 +73,7 @@ func (m *faultMatrix) markdown() string {
 
 // writeInto replaces the matrix between the markers of doc.
 func (m *faultMatrix) writeInto(doc string) error {
-	b, err := os.ReadFile(doc)
-	if err != nil {
-		return err
-	}
-	s := string(b)
-	i, j := strings.Index(s, matrixBegin), strings.Index(s, matrixEnd)
-	if i < 0 || j < i {
-		return fmt.Errorf("%s has no %q ... %q markers", doc, matrixBegin, matrixEnd)
-	}
-	s = s[:i+len(matrixBegin)] + "\n\n" + m.markdown() + "\n" + s[j:]
-	return os.WriteFile(doc, []byte(s), 0o644)
+	return framework.WriteSection(doc, matrixBegin, matrixEnd, m.markdown())
 }
 
 // newRow starts a row of the matrix for test t; the row's outcome is recorded when t ends.

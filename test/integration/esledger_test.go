@@ -37,6 +37,7 @@ func esLedgerCluster(t *testing.T, ns, conn, role string, refresh time.Duration,
 // is done. Either way a new credential from External Secrets Operator works on every node, and
 // afterwards the revoked user is gone everywhere.
 func TestExternalSecretRevokedOutsideIsCutOff(t *testing.T) {
+	t.Parallel()
 	for _, policy := range []v1alpha1.RevokedOutsidePolicy{v1alpha1.RevokedOutsideCutOff, v1alpha1.RevokedOutsideRollOver} {
 		t.Run(string(policy), func(t *testing.T) {
 			t.Parallel()
@@ -129,6 +130,7 @@ func editSpec(t *testing.T, rc *v1alpha1.RedisCluster, edit func(*v1alpha1.Redis
 // (the API server never refuses one as too long), and every lease Vault holds under the role is in
 // the ledger. Once the rollout is done, the superseded leases are revoked and refreshes resume.
 func TestExternalSecretLedgerStaysWithinBounds(t *testing.T) {
+	t.Parallel()
 	const stimulus = 150 * time.Second // a hundred and more refreshes, were they not paused
 	ns := fw.Namespace(t, "es-bounds")
 	vc := fw.VaultConnection(t, "vault-es-bounds", framework.Allow(ns))
@@ -224,6 +226,7 @@ func firstLineWith(text, s string) string {
 // connectionRef is removed, the lease tracked so far is still renewed and revoked through the
 // connection it came through, and the ledger is left empty.
 func TestExternalSecretConnectionChangeRevokesThroughTheOld(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	second := fw.OperatorAuthRole(time.Hour)
 	second.Name = fw.Name("keyroll-second")

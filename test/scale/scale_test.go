@@ -302,18 +302,7 @@ func writeSection(b *testing.B, name, table string) {
 	if doc == "" || table == "" || b.Failed() {
 		return
 	}
-	data, err := os.ReadFile(doc)
-	if err != nil {
-		b.Fatal(err)
-	}
-	text := string(data)
-	begin, end := "<!-- "+name+" -->", "<!-- /"+name+" -->"
-	i, j := strings.Index(text, begin), strings.Index(text, end)
-	if i < 0 || j < i {
-		b.Fatalf("%s has no %s ... %s markers", doc, begin, end)
-	}
-	text = text[:i+len(begin)] + "\n" + strings.TrimRight(table, "\n") + "\n" + text[j:]
-	if err := os.WriteFile(doc, []byte(text), 0o644); err != nil {
+	if err := framework.WriteSection(doc, "<!-- "+name+" -->", "<!-- /"+name+" -->", table); err != nil {
 		b.Fatal(err)
 	}
 }
