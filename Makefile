@@ -119,9 +119,14 @@ test: deps lint verify-generated ## The whole test suite (what CI runs): every t
 	$(GO) run ./test/sharedground -- $(GO) test -race -count=1 -p $(TEST_PARALLEL) -timeout 40m $(SHARED_PACKAGES)
 	$(GO) test -race -count=1 -timeout 40m $(OWN_NODE_PACKAGES)
 
+# The tests behind docs/reliability.md's "Long and messy rollouts" rows.
+RELIABILITY_ROLLOUTS = ^(TestSupersededLeaseOutlivesALongRollout|TestTerminatingConsumerPodsAreWaitedFor|TestTokenEndingDuringRolloutReplacesInTime|TestExternalSecretRevokedOutsideIsCutOff|TestExternalSecretLedgerStaysWithinBounds|TestExternalSecretConnectionChangeRevokesThroughTheOld)$$
+
 .PHONY: reliability
-reliability: deps ## Run the fault matrix (test/faults) and write its measured outcomes into docs/reliability.md.
-	KEYROLL_RELIABILITY_DOC=$(CURDIR)/docs/reliability.md $(GO) test -count=1 -timeout 30m -v ./test/faults/
+reliability: deps ## Run the fault matrix (test/faults) and the isolation test (test/isolation) and write their measured outcomes into docs/reliability.md.
+	KEYROLL_RELIABILITY_DOC=$(CURDIR)/docs/reliability.md $(GO) test -count=1 -timeout 30m -v ./test/faults/ ./test/isolation/
+	KEYROLL_RELIABILITY_DOC=$(CURDIR)/docs/reliability.md $(GO) run ./test/sharedground -- $(GO) test -count=1 -timeout 30m -v \
+		-run '$(RELIABILITY_ROLLOUTS)' ./test/dataplane/ ./test/tokens/ ./test/integration/
 
 .PHONY: bench-scale
 bench-scale: deps ## Run only the scale suite (test/scale: issue at 100, 300, 1,000 clusters, busy cluster, steady state, isolation, side by side with ESO) and write its tables and plot into docs/.

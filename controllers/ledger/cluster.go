@@ -6,6 +6,7 @@ package ledger
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -33,13 +34,16 @@ type Cluster struct {
 	Connect func(ctx context.Context, connection, namespace string) (vault.LeaseClient, error)
 }
 
+// ErrNoConnection says that no VaultConnection is known for a lease: keyroll cannot reach it.
+var ErrNoConnection = errors.New("no VaultConnection to reach it through")
+
 // ClientFor is the Vault client of the VaultConnection a lease came through: vcl, the spec's, or
 // that other connection's.
 func (c *Cluster) ClientFor(ctx context.Context, vcl vault.LeaseClient, lease v1alpha1.LeaseRecord) (vault.LeaseClient, error) {
 	name := c.RC.LeaseConnection(lease)
 	if name == c.RC.VaultConnectionName() || c.Connect == nil {
 		if vcl == nil {
-			return nil, fmt.Errorf("lease %s records no VaultConnection, and the spec names none", lease.LeaseID)
+			return nil, fmt.Errorf("lease %s records no VaultConnection, and the spec names none: %w", lease.LeaseID, ErrNoConnection)
 		}
 		return vcl, nil
 	}

@@ -2,6 +2,7 @@ package ledger
 
 import (
 	"hash/fnv"
+	"slices"
 	"sync"
 	"time"
 
@@ -12,27 +13,24 @@ import (
 // so that a lease revoked outside keyroll is noticed within about that long.
 const DefaultLeaseCheckInterval = time.Minute
 
-// LeaseChecks remembers, in memory, when each cluster's live lease was last confirmed in Vault
-// (looked up or renewed), so that it is looked up again one interval later. After a restart the
-// last renewal (or issue) in the status stands in for it. Intervals are jittered per cluster by up
+// LeaseChecks remembers, in memory, when each cluster's live leases (the current one, and the
+// superseded ones a rollout still needs) were last confirmed in Vault (looked up or renewed), so
+// that each is looked up again one interval later. After a restart the last renewal (or issue) in
+// the status stands in for it. Intervals are jittered per cluster by up
 // to a tenth, so that a thousand clusters do not look up in the same second.
 type LeaseChecks struct {
 	interval time.Duration
 
-	mu   sync.Mutex
-	last map[types.NamespacedName]leaseCheck
+	mu sync.Mutex
+	// last is when each lease of each cluster was last confirmed.
+	last map[types.NamespacedName]map[string]time.Time
 	// now are the clusters whose lease is looked up at their next reconcile (Now).
 	now map[types.NamespacedName]bool
 }
 
-type leaseCheck struct {
-	lease string
-	at    time.Time
-}
-
 // NewLeaseChecks looks each live lease up every interval (zero or less: never).
 func NewLeaseChecks(interval time.Duration) *LeaseChecks {
-	return &LeaseChecks{interval: interval, last: map[types.NamespacedName]leaseCheck{}, now: map[types.NamespacedName]bool{}}
+	return &LeaseChecks{interval: interval, last: map[types.NamespacedName]map[string]time.Time{}, now: map[types.NamespacedName]bool{}}
 }
 
 // Next is when the lease of key is next looked up; confirmed is when the status last saw it
@@ -42,15 +40,15 @@ func (l *LeaseChecks) Next(key types.NamespacedName, lease string, confirmed tim
 		return time.Time{}
 	}
 	l.mu.Lock()
-	c, ok := l.last[key]
+	checked := l.last[key][lease]
 	now := l.now[key]
 	l.mu.Unlock()
 	if now {
 		return time.Unix(0, 0) // long due
 	}
 	at := confirmed
-	if ok && c.lease == lease && c.at.After(at) {
-		at = c.at
+	if checked.After(at) {
+		at = checked
 	}
 	if at.IsZero() {
 		return time.Time{}
@@ -68,8 +66,26 @@ func (l *LeaseChecks) Checked(key types.NamespacedName, lease string, at time.Ti
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.last[key] = leaseCheck{lease: lease, at: at}
+	if l.last[key] == nil {
+		l.last[key] = map[string]time.Time{}
+	}
+	l.last[key][lease] = at
 	delete(l.now, key)
+}
+
+// Retain forgets the confirmations of the cluster's leases other than leases (those no longer
+// live: revoked, or gone from the ledger).
+func (l *LeaseChecks) Retain(key types.NamespacedName, leases []string) {
+	if l == nil {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for id := range l.last[key] {
+		if !slices.Contains(leases, id) {
+			delete(l.last[key], id)
+		}
+	}
 }
 
 // Now has the lease of key looked up at the cluster's next reconcile, before anything else is

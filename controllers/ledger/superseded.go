@@ -7,6 +7,7 @@ import (
 	"slices"
 	"time"
 
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
@@ -26,6 +27,7 @@ func (l *Ledger) KeepSuperseded(ctx context.Context, cl *Cluster, vcl vault.Leas
 	now := l.Clock.Now()
 	var next time.Time
 	var errs []error
+	defer l.retainChecks(cl)
 	for _, rec := range slices.Clone(cl.RC.Status.Leases) {
 		if rec.State != v1alpha1.LeaseSuperseded {
 			continue
@@ -36,6 +38,11 @@ func (l *Ledger) KeepSuperseded(ctx context.Context, cl *Cluster, vcl vault.Leas
 			continue
 		}
 		next = Earliest(next, ends)
+		check, gone, err := l.checkSuperseded(ctx, cl, vcl, rec, now)
+		if errs = append(errs, err); gone {
+			continue
+		}
+		next = Earliest(next, check)
 		rec, _ = cl.Lease(rec.LeaseID) // as supersededEnd left it
 		from, end, ok := renewalSpan(rec)
 		if !ok {
@@ -53,6 +60,51 @@ func (l *Ledger) KeepSuperseded(ctx context.Context, cl *Cluster, vcl vault.Leas
 		}
 	}
 	return next, errors.Join(errs...)
+}
+
+// checkSuperseded looks a superseded lease up in Vault when its lease check is due, as the current
+// lease's is, so that one revoked outside keyroll is noticed within about --lease-check-interval,
+// not at its next renewal. gone says it left the ledger; check is when it is next due.
+func (l *Ledger) checkSuperseded(ctx context.Context, cl *Cluster, vcl vault.LeaseClient, rec v1alpha1.LeaseRecord, now time.Time) (check time.Time, gone bool, err error) {
+	key := client.ObjectKeyFromObject(cl.RC)
+	confirmed := statustime.Of(rec.LastRenewal)
+	if confirmed.IsZero() {
+		confirmed = statustime.Of(rec.IssuedAt)
+	}
+	if due := l.Checks.Next(key, rec.LeaseID, confirmed); due.IsZero() || now.Before(due) {
+		return due, false, nil
+	}
+	lvcl, err := cl.ClientFor(ctx, vcl, rec)
+	if errors.Is(err, ErrNoConnection) {
+		return time.Time{}, false, nil
+	}
+	if err != nil {
+		return time.Time{}, false, err
+	}
+	info, err := lvcl.Lookup(ctx, rec.LeaseID)
+	switch {
+	case vault.IsRefused(err):
+		l.disown(ctx, cl, rec.LeaseID, err)
+		return time.Time{}, true, nil
+	case err != nil:
+		return time.Time{}, false, fmt.Errorf("looking up superseded lease %s: %w", rec.LeaseID, err)
+	case !info.Exists:
+		l.supersededGone(ctx, cl, rec)
+		return time.Time{}, true, nil
+	}
+	l.Checks.Checked(key, rec.LeaseID, now)
+	return l.Checks.Next(key, rec.LeaseID, confirmed), false, nil
+}
+
+// retainChecks forgets the lease checks of leases that are no longer live in the ledger.
+func (l *Ledger) retainChecks(cl *Cluster) {
+	var live []string
+	for _, rec := range cl.RC.Status.Leases {
+		if rec.State != v1alpha1.LeaseRevoking {
+			live = append(live, rec.LeaseID)
+		}
+	}
+	l.Checks.Retain(client.ObjectKeyFromObject(cl.RC), live)
 }
 
 // supersededEnd is when a superseded lease ends at the latest: its expiry, or the end of the Vault
@@ -101,6 +153,9 @@ func renewalSpan(rec v1alpha1.LeaseRecord) (from, end time.Time, ok bool) {
 // returns the record as it is now (zero when the lease left the ledger).
 func (l *Ledger) renewSuperseded(ctx context.Context, cl *Cluster, vcl vault.LeaseClient, rec v1alpha1.LeaseRecord, term time.Duration) (v1alpha1.LeaseRecord, error) {
 	lvcl, err := cl.ClientFor(ctx, vcl, rec)
+	if errors.Is(err, ErrNoConnection) {
+		return rec, nil // recorded before leases carried their connection: it lives until its TTL
+	}
 	if err != nil {
 		return rec, err
 	}
@@ -116,6 +171,7 @@ func (l *Ledger) renewSuperseded(ctx context.Context, cl *Cluster, vcl vault.Lea
 	case err != nil:
 		return rec, fmt.Errorf("renewing superseded lease %s: %w", rec.LeaseID, err)
 	}
+	l.Checks.Checked(client.ObjectKeyFromObject(cl.RC), rec.LeaseID, l.Clock.Now())
 	for i := range cl.RC.Status.Leases {
 		r := &cl.RC.Status.Leases[i]
 		if r.LeaseID != rec.LeaseID {

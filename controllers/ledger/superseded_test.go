@@ -2,6 +2,7 @@ package ledger
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -74,5 +75,45 @@ func drain(r *events.FakeRecorder) []string {
 		default:
 			return out
 		}
+	}
+}
+
+// A superseded lease revoked outside keyroll is noticed by its lease check, within about the
+// check interval, not at its next renewal minutes later; a live one is confirmed and looked up
+// again an interval on.
+func TestSupersededLeaseIsLookedUpBetweenRenewals(t *testing.T) {
+	ctx := context.Background()
+	clk := testclock.NewFakeClock(time.Date(2026, 12, 5, 6, 0, 0, 0, time.UTC))
+	fake := vaulttest.New(clk)
+	fake.LeaseDuration = 10 * time.Minute
+	rc := &v1alpha1.RedisCluster{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "orders"}}
+	rc.Status.Credential = &v1alpha1.CredentialStatus{Version: "v3", Username: "v3-user"}
+	var ids []string
+	for i, user := range []string{"v1-user", "v2-user"} {
+		l, err := fake.Issue(ctx, "database/creds/orders")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, l.ID)
+		rc.Status.Leases = append(rc.Status.Leases, v1alpha1.LeaseRecord{LeaseID: l.ID, State: v1alpha1.LeaseSuperseded, Username: user,
+			IssuedAt: &metav1.Time{Time: clk.Now()}, ExpiresAt: &metav1.Time{Time: l.ExpiresAt}, Version: fmt.Sprintf("v%d", i+1)})
+	}
+	cl := &Cluster{RC: rc, Conds: conditions.Setter{Obj: rc, Conditions: &rc.Status.Conditions, Recorder: events.NewFakeRecorder(10)}}
+	l := &Ledger{Clock: clk, Metrics: metrics.For(clk), Checks: NewLeaseChecks(time.Minute)}
+
+	next, err := l.KeepSuperseded(ctx, cl, fake, DefaultRenewalPercent)
+	if err != nil || next.After(clk.Now().Add(time.Minute)) {
+		t.Fatalf("next look %s (%v): want the lease checks, within a minute, ahead of the renewals", next, err)
+	}
+	fake.RevokeOutside(ids[0])
+	clk.Step(61 * time.Second)
+	if _, err := l.KeepSuperseded(ctx, cl, fake, DefaultRenewalPercent); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := cl.Lease(ids[0]); ok || !slices.Contains(rc.Status.RetiringUsers, "v1-user") {
+		t.Errorf("a minute after the revocation: ledger %+v, retiring %q; want the revoked lease out and its user cut off", rc.Status.Leases, rc.Status.RetiringUsers)
+	}
+	if _, ok := cl.Lease(ids[1]); !ok || fake.Calls(vaulttest.OpRenew) != 0 {
+		t.Errorf("the live superseded lease: in the ledger %v, %d renewals; want it kept, looked up, not renewed yet", ok, fake.Calls(vaulttest.OpRenew))
 	}
 }

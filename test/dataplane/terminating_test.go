@@ -68,6 +68,13 @@ func TestTerminatingConsumerPodsAreWaitedFor(t *testing.T) {
 		}
 	})
 	rotatedAt := time.Now()
+	framework.ReliabilityRow(t, "rollouts", "consumer pod drains for 20 s after SIGTERM",
+		"the old user leaves the nodes only after the last pod of the old template has stopped; no consumer command fails",
+		func() string {
+			ok, _, _ := app.Totals()
+			return fmt.Sprintf("the old pod stopped %s after the rotation, the old user was refused on the primary %s after it; %d consumer commands answered, none failed",
+				podGone.Sub(rotatedAt).Round(100*time.Millisecond), userGone.Sub(podGone).Round(100*time.Millisecond), ok)
+		})
 	fw.RotateNow(t, rc)
 	framework.Eventually(t, 3*time.Minute, func() string { return rotated(t, rc, cur.Status.Credential.Version) })
 	framework.Eventually(t, 10*time.Second, func() string {
@@ -141,6 +148,13 @@ func supersededLeaseOutlivesALongRollout(t *testing.T, plugin bool) {
 	fw.RotateNow(t, rc)
 	var problems []string
 	checks := 0
+	var took time.Duration
+	framework.ReliabilityRow(t, "rollouts", "rollout outlasts the superseded lease's term (2-minute leases, a consumer Available only after 5 minutes)"+map[bool]string{true: ", with spec.vaultPlugin", false: ""}[plugin],
+		"the superseded lease renewed throughout, its user logs in on every node until the rollout ends, then revoked; no consumer command fails",
+		func() string {
+			sent, _, _ := app.Totals()
+			return fmt.Sprintf("rollout done %s after the rotation; the superseded lease live in Vault and its user accepted on every node at each of %d checks, one a second; then revoked and refused; %d consumer commands answered, none failed", took.Round(time.Second), checks, sent)
+		})
 	for time.Since(rotatedAt) < hold+2*time.Minute {
 		if msg := rotated(t, rc, cur.Status.Credential.Version); msg == "" {
 			break
@@ -160,7 +174,7 @@ func supersededLeaseOutlivesALongRollout(t *testing.T, plugin bool) {
 		}
 		time.Sleep(time.Second)
 	}
-	took := time.Since(rotatedAt)
+	took = time.Since(rotatedAt)
 	t.Logf("rollout done %s after the rotation (%d checks of the superseded lease and user)", took.Round(time.Second), checks)
 	if len(problems) > 0 {
 		t.Fatalf("%s", strings.Join(problems, "\n"))

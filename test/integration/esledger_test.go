@@ -65,6 +65,15 @@ func esRevokedOutside(t *testing.T, policy v1alpha1.RevokedOutsidePolicy) {
 	}
 	revoked := time.Now()
 	var newUser, newPass string
+	var replaced time.Duration
+	framework.ReliabilityRow(t, "rollouts", "ExternalSecret mode: a tracked lease revoked outside keyroll, onRevokedOutside "+string(policy),
+		map[v1alpha1.RevokedOutsidePolicy]string{
+			v1alpha1.RevokedOutsideCutOff:   "its user is refused on every node at once, while the new credential's rollout is held",
+			v1alpha1.RevokedOutsideRollOver: "its user keeps working until the new credential has rolled out, then leaves every node",
+		}[policy],
+		func() string {
+			return fmt.Sprintf("External Secrets Operator's new credential on every node %s after the revocation; the revoked user checked on both nodes while the rollout was held, then gone everywhere after it; the lease out of the ledger", replaced.Round(100*time.Millisecond))
+		})
 	framework.Eventually(t, 90*time.Second, func() string {
 		u, p, ok := fw.Credentials(rc)
 		if !ok || u == oldUser {
@@ -73,7 +82,8 @@ func esRevokedOutside(t *testing.T, policy v1alpha1.RevokedOutsidePolicy) {
 		newUser, newPass = u, p
 		return fw.OnEveryPod(rc, u, p, true)
 	})
-	t.Logf("%s: External Secrets Operator's new credential was on every node %s after the revocation", policy, time.Since(revoked).Round(100*time.Millisecond))
+	replaced = time.Since(revoked)
+	t.Logf("%s: External Secrets Operator's new credential was on every node %s after the revocation", policy, replaced.Round(100*time.Millisecond))
 	framework.Eventually(t, 15*time.Second, func() string {
 		if fw.Get(t, rc).Status.Rollout == nil {
 			return "no rollout in progress although the consumer is paused"
@@ -144,6 +154,12 @@ func TestExternalSecretLedgerStaysWithinBounds(t *testing.T) {
 	start := time.Now()
 	most, versions := 0, map[string]bool{}
 	var pausedAt time.Duration
+	framework.ReliabilityRow(t, "rollouts", "ExternalSecret mode: a refresh every second for 2m30s while the rollout is held",
+		"refreshes pause before the ledger is full (LedgerFull); every status write succeeds; every lease live in Vault is in the ledger; the pause lifts after the rollout",
+		func() string {
+			return fmt.Sprintf("%d credentials adopted; LedgerFull %s after the refreshes began, at %d of 64 leases; no status write refused; every lease Vault held was in the ledger; after the rollout the superseded leases were revoked and refreshes resumed",
+				len(versions), pausedAt.Round(time.Second), most)
+		})
 	for time.Since(start) < stimulus {
 		cur := fw.Get(t, rc)
 		most = max(most, len(cur.Status.Leases))
@@ -243,6 +259,12 @@ func TestExternalSecretConnectionChangeRevokesThroughTheOld(t *testing.T) {
 		t.Fatalf("the first lease's record %+v: want connection %s", rec, vcA.Name)
 	}
 
+	var throughA []framework.AuditEntry
+	framework.ReliabilityRow(t, "rollouts", "ExternalSecret mode: connectionRef moved to another VaultConnection, then removed",
+		"a new credential tracked through the new connection; the old lease revoked through the old one; after removal, the last tracked lease revoked through its connection and the ledger empty",
+		func() string {
+			return fmt.Sprintf("Vault's audit log: %d requests naming the first lease, all through the old connection's identity, its revocation among them; none through the new one's; the second lease revoked through the connection it came through once connectionRef was removed", len(throughA))
+		})
 	editSpec(t, rc, func(rc *v1alpha1.RedisCluster) {
 		rc.Spec.Credentials.ExternalSecret.ConnectionRef = &v1alpha1.ConnectionReference{Name: vcB.Name}
 	})
@@ -262,7 +284,8 @@ func TestExternalSecretConnectionChangeRevokesThroughTheOld(t *testing.T) {
 	if live, _ := fw.LeaseExists(first); live {
 		t.Errorf("the first lease %s is still live in Vault after it left the ledger", first)
 	}
-	throughA, throughB := leaseRequests(t, first, fw.OperatorRole), leaseRequests(t, first, second.Name)
+	throughA = leaseRequests(t, first, fw.OperatorRole)
+	throughB := leaseRequests(t, first, second.Name)
 	if !slices.ContainsFunc(throughA, isRevoke) || len(throughB) > 0 {
 		t.Errorf("requests naming the first lease: through %s's identity%s\nthrough %s's identity%s\nwant its revocation through the old connection only",
 			vcA.Name, describeRequests(throughA), vcB.Name, describeRequests(throughB))
