@@ -189,6 +189,10 @@ const (
 	// EventSupersededLeaseEnding: a superseded lease that the rollout still needs cannot be renewed
 	// past its max TTL; the rollout must be done by then.
 	EventSupersededLeaseEnding = "SupersededLeaseEnding"
+	// EventSupersededLeaseEnded: a superseded lease reached the end SupersededLeaseEnding
+	// announced (its max TTL, or its token's end) before the rollout was done: it left the
+	// ledger, and its user is treated as onRevokedOutside says.
+	EventSupersededLeaseEnded = "SupersededLeaseEnded"
 	// EventUnknownUserRemoved: a Redis user that is not the cluster's was removed from a node.
 	EventUnknownUserRemoved = "UnknownUserRemoved"
 	// EventUserRestored: one of the cluster's users had been changed on a node outside keyroll and

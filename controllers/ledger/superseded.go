@@ -34,7 +34,7 @@ func (l *Ledger) KeepSuperseded(ctx context.Context, cl *Cluster, vcl vault.Leas
 		}
 		ends := l.supersededEnd(ctx, cl, vcl, rec)
 		if !ends.IsZero() && !now.Before(ends) {
-			l.supersededGone(ctx, cl, rec) // ended: Vault has let it go, or does with its token
+			l.supersededEnded(ctx, cl, rec) // Vault has let it go, or does with its token
 			continue
 		}
 		next = Earliest(next, ends)
@@ -190,20 +190,33 @@ func (l *Ledger) renewSuperseded(ctx context.Context, cl *Cluster, vcl vault.Lea
 	return rec, nil
 }
 
-// supersededGone honours a superseded lease that Vault no longer knows (revoked outside keyroll,
-// or ended): it leaves the ledger, and its user leaves the Redis nodes at once (onRevokedOutside
-// CutOff, the default) or when the rollout is done (RollOver).
+// supersededGone honours a superseded lease that Vault no longer knows (revoked outside keyroll):
+// it leaves the ledger, and its user leaves the Redis nodes at once (onRevokedOutside CutOff, the
+// default) or when the rollout is done (RollOver).
 func (l *Ledger) supersededGone(ctx context.Context, cl *Cluster, rec v1alpha1.LeaseRecord) {
-	rc := cl.RC
 	l.Metrics.RevokedOutside.Inc()
+	l.supersededOut(ctx, cl, rec, v1alpha1.EventLeaseRevokedOutside, "is gone from Vault (revoked outside keyroll)")
+}
+
+// supersededEnded honours, as supersededGone does, a superseded lease that reached its end (its
+// expiry, or its token's end) before the rollout was done, as announced. Nobody revoked it: it is
+// not counted as revoked outside keyroll.
+func (l *Ledger) supersededEnded(ctx context.Context, cl *Cluster, rec v1alpha1.LeaseRecord) {
+	l.supersededOut(ctx, cl, rec, v1alpha1.EventSupersededLeaseEnded,
+		"has ended (its max TTL, or the end of the Vault token that created it) before the rollout was done")
+}
+
+// supersededOut takes a superseded lease out of the ledger and treats its user as
+// onRevokedOutside says, with a Warning event of reason that says why (what happened).
+func (l *Ledger) supersededOut(ctx context.Context, cl *Cluster, rec v1alpha1.LeaseRecord, reason, what string) {
+	rc := cl.RC
 	rc.Status.Leases = Remove(rc.Status.Leases, rec.LeaseID)
-	what := "its user is cut off on every Redis node (onRevokedOutside CutOff)"
+	user := "its user is cut off on every Redis node (onRevokedOutside CutOff)"
 	if !HonourGone(rc, rec.Username) {
-		what = "its user stays on the Redis nodes until the rollout is done (onRevokedOutside RollOver)"
+		user = "its user stays on the Redis nodes until the rollout is done (onRevokedOutside RollOver)"
 	}
-	cl.Conds.Announce(true, v1alpha1.EventLeaseRevokedOutside, "Renew",
-		"Superseded lease %s of user %s is gone from Vault (revoked outside keyroll, or ended): %s", rec.LeaseID, rec.Username, what)
-	log.FromContext(ctx).Info("Superseded lease gone from Vault", "lease", rec.LeaseID, "username", rec.Username)
+	cl.Conds.Announce(true, reason, "Renew", "Superseded lease %s of user %s %s: %s", rec.LeaseID, rec.Username, what, user)
+	log.FromContext(ctx).Info("Superseded lease out of the ledger", "lease", rec.LeaseID, "username", rec.Username, "reason", reason)
 }
 
 // Earliest is the earlier of two times, zero standing for none.

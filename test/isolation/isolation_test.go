@@ -7,7 +7,6 @@ import (
 	"os"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -109,35 +108,17 @@ func TestFailingClustersDoNotDelayOthers(t *testing.T) {
 // from path, 16 at a time; they are left to the ground, which is the package's own.
 func createMany(t *testing.T, ns, prefix string, n int, connection, path string) {
 	t.Helper()
-	var wg sync.WaitGroup
-	errs := make(chan error, n)
-	next := make(chan int)
-	for range 16 {
-		wg.Go(func() {
-			for i := range next {
-				rc := &v1alpha1.RedisCluster{
-					ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("%s%03d", prefix, i)},
-					Spec: v1alpha1.RedisClusterSpec{Replicas: 1, Version: framework.RedisVersion, Credentials: v1alpha1.CredentialsSpec{
-						Source:     v1alpha1.SourceVaultLease,
-						VaultLease: &v1alpha1.VaultLeaseSource{ConnectionRef: v1alpha1.ConnectionReference{Name: connection}, Path: path},
-					}},
-				}
-				fw.Label(rc)
-				if err := fw.Client.Create(context.Background(), rc); err != nil {
-					errs <- err
-				}
-			}
-		})
-	}
-	for i := range n {
-		next <- i
-	}
-	close(next)
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatal(err)
-	}
+	framework.Parallel(t, n, 16, func(i int) error {
+		rc := &v1alpha1.RedisCluster{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("%s%03d", prefix, i)},
+			Spec: v1alpha1.RedisClusterSpec{Replicas: 1, Version: framework.RedisVersion, Credentials: v1alpha1.CredentialsSpec{
+				Source:     v1alpha1.SourceVaultLease,
+				VaultLease: &v1alpha1.VaultLeaseSource{ConnectionRef: v1alpha1.ConnectionReference{Name: connection}, Path: path},
+			}},
+		}
+		fw.Label(rc)
+		return fw.Client.Create(context.Background(), rc)
+	})
 }
 
 // faultsReported waits until every hanging cluster reports NodeUnreachable and every refused one

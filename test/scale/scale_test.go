@@ -189,27 +189,7 @@ func createAll(b *testing.B, c client.Client, ns, prefix string, n int, connecti
 // createParallel runs create for 0..n-1, 32 at a time, and fails the benchmark if one failed.
 func createParallel(b *testing.B, n int, create func(int) error) {
 	b.Helper()
-	var wg sync.WaitGroup
-	errs := make(chan error, n)
-	next := make(chan int)
-	for range 32 {
-		wg.Go(func() {
-			for i := range next {
-				if err := create(i); err != nil {
-					errs <- err
-				}
-			}
-		})
-	}
-	for i := range n {
-		next <- i
-	}
-	close(next)
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		b.Fatalf("creating: %v", err)
-	}
+	framework.Parallel(b, n, 32, create)
 }
 
 // issuesOf picks the operator's successful Vault issue requests out of a metrics line.
