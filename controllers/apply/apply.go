@@ -9,11 +9,13 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/util/managedfields"
 	appsv1ac "k8s.io/client-go/applyconfigurations/apps/v1"
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
+	networkingv1ac "k8s.io/client-go/applyconfigurations/networking/v1"
 	policyv1ac "k8s.io/client-go/applyconfigurations/policy/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
@@ -128,6 +130,10 @@ func ownedFields(obj client.Object) (map[string]any, error) {
 		ac, err = appsv1ac.ExtractStatefulSet(o, FieldOwner)
 	case *policyv1.PodDisruptionBudget:
 		ac, err = policyv1ac.ExtractPodDisruptionBudget(o, FieldOwner)
+	case *networkingv1.NetworkPolicy:
+		// Its schema, not a deduced one: deduced, a selector's fields come out unlike the
+		// object's, and every reconcile would apply it again.
+		ac, err = networkingv1ac.ExtractNetworkPolicy(o, FieldOwner)
 	default: // a custom resource (ExternalSecret): its schema is not compiled in, so deduce it
 		m := map[string]any{}
 		err = managedfields.ExtractInto(obj, typed.DeducedParseableType, FieldOwner, &m, "")
@@ -156,7 +162,9 @@ func asMap(v any) (map[string]any, error) {
 	return m, json.Unmarshal(b, &m)
 }
 
-// comparable keeps what keyroll sets: no status, no server-kept metadata, no empty values.
+// comparable keeps what keyroll sets: no status, no server-kept metadata, no empty values, and
+// not the name and namespace, which are the object's key (the same on both sides; an extraction
+// deduced from managedFields, for a custom resource, has them not).
 func comparable(m map[string]any) any {
 	delete(m, "status")
 	delete(m, "apiVersion")
@@ -164,7 +172,7 @@ func comparable(m map[string]any) any {
 	if md, ok := m["metadata"].(map[string]any); ok {
 		for k := range md {
 			switch k {
-			case "name", "namespace", "labels", "annotations", "ownerReferences":
+			case "labels", "annotations", "ownerReferences":
 			default:
 				delete(md, k)
 			}

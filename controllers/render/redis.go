@@ -101,13 +101,17 @@ func redisServicePort() corev1.ServicePort {
 
 // PodDisruptionBudget lets a voluntary disruption (a node drain, an eviction) take one Redis pod
 // of the cluster at a time. It selects the StatefulSet's pods by the StatefulSet's own selector,
-// so it counts no pod the StatefulSet does not own.
+// so it counts no pod the StatefulSet does not own. A pod that is not Ready (crash-looping, or
+// never started) may always be evicted (unhealthyPodEvictionPolicy AlwaysAllow): it serves no
+// client and replicates nothing, and with the default policy two such pods would block every
+// node drain until someone deleted them by hand.
 func PodDisruptionBudget(rc *v1alpha1.RedisCluster) *policyv1.PodDisruptionBudget {
 	return &policyv1.PodDisruptionBudget{
 		ObjectMeta: objectMeta(rc, PodDisruptionBudgetName(rc)),
 		Spec: policyv1.PodDisruptionBudgetSpec{
-			MaxUnavailable: ptr.To(intstr.FromInt32(1)),
-			Selector:       &metav1.LabelSelector{MatchLabels: SelectorLabels(rc)},
+			MaxUnavailable:             ptr.To(intstr.FromInt32(1)),
+			Selector:                   &metav1.LabelSelector{MatchLabels: SelectorLabels(rc)},
+			UnhealthyPodEvictionPolicy: ptr.To(policyv1.AlwaysAllow),
 		},
 	}
 }
@@ -259,13 +263,18 @@ func StatefulSet(rc *v1alpha1.RedisCluster, version, probeImage string) *appsv1.
 		sts.Spec.Template.Annotations[v1alpha1.AnnotationCredentialVersion] = version
 	}
 	if st := rc.Spec.Storage; st != nil {
+		// The list is atomic, so keyroll owns the defaults the API server fills in its items (the
+		// volume mode, the status phase): they are written as the API server has them, or every
+		// reconcile would find the StatefulSet changed and apply it again.
 		sts.Spec.VolumeClaimTemplates = []corev1.PersistentVolumeClaim{{
 			ObjectMeta: metav1.ObjectMeta{Name: "data", Labels: labels},
 			Spec: corev1.PersistentVolumeClaimSpec{
 				AccessModes:      []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
 				StorageClassName: st.StorageClassName,
 				Resources:        corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: st.Size}},
+				VolumeMode:       ptr.To(corev1.PersistentVolumeFilesystem),
 			},
+			Status: corev1.PersistentVolumeClaimStatus{Phase: corev1.ClaimPending},
 		}}
 	}
 	return sts

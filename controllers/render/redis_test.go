@@ -8,6 +8,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 
@@ -94,6 +95,9 @@ func TestPodDisruptionBudgetTakesOneRedisPodAtATime(t *testing.T) {
 	sts := StatefulSet(rc, "v", testProbeImage)
 	if pdb.Name != "orders-redis" || pdb.Namespace != "shop" {
 		t.Errorf("PodDisruptionBudget %s/%s, want shop/orders-redis", pdb.Namespace, pdb.Name)
+	}
+	if p := pdb.Spec.UnhealthyPodEvictionPolicy; p == nil || *p != policyv1.AlwaysAllow {
+		t.Errorf("unhealthyPodEvictionPolicy %v, want AlwaysAllow: a pod that is not Ready must never block a drain", p)
 	}
 	if mu := pdb.Spec.MaxUnavailable; mu == nil || mu.String() != "1" || pdb.Spec.MinAvailable != nil {
 		t.Errorf("maxUnavailable %v, minAvailable %v: want maxUnavailable 1 only", mu, pdb.Spec.MinAvailable)

@@ -4,10 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"slices"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -17,9 +15,7 @@ import (
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
-	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
 	"github.com/keyroll/keyroll/test/framework"
@@ -96,56 +92,7 @@ func TestIssueGivesAWorkingCredentialAndASteadyStateWritesNothing(t *testing.T) 
 	})
 
 	// Reconcile again with nothing changed: no write to the API server, no call to Vault.
-	var writes atomic.Int64
-	count := func() { writes.Add(1) }
-	reconciler := fw.Operator().Reconciler
-	r := reconciler.WithClient(interceptor.NewClient(withoutWatch{reconciler.Client}, interceptor.Funcs{
-		Create: func(ctx context.Context, c client.WithWatch, o client.Object, opts ...client.CreateOption) error {
-			count()
-			return c.Create(ctx, o, opts...)
-		},
-		Update: func(ctx context.Context, c client.WithWatch, o client.Object, opts ...client.UpdateOption) error {
-			count()
-			return c.Update(ctx, o, opts...)
-		},
-		Patch: func(ctx context.Context, c client.WithWatch, o client.Object, p client.Patch, opts ...client.PatchOption) error {
-			count()
-			return c.Patch(ctx, o, p, opts...)
-		},
-		Delete: func(ctx context.Context, c client.WithWatch, o client.Object, opts ...client.DeleteOption) error {
-			count()
-			return c.Delete(ctx, o, opts...)
-		},
-		SubResourcePatch: func(ctx context.Context, c client.Client, s string, o client.Object, p client.Patch, opts ...client.SubResourcePatchOption) error {
-			count()
-			return c.SubResource(s).Patch(ctx, o, p, opts...)
-		},
-		SubResourceUpdate: func(ctx context.Context, c client.Client, s string, o client.Object, opts ...client.SubResourceUpdateOption) error {
-			count()
-			return c.SubResource(s).Update(ctx, o, opts...)
-		},
-	}))
-	req := ctrl.Request{NamespacedName: client.ObjectKeyFromObject(rc)}
-	calls := vaultCalls.of(vc.Name)
-	aclBefore := aclCommands(t, rc)
-	for i := range 2 {
-		res, err := r.Reconcile(context.Background(), req)
-		if err != nil {
-			t.Fatalf("reconcile %d: %v", i, err)
-		}
-		if res.RequeueAfter <= 0 {
-			t.Errorf("reconcile %d: no RequeueAfter for the next renewal", i)
-		}
-	}
-	if n := writes.Load(); n != 0 {
-		t.Errorf("reconciling an unchanged RedisCluster made %d API writes", n)
-	}
-	if n := vaultCalls.of(vc.Name) - calls; n != 0 {
-		t.Errorf("reconciling an unchanged RedisCluster made %d Vault calls", n)
-	}
-	if after := aclCommands(t, rc); !maps.Equal(after, aclBefore) {
-		t.Errorf("reconciling an unchanged RedisCluster sent ACL commands to the Redis nodes:\nbefore %v\nafter  %v", aclBefore, after)
-	}
+	steadyStateWritesNothing(t, rc, vc.Name)
 }
 
 // aclCommands reads, on every Redis pod of rc, how often each ACL subcommand ran (INFO

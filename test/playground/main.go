@@ -54,11 +54,17 @@ type State struct {
 	RedisAddr  string `json:"redisAddr"`
 	// NodeDir is the real node's directory.
 	NodeDir string `json:"nodeDir"`
+	// GroundDir is the test ground's directory (its logs, the built manager), removed at the end.
+	GroundDir string `json:"groundDir"`
 }
 
 func run(kubeconfigOut, stateFile string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	// Piped (make playground | tee pg.log), Ctrl-C ends the reader too: the clean-up's lines then
+	// meet a closed pipe, and without this the first of them would end the process there, with the
+	// ground, its directory and the files below left behind.
+	signal.Ignore(syscall.SIGPIPE)
 	say("starting kube-apiserver, etcd, kube-controller-manager, a real node (containerd, kubelet, kube-proxy, CoreDNS), External Secrets Operator, Vault and Redis")
 	g, err := testground.Start(testground.Options{Node: true, Redis: true, Vault: true, ExternalSecrets: true})
 	if err != nil {
@@ -110,7 +116,7 @@ func run(kubeconfigOut, stateFile string) error {
 	}
 	printTour(envFile)
 	if stateFile != "" {
-		st := State{Kubeconfig: kubeconfigOut, VaultAddr: g.Vault.Addr, RedisAddr: g.Redis.Addr()}
+		st := State{Kubeconfig: kubeconfigOut, VaultAddr: g.Vault.Addr, RedisAddr: g.Redis.Addr(), GroundDir: g.Dir}
 		if g.Node != nil {
 			st.NodeDir = g.Node.Dir
 		}

@@ -42,8 +42,11 @@ func TestPlaygroundRunsTheSamplesAndCleansUp(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command("make", "playground", "PLAYGROUND_DIR="+dir, "PLAYGROUND_FLAGS=--state-file="+stateFile)
-	cmd.Dir, cmd.Stdout, cmd.Stderr = testground.RepoRoot(), logFile, logFile
+	// As a newcomer keeping a log would run it, piped into tee: Ctrl-C ends tee as well, and the
+	// playground's clean-up must not depend on its output still being read.
+	logFile.Close()
+	cmd := exec.Command("bash", "-c", fmt.Sprintf("make playground PLAYGROUND_DIR=%q PLAYGROUND_FLAGS=--state-file=%q 2>&1 | tee %q >/dev/null", dir, stateFile, logFile.Name()))
+	cmd.Dir = testground.RepoRoot()
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -198,12 +201,11 @@ func TestPlaygroundRunsTheSamplesAndCleansUp(t *testing.T) {
 	select {
 	case err := <-exited:
 		// make itself ends by the signal; the playground must have stopped cleanly under it.
-		if err != nil && !strings.Contains(err.Error(), "interrupt") {
+		if err != nil && !strings.Contains(err.Error(), "interrupt") && !strings.Contains(err.Error(), "exit status 130") {
 			t.Errorf("make playground exited with %v after Ctrl-C\n%s", err, showLog())
 		}
-		if !strings.Contains(showLog(), "stopping everything the playground started") {
-			t.Errorf("the playground did not stop cleanly after Ctrl-C\n%s", showLog())
-		}
+		// Its clean-up's lines went to the closed pipe: that it ran is seen below, in the files
+		// and the ground's directory it removes last.
 	case <-time.After(time.Minute):
 		t.Fatalf("the playground did not stop within a minute of Ctrl-C\n%s", showLog())
 	}
@@ -217,7 +219,7 @@ func TestPlaygroundRunsTheSamplesAndCleansUp(t *testing.T) {
 			t.Errorf("port %d is still bound after Ctrl-C", port)
 		}
 	}
-	for _, f := range []string{kubeconfig, stateFile, envFile} {
+	for _, f := range []string{kubeconfig, stateFile, envFile, state.GroundDir} {
 		if _, err := os.Stat(f); err == nil {
 			t.Errorf("%s was left behind", f)
 		}

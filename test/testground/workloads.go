@@ -69,6 +69,9 @@ var kcmControllers = []string{
 var realNodeControllers = []string{
 	"serviceaccount-controller", "root-ca-certificate-publisher-controller", "endpointslice-controller",
 	"namespace-controller",
+	// Binds the claims of Redis pods with spec.storage to volumes a test made (the ground has no
+	// provisioner).
+	"persistentvolume-binder-controller",
 }
 
 // StartWorkloads starts kube-controller-manager, the binder and, with opts.Kwok, kwok against cp.
