@@ -155,17 +155,27 @@ func supersededLeaseOutlivesALongRollout(t *testing.T, plugin bool) {
 			sent, _, _ := app.Totals()
 			return fmt.Sprintf("rollout done %s after the rotation; the superseded lease live in Vault and its user accepted on every node at each of %d checks, one a second; then revoked and refused; %d consumer commands answered, none failed", took.Round(time.Second), checks, sent)
 		})
-	for time.Since(rotatedAt) < hold+2*time.Minute {
-		if msg := rotated(t, rc, cur.Status.Credential.Version); msg == "" {
-			break
-		}
+	// The rollout has ended once the status has the new credential and no rollout. The reconcile
+	// that ends it retires the old user and lease before it writes that status, so a check that
+	// finds them gone waits a few seconds for the status before it counts as a problem.
+	ended := func() bool {
+		c := fw.Get(t, rc)
+		return c.Status.Credential != nil && c.Status.Credential.Version != cur.Status.Credential.Version && c.Status.Rollout == nil
+	}
+	endedSoon := func() bool { return framework.Poll(5*time.Second, func() string { return map[bool]string{true: "", false: "not ended"}[ended()] }) == "" }
+	for time.Since(rotatedAt) < hold+2*time.Minute && !ended() {
+		var found []string
 		live, expiry := fw.LeaseExists(oldLease)
 		if !live {
-			problems = append(problems, fmt.Sprintf("%s into the rollout: the superseded lease is gone from Vault", time.Since(rotatedAt).Round(time.Second)))
+			found = append(found, fmt.Sprintf("%s into the rollout: the superseded lease is gone from Vault", time.Since(rotatedAt).Round(time.Second)))
 		}
 		if msg := fw.OnEveryPod(rc, oldUser, oldPass, true); msg != "" {
-			problems = append(problems, fmt.Sprintf("%s into the rollout: %s", time.Since(rotatedAt).Round(time.Second), msg))
+			found = append(found, fmt.Sprintf("%s into the rollout: %s", time.Since(rotatedAt).Round(time.Second), msg))
 		}
+		if len(found) > 0 && endedSoon() {
+			break
+		}
+		problems = append(problems, found...)
 		if checks++; checks%30 == 0 {
 			t.Logf("%s into the rollout: superseded lease live, expires in %s", time.Since(rotatedAt).Round(time.Second), time.Until(expiry).Round(time.Second))
 		}
