@@ -162,7 +162,9 @@ func supersededLeaseOutlivesALongRollout(t *testing.T, plugin bool) {
 		c := fw.Get(t, rc)
 		return c.Status.Credential != nil && c.Status.Credential.Version != cur.Status.Credential.Version && c.Status.Rollout == nil
 	}
-	endedSoon := func() bool { return framework.Poll(5*time.Second, func() string { return map[bool]string{true: "", false: "not ended"}[ended()] }) == "" }
+	endedSoon := func() bool {
+		return framework.Poll(5*time.Second, func() string { return map[bool]string{true: "", false: "not ended"}[ended()] }) == ""
+	}
 	for time.Since(rotatedAt) < hold+2*time.Minute && !ended() {
 		var found []string
 		live, expiry := fw.LeaseExists(oldLease)
