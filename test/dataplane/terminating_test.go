@@ -3,6 +3,7 @@ package dataplane
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -155,12 +156,19 @@ func supersededLeaseOutlivesALongRollout(t *testing.T, plugin bool) {
 			sent, _, _ := app.Totals()
 			return fmt.Sprintf("rollout done %s after the rotation; the superseded lease live in Vault and its user accepted on every node at each of %d checks, one a second; then revoked and refused; %d consumer commands answered, none failed", took.Round(time.Second), checks, sent)
 		})
-	// The rollout has ended once the status has the new credential and no rollout. The reconcile
-	// that ends it retires the old user and lease before it writes that status, so a check that
-	// finds them gone waits a few seconds for the status before it counts as a problem.
+	// The rollout has ended once the status has the new credential, no rollout, and the old lease
+	// no longer superseded (being revoked, or gone): before the rollout starts it is still
+	// superseded. The reconcile that ends the rollout retires the old user and lease before it
+	// writes that status, so a check that finds them gone waits a few seconds for the status
+	// before it counts as a problem.
 	ended := func() bool {
 		c := fw.Get(t, rc)
-		return c.Status.Credential != nil && c.Status.Credential.Version != cur.Status.Credential.Version && c.Status.Rollout == nil
+		if c.Status.Credential == nil || c.Status.Credential.Version == cur.Status.Credential.Version || c.Status.Rollout != nil {
+			return false
+		}
+		return !slices.ContainsFunc(c.Status.Leases, func(l v1alpha1.LeaseRecord) bool {
+			return l.LeaseID == oldLease && l.State == v1alpha1.LeaseSuperseded
+		})
 	}
 	endedSoon := func() bool {
 		return framework.Poll(5*time.Second, func() string { return map[bool]string{true: "", false: "not ended"}[ended()] }) == ""
