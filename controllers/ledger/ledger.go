@@ -93,17 +93,25 @@ func (l *Ledger) Input(cl *Cluster, vcl vault.LeaseClient, hasCredential, leaseG
 
 // Check looks the live lease up in Vault. gone says Vault no longer knows it.
 func (l *Ledger) Check(ctx context.Context, cl *Cluster, vcl vault.LeaseClient) (gone bool, err error) {
-	c := cl.RC.Status.Credential
-	info, err := vcl.Lookup(ctx, c.LeaseID)
+	gone, _, err = l.lookUp(ctx, cl, vcl, cl.RC.Status.Credential.LeaseID)
+	return gone, err
+}
+
+// lookUp looks lease id up in Vault through vcl and records the confirmation (LeaseChecks). gone
+// says it is no longer live; disowned, that keyroll refused to send it (it left the ledger).
+func (l *Ledger) lookUp(ctx context.Context, cl *Cluster, vcl vault.LeaseClient, id string) (gone, disowned bool, err error) {
+	info, err := vcl.Lookup(ctx, id)
 	if vault.IsRefused(err) {
-		l.disown(ctx, cl, c.LeaseID, err)
-		return true, nil
+		l.disown(ctx, cl, id, err)
+		return true, true, nil
 	}
 	if err != nil {
-		return false, fmt.Errorf("looking up lease: %w", err)
+		return false, false, fmt.Errorf("looking up lease %s: %w", id, err)
 	}
-	l.Checks.Checked(client.ObjectKeyFromObject(cl.RC), c.LeaseID, l.Clock.Now())
-	return !info.Exists, nil
+	if info.Exists {
+		l.Checks.Checked(client.ObjectKeyFromObject(cl.RC), id, l.Clock.Now())
+	}
+	return !info.Exists, false, nil
 }
 
 // Renew extends the current lease. gone says the lease no longer exists in Vault.

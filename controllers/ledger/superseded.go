@@ -81,18 +81,13 @@ func (l *Ledger) checkSuperseded(ctx context.Context, cl *Cluster, vcl vault.Lea
 	if err != nil {
 		return time.Time{}, false, err
 	}
-	info, err := lvcl.Lookup(ctx, rec.LeaseID)
-	switch {
-	case vault.IsRefused(err):
-		l.disown(ctx, cl, rec.LeaseID, err)
-		return time.Time{}, true, nil
-	case err != nil:
-		return time.Time{}, false, fmt.Errorf("looking up superseded lease %s: %w", rec.LeaseID, err)
-	case !info.Exists:
-		l.supersededGone(ctx, cl, rec)
-		return time.Time{}, true, nil
+	gone, disowned, err := l.lookUp(ctx, cl, lvcl, rec.LeaseID)
+	if err != nil || gone {
+		if gone && !disowned {
+			l.supersededGone(ctx, cl, rec)
+		}
+		return time.Time{}, gone, err
 	}
-	l.Checks.Checked(key, rec.LeaseID, now)
 	return l.Checks.Next(key, rec.LeaseID, confirmed), false, nil
 }
 
