@@ -13,6 +13,12 @@ import (
 // the Markdown shows nothing of them) with text: the measured figures a make target writes into
 // the docs.
 func WriteSection(doc, begin, end, text string) error {
+	return editSection(doc, begin, end, func(string) string { return "\n\n" + strings.TrimRight(text, "\n") + "\n\n" })
+}
+
+// editSection replaces what doc holds between begin and end with what edit makes of it, with the
+// docs locked (tests of several packages write at once).
+func editSection(doc, begin, end string, edit func(body string) string) error {
 	unlock, err := lockDocs()
 	if err != nil {
 		return err
@@ -27,8 +33,8 @@ func WriteSection(doc, begin, end, text string) error {
 	if i < 0 || j < i {
 		return fmt.Errorf("%s has no %q ... %q markers", doc, begin, end)
 	}
-	s = s[:i+len(begin)] + "\n\n" + strings.TrimRight(text, "\n") + "\n\n" + s[j:]
-	return os.WriteFile(doc, []byte(s), 0o644)
+	i += len(begin)
+	return os.WriteFile(doc, []byte(s[:i]+edit(s[i:j])+s[j:]), 0o644)
 }
 
 // ReliabilityDocEnv names the reliability doc (docs/reliability.md) that make reliability has
@@ -59,33 +65,19 @@ func ReliabilityRow(t *testing.T, section, fault, expected string, measured func
 
 // writeRow replaces the line that ends with key in doc's section, or adds row before the section's end.
 func writeRow(doc, section, key, row string) error {
-	unlock, err := lockDocs()
-	if err != nil {
-		return err
-	}
-	defer unlock()
-	b, err := os.ReadFile(doc)
-	if err != nil {
-		return err
-	}
-	begin, end := "<!-- "+section+":begin", "<!-- "+section+":end -->"
-	s := string(b)
-	i, j := strings.Index(s, begin), strings.Index(s, end)
-	if i < 0 || j < i {
-		return fmt.Errorf("%s has no %q ... %q markers", doc, begin, end)
-	}
-	lines := strings.Split(s[i:j], "\n")
-	replaced := false
-	for k, line := range lines {
-		if strings.HasSuffix(strings.TrimSpace(line), key) {
-			lines[k], replaced = row, true
+	return editSection(doc, "<!-- "+section+":begin", "<!-- "+section+":end -->", func(body string) string {
+		lines := strings.Split(body, "\n")
+		replaced := false
+		for k, line := range lines {
+			if strings.HasSuffix(strings.TrimSpace(line), key) {
+				lines[k], replaced = row, true
+			}
 		}
-	}
-	body := strings.Join(lines, "\n")
-	if !replaced {
-		body = strings.TrimRight(body, "\n") + "\n" + row + "\n\n"
-	}
-	return os.WriteFile(doc, []byte(s[:i]+body+s[j:]), 0o644)
+		if body = strings.Join(lines, "\n"); !replaced {
+			body = strings.TrimRight(body, "\n") + "\n" + row + "\n\n"
+		}
+		return body
+	})
 }
 
 // lockDocs holds the lock that the tests of every package writing into the docs at once take
