@@ -168,3 +168,10 @@ func (s *VaultConnectionStatus) TokenEnds() map[string]time.Time {
 	}
 	return out
 }
+
+// RotationAsked says that the rotate-now annotation asks for a rotation keyroll has not yet
+// acknowledged, and rotations are not paused (a paused cluster's request waits for the pause to end).
+func (rc *RedisCluster) RotationAsked() bool {
+	v := rc.Annotations[AnnotationRotateNow]
+	return v != "" && v != rc.Status.RotateNowAcknowledged && !rc.Spec.Rotation.Paused
+}

@@ -11,6 +11,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller/priorityqueue"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
+	"github.com/keyroll/keyroll/apis/v1alpha1"
 	"github.com/keyroll/keyroll/controllers/upkeep"
 )
 
@@ -53,5 +54,28 @@ func TestLeaseUpkeepIsQueuedAheadWhenDue(t *testing.T) {
 	}
 	if next, ok := h.r.upkeep.Next(key); !ok || !next.After(at) {
 		t.Errorf("after the upkeep the next is set at %v (%v), want after %v", next, ok, at)
+	}
+}
+
+// TestARotationAskedForIsUpkeep: the controller queues a cluster ahead of other work (package
+// upkeep's Asked) while its rotate-now annotation has a value not yet acted on, unless rotations
+// are paused.
+func TestARotationAskedForIsUpkeep(t *testing.T) {
+	for _, c := range []struct {
+		annotation, acknowledged string
+		paused, want             bool
+	}{
+		{"", "", false, false},
+		{"1733390000", "", false, true},
+		{"1733390000", "1733300000", false, true},
+		{"1733390000", "1733390000", false, false},
+		{"1733390000", "", true, false},
+	} {
+		rc := cluster()
+		rc.Annotations = map[string]string{v1alpha1.AnnotationRotateNow: c.annotation}
+		rc.Status.RotateNowAcknowledged, rc.Spec.Rotation.Paused = c.acknowledged, c.paused
+		if got := rc.RotationAsked(); got != c.want {
+			t.Errorf("annotation %q, acknowledged %q, paused %v: asked %v, want %v", c.annotation, c.acknowledged, c.paused, got, c.want)
+		}
 	}
 }

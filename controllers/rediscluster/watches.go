@@ -48,8 +48,9 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		// rollout looks at them again on a timer.
 		Watches(&appsv1.Deployment{}, handler.EnqueueRequestsFromMapFunc(rollout.ClustersConsuming(r.Client, "Deployment")), builder.OnlyMetadata).
 		Watches(&appsv1.DaemonSet{}, handler.EnqueueRequestsFromMapFunc(rollout.ClustersConsuming(r.Client, "DaemonSet")), builder.OnlyMetadata).
-		// Lease upkeep that comes due is queued ahead of other work (package upkeep).
+		// Lease upkeep that comes due, or a rotation asked for, is queued ahead of other work.
 		WatchesRawSource(r.upkeep.Source()).
+		Watches(&v1alpha1.RedisCluster{}, upkeep.Asked(func(o client.Object) bool { return o.(*v1alpha1.RedisCluster).RotationAsked() })).
 		Named("rediscluster").
 		WithOptions(controller.Options{ReconciliationTimeout: reconcileTimeout, MaxConcurrentReconciles: r.Workers,
 			RateLimiter: failureBackoff(), NewQueue: upkeep.NewQueue(mgr.GetLogger())})

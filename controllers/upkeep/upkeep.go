@@ -8,7 +8,8 @@
 // the reconcile was taken at, so that once a cluster had its upkeep, all its later work would stay
 // in front. Queue undoes that: such a requeue goes back at the default priority, and upkeep is
 // raised again only when it is due (Timers). A failed reconcile keeps its priority for its retry:
-// a renewal that failed is retried ahead of the backlog.
+// a renewal that failed is retried ahead of the backlog. A rotation somebody asks for is upkeep
+// too (Asked): it is queued at Priority when asked, not behind the backlog.
 package upkeep
 
 import (
@@ -22,7 +23,10 @@ import (
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/priorityqueue"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 )
@@ -144,4 +148,21 @@ func (t *Timers) Next(key types.NamespacedName) (time.Time, bool) {
 		return time.Time{}, false
 	}
 	return tm.at, true
+}
+
+// Asked is an event handler for the controller's own kind that queues an object at Priority when
+// an update leaves it asking for upkeep (asked). Other events are left to the controller's other
+// handlers; in a queue that is not a priority queue, it adds the object as any handler would.
+func Asked(asked func(client.Object) bool) handler.EventHandler {
+	return handler.Funcs{UpdateFunc: func(_ context.Context, e event.UpdateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+		if e.ObjectNew == nil || !asked(e.ObjectNew) {
+			return
+		}
+		r := reconcile.Request{NamespacedName: client.ObjectKeyFromObject(e.ObjectNew)}
+		if pq, ok := q.(priorityqueue.PriorityQueue[reconcile.Request]); ok {
+			pq.AddWithOpts(priorityqueue.AddOpts{Priority: ptr.To(Priority)}, r)
+			return
+		}
+		q.Add(r)
+	}}
 }

@@ -7,11 +7,15 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/workqueue"
 	testclock "k8s.io/utils/clock/testing"
 	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/priorityqueue"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 )
 
@@ -157,4 +161,31 @@ func TestTimersNeedThePriorityQueue(t *testing.T) {
 		t.Fatal("started on a plain queue")
 	}
 	t.Log(err)
+}
+
+// TestAskedUpkeepGoesAheadOfABacklog: an update that leaves an object asking for upkeep queues it
+// ahead of a thousand queued, at Priority, even when it was queued among them already; an update
+// that asks for nothing queues nothing.
+func TestAskedUpkeepGoesAheadOfABacklog(t *testing.T) {
+	q := newQueue(t)
+	for i := range 1000 {
+		q.Add(req(fmt.Sprintf("backlog-%d", i)))
+	}
+	asked := func(o client.Object) bool { return o.GetAnnotations()["rotate"] == "now" }
+	obj := func(name string, annotations map[string]string) client.Object {
+		return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: name, Annotations: annotations}}
+	}
+	h := Asked(asked)
+	h.Update(context.Background(), event.UpdateEvent{ObjectOld: obj("quiet", nil), ObjectNew: obj("quiet", map[string]string{"other": "x"})}, q)
+	h.Update(context.Background(), event.UpdateEvent{ObjectOld: obj("backlog-500", nil), ObjectNew: obj("backlog-500", map[string]string{"rotate": "now"})}, q)
+	h.Update(context.Background(), event.UpdateEvent{ObjectOld: obj("rotate", nil), ObjectNew: obj("rotate", map[string]string{"rotate": "now"})}, q)
+	waitLen(t, q, 1001)
+	for _, want := range []string{"backlog-500", "rotate"} {
+		if name, prio := next(t, q); name != want || prio != Priority {
+			t.Fatalf("took %s at priority %d, want %s at %d", name, prio, want, Priority)
+		}
+	}
+	if name, prio := next(t, q); name != "backlog-0" || prio != 0 {
+		t.Fatalf("then took %s at %d, want backlog-0 at 0", name, prio)
+	}
 }
