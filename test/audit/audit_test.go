@@ -27,7 +27,8 @@ import (
 type skip struct {
 	Check string `json:"check"`
 	// Source is where the objects come from: kustomize (deploy/default), helm (the chart with its
-	// default values) or keyroll (what keyroll renders for deploy/samples).
+	// default values), keyroll (what keyroll renders for deploy/samples) or samples (the
+	// Kubernetes objects of deploy/samples themselves, which users copy).
 	Source []string `json:"source"`
 	Kind   string   `json:"kind"`
 	// Name of the objects; "*" is every object of the kind.
@@ -44,8 +45,9 @@ func (f finding) String() string {
 	return fmt.Sprintf("%s: %s %s/%s: %s: %s", f.source, f.kind, f.namespace, f.name, f.check, f.summary)
 }
 
-// TestManifestsPassKubeScore scores the kustomize tree, the Helm chart and the objects keyroll
-// renders for the samples with every kube-score check, optional ones included. A finding fails
+// TestManifestsPassKubeScore scores the kustomize tree, the Helm chart, the objects keyroll
+// renders for the samples and the samples' own workload objects with every kube-score check,
+// optional ones included. A finding fails
 // the test unless skips.yaml lists it with a reason, and a skip that matches nothing any more
 // fails it too, so that the list says what is true.
 func TestManifestsPassKubeScore(t *testing.T) {
@@ -58,9 +60,16 @@ func TestManifestsPassKubeScore(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sources := map[string][]*unstructured.Unstructured{"kustomize": kust, "helm": chart, "keyroll": renderedForSamples(t)}
+	samples, err := render.Kustomize("samples")
+	if err != nil {
+		t.Fatal(err)
+	}
+	samples = slices.DeleteFunc(samples, func(o *unstructured.Unstructured) bool { // keyroll's and ESO's kinds
+		return strings.Contains(o.GroupVersionKind().Group, ".") && !strings.HasSuffix(o.GroupVersionKind().Group, ".k8s.io")
+	})
+	sources := map[string][]*unstructured.Unstructured{"kustomize": kust, "helm": chart, "keyroll": renderedForSamples(t), "samples": samples}
 	used := make([]bool, len(skips))
-	for _, source := range []string{"kustomize", "helm", "keyroll"} {
+	for _, source := range sourceNames {
 		scored, findings := score(t, source, sources[source])
 		for _, kind := range []string{"Deployment", "StatefulSet"} {
 			if n := len(render.Find(sources[source], kind, "")); n > 0 && scored[kind] != n {
@@ -82,6 +91,9 @@ func TestManifestsPassKubeScore(t *testing.T) {
 		}
 	}
 }
+
+// sourceNames are the sources of the objects scored, as skips.yaml names them.
+var sourceNames = []string{"kustomize", "helm", "keyroll", "samples"}
 
 // loadSkips reads skips.yaml and checks that each entry names a real check and gives a reason.
 func loadSkips(t *testing.T) []skip {
@@ -112,7 +124,7 @@ func loadSkips(t *testing.T) []skip {
 			t.Errorf("skips.yaml: %s needs a source, kind, name and a reason: %+v", s.Check, s)
 		}
 		for _, src := range s.Source {
-			if !slices.Contains([]string{"kustomize", "helm", "keyroll"}, src) {
+			if !slices.Contains(sourceNames, src) {
 				t.Errorf("skips.yaml: %s: unknown source %q", s.Check, src)
 			}
 		}
