@@ -16,6 +16,7 @@ import (
 	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -104,6 +105,7 @@ func TestHelmChartRendersAndLints(t *testing.T) {
 		}
 	})
 	t.Run("values", func(t *testing.T) { testValues(t, variants) })
+	t.Run("helm test", testHelmTestObjects)
 	t.Run("same as deploy", testSameAsDeploy)
 	t.Run("installs under restricted", func(t *testing.T) {
 		// The release names the chart's cluster-scoped objects (<release>-keyroll-...).
@@ -118,7 +120,7 @@ func TestHelmChartRendersAndLints(t *testing.T) {
 func testValues(t *testing.T, variants map[string][]string) {
 	rendered := map[string][]*unstructured.Unstructured{}
 	for name, args := range variants {
-		objs, err := render.HelmTemplate(t, "keyroll", "keyroll-system", args...)
+		objs, err := render.HelmTemplate(t, "keyroll", "keyroll-system", append([]string{"--skip-tests"}, args...)...)
 		if err != nil {
 			t.Fatalf("helm template with %s: %v", name, err)
 		}
@@ -397,7 +399,7 @@ func installRendered(t *testing.T, release, namespace string, args ...string) []
 	if err := fw.Client.Patch(ctx, ns, patch); err != nil {
 		t.Fatal(err)
 	}
-	objs, err := render.HelmTemplate(t, release, namespace, args...)
+	objs, err := render.HelmTemplate(t, release, namespace, append([]string{"--skip-tests"}, args...)...) // helm install makes no test objects
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -574,4 +576,49 @@ func TestHelmInstallCommands(t *testing.T) {
 		t.Errorf("keyroll-system is not labelled restricted: %v %v", err, ns.Labels)
 	}
 	checkChartRBAC(t, "keyroll-system", "keyroll-manager")
+}
+
+// testHelmTestObjects: the chart's helm test is made of test hooks only (none is installed with
+// the release): a pod that reads the metrics Service's URL as a service account bound to the
+// metrics-reader ClusterRole, made before it; none without metrics or with test.enabled false.
+func testHelmTestObjects(t *testing.T) {
+	objs, err := render.HelmTemplate(t, "keyroll", "keyroll-system")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tests []*unstructured.Unstructured
+	for _, o := range objs {
+		if o.GetLabels()["app.kubernetes.io/component"] == "test" {
+			tests = append(tests, o)
+			if a := o.GetAnnotations(); a["helm.sh/hook"] != "test" || !strings.Contains(a["helm.sh/hook-delete-policy"], "hook-succeeded") {
+				t.Errorf("%s %s is not a test hook deleted once the test passes: %v", o.GetKind(), o.GetName(), a)
+			}
+			if o.GetKind() != "Pod" && o.GetAnnotations()["helm.sh/hook-weight"] != "-1" {
+				t.Errorf("%s %s is not made before the test pod", o.GetKind(), o.GetName())
+			}
+		}
+	}
+	pod := &corev1.Pod{}
+	convert(t, one(t, tests, "Pod", "keyroll-test-metrics"), pod)
+	crb := &rbacv1.ClusterRoleBinding{}
+	convert(t, one(t, tests, "ClusterRoleBinding", "keyroll-test"), crb)
+	one(t, tests, "ServiceAccount", "keyroll-test")
+	one(t, tests, "NetworkPolicy", "keyroll-test")
+	if crb.RoleRef.Name != "keyroll-metrics-reader" || len(crb.Subjects) != 1 || crb.Subjects[0].Name != pod.Spec.ServiceAccountName {
+		t.Errorf("the test pod's account %s is not bound to keyroll-metrics-reader: %+v", pod.Spec.ServiceAccountName, crb)
+	}
+	if env := pod.Spec.Containers[0].Env; len(env) != 1 || env[0].Value != "https://keyroll-metrics.keyroll-system.svc:8443/metrics" {
+		t.Errorf("the test pod reads %v, not the metrics Service", env)
+	}
+	for _, args := range [][]string{{"--set", "test.enabled=false"}, {"--set", "metrics.enabled=false"}} {
+		objs, err := render.HelmTemplate(t, "keyroll", "keyroll-system", args...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, o := range objs {
+			if o.GetLabels()["app.kubernetes.io/component"] == "test" {
+				t.Errorf("with %v the chart renders test object %s %s", args, o.GetKind(), o.GetName())
+			}
+		}
+	}
 }

@@ -3,12 +3,15 @@ package node
 import (
 	"context"
 	"fmt"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/keyroll/keyroll/test/framework"
 	"github.com/keyroll/keyroll/test/render"
@@ -23,7 +26,7 @@ const chartBase = "keyroll-chart"
 
 // The Helm chart installed with helm on the real node, into a namespace that enforces the
 // restricted Pod Security Standard, with the locally built image (make image): both manager
-// replicas become Ready, one wins the leader election, and it brings the sample RedisCluster to
+// replicas become Ready, one wins the leader election, the chart's helm test passes, and it brings the sample RedisCluster to
 // Ready on real Redis pods (its Vault login as the chart's service account, which the Kubernetes
 // auth role is widened to bind).
 func TestHelmChartInstallsAndRuns(t *testing.T) {
@@ -52,6 +55,8 @@ func TestHelmChartInstallsAndRuns(t *testing.T) {
 	repo, tag, _ := strings.Cut(testground.ManagerImage, ":")
 	out, err := render.Helm(t, []string{"KUBECONFIG=" + fw.Ground.CP.Kubeconfig}, "install", release, render.Chart(),
 		"--namespace", namespace, "--set", "image.repository="+repo, "--set", "image.tag="+tag,
+		// helm test's pod on the node's curl image: nothing is pulled.
+		"--set", "test.image="+testground.CurlImage, "--set", "test.pullPolicy=Never",
 		// On a shared ground, the RedisClusters and VaultConnections of this package alone.
 		"--set-json", fmt.Sprintf("extraArgs=[%q]", "--watch-selector="+fw.Selector().String()),
 		"--wait", "--timeout", "4m")
@@ -64,11 +69,36 @@ func TestHelmChartInstallsAndRuns(t *testing.T) {
 	leader := waitLeaderIn(t, ctx, namespace, pods)
 	t.Logf("the chart's manager pods Ready on the real node and %s leads, %s after start", leader.Name, time.Since(start).Round(time.Millisecond))
 	checkRestricted(t, ctx, namespace)
+	helmTest(t, release, namespace)
 
 	rc := applySamples(t, ctx, "chart-samples")
 	fw.WaitReady(t, rc, 3*time.Minute)
 	t.Logf("sample RedisCluster orders Ready under the chart's manager, %s after start", time.Since(start).Round(time.Millisecond))
 	fw.DeleteAndWait(t, rc, time.Minute)
+}
+
+// helmTest runs the chart's helm test: its pod reads the managers' metrics through the metrics
+// Service with the metrics reader's rights and is refused without them.
+func helmTest(t *testing.T, release, namespace string) {
+	t.Helper()
+	out, err := render.Helm(t, []string{"KUBECONFIG=" + fw.Ground.CP.Kubeconfig}, "test", release, "--namespace", namespace, "--timeout", "2m")
+	if err != nil || !regexp.MustCompile(`Phase:\s+Succeeded`).MatchString(out) {
+		// A failed test's pod is kept: its log says which check failed.
+		logs, _ := fw.Clientset.CoreV1().Pods(namespace).GetLogs(release+"-test-metrics", &corev1.PodLogOptions{}).DoRaw(context.Background())
+		t.Fatalf("helm test: %v\n%s\nthe test pod's log:\n%s\n%s", err, out, logs, fw.PodSummary(namespace))
+	}
+	t.Logf("helm test:\n%s", out)
+	pod := client.ObjectKey{Namespace: namespace, Name: release + "-test-metrics"}
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(time.Second) {
+		err := fw.Client.Get(context.Background(), pod, &corev1.Pod{})
+		if apierrors.IsNotFound(err) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("the passed test's pod %s is still there 30 s later (%v): hook-succeeded should delete it", pod, err)
+			break
+		}
+	}
 }
 
 // bindVaultRole rewrites the operator's Kubernetes auth role in Vault to bind these service

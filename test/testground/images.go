@@ -8,9 +8,11 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 )
@@ -33,6 +35,9 @@ const (
 	ProbeImage = "localhost/keyroll/keyroll-probe:testground"
 	// ManagerImage is keyroll's manager, built by `make image` (the path a user takes).
 	ManagerImage = "localhost/keyroll/keyroll:testground"
+	// CurlImage is Debian's curl with its libraries and busybox's applets: the chart's helm test
+	// pod runs on it, under the name of the chart's default test.image.
+	CurlImage = "docker.io/curlimages/curl:8.11.1"
 )
 
 // imageCacheDir is where built image archives are kept, keyed by their inputs: beside the tool
@@ -59,10 +64,10 @@ type imageSpec struct {
 	flags    []string
 }
 
-// buildImages builds (or takes from the cache) the pause, Redis, probe and consumer images; they
+// buildImages builds (or takes from the cache) the pause, Redis, probe, consumer and curl images; they
 // are imported once containerd runs.
 func (n *Node) buildImages(context.Context) error {
-	for _, spec := range []imageSpec{pauseImage(), redisImage(), probeImage(), consumerImage()} {
+	for _, spec := range []imageSpec{pauseImage(), redisImage(), probeImage(), consumerImage(), curlImage()} {
 		archive, err := buildImage(n.Dir, spec)
 		if err != nil {
 			return fmt.Errorf("image %s: %w", spec.ref, err)
@@ -229,9 +234,39 @@ func redisImage() imageSpec {
 func assembleRedis(rootfs string) error {
 	rdb, _ := SystemBinary("redis-check-rdb", "redis-server")
 	cli, _ := SystemBinary("redis-cli", "redis-tools")
+	err := assembleWithBusybox(rootfs, map[string]string{"/usr/bin/redis-server": rdb, "/usr/bin/redis-cli": cli},
+		"redis:x:999:999:redis:/data:/bin/sh")
+	if err != nil {
+		return err
+	}
+	return makeDirs(rootfs)
+}
+
+func curlImage() imageSpec {
+	return imageSpec{
+		name: "curl", ref: CurlImage,
+		assemble: func(rootfs string) error {
+			curl, _ := SystemBinary("curl", "curl")
+			if err := assembleWithBusybox(rootfs, map[string]string{"/usr/bin/curl": curl}, "curl_user:x:100:101:curl:/home/curl_user:/bin/sh"); err != nil {
+				return err
+			}
+			return os.MkdirAll(filepath.Join(rootfs, "tmp"), 0o1777)
+		},
+		flags: append([]string{"-entrypoint", `["/usr/bin/curl"]`, "-user", "100:101", "-env", "PATH=/usr/bin:/bin"},
+			ociLabels("curl", "Debian's curl with busybox, for the chart's helm test on the test ground's real node")...),
+	}
+}
+
+// assembleWithBusybox copies the binaries (image path: host path) and every library they and
+// busybox load, busybox with a link for each applet, /etc/passwd and /etc/group with root and
+// user, and an nsswitch.conf that resolves names by files and DNS.
+func assembleWithBusybox(rootfs string, binaries map[string]string, user string) error {
 	busybox, _ := SystemBinary("busybox", "busybox-static")
-	copies := map[string]string{"/usr/bin/redis-server": rdb, "/usr/bin/redis-cli": cli, "/bin/busybox": busybox}
-	for _, bin := range []string{rdb, cli, busybox} { // busybox: none if it is the static build
+	copies := map[string]string{"/bin/busybox": busybox}
+	for dst, src := range binaries {
+		copies[dst] = src
+	}
+	for _, bin := range slices.Collect(maps.Values(copies)) { // busybox: none if it is the static build
 		libs, err := sharedLibraries(bin)
 		if err != nil {
 			return err
@@ -258,13 +293,10 @@ func assembleRedis(rootfs string) error {
 			return err
 		}
 	}
-	if err := writePasswd(rootfs, "redis:x:999:999:redis:/data:/bin/sh"); err != nil {
+	if err := writePasswd(rootfs, user); err != nil {
 		return err
 	}
-	if err := os.WriteFile(filepath.Join(rootfs, "etc", "nsswitch.conf"), []byte("hosts: files dns\n"), 0o644); err != nil {
-		return err
-	}
-	return makeDirs(rootfs)
+	return os.WriteFile(filepath.Join(rootfs, "etc", "nsswitch.conf"), []byte("hosts: files dns\n"), 0o644)
 }
 
 func makeDirs(rootfs string) error {

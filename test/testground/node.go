@@ -112,7 +112,7 @@ func checkNodeTools() error {
 	for name, pkg := range map[string]string{
 		"containerd": "containerd", "ctr": "containerd", "runc": "runc", "ip": "iproute2",
 		"iptables": "iptables", "conntrack": "conntrack", "gcc": "gcc", "busybox": "busybox-static",
-		"redis-check-rdb": "redis-server", "redis-cli": "redis-tools",
+		"redis-check-rdb": "redis-server", "redis-cli": "redis-tools", "curl": "curl",
 	} {
 		if _, err := SystemBinary(name, pkg); err != nil {
 			return err

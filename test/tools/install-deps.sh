@@ -3,8 +3,8 @@
 # redis-server and redis-tools (a real Redis on loopback ports, and the Redis of the real node's
 # image; not started as a service here), and for the real node containerd, runc, the CNI plugins,
 # busybox-static (the Redis image's shell), iptables and conntrack (kube-proxy), iproute2 (the
-# node's bridge), gcc and libc6-dev (the static pause program), and ca-certificates (the CA bundle
-# that make image copies into the manager image).
+# node's bridge), gcc and libc6-dev (the static pause program), curl (the image of the chart's helm
+# test pod), and ca-certificates (the CA bundle that make image copies into the manager image).
 #
 # Usage: test/tools/install-deps.sh [redis]: with redis, only redis-server and redis-tools (what
 # make unit and make integration need; no real node).
@@ -28,6 +28,7 @@ if [[ $only != redis ]]; then
 	need iproute2 command -v ip
 	need gcc command -v gcc
 	need libc6-dev test -f /usr/lib/x86_64-linux-gnu/libc.a
+	need curl command -v curl
 	need ca-certificates test -s /etc/ssl/certs/ca-certificates.crt
 fi
 if ((${#missing[@]} == 0)); then
