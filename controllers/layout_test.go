@@ -30,7 +30,7 @@ var allowed = map[string][]string{
 	"controllers/ledger":          {"apis/v1alpha1", "controllers/conditions", "controllers/metrics", "controllers/render", "controllers/statustime", "controllers/stoppoint", "rotation", "vault"},
 	"controllers/netpol":          {"apis/v1alpha1", "controllers/apply", "controllers/render"},
 	"controllers/primary":         {"apis/v1alpha1", "controllers/conditions", "controllers/nodes", "controllers/render", "controllers/statustime", "redisnode"},
-	"controllers/rollout":         {"apis/v1alpha1", "controllers/apply", "controllers/conditions", "controllers/metrics", "controllers/primary", "controllers/render", "controllers/statustime", "controllers/stoppoint"},
+	"controllers/rollout":         {"apis/v1alpha1", "controllers/apply", "controllers/conditions", "controllers/metrics", "controllers/nodes", "controllers/primary", "controllers/render", "controllers/statustime", "controllers/stoppoint"},
 	"controllers/nodes":           {"apis/v1alpha1", "controllers/conditions", "controllers/render", "controllers/statustime", "redisnode"},
 	"controllers/tenancy":         {"apis/v1alpha1", "vault"},
 	"controllers/vaultclient":     {"apis/v1alpha1", "controllers/tenancy", "vault"},

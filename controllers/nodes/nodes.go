@@ -33,9 +33,6 @@ import (
 	"github.com/keyroll/keyroll/redisnode"
 )
 
-// RedisPort is the port keyroll reaches each Redis pod on, by the pod's IP.
-const RedisPort = 6379
-
 // notRunningWait is how often a cluster with a Redis node that is not running yet looks again (a
 // pod event usually wakes it earlier).
 const notRunningWait = 5 * time.Second
@@ -246,13 +243,14 @@ func stoppedSince(p *corev1.Pod) time.Time {
 // failed is why keyroll could not change or confirm a node. A Redis that does not take connections
 // yet while its pod is not Ready is still starting: it is waited for as one that does not run.
 func (s *Syncer) failed(rc *v1alpha1.RedisCluster, p *corev1.Pod, addr string, err error) *problem {
-	if redisnode.Unreachable(err) && !podReady(p) {
+	if redisnode.Unreachable(err) && !PodReady(p) {
 		return s.notRunning(rc, p)
 	}
 	return unreachable(p, addr, err)
 }
 
-func podReady(p *corev1.Pod) bool {
+// PodReady says whether the pod's Ready condition is True.
+func PodReady(p *corev1.Pod) bool {
 	for _, c := range p.Status.Conditions {
 		if c.Type == corev1.PodReady {
 			return c.Status == corev1.ConditionTrue
@@ -275,7 +273,7 @@ func unreachable(p *corev1.Pod, addr string, err error) *problem {
 	}
 	hint := ""
 	if redisnode.Unreachable(err) {
-		hint = fmt.Sprintf(" (keyroll connects to every Redis pod on TCP port %d: a NetworkPolicy must let it in)", RedisPort)
+		hint = fmt.Sprintf(" (keyroll connects to every Redis pod on TCP port %d: a NetworkPolicy must let it in)", render.RedisPort)
 	}
 	return &problem{reason: v1alpha1.ReasonNodeUnreachable, event: v1alpha1.EventNodeUnreachable, wait: 10 * time.Second,
 		msg: fmt.Sprintf("pod %s at %s: %v%s", p.Name, addr, err, hint)}
@@ -305,15 +303,18 @@ func running(p *corev1.Pod) (run, bool) {
 	}
 	for _, c := range p.Status.ContainerStatuses {
 		if c.Name == "redis" && c.State.Running != nil {
-			return run{addr: net.JoinHostPort(p.Status.PodIP, strconv.Itoa(RedisPort)), startedAt: c.State.Running.StartedAt.Time}, true
+			return run{addr: net.JoinHostPort(p.Status.PodIP, strconv.Itoa(render.RedisPort)), startedAt: c.State.Running.StartedAt.Time}, true
 		}
 	}
 	return run{}, false
 }
 
 // Ordinal is a StatefulSet pod's ordinal.
-func Ordinal(p *corev1.Pod) int {
-	n, _ := strconv.Atoi(p.Name[strings.LastIndexByte(p.Name, '-')+1:])
+func Ordinal(p *corev1.Pod) int { return OrdinalOf(p.Name) }
+
+// OrdinalOf is the ordinal in a StatefulSet pod's name.
+func OrdinalOf(pod string) int {
+	n, _ := strconv.Atoi(pod[strings.LastIndexByte(pod, '-')+1:])
 	return n
 }
 
@@ -348,7 +349,7 @@ func (s *Syncer) CheckRules(ctx context.Context, rc *v1alpha1.RedisCluster, cond
 		n := s.Dial(run.addr, render.AdminUser, adminPassword)
 		err := n.CheckRules(ctx, rules)
 		_ = n.Close()
-		if err != nil && redisnode.Unreachable(err) && !podReady(p) {
+		if err != nil && redisnode.Unreachable(err) && !PodReady(p) {
 			continue // still starting
 		}
 		var refused *redisnode.RuleError

@@ -109,4 +109,4 @@ func TestRetiredUserIsConfirmedGoneOnEachNode(t *testing.T) {
 	}
 }
 
-func addr(i int) string { return fmt.Sprintf("10.0.0.%d:%d", 10+i, RedisPort) }
+func addr(i int) string { return fmt.Sprintf("10.0.0.%d:%d", 10+i, render.RedisPort) }

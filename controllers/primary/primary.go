@@ -14,7 +14,6 @@ import (
 	"fmt"
 	"net"
 	"strconv"
-	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -32,8 +31,6 @@ import (
 )
 
 const (
-	// RedisPort is the port keyroll reaches each Redis pod on, by the pod's IP.
-	RedisPort = 6379
 	// LostAfter is how long the primary may be not Ready before a replica is promoted: longer
 	// than a readiness probe that fails once, shorter than clients like to wait.
 	LostAfter = 10 * time.Second
@@ -105,7 +102,7 @@ func (k *Keeper) Keep(ctx context.Context, c *Cluster) (time.Duration, error) {
 	}
 	if moved, err := k.beforeScaleDown(ctx, c); err != nil || !moved {
 		errs = append(errs, err)
-		wait = soonest(wait, 5*time.Second)
+		wait = statustime.Soonest(wait, 5*time.Second)
 	}
 	errs = append(errs, k.demoteStarted(ctx, c), k.label(ctx, c))
 	return wait, errors.Join(errs...)
@@ -115,27 +112,15 @@ func (k *Keeper) Keep(ctx context.Context, c *Cluster) (time.Duration, error) {
 // would remove the primary (the StatefulSet keeps it until then: render.StatefulSet). moved
 // says there is nothing (left) to hand over.
 func (k *Keeper) beforeScaleDown(ctx context.Context, c *Cluster) (bool, error) {
-	if ordinal(c.RC.Status.Primary) < int(c.RC.Spec.Replicas) {
+	if nodes.OrdinalOf(c.RC.Status.Primary) < int(c.RC.Spec.Replicas) {
 		return true, nil
 	}
-	kept := func(p *corev1.Pod) bool { return ordinal(p.Name) < int(c.RC.Spec.Replicas) }
+	kept := func(p *corev1.Pod) bool { return nodes.Ordinal(p) < int(c.RC.Spec.Replicas) }
 	moved, why, err := k.HandOver(ctx, c, kept, kept)
 	if err == nil && !moved {
 		log.FromContext(ctx).Info("Waiting to hand the primary role over before the scale-down removes the primary", "primary", c.RC.Status.Primary, "why", why)
 	}
 	return moved, err
-}
-
-func ordinal(pod string) int {
-	n, _ := strconv.Atoi(pod[strings.LastIndexByte(pod, '-')+1:])
-	return n
-}
-
-func soonest(a, b time.Duration) time.Duration {
-	if a == 0 || b < a {
-		return b
-	}
-	return a
 }
 
 // recordLabelled takes the primary from the role label when status.primary names a pod that is
@@ -224,7 +209,7 @@ func (k *Keeper) follow(ctx context.Context, c *Cluster, p *corev1.Pod, skip str
 		if o == p || o.Name == skip || !running(o) {
 			continue
 		}
-		if err := k.node(o, c.Admin).ReplicaOf(ctx, p.Status.PodIP, RedisPort); err != nil {
+		if err := k.node(o, c.Admin).ReplicaOf(ctx, p.Status.PodIP, render.RedisPort); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -256,7 +241,7 @@ func (k *Keeper) demoteStarted(ctx context.Context, c *Cluster) error {
 			continue
 		}
 		log.FromContext(ctx).Info("A Redis node started as a second primary; making it a replica", "pod", p.Name, "primary", primary.Name)
-		errs = append(errs, k.node(p, c.Admin).ReplicaOf(ctx, primary.Status.PodIP, RedisPort))
+		errs = append(errs, k.node(p, c.Admin).ReplicaOf(ctx, primary.Status.PodIP, render.RedisPort))
 	}
 	return errors.Join(errs...)
 }
@@ -288,7 +273,7 @@ func (k *Keeper) label(ctx context.Context, c *Cluster) error {
 }
 
 func (k *Keeper) node(p *corev1.Pod, admin string) redisnode.Node {
-	return k.Dial(net.JoinHostPort(p.Status.PodIP, strconv.Itoa(RedisPort)), render.AdminUser, admin)
+	return k.Dial(net.JoinHostPort(p.Status.PodIP, strconv.Itoa(render.RedisPort)), render.AdminUser, admin)
 }
 
 func (c *Cluster) pod(name string) *corev1.Pod {

@@ -20,6 +20,7 @@ import (
 	"github.com/keyroll/keyroll/controllers/ledger"
 	"github.com/keyroll/keyroll/controllers/primary"
 	"github.com/keyroll/keyroll/controllers/render"
+	"github.com/keyroll/keyroll/controllers/statustime"
 	"github.com/keyroll/keyroll/redisnode"
 	"github.com/keyroll/keyroll/vault"
 )
@@ -120,7 +121,7 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, s *scope) (ctrl.Result
 	if err == nil && d.cred == nil && d.pc != nil && ledger.CutOff(rc) {
 		// A user cut off with no credential to replace it yet leaves every node now.
 		_, wait, err := r.reconcileUsers(ctx, s, in, nil)
-		return result(soonest(d.next, wait), err)
+		return result(statustime.Soonest(d.next, wait), err)
 	}
 	if err != nil || d.cred == nil {
 		return result(d.next, err)
@@ -164,9 +165,9 @@ func (r *Reconciler) credentialAndObjects(ctx context.Context, s *scope, in *int
 	keepWait, err := r.primary.Keep(ctx, pc)
 	if err != nil {
 		log.FromContext(ctx).Info("Keeping the primary failed; trying again", "error", err.Error())
-		keepWait = soonest(keepWait, 5*time.Second)
+		keepWait = statustime.Soonest(keepWait, 5*time.Second)
 	}
-	d.pc, d.next = pc, soonest(d.next, keepWait)
+	d.pc, d.next = pc, statustime.Soonest(d.next, keepWait)
 	return d, credErr
 }
 
@@ -195,7 +196,7 @@ func (r *Reconciler) deliver(ctx context.Context, s *scope, d delivery) (ctrl.Re
 	// users step: the consumers still need the credential that replaced them.
 	pending := ledger.Pending(s.RC) || ledger.CutOff(s.RC)
 	applied, usersWait, err := r.reconcileUsers(ctx, s, d.in, d.cred)
-	if d.next = soonest(d.next, usersWait); !applied || err != nil {
+	if d.next = statustime.Soonest(d.next, usersWait); !applied || err != nil {
 		r.readyReplicas(ctx, s)
 		return result(d.next, err)
 	}
@@ -210,7 +211,7 @@ func (r *Reconciler) deliver(ctx context.Context, s *scope, d delivery) (ctrl.Re
 	}
 	r.readyReplicas(ctx, s)
 	s.RC.Status.ObservedGeneration = s.RC.Generation
-	return result(soonest(d.next, wait), nil)
+	return result(statustime.Soonest(d.next, wait), nil)
 }
 
 // stage keeps the current credential where only keyroll reads it (VaultLease mode: Vault hands
@@ -260,14 +261,6 @@ func result(after time.Duration, err error) (ctrl.Result, error) {
 		return ctrl.Result{}, err
 	}
 	return ctrl.Result{RequeueAfter: after}, nil
-}
-
-// soonest is the shorter of two non-zero requeue delays.
-func soonest(a, b time.Duration) time.Duration {
-	if a == 0 || (b != 0 && b < a) {
-		return b
-	}
-	return a
 }
 
 // readyReplicas records how many Redis pods are Ready (the StatefulSet's count).

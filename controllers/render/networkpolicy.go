@@ -41,13 +41,13 @@ func NetworkPolicy(rc *v1alpha1.RedisCluster, operatorNamespace string, consumer
 			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress, networkingv1.PolicyTypeEgress},
 			Ingress: []networkingv1.NetworkPolicyIngressRule{{
 				From:  peers,
-				Ports: []networkingv1.NetworkPolicyPort{port(corev1.ProtocolTCP, redisPort)},
+				Ports: []networkingv1.NetworkPolicyPort{port(corev1.ProtocolTCP, RedisPort)},
 			}},
 			// A Redis pod reaches its peers (replication, the start script's question who the
 			// primary is) and resolves their names; nothing else.
 			Egress: []networkingv1.NetworkPolicyEgressRule{
 				{To: []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{MatchLabels: SelectorLabels(rc)}}},
-					Ports: []networkingv1.NetworkPolicyPort{port(corev1.ProtocolTCP, redisPort)}},
+					Ports: []networkingv1.NetworkPolicyPort{port(corev1.ProtocolTCP, RedisPort)}},
 				{Ports: []networkingv1.NetworkPolicyPort{port(corev1.ProtocolUDP, 53), port(corev1.ProtocolTCP, 53)}},
 			},
 		},

@@ -21,8 +21,8 @@ func TestNetworkPolicyAdmitsNoPodToTheProbePort(t *testing.T) {
 			t.Fatalf("an ingress rule admits every port: %+v", rule)
 		}
 		for _, p := range rule.Ports {
-			if p.Port == nil || p.Port.IntValue() != redisPort {
-				t.Errorf("an ingress rule admits port %v, want %d only (never the probe port %d)", p.Port, redisPort, probePort)
+			if p.Port == nil || p.Port.IntValue() != RedisPort {
+				t.Errorf("an ingress rule admits port %v, want %d only (never the probe port %d)", p.Port, RedisPort, probePort)
 			}
 		}
 	}

@@ -41,7 +41,7 @@ func probeContainer(image string) corev1.Container {
 		// It listens on the pod's IP only: the kubelet probes that address; the pod's other
 		// containers do not reach it over the loopback.
 		Command: []string{"/keyroll-probe", "--listen-ip=$(POD_IP)", fmt.Sprintf("--port=%d", probePort),
-			fmt.Sprintf("--redis-address=127.0.0.1:%d", redisPort), "--user=" + ProbeUser,
+			fmt.Sprintf("--redis-address=127.0.0.1:%d", RedisPort), "--user=" + ProbeUser,
 			"--password-file=" + aclMountDir + "/" + ProbePasswordKey, fmt.Sprintf("--timeout=%ds", probeTimeout-1)},
 		RestartPolicy: ptr.To(corev1.ContainerRestartPolicyAlways),
 		// About 15 MiB resident after hundreds of probes; Go's soft limit keeps the heap well

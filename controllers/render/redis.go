@@ -22,8 +22,11 @@ import (
 // Builders of the objects a RedisCluster owns: plain functions from the spec to the object,
 // without owner references (the reconciler sets those) and without a cluster.
 
+// RedisPort is the port Redis listens on in every pod, and keyroll reaches each node on, by the
+// pod's IP.
+const RedisPort = 6379
+
 const (
-	redisPort      = 6379
 	redisUID       = 999 // the redis user of the official image
 	configMountDir = "/etc/keyroll/config"
 	aclMountDir    = "/etc/keyroll/acl"
@@ -96,7 +99,7 @@ func ClientService(rc *v1alpha1.RedisCluster) *corev1.Service {
 }
 
 func redisServicePort() corev1.ServicePort {
-	return corev1.ServicePort{Name: "redis", Port: redisPort, TargetPort: intstr.FromString("redis"), Protocol: corev1.ProtocolTCP}
+	return corev1.ServicePort{Name: "redis", Port: RedisPort, TargetPort: intstr.FromString("redis"), Protocol: corev1.ProtocolTCP}
 }
 
 // PodDisruptionBudget lets a voluntary disruption (a node drain, an eviction) take one Redis pod
@@ -129,7 +132,7 @@ appendonly no
 # Pods start one at a time: a replica's first sync need not wait for others to join it.
 repl-diskless-sync-delay 0
 include %s/runtime.conf
-`, rc.Namespace, rc.Name, redisPort, aclMountDir, ACLFileKey, runDir),
+`, rc.Namespace, rc.Name, RedisPort, aclMountDir, ACLFileKey, runDir),
 		"start.sh": startScript(rc),
 		"peers":    peers(rc),
 	}
@@ -141,7 +144,7 @@ include %s/runtime.conf
 func peers(rc *v1alpha1.RedisCluster) string {
 	var b strings.Builder
 	for i := range rc.Spec.Replicas {
-		fmt.Fprintf(&b, "%s-%d.%s %d\n", rc.Name, i, HeadlessServiceName(rc), redisPort)
+		fmt.Fprintf(&b, "%s-%d.%s %d\n", rc.Name, i, HeadlessServiceName(rc), RedisPort)
 	}
 	return b.String()
 }
@@ -351,7 +354,7 @@ func redisContainer(rc *v1alpha1.RedisCluster) corev1.Container {
 		Name:    "redis",
 		Image:   rc.Spec.Image + ":" + rc.Spec.Version,
 		Command: []string{"sh", configMountDir + "/start.sh"},
-		Ports:   []corev1.ContainerPort{{Name: "redis", ContainerPort: redisPort, Protocol: corev1.ProtocolTCP}},
+		Ports:   []corev1.ContainerPort{{Name: "redis", ContainerPort: RedisPort, Protocol: corev1.ProtocolTCP}},
 		// apiVersion as the API server defaults it: the selector is applied whole.
 		Env: []corev1.EnvVar{
 			{Name: "POD_NAME", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{APIVersion: "v1", FieldPath: "metadata.name"}}},

@@ -74,5 +74,5 @@ if [ "$status" -gt 128 ]; then
   wait "$redis" || status=$?
 fi
 exit "$status"
-`, runDir, aclMountDir, ReplicationPasswordKey, rc.Name, HeadlessServiceName(rc), redisPort, ReplicationUser, configMountDir, ProbePasswordKey, ProbeUser)
+`, runDir, aclMountDir, ReplicationPasswordKey, rc.Name, HeadlessServiceName(rc), RedisPort, ReplicationUser, configMountDir, ProbePasswordKey, ProbeUser)
 }

@@ -91,10 +91,10 @@ func startPodIn(t *testing.T, rc *v1alpha1.RedisCluster, acl map[string][]byte, 
 		others = append(others, primary)
 	}
 	p.relocate = strings.NewReplacer(
-		fmt.Sprintf("%s-0.%s %d", rc.Name, HeadlessServiceName(rc), redisPort), primaryAt,
+		fmt.Sprintf("%s-0.%s %d", rc.Name, HeadlessServiceName(rc), RedisPort), primaryAt,
 		configMountDir, filepath.Join(root, "config"), aclMountDir, filepath.Join(root, "acl"),
 		runDir, filepath.Join(root, "run"), "dir /data", "dir "+filepath.Join(root, "data"),
-		strconv.Itoa(redisPort), strconv.Itoa(port))
+		strconv.Itoa(RedisPort), strconv.Itoa(port))
 	for _, d := range []string{"config", "acl", "run", "data"} {
 		if err := os.MkdirAll(filepath.Join(root, d), 0o700); err != nil {
 			t.Fatal(err)

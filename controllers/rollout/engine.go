@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"strconv"
-	"strings"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -20,6 +18,7 @@ import (
 	"github.com/keyroll/keyroll/controllers/apply"
 	"github.com/keyroll/keyroll/controllers/conditions"
 	"github.com/keyroll/keyroll/controllers/metrics"
+	"github.com/keyroll/keyroll/controllers/nodes"
 	"github.com/keyroll/keyroll/controllers/primary"
 	"github.com/keyroll/keyroll/controllers/render"
 	"github.com/keyroll/keyroll/controllers/statustime"
@@ -83,7 +82,7 @@ func (r *Engine) Roll(ctx context.Context, c *primary.Cluster, version string, p
 		version:  version, restarts: render.RestartsPods(rc)}}
 	pods := kept(rc, c.Pods)
 	ro := rc.Status.Rollout
-	if ro != nil && ro.PodInFlight != "" && ordinalOf(ro.PodInFlight) >= int(rc.Spec.Replicas) {
+	if ro != nil && ro.PodInFlight != "" && nodes.OrdinalOf(ro.PodInFlight) >= int(rc.Spec.Replicas) {
 		// The pod in flight is gone with a scale-down: nothing is left to wait for.
 		ro.PodInFlight, ro.PodRestartedAt = "", nil
 	}
@@ -197,7 +196,7 @@ func (r *Engine) rollPods(ctx context.Context, s *step, pods []*corev1.Pod, ro *
 		return false, lagWait, err
 	}
 	if next.Name == s.rc.Status.Primary && len(pods) > 1 {
-		kept := func(p *corev1.Pod) bool { return ordinal(p) < int(s.rc.Spec.Replicas) }
+		kept := func(p *corev1.Pod) bool { return nodes.Ordinal(p) < int(s.rc.Spec.Replicas) }
 		moved, why, err := r.Primary.HandOver(ctx, s.cluster, kept, s.want.current)
 		if err != nil {
 			return false, 0, fmt.Errorf("handing the primary role of %s over: %w", next.Name, err)
@@ -282,7 +281,7 @@ func readinessTimeout(rc *v1alpha1.RedisCluster) time.Duration {
 func kept(rc *v1alpha1.RedisCluster, all []*corev1.Pod) []*corev1.Pod {
 	var pods []*corev1.Pod
 	for _, p := range all {
-		if ordinal(p) < int(rc.Spec.Replicas) {
+		if nodes.Ordinal(p) < int(rc.Spec.Replicas) {
 			pods = append(pods, p)
 		}
 	}
@@ -312,7 +311,7 @@ func (s *step) nextPod(pods []*corev1.Pod) *corev1.Pod {
 		if p.Name == s.rc.Status.Primary {
 			return -1 // the primary goes last
 		}
-		return ordinal(p)
+		return nodes.Ordinal(p)
 	}
 	slices.SortFunc(stale, func(a, b *corev1.Pod) int { return order(b) - order(a) })
 	if len(stale) == 0 {
@@ -321,25 +320,8 @@ func (s *step) nextPod(pods []*corev1.Pod) *corev1.Pod {
 	return stale[0]
 }
 
-func ordinal(p *corev1.Pod) int { return ordinalOf(p.Name) }
-
-// ordinalOf is the ordinal in a StatefulSet pod's name.
-func ordinalOf(name string) int {
-	n, _ := strconv.Atoi(name[strings.LastIndexByte(name, '-')+1:])
-	return n
-}
-
-func podReady(p *corev1.Pod) bool {
-	if !p.DeletionTimestamp.IsZero() {
-		return false
-	}
-	for _, c := range p.Status.Conditions {
-		if c.Type == corev1.PodReady {
-			return c.Status == corev1.ConditionTrue
-		}
-	}
-	return false
-}
+// podReady says whether the pod is Ready and not terminating.
+func podReady(p *corev1.Pod) bool { return p.DeletionTimestamp.IsZero() && nodes.PodReady(p) }
 
 // countCurrent counts the pods that run what is wanted (and are Ready, with ready).
 func (s *step) countCurrent(pods []*corev1.Pod, ready bool) int {

@@ -35,3 +35,11 @@ func RequeueAfter(now, at time.Time) time.Duration {
 	}
 	return time.Second
 }
+
+// Soonest is the shorter of two requeue delays, a zero being none.
+func Soonest(a, b time.Duration) time.Duration {
+	if a == 0 || (b != 0 && b < a) {
+		return b
+	}
+	return a
+}

@@ -21,7 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
-	"github.com/keyroll/keyroll/controllers/nodes"
+	krender "github.com/keyroll/keyroll/controllers/render"
 	rendered "github.com/keyroll/keyroll/test/render"
 	"github.com/keyroll/keyroll/test/testground"
 )
@@ -228,7 +228,7 @@ func canI(t *testing.T, cs kubernetes.Interface, user, verb, group, resource, na
 }
 
 // TestManagerNetworkPolicyLetsItReachRedis: keyroll changes the users of every Redis pod itself,
-// connecting to each pod's IP on nodes.RedisPort; where the network plugin enforces the manager's
+// connecting to each pod's IP on krender.RedisPort; where the network plugin enforces the manager's
 // NetworkPolicy, its egress rules must allow that port (TCP, to any peer: Redis pods live in the
 // RedisClusters' namespaces), or no credential ever reaches a node.
 func TestManagerNetworkPolicyLetsItReachRedis(t *testing.T) {
@@ -262,12 +262,12 @@ func TestManagerNetworkPolicyLetsItReachRedis(t *testing.T) {
 			allowed = true
 		}
 		for _, p := range rule.Ports {
-			if (p.Protocol == nil || *p.Protocol == corev1.ProtocolTCP) && p.Port != nil && p.Port.IntValue() == nodes.RedisPort {
+			if (p.Protocol == nil || *p.Protocol == corev1.ProtocolTCP) && p.Port != nil && p.Port.IntValue() == krender.RedisPort {
 				allowed = true
 			}
 		}
 	}
 	if !allowed {
-		t.Errorf("the manager's NetworkPolicy lets it reach no Redis pod on TCP %d: egress %+v", nodes.RedisPort, spec.Egress)
+		t.Errorf("the manager's NetworkPolicy lets it reach no Redis pod on TCP %d: egress %+v", krender.RedisPort, spec.Egress)
 	}
 }
