@@ -142,16 +142,16 @@ func Setup(mgr ctrl.Manager, o Options) (*rediscluster.Reconciler, error) {
 	}
 	rcr := rediscluster.New(rediscluster.Config{
 		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: o.Recorder, Clock: o.Clock,
-		Connector: conn, Metrics: m, ExternalSecrets: externalSecretsServed(mgr), LeaseCheckInterval: o.LeaseCheckInterval,
+		Connector: conn, Metrics: m, ExternalSecrets: externalSecretModeAvailable(mgr), LeaseCheckInterval: o.LeaseCheckInterval,
 		UsersCheckInterval: o.UsersCheckInterval, Workers: o.Workers, OperatorNamespace: o.ServiceAccount.Namespace, ProbeImage: o.ProbeImage,
 	})
 	mgr.GetLogger().Info("External Secrets Operator's API", "served", rcr.ExternalSecrets)
 	return rcr, rcr.SetupWithManager(mgr)
 }
 
-// externalSecretsServed says whether the API server serves external-secrets.io/v1 ExternalSecrets
+// externalSecretModeAvailable says whether the API server serves external-secrets.io/v1 ExternalSecrets
 // and the manager's scheme knows them: ExternalSecret mode needs both.
-func externalSecretsServed(mgr ctrl.Manager) bool {
+func externalSecretModeAvailable(mgr ctrl.Manager) bool {
 	gvk := esv1.SchemeGroupVersion.WithKind(esv1.ExtSecretKind)
 	if !mgr.GetScheme().Recognizes(gvk) {
 		return false
