@@ -1,0 +1,159 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// What a RedisCluster reports: its phase, nodes, primary and rollout.
+
+// Phase summarises a RedisCluster's state for kubectl get.
+// +kubebuilder:validation:Enum=Pending;Issuing;Ready;Rolling;Degraded;Deleting
+type Phase string
+
+const (
+	PhasePending  Phase = "Pending"
+	PhaseIssuing  Phase = "Issuing"
+	PhaseReady    Phase = "Ready"
+	PhaseRolling  Phase = "Rolling"
+	PhaseDegraded Phase = "Degraded"
+	PhaseDeleting Phase = "Deleting"
+)
+
+// RedisClusterStatus is the observed state of a RedisCluster. It never holds a password.
+type RedisClusterStatus struct {
+	// observedGeneration is the generation last reconciled successfully.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+
+	// phase summarises the state.
+	// +optional
+	Phase Phase `json:"phase,omitempty"`
+
+	// readyReplicas is the number of Redis pods that are Ready.
+	// +optional
+	ReadyReplicas int32 `json:"readyReplicas,omitempty"`
+
+	// conditions: Ready, CredentialsReady, RolloutProgressing, Degraded.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	// +kubebuilder:validation:MaxItems=16
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+
+	// credential is the current credential (never its password).
+	// +optional
+	Credential *CredentialStatus `json:"credential,omitempty"`
+
+	// leases is the ledger: every lease obtained and not yet revoked.
+	// +optional
+	// +listType=map
+	// +listMapKey=leaseID
+	// +kubebuilder:validation:MaxItems=64
+	Leases []LeaseRecord `json:"leases,omitempty"`
+
+	// rollout is the progress of the rollout to a new credential, while one runs.
+	// +optional
+	Rollout *RolloutStatus `json:"rollout,omitempty"`
+
+	// rotateNowAcknowledged is the last value of the keyroll.dev/rotate-now annotation acted upon.
+	// +optional
+	RotateNowAcknowledged string `json:"rotateNowAcknowledged,omitempty"`
+
+	// primary is the Redis pod that is the cluster's primary: the client Service selects it.
+	// +optional
+	// +kubebuilder:validation:MaxLength=63
+	Primary string `json:"primary,omitempty"`
+
+	// nodes are the Redis nodes and the set of users each was last confirmed to have.
+	// +optional
+	// +listType=map
+	// +listMapKey=pod
+	// +kubebuilder:validation:MaxItems=15
+	Nodes []NodeStatus `json:"nodes,omitempty"`
+
+	// retiringUsers are Redis users being removed from every node: those of superseded
+	// credentials once the rollout is done, or of a lease revoked outside keyroll. It holds the
+	// users of every superseded lease and credential at once (at most 64 and 16), and of leases
+	// revoked outside keyroll.
+	// +optional
+	// +listType=set
+	// +kubebuilder:validation:MaxItems=128
+	RetiringUsers []string `json:"retiringUsers,omitempty"`
+}
+
+// NodeStatus is what keyroll last confirmed on one Redis node (one run of a pod's Redis).
+type NodeStatus struct {
+	// pod is the Redis pod.
+	// +required
+	// +kubebuilder:validation:MaxLength=63
+	Pod string `json:"pod"`
+
+	// podUID and startedAt identify the run of Redis that was confirmed: a restarted Redis is
+	// confirmed again.
+	// +optional
+	PodUID types.UID `json:"podUID,omitempty"`
+	// +optional
+	StartedAt *metav1.Time `json:"startedAt,omitempty"`
+
+	// usersVersion identifies (as a hash) the set of users the node was confirmed to have.
+	// +optional
+	UsersVersion string `json:"usersVersion,omitempty"`
+
+	// aclDigest identifies (as a hash) the node's whole ACL (ACL LIST) as keyroll confirmed it:
+	// keyroll compares it with the node's every --redis-users-check-interval, and a user added,
+	// changed or removed outside keyroll shows as a difference.
+	// +optional
+	// +kubebuilder:validation:MaxLength=64
+	ACLDigest string `json:"aclDigest,omitempty"`
+
+	// confirmedAt is when keyroll last confirmed the node.
+	// +optional
+	ConfirmedAt *metav1.Time `json:"confirmedAt,omitempty"`
+}
+
+// RolloutStatus is the progress of a rollout.
+type RolloutStatus struct {
+	// targetVersion is the credential version being rolled out.
+	// +optional
+	TargetVersion string `json:"targetVersion,omitempty"`
+
+	// cause is what the rollout is for: a new credential (Credential), or a new pod template of
+	// the Redis pods (PodTemplate: spec.version, image, resources, ...), which restarts them only.
+	// +optional
+	// +kubebuilder:validation:Enum=Credential;PodTemplate
+	Cause RolloutCause `json:"cause,omitempty"`
+
+	// podsUpdated is the number of Redis pods running targetVersion and Ready.
+	// +optional
+	PodsUpdated int32 `json:"podsUpdated,omitempty"`
+
+	// podInFlight is the pod restarted last and not yet Ready on targetVersion.
+	// +optional
+	PodInFlight string `json:"podInFlight,omitempty"`
+
+	// podRestartedAt is when podInFlight was restarted.
+	// +optional
+	PodRestartedAt *metav1.Time `json:"podRestartedAt,omitempty"`
+
+	// consumersUpdated is the number of consumers whose rollout to targetVersion is complete.
+	// +optional
+	ConsumersUpdated int32 `json:"consumersUpdated,omitempty"`
+
+	// consumerRestartedAt is when the consumer being rolled out was restarted: it must have
+	// rolled out within readinessTimeout, or the rollout is reported stalled.
+	// +optional
+	ConsumerRestartedAt *metav1.Time `json:"consumerRestartedAt,omitempty"`
+
+	// startedAt is when the rollout started.
+	// +optional
+	StartedAt *metav1.Time `json:"startedAt,omitempty"`
+}
+
+// RolloutCause is what a rollout is for.
+type RolloutCause string
+
+const (
+	RolloutForCredential  RolloutCause = "Credential"
+	RolloutForPodTemplate RolloutCause = "PodTemplate"
+)
