@@ -1,3 +1,7 @@
-// Package controllers holds keyroll's reconcilers: one per Kind (RedisCluster, VaultConnection).
-// They translate between the API types and the plain Go values of the vault and rotation packages.
+// Package controllers wires keyroll's two reconcilers (RedisCluster, VaultConnection) into a
+// controller-runtime manager: the caches, the Vault clients they share, the metrics, the probes
+// and the RBAC the manager needs.
+// The reconcilers and the phases of a RedisCluster's reconcile are the packages below it;
+// layout_test.go says which may import which. They translate between the API types and the plain
+// Go values of the vault and rotation packages.
 package controllers
