@@ -202,29 +202,5 @@ const (
 	// StatefulSet's pods; keyroll sends it nothing and does not count it.
 	EventLookAlikePod = "LookAlikePod"
 
-	// Events of a condition's change carry the condition's reason.
-	EventLoggedIn                    = ReasonLoggedIn
-	EventLoginFailed                 = ReasonLoginFailed
-	EventSettingsRefused             = ReasonSettingsRefused
-	EventNamespaceLoginFailed        = ReasonNamespaceLoginFailed
-	EventVaultUnavailable            = ReasonVaultUnavailable
-	EventVaultSealed                 = ReasonVaultSealed
-	EventInUse                       = ReasonInUse
-	EventIssueFailed                 = ReasonIssueFailed
-	EventPermissionDenied            = ReasonPermissionDenied
-	EventInvalidSchedule             = ReasonInvalidSchedule
-	EventConsumerMissing             = ReasonConsumerMissing
-	EventConsumerPaused              = ReasonConsumerPaused
-	EventExternalSecretNotReady      = ReasonExternalSecretNotReady
-	EventExternalSecretsNotInstalled = ReasonExternalSecretsNotInstalled
-	EventInvalidCredentialSecret     = ReasonInvalidCredentialSecret
-	EventRefreshIntervalTooLong      = ReasonRefreshIntervalTooLong
-	EventLeaseEndedEarly             = ReasonLeaseEndedEarly
-	EventLedgerFull                  = ReasonLedgerFull
-	EventNodeUnreachable             = ReasonNodeUnreachable
-	EventNodeNotReady                = ReasonNodeNotReady
-	EventInvalidACLRules             = ReasonInvalidACLRules
-	EventUsersChanged                = ReasonUsersChanged
-	EventAdminLockedOut              = ReasonAdminLockedOut
-	EventSecretNotFound              = ReasonSecretNotFound
+	// An event of a condition's change carries the condition's reason (the Reason constants).
 )

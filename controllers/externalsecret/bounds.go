@@ -71,7 +71,7 @@ func reportBounds(cl *ledger.Cluster, waiting bool) bool {
 		msg += "; the credential External Secrets Operator synced last does not fit and is not adopted (nothing is delivered until there is room)"
 	}
 	if cl.Conds.Set(v1alpha1.ConditionSourceHealthy, metav1.ConditionFalse, v1alpha1.ReasonLedgerFull, msg) {
-		cl.Conds.Announce(true, v1alpha1.EventLedgerFull, "Adopt", "%s", msg)
+		cl.Conds.Announce(true, v1alpha1.ReasonLedgerFull, "Adopt", "%s", msg)
 	}
 	return true
 }

@@ -182,9 +182,9 @@ func (r *Source) ensureExternalSecret(ctx context.Context, cl *ledger.Cluster) (
 // notSynced reports that there is no usable credential from ESO: none yet, or (invalid) a Secret
 // without one. ESO's own reason is added when its Ready condition is False.
 func (r *Source) notSynced(cl *ledger.Cluster, es *esv1.ExternalSecret, problem string, invalid bool) {
-	reason, event := v1alpha1.ReasonExternalSecretNotReady, v1alpha1.EventExternalSecretNotReady
+	reason, event := v1alpha1.ReasonExternalSecretNotReady, v1alpha1.ReasonExternalSecretNotReady
 	if invalid {
-		reason, event = v1alpha1.ReasonInvalidCredentialSecret, v1alpha1.EventInvalidCredentialSecret
+		reason, event = v1alpha1.ReasonInvalidCredentialSecret, v1alpha1.ReasonInvalidCredentialSecret
 	}
 	warn := invalid
 	if c := esReady(es); c != nil && c.Status == corev1.ConditionFalse {
@@ -281,7 +281,7 @@ func (r *Source) reportSynced(cl *ledger.Cluster, es *esv1.ExternalSecret, sc *r
 		msg := fmt.Sprintf("externalSecret.refreshInterval (%s) is not shorter than the credential's lifetime (%s): External Secrets Operator will leave an expired credential in place",
 			interval.Duration, lifetime)
 		if cl.Conds.Set(v1alpha1.ConditionSourceHealthy, metav1.ConditionFalse, v1alpha1.ReasonRefreshIntervalTooLong, msg) {
-			cl.Conds.Announce(true, v1alpha1.EventRefreshIntervalTooLong, "Adopt", "%s", msg)
+			cl.Conds.Announce(true, v1alpha1.ReasonRefreshIntervalTooLong, "Adopt", "%s", msg)
 		}
 		return
 	}
@@ -291,7 +291,7 @@ func (r *Source) reportSynced(cl *ledger.Cluster, es *esv1.ExternalSecret, sc *r
 	if c := esReady(es); c != nil && c.Status == corev1.ConditionFalse {
 		msg := fmt.Sprintf("ExternalSecret %s is not Ready (%s): %s", es.Name, c.Reason, c.Message)
 		if cl.Conds.Set(v1alpha1.ConditionSourceHealthy, metav1.ConditionFalse, v1alpha1.ReasonExternalSecretNotReady, msg) {
-			cl.Conds.Announce(true, v1alpha1.EventExternalSecretNotReady, "Sync", "%s", msg)
+			cl.Conds.Announce(true, v1alpha1.ReasonExternalSecretNotReady, "Sync", "%s", msg)
 		}
 		return
 	}

@@ -31,7 +31,7 @@ func (r *Source) endedEarly(cl *ledger.Cluster, tracked bool) bool {
 	msg := fmt.Sprintf("A lease External Secrets Operator obtained was gone from Vault %s after it was issued, before its expiry: most likely External Secrets Operator's own Vault token ended, and Vault revoked the lease with it (keyroll cannot keep that token alive; it replaced the credential as soon as it noticed, within --lease-check-interval). Give External Secrets Operator's auth role a token TTL well above externalSecret.refreshInterval (%s), so that each credential is refreshed before its token ends",
 		c.LeaseEndedEarlyAfter.Duration, durationOr(cl.RC.Spec.Credentials.ExternalSecret.RefreshInterval))
 	if cl.Conds.Set(v1alpha1.ConditionSourceHealthy, metav1.ConditionFalse, v1alpha1.ReasonLeaseEndedEarly, msg) {
-		cl.Conds.Announce(true, v1alpha1.EventLeaseEndedEarly, "Adopt", "%s", msg)
+		cl.Conds.Announce(true, v1alpha1.ReasonLeaseEndedEarly, "Adopt", "%s", msg)
 	}
 	return true
 }

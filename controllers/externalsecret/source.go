@@ -74,5 +74,5 @@ func mayUseSource(cl *ledger.Cluster, vcl vault.LeaseClient) bool {
 // Operator's API was missing when it started.
 func NotInstalled(cl *ledger.Cluster) {
 	msg := "credentials.source is ExternalSecret, but External Secrets Operator's API (external-secrets.io/v1 ExternalSecret) was not installed when keyroll started: install External Secrets Operator, then restart keyroll"
-	cl.NotReady(v1alpha1.ReasonExternalSecretsNotInstalled, v1alpha1.EventExternalSecretsNotInstalled, "Sync", msg, true)
+	cl.NotReady(v1alpha1.ReasonExternalSecretsNotInstalled, v1alpha1.ReasonExternalSecretsNotInstalled, "Sync", msg, true)
 }

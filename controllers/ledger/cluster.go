@@ -106,6 +106,6 @@ func (c *Cluster) ParseRotation() {
 	}
 	c.Schedule, c.Window = nil, nil
 	if c.Conds.Set(v1alpha1.ConditionScheduleValid, metav1.ConditionFalse, v1alpha1.ReasonInvalidSchedule, "spec.rotation: "+err.Error()) {
-		c.Conds.Announce(true, v1alpha1.EventInvalidSchedule, "Schedule", "spec.rotation: %v", err)
+		c.Conds.Announce(true, v1alpha1.ReasonInvalidSchedule, "Schedule", "spec.rotation: %v", err)
 	}
 }

@@ -141,7 +141,7 @@ func (s *Syncer) Sync(ctx context.Context, rc *v1alpha1.RedisCluster, conds cond
 	}
 	rc.Status.Nodes = recordsOf(m.Pods, records)
 	if stopped == nil && len(changed) > 0 {
-		stopped = &problem{reason: v1alpha1.ReasonUsersChanged, event: v1alpha1.EventUsersChanged, wait: time.Millisecond,
+		stopped = &problem{reason: v1alpha1.ReasonUsersChanged, event: v1alpha1.ReasonUsersChanged, wait: time.Millisecond,
 			msg: "the ACL of " + strings.Join(changed, ", ") + " changed outside keyroll; keyroll puts the cluster's users back"}
 	}
 	if stopped == nil && len(m.Pods) < int(rc.Spec.Replicas) {
@@ -210,7 +210,7 @@ func (s *Syncer) notRunning(rc *v1alpha1.RedisCluster, p *corev1.Pod) *problem {
 	since := stoppedSince(p)
 	timeout := ReadinessTimeout(rc)
 	if s.Clock.Since(since) > timeout {
-		return &problem{reason: v1alpha1.ReasonNodeNotReady, event: v1alpha1.EventNodeNotReady, wait: time.Minute,
+		return &problem{reason: v1alpha1.ReasonNodeNotReady, event: v1alpha1.ReasonNodeNotReady, wait: time.Minute,
 			msg: fmt.Sprintf("pod %s has not run Redis for %s (rollout.readinessTimeout %s); no credential change goes on until it does", p.Name, s.Clock.Since(since).Round(time.Second), timeout)}
 	}
 	return &problem{reason: v1alpha1.ReasonApplying, wait: notRunningWait, msg: "waiting for pod " + p.Name + " to run Redis"}
@@ -263,19 +263,19 @@ func PodReady(p *corev1.Pod) bool {
 func unreachable(p *corev1.Pod, addr string, err error) *problem {
 	var re *redisnode.RuleError
 	if errors.As(err, &re) {
-		return &problem{reason: v1alpha1.ReasonInvalidACLRules, event: v1alpha1.EventInvalidACLRules, wait: time.Minute,
+		return &problem{reason: v1alpha1.ReasonInvalidACLRules, event: v1alpha1.ReasonInvalidACLRules, wait: time.Minute,
 			msg: fmt.Sprintf("pod %s refused spec.credentials.aclRules: %v", p.Name, re)}
 	}
 	var lo *lockedOut
 	if errors.As(err, &lo) {
-		return &problem{reason: v1alpha1.ReasonAdminLockedOut, event: v1alpha1.EventAdminLockedOut, wait: time.Minute,
+		return &problem{reason: v1alpha1.ReasonAdminLockedOut, event: v1alpha1.ReasonAdminLockedOut, wait: time.Minute,
 			msg: fmt.Sprintf("pod %s: %v; restart the pod (kubectl delete pod %s) so that its Redis loads the cluster's aclfile again", p.Name, err, p.Name)}
 	}
 	hint := ""
 	if redisnode.Unreachable(err) {
 		hint = fmt.Sprintf(" (keyroll connects to every Redis pod on TCP port %d: a NetworkPolicy must let it in)", render.RedisPort)
 	}
-	return &problem{reason: v1alpha1.ReasonNodeUnreachable, event: v1alpha1.EventNodeUnreachable, wait: 10 * time.Second,
+	return &problem{reason: v1alpha1.ReasonNodeUnreachable, event: v1alpha1.ReasonNodeUnreachable, wait: 10 * time.Second,
 		msg: fmt.Sprintf("pod %s at %s: %v%s", p.Name, addr, err, hint)}
 }
 

@@ -160,7 +160,7 @@ func (r *deps) vaultPluginUser(ctx context.Context, s *scope) (*render.ACLUser, 
 		}
 		if password == "" || sec.Labels[v1alpha1.LabelVaultPluginPassword] != rc.Name {
 			if s.Conds.Set(v1alpha1.ConditionUsersApplied, metav1.ConditionFalse, reason, msg) {
-				s.Conds.Announce(true, v1alpha1.EventSecretNotFound, "ApplyUsers", "%s", msg)
+				s.Conds.Announce(true, v1alpha1.ReasonSecretNotFound, "ApplyUsers", "%s", msg)
 			}
 			return nil, nil
 		}

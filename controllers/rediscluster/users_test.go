@@ -126,7 +126,7 @@ func TestRefusedACLRuleIsReportedAndNothingIsApplied(t *testing.T) {
 	if got := h.redis.Users(nodeAddr(1)); slices.Contains(got, h.staged(t).Username) {
 		t.Errorf("a node has the app user: %v", got)
 	}
-	if !strings.Contains(strings.Join(h.eventReasons(), " "), v1alpha1.EventInvalidACLRules) {
+	if !strings.Contains(strings.Join(h.eventReasons(), " "), v1alpha1.ReasonInvalidACLRules) {
 		t.Error("no InvalidACLRules event")
 	}
 

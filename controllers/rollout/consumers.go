@@ -36,14 +36,14 @@ func (r *Engine) rollConsumers(ctx context.Context, s *step, ro *v1alpha1.Rollou
 	for _, ref := range rc.Spec.Rollout.Consumers {
 		w, err := r.consumer(ctx, rc.Namespace, ref)
 		if apierrors.IsNotFound(err) {
-			reportConsumer(s, v1alpha1.ReasonConsumerMissing, v1alpha1.EventConsumerMissing, fmt.Sprintf("consumer %s %s does not exist; passed over", ref.Kind, ref.Name))
+			reportConsumer(s, v1alpha1.ReasonConsumerMissing, v1alpha1.ReasonConsumerMissing, fmt.Sprintf("consumer %s %s does not exist; passed over", ref.Kind, ref.Name))
 			continue
 		}
 		if err != nil {
 			return false, 0, err
 		}
 		if w.paused() {
-			reportConsumer(s, v1alpha1.ReasonConsumerPaused, v1alpha1.EventConsumerPaused, fmt.Sprintf("consumer %s %s is paused; the rollout waits for it", ref.Kind, ref.Name))
+			reportConsumer(s, v1alpha1.ReasonConsumerPaused, v1alpha1.ReasonConsumerPaused, fmt.Sprintf("consumer %s %s is paused; the rollout waits for it", ref.Kind, ref.Name))
 			return false, time.Minute, nil
 		}
 		if w.template().Annotations[v1alpha1.AnnotationCredentialVersion] != ro.TargetVersion {

@@ -50,7 +50,7 @@ func (r *Reconciler) observeNamespaces(ctx context.Context, vc *v1alpha1.VaultCo
 	if len(failed) > 0 {
 		msg := fmt.Sprintf("identity Namespace: the tokens of %d namespace(s) could not be kept: %s", len(failed), listSome(failed, 5))
 		if conds.Set(v1alpha1.ConditionDegraded, metav1.ConditionTrue, v1alpha1.ReasonNamespaceLoginFailed, msg) {
-			conds.Event(true, v1alpha1.EventNamespaceLoginFailed, "KeepTokens", "%s", msg)
+			conds.Event(true, v1alpha1.ReasonNamespaceLoginFailed, "KeepTokens", "%s", msg)
 		}
 	} else {
 		conds.Set(v1alpha1.ConditionDegraded, metav1.ConditionFalse, v1alpha1.ReasonNamespacesLoggedIn,

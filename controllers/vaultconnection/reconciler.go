@@ -156,15 +156,15 @@ func (r *Reconciler) check(ctx context.Context, vc *v1alpha1.VaultConnection, ne
 		held, err = r.observe(ctx, vc, vcl, needs)
 	}
 	if err != nil {
-		reason, event := v1alpha1.ReasonLoginFailed, v1alpha1.EventLoginFailed
+		reason, event := v1alpha1.ReasonLoginFailed, v1alpha1.ReasonLoginFailed
 		if vault.IsUnavailable(err) {
-			reason, event = v1alpha1.ReasonVaultUnavailable, v1alpha1.EventVaultUnavailable
+			reason, event = v1alpha1.ReasonVaultUnavailable, v1alpha1.ReasonVaultUnavailable
 		}
 		if vault.IsSealed(err) || (vc.Status.Sealed != nil && *vc.Status.Sealed) {
-			reason, event = v1alpha1.ReasonVaultSealed, v1alpha1.EventVaultSealed
+			reason, event = v1alpha1.ReasonVaultSealed, v1alpha1.ReasonVaultSealed
 		}
 		if vaultclient.IsSettingsError(err) {
-			reason, event = v1alpha1.ReasonSettingsRefused, v1alpha1.EventSettingsRefused
+			reason, event = v1alpha1.ReasonSettingsRefused, v1alpha1.ReasonSettingsRefused
 		}
 		if conds.Set(v1alpha1.ConditionReady, metav1.ConditionFalse, reason, err.Error()) {
 			conds.Event(true, event, "Login", "Vault connection not ready: %v", err)
@@ -177,7 +177,7 @@ func (r *Reconciler) check(ctx context.Context, vc *v1alpha1.VaultConnection, ne
 		ready = "Vault " + vc.Status.VaultVersion + " answers; each namespace logs in with its own identity (identity Namespace)"
 	}
 	if conds.Set(v1alpha1.ConditionReady, metav1.ConditionTrue, v1alpha1.ReasonLoggedIn, ready) {
-		conds.Event(false, v1alpha1.EventLoggedIn, "Login", "Logged in to Vault %s", vc.Status.VaultVersion)
+		conds.Event(false, v1alpha1.ReasonLoggedIn, "Login", "Logged in to Vault %s", vc.Status.VaultVersion)
 	}
 	if !vc.NamespaceIdentity() {
 		r.reportTokenLifetime(vc, conds, vcl.TokenInfo(), held, needs)
@@ -306,7 +306,7 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, vc *v1alpha1.VaultConn
 		msg := fmt.Sprintf("VaultConnection is used by %d RedisCluster(s) (%s): it is deleted once none uses it or holds a lease obtained through it",
 			len(users), listSome(users, 10))
 		if conds.Set(v1alpha1.ConditionDeletionBlocked, metav1.ConditionTrue, v1alpha1.ReasonInUse, msg) {
-			conds.Event(true, v1alpha1.EventInUse, "Delete", "%s", msg)
+			conds.Event(true, v1alpha1.ReasonInUse, "Delete", "%s", msg)
 		}
 		return ctrl.Result{RequeueAfter: min(res.RequeueAfter, deletionRecheck)}, nil
 	}

@@ -93,7 +93,7 @@ func (r *Source) Credential(ctx context.Context, cl *ledger.Cluster, vcl vault.L
 func (r *Source) ledgerFull(cl *ledger.Cluster) {
 	msg := fmt.Sprintf("The ledger holds %d leases, the most it can (status.leases): no new credential is issued until superseded leases are revoked (see LeasesRevoked)", len(cl.RC.Status.Leases))
 	if cl.Conds.Set(v1alpha1.ConditionSourceHealthy, metav1.ConditionFalse, v1alpha1.ReasonLedgerFull, msg) {
-		cl.Conds.Announce(true, v1alpha1.EventLedgerFull, "Issue", "%s", msg)
+		cl.Conds.Announce(true, v1alpha1.ReasonLedgerFull, "Issue", "%s", msg)
 	}
 }
 
@@ -296,14 +296,14 @@ func (r *Source) recordLease(cl *ledger.Cluster, lease *vault.Lease, cred *rende
 // issueFailed reports a failed issue; a denied or invalid request waits for a human, anything
 // else is retried with backoff.
 func (r *Source) issueFailed(cl *ledger.Cluster, err error) error {
-	reason, event := v1alpha1.ReasonIssueFailed, v1alpha1.EventIssueFailed
+	reason, event := v1alpha1.ReasonIssueFailed, v1alpha1.ReasonIssueFailed
 	switch {
 	case vault.IsPermissionDenied(err):
-		reason, event = v1alpha1.ReasonPermissionDenied, v1alpha1.EventPermissionDenied
+		reason, event = v1alpha1.ReasonPermissionDenied, v1alpha1.ReasonPermissionDenied
 	case vault.IsSealed(err):
-		reason, event = v1alpha1.ReasonVaultSealed, v1alpha1.EventVaultSealed
+		reason, event = v1alpha1.ReasonVaultSealed, v1alpha1.ReasonVaultSealed
 	case vault.IsUnavailable(err):
-		reason, event = v1alpha1.ReasonVaultUnavailable, v1alpha1.EventVaultUnavailable
+		reason, event = v1alpha1.ReasonVaultUnavailable, v1alpha1.ReasonVaultUnavailable
 	}
 	msg := fmt.Sprintf("issuing a credential from %s: %v", cl.RC.Spec.Credentials.VaultLease.Path, err)
 	refused := vault.IsPermissionDenied(err) || vault.IsBadRequest(err) || vault.IsNotFound(err)

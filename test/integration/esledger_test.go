@@ -175,8 +175,8 @@ func TestExternalSecretLedgerStaysWithinBounds(t *testing.T) {
 	if pausedAt == 0 {
 		t.Errorf("no LedgerFull reported in %s of one-second refreshes with the rollout held (at most %d leases)", stimulus, most)
 	}
-	if !fw.HasEvent(t, ns, "orders", v1alpha1.EventLedgerFull) {
-		t.Errorf("no %s event", v1alpha1.EventLedgerFull)
+	if !fw.HasEvent(t, ns, "orders", v1alpha1.ReasonLedgerFull) {
+		t.Errorf("no %s event", v1alpha1.ReasonLedgerFull)
 	}
 	if logs := fw.Logs.String()[logStart:]; strings.Contains(logs, "must have at most") {
 		t.Errorf("the API server refused a status write as too long:\n%s", firstLineWith(logs, "must have at most"))

@@ -316,7 +316,7 @@ func connectionStayedReady(t *testing.T, conn string) {
 		t.Errorf("VaultConnection %s Ready = %+v, want True", conn, c)
 	}
 	// A cluster-scoped object's events land in the default namespace.
-	if reasons := framework.Reasons(fw.Events(t, metav1.NamespaceDefault, "", conn)); slices.Contains(reasons, v1alpha1.EventLoginFailed) {
+	if reasons := framework.Reasons(fw.Events(t, metav1.NamespaceDefault, "", conn)); slices.Contains(reasons, v1alpha1.ReasonLoginFailed) {
 		t.Errorf("VaultConnection %s events %q: a login failed", conn, reasons)
 	}
 }
