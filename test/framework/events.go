@@ -35,6 +35,20 @@ func (f *Framework) ClusterEvents(t testing.TB, ns, name string) []eventsv1.Even
 	return f.Events(t, ns, "RedisCluster", name)
 }
 
+// WaitClusterEvents lists the events about a RedisCluster once every one of reasons is among them,
+// or after timeout, whichever comes first: an event is written after the status change it
+// announces, so a test that has seen the status may look before the event is there.
+func (f *Framework) WaitClusterEvents(t testing.TB, ns, name string, timeout time.Duration, reasons ...string) []eventsv1.Event {
+	t.Helper()
+	for end := time.Now().Add(timeout); ; time.Sleep(200 * time.Millisecond) {
+		events := f.ClusterEvents(t, ns, name)
+		got := Reasons(events)
+		if !slices.ContainsFunc(reasons, func(r string) bool { return !slices.Contains(got, r) }) || time.Now().After(end) {
+			return events
+		}
+	}
+}
+
 // Reasons lists the events' reasons, once per occurrence: the event recorder folds an event
 // repeated on the same version of an object into a series, sent as one Event with series.count 2
 // (later repeats of a series reach the API server only minutes later).

@@ -423,7 +423,7 @@ func TestMissingConsumerIsReportedAndPausedConsumerIsWaitedFor(t *testing.T) {
 
 	fw.RotateNow(t, rc)
 	cur = fw.WaitCondition(t, rc, v1alpha1.ConditionDegraded, metav1.ConditionTrue, v1alpha1.ReasonConsumerPaused, 60*time.Second)
-	reasons := framework.Reasons(fw.ClusterEvents(t, ns, "orders"))
+	reasons := framework.Reasons(fw.WaitClusterEvents(t, ns, "orders", 10*time.Second, v1alpha1.ReasonConsumerMissing, v1alpha1.ReasonConsumerPaused))
 	if !slices.Contains(reasons, v1alpha1.ReasonConsumerMissing) || !slices.Contains(reasons, v1alpha1.ReasonConsumerPaused) {
 		t.Errorf("events %v: want ConsumerMissing and ConsumerPaused", reasons)
 	}
