@@ -41,7 +41,7 @@ var allowed = map[string][]string{
 		"controllers/statustime", "rotation", "vault"},
 	"controllers/rediscluster": {"apis/v1alpha1", "controllers/apply", "controllers/conditions", "controllers/externalsecret",
 		"controllers/ledger", "controllers/metrics", "controllers/netpol", "controllers/nodes", "controllers/primary", "controllers/render", "controllers/rollout", "controllers/statustime", "controllers/stoppoint",
-		"controllers/upkeep", "controllers/vaultclient", "controllers/vaultconnection", "controllers/vaultlease", "redisnode", "rotation", "vault"},
+		"controllers/upkeep", "controllers/vaultclient", "controllers/vaultlease", "redisnode", "rotation", "vault"},
 	"controllers": {"apis/v1alpha1", "controllers/apply", "controllers/ledger", "controllers/metrics", "controllers/nodes", "controllers/rediscluster", "controllers/vaultclient", "controllers/vaultconnection", "vault"},
 }
 
@@ -118,4 +118,20 @@ func goList(t *testing.T) []listed {
 		t.Fatalf("go list found %d packages", len(pkgs))
 	}
 	return pkgs
+}
+
+// reconcilers are the packages of the two controllers: neither imports the other (what both need
+// of connections is in controllers/vaultclient).
+var reconcilers = []string{"controllers/rediscluster", "controllers/vaultconnection"}
+
+// TestNoControllerImportsAnother: the layout lets no reconciler package import another, so
+// TestImportsGoOneWay holds them apart.
+func TestNoControllerImportsAnother(t *testing.T) {
+	for _, r := range reconcilers {
+		for _, other := range reconcilers {
+			if r != other && slices.Contains(allowed[r], other) {
+				t.Errorf("%s may import %s: what both need belongs below them", r, other)
+			}
+		}
+	}
 }

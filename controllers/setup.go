@@ -129,7 +129,7 @@ func Setup(mgr ctrl.Manager, o Options) (*rediscluster.Reconciler, error) {
 	if ns := o.ServiceAccount.Namespace; ns != "" {
 		conn.Intents = &vaultclient.Intents{Writer: mgr.GetClient(), Reader: mgr.GetAPIReader(), Namespace: ns, Clock: o.Clock}
 	}
-	if err := vaultconnection.IndexClusters(mgr); err != nil {
+	if err := vaultclient.IndexClusters(mgr); err != nil {
 		return nil, err
 	}
 	if err := (&vaultconnection.Reconciler{

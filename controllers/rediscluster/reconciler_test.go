@@ -31,7 +31,6 @@ import (
 	"github.com/keyroll/keyroll/controllers/render"
 	"github.com/keyroll/keyroll/controllers/rollout"
 	"github.com/keyroll/keyroll/controllers/vaultclient"
-	"github.com/keyroll/keyroll/controllers/vaultconnection"
 	"github.com/keyroll/keyroll/controllers/vaultlease"
 	"github.com/keyroll/keyroll/redisnode/redisnodetest"
 	"github.com/keyroll/keyroll/vault"
@@ -88,7 +87,7 @@ func newHarness(t *testing.T, objs ...client.Object) *harness {
 	}
 	k8s := fake.NewClientBuilder().WithScheme(s).WithObjects(append(objs, vc)...).WithReturnManagedFields().
 		WithStatusSubresource(&v1alpha1.RedisCluster{}, &v1alpha1.VaultConnection{}).
-		WithIndex(&v1alpha1.RedisCluster{}, vaultconnection.ClusterIndex, func(o client.Object) []string {
+		WithIndex(&v1alpha1.RedisCluster{}, vaultclient.ClusterIndex, func(o client.Object) []string {
 			return o.(*v1alpha1.RedisCluster).VaultConnections()
 		}).
 		WithIndex(&v1alpha1.RedisCluster{}, rollout.ConsumerIndex, rollout.ConsumerKeys).

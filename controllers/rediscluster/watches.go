@@ -21,7 +21,7 @@ import (
 	"github.com/keyroll/keyroll/apis/v1alpha1"
 	"github.com/keyroll/keyroll/controllers/rollout"
 	"github.com/keyroll/keyroll/controllers/upkeep"
-	"github.com/keyroll/keyroll/controllers/vaultconnection"
+	"github.com/keyroll/keyroll/controllers/vaultclient"
 )
 
 // SetupWithManager registers the reconciler: it watches RedisClusters, what they own, and the
@@ -39,8 +39,8 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Owns(&corev1.ConfigMap{}).
 		Owns(&policyv1.PodDisruptionBudget{}).
 		Owns(&networkingv1.NetworkPolicy{}).
-		Watches(&v1alpha1.VaultConnection{}, handler.EnqueueRequestsFromMapFunc(vaultconnection.ClustersUsing(r.Client)),
-			builder.WithPredicates(vaultconnection.Changed())).
+		Watches(&v1alpha1.VaultConnection{}, handler.EnqueueRequestsFromMapFunc(vaultclient.ClustersUsing(r.Client)),
+			builder.WithPredicates(vaultclient.Changed())).
 		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(clusterOfPod)).
 		// Consumers are other teams' workloads: only their metadata is watched (and cached), to
 		// wake the cluster that rolls them; the rollout reads them past the cache. Consumer

@@ -1,9 +1,12 @@
-package vaultconnection
+package vaultclient
+
+// The index of RedisClusters by the VaultConnections they use, and the watch that wakes them when
+// one of those changes: the RedisCluster controller's view of connections, kept here, below both
+// controllers, so that neither imports the other.
 
 import (
 	"context"
 	"maps"
-	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -18,9 +21,6 @@ import (
 
 // ClusterIndex indexes RedisClusters by the VaultConnections they use or hold leases from.
 const ClusterIndex = "keyroll.connections"
-
-// reconcileTimeout bounds one reconcile, Vault calls and API requests included.
-const reconcileTimeout = 2 * time.Minute
 
 // IndexClusters registers ClusterIndex with the manager's cache.
 func IndexClusters(mgr ctrl.Manager) error {

@@ -34,6 +34,9 @@ import (
 // when nothing else happens.
 const connectionCheckInterval = 5 * time.Minute
 
+// reconcileTimeout bounds one reconcile, Vault calls and API requests included.
+const reconcileTimeout = 2 * time.Minute
+
 // deletionRecheck is how often a VaultConnection being deleted looks again for its users.
 const deletionRecheck = 10 * time.Second
 
@@ -113,7 +116,7 @@ type tokenNeeds struct {
 func (r *Reconciler) users(ctx context.Context, vc *v1alpha1.VaultConnection) ([]string, tokenNeeds, error) {
 	needs := tokenNeeds{until: map[string]time.Time{}, leases: map[string]int32{}, byNamespace: map[string]map[string]time.Time{}}
 	list := &v1alpha1.RedisClusterList{}
-	if err := r.List(ctx, list, client.MatchingFields{ClusterIndex: vc.Name}); err != nil {
+	if err := r.List(ctx, list, client.MatchingFields{vaultclient.ClusterIndex: vc.Name}); err != nil {
 		return nil, needs, fmt.Errorf("listing the RedisClusters of VaultConnection %s: %w", vc.Name, err)
 	}
 	users := make([]string, 0, len(list.Items))
