@@ -71,7 +71,7 @@ var reviewed = map[string]string{
 	"ClusterRole networking.k8s.io/networkpolicies watch":          "the cache",
 	"ClusterRole networking.k8s.io/networkpolicies create":         "server-side apply of spec.networkPolicy's NetworkPolicy",
 	"ClusterRole networking.k8s.io/networkpolicies patch":          "server-side apply of spec.networkPolicy's NetworkPolicy",
-	"ClusterRole networking.k8s.io/networkpolicies delete":         "the NetworkPolicy, once spec.networkPolicy is turned off (netpol/netpol.go)",
+	"ClusterRole networking.k8s.io/networkpolicies delete":         "the NetworkPolicy, once spec.networkPolicy is turned off (rediscluster/netpol.go)",
 	"ClusterRole external-secrets.io/externalsecrets get":          "the cache",
 	"ClusterRole external-secrets.io/externalsecrets list":         "the cache",
 	"ClusterRole external-secrets.io/externalsecrets watch":        "the cache",

@@ -13,7 +13,6 @@ import (
 	"github.com/keyroll/keyroll/controllers/externalsecret"
 	"github.com/keyroll/keyroll/controllers/ledger"
 	"github.com/keyroll/keyroll/controllers/metrics"
-	"github.com/keyroll/keyroll/controllers/netpol"
 	"github.com/keyroll/keyroll/controllers/nodes"
 	"github.com/keyroll/keyroll/controllers/primary"
 	"github.com/keyroll/keyroll/controllers/render"
@@ -55,7 +54,7 @@ type deps struct {
 	// nodes changes the users on the Redis nodes.
 	nodes   *nodes.Syncer
 	primary *primary.Keeper
-	netpol  *netpol.Keeper
+	netpol  *netpolKeeper
 	// probeImage is the image of the Redis pods' probe sidecar.
 	probeImage string
 }
@@ -120,7 +119,7 @@ func New(cfg Config) *Reconciler {
 	d := &deps{Client: cfg.Client, APIReader: cfg.APIReader, Clock: cfg.Clock, Connector: cfg.Connector,
 		Metrics: cfg.Metrics, Ledger: &ledger.Ledger{Clock: cfg.Clock, Metrics: cfg.Metrics, Checks: checks, Upkeep: timers},
 		nodes: nodes.NewSyncer(cfg.Client, dial, cfg.Clock, cfg.UsersCheckInterval, cfg.Metrics.UnknownUsersRemoved, checks.Now), primary: &primary.Keeper{Client: cfg.Client, Dial: dial, Clock: cfg.Clock},
-		netpol:     &netpol.Keeper{Client: cfg.Client, APIReader: cfg.APIReader, OperatorNamespace: cmp.Or(cfg.OperatorNamespace, "keyroll-system")},
+		netpol:     &netpolKeeper{Client: cfg.Client, APIReader: cfg.APIReader, OperatorNamespace: cmp.Or(cfg.OperatorNamespace, "keyroll-system")},
 		probeImage: cfg.ProbeImage}
 	workers := cmp.Or(max(cfg.Workers, 0), DefaultWorkers)
 	vl := &vaultlease.Source{Client: d.Client, APIReader: d.APIReader, Clock: d.Clock, Metrics: d.Metrics, Ledger: d.Ledger}

@@ -1,7 +1,8 @@
-// Package netpol keeps the NetworkPolicy of a RedisCluster's Redis pods (spec.networkPolicy):
-// applied while enabled, from keyroll's manager, the cluster's own pods, its consumers' pods and
-// the peers the owner lists; removed once disabled.
-package netpol
+package rediscluster
+
+// The NetworkPolicy of a RedisCluster's Redis pods (spec.networkPolicy): applied while enabled,
+// from keyroll's manager, the cluster's own pods, its consumers' pods and the peers the owner
+// lists; removed once disabled.
 
 import (
 	"context"
@@ -18,8 +19,8 @@ import (
 	"github.com/keyroll/keyroll/controllers/render"
 )
 
-// Keeper writes the NetworkPolicies.
-type Keeper struct {
+// netpolKeeper writes the NetworkPolicies.
+type netpolKeeper struct {
 	Client client.Client
 	// APIReader reads the consumers' workloads (the cache holds their metadata only).
 	APIReader client.Reader
@@ -29,7 +30,7 @@ type Keeper struct {
 
 // Keep applies rc's NetworkPolicy while spec.networkPolicy is enabled, and deletes the one keyroll
 // kept once it is not.
-func (k *Keeper) Keep(ctx context.Context, rc *v1alpha1.RedisCluster) error {
+func (k *netpolKeeper) Keep(ctx context.Context, rc *v1alpha1.RedisCluster) error {
 	if np := rc.Spec.NetworkPolicy; np == nil || !np.Enabled {
 		return k.remove(ctx, rc)
 	}
@@ -48,7 +49,7 @@ func (k *Keeper) Keep(ctx context.Context, rc *v1alpha1.RedisCluster) error {
 
 // selectorOf is the pod selector of a consumer workload (nil when it does not exist: the rollout
 // reports a missing consumer).
-func (k *Keeper) selectorOf(ctx context.Context, ns string, ref v1alpha1.ConsumerReference) (*metav1.LabelSelector, error) {
+func (k *netpolKeeper) selectorOf(ctx context.Context, ns string, ref v1alpha1.ConsumerReference) (*metav1.LabelSelector, error) {
 	var obj client.Object
 	var sel func() *metav1.LabelSelector
 	switch ref.Kind {
@@ -74,7 +75,7 @@ func (k *Keeper) selectorOf(ctx context.Context, ns string, ref v1alpha1.Consume
 }
 
 // remove deletes the NetworkPolicy keyroll kept for rc, if any.
-func (k *Keeper) remove(ctx context.Context, rc *v1alpha1.RedisCluster) error {
+func (k *netpolKeeper) remove(ctx context.Context, rc *v1alpha1.RedisCluster) error {
 	np := &networkingv1.NetworkPolicy{}
 	err := k.Client.Get(ctx, client.ObjectKey{Namespace: rc.Namespace, Name: render.NetworkPolicyName(rc)}, np)
 	if apierrors.IsNotFound(err) {
