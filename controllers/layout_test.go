@@ -29,7 +29,6 @@ var allowed = map[string][]string{
 	"controllers/render":          {"apis/v1alpha1"},
 	"controllers/ledger":          {"apis/v1alpha1", "controllers/conditions", "controllers/metrics", "controllers/render", "controllers/statustime", "controllers/stoppoint", "rotation", "vault"},
 	"controllers/primary":         {"apis/v1alpha1", "controllers/conditions", "controllers/nodes", "controllers/render", "controllers/statustime", "redisnode"},
-	"controllers/rollout":         {"apis/v1alpha1", "controllers/apply", "controllers/conditions", "controllers/metrics", "controllers/nodes", "controllers/primary", "controllers/render", "controllers/statustime", "controllers/stoppoint"},
 	"controllers/nodes":           {"apis/v1alpha1", "controllers/conditions", "controllers/render", "controllers/statustime", "redisnode"},
 	"controllers/tenancy":         {"apis/v1alpha1", "vault"},
 	"controllers/vaultclient":     {"apis/v1alpha1", "controllers/tenancy", "vault"},
@@ -39,7 +38,7 @@ var allowed = map[string][]string{
 	"controllers/externalsecret": {"apis/v1alpha1", "controllers/apply", "controllers/ledger", "controllers/metrics", "controllers/render",
 		"controllers/statustime", "rotation", "vault"},
 	"controllers/rediscluster": {"apis/v1alpha1", "controllers/apply", "controllers/conditions", "controllers/externalsecret",
-		"controllers/ledger", "controllers/metrics", "controllers/nodes", "controllers/primary", "controllers/render", "controllers/rollout", "controllers/statustime", "controllers/stoppoint",
+		"controllers/ledger", "controllers/metrics", "controllers/nodes", "controllers/primary", "controllers/render", "controllers/statustime", "controllers/stoppoint",
 		"controllers/upkeep", "controllers/vaultclient", "controllers/vaultlease", "redisnode", "rotation", "vault"},
 	"controllers": {"apis/v1alpha1", "controllers/apply", "controllers/ledger", "controllers/metrics", "controllers/nodes", "controllers/rediscluster", "controllers/vaultclient", "controllers/vaultconnection", "vault"},
 }

@@ -16,7 +16,6 @@ import (
 	"github.com/keyroll/keyroll/controllers/nodes"
 	"github.com/keyroll/keyroll/controllers/primary"
 	"github.com/keyroll/keyroll/controllers/render"
-	"github.com/keyroll/keyroll/controllers/rollout"
 	"github.com/keyroll/keyroll/controllers/upkeep"
 	"github.com/keyroll/keyroll/controllers/vaultclient"
 	"github.com/keyroll/keyroll/controllers/vaultlease"
@@ -34,7 +33,7 @@ type Reconciler struct {
 	ExternalSecrets bool
 	// Workers is how many RedisClusters are reconciled at once.
 	Workers        int
-	rollout        *rollout.Engine
+	rollout        *Engine
 	upkeep         *upkeep.Timers
 	vaultLease     *vaultlease.Source
 	externalSecret *externalsecret.Source
@@ -128,7 +127,7 @@ func New(cfg Config) *Reconciler {
 	}
 	return &Reconciler{
 		deps: d, Recorder: cfg.Recorder, ExternalSecrets: cfg.ExternalSecrets, Workers: workers, upkeep: timers,
-		rollout:        &rollout.Engine{Client: d.Client, APIReader: d.APIReader, Clock: d.Clock, Metrics: d.Metrics, Primary: d.primary, ProbeImage: d.probeImage},
+		rollout:        &Engine{Client: d.Client, APIReader: d.APIReader, Clock: d.Clock, Metrics: d.Metrics, Primary: d.primary, ProbeImage: d.probeImage},
 		vaultLease:     vl,
 		externalSecret: externalsecret.NewSource(d.Client, d.APIReader, d.Clock, d.Metrics, d.Ledger),
 	}

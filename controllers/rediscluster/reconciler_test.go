@@ -29,7 +29,6 @@ import (
 	"github.com/keyroll/keyroll/controllers/ledger"
 	"github.com/keyroll/keyroll/controllers/metrics"
 	"github.com/keyroll/keyroll/controllers/render"
-	"github.com/keyroll/keyroll/controllers/rollout"
 	"github.com/keyroll/keyroll/controllers/vaultclient"
 	"github.com/keyroll/keyroll/controllers/vaultlease"
 	"github.com/keyroll/keyroll/redisnode/redisnodetest"
@@ -90,7 +89,7 @@ func newHarness(t *testing.T, objs ...client.Object) *harness {
 		WithIndex(&v1alpha1.RedisCluster{}, vaultclient.ClusterIndex, func(o client.Object) []string {
 			return o.(*v1alpha1.RedisCluster).VaultConnections()
 		}).
-		WithIndex(&v1alpha1.RedisCluster{}, rollout.ConsumerIndex, rollout.ConsumerKeys).
+		WithIndex(&v1alpha1.RedisCluster{}, ConsumerIndex, ConsumerKeys).
 		Build()
 	clk := testclock.NewFakeClock(epoch)
 	fv := vaulttest.New(clk)

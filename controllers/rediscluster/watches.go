@@ -19,7 +19,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
-	"github.com/keyroll/keyroll/controllers/rollout"
 	"github.com/keyroll/keyroll/controllers/upkeep"
 	"github.com/keyroll/keyroll/controllers/vaultclient"
 )
@@ -27,7 +26,7 @@ import (
 // SetupWithManager registers the reconciler: it watches RedisClusters, what they own, and the
 // VaultConnections they use.
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
-	if err := rollout.IndexConsumers(mgr); err != nil {
+	if err := IndexConsumers(mgr); err != nil {
 		return err
 	}
 	b := ctrl.NewControllerManagedBy(mgr).
@@ -46,8 +45,8 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		// wake the cluster that rolls them; the rollout reads them past the cache. Consumer
 		// StatefulSets are not seen at all (the StatefulSet cache holds keyroll's own only): the
 		// rollout looks at them again on a timer.
-		Watches(&appsv1.Deployment{}, handler.EnqueueRequestsFromMapFunc(rollout.ClustersConsuming(r.Client, "Deployment")), builder.OnlyMetadata).
-		Watches(&appsv1.DaemonSet{}, handler.EnqueueRequestsFromMapFunc(rollout.ClustersConsuming(r.Client, "DaemonSet")), builder.OnlyMetadata).
+		Watches(&appsv1.Deployment{}, handler.EnqueueRequestsFromMapFunc(ClustersConsuming(r.Client, "Deployment")), builder.OnlyMetadata).
+		Watches(&appsv1.DaemonSet{}, handler.EnqueueRequestsFromMapFunc(ClustersConsuming(r.Client, "DaemonSet")), builder.OnlyMetadata).
 		// Lease upkeep that comes due, or a rotation asked for, is queued ahead of other work.
 		WatchesRawSource(r.upkeep.Source()).
 		Watches(&v1alpha1.RedisCluster{}, upkeep.Asked(func(o client.Object) bool { return o.(*v1alpha1.RedisCluster).RotationAsked() })).
