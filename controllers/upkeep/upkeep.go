@@ -27,6 +27,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller/priorityqueue"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 )
@@ -151,11 +152,14 @@ func (t *Timers) Next(key types.NamespacedName) (time.Time, bool) {
 }
 
 // Asked is an event handler for the controller's own kind that queues an object at Priority when
-// an update leaves it asking for upkeep (asked). Other events are left to the controller's other
-// handlers; in a queue that is not a priority queue, it adds the object as any handler would.
+// an update of its spec or metadata leaves it asking for upkeep (asked). A status-only update
+// queues nothing: the reconcile's own status writes would otherwise requeue it at once, past a
+// failed reconcile's backoff. Other events are left to the controller's other handlers; in a
+// queue that is not a priority queue, it adds the object as any handler would.
 func Asked(asked func(client.Object) bool) handler.EventHandler {
+	specOrMetadata := predicate.Or(predicate.GenerationChangedPredicate{}, predicate.AnnotationChangedPredicate{})
 	return handler.Funcs{UpdateFunc: func(_ context.Context, e event.UpdateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
-		if e.ObjectNew == nil || !asked(e.ObjectNew) {
+		if e.ObjectNew == nil || !specOrMetadata.Update(e) || !asked(e.ObjectNew) {
 			return
 		}
 		r := reconcile.Request{NamespacedName: client.ObjectKeyFromObject(e.ObjectNew)}

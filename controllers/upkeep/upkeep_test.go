@@ -165,7 +165,7 @@ func TestTimersNeedThePriorityQueue(t *testing.T) {
 
 // TestAskedUpkeepGoesAheadOfABacklog: an update that leaves an object asking for upkeep queues it
 // ahead of a thousand queued, at Priority, even when it was queued among them already; an update
-// that asks for nothing queues nothing.
+// that asks for nothing, or changes only the status of one that asks, queues nothing.
 func TestAskedUpkeepGoesAheadOfABacklog(t *testing.T) {
 	q := newQueue(t)
 	for i := range 1000 {
@@ -177,6 +177,8 @@ func TestAskedUpkeepGoesAheadOfABacklog(t *testing.T) {
 	}
 	h := Asked(asked)
 	h.Update(context.Background(), event.UpdateEvent{ObjectOld: obj("quiet", nil), ObjectNew: obj("quiet", map[string]string{"other": "x"})}, q)
+	now := map[string]string{"rotate": "now"}
+	h.Update(context.Background(), event.UpdateEvent{ObjectOld: obj("status-only", now), ObjectNew: obj("status-only", now)}, q)
 	h.Update(context.Background(), event.UpdateEvent{ObjectOld: obj("backlog-500", nil), ObjectNew: obj("backlog-500", map[string]string{"rotate": "now"})}, q)
 	h.Update(context.Background(), event.UpdateEvent{ObjectOld: obj("rotate", nil), ObjectNew: obj("rotate", map[string]string{"rotate": "now"})}, q)
 	waitLen(t, q, 1001)
