@@ -27,7 +27,6 @@ import (
 	"github.com/keyroll/keyroll/controllers/apply"
 	"github.com/keyroll/keyroll/controllers/ledger"
 	"github.com/keyroll/keyroll/controllers/metrics"
-	"github.com/keyroll/keyroll/controllers/nodes"
 	"github.com/keyroll/keyroll/controllers/rediscluster"
 	"github.com/keyroll/keyroll/controllers/vaultclient"
 	"github.com/keyroll/keyroll/controllers/vaultconnection"
@@ -106,7 +105,7 @@ const DefaultLeaseCheckInterval = ledger.DefaultLeaseCheckInterval
 
 // DefaultUsersCheckInterval is how often every Redis node's ACL is compared with what keyroll
 // confirmed there.
-const DefaultUsersCheckInterval = nodes.DefaultCheckInterval
+const DefaultUsersCheckInterval = rediscluster.DefaultUsersCheckInterval
 
 // Setup registers keyroll's reconcilers with a manager. Both share one Connector, and so one Vault
 // client (one login, one rate limit) per VaultConnection. It returns the RedisCluster reconciler.

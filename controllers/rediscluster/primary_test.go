@@ -16,7 +16,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
-	"github.com/keyroll/keyroll/controllers/primary"
 )
 
 // notReady makes the pod's Ready condition false from now on, and returns the pod.
@@ -150,14 +149,14 @@ func TestLostPrimaryIsReplacedByTheReplicaWithTheMostData(t *testing.T) {
 
 	pod := h.notReady(t, "orders-0")
 	h.redis.Unreachable[nodeAddr(0)] = true // its Redis is gone
-	if res := h.reconcile(t); res.RequeueAfter <= 0 || res.RequeueAfter > primary.LostAfter {
-		t.Errorf("RequeueAfter %s while the primary is not Ready: want it within %s", res.RequeueAfter, primary.LostAfter)
+	if res := h.reconcile(t); res.RequeueAfter <= 0 || res.RequeueAfter > PrimaryLostAfter {
+		t.Errorf("RequeueAfter %s while the primary is not Ready: want it within %s", res.RequeueAfter, PrimaryLostAfter)
 	}
 	if rc := h.get(t); rc.Status.Primary != "orders-0" {
-		t.Fatalf("promoted %s before the primary was lost for %s", rc.Status.Primary, primary.LostAfter)
+		t.Fatalf("promoted %s before the primary was lost for %s", rc.Status.Primary, PrimaryLostAfter)
 	}
 
-	h.clock.Step(primary.LostAfter + time.Second)
+	h.clock.Step(PrimaryLostAfter + time.Second)
 	rc := h.settle(t)
 	if rc.Status.Primary != "orders-2" {
 		t.Fatalf("status.primary %q, want orders-2, the replica with the highest offset", rc.Status.Primary)
@@ -193,9 +192,9 @@ func TestPrimaryNotReadyButAnsweringIsNotReplaced(t *testing.T) {
 	h.eventReasons()
 	h.notReady(t, "orders-0")
 	for range 3 {
-		h.clock.Step(primary.LostAfter + time.Second)
-		if res := h.reconcile(t); res.RequeueAfter <= 0 || res.RequeueAfter > primary.LostAfter {
-			t.Errorf("RequeueAfter %s while the primary is not Ready: want it looked at again within %s", res.RequeueAfter, primary.LostAfter)
+		h.clock.Step(PrimaryLostAfter + time.Second)
+		if res := h.reconcile(t); res.RequeueAfter <= 0 || res.RequeueAfter > PrimaryLostAfter {
+			t.Errorf("RequeueAfter %s while the primary is not Ready: want it looked at again within %s", res.RequeueAfter, PrimaryLostAfter)
 		}
 	}
 	if rc := h.get(t); rc.Status.Primary != "orders-0" {

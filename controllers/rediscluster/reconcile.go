@@ -18,7 +18,6 @@ import (
 	"github.com/keyroll/keyroll/controllers/conditions"
 	"github.com/keyroll/keyroll/controllers/externalsecret"
 	"github.com/keyroll/keyroll/controllers/ledger"
-	"github.com/keyroll/keyroll/controllers/primary"
 	"github.com/keyroll/keyroll/controllers/render"
 	"github.com/keyroll/keyroll/controllers/statustime"
 	"github.com/keyroll/keyroll/redisnode"
@@ -134,7 +133,7 @@ type delivery struct {
 	in   *internal
 	cred *render.Credential
 	vcl  vault.LeaseClient // none in ExternalSecret mode without connectionRef
-	pc   *primary.Cluster
+	pc   *primaryView
 	next time.Duration
 }
 

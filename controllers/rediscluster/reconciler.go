@@ -13,8 +13,6 @@ import (
 	"github.com/keyroll/keyroll/controllers/externalsecret"
 	"github.com/keyroll/keyroll/controllers/ledger"
 	"github.com/keyroll/keyroll/controllers/metrics"
-	"github.com/keyroll/keyroll/controllers/nodes"
-	"github.com/keyroll/keyroll/controllers/primary"
 	"github.com/keyroll/keyroll/controllers/render"
 	"github.com/keyroll/keyroll/controllers/upkeep"
 	"github.com/keyroll/keyroll/controllers/vaultclient"
@@ -51,8 +49,8 @@ type deps struct {
 	Metrics   *metrics.Metrics
 	Ledger    *ledger.Ledger
 	// nodes changes the users on the Redis nodes.
-	nodes   *nodes.Syncer
-	primary *primary.Keeper
+	nodes   *usersSyncer
+	primary *primaryKeeper
 	netpol  *netpolKeeper
 	// probeImage is the image of the Redis pods' probe sidecar.
 	probeImage string
@@ -91,7 +89,7 @@ type Config struct {
 	// LeaseCheckInterval is how often a live lease is looked up (zero: DefaultLeaseCheckInterval;
 	// negative: never).
 	LeaseCheckInterval time.Duration
-	// UsersCheckInterval is how often nodes' ACLs are checked (zero: nodes.DefaultCheckInterval).
+	// UsersCheckInterval is how often nodes' ACLs are checked (zero: DefaultUsersCheckInterval).
 	UsersCheckInterval time.Duration
 	// DialRedis opens a connection to one Redis node (nil: redisnode.Dial, the real ones).
 	DialRedis redisnode.Dialer
@@ -117,7 +115,7 @@ func New(cfg Config) *Reconciler {
 	checks := ledger.NewLeaseChecks(interval)
 	d := &deps{Client: cfg.Client, APIReader: cfg.APIReader, Clock: cfg.Clock, Connector: cfg.Connector,
 		Metrics: cfg.Metrics, Ledger: &ledger.Ledger{Clock: cfg.Clock, Metrics: cfg.Metrics, Checks: checks, Upkeep: timers},
-		nodes: nodes.NewSyncer(cfg.Client, dial, cfg.Clock, cfg.UsersCheckInterval, cfg.Metrics.UnknownUsersRemoved, checks.Now), primary: &primary.Keeper{Client: cfg.Client, Dial: dial, Clock: cfg.Clock},
+		nodes: newUsersSyncer(cfg.Client, dial, cfg.Clock, cfg.UsersCheckInterval, cfg.Metrics.UnknownUsersRemoved, checks.Now), primary: &primaryKeeper{Client: cfg.Client, Dial: dial, Clock: cfg.Clock},
 		netpol:     &netpolKeeper{Client: cfg.Client, APIReader: cfg.APIReader, OperatorNamespace: cmp.Or(cfg.OperatorNamespace, "keyroll-system")},
 		probeImage: cfg.ProbeImage}
 	workers := cmp.Or(max(cfg.Workers, 0), DefaultWorkers)

@@ -18,8 +18,6 @@ import (
 	"github.com/keyroll/keyroll/controllers/apply"
 	"github.com/keyroll/keyroll/controllers/conditions"
 	"github.com/keyroll/keyroll/controllers/metrics"
-	"github.com/keyroll/keyroll/controllers/nodes"
-	"github.com/keyroll/keyroll/controllers/primary"
 	"github.com/keyroll/keyroll/controllers/render"
 	"github.com/keyroll/keyroll/controllers/statustime"
 	"github.com/keyroll/keyroll/controllers/stoppoint"
@@ -43,7 +41,7 @@ type Engine struct {
 	Clock     clock.Clock
 	Metrics   *metrics.Metrics
 	// Primary hands the primary role over before the primary restarts.
-	Primary *primary.Keeper
+	Primary *primaryKeeper
 	// ProbeImage is the image of the Redis pods' probe sidecar.
 	ProbeImage string
 }
@@ -53,7 +51,7 @@ type Engine struct {
 type step struct {
 	rc      *v1alpha1.RedisCluster
 	conds   conditions.Setter
-	cluster *primary.Cluster
+	cluster *primaryView
 	want    podWant
 }
 
@@ -75,14 +73,14 @@ func (w podWant) current(p *corev1.Pod) bool {
 // lease or user not retired yet), so that a rollout runs even when every pod already runs version
 // (the consumers may not). done says every pod and consumer runs version; until then the
 // superseded leases stay live. wait is when to look again.
-func (r *Engine) Roll(ctx context.Context, c *primary.Cluster, version string, pending bool) (done bool, wait time.Duration, err error) {
+func (r *Engine) Roll(ctx context.Context, c *primaryView, version string, pending bool) (done bool, wait time.Duration, err error) {
 	rc := c.RC
 	s := &step{rc: rc, conds: c.Conds, cluster: c, want: podWant{
 		template: render.StatefulSet(rc, version, r.ProbeImage).Spec.Template.Annotations[v1alpha1.AnnotationPodTemplate],
 		version:  version, restarts: render.RestartsPods(rc)}}
 	pods := kept(rc, c.Pods)
 	ro := rc.Status.Rollout
-	if ro != nil && ro.PodInFlight != "" && nodes.OrdinalOf(ro.PodInFlight) >= int(rc.Spec.Replicas) {
+	if ro != nil && ro.PodInFlight != "" && ordinalOf(ro.PodInFlight) >= int(rc.Spec.Replicas) {
 		// The pod in flight is gone with a scale-down: nothing is left to wait for.
 		ro.PodInFlight, ro.PodRestartedAt = "", nil
 	}
@@ -196,7 +194,7 @@ func (r *Engine) rollPods(ctx context.Context, s *step, pods []*corev1.Pod, ro *
 		return false, lagWait, err
 	}
 	if next.Name == s.rc.Status.Primary && len(pods) > 1 {
-		kept := func(p *corev1.Pod) bool { return nodes.Ordinal(p) < int(s.rc.Spec.Replicas) }
+		kept := func(p *corev1.Pod) bool { return ordinal(p) < int(s.rc.Spec.Replicas) }
 		moved, why, err := r.Primary.HandOver(ctx, s.cluster, kept, s.want.current)
 		if err != nil {
 			return false, 0, fmt.Errorf("handing the primary role of %s over: %w", next.Name, err)
@@ -269,6 +267,7 @@ func (r *Engine) podSettled(ctx context.Context, s *step, pods []*corev1.Pod, ro
 	return false, time.Minute, nil
 }
 
+// readinessTimeout is spec.rollout.readinessTimeout, or its default.
 func readinessTimeout(rc *v1alpha1.RedisCluster) time.Duration {
 	if t := rc.Spec.Rollout.ReadinessTimeout; t != nil {
 		return t.Duration
@@ -281,7 +280,7 @@ func readinessTimeout(rc *v1alpha1.RedisCluster) time.Duration {
 func kept(rc *v1alpha1.RedisCluster, all []*corev1.Pod) []*corev1.Pod {
 	var pods []*corev1.Pod
 	for _, p := range all {
-		if nodes.Ordinal(p) < int(rc.Spec.Replicas) {
+		if ordinal(p) < int(rc.Spec.Replicas) {
 			pods = append(pods, p)
 		}
 	}
@@ -311,7 +310,7 @@ func (s *step) nextPod(pods []*corev1.Pod) *corev1.Pod {
 		if p.Name == s.rc.Status.Primary {
 			return -1 // the primary goes last
 		}
-		return nodes.Ordinal(p)
+		return ordinal(p)
 	}
 	slices.SortFunc(stale, func(a, b *corev1.Pod) int { return order(b) - order(a) })
 	if len(stale) == 0 {
@@ -320,8 +319,8 @@ func (s *step) nextPod(pods []*corev1.Pod) *corev1.Pod {
 	return stale[0]
 }
 
-// podReady says whether the pod is Ready and not terminating.
-func podReady(p *corev1.Pod) bool { return p.DeletionTimestamp.IsZero() && nodes.PodReady(p) }
+// podReady says whether the pod is there, Ready and not terminating.
+func podReady(p *corev1.Pod) bool { return p != nil && p.DeletionTimestamp.IsZero() && podIsReady(p) }
 
 // countCurrent counts the pods that run what is wanted (and are Ready, with ready).
 func (s *step) countCurrent(pods []*corev1.Pod, ready bool) int {

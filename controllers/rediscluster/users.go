@@ -12,7 +12,6 @@ import (
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
 	"github.com/keyroll/keyroll/controllers/apply"
-	"github.com/keyroll/keyroll/controllers/nodes"
 	"github.com/keyroll/keyroll/controllers/render"
 )
 
@@ -34,7 +33,7 @@ func (r *deps) reconcileUsers(ctx context.Context, s *scope, in *internal, cred 
 	if err := r.writeACLSecret(ctx, rc, users, in, rulesKey); err != nil {
 		return false, 0, err
 	}
-	done, wait, err = r.nodes.Sync(ctx, rc, s.Conds, nodes.Want{Users: users, Confirm: cred, AdminPassword: in.Admin})
+	done, wait, err = r.nodes.Sync(ctx, rc, s.Conds, usersWant{Users: users, Confirm: cred, AdminPassword: in.Admin})
 	if !done || err != nil || cred == nil {
 		return done, wait, err
 	}

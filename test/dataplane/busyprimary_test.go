@@ -9,7 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
-	"github.com/keyroll/keyroll/controllers/primary"
+	"github.com/keyroll/keyroll/controllers/rediscluster"
 	"github.com/keyroll/keyroll/controllers/render"
 	"github.com/keyroll/keyroll/test/framework"
 )
@@ -53,7 +53,7 @@ func TestPrimaryWhoseProbeFailsIsNotReplaced(t *testing.T) {
 	notReady := time.Now()
 	t.Logf("cache-0 not Ready %s after its probe user lost INFO", notReady.Sub(start).Round(time.Millisecond))
 	// Past LostAfter, and a reconcile or two after it (keyroll looks again every LostAfter).
-	for time.Since(notReady) < primary.LostAfter+15*time.Second {
+	for time.Since(notReady) < rediscluster.PrimaryLostAfter+15*time.Second {
 		if got := fw.Get(t, rc).Status.Primary; got != "cache-0" {
 			t.Fatalf("status.primary %s %s after cache-0 stopped being Ready: a primary that answers was replaced", got, time.Since(notReady).Round(time.Second))
 		}

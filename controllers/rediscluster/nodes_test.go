@@ -1,4 +1,4 @@
-package nodes
+package rediscluster
 
 import (
 	"context"
@@ -54,7 +54,7 @@ func TestNotRunningIsTimedFromWhenThePodStopped(t *testing.T) {
 	}
 	rc := &v1alpha1.RedisCluster{}
 	rc.Spec.Rollout.ReadinessTimeout = &metav1.Duration{Duration: 10 * time.Second}
-	s := &Syncer{Clock: clocktesting.NewFakeClock(now)}
+	s := &usersSyncer{Clock: clocktesting.NewFakeClock(now)}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
 			if got := s.notRunning(rc, tc.pod); got.reason != tc.want {

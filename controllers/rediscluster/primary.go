@@ -1,4 +1,4 @@
-// Package primary keeps one primary per RedisCluster: it records which Redis pod is the primary
+// The primary keeper keeps one primary per RedisCluster: it records which Redis pod is the primary
 // (status.primary) and labels the pods with their role, which the client Service selects by;
 // before a rollout restarts the primary it hands the role to an in-sync replica with Redis's
 // coordinated FAILOVER; when the primary is lost (not Ready for a while, and no longer answering
@@ -6,7 +6,8 @@
 // that started again as a second primary is made a replica of the primary. In steady state it
 // sends no Redis command: it asks the nodes only when a pod is not Ready, has started again, or
 // is about to be restarted.
-package primary
+
+package rediscluster
 
 import (
 	"context"
@@ -24,26 +25,25 @@ import (
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
 	"github.com/keyroll/keyroll/controllers/conditions"
-	"github.com/keyroll/keyroll/controllers/nodes"
 	"github.com/keyroll/keyroll/controllers/render"
 	"github.com/keyroll/keyroll/controllers/statustime"
 	"github.com/keyroll/keyroll/redisnode"
 )
 
 const (
-	// LostAfter is how long the primary may be not Ready before a replica is promoted: longer
+	// PrimaryLostAfter is how long the primary may be not Ready before a replica is promoted: longer
 	// than a readiness probe that fails once, shorter than clients like to wait.
-	LostAfter = 10 * time.Second
-	// MaxLag is how far (bytes of the replication stream) a replica may be behind its primary
+	PrimaryLostAfter = 10 * time.Second
+	// maxLag is how far (bytes of the replication stream) a replica may be behind its primary
 	// and still count as in sync.
-	MaxLag = 1 << 20
+	maxLag = 1 << 20
 	// failoverTimeout bounds FAILOVER's wait for the replica to catch up; Redis aborts it then,
 	// and the primary goes on as before.
 	failoverTimeout = 10 * time.Second
 )
 
-// Keeper keeps the primary of RedisClusters.
-type Keeper struct {
+// primaryKeeper keeps the primary of RedisClusters.
+type primaryKeeper struct {
 	// Client reads the Redis pods (from the cache) and writes their role labels.
 	Client     client.Client
 	Dial       redisnode.Dialer
@@ -51,19 +51,19 @@ type Keeper struct {
 	lookAlikes seenPods
 }
 
-// Cluster is one reconcile's view: the cluster, its conditions, its Redis pods and the admin
+// primaryView is one reconcile's view: the cluster, its conditions, its Redis pods and the admin
 // user's password.
-type Cluster struct {
+type primaryView struct {
 	RC    *v1alpha1.RedisCluster
 	Conds conditions.Setter
 	Pods  []*corev1.Pod
 	Admin string
 }
 
-// For lists rc's Redis pods (nodes.ListMembers), and reports each pod that only looks like one
+// For lists rc's Redis pods (listMembers), and reports each pod that only looks like one
 // (a Warning event about the cluster and the pod, once per pod while keyroll runs).
-func (k *Keeper) For(ctx context.Context, rc *v1alpha1.RedisCluster, conds conditions.Setter, admin string) (*Cluster, error) {
-	m, err := nodes.ListMembers(ctx, k.Client, rc)
+func (k *primaryKeeper) For(ctx context.Context, rc *v1alpha1.RedisCluster, conds conditions.Setter, admin string) (*primaryView, error) {
+	m, err := listMembers(ctx, k.Client, rc)
 	if err != nil {
 		return nil, err
 	}
@@ -71,18 +71,18 @@ func (k *Keeper) For(ctx context.Context, rc *v1alpha1.RedisCluster, conds condi
 		conds.EventAbout(p, true, v1alpha1.EventLookAlikePod, "ListNodes",
 			"Pod %s carries the labels of this cluster's Redis pods but is not one of StatefulSet %s's pods: keyroll sends it nothing and does not count it as a Redis node", p.Name, rc.Name)
 	}
-	return &Cluster{RC: rc, Conds: conds, Admin: admin, Pods: m.Pods}, nil
+	return &primaryView{RC: rc, Conds: conds, Admin: admin, Pods: m.Pods}, nil
 }
 
 // Forget drops what the keeper keeps of a deleted cluster.
-func (k *Keeper) Forget(key types.NamespacedName) { k.lookAlikes.set(key, nil) }
+func (k *primaryKeeper) Forget(key types.NamespacedName) { k.lookAlikes.set(key, nil) }
 
 // Keep makes status.primary name the cluster's primary and the role labels follow it: the first
-// primary is pod 0 (the start script makes it one); a primary not Ready for LostAfter that no
+// primary is pod 0 (the start script makes it one); a primary not Ready for PrimaryLostAfter that no
 // longer answers as the primary is replaced by the best replica; a Redis that started again as
 // a primary beside it is made its replica.
 // wait is when to look again (0: nothing to wait for).
-func (k *Keeper) Keep(ctx context.Context, c *Cluster) (time.Duration, error) {
+func (k *primaryKeeper) Keep(ctx context.Context, c *primaryView) (time.Duration, error) {
 	rc := c.RC
 	if rc.Status.Primary == "" {
 		rc.Status.Primary = rc.Name + "-0"
@@ -90,11 +90,11 @@ func (k *Keeper) Keep(ctx context.Context, c *Cluster) (time.Duration, error) {
 	var wait time.Duration
 	var errs []error
 	k.recordLabelled(ctx, c)
-	if p := c.pod(rc.Status.Primary); len(c.Pods) > 1 && !ready(p) {
-		if left := LostAfter - k.Clock.Since(notReadySince(p, k.Clock.Now())); left > 0 {
+	if p := c.pod(rc.Status.Primary); len(c.Pods) > 1 && !podReady(p) {
+		if left := PrimaryLostAfter - k.Clock.Since(notReadySince(p, k.Clock.Now())); left > 0 {
 			wait = left
 		} else if k.answersAsPrimary(ctx, c, p) {
-			wait = LostAfter
+			wait = PrimaryLostAfter
 		} else if err := k.promote(ctx, c); err != nil {
 			errs = append(errs, err)
 			wait = time.Second
@@ -111,11 +111,11 @@ func (k *Keeper) Keep(ctx context.Context, c *Cluster) (time.Duration, error) {
 // beforeScaleDown hands the primary role to a pod that spec.replicas keeps when a scale-down
 // would remove the primary (the StatefulSet keeps it until then: render.StatefulSet). moved
 // says there is nothing (left) to hand over.
-func (k *Keeper) beforeScaleDown(ctx context.Context, c *Cluster) (bool, error) {
-	if nodes.OrdinalOf(c.RC.Status.Primary) < int(c.RC.Spec.Replicas) {
+func (k *primaryKeeper) beforeScaleDown(ctx context.Context, c *primaryView) (bool, error) {
+	if ordinalOf(c.RC.Status.Primary) < int(c.RC.Spec.Replicas) {
 		return true, nil
 	}
-	kept := func(p *corev1.Pod) bool { return nodes.Ordinal(p) < int(c.RC.Spec.Replicas) }
+	kept := func(p *corev1.Pod) bool { return ordinal(p) < int(c.RC.Spec.Replicas) }
 	moved, why, err := k.HandOver(ctx, c, kept, kept)
 	if err == nil && !moved {
 		log.FromContext(ctx).Info("Waiting to hand the primary role over before the scale-down removes the primary", "primary", c.RC.Status.Primary, "why", why)
@@ -127,12 +127,12 @@ func (k *Keeper) beforeScaleDown(ctx context.Context, c *Cluster) (bool, error) 
 // not Ready and another, Ready, is labelled primary and says it is: a hand-over whose status
 // write was lost (the labels were written first). Without it, the labels would follow the stale
 // record, and the client Service would have no primary until a promotion.
-func (k *Keeper) recordLabelled(ctx context.Context, c *Cluster) {
-	if ready(c.pod(c.RC.Status.Primary)) {
+func (k *primaryKeeper) recordLabelled(ctx context.Context, c *primaryView) {
+	if podReady(c.pod(c.RC.Status.Primary)) {
 		return
 	}
 	for _, p := range c.Pods {
-		if p.Name == c.RC.Status.Primary || p.Labels[v1alpha1.LabelRole] != v1alpha1.RolePrimary || !ready(p) {
+		if p.Name == c.RC.Status.Primary || p.Labels[v1alpha1.LabelRole] != v1alpha1.RolePrimary || !podReady(p) {
 			continue
 		}
 		if st, err := k.node(p, c.Admin).Replication(ctx); err == nil && st.Role == "master" {
@@ -143,14 +143,14 @@ func (k *Keeper) recordLabelled(ctx context.Context, c *Cluster) {
 	}
 }
 
-// answersAsPrimary says whether the primary p, not Ready for LostAfter, still runs as the
+// answersAsPrimary says whether the primary p, not Ready for PrimaryLostAfter, still runs as the
 // primary: it is not being deleted and tells keyroll it is the primary. Its probe fails for
 // another reason than a lost Redis (a node too busy to run it in time, a dataset still loading),
 // which a promotion would not mend: the replica would be no more Ready than p, writes p had not
 // yet sent it would be lost, and on a busy node the roles would swap back and forth. A Redis that
 // does not answer (stopped, hung, unreachable) or answers as a replica is lost.
-func (k *Keeper) answersAsPrimary(ctx context.Context, c *Cluster, p *corev1.Pod) bool {
-	if p == nil || !running(p) {
+func (k *primaryKeeper) answersAsPrimary(ctx context.Context, c *primaryView, p *corev1.Pod) bool {
+	if p == nil || !redisRunning(p) {
 		return false
 	}
 	st, err := k.node(p, c.Admin).Replication(ctx)
@@ -164,12 +164,12 @@ func (k *Keeper) answersAsPrimary(ctx context.Context, c *Cluster, p *corev1.Pod
 // promote makes a replica the primary in place of one that is lost: the node that already says
 // it is the primary (a FAILOVER whose record was lost), else the replica that has taken in most
 // of the lost primary's stream. The other nodes replicate from it.
-func (k *Keeper) promote(ctx context.Context, c *Cluster) error {
+func (k *primaryKeeper) promote(ctx context.Context, c *primaryView) error {
 	rc := c.RC
 	var best *corev1.Pod
 	var bestRepl redisnode.Replication
 	for _, p := range c.Pods {
-		if p.Name == rc.Status.Primary || !running(p) {
+		if p.Name == rc.Status.Primary || !redisRunning(p) {
 			continue
 		}
 		st, err := k.node(p, c.Admin).Replication(ctx)
@@ -196,17 +196,17 @@ func (k *Keeper) promote(ctx context.Context, c *Cluster) error {
 	rc.Status.Primary = best.Name
 	c.Conds.Announce(true, v1alpha1.EventPrimaryPromoted, "Promote",
 		"Primary %s was not Ready for %s: %s, the replica with the most of its data (replication offset %d), is the primary now; the other nodes replicate from it",
-		lost, LostAfter, best.Name, bestRepl.Offset)
+		lost, PrimaryLostAfter, best.Name, bestRepl.Offset)
 	log.FromContext(ctx).Info("Primary lost; replica promoted", "lost", lost, "primary", best.Name, "offset", bestRepl.Offset)
 	return k.follow(ctx, c, best, "")
 }
 
 // follow points every running node but the primary p at p. skip is a node that already
 // follows it (FAILOVER made the old primary p's replica), or "".
-func (k *Keeper) follow(ctx context.Context, c *Cluster, p *corev1.Pod, skip string) error {
+func (k *primaryKeeper) follow(ctx context.Context, c *primaryView, p *corev1.Pod, skip string) error {
 	var errs []error
 	for _, o := range c.Pods {
-		if o == p || o.Name == skip || !running(o) {
+		if o == p || o.Name == skip || !redisRunning(o) {
 			continue
 		}
 		if err := k.node(o, c.Admin).ReplicaOf(ctx, p.Status.PodIP, render.RedisPort); err != nil {
@@ -219,10 +219,10 @@ func (k *Keeper) follow(ctx context.Context, c *Cluster, p *corev1.Pod, skip str
 // demoteStarted asks each Redis that started since keyroll last confirmed its node (status.nodes)
 // for its role: one that came back as a primary beside the cluster's primary (an aclfile-only
 // start with data on disk, while a replica had been promoted) becomes the primary's replica.
-func (k *Keeper) demoteStarted(ctx context.Context, c *Cluster) error {
+func (k *primaryKeeper) demoteStarted(ctx context.Context, c *primaryView) error {
 	rc := c.RC
 	primary := c.pod(rc.Status.Primary)
-	if !ready(primary) {
+	if !podReady(primary) {
 		return nil
 	}
 	seen := map[string]v1alpha1.NodeStatus{}
@@ -232,8 +232,8 @@ func (k *Keeper) demoteStarted(ctx context.Context, c *Cluster) error {
 	var errs []error
 	for _, p := range c.Pods {
 		rec, ok := seen[p.Name]
-		started := startedAt(p)
-		if p == primary || !running(p) || (ok && rec.PodUID == p.UID && statustime.Of(rec.StartedAt).Equal(started)) || !ok && len(rc.Status.Nodes) == 0 {
+		run, up := running(p)
+		if p == primary || !up || (ok && rec.PodUID == p.UID && statustime.Of(rec.StartedAt).Equal(run.startedAt)) || !ok && len(rc.Status.Nodes) == 0 {
 			continue
 		}
 		st, err := k.node(p, c.Admin).Replication(ctx)
@@ -247,7 +247,7 @@ func (k *Keeper) demoteStarted(ctx context.Context, c *Cluster) error {
 }
 
 // label sets each pod's role label from status.primary.
-func (k *Keeper) label(ctx context.Context, c *Cluster) error {
+func (k *primaryKeeper) label(ctx context.Context, c *primaryView) error {
 	var errs []error
 	for _, p := range c.Pods {
 		if !p.DeletionTimestamp.IsZero() {
@@ -272,11 +272,11 @@ func (k *Keeper) label(ctx context.Context, c *Cluster) error {
 	return errors.Join(errs...)
 }
 
-func (k *Keeper) node(p *corev1.Pod, admin string) redisnode.Node {
+func (k *primaryKeeper) node(p *corev1.Pod, admin string) redisnode.Node {
 	return k.Dial(net.JoinHostPort(p.Status.PodIP, strconv.Itoa(render.RedisPort)), render.AdminUser, admin)
 }
 
-func (c *Cluster) pod(name string) *corev1.Pod {
+func (c *primaryView) pod(name string) *corev1.Pod {
 	for _, p := range c.Pods {
 		if p.Name == name {
 			return p
@@ -285,7 +285,7 @@ func (c *Cluster) pod(name string) *corev1.Pod {
 	return nil
 }
 
-func (c *Cluster) podAt(ip string) *corev1.Pod {
+func (c *primaryView) podAt(ip string) *corev1.Pod {
 	for _, p := range c.Pods {
 		if p.Status.PodIP == ip && p.DeletionTimestamp.IsZero() {
 			return p
@@ -294,30 +294,10 @@ func (c *Cluster) podAt(ip string) *corev1.Pod {
 	return nil
 }
 
-func ready(p *corev1.Pod) bool {
-	if p == nil || !p.DeletionTimestamp.IsZero() {
-		return false
-	}
-	for _, c := range p.Status.Conditions {
-		if c.Type == corev1.PodReady {
-			return c.Status == corev1.ConditionTrue
-		}
-	}
-	return false
-}
-
-// running says whether the pod's Redis container runs, at an address.
-func running(p *corev1.Pod) bool {
-	return p.DeletionTimestamp.IsZero() && p.Status.PodIP != "" && !startedAt(p).IsZero()
-}
-
-func startedAt(p *corev1.Pod) time.Time {
-	for _, c := range p.Status.ContainerStatuses {
-		if c.Name == "redis" && c.State.Running != nil {
-			return c.State.Running.StartedAt.Time
-		}
-	}
-	return time.Time{}
+// redisRunning says whether the pod's Redis container runs, at an address.
+func redisRunning(p *corev1.Pod) bool {
+	_, ok := running(p)
+	return ok
 }
 
 // notReadySince is when the pod stopped being Ready: when its Ready condition last turned false,

@@ -1,4 +1,4 @@
-package nodes
+package rediscluster
 
 import (
 	"context"
@@ -34,7 +34,7 @@ type ground struct {
 	rc     *v1alpha1.RedisCluster
 	in     render.Internal
 	redis  *redisnodetest.Fake
-	syncer *Syncer
+	syncer *usersSyncer
 	conds  conditions.Setter
 	events *events.FakeRecorder
 	clock  *clocktesting.FakeClock
@@ -57,7 +57,7 @@ func newGround(t *testing.T, n int, extra ...client.Object) *ground {
 		g.redis.Restart(addr(i), redisnode.User{Name: render.AdminUser, PasswordHash: render.HashPassword(g.in.Admin)})
 	}
 	g.k8s = fake.NewClientBuilder().WithObjects(objs...).Build()
-	g.syncer = &Syncer{Client: g.k8s, Dial: g.redis.Dial, Clock: g.clock, CheckInterval: time.Minute,
+	g.syncer = &usersSyncer{Client: g.k8s, Dial: g.redis.Dial, Clock: g.clock, CheckInterval: time.Minute,
 		Removed: prometheus.NewCounter(prometheus.CounterOpts{Name: "removed"})}
 	g.conds = conditions.Setter{Obj: rc, Conditions: &rc.Status.Conditions, Recorder: g.events}
 	return g
@@ -79,12 +79,12 @@ func redisPod(rc *v1alpha1.RedisCluster, name string, i int, owner *appsv1.State
 }
 
 // want is the cluster's users with cur as the application user.
-func (g *ground) want(cur *render.Credential) Want {
+func (g *ground) want(cur *render.Credential) usersWant {
 	app := []render.ACLUser{{Username: cur.Username, PasswordHash: render.HashPassword(cur.Password), Rules: render.AppRules(g.rc)}}
-	return Want{Users: render.ClusterUsers(g.rc, g.in, app), Confirm: cur, AdminPassword: g.in.Admin}
+	return usersWant{Users: render.ClusterUsers(g.rc, g.in, app), Confirm: cur, AdminPassword: g.in.Admin}
 }
 
-func (g *ground) sync(t *testing.T, want Want) (bool, time.Duration) {
+func (g *ground) sync(t *testing.T, want usersWant) (bool, time.Duration) {
 	t.Helper()
 	done, wait, err := g.syncer.Sync(context.Background(), g.rc, g.conds, want)
 	if err != nil {
@@ -230,7 +230,7 @@ func TestOnlyTheStatefulSetsPodsAreNodes(t *testing.T) {
 	if !slices.Equal(pods, []string{"orders-0", "orders-1"}) {
 		t.Errorf("status.nodes %v", pods)
 	}
-	m, err := ListMembers(context.Background(), g.k8s, g.rc)
+	m, err := listMembers(context.Background(), g.k8s, g.rc)
 	if err != nil || len(m.Pods) != 2 || len(m.LookAlikes) != 4 {
 		t.Fatalf("members %d, look-alikes %d, %v", len(m.Pods), len(m.LookAlikes), err)
 	}
@@ -238,7 +238,7 @@ func TestOnlyTheStatefulSetsPodsAreNodes(t *testing.T) {
 	if err := g.k8s.Delete(context.Background(), &appsv1.StatefulSet{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "orders"}}); err != nil {
 		t.Fatal(err)
 	}
-	if m, err := ListMembers(context.Background(), g.k8s, g.rc); err != nil || len(m.Pods) != 0 {
+	if m, err := listMembers(context.Background(), g.k8s, g.rc); err != nil || len(m.Pods) != 0 {
 		t.Errorf("without the StatefulSet: members %d, %v", len(m.Pods), err)
 	}
 }

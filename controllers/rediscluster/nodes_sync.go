@@ -1,4 +1,4 @@
-package nodes
+package rediscluster
 
 import (
 	"context"
@@ -41,7 +41,7 @@ type found struct {
 // other user deleted (and confirmed gone), then the current credential confirmed by logging in as
 // it. It returns the digest of the node's ACL as it left it, and what it found changed outside
 // keyroll.
-func (s *Syncer) syncNode(ctx context.Context, nd node, want Want) (string, found, error) {
+func (s *usersSyncer) syncNode(ctx context.Context, nd node, want usersWant) (string, found, error) {
 	n, via, before, err := s.login(ctx, nd.addr, want.AdminPassword)
 	if err != nil {
 		return "", found{}, err
@@ -92,7 +92,7 @@ func (s *Syncer) syncNode(ctx context.Context, nd node, want Want) (string, foun
 
 // changedUsers are the cluster's users whose line of the node's ACL the sync changed, on a node
 // that was confirmed on them: they were changed outside keyroll.
-func changedUsers(nd node, want Want, before, after []string) []string {
+func changedUsers(nd node, want usersWant, before, after []string) []string {
 	var out []string
 	if !nd.repair {
 		return nil
@@ -108,7 +108,7 @@ func changedUsers(nd node, want Want, before, after []string) []string {
 // report announces what a sync found changed outside keyroll: one event of each kind for all
 // nodes (the recorder folds events of one reason about one version of the cluster into one, and
 // would drop the later ones' notes), naming each user and node.
-func (s *Syncer) report(conds conditions.Setter, all []found) {
+func (s *usersSyncer) report(conds conditions.Setter, all []found) {
 	var removed, restored []string
 	for _, f := range all {
 		for _, name := range f.unknown {
@@ -134,7 +134,7 @@ func (s *Syncer) report(conds conditions.Setter, all []found) {
 // compare says what differs between the node's ACL and what keyroll confirmed there (digest):
 // nothing (""), users that are not the cluster's, application users gone (appGone), the
 // cluster's users changed, or keyroll's admin user refused.
-func (s *Syncer) compare(ctx context.Context, addr string, want Want, confirmed string) (what string, appGone bool, err error) {
+func (s *usersSyncer) compare(ctx context.Context, addr string, want usersWant, confirmed string) (what string, appGone bool, err error) {
 	n, via, lines, err := s.login(ctx, addr, want.AdminPassword)
 	if err != nil {
 		return "", false, err
@@ -173,7 +173,7 @@ func (s *Syncer) compare(ctx context.Context, addr string, want Want, confirmed 
 // login opens a session on the node at addr as keyroll's admin user, or, when the node refuses
 // it (its password or rules changed), as the recovery user. It returns the user it logged in as
 // and the node's ACL as it found it.
-func (s *Syncer) login(ctx context.Context, addr, adminPassword string) (redisnode.Node, string, []string, error) {
+func (s *usersSyncer) login(ctx context.Context, addr, adminPassword string) (redisnode.Node, string, []string, error) {
 	var refused []error
 	for _, id := range []struct{ user, password string }{
 		{render.AdminUser, adminPassword}, {render.RecoveryUser, render.RecoveryPassword(adminPassword)},

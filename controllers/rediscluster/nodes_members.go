@@ -1,4 +1,4 @@
-package nodes
+package rediscluster
 
 import (
 	"context"
@@ -18,8 +18,8 @@ import (
 	"github.com/keyroll/keyroll/controllers/render"
 )
 
-// Members are the Redis nodes of a cluster, and the pods that only look like them.
-type Members struct {
+// members are the Redis nodes of a cluster, and the pods that only look like them.
+type members struct {
 	// Pods are the cluster's Redis nodes, replicas first (highest ordinal first), pod 0 last.
 	Pods []*corev1.Pod
 	// LookAlikes carry the cluster's Redis pod labels but are not its StatefulSet's pods:
@@ -27,24 +27,24 @@ type Members struct {
 	LookAlikes []*corev1.Pod
 }
 
-// ListMembers lists rc's Redis pods. A pod is one of its Redis nodes only if its controller is
+// listMembers lists rc's Redis pods. A pod is one of its Redis nodes only if its controller is
 // the cluster's own StatefulSet (the one rc controls, by UID) and its name is that StatefulSet's
 // name and an ordinal below its replicas: labels anyone who may create pods can copy, and a
 // pod named like a node is one only while the StatefulSet's pod of that name does not exist.
-func ListMembers(ctx context.Context, c client.Reader, rc *v1alpha1.RedisCluster) (Members, error) {
+func listMembers(ctx context.Context, c client.Reader, rc *v1alpha1.RedisCluster) (members, error) {
 	list := &corev1.PodList{}
 	if err := c.List(ctx, list, client.InNamespace(rc.Namespace), client.MatchingLabels(render.SelectorLabels(rc))); err != nil {
-		return Members{}, fmt.Errorf("listing Redis pods: %w", err)
+		return members{}, fmt.Errorf("listing Redis pods: %w", err)
 	}
 	sts := &appsv1.StatefulSet{}
 	err := c.Get(ctx, client.ObjectKey{Namespace: rc.Namespace, Name: rc.Name}, sts)
 	if client.IgnoreNotFound(err) != nil {
-		return Members{}, fmt.Errorf("reading StatefulSet %s: %w", rc.Name, err)
+		return members{}, fmt.Errorf("reading StatefulSet %s: %w", rc.Name, err)
 	}
 	if apierrors.IsNotFound(err) || !controlledBy(sts, rc.UID) {
 		sts = nil // no StatefulSet of the cluster's (yet): no pod is a node
 	}
-	var m Members
+	var m members
 	for i := range list.Items {
 		p := &list.Items[i]
 		if sts != nil && isNode(sts, p) {
@@ -53,7 +53,7 @@ func ListMembers(ctx context.Context, c client.Reader, rc *v1alpha1.RedisCluster
 			m.LookAlikes = append(m.LookAlikes, p)
 		}
 	}
-	slices.SortFunc(m.Pods, func(a, b *corev1.Pod) int { return Ordinal(b) - Ordinal(a) })
+	slices.SortFunc(m.Pods, func(a, b *corev1.Pod) int { return ordinal(b) - ordinal(a) })
 	slices.SortFunc(m.LookAlikes, func(a, b *corev1.Pod) int { return strings.Compare(a.Name, b.Name) })
 	return m, nil
 }

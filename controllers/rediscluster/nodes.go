@@ -1,11 +1,12 @@
-// Package nodes brings every Redis node of a RedisCluster to the cluster's users, live: one node
+// The users sync brings every Redis node of a RedisCluster to the cluster's users, live: one node
 // after the other, each changed with targeted ACL commands (redisnode) as keyroll's admin user and
 // confirmed before the next: the current credential's user logs in, and the users deleted are no
 // longer among the node's users. What each node was last confirmed on is kept in status.nodes, so
 // that a steady cluster costs one ACL LIST per node and check interval (compared with the digest
 // recorded there: keyroll owns the user set, and puts back what was changed outside it) and a
 // restarted Redis is confirmed again. Only the StatefulSet's own pods are nodes (members.go).
-package nodes
+
+package rediscluster
 
 import (
 	"context"
@@ -37,8 +38,8 @@ import (
 // pod event usually wakes it earlier).
 const notRunningWait = 5 * time.Second
 
-// Syncer changes the users of Redis nodes.
-type Syncer struct {
+// usersSyncer changes the users of Redis nodes.
+type usersSyncer struct {
 	// Client reads the Redis pods and the StatefulSet (from the cache).
 	Client client.Reader
 	Dial   redisnode.Dialer
@@ -55,21 +56,21 @@ type Syncer struct {
 	checks        checks
 }
 
-// DefaultCheckInterval is how often every node's ACL is compared with what was confirmed there.
-const DefaultCheckInterval = time.Minute
+// DefaultUsersCheckInterval is how often every node's ACL is compared with what was confirmed there.
+const DefaultUsersCheckInterval = time.Minute
 
-// NewSyncer returns a Syncer that compares every node's ACL every checkInterval (zero:
-// DefaultCheckInterval; negative: never), counts the unknown users it removes in removed and asks
+// newUsersSyncer returns a usersSyncer that compares every node's ACL every checkInterval (zero:
+// DefaultUsersCheckInterval; negative: never), counts the unknown users it removes in removed and asks
 // leaseCheckNow for a lease lookup when an application user is gone from a node.
-func NewSyncer(c client.Reader, dial redisnode.Dialer, clk clock.Clock, checkInterval time.Duration, removed prometheus.Counter, leaseCheckNow func(types.NamespacedName)) *Syncer {
+func newUsersSyncer(c client.Reader, dial redisnode.Dialer, clk clock.Clock, checkInterval time.Duration, removed prometheus.Counter, leaseCheckNow func(types.NamespacedName)) *usersSyncer {
 	if checkInterval == 0 {
-		checkInterval = DefaultCheckInterval
+		checkInterval = DefaultUsersCheckInterval
 	}
-	return &Syncer{Client: c, Dial: dial, Clock: clk, CheckInterval: checkInterval, Removed: removed, LeaseCheckNow: leaseCheckNow}
+	return &usersSyncer{Client: c, Dial: dial, Clock: clk, CheckInterval: checkInterval, Removed: removed, LeaseCheckNow: leaseCheckNow}
 }
 
-// Want is what every node of a cluster must have.
-type Want struct {
+// usersWant is what every node of a cluster must have.
+type usersWant struct {
 	Users render.Users
 	// Confirm is the credential every node must accept (nil: none to confirm).
 	Confirm *render.Credential
@@ -83,8 +84,8 @@ type Want struct {
 // nodes' ACLs are next compared with what was confirmed. A node whose ACL changed outside
 // keyroll is reported (UsersApplied False, UsersChanged) and put back by the next reconcile, at
 // once. The UsersApplied condition says how far it got, and why it stopped.
-func (s *Syncer) Sync(ctx context.Context, rc *v1alpha1.RedisCluster, conds conditions.Setter, want Want) (done bool, wait time.Duration, err error) {
-	m, err := ListMembers(ctx, s.Client, rc)
+func (s *usersSyncer) Sync(ctx context.Context, rc *v1alpha1.RedisCluster, conds conditions.Setter, want usersWant) (done bool, wait time.Duration, err error) {
+	m, err := listMembers(ctx, s.Client, rc)
 	if err != nil {
 		return false, 0, err
 	}
@@ -159,11 +160,11 @@ func (s *Syncer) Sync(ctx context.Context, rc *v1alpha1.RedisCluster, conds cond
 }
 
 // Forget drops what the syncer keeps of a deleted cluster.
-func (s *Syncer) Forget(key types.NamespacedName) { s.checks.forget(key) }
+func (s *usersSyncer) Forget(key types.NamespacedName) { s.checks.forget(key) }
 
 // applied records that every node has want: the retiring users are gone everywhere, and the
 // nodes have the set without them.
-func (s *Syncer) applied(rc *v1alpha1.RedisCluster, conds conditions.Setter, want Want) {
+func (s *usersSyncer) applied(rc *v1alpha1.RedisCluster, conds conditions.Setter, want usersWant) {
 	msg := fmt.Sprintf("All %d Redis nodes have the cluster's users", len(rc.Status.Nodes))
 	if c := want.Confirm; c != nil {
 		msg += fmt.Sprintf("; each accepts credential %s (user %s)", c.Version, c.Username)
@@ -206,9 +207,9 @@ func (p *problem) report(conds conditions.Setter, confirmed, replicas int) time.
 
 // notRunning is a pod whose Redis does not run (yet): a wait, unless it has not run for longer
 // than the readiness timeout.
-func (s *Syncer) notRunning(rc *v1alpha1.RedisCluster, p *corev1.Pod) *problem {
+func (s *usersSyncer) notRunning(rc *v1alpha1.RedisCluster, p *corev1.Pod) *problem {
 	since := stoppedSince(p)
-	timeout := ReadinessTimeout(rc)
+	timeout := readinessTimeout(rc)
 	if s.Clock.Since(since) > timeout {
 		return &problem{reason: v1alpha1.ReasonNodeNotReady, event: v1alpha1.ReasonNodeNotReady, wait: time.Minute,
 			msg: fmt.Sprintf("pod %s has not run Redis for %s (rollout.readinessTimeout %s); no credential change goes on until it does", p.Name, s.Clock.Since(since).Round(time.Second), timeout)}
@@ -242,15 +243,15 @@ func stoppedSince(p *corev1.Pod) time.Time {
 
 // failed is why keyroll could not change or confirm a node. A Redis that does not take connections
 // yet while its pod is not Ready is still starting: it is waited for as one that does not run.
-func (s *Syncer) failed(rc *v1alpha1.RedisCluster, p *corev1.Pod, addr string, err error) *problem {
-	if redisnode.Unreachable(err) && !PodReady(p) {
+func (s *usersSyncer) failed(rc *v1alpha1.RedisCluster, p *corev1.Pod, addr string, err error) *problem {
+	if redisnode.Unreachable(err) && !podIsReady(p) {
 		return s.notRunning(rc, p)
 	}
 	return unreachable(p, addr, err)
 }
 
-// PodReady says whether the pod's Ready condition is True.
-func PodReady(p *corev1.Pod) bool {
+// podIsReady says whether the pod's Ready condition is True.
+func podIsReady(p *corev1.Pod) bool {
 	for _, c := range p.Status.Conditions {
 		if c.Type == corev1.PodReady {
 			return c.Status == corev1.ConditionTrue
@@ -279,17 +280,6 @@ func unreachable(p *corev1.Pod, addr string, err error) *problem {
 		msg: fmt.Sprintf("pod %s at %s: %v%s", p.Name, addr, err, hint)}
 }
 
-// ReadinessTimeout is spec.rollout.readinessTimeout, or its default.
-func ReadinessTimeout(rc *v1alpha1.RedisCluster) time.Duration {
-	if t := rc.Spec.Rollout.ReadinessTimeout; t != nil {
-		return t.Duration
-	}
-	return DefaultReadinessTimeout
-}
-
-// DefaultReadinessTimeout applies when spec.rollout.readinessTimeout is not set.
-const DefaultReadinessTimeout = 5 * time.Minute
-
 // run is one run of a pod's Redis: where it listens and when it started.
 type run struct {
 	addr      string
@@ -309,11 +299,11 @@ func running(p *corev1.Pod) (run, bool) {
 	return run{}, false
 }
 
-// Ordinal is a StatefulSet pod's ordinal.
-func Ordinal(p *corev1.Pod) int { return OrdinalOf(p.Name) }
+// ordinal is a StatefulSet pod's ordinal.
+func ordinal(p *corev1.Pod) int { return ordinalOf(p.Name) }
 
-// OrdinalOf is the ordinal in a StatefulSet pod's name.
-func OrdinalOf(pod string) int {
+// ordinalOf is the ordinal in a StatefulSet pod's name.
+func ordinalOf(pod string) int {
 	n, _ := strconv.Atoi(pod[strings.LastIndexByte(pod, '-')+1:])
 	return n
 }
@@ -335,8 +325,8 @@ func recordsOf(pods []*corev1.Pod, records map[string]v1alpha1.NodeStatus) []v1a
 // passed over, as one that does not run.
 // Unless one accepted them, the UsersApplied condition says why not (refused, with Redis's
 // words; no node running yet; unreachable) and wait says when to look again.
-func (s *Syncer) CheckRules(ctx context.Context, rc *v1alpha1.RedisCluster, conds conditions.Setter, rules []string, adminPassword string) (accepted bool, wait time.Duration, err error) {
-	m, err := ListMembers(ctx, s.Client, rc)
+func (s *usersSyncer) CheckRules(ctx context.Context, rc *v1alpha1.RedisCluster, conds conditions.Setter, rules []string, adminPassword string) (accepted bool, wait time.Duration, err error) {
+	m, err := listMembers(ctx, s.Client, rc)
 	if err != nil {
 		return false, 0, err
 	}
@@ -349,7 +339,7 @@ func (s *Syncer) CheckRules(ctx context.Context, rc *v1alpha1.RedisCluster, cond
 		n := s.Dial(run.addr, render.AdminUser, adminPassword)
 		err := n.CheckRules(ctx, rules)
 		_ = n.Close()
-		if err != nil && redisnode.Unreachable(err) && !PodReady(p) {
+		if err != nil && redisnode.Unreachable(err) && !podIsReady(p) {
 			continue // still starting
 		}
 		var refused *redisnode.RuleError

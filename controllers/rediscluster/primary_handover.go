@@ -1,4 +1,4 @@
-package primary
+package rediscluster
 
 import (
 	"context"
@@ -21,10 +21,10 @@ import (
 // replica has every one of them; then status.primary, the labels (so the client Service) and
 // every other replica follow it. done says the role has moved; when no replica is in sync it is
 // false, with why.
-func (k *Keeper) HandOver(ctx context.Context, c *Cluster, eligible, prefer func(*corev1.Pod) bool) (done bool, why string, err error) {
+func (k *primaryKeeper) HandOver(ctx context.Context, c *primaryView, eligible, prefer func(*corev1.Pod) bool) (done bool, why string, err error) {
 	rc := c.RC
 	old := c.pod(rc.Status.Primary)
-	if old == nil || !running(old) {
+	if old == nil || !redisRunning(old) {
 		return false, "the primary " + rc.Status.Primary + " is not running", nil
 	}
 	st, err := k.node(old, c.Admin).Replication(ctx)
@@ -38,7 +38,7 @@ func (k *Keeper) HandOver(ctx context.Context, c *Cluster, eligible, prefer func
 	}
 	target, rep := c.inSync(st, old, eligible, prefer)
 	if target == nil {
-		return false, fmt.Sprintf("no replica of %s is Ready and in sync (within %d bytes) to take its primary role", old.Name, MaxLag), nil
+		return false, fmt.Sprintf("no replica of %s is Ready and in sync (within %d bytes) to take its primary role", old.Name, maxLag), nil
 	}
 	if err := k.node(old, c.Admin).Failover(ctx, rep.IP, rep.Port, failoverTimeout); err != nil {
 		return false, "", err
@@ -56,7 +56,7 @@ func (k *Keeper) HandOver(ctx context.Context, c *Cluster, eligible, prefer func
 
 // adopt records as the primary the node that the recorded primary old, now a replica, follows,
 // if that node says it is the primary.
-func (k *Keeper) adopt(ctx context.Context, c *Cluster, old *corev1.Pod, st redisnode.Replication) (bool, string, error) {
+func (k *primaryKeeper) adopt(ctx context.Context, c *primaryView, old *corev1.Pod, st redisnode.Replication) (bool, string, error) {
 	p := c.podAt(st.MasterHost)
 	if p == nil {
 		return false, "", fmt.Errorf("pod %s, the cluster's primary, is a replica of %s, which is no pod of the cluster", old.Name, st.MasterHost)
@@ -70,13 +70,13 @@ func (k *Keeper) adopt(ctx context.Context, c *Cluster, old *corev1.Pod, st redi
 }
 
 // inSync is a Ready replica of the primary old that eligible accepts, online and caught up
-// within MaxLag, one that prefer accepts first.
-func (c *Cluster) inSync(st redisnode.Replication, old *corev1.Pod, eligible, prefer func(*corev1.Pod) bool) (*corev1.Pod, redisnode.Replica) {
+// within maxLag, one that prefer accepts first.
+func (c *primaryView) inSync(st redisnode.Replication, old *corev1.Pod, eligible, prefer func(*corev1.Pod) bool) (*corev1.Pod, redisnode.Replica) {
 	var pick *corev1.Pod
 	var pickRep redisnode.Replica
 	for _, rep := range st.Replicas {
 		p := c.podAt(rep.IP)
-		if p == nil || p == old || !eligible(p) || !ready(p) || rep.State != "online" || st.Offset-rep.Offset > MaxLag {
+		if p == nil || p == old || !eligible(p) || !podReady(p) || rep.State != "online" || st.Offset-rep.Offset > maxLag {
 			continue
 		}
 		if pick == nil || (prefer(p) && !prefer(pick)) {
@@ -86,9 +86,9 @@ func (c *Cluster) inSync(st redisnode.Replication, old *corev1.Pod, eligible, pr
 	return pick, pickRep
 }
 
-// InSync says whether pod name is a replica of the primary, online and caught up within MaxLag
+// InSync says whether pod name is a replica of the primary, online and caught up within maxLag
 // (a primary is in sync with itself).
-func (k *Keeper) InSync(ctx context.Context, c *Cluster, name string) (bool, error) {
+func (k *primaryKeeper) InSync(ctx context.Context, c *primaryView, name string) (bool, error) {
 	primary := c.pod(c.RC.Status.Primary)
 	p := c.pod(name)
 	if p == nil || primary == nil {
@@ -102,7 +102,7 @@ func (k *Keeper) InSync(ctx context.Context, c *Cluster, name string) (bool, err
 		return false, err
 	}
 	for _, rep := range st.Replicas {
-		if rep.IP == p.Status.PodIP && rep.State == "online" && st.Offset-rep.Offset <= MaxLag {
+		if rep.IP == p.Status.PodIP && rep.State == "online" && st.Offset-rep.Offset <= maxLag {
 			return true, nil
 		}
 	}
@@ -112,7 +112,7 @@ func (k *Keeper) InSync(ctx context.Context, c *Cluster, name string) (bool, err
 // awaitPrimary waits until the node of p says it is the primary: FAILOVER returns before the
 // switch, which takes the replica's catching up (milliseconds, up to failoverTimeout). The wait
 // is on Redis, in real time, bounded by the context's deadline.
-func (k *Keeper) awaitPrimary(ctx context.Context, p *corev1.Pod, admin string) error {
+func (k *primaryKeeper) awaitPrimary(ctx context.Context, p *corev1.Pod, admin string) error {
 	n := k.node(p, admin)
 	err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, failoverTimeout+2*time.Second, true, func(ctx context.Context) (bool, error) {
 		st, err := n.Replication(ctx)
