@@ -28,19 +28,16 @@ var allowed = map[string][]string{
 	"controllers/apply":           {"apis/v1alpha1"},
 	"controllers/render":          {"apis/v1alpha1"},
 	"controllers/ledger":          {"apis/v1alpha1", "controllers/conditions", "controllers/metrics", "controllers/render", "controllers/statustime", "controllers/stoppoint", "rotation", "vault"},
-	"controllers/primary":         {"apis/v1alpha1", "controllers/conditions", "controllers/nodes", "controllers/render", "controllers/statustime", "redisnode"},
-	"controllers/nodes":           {"apis/v1alpha1", "controllers/conditions", "controllers/render", "controllers/statustime", "redisnode"},
-	"controllers/tenancy":         {"apis/v1alpha1", "vault"},
-	"controllers/vaultclient":     {"apis/v1alpha1", "controllers/tenancy", "vault"},
-	"controllers/vaultconnection": {"apis/v1alpha1", "controllers/apply", "controllers/conditions", "controllers/metrics", "controllers/statustime", "controllers/vaultclient", "vault"},
+	"controllers/connection":      {"apis/v1alpha1", "vault"},
+	"controllers/vaultconnection": {"apis/v1alpha1", "controllers/apply", "controllers/conditions", "controllers/metrics", "controllers/statustime", "controllers/connection", "vault"},
 	"controllers/vaultlease": {"apis/v1alpha1", "controllers/apply", "controllers/ledger", "controllers/metrics", "controllers/render",
 		"controllers/statustime", "controllers/stoppoint", "rotation", "vault"},
 	"controllers/externalsecret": {"apis/v1alpha1", "controllers/apply", "controllers/ledger", "controllers/metrics", "controllers/render",
 		"controllers/statustime", "rotation", "vault"},
 	"controllers/rediscluster": {"apis/v1alpha1", "controllers/apply", "controllers/conditions", "controllers/externalsecret",
-		"controllers/ledger", "controllers/metrics", "controllers/nodes", "controllers/primary", "controllers/render", "controllers/statustime", "controllers/stoppoint",
-		"controllers/upkeep", "controllers/vaultclient", "controllers/vaultlease", "redisnode", "rotation", "vault"},
-	"controllers": {"apis/v1alpha1", "controllers/apply", "controllers/ledger", "controllers/metrics", "controllers/nodes", "controllers/rediscluster", "controllers/vaultclient", "controllers/vaultconnection", "vault"},
+		"controllers/ledger", "controllers/metrics", "controllers/render", "controllers/statustime", "controllers/stoppoint",
+		"controllers/upkeep", "controllers/connection", "controllers/vaultlease", "redisnode", "rotation", "vault"},
+	"controllers": {"apis/v1alpha1", "controllers/apply", "controllers/ledger", "controllers/metrics", "controllers/rediscluster", "controllers/connection", "controllers/vaultconnection", "vault"},
 }
 
 type listed struct {
@@ -114,7 +111,7 @@ func goList(t *testing.T) []listed {
 }
 
 // reconcilers are the packages of the two controllers: neither imports the other (what both need
-// of connections is in controllers/vaultclient).
+// of connections is in controllers/connection).
 var reconcilers = []string{"controllers/rediscluster", "controllers/vaultconnection"}
 
 // TestNoControllerImportsAnother: the layout lets no reconciler package import another, so

@@ -25,10 +25,10 @@ import (
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
 	"github.com/keyroll/keyroll/controllers/apply"
+	"github.com/keyroll/keyroll/controllers/connection"
 	"github.com/keyroll/keyroll/controllers/ledger"
 	"github.com/keyroll/keyroll/controllers/metrics"
 	"github.com/keyroll/keyroll/controllers/rediscluster"
-	"github.com/keyroll/keyroll/controllers/vaultclient"
 	"github.com/keyroll/keyroll/controllers/vaultconnection"
 )
 
@@ -120,15 +120,15 @@ func Setup(mgr ctrl.Manager, o Options) (*rediscluster.Reconciler, error) {
 			o.VaultObserver(conn, op, outcome, seconds)
 		}
 	}
-	conn := &vaultclient.Connector{
+	conn := &connection.Connector{
 		Reader: mgr.GetAPIReader(), Tokens: o.Tokens, ServiceAccount: o.ServiceAccount,
 		Writer: mgr.GetClient(), TokenNamespace: o.ServiceAccount.Namespace, SecretNamespace: o.VaultSecretsNamespace,
-		Clients: vaultclient.NewClients(), Clock: o.Clock, Observer: observe,
+		Clients: connection.NewClients(), Clock: o.Clock, Observer: observe,
 	}
 	if ns := o.ServiceAccount.Namespace; ns != "" {
-		conn.Intents = &vaultclient.Intents{Writer: mgr.GetClient(), Reader: mgr.GetAPIReader(), Namespace: ns, Clock: o.Clock}
+		conn.Intents = &connection.Intents{Writer: mgr.GetClient(), Reader: mgr.GetAPIReader(), Namespace: ns, Clock: o.Clock}
 	}
-	if err := vaultclient.IndexClusters(mgr); err != nil {
+	if err := connection.IndexClusters(mgr); err != nil {
 		return nil, err
 	}
 	if err := (&vaultconnection.Reconciler{

@@ -175,7 +175,7 @@ func (r *Source) syncedSecret(ctx context.Context, rc *v1alpha1.RedisCluster, es
 }
 
 // mayTrack says whether the lease ESO obtained may be tracked through vcl: its ID must lie under a
-// path the VaultConnection allows the namespace (see tenancy.ForNamespace). One that does
+// path the VaultConnection allows the namespace (see connection.ForNamespace). One that does
 // not is announced and left alone: keyroll neither renews nor revokes it.
 func (r *Source) mayTrack(cl *ledger.Cluster, vcl vault.LeaseClient, id string) bool {
 	g, ok := vcl.(interface{ AllowsLease(string) error })

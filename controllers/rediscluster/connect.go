@@ -9,8 +9,8 @@ import (
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
 	"github.com/keyroll/keyroll/controllers/apply"
+	"github.com/keyroll/keyroll/controllers/connection"
 	"github.com/keyroll/keyroll/controllers/render"
-	"github.com/keyroll/keyroll/controllers/vaultclient"
 	"github.com/keyroll/keyroll/vault"
 )
 
@@ -23,7 +23,7 @@ const waitForConnection = time.Minute
 // again. forDelete asks for revocations only (the client checks each lease).
 func (r *deps) connect(ctx context.Context, s *scope, forDelete bool) (vault.LeaseClient, time.Duration, error) {
 	rc := s.RC
-	use := vaultclient.Use{Connection: rc.VaultConnectionName(), Field: rc.VaultConnectionField(), Namespace: rc.Namespace, Delete: forDelete}
+	use := connection.Use{Connection: rc.VaultConnectionName(), Field: rc.VaultConnectionField(), Namespace: rc.Namespace, Delete: forDelete}
 	if vl := rc.Spec.Credentials.VaultLease; vl != nil && !forDelete {
 		use.Path, use.PathField = vl.Path, "credentials.vaultLease.path"
 	}

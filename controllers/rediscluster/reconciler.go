@@ -10,12 +10,12 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/controllers/connection"
 	"github.com/keyroll/keyroll/controllers/externalsecret"
 	"github.com/keyroll/keyroll/controllers/ledger"
 	"github.com/keyroll/keyroll/controllers/metrics"
 	"github.com/keyroll/keyroll/controllers/render"
 	"github.com/keyroll/keyroll/controllers/upkeep"
-	"github.com/keyroll/keyroll/controllers/vaultclient"
 	"github.com/keyroll/keyroll/controllers/vaultlease"
 	"github.com/keyroll/keyroll/redisnode"
 	"github.com/keyroll/keyroll/vault"
@@ -45,7 +45,7 @@ type deps struct {
 	// credential or overwrite a Secret it does not own.
 	APIReader client.Reader
 	Clock     clock.Clock
-	Connector *vaultclient.Connector
+	Connector *connection.Connector
 	Metrics   *metrics.Metrics
 	Ledger    *ledger.Ledger
 	// nodes changes the users on the Redis nodes.
@@ -81,7 +81,7 @@ type Config struct {
 	APIReader       client.Reader
 	Recorder        events.EventRecorder
 	Clock           clock.Clock
-	Connector       *vaultclient.Connector
+	Connector       *connection.Connector
 	Metrics         *metrics.Metrics
 	ExternalSecrets bool
 	// Workers is how many RedisClusters are reconciled at once (zero: DefaultWorkers).

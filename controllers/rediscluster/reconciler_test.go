@@ -26,10 +26,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/controllers/connection"
 	"github.com/keyroll/keyroll/controllers/ledger"
 	"github.com/keyroll/keyroll/controllers/metrics"
 	"github.com/keyroll/keyroll/controllers/render"
-	"github.com/keyroll/keyroll/controllers/vaultclient"
 	"github.com/keyroll/keyroll/controllers/vaultlease"
 	"github.com/keyroll/keyroll/redisnode/redisnodetest"
 	"github.com/keyroll/keyroll/vault"
@@ -48,7 +48,7 @@ type fakeClients struct {
 	by   map[string]*vaulttest.Fake
 }
 
-func (f *fakeClients) Get(name string, _ vault.Config) (vaultclient.Client, error) {
+func (f *fakeClients) Get(name string, _ vault.Config) (connection.Client, error) {
 	if v, ok := f.by[name]; ok {
 		return v, nil
 	}
@@ -86,7 +86,7 @@ func newHarness(t *testing.T, objs ...client.Object) *harness {
 	}
 	k8s := fake.NewClientBuilder().WithScheme(s).WithObjects(append(objs, vc)...).WithReturnManagedFields().
 		WithStatusSubresource(&v1alpha1.RedisCluster{}, &v1alpha1.VaultConnection{}).
-		WithIndex(&v1alpha1.RedisCluster{}, vaultclient.ClusterIndex, func(o client.Object) []string {
+		WithIndex(&v1alpha1.RedisCluster{}, connection.ClusterIndex, func(o client.Object) []string {
 			return o.(*v1alpha1.RedisCluster).VaultConnections()
 		}).
 		WithIndex(&v1alpha1.RedisCluster{}, ConsumerIndex, ConsumerKeys).
@@ -107,7 +107,7 @@ func newHarness(t *testing.T, objs ...client.Object) *harness {
 	}
 	r := New(Config{
 		Client: k8s, APIReader: k8s, Recorder: rec, Clock: clk, Metrics: metrics.For(clk),
-		Connector: &vaultclient.Connector{Reader: k8s, Clients: vaults, Clock: clk},
+		Connector: &connection.Connector{Reader: k8s, Clients: vaults, Clock: clk},
 		DialRedis: redis.Dial, ProbeImage: testProbeImage,
 	})
 	return &harness{r: r, k8s: k8s, vault: fv, redis: redis, clock: clk, events: rec, vaults: vaults}

@@ -19,8 +19,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/controllers/connection"
 	"github.com/keyroll/keyroll/controllers/upkeep"
-	"github.com/keyroll/keyroll/controllers/vaultclient"
 )
 
 // SetupWithManager registers the reconciler: it watches RedisClusters, what they own, and the
@@ -38,8 +38,8 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Owns(&corev1.ConfigMap{}).
 		Owns(&policyv1.PodDisruptionBudget{}).
 		Owns(&networkingv1.NetworkPolicy{}).
-		Watches(&v1alpha1.VaultConnection{}, handler.EnqueueRequestsFromMapFunc(vaultclient.ClustersUsing(r.Client)),
-			builder.WithPredicates(vaultclient.Changed())).
+		Watches(&v1alpha1.VaultConnection{}, handler.EnqueueRequestsFromMapFunc(connection.ClustersUsing(r.Client)),
+			builder.WithPredicates(connection.Changed())).
 		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(clusterOfPod)).
 		// Consumers are other teams' workloads: only their metadata is watched (and cached), to
 		// wake the cluster that rolls them; the rollout reads them past the cache. Consumer

@@ -11,7 +11,7 @@ import (
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
 	"github.com/keyroll/keyroll/controllers/conditions"
-	"github.com/keyroll/keyroll/controllers/vaultclient"
+	"github.com/keyroll/keyroll/controllers/connection"
 	"github.com/keyroll/keyroll/vault"
 )
 
@@ -20,7 +20,7 @@ import (
 // the tokens alive that own them, with its own login. A namespace whose tokens cannot be kept (its
 // service account or Vault role missing, say) is reported (Degraded, NamespaceLoginFailed) and
 // does not hold up the others. It returns every namespace's tokens.
-func (r *Reconciler) observeNamespaces(ctx context.Context, vc *v1alpha1.VaultConnection, vcl vaultclient.Client, needs tokenNeeds) ([]vault.TokenStatus, error) {
+func (r *Reconciler) observeNamespaces(ctx context.Context, vc *v1alpha1.VaultConnection, vcl connection.Client, needs tokenNeeds) ([]vault.TokenStatus, error) {
 	if err := health(ctx, vc, vcl); err != nil {
 		return nil, err
 	}

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/keyroll/keyroll/controllers/vaultclient"
+	"github.com/keyroll/keyroll/controllers/connection"
 	"github.com/keyroll/keyroll/vault"
 )
 
@@ -71,10 +71,10 @@ const (
 // by hand a moment before keyroll's issue is never taken for keyroll's while keyroll's own is
 // still too young to count. It also returns the intents to drop: those matched, and those too old
 // to match any lease still to be found (the lease reached a ledger, or was never issued).
-func claim(orphans []orphan, intents []vaultclient.Intent, grace time.Duration, now time.Time) (ours, others []orphan, matched map[string]string, stale []string) {
+func claim(orphans []orphan, intents []connection.Intent, grace time.Duration, now time.Time) (ours, others []orphan, matched map[string]string, stale []string) {
 	matched = map[string]string{} // lease ID to intent ID
 	byTime := slices.Clone(intents)
-	slices.SortFunc(byTime, func(a, b vaultclient.Intent) int { return a.At.Compare(b.At) })
+	slices.SortFunc(byTime, func(a, b connection.Intent) int { return a.At.Compare(b.At) })
 	for _, in := range byTime {
 		settled := now.Sub(in.At) > intentWindow+grace
 		after, before := -1, -1

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/keyroll/keyroll/controllers/vaultclient"
+	"github.com/keyroll/keyroll/controllers/connection"
 	"github.com/keyroll/keyroll/vault"
 )
 
@@ -58,7 +58,7 @@ func TestFindOrphans(t *testing.T) {
 // too old to match a lease still to come are dropped.
 func TestClaimMatchesOrphansToIntents(t *testing.T) {
 	at := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
-	intents := []vaultclient.Intent{
+	intents := []connection.Intent{
 		{ID: "i1", Path: "database/creds/orders", At: at},
 		{ID: "i2", Path: "database/creds/orders", At: at.Add(time.Hour)},
 		{ID: "old", Path: "database/creds/orders", At: at.Add(-time.Hour)},
@@ -86,7 +86,7 @@ func TestClaimMatchesOrphansToIntents(t *testing.T) {
 // taken for keyroll's when keyroll's own lease came after the intent.
 func TestClaimPrefersTheLeaseIssuedAfterTheIntent(t *testing.T) {
 	at := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
-	intents := []vaultclient.Intent{{ID: "i", Path: "database/creds/orders", At: at}}
+	intents := []connection.Intent{{ID: "i", Path: "database/creds/orders", At: at}}
 	orphans := []orphan{
 		{ID: "database/creds/orders/by-hand", IssuedAt: at.Add(-2 * time.Second)},
 		{ID: "database/creds/orders/keyroll", IssuedAt: at.Add(300 * time.Millisecond)},

@@ -24,9 +24,9 @@ import (
 	"github.com/keyroll/keyroll/apis/v1alpha1"
 	"github.com/keyroll/keyroll/controllers/apply"
 	"github.com/keyroll/keyroll/controllers/conditions"
+	"github.com/keyroll/keyroll/controllers/connection"
 	"github.com/keyroll/keyroll/controllers/metrics"
 	"github.com/keyroll/keyroll/controllers/statustime"
-	"github.com/keyroll/keyroll/controllers/vaultclient"
 	"github.com/keyroll/keyroll/vault"
 )
 
@@ -50,7 +50,7 @@ type Reconciler struct {
 	APIReader client.Reader
 	Recorder  events.EventRecorder
 	Clock     clock.Clock
-	Connector *vaultclient.Connector
+	Connector *connection.Connector
 	Metrics   *metrics.Metrics
 }
 
@@ -116,7 +116,7 @@ type tokenNeeds struct {
 func (r *Reconciler) users(ctx context.Context, vc *v1alpha1.VaultConnection) ([]string, tokenNeeds, error) {
 	needs := tokenNeeds{until: map[string]time.Time{}, leases: map[string]int32{}, byNamespace: map[string]map[string]time.Time{}}
 	list := &v1alpha1.RedisClusterList{}
-	if err := r.List(ctx, list, client.MatchingFields{vaultclient.ClusterIndex: vc.Name}); err != nil {
+	if err := r.List(ctx, list, client.MatchingFields{connection.ClusterIndex: vc.Name}); err != nil {
 		return nil, needs, fmt.Errorf("listing the RedisClusters of VaultConnection %s: %w", vc.Name, err)
 	}
 	users := make([]string, 0, len(list.Items))
@@ -148,7 +148,7 @@ func (r *Reconciler) check(ctx context.Context, vc *v1alpha1.VaultConnection, ne
 	now := metav1.NewTime(r.Clock.Now())
 	vc.Status.LastCheckedAt = &now
 	err := r.Connector.CheckSettings(ctx, vc)
-	var vcl vaultclient.Client
+	var vcl connection.Client
 	if err == nil {
 		vcl, err = r.Connector.Client(ctx, vc)
 	}
@@ -166,7 +166,7 @@ func (r *Reconciler) check(ctx context.Context, vc *v1alpha1.VaultConnection, ne
 		if vault.IsSealed(err) || (vc.Status.Sealed != nil && *vc.Status.Sealed) {
 			reason, event = v1alpha1.ReasonVaultSealed, v1alpha1.ReasonVaultSealed
 		}
-		if vaultclient.IsSettingsError(err) {
+		if connection.IsSettingsError(err) {
 			reason, event = v1alpha1.ReasonSettingsRefused, v1alpha1.ReasonSettingsRefused
 		}
 		if conds.Set(v1alpha1.ConditionReady, metav1.ConditionFalse, reason, err.Error()) {

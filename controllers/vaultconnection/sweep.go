@@ -16,7 +16,7 @@ import (
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
 	"github.com/keyroll/keyroll/controllers/conditions"
-	"github.com/keyroll/keyroll/controllers/vaultclient"
+	"github.com/keyroll/keyroll/controllers/connection"
 	"github.com/keyroll/keyroll/vault"
 )
 
@@ -83,7 +83,7 @@ func (r *Reconciler) sweepOrphans(ctx context.Context, vc *v1alpha1.VaultConnect
 	}
 	slices.Sort(prefixes)
 	prefixes = slices.Compact(prefixes)
-	var intents []vaultclient.Intent
+	var intents []connection.Intent
 	if r.Connector.Intents != nil {
 		if intents, err = r.Connector.Intents.Open(ctx, vc.Name); err != nil {
 			return 0, err

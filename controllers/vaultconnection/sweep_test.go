@@ -18,8 +18,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/controllers/connection"
 	"github.com/keyroll/keyroll/controllers/metrics"
-	"github.com/keyroll/keyroll/controllers/vaultclient"
 	"github.com/keyroll/keyroll/vault"
 	"github.com/keyroll/keyroll/vault/vaulttest"
 )
@@ -27,8 +27,8 @@ import (
 // oneClient hands out the same Vault fake for every VaultConnection.
 type oneClient struct{ f *vaulttest.Fake }
 
-func (o oneClient) Get(string, vault.Config) (vaultclient.Client, error) { return o.f, nil }
-func (oneClient) Forget(string)                                          {}
+func (o oneClient) Get(string, vault.Config) (connection.Client, error) { return o.f, nil }
+func (oneClient) Forget(string)                                         {}
 
 // cluster is a RedisCluster of connection "vault" reading path, holding leases in its ledger.
 func cluster(name string, source v1alpha1.CredentialSource, path string, leases ...string) *v1alpha1.RedisCluster {
@@ -61,7 +61,7 @@ func TestSweepOrphans(t *testing.T) {
 	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(
 		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "keyroll", Name: "tok"}, Data: map[string][]byte{"token": []byte("t")}},
 	).Build()
-	intents := &vaultclient.Intents{Writer: c, Reader: c, Namespace: "keyroll", Clock: clk}
+	intents := &connection.Intents{Writer: c, Reader: c, Namespace: "keyroll", Clock: clk}
 	// issue obtains a lease as keyroll does (recording its intent first) or, without keyroll,
 	// as another install or a person would.
 	issue := func(path string, keyroll bool) string {
@@ -97,7 +97,7 @@ func TestSweepOrphans(t *testing.T) {
 	}
 	rec := events.NewFakeRecorder(20)
 	r := &Reconciler{Client: c, Recorder: rec, Clock: clk, Metrics: metrics.For(clk),
-		Connector: &vaultclient.Connector{Reader: c, Clients: oneClient{vf}, Clock: clk, Intents: intents}}
+		Connector: &connection.Connector{Reader: c, Clients: oneClient{vf}, Clock: clk, Intents: intents}}
 
 	next, err := r.sweepOrphans(ctx, vc)
 	if err != nil {

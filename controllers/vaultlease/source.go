@@ -24,7 +24,7 @@ type Source struct {
 	Clock     clock.Clock
 	Metrics   *metrics.Metrics
 	Ledger    *ledger.Ledger
-	// Intents, when set, records each issue before it is made (vaultclient.Intents): the
+	// Intents, when set, records each issue before it is made (connection.Intents): the
 	// orphan-lease sweep revokes only a lease whose issue was recorded and that no ledger holds.
 	Intents Intents
 }

@@ -1,4 +1,4 @@
-package tenancy
+package connection
 
 import (
 	"context"

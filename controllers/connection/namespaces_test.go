@@ -1,4 +1,4 @@
-package vaultclient
+package connection
 
 import (
 	"context"

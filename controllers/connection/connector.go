@@ -1,8 +1,8 @@
-// Package vaultclient turns VaultConnections into Vault clients: one shared client (one login, one
+// Package connection turns VaultConnections into Vault clients: one shared client (one login, one
 // rate limit, one token store) per VaultConnection, handed to each RedisCluster confined to what
-// its namespace may do (controllers/tenancy), and settings that would hand the manager's power to
+// its namespace may do (tenancy.go), and settings that would hand the manager's power to
 // a VaultConnection's writer refused before anything is sent.
-package vaultclient
+package connection
 
 import (
 	"context"
@@ -22,7 +22,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
-	"github.com/keyroll/keyroll/controllers/tenancy"
 	"github.com/keyroll/keyroll/vault"
 )
 
@@ -122,12 +121,12 @@ type Use struct {
 	// empty when it issues none itself (ExternalSecret mode, deletion).
 	Path, PathField string
 	// Delete says only revocations are to come: a namespace that is no longer allowed may still
-	// have the leases revoked that lie under its allowed paths (see tenancy.ForNamespace).
+	// have the leases revoked that lie under its allowed paths (see ForNamespace).
 	Delete bool
 }
 
 // ClientFor is the Vault client of the VaultConnection u names (read through r) for a RedisCluster,
-// confined to what its namespace may do (tenancy.ForNamespace); or why there is none, decided before any
+// confined to what its namespace may do (ForNamespace); or why there is none, decided before any
 // Vault call.
 func (c *Connector) ClientFor(ctx context.Context, r client.Reader, u Use) (vault.LeaseClient, *Refusal, error) {
 	vc := &v1alpha1.VaultConnection{}
@@ -141,18 +140,18 @@ func (c *Connector) ClientFor(ctx context.Context, r client.Reader, u Use) (vaul
 		return nil, &Refusal{v1alpha1.ReasonNamespaceNotAllowed, fmt.Sprintf("VaultConnection %q does not allow namespace %q (spec.allowedNamespaces)", u.Connection, u.Namespace)}, nil
 	}
 	if u.Path != "" && !vc.AllowsPath(u.Namespace, u.Path) {
-		return nil, &Refusal{v1alpha1.ReasonPathNotAllowed, fmt.Sprintf("%s %q: %s", u.PathField, u.Path, tenancy.PathRefusal(vc, u.Namespace))}, nil
+		return nil, &Refusal{v1alpha1.ReasonPathNotAllowed, fmt.Sprintf("%s %q: %s", u.PathField, u.Path, PathRefusal(vc, u.Namespace))}, nil
 	}
 	vcl, err := c.NamespaceClient(ctx, vc, u.Namespace)
 	if err != nil {
 		return nil, &Refusal{v1alpha1.ReasonConnectionNotReady, fmt.Sprintf("VaultConnection %q cannot be used: %v", u.Connection, err)}, nil
 	}
-	return tenancy.ForNamespace(vcl, vc, u.Namespace), nil, nil
+	return ForNamespace(vcl, vc, u.Namespace), nil, nil
 }
 
 // ClientOf is the Vault client of the VaultConnection name (read through r) for the leases of a
 // RedisCluster of namespace that came through it, confined to what the namespace may do there
-// (tenancy.ForNamespace).
+// (ForNamespace).
 func (c *Connector) ClientOf(ctx context.Context, r client.Reader, name, namespace string) (vault.LeaseClient, error) {
 	vc := &v1alpha1.VaultConnection{}
 	if err := r.Get(ctx, client.ObjectKey{Name: name}, vc); err != nil {
@@ -162,7 +161,7 @@ func (c *Connector) ClientOf(ctx context.Context, r client.Reader, name, namespa
 	if err != nil {
 		return nil, err
 	}
-	return tenancy.ForNamespace(vcl, vc, namespace), nil
+	return ForNamespace(vcl, vc, namespace), nil
 }
 
 // Forget drops the clients of a deleted VaultConnection, its namespaces' included.

@@ -1,7 +1,8 @@
-// Package tenancy keeps each namespace to what a VaultConnection allows it: which namespaces may
+// The tenancy guard keeps each namespace to what a VaultConnection allows it: which namespaces may
 // use the connection, which Vault paths they may read credentials from, and so which leases keyroll
 // may renew, look up and revoke for them. It decides before any request is sent.
-package tenancy
+
+package connection
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package vaultclient
+package connection
 
 // The index of RedisClusters by the VaultConnections they use, and the watch that wakes them when
 // one of those changes: the RedisCluster controller's view of connections, kept here, below both
