@@ -10,6 +10,7 @@ import (
 	"github.com/keyroll/keyroll/apis/v1alpha1"
 	"github.com/keyroll/keyroll/controllers/apply"
 	"github.com/keyroll/keyroll/controllers/connection"
+	"github.com/keyroll/keyroll/controllers/credential"
 	"github.com/keyroll/keyroll/controllers/render"
 	"github.com/keyroll/keyroll/vault"
 )
@@ -21,7 +22,7 @@ const waitForConnection = time.Minute
 // connect resolves the RedisCluster's VaultConnection and returns its Vault client, confined to
 // what the namespace may do; without one it sets a condition (and an event) and says when to look
 // again. forDelete asks for revocations only (the client checks each lease).
-func (r *deps) connect(ctx context.Context, s *scope, forDelete bool) (vault.LeaseClient, time.Duration, error) {
+func (r *deps) connect(ctx context.Context, s *credential.Cluster, forDelete bool) (vault.LeaseClient, time.Duration, error) {
 	rc := s.RC
 	use := connection.Use{Connection: rc.VaultConnectionName(), Field: rc.VaultConnectionField(), Namespace: rc.Namespace, Delete: forDelete}
 	if vl := rc.Spec.Credentials.VaultLease; vl != nil && !forDelete {
@@ -35,15 +36,9 @@ func (r *deps) connect(ctx context.Context, s *scope, forDelete bool) (vault.Lea
 	return nil, waitForConnection, nil
 }
 
-// connectTo is a Vault client of the VaultConnection name, for the leases that came through it
-// while the spec names another, confined to what the namespace may do there.
-func (r *deps) connectTo(ctx context.Context, name, namespace string) (vault.LeaseClient, error) {
-	return r.Connector.ClientOf(ctx, r.Client, name, namespace)
-}
-
 // checkSecretsFree makes sure the Secrets keyroll writes are either absent or its own, before a
 // credential is issued that could not be written anywhere.
-func (r *deps) checkSecretsFree(ctx context.Context, s *scope) (bool, error) {
+func (r *deps) checkSecretsFree(ctx context.Context, s *credential.Cluster) (bool, error) {
 	names := []string{render.CredentialsSecretName(s.RC), render.ACLSecretName(s.RC), render.StateSecretName(s.RC)}
 	if vp := s.RC.Spec.VaultPlugin; vp != nil && vp.PasswordSecretRef == nil {
 		names = append(names, render.VaultPluginSecretName(s.RC))

@@ -11,12 +11,13 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/controllers/credential"
 	"github.com/keyroll/keyroll/vault"
 )
 
 // reconcileDelete revokes every lease in the ledger, then removes the finalizer. While a lease may
 // still be live, the finalizer stays.
-func (r *Reconciler) reconcileDelete(ctx context.Context, s *scope) (ctrl.Result, error) {
+func (r *Reconciler) reconcileDelete(ctx context.Context, s *credential.Cluster) (ctrl.Result, error) {
 	rc := s.RC
 	if !controllerutil.ContainsFinalizer(rc, v1alpha1.Finalizer) {
 		return ctrl.Result{}, nil
@@ -30,7 +31,7 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, s *scope) (ctrl.Result
 	}
 	r.forget(client.ObjectKeyFromObject(rc))
 	if src := r.source(rc); rc.Spec.Credentials.Source != v1alpha1.SourceExternalSecret || r.ExternalSecrets {
-		if wait, err := src.Retire(ctx, s.Cluster); err != nil || wait > 0 {
+		if wait, err := src.Retire(ctx, s); err != nil || wait > 0 {
 			return result(wait, err)
 		}
 	}
@@ -45,7 +46,7 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, s *scope) (ctrl.Result
 // revokeAll revokes every lease in the ledger, superseded ones included, each through the
 // VaultConnection it came through: the spec's, or, when the spec names none any more (ExternalSecret
 // mode without connectionRef), the one its record names.
-func (r *deps) revokeAll(ctx context.Context, s *scope) (ctrl.Result, error) {
+func (r *deps) revokeAll(ctx context.Context, s *credential.Cluster) (ctrl.Result, error) {
 	var vcl vault.LeaseClient
 	if s.RC.VaultConnectionName() != "" {
 		c, wait, err := r.connect(ctx, s, true)
@@ -57,12 +58,12 @@ func (r *deps) revokeAll(ctx context.Context, s *scope) (ctrl.Result, error) {
 			return result(wait, err)
 		}
 	}
-	return ctrl.Result{}, r.Ledger.RevokeAll(ctx, s.Cluster, vcl)
+	return ctrl.Result{}, r.Ledger.RevokeAll(ctx, s, vcl)
 }
 
 // removeFinalizer writes the (now empty) ledger first, then lets the object go.
-func (r *Reconciler) removeFinalizer(ctx context.Context, s *scope) error {
-	if err := r.writeStatus(ctx, s); err != nil {
+func (r *Reconciler) removeFinalizer(ctx context.Context, s *credential.Cluster) error {
+	if err := r.WriteStatus(ctx, s); err != nil {
 		return err
 	}
 	patch := client.MergeFrom(s.RC.DeepCopy())
@@ -70,7 +71,7 @@ func (r *Reconciler) removeFinalizer(ctx context.Context, s *scope) error {
 	if err := r.Patch(ctx, s.RC, patch); err != nil {
 		return client.IgnoreNotFound(err)
 	}
-	s.before = s.RC.DeepCopy()
+	s.Before = s.RC.DeepCopy()
 	return nil
 }
 

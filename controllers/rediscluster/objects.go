@@ -8,6 +8,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/keyroll/keyroll/controllers/apply"
+	"github.com/keyroll/keyroll/controllers/credential"
 	"github.com/keyroll/keyroll/controllers/render"
 )
 
@@ -20,7 +21,7 @@ import (
 // not keyroll's (one an owner made before keyroll did) is reported and left alone, and stops
 // neither the Redis pods nor the work on the credential. No pod mounts the credential: the Redis
 // pods start before there is one, and the users on them change live.
-func (r *deps) reconcileObjects(ctx context.Context, s *scope, in *internal) error {
+func (r *deps) reconcileObjects(ctx context.Context, s *credential.Cluster, in *internal) error {
 	rc := s.RC
 	version := ""
 	if c := rc.Status.Credential; c != nil {
@@ -45,7 +46,7 @@ func (r *deps) reconcileObjects(ctx context.Context, s *scope, in *internal) err
 	}
 	wg.Wait()
 	if errors.As(errs[3], new(*apply.ConflictError)) {
-		s.conflict = errs[3].Error() // the budget's: reported (Ready); the credential goes on being kept
+		s.Conflict = errs[3].Error() // the budget's: reported (Ready); the credential goes on being kept
 		errs[3] = nil
 	}
 	if err := errors.Join(errs...); err != nil {
@@ -55,9 +56,9 @@ func (r *deps) reconcileObjects(ctx context.Context, s *scope, in *internal) err
 }
 
 // objectFailed records an owned object that exists and is not keyroll's as the conflict.
-func objectFailed(s *scope, err error) error {
+func objectFailed(s *credential.Cluster, err error) error {
 	if conflict := new(*apply.ConflictError); errors.As(err, conflict) {
-		s.conflict = (*conflict).Error()
+		s.Conflict = (*conflict).Error()
 	}
 	return err
 }

@@ -16,25 +16,12 @@ import (
 	"github.com/keyroll/keyroll/apis/v1alpha1"
 	"github.com/keyroll/keyroll/controllers/apply"
 	"github.com/keyroll/keyroll/controllers/conditions"
-	"github.com/keyroll/keyroll/controllers/externalsecret"
-	"github.com/keyroll/keyroll/controllers/ledger"
+	"github.com/keyroll/keyroll/controllers/credential"
 	"github.com/keyroll/keyroll/controllers/render"
 	"github.com/keyroll/keyroll/controllers/statustime"
 	"github.com/keyroll/keyroll/redisnode"
 	"github.com/keyroll/keyroll/vault"
 )
-
-// scope is one reconcile's view of a RedisCluster: the object, its status as last written, and
-// its conditions.
-type scope struct {
-	*ledger.Cluster
-	// before is the RedisCluster as last written: the status patch is computed against it.
-	before *v1alpha1.RedisCluster
-	// conflict names an owned object that exists and is not keyroll's, when one does.
-	conflict string
-	// statusLater says that the status is left to the next reconcile, which comes at once.
-	statusLater bool
-}
 
 // Reconcile brings one RedisCluster towards its spec. Status is written once, at the end, except
 // that a newly issued lease is written to the ledger before anything uses it.
@@ -48,16 +35,14 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
-	s := &scope{before: rc.DeepCopy(), Cluster: &ledger.Cluster{RC: rc,
-		Conds: conditions.Setter{Obj: rc, Conditions: &rc.Status.Conditions, Recorder: r.Recorder,
-			Announced: &conditions.Announced{}}}}
-	s.Persist = func(ctx context.Context) error { return r.writeStatus(ctx, s) }
-	s.Connect = r.connectTo
+	s := &credential.Cluster{RC: rc, Before: rc.DeepCopy(),
+		Conds:  conditions.Setter{Obj: rc, Conditions: &rc.Status.Conditions, Recorder: r.Recorder, Announced: &conditions.Announced{}},
+		Status: r.deps, Connections: r.Connector, Reader: r.Client}
 	defer func() {
-		if s.statusLater && reterr == nil {
+		if s.StatusLater && reterr == nil {
 			return
 		}
-		err := r.writeStatus(ctx, s)
+		err := r.WriteStatus(ctx, s)
 		if apierrors.IsNotFound(err) && !rc.DeletionTimestamp.IsZero() {
 			err = nil // deleted meanwhile: its finalizer was removed
 		}
@@ -83,7 +68,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 	if added, err := r.ensureFinalizer(ctx, rc); err != nil {
 		return ctrl.Result{}, err
 	} else if added {
-		s.before = rc.DeepCopy() // the patched object, which the API server has now: go on from it
+		s.Before = rc.DeepCopy() // the patched object, which the API server has now: go on from it
 	}
 	return r.reconcileNormal(ctx, s)
 }
@@ -102,10 +87,10 @@ func (r *Reconciler) ensureFinalizer(ctx context.Context, rc *v1alpha1.RedisClus
 // credential first (a new cluster holds its lease after a few requests, not after all its
 // objects), the Redis objects (written whatever became of it), its users on every node (then the
 // consumers' Secret), the rollout to the consumers, and the retirement of what it replaced.
-func (r *Reconciler) reconcileNormal(ctx context.Context, s *scope) (ctrl.Result, error) {
+func (r *Reconciler) reconcileNormal(ctx context.Context, s *credential.Cluster) (ctrl.Result, error) {
 	rc := s.RC
 	if rc.Spec.Credentials.Source == v1alpha1.SourceExternalSecret && !r.ExternalSecrets {
-		externalsecret.NotInstalled(s.Cluster)
+		credential.ExternalSecretsNotInstalled(s)
 		return ctrl.Result{}, nil
 	}
 	s.ParseRotation()
@@ -117,7 +102,7 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, s *scope) (ctrl.Result
 		return result(waitForConnection, err)
 	}
 	d, err := r.credentialAndObjects(ctx, s, in)
-	if err == nil && d.cred == nil && d.pc != nil && ledger.CutOff(rc) {
+	if err == nil && d.cred == nil && d.pc != nil && credential.CutOff(rc) {
 		// A user cut off with no credential to replace it yet leaves every node now.
 		_, wait, err := r.reconcileUsers(ctx, s, in, nil)
 		return result(statustime.Soonest(d.next, wait), err)
@@ -140,7 +125,7 @@ type delivery struct {
 // credentialAndObjects brings the credential up to date, then the Redis objects and the primary,
 // whatever became of the credential: Redis trouble is reported and looked at again, and does not
 // hold up the credential.
-func (r *Reconciler) credentialAndObjects(ctx context.Context, s *scope, in *internal) (delivery, error) {
+func (r *Reconciler) credentialAndObjects(ctx context.Context, s *credential.Cluster, in *internal) (delivery, error) {
 	rc := s.RC
 	d := delivery{in: in}
 	var credErr error
@@ -149,7 +134,7 @@ func (r *Reconciler) credentialAndObjects(ctx context.Context, s *scope, in *int
 	}
 	had := rc.Status.Credential != nil && rc.Status.Credential.Version != ""
 	if d.vcl != nil || rc.VaultConnectionName() == "" {
-		d.cred, d.next, credErr = r.source(rc).Credential(ctx, s.Cluster, d.vcl)
+		d.cred, d.next, credErr = r.source(rc).Credential(ctx, s, d.vcl)
 	}
 	if !had && d.cred != nil && in.acl.Name == "" && rc.Spec.Credentials.Source == v1alpha1.SourceVaultLease {
 		return r.credentialFirst(ctx, s, in, d)
@@ -175,9 +160,9 @@ func (r *Reconciler) credentialAndObjects(ctx context.Context, s *scope, in *int
 // the status beyond the ledger, come in its next reconcile, behind the clusters already queued.
 // Of many clusters created at once, each then holds its lease after three writes, not after the
 // dozen writes and reads of the objects of every cluster ahead of it.
-func (r *deps) credentialFirst(ctx context.Context, s *scope, in *internal, d delivery) (delivery, error) {
+func (r *deps) credentialFirst(ctx context.Context, s *credential.Cluster, in *internal, d delivery) (delivery, error) {
 	err := r.writeState(ctx, s.RC, in, d.cred)
-	s.statusLater = err == nil
+	s.StatusLater = err == nil
 	d.cred, d.next = nil, objectsAfterCredential
 	return d, err
 }
@@ -187,13 +172,13 @@ const objectsAfterCredential = time.Millisecond
 
 // deliver puts the credential on every Redis node, then in the consumers' Secret and rolls the
 // consumers out, then retires the users and leases it superseded.
-func (r *Reconciler) deliver(ctx context.Context, s *scope, d delivery) (ctrl.Result, error) {
+func (r *Reconciler) deliver(ctx context.Context, s *credential.Cluster, d delivery) (ctrl.Result, error) {
 	if err := r.stage(ctx, s, d.in, d.cred); err != nil {
 		return ctrl.Result{}, err
 	}
 	// Users cut off ahead of their replacement's rollout leave the nodes (and status) in the
 	// users step: the consumers still need the credential that replaced them.
-	pending := ledger.Pending(s.RC) || ledger.CutOff(s.RC)
+	pending := credential.Pending(s.RC) || credential.CutOff(s.RC)
 	applied, usersWait, err := r.reconcileUsers(ctx, s, d.in, d.cred)
 	if d.next = statustime.Soonest(d.next, usersWait); !applied || err != nil {
 		r.readyReplicas(ctx, s)
@@ -203,7 +188,7 @@ func (r *Reconciler) deliver(ctx context.Context, s *scope, d delivery) (ctrl.Re
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	if rolledOut && ledger.Retiring(s.RC) {
+	if rolledOut && credential.Retiring(s.RC) {
 		if done, wait, err := r.retireSuperseded(ctx, s, d.in, d.vcl, d.cred); !done || err != nil {
 			return result(wait, err)
 		}
@@ -216,7 +201,7 @@ func (r *Reconciler) deliver(ctx context.Context, s *scope, d delivery) (ctrl.Re
 // stage keeps the current credential where only keyroll reads it (VaultLease mode: Vault hands
 // it over once), before any node or consumer has it; with rollout.redisPods Restart, the
 // StatefulSet's template names it, so that pods restarted for it are told apart.
-func (r *deps) stage(ctx context.Context, s *scope, in *internal, cred *render.Credential) error {
+func (r *deps) stage(ctx context.Context, s *credential.Cluster, in *internal, cred *render.Credential) error {
 	rc := s.RC
 	if rc.Spec.Credentials.Source == v1alpha1.SourceVaultLease {
 		if err := r.writeState(ctx, rc, in, cred); err != nil {
@@ -233,14 +218,14 @@ func (r *deps) stage(ctx context.Context, s *scope, in *internal, cred *render.C
 // users of superseded credentials leave every node (confirmed on each) and the aclfile, then
 // their leases are revoked. A revocation that fails is retried with backoff; the user stays
 // removed. vcl is nil when no lease is tracked.
-func (r *deps) retireSuperseded(ctx context.Context, s *scope, in *internal, vcl vault.LeaseClient, cred *render.Credential) (bool, time.Duration, error) {
-	ledger.Retire(s.RC)
+func (r *deps) retireSuperseded(ctx context.Context, s *credential.Cluster, in *internal, vcl vault.LeaseClient, cred *render.Credential) (bool, time.Duration, error) {
+	credential.Retire(s.RC)
 	applied, wait, err := r.reconcileUsers(ctx, s, in, cred)
 	if !applied || err != nil {
 		return false, wait, err
 	}
-	if len(ledger.Superseded(s.RC)) > 0 { // each through the connection it came through
-		if err := r.Ledger.RevokeSuperseded(ctx, s.Cluster, vcl); err != nil {
+	if len(credential.Superseded(s.RC)) > 0 { // each through the connection it came through
+		if err := r.Ledger.RevokeSuperseded(ctx, s, vcl); err != nil {
 			return false, 0, err
 		}
 	}
@@ -263,26 +248,26 @@ func result(after time.Duration, err error) (ctrl.Result, error) {
 }
 
 // readyReplicas records how many Redis pods are Ready (the StatefulSet's count).
-func (r *Reconciler) readyReplicas(ctx context.Context, s *scope) {
+func (r *Reconciler) readyReplicas(ctx context.Context, s *credential.Cluster) {
 	sts := &appsv1.StatefulSet{}
 	if err := r.Get(ctx, client.ObjectKey{Namespace: s.RC.Namespace, Name: s.RC.Name}, sts); err == nil {
 		s.RC.Status.ReadyReplicas = sts.Status.ReadyReplicas
 	}
 }
 
-// writeStatus sums the conditions up (Ready, Degraded), derives the phase and writes the status if
+// WriteStatus sums the conditions up (Ready, Degraded), derives the phase and writes the status if
 // it changed; then the events announcing its changes are recorded. A reconcile that started from
 // a stale cache computes the changes a previous one wrote, and its write conflicts: its events go
 // with it, so that each change is announced once.
-func (r *deps) writeStatus(ctx context.Context, s *scope) error {
-	s.summarize()
+func (r *deps) WriteStatus(ctx context.Context, s *credential.Cluster) error {
+	summarize(s)
 	s.RC.Status.Phase = s.RC.SummaryPhase()
-	err := apply.PatchStatus(ctx, r.Client, s.before, s.RC, func(o client.Object) any { return o.(*v1alpha1.RedisCluster).Status })
+	err := apply.PatchStatus(ctx, r.Client, s.Before, s.RC, func(o client.Object) any { return o.(*v1alpha1.RedisCluster).Status })
 	if err != nil {
 		s.Conds.NotWritten()
 		return err
 	}
-	s.before = s.RC.DeepCopy()
+	s.Before = s.RC.DeepCopy()
 	s.Conds.Written()
 	return nil
 }

@@ -11,12 +11,10 @@ import (
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
 	"github.com/keyroll/keyroll/controllers/connection"
-	"github.com/keyroll/keyroll/controllers/externalsecret"
-	"github.com/keyroll/keyroll/controllers/ledger"
+	"github.com/keyroll/keyroll/controllers/credential"
 	"github.com/keyroll/keyroll/controllers/metrics"
 	"github.com/keyroll/keyroll/controllers/render"
 	"github.com/keyroll/keyroll/controllers/upkeep"
-	"github.com/keyroll/keyroll/controllers/vaultlease"
 	"github.com/keyroll/keyroll/redisnode"
 	"github.com/keyroll/keyroll/vault"
 )
@@ -33,8 +31,8 @@ type Reconciler struct {
 	Workers        int
 	rollout        *Engine
 	upkeep         *upkeep.Timers
-	vaultLease     *vaultlease.Source
-	externalSecret *externalsecret.Source
+	vaultLease     *credential.Issuer
+	externalSecret *credential.Adopter
 }
 
 // deps are what the phases of a reconcile share: the clients, the clock, the metrics, the Vault
@@ -47,7 +45,7 @@ type deps struct {
 	Clock     clock.Clock
 	Connector *connection.Connector
 	Metrics   *metrics.Metrics
-	Ledger    *ledger.Ledger
+	Ledger    *credential.Ledger
 	// nodes changes the users on the Redis nodes.
 	nodes   *usersSyncer
 	primary *primaryKeeper
@@ -57,19 +55,19 @@ type deps struct {
 }
 
 // source is where a RedisCluster's credential comes from: a Vault lease keyroll holds
-// (vaultlease.Source) or External Secrets Operator (externalsecret.Source).
+// (credential.Issuer) or External Secrets Operator (credential.Adopter).
 type source interface {
 	// Credential brings the credential up to date (issue, adopt, renew, look up, refresh) and
 	// returns it; nil while there is none. It says when to look again. vcl is the Vault client of
 	// the cluster's VaultConnection, nil when it has none.
-	Credential(ctx context.Context, c *ledger.Cluster, vcl vault.LeaseClient) (*render.Credential, time.Duration, error)
+	Credential(ctx context.Context, c *credential.Cluster, vcl vault.LeaseClient) (*render.Credential, time.Duration, error)
 	// Retire stops the source before the cluster's leases are revoked on delete, and says how
 	// long to wait for it.
-	Retire(ctx context.Context, c *ledger.Cluster) (time.Duration, error)
+	Retire(ctx context.Context, c *credential.Cluster) (time.Duration, error)
 }
 
 // Both credential sources are sources.
-var _, _ source = (*vaultlease.Source)(nil), (*externalsecret.Source)(nil)
+var _, _ source = (*credential.Issuer)(nil), (*credential.Adopter)(nil)
 
 // DefaultWorkers is how many RedisClusters are reconciled at once by default: enough that a slow
 // Vault call for one cluster does not hold up a thousand others.
@@ -105,21 +103,21 @@ type Config struct {
 func New(cfg Config) *Reconciler {
 	interval := cfg.LeaseCheckInterval
 	if interval == 0 {
-		interval = ledger.DefaultLeaseCheckInterval
+		interval = credential.DefaultLeaseCheckInterval
 	}
 	dial := cfg.DialRedis
 	if dial == nil {
 		dial = redisnode.Dial
 	}
 	timers := upkeep.NewTimers(delayedExecution(cfg.Clock))
-	checks := ledger.NewLeaseChecks(interval)
+	checks := credential.NewLeaseChecks(interval)
 	d := &deps{Client: cfg.Client, APIReader: cfg.APIReader, Clock: cfg.Clock, Connector: cfg.Connector,
-		Metrics: cfg.Metrics, Ledger: &ledger.Ledger{Clock: cfg.Clock, Metrics: cfg.Metrics, Checks: checks, Upkeep: timers},
+		Metrics: cfg.Metrics, Ledger: &credential.Ledger{Clock: cfg.Clock, Metrics: cfg.Metrics, Checks: checks, Upkeep: timers},
 		nodes: newUsersSyncer(cfg.Client, dial, cfg.Clock, cfg.UsersCheckInterval, cfg.Metrics.UnknownUsersRemoved, checks.Now), primary: &primaryKeeper{Client: cfg.Client, Dial: dial, Clock: cfg.Clock},
 		netpol:     &netpolKeeper{Client: cfg.Client, APIReader: cfg.APIReader, OperatorNamespace: cmp.Or(cfg.OperatorNamespace, "keyroll-system")},
 		probeImage: cfg.ProbeImage}
 	workers := cmp.Or(max(cfg.Workers, 0), DefaultWorkers)
-	vl := &vaultlease.Source{Client: d.Client, APIReader: d.APIReader, Clock: d.Clock, Metrics: d.Metrics, Ledger: d.Ledger}
+	vl := &credential.Issuer{Client: d.Client, APIReader: d.APIReader, Clock: d.Clock, Metrics: d.Metrics, Ledger: d.Ledger}
 	if cfg.Connector != nil && cfg.Connector.Intents != nil {
 		vl.Intents = cfg.Connector.Intents
 	}
@@ -127,7 +125,7 @@ func New(cfg Config) *Reconciler {
 		deps: d, Recorder: cfg.Recorder, ExternalSecrets: cfg.ExternalSecrets, Workers: workers, upkeep: timers,
 		rollout:        &Engine{Client: d.Client, APIReader: d.APIReader, Clock: d.Clock, Metrics: d.Metrics, Primary: d.primary, ProbeImage: d.probeImage},
 		vaultLease:     vl,
-		externalSecret: externalsecret.NewSource(d.Client, d.APIReader, d.Clock, d.Metrics, d.Ledger),
+		externalSecret: credential.NewAdopter(d.Client, d.APIReader, d.Clock, d.Metrics, d.Ledger),
 	}
 }
 

@@ -27,10 +27,9 @@ import (
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
 	"github.com/keyroll/keyroll/controllers/connection"
-	"github.com/keyroll/keyroll/controllers/ledger"
+	"github.com/keyroll/keyroll/controllers/credential"
 	"github.com/keyroll/keyroll/controllers/metrics"
 	"github.com/keyroll/keyroll/controllers/render"
-	"github.com/keyroll/keyroll/controllers/vaultlease"
 	"github.com/keyroll/keyroll/redisnode/redisnodetest"
 	"github.com/keyroll/keyroll/vault"
 	"github.com/keyroll/keyroll/vault/vaulttest"
@@ -311,15 +310,15 @@ func TestRefusedIssueIsTriedAgainAfterAWhile(t *testing.T) {
 
 			res := h.reconcile(t)
 
-			if res.RequeueAfter != vaultlease.RefusedRetry {
-				t.Errorf("result %+v, want a retry in %s", res, vaultlease.RefusedRetry)
+			if res.RequeueAfter != credential.RefusedRetry {
+				t.Errorf("result %+v, want a retry in %s", res, credential.RefusedRetry)
 			}
 			c := condition(h.get(t), v1alpha1.ConditionCredentialsReady)
 			if c == nil || c.Status != metav1.ConditionFalse || !strings.Contains(c.Message, "tried again in 5m0s") {
 				t.Errorf("CredentialsReady %+v: want False, saying when it is tried again", c)
 			}
 			h.vault.SetFailure(vaulttest.OpIssue, nil) // fixed in Vault
-			h.clock.Step(vaultlease.RefusedRetry)
+			h.clock.Step(credential.RefusedRetry)
 			if rc := h.settle(t); rc.Status.Credential == nil {
 				t.Errorf("no credential once Vault allows it")
 			}
@@ -333,7 +332,7 @@ func TestLeaseRevokedOutsideIsFoundByTheLeaseCheckAndReplaced(t *testing.T) {
 	h.vault.RevokeOutside(old.LeaseID)
 	h.eventReasons()
 
-	h.clock.Step(ledger.DefaultLeaseCheckInterval)
+	h.clock.Step(credential.DefaultLeaseCheckInterval)
 	rc := h.settle(t)
 
 	if rc.Status.Credential.LeaseID == old.LeaseID || h.vault.Calls(vaulttest.OpLookup) == 0 {
@@ -368,7 +367,7 @@ func TestCutOffRollsTheReplacementOutToTheConsumers(t *testing.T) {
 	h.vault.RevokeOutside(old.LeaseID)
 	h.eventReasons()
 
-	h.clock.Step(ledger.DefaultLeaseCheckInterval)
+	h.clock.Step(credential.DefaultLeaseCheckInterval)
 	rc := h.settle(t)
 
 	if rc.Status.Credential.Version == old.Version {
@@ -453,10 +452,10 @@ func TestSummary(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			rc := cluster(func(rc *v1alpha1.RedisCluster) { rc.Spec.Replicas = 3 })
 			rc.Status.Conditions, rc.Status.ReadyReplicas = tc.conds, tc.ready
-			s := &scope{Cluster: &ledger.Cluster{RC: rc}}
+			s := &credential.Cluster{RC: rc}
 			s.Conds.Obj, s.Conds.Conditions = rc, &rc.Status.Conditions
 
-			s.summarize()
+			summarize(s)
 
 			r, d := condition(rc, v1alpha1.ConditionReady), condition(rc, v1alpha1.ConditionDegraded)
 			if (r.Status == metav1.ConditionTrue) != tc.wantReadyTrue || r.Reason != tc.wantReady {

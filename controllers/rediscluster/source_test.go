@@ -15,7 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
-	"github.com/keyroll/keyroll/controllers/ledger"
+	"github.com/keyroll/keyroll/controllers/credential"
 	"github.com/keyroll/keyroll/vault"
 	"github.com/keyroll/keyroll/vault/vaulttest"
 )
@@ -171,7 +171,7 @@ func TestAFullLedgerHoldsRotationsInsteadOfFailingStatusWrites(t *testing.T) {
 	h := newHarness(t, cluster())
 	rc := h.settle(t)
 	cur := rc.Status.Credential
-	for i := len(rc.Status.Leases); i < ledger.MaxLeases; i++ {
+	for i := len(rc.Status.Leases); i < credential.MaxLeases; i++ {
 		rc.Status.Leases = append(rc.Status.Leases, v1alpha1.LeaseRecord{
 			LeaseID: fmt.Sprintf("database/creds/orders/old-%d", i), State: v1alpha1.LeaseRevoking, Version: fmt.Sprintf("old%d", i),
 			Username: fmt.Sprintf("V_OLD_%d", i), Connection: "vault"})
@@ -207,7 +207,7 @@ func TestAFullLedgerHoldsRotationsInsteadOfFailingStatusWrites(t *testing.T) {
 	h.vault.SetFailure(vaulttest.OpRevoke, nil)
 	h.clock.Step(10 * time.Minute) // past the revocations' backoff
 	rc = h.settle(t)
-	if rc.Status.Credential.Version == cur.Version || len(rc.Status.Leases) >= ledger.MaxLeases {
+	if rc.Status.Credential.Version == cur.Version || len(rc.Status.Leases) >= credential.MaxLeases {
 		t.Errorf("credential %s, %d leases: want the rotation once revocations made room", rc.Status.Credential.Version, len(rc.Status.Leases))
 	}
 	if c := condition(rc, v1alpha1.ConditionSourceHealthy); c != nil && c.Status != metav1.ConditionTrue {

@@ -8,6 +8,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/controllers/credential"
 )
 
 // concerns are the conditions that Degraded sums up, the most pressing first: leases not revoked, nodes
@@ -24,7 +25,7 @@ var inProgress = []string{v1alpha1.ReasonApplying}
 // so that two problems never overwrite each other: Degraded is True while any concern is False
 // (with the first one's reason and every one's message); Ready is True when a live credential is
 // in place, every Redis node accepts it and every Redis pod is Ready. Their events are those of the concerns.
-func (s *scope) summarize() {
+func summarize(s *credential.Cluster) {
 	rc := s.RC
 	var reason string
 	var msgs []string
@@ -55,8 +56,8 @@ func (s *scope) summarize() {
 		s.Conds.Set(v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.ReasonApplying, "Waiting for the Redis nodes to accept the credential")
 	case users.Status != metav1.ConditionTrue:
 		s.Conds.Set(v1alpha1.ConditionReady, metav1.ConditionFalse, users.Reason, users.Message)
-	case s.conflict != "":
-		s.Conds.Set(v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.ReasonSecretConflict, s.conflict)
+	case s.Conflict != "":
+		s.Conds.Set(v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.ReasonSecretConflict, s.Conflict)
 	case rc.Status.ReadyReplicas < rc.Spec.Replicas:
 		s.Conds.Set(v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.ReasonReconciling, "Waiting for the Redis pods to be Ready")
 	default:

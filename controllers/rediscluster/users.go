@@ -12,6 +12,7 @@ import (
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
 	"github.com/keyroll/keyroll/controllers/apply"
+	"github.com/keyroll/keyroll/controllers/credential"
 	"github.com/keyroll/keyroll/controllers/render"
 )
 
@@ -20,7 +21,7 @@ import (
 // confirmed there; only once every node accepts the current credential is it written to the
 // consumers' Secret. aclRules that Redis has not accepted yet are checked on a node first: rules
 // it refuses are reported, and nothing is applied. Once done, wait is when they are next checked.
-func (r *deps) reconcileUsers(ctx context.Context, s *scope, in *internal, cred *render.Credential) (done bool, wait time.Duration, err error) {
+func (r *deps) reconcileUsers(ctx context.Context, s *credential.Cluster, in *internal, cred *render.Credential) (done bool, wait time.Duration, err error) {
 	rc := s.RC
 	rulesKey := render.RulesKey(rc)
 	if in.acl.Annotations[render.AnnotationRulesAccepted] != rulesKey {
@@ -72,7 +73,7 @@ type internal struct {
 // aclfile has its hash: at once when an aclfile exists, and for a new cluster with its first
 // credential or just before its first aclfile, whichever comes first (saveAdmin); the others go
 // into the ACL Secret with the aclfile. It returns nil without the Vault plugin's Secret.
-func (r *deps) internalUsers(ctx context.Context, s *scope) (*internal, error) {
+func (r *deps) internalUsers(ctx context.Context, s *credential.Cluster) (*internal, error) {
 	rc := s.RC
 	state, err := r.ownedSecret(ctx, rc, render.StateSecretName(rc))
 	if err != nil {
@@ -139,7 +140,7 @@ func (r *deps) ownedSecret(ctx context.Context, rc *v1alpha1.RedisCluster, name 
 // vaultPluginUser is the Vault plugin's user of spec.vaultPlugin: its password from the
 // administrator's labelled Secret, or generated into <name>-vault-plugin; nil without one
 // (UsersApplied says why).
-func (r *deps) vaultPluginUser(ctx context.Context, s *scope) (*render.ACLUser, error) {
+func (r *deps) vaultPluginUser(ctx context.Context, s *credential.Cluster) (*render.ACLUser, error) {
 	rc := s.RC
 	vp := rc.Spec.VaultPlugin
 	if vp == nil {

@@ -12,7 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
-	"github.com/keyroll/keyroll/controllers/ledger"
+	"github.com/keyroll/keyroll/controllers/credential"
 	"github.com/keyroll/keyroll/rotation"
 	"github.com/keyroll/keyroll/test/framework"
 )
@@ -238,13 +238,13 @@ func (r *rolloutWatch) ended(t *testing.T, w *ledgerWatch, events []eventsv1.Eve
 	}
 	// Vault loses a lease with its token (the watch sees it gone a moment later, if keyroll has
 	// not taken it out of the ledger by then), or when it is revoked outside keyroll.
-	lost, how := ledger.Earliest(tokenEnds, s.vanished), "not seen gone from Vault while in the ledger"
+	lost, how := credential.Earliest(tokenEnds, s.vanished), "not seen gone from Vault while in the ledger"
 	if !s.vanished.IsZero() {
 		how = "seen gone from Vault at " + s.vanished.Format(time.TimeOnly)
 	}
 	announced := s.capped
 	if e := firstNaming(events, v1alpha1.EventSupersededLeaseEnding, id); e != nil {
-		announced = ledger.Earliest(announced, e.EventTime.Time)
+		announced = credential.Earliest(announced, e.EventTime.Time)
 		if end := tokenEnds.UTC().Format(time.RFC3339); !strings.Contains(e.Note, end) {
 			t.Errorf("lease %s: the %s event does not name its token's end %s: %q", id, e.Reason, end, e.Note)
 		}

@@ -1,4 +1,4 @@
-package externalsecret
+package credential
 
 import (
 	"context"
@@ -12,7 +12,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
-	"github.com/keyroll/keyroll/controllers/ledger"
 	"github.com/keyroll/keyroll/controllers/render"
 	"github.com/keyroll/keyroll/controllers/statustime"
 	"github.com/keyroll/keyroll/vault"
@@ -24,7 +23,7 @@ import (
 // es is the UID of keyroll's ExternalSecret: only leases seen in Secrets it controls are taken.
 // waiting says that the credential, with the leases sighted, does not fit in the status (see
 // fits): it is not adopted, and the sightings are kept until there is room.
-func (r *Source) adopt(ctx context.Context, cl *ledger.Cluster, sc *render.SyncedCredential, vcl vault.LeaseClient, tracked bool, es types.UID) (gone, waiting bool, err error) {
+func (r *Adopter) adopt(ctx context.Context, cl *Cluster, sc *render.SyncedCredential, vcl vault.LeaseClient, tracked bool, es types.UID) (gone, waiting bool, err error) {
 	rc := cl.RC
 	key := client.ObjectKeyFromObject(rc)
 	sighted := r.sightings.peek(key, es)
@@ -53,7 +52,7 @@ func (r *Source) adopt(ctx context.Context, cl *ledger.Cluster, sc *render.Synce
 		gone = tracked && !info.Exists
 	}
 	if tracked {
-		rc.Status.Leases = ledger.AddSighted(rc.Status.Leases, sighted, now, rc.VaultConnectionName())
+		rc.Status.Leases = AddSighted(rc.Status.Leases, sighted, now, rc.VaultConnectionName())
 	}
 	if err := cl.Persist(ctx); err != nil {
 		return false, false, fmt.Errorf("recording the synced credential: %w", err)
@@ -76,7 +75,7 @@ func (r *Source) adopt(ctx context.Context, cl *ledger.Cluster, sc *render.Synce
 func newLeases(rc *v1alpha1.RedisCluster, sighted []string, current string) int {
 	added := map[string]bool{}
 	for _, id := range append(slices.Clone(sighted), current) {
-		if id != "" && !ledger.Has(rc.Status.Leases, id) {
+		if id != "" && !Has(rc.Status.Leases, id) {
 			added[id] = true
 		}
 	}
@@ -89,7 +88,7 @@ func unrecorded(rc *v1alpha1.RedisCluster, sighted []string, current string, tra
 		return false
 	}
 	for _, id := range sighted {
-		if id != current && !ledger.Has(rc.Status.Leases, id) {
+		if id != current && !Has(rc.Status.Leases, id) {
 			return true
 		}
 	}
@@ -97,7 +96,7 @@ func unrecorded(rc *v1alpha1.RedisCluster, sighted []string, current string, tra
 }
 
 // recordSynced puts a synced credential into the status, and its lease into the ledger.
-func (r *Source) recordSynced(cl *ledger.Cluster, sc *render.SyncedCredential, tracked bool, info *vault.LeaseInfo, now *metav1.Time, fresh bool) {
+func (r *Adopter) recordSynced(cl *Cluster, sc *render.SyncedCredential, tracked bool, info *vault.LeaseInfo, now *metav1.Time, fresh bool) {
 	rc := cl.RC
 	prev := rc.Status.Credential
 	cs := &v1alpha1.CredentialStatus{
@@ -121,7 +120,7 @@ func (r *Source) recordSynced(cl *ledger.Cluster, sc *render.SyncedCredential, t
 	if fresh {
 		// The lease of the credential it replaces (tracked through this connection or another)
 		// is revoked after the rollout.
-		ledger.Supersede(rc, sc.Version)
+		Supersede(rc, sc.Version)
 	}
 	if sc.LeaseDuration > 0 {
 		cs.LeaseDuration = &metav1.Duration{Duration: sc.LeaseDuration}
@@ -135,7 +134,7 @@ func (r *Source) recordSynced(cl *ledger.Cluster, sc *render.SyncedCredential, t
 		if !info.LastRenewal.IsZero() {
 			cs.LastRenewal = statustime.At(info.LastRenewal)
 		}
-		if info.Exists && !ledger.Has(rc.Status.Leases, sc.LeaseID) {
+		if info.Exists && !Has(rc.Status.Leases, sc.LeaseID) {
 			rc.Status.Leases = append(rc.Status.Leases, v1alpha1.LeaseRecord{
 				LeaseID: sc.LeaseID, State: v1alpha1.LeaseActive, Version: sc.Version, Username: sc.Username,
 				IssuedAt: cs.IssuedAt, ExpiresAt: cs.ExpiresAt, Connection: rc.VaultConnectionName(),
@@ -148,7 +147,7 @@ func (r *Source) recordSynced(cl *ledger.Cluster, sc *render.SyncedCredential, t
 // syncedSecret reads the credentials Secret ESO writes; nil while it does not exist. It must be
 // controlled by keyroll's own ExternalSecret, whose UID is es (empty: not created yet): a Secret of
 // that name that anyone else wrote, or another ExternalSecret controls, is never read.
-func (r *Source) syncedSecret(ctx context.Context, rc *v1alpha1.RedisCluster, es types.UID) (*corev1.Secret, error) {
+func (r *Adopter) syncedSecret(ctx context.Context, rc *v1alpha1.RedisCluster, es types.UID) (*corev1.Secret, error) {
 	if es == "" {
 		return nil, nil
 	}
@@ -177,7 +176,7 @@ func (r *Source) syncedSecret(ctx context.Context, rc *v1alpha1.RedisCluster, es
 // mayTrack says whether the lease ESO obtained may be tracked through vcl: its ID must lie under a
 // path the VaultConnection allows the namespace (see connection.ForNamespace). One that does
 // not is announced and left alone: keyroll neither renews nor revokes it.
-func (r *Source) mayTrack(cl *ledger.Cluster, vcl vault.LeaseClient, id string) bool {
+func (r *Adopter) mayTrack(cl *Cluster, vcl vault.LeaseClient, id string) bool {
 	g, ok := vcl.(interface{ AllowsLease(string) error })
 	if !ok {
 		return true

@@ -1,4 +1,4 @@
-package externalsecret
+package credential
 
 import (
 	"context"
@@ -74,7 +74,7 @@ func (s *sightings) forget(key types.NamespacedName, ids []string) {
 
 // SecretEvents enqueues the RedisCluster of a Secret that ESO writes for it, and records the
 // lease of every version of that Secret it sees.
-func (r *Source) SecretEvents() handler.EventHandler {
+func (r *Adopter) SecretEvents() handler.EventHandler {
 	see := func(o client.Object) []ctrl.Request {
 		sec, ok := o.(*corev1.Secret)
 		cluster := o.GetLabels()[v1alpha1.LabelCluster]

@@ -1,8 +1,4 @@
-// Package externalsecret is the ExternalSecret credential source of a RedisCluster: External
-// Secrets Operator syncs the credential through an ExternalSecret keyroll owns; keyroll adopts each
-// credential ESO writes, and, when the generator hands over the raw Vault response, takes the
-// lease into the ledger to renew and revoke it (ESO does neither).
-package externalsecret
+package credential
 
 import (
 	"fmt"
@@ -13,36 +9,35 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
-	"github.com/keyroll/keyroll/controllers/ledger"
 	"github.com/keyroll/keyroll/controllers/metrics"
 	"github.com/keyroll/keyroll/vault"
 )
 
-// Source is the ExternalSecret source.
-type Source struct {
+// Adopter is the ExternalSecret source: ESO syncs the credential, keyroll adopts it.
+type Adopter struct {
 	Client client.Client
 	// APIReader reads past the cache, where ESO may have written a moment ago.
 	APIReader client.Reader
 	Clock     clock.Clock
 	Metrics   *metrics.Metrics
-	Ledger    *ledger.Ledger
+	Ledger    *Ledger
 	sightings *sightings
 }
 
-// NewSource returns the ExternalSecret source.
-func NewSource(c client.Client, apiReader client.Reader, clk clock.Clock, m *metrics.Metrics, l *ledger.Ledger) *Source {
-	return &Source{Client: c, APIReader: apiReader, Clock: clk, Metrics: m, Ledger: l, sightings: &sightings{}}
+// NewAdopter returns the ExternalSecret source.
+func NewAdopter(c client.Client, apiReader client.Reader, clk clock.Clock, m *metrics.Metrics, l *Ledger) *Adopter {
+	return &Adopter{Client: c, APIReader: apiReader, Clock: clk, Metrics: m, Ledger: l, sightings: &sightings{}}
 }
 
 // WithClient returns a copy of r that writes through c and shares r's memory.
-func (r *Source) WithClient(c client.Client) *Source {
+func (r *Adopter) WithClient(c client.Client) *Adopter {
 	out := *r
 	out.Client = c
 	return &out
 }
 
 // Forget drops what the source remembers of a deleted cluster.
-func (r *Source) Forget(key types.NamespacedName) { r.sightings.forget(key, nil) }
+func (r *Adopter) Forget(key types.NamespacedName) { r.sightings.forget(key, nil) }
 
 // waitForConnection is how long a cluster whose ExternalSecret cannot be written waits before it
 // looks again (a change of the RedisCluster wakes it earlier).
@@ -52,7 +47,7 @@ const waitForConnection = time.Minute
 // own namespace always; a ClusterSecretStore or ClusterGenerator only through a VaultConnection
 // (externalSecret.connectionRef, whose client is vcl) that lists it in spec.externalSecrets.
 // Otherwise the condition says so, and no ExternalSecret is written for it.
-func mayUseSource(cl *ledger.Cluster, vcl vault.LeaseClient) bool {
+func mayUseSource(cl *Cluster, vcl vault.LeaseClient) bool {
 	kind, name, field := cl.RC.ClusterScopedSource()
 	if kind == "" {
 		return true
@@ -70,9 +65,9 @@ func mayUseSource(cl *ledger.Cluster, vcl vault.LeaseClient) bool {
 	return true
 }
 
-// NotInstalled reports that ExternalSecret mode cannot work in this operator: External Secrets
+// ExternalSecretsNotInstalled reports that ExternalSecret mode cannot work in this operator: External Secrets
 // Operator's API was missing when it started.
-func NotInstalled(cl *ledger.Cluster) {
+func ExternalSecretsNotInstalled(cl *Cluster) {
 	msg := "credentials.source is ExternalSecret, but External Secrets Operator's API (external-secrets.io/v1 ExternalSecret) was not installed when keyroll started: install External Secrets Operator, then restart keyroll"
 	cl.NotReady(v1alpha1.ReasonExternalSecretsNotInstalled, v1alpha1.ReasonExternalSecretsNotInstalled, "Sync", msg, true)
 }

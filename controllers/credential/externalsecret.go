@@ -1,4 +1,4 @@
-package externalsecret
+package credential
 
 import (
 	"context"
@@ -15,7 +15,6 @@ import (
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
 	"github.com/keyroll/keyroll/controllers/apply"
-	"github.com/keyroll/keyroll/controllers/ledger"
 	"github.com/keyroll/keyroll/controllers/metrics"
 	"github.com/keyroll/keyroll/controllers/render"
 	"github.com/keyroll/keyroll/controllers/statustime"
@@ -31,7 +30,7 @@ import (
 // Credential is the credential source of ExternalSecret mode: it keeps the ExternalSecret as
 // specified, adopts the credential ESO synced, renews its lease when tracked (vcl is nil when
 // externalSecret.connectionRef is not set) and asks ESO for a new credential when one is due.
-func (r *Source) Credential(ctx context.Context, cl *ledger.Cluster, vcl vault.LeaseClient) (*render.Credential, time.Duration, error) {
+func (r *Adopter) Credential(ctx context.Context, cl *Cluster, vcl vault.LeaseClient) (*render.Credential, time.Duration, error) {
 	rc := cl.RC
 	if !mayUseSource(cl, vcl) {
 		return nil, waitForConnection, nil
@@ -66,7 +65,7 @@ func (r *Source) Credential(ctx context.Context, cl *ledger.Cluster, vcl vault.L
 	r.Ledger.Planned(cl, next)
 	// The superseded leases consumers not yet restarted still use are kept alive, as in VaultLease
 	// mode, each through the connection it came through (even once connectionRef is gone).
-	keep, err := r.Ledger.KeepSuperseded(ctx, cl, vcl, ledger.DefaultRenewalPercent)
+	keep, err := r.Ledger.KeepSuperseded(ctx, cl, vcl, DefaultRenewalPercent)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -79,7 +78,7 @@ func (r *Source) Credential(ctx context.Context, cl *ledger.Cluster, vcl vault.L
 	if wait := r.settling(rc); wait > 0 {
 		return nil, wait, nil
 	}
-	when := statustime.RequeueAfter(r.Clock.Now(), ledger.Earliest(next.When, keep))
+	when := statustime.RequeueAfter(r.Clock.Now(), Earliest(next.When, keep))
 	if next.Action != rotation.ActionNothing {
 		when = syncSettle // a refresh is asked for: look again once ESO may have answered
 	}
@@ -92,7 +91,7 @@ func (r *Source) Credential(ctx context.Context, cl *ledger.Cluster, vcl vault.L
 // which starts the next reconcile). A lease tracked through another connection than
 // externalSecret.connectionRef names now (or through one when it names none) is replaced, as in
 // VaultLease mode. It returns the last decision, which plans what comes next.
-func (r *Source) decideSynced(ctx context.Context, cl *ledger.Cluster, vcl vault.LeaseClient, tracked, gone bool) (rotation.Decision, error) {
+func (r *Adopter) decideSynced(ctx context.Context, cl *Cluster, vcl vault.LeaseClient, tracked, gone bool) (rotation.Decision, error) {
 	var d rotation.Decision
 	lvcl, moved, err := cl.CurrentClient(ctx, vcl)
 	if err != nil {
@@ -105,7 +104,7 @@ func (r *Source) decideSynced(ctx context.Context, cl *ledger.Cluster, vcl vault
 		d = rotation.Decision{Action: rotation.ActionIssue, Reason: rotation.ReasonLeaseGone}
 		return d, r.requestRefresh(ctx, cl, d)
 	}
-	for range ledger.MaxSteps {
+	for range MaxSteps {
 		in := r.Ledger.Input(cl, lvcl, true, gone)
 		in.SourceChanged = moved
 		d = rotation.Decide(in)
@@ -145,7 +144,7 @@ const syncSettle = 3 * time.Second
 
 // settling says how long to wait before rolling out a credential that ESO wrote a moment ago,
 // while Redis pods run an older one. The first credential of a cluster does not wait.
-func (r *Source) settling(rc *v1alpha1.RedisCluster) time.Duration {
+func (r *Adopter) settling(rc *v1alpha1.RedisCluster) time.Duration {
 	c := rc.Status.Credential
 	if rc.Status.ReadyReplicas == 0 || c.IssuedAt == nil {
 		return 0
@@ -157,7 +156,7 @@ func (r *Source) settling(rc *v1alpha1.RedisCluster) time.Duration {
 }
 
 // ensureExternalSecret creates or repairs the ExternalSecret and returns it as the API has it.
-func (r *Source) ensureExternalSecret(ctx context.Context, cl *ledger.Cluster) (*esv1.ExternalSecret, error) {
+func (r *Adopter) ensureExternalSecret(ctx context.Context, cl *Cluster) (*esv1.ExternalSecret, error) {
 	desired := render.ExternalSecret(cl.RC)
 	pauseRefreshes(cl.RC, desired)
 	err := apply.Owned(ctx, r.Client, r.APIReader, cl.RC, desired)
@@ -181,7 +180,7 @@ func (r *Source) ensureExternalSecret(ctx context.Context, cl *ledger.Cluster) (
 
 // notSynced reports that there is no usable credential from ESO: none yet, or (invalid) a Secret
 // without one. ESO's own reason is added when its Ready condition is False.
-func (r *Source) notSynced(cl *ledger.Cluster, es *esv1.ExternalSecret, problem string, invalid bool) {
+func (r *Adopter) notSynced(cl *Cluster, es *esv1.ExternalSecret, problem string, invalid bool) {
 	reason, event := v1alpha1.ReasonExternalSecretNotReady, v1alpha1.ReasonExternalSecretNotReady
 	if invalid {
 		reason, event = v1alpha1.ReasonInvalidCredentialSecret, v1alpha1.ReasonInvalidCredentialSecret
@@ -210,7 +209,7 @@ const refreshRequestTimeout = 10 * time.Minute
 // requestRefresh asks ESO for a new credential: it records the request and its reason in the
 // status first, then puts it on the ExternalSecret as an annotation, which makes ESO refresh at
 // once. A pending request (no new credential since) is not repeated until refreshRequestTimeout.
-func (r *Source) requestRefresh(ctx context.Context, cl *ledger.Cluster, d rotation.Decision) error {
+func (r *Adopter) requestRefresh(ctx context.Context, cl *Cluster, d rotation.Decision) error {
 	rc := cl.RC
 	c := rc.Status.Credential
 	if d.AcknowledgeRotateNow {
@@ -237,7 +236,7 @@ func (r *Source) requestRefresh(ctx context.Context, cl *ledger.Cluster, d rotat
 // keyroll.dev/refresh-requested): a new value makes External Secrets Operator refresh at once. It
 // is a merge patch of its own, not part of the applied spec, so that the annotation stays when
 // the request has been answered.
-func (r *Source) askForRefresh(ctx context.Context, rc *v1alpha1.RedisCluster, at time.Time) error {
+func (r *Adopter) askForRefresh(ctx context.Context, rc *v1alpha1.RedisCluster, at time.Time) error {
 	es := &esv1.ExternalSecret{}
 	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: rc.Namespace, Name: render.ExternalSecretName(rc)}, es); err != nil {
 		return fmt.Errorf("reading ExternalSecret %s: %w", render.ExternalSecretName(rc), err)
@@ -255,7 +254,7 @@ func (r *Source) askForRefresh(ctx context.Context, rc *v1alpha1.RedisCluster, a
 
 // reportSynced sets CredentialsReady for a synced credential, says whether its lease is tracked,
 // and flags ESO trouble and a refresh interval that would leave an expired credential in place.
-func (r *Source) reportSynced(cl *ledger.Cluster, es *esv1.ExternalSecret, sc *render.SyncedCredential, tracked bool) {
+func (r *Adopter) reportSynced(cl *Cluster, es *esv1.ExternalSecret, sc *render.SyncedCredential, tracked bool) {
 	rc := cl.RC
 	src := rc.Spec.Credentials.ExternalSecret
 	secret := render.SyncedSecretName(rc)
@@ -305,7 +304,7 @@ const esDeletionGrace = 30 * time.Second
 // retireExternalSecret stops ESO before the leases are revoked: it takes the lease ESO wrote last
 // (and any seen before) into the ledger, deletes the ExternalSecret and waits until it is gone,
 // so that no lease is minted after the revocation. It returns how long to wait.
-func (r *Source) Retire(ctx context.Context, cl *ledger.Cluster) (time.Duration, error) {
+func (r *Adopter) Retire(ctx context.Context, cl *Cluster) (time.Duration, error) {
 	rc := cl.RC
 	key := client.ObjectKeyFromObject(rc)
 	es := &esv1.ExternalSecret{}
@@ -327,7 +326,7 @@ func (r *Source) Retire(ctx context.Context, cl *ledger.Cluster) (time.Duration,
 				sighted = append(sighted, sc.LeaseID)
 			}
 		}
-		rc.Status.Leases = ledger.AddSighted(rc.Status.Leases, sighted, statustime.At(r.Clock.Now()), rc.VaultConnectionName())
+		rc.Status.Leases = AddSighted(rc.Status.Leases, sighted, statustime.At(r.Clock.Now()), rc.VaultConnectionName())
 		if err := cl.Persist(ctx); err != nil {
 			return 0, err
 		}

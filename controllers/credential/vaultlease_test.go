@@ -1,4 +1,4 @@
-package vaultlease
+package credential
 
 import (
 	"context"
@@ -15,7 +15,6 @@ import (
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
 	"github.com/keyroll/keyroll/controllers/conditions"
-	"github.com/keyroll/keyroll/controllers/ledger"
 	"github.com/keyroll/keyroll/controllers/metrics"
 	"github.com/keyroll/keyroll/controllers/render"
 	"github.com/keyroll/keyroll/rotation"
@@ -27,11 +26,11 @@ var epoch = time.Date(2026, 3, 4, 5, 6, 7, 0, time.UTC)
 // tokenLife is how long a bounded token lives from epoch; the leases live ten minutes.
 const tokenLife = time.Minute
 
-// sourceHarness drives Source.Credential on one RedisCluster with the fake client, the fake clock
+// sourceHarness drives Issuer.Credential on one RedisCluster with the fake client, the fake clock
 // and the Vault fake, keeping the state Secret as the RedisCluster reconciler does. The fake's
 // token ends tokenEnds after epoch (zero: a periodic token, with no end).
 type sourceHarness struct {
-	src   *Source
+	src   *Issuer
 	k8s   client.Client
 	vault *vaulttest.Fake
 	clock *testclock.FakeClock
@@ -62,8 +61,8 @@ func newSourceHarness(t *testing.T, tokenEnds time.Duration) *sourceHarness {
 		fv.TokenDeadline = epoch.Add(tokenEnds)
 	}
 	m := metrics.For(clk)
-	src := &Source{Client: k8s, APIReader: k8s, Clock: clk, Metrics: m,
-		Ledger: &ledger.Ledger{Clock: clk, Metrics: m, Checks: ledger.NewLeaseChecks(ledger.DefaultLeaseCheckInterval)}}
+	src := &Issuer{Client: k8s, APIReader: k8s, Clock: clk, Metrics: m,
+		Ledger: &Ledger{Clock: clk, Metrics: m, Checks: NewLeaseChecks(DefaultLeaseCheckInterval)}}
 	return &sourceHarness{src: src, k8s: k8s, vault: fv, clock: clk, key: client.ObjectKeyFromObject(rc)}
 }
 
@@ -76,15 +75,22 @@ func (h *sourceHarness) get(t *testing.T) *v1alpha1.RedisCluster {
 	return rc
 }
 
-// credential runs Source.Credential once, then keeps the credential it returns in the state
+// credential runs Issuer.Credential once, then keeps the credential it returns in the state
 // Secret, where the next run reads it from.
+// statusUpdate writes a cluster's status as it is.
+type statusUpdate struct{ c client.Client }
+
+func (u statusUpdate) WriteStatus(ctx context.Context, cl *Cluster) error {
+	return u.c.Status().Update(ctx, cl.RC)
+}
+
 func (h *sourceHarness) credential(t *testing.T) *v1alpha1.RedisCluster {
 	t.Helper()
 	ctx := context.Background()
 	rc := h.get(t)
-	cl := &ledger.Cluster{RC: rc,
-		Conds:   conditions.Setter{Obj: rc, Conditions: &rc.Status.Conditions, Recorder: events.NewFakeRecorder(16)},
-		Persist: func(ctx context.Context) error { return h.k8s.Status().Update(ctx, rc) },
+	cl := &Cluster{RC: rc,
+		Conds:  conditions.Setter{Obj: rc, Conditions: &rc.Status.Conditions, Recorder: events.NewFakeRecorder(16)},
+		Status: statusUpdate{h.k8s},
 	}
 	cred, _, err := h.src.Credential(ctx, cl, h.vault)
 	if err != nil {
@@ -143,7 +149,7 @@ func TestRotationReasonSaysWhyTheCurrentCredentialWasIssued(t *testing.T) {
 		"a lease revoked outside keyroll": {
 			then: func(t *testing.T, h *sourceHarness) {
 				h.vault.RevokeOutside(h.get(t).Status.Credential.LeaseID)
-				h.clock.Step(2 * ledger.DefaultLeaseCheckInterval) // the lease check finds it gone
+				h.clock.Step(2 * DefaultLeaseCheckInterval) // the lease check finds it gone
 			},
 			want:       rotation.ReasonLeaseGone,
 			newVersion: true, wantLeases: 1,

@@ -1,4 +1,4 @@
-package ledger
+package credential
 
 import (
 	"hash/fnv"

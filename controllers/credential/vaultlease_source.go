@@ -1,7 +1,4 @@
-// Package vaultlease is the VaultLease credential source of a RedisCluster: keyroll reads the
-// Vault path itself, records the lease in the ledger before anything uses it, renews it, honours
-// a revocation made outside keyroll, and rotates before the lease or its token ends.
-package vaultlease
+package credential
 
 import (
 	"context"
@@ -11,19 +8,18 @@ import (
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/keyroll/keyroll/controllers/ledger"
 	"github.com/keyroll/keyroll/controllers/metrics"
 )
 
-// Source is the VaultLease source.
-type Source struct {
+// Issuer is the VaultLease source: keyroll issues the credential from Vault and holds its lease.
+type Issuer struct {
 	Client client.Client
 	// APIReader reads past the cache, where a lagging cache could make keyroll issue a second
 	// credential.
 	APIReader client.Reader
 	Clock     clock.Clock
 	Metrics   *metrics.Metrics
-	Ledger    *ledger.Ledger
+	Ledger    *Ledger
 	// Intents, when set, records each issue before it is made (connection.Intents): the
 	// orphan-lease sweep revokes only a lease whose issue was recorded and that no ledger holds.
 	Intents Intents
@@ -37,4 +33,4 @@ type Intents interface {
 }
 
 // Retire has nothing to stop before the leases are revoked.
-func (*Source) Retire(context.Context, *ledger.Cluster) (time.Duration, error) { return 0, nil }
+func (*Issuer) Retire(context.Context, *Cluster) (time.Duration, error) { return 0, nil }

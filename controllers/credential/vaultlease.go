@@ -1,4 +1,4 @@
-package vaultlease
+package credential
 
 import (
 	"context"
@@ -14,7 +14,6 @@ import (
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
 	"github.com/keyroll/keyroll/controllers/apply"
-	"github.com/keyroll/keyroll/controllers/ledger"
 	"github.com/keyroll/keyroll/controllers/metrics"
 	"github.com/keyroll/keyroll/controllers/render"
 	"github.com/keyroll/keyroll/controllers/statustime"
@@ -28,13 +27,13 @@ import (
 // previous step left. A lease found gone was revoked outside keyroll (its token is kept alive, so
 // it did not die with it): it is honoured and replaced at once. It returns the live credential
 // and when to look again.
-func (r *Source) Credential(ctx context.Context, cl *ledger.Cluster, vcl vault.LeaseClient) (*render.Credential, time.Duration, error) {
+func (r *Issuer) Credential(ctx context.Context, cl *Cluster, vcl vault.LeaseClient) (*render.Credential, time.Duration, error) {
 	cur, err := r.currentCredential(ctx, cl.RC)
 	if err != nil {
 		return nil, 0, err
 	}
 	gone := false
-	for range ledger.MaxSteps {
+	for range MaxSteps {
 		// The current lease is renewed and looked up through the connection it came from; a
 		// credential from another source than the spec's is replaced (issued through vcl).
 		lvcl, changed, err := r.leaseClient(ctx, cl, vcl)
@@ -51,13 +50,13 @@ func (r *Source) Credential(ctx context.Context, cl *ledger.Cluster, vcl vault.L
 			credentialsReady(cl)
 			keep, err := r.Ledger.KeepSuperseded(ctx, cl, vcl, in.RenewalPercent)
 			r.Ledger.Due(cl, keep)
-			return cur, statustime.RequeueAfter(r.Clock.Now(), ledger.Earliest(d.When, keep)), err
+			return cur, statustime.RequeueAfter(r.Clock.Now(), Earliest(d.When, keep)), err
 		case rotation.ActionRenew:
 			gone, err = r.Ledger.Renew(ctx, cl, lvcl)
 		case rotation.ActionCheck:
 			gone, err = r.Ledger.Check(ctx, cl, lvcl)
 		case rotation.ActionIssue, rotation.ActionRotate:
-			if len(cl.RC.Status.Leases) >= ledger.MaxLeases && d.Reason != rotation.ReasonLeaseGone {
+			if len(cl.RC.Status.Leases) >= MaxLeases && d.Reason != rotation.ReasonLeaseGone {
 				// No room for another lease: the current credential (if any) goes on, and the
 				// revocations that make room are retried.
 				r.ledgerFull(cl)
@@ -90,7 +89,7 @@ func (r *Source) Credential(ctx context.Context, cl *ledger.Cluster, vcl vault.L
 
 // ledgerFull reports that no new lease fits in the ledger (status.leases could not be written
 // with one more): keyroll issues none rather than lose track of it.
-func (r *Source) ledgerFull(cl *ledger.Cluster) {
+func (r *Issuer) ledgerFull(cl *Cluster) {
 	msg := fmt.Sprintf("The ledger holds %d leases, the most it can (status.leases): no new credential is issued until superseded leases are revoked (see LeasesRevoked)", len(cl.RC.Status.Leases))
 	if cl.Conds.Set(v1alpha1.ConditionSourceHealthy, metav1.ConditionFalse, v1alpha1.ReasonLedgerFull, msg) {
 		cl.Conds.Announce(true, v1alpha1.ReasonLedgerFull, "Issue", "%s", msg)
@@ -98,9 +97,9 @@ func (r *Source) ledgerFull(cl *ledger.Cluster) {
 }
 
 // ledgerHasRoom withdraws a LedgerFull report once the ledger has room again.
-func (r *Source) ledgerHasRoom(cl *ledger.Cluster) {
+func (r *Issuer) ledgerHasRoom(cl *Cluster) {
 	if c := meta.FindStatusCondition(cl.RC.Status.Conditions, v1alpha1.ConditionSourceHealthy); c != nil && c.Reason == v1alpha1.ReasonLedgerFull &&
-		len(cl.RC.Status.Leases) < ledger.MaxLeases {
+		len(cl.RC.Status.Leases) < MaxLeases {
 		cl.Conds.Set(v1alpha1.ConditionSourceHealthy, metav1.ConditionTrue, v1alpha1.ReasonAvailable, "The ledger has room for new leases again")
 	}
 }
@@ -108,7 +107,7 @@ func (r *Source) ledgerHasRoom(cl *ledger.Cluster) {
 // leaseClient is the client of the VaultConnection the current lease came through (vcl, the
 // spec's, unless the owner changed connectionRef since), and whether the current credential came
 // from another source than the spec names now (connection or path).
-func (r *Source) leaseClient(ctx context.Context, cl *ledger.Cluster, vcl vault.LeaseClient) (vault.LeaseClient, bool, error) {
+func (r *Issuer) leaseClient(ctx context.Context, cl *Cluster, vcl vault.LeaseClient) (vault.LeaseClient, bool, error) {
 	c := cl.RC.Status.Credential
 	lvcl, moved, err := cl.CurrentClient(ctx, vcl)
 	return lvcl, moved || (c != nil && c.Path != "" && c.Path != cl.RC.Spec.Credentials.VaultLease.Path), err
@@ -120,12 +119,12 @@ func (r *Source) leaseClient(ctx context.Context, cl *ledger.Cluster, vcl vault.
 // once (status.retiringUsers), ahead of the new credential; with RollOver the user stays there
 // until the new credential has rolled out. The caller issues a
 // new credential next, ahead of any other work.
-func (r *Source) revokedOutside(ctx context.Context, cl *ledger.Cluster) error {
+func (r *Issuer) revokedOutside(ctx context.Context, cl *Cluster) error {
 	rc := cl.RC
 	c := rc.Status.Credential
 	r.Metrics.RevokedOutside.Inc()
-	rc.Status.Leases = ledger.Remove(rc.Status.Leases, c.LeaseID)
-	if !ledger.HonourGone(rc, c.Username) {
+	rc.Status.Leases = Remove(rc.Status.Leases, c.LeaseID)
+	if !HonourGone(rc, c.Username) {
 		cl.Conds.Announce(true, v1alpha1.EventLeaseRevokedOutside, "Revoke",
 			"Lease %s of user %s was revoked outside keyroll; issuing a new credential at once (onRevokedOutside RollOver: the user stays on the Redis nodes until the new credential has rolled out)", c.LeaseID, c.Username)
 		log.FromContext(ctx).Info("Lease revoked outside keyroll; rolling over", "lease", c.LeaseID, "username", c.Username)
@@ -139,7 +138,7 @@ func (r *Source) revokedOutside(ctx context.Context, cl *ledger.Cluster) error {
 
 // tokenEnding says, in an event, that a credential is rotated because the token that created its
 // lease ends before it.
-func (r *Source) tokenEnding(cl *ledger.Cluster, d rotation.Decision) {
+func (r *Issuer) tokenEnding(cl *Cluster, d rotation.Decision) {
 	if d.Reason != rotation.ReasonTokenEnding {
 		return
 	}
@@ -152,7 +151,7 @@ func (r *Source) tokenEnding(cl *ledger.Cluster, d rotation.Decision) {
 // currentCredential reads the credential of status.credential from the state Secret, where it is
 // kept from its issue on. It returns nil when the Secret does not hold that credential (then a
 // new one is issued).
-func (r *Source) currentCredential(ctx context.Context, rc *v1alpha1.RedisCluster) (*render.Credential, error) {
+func (r *Issuer) currentCredential(ctx context.Context, rc *v1alpha1.RedisCluster) (*render.Credential, error) {
 	c := rc.Status.Credential
 	if c == nil || c.Version == "" {
 		return nil, nil
@@ -167,7 +166,7 @@ func (r *Source) currentCredential(ctx context.Context, rc *v1alpha1.RedisCluste
 	return cred, err
 }
 
-func (r *Source) readCredential(ctx context.Context, rd client.Reader, key client.ObjectKey, rc *v1alpha1.RedisCluster, version string) (*render.Credential, error) {
+func (r *Issuer) readCredential(ctx context.Context, rd client.Reader, key client.ObjectKey, rc *v1alpha1.RedisCluster, version string) (*render.Credential, error) {
 	sec := &corev1.Secret{}
 	if err := rd.Get(ctx, key, sec); err != nil {
 		return nil, client.IgnoreNotFound(err)
@@ -184,7 +183,7 @@ func (r *Source) readCredential(ctx context.Context, rd client.Reader, key clien
 
 // issue obtains a new credential and records its lease in the ledger before anything uses it.
 // The lease it replaces stays in the ledger as Superseded until it is revoked.
-func (r *Source) issue(ctx context.Context, cl *ledger.Cluster, vcl vault.LeaseClient, d rotation.Decision) (*render.Credential, error) {
+func (r *Issuer) issue(ctx context.Context, cl *Cluster, vcl vault.LeaseClient, d rotation.Decision) (*render.Credential, error) {
 	rc := cl.RC
 	path := rc.Spec.Credentials.VaultLease.Path
 	if stale, err := apply.Stale(ctx, r.APIReader, rc); err != nil || stale {
@@ -230,7 +229,7 @@ func (r *Source) issue(ctx context.Context, cl *ledger.Cluster, vcl vault.LeaseC
 
 // recordIntent records that a credential is about to be issued from path (Intents); "" without
 // Intents. Nothing is issued when the record cannot be written.
-func (r *Source) recordIntent(ctx context.Context, rc *v1alpha1.RedisCluster, path string) (string, error) {
+func (r *Issuer) recordIntent(ctx context.Context, rc *v1alpha1.RedisCluster, path string) (string, error) {
 	if r.Intents == nil {
 		return "", nil
 	}
@@ -243,7 +242,7 @@ func (r *Source) recordIntent(ctx context.Context, rc *v1alpha1.RedisCluster, pa
 
 // dropIntent drops an intent whose lease is in the ledger, or that issued none. A failure leaves
 // the record to the sweep, which drops it once it is older than any lease it could match.
-func (r *Source) dropIntent(ctx context.Context, rc *v1alpha1.RedisCluster, id string) {
+func (r *Issuer) dropIntent(ctx context.Context, rc *v1alpha1.RedisCluster, id string) {
 	if id == "" {
 		return
 	}
@@ -253,12 +252,12 @@ func (r *Source) dropIntent(ctx context.Context, rc *v1alpha1.RedisCluster, id s
 }
 
 // credentialsReady says that a live credential from Vault is issued.
-func credentialsReady(cl *ledger.Cluster) {
+func credentialsReady(cl *Cluster) {
 	cl.Conds.Set(v1alpha1.ConditionCredentialsReady, metav1.ConditionTrue, v1alpha1.ReasonIssued, "A live credential from Vault is issued; it is written to Secret "+render.CredentialsSecretName(cl.RC)+" once every Redis node accepts it")
 }
 
 // countIssue counts an issue, and a rotation when the issue replaces a live credential.
-func (r *Source) countIssue(d rotation.Decision, err error) {
+func (r *Issuer) countIssue(d rotation.Decision, err error) {
 	r.Metrics.Issues.WithLabelValues(metrics.Result(err)).Inc()
 	if d.Action == rotation.ActionRotate {
 		r.Metrics.Rotations.WithLabelValues(metrics.Result(err)).Inc()
@@ -267,10 +266,10 @@ func (r *Source) countIssue(d rotation.Decision, err error) {
 
 // recordLease puts a new lease into the ledger and the credential status, with the reason it was
 // issued for (status.credential.rotationReason).
-func (r *Source) recordLease(cl *ledger.Cluster, lease *vault.Lease, cred *render.Credential, d rotation.Decision) {
+func (r *Issuer) recordLease(cl *Cluster, lease *vault.Lease, cred *render.Credential, d rotation.Decision) {
 	rc := cl.RC
 	now := statustime.At(r.Clock.Now())
-	ledger.Supersede(rc, cred.Version)
+	Supersede(rc, cred.Version)
 	expires := statustime.At(lease.ExpiresAt)
 	if lease.ID != "" {
 		rc.Status.Leases = append(rc.Status.Leases, v1alpha1.LeaseRecord{
@@ -295,7 +294,7 @@ func (r *Source) recordLease(cl *ledger.Cluster, lease *vault.Lease, cred *rende
 
 // issueFailed reports a failed issue; a denied or invalid request waits for a human, anything
 // else is retried with backoff.
-func (r *Source) issueFailed(cl *ledger.Cluster, err error) error {
+func (r *Issuer) issueFailed(cl *Cluster, err error) error {
 	reason, event := v1alpha1.ReasonIssueFailed, v1alpha1.ReasonIssueFailed
 	switch {
 	case vault.IsPermissionDenied(err):

@@ -1,4 +1,4 @@
-package externalsecret
+package credential
 
 import (
 	"fmt"
@@ -8,10 +8,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
-	"github.com/keyroll/keyroll/controllers/ledger"
 )
 
-// The status holds at most ledger.MaxLeases leases and ledger.MaxSupersededUsers superseded
+// The status holds at most MaxLeases leases and MaxSupersededUsers superseded
 // users, as the CRD bounds them. External Secrets Operator mints a credential at each refresh,
 // and while a rollout does not end (a consumer that never becomes ready) each one is kept: the
 // ledger fills. keyroll never writes a status the schema refuses, and never lets a lease go
@@ -31,7 +30,7 @@ func refreshesPaused(rc *v1alpha1.RedisCluster) bool {
 	if c := rc.Status.Credential; c != nil {
 		users = len(c.SupersededUsers)
 	}
-	return len(rc.Status.Leases) >= ledger.MaxLeases-pauseLeaseMargin || users >= ledger.MaxSupersededUsers-pauseUserMargin
+	return len(rc.Status.Leases) >= MaxLeases-pauseLeaseMargin || users >= MaxSupersededUsers-pauseUserMargin
 }
 
 // pauseRefreshes makes the ExternalSecret as rendered refresh no more while refreshesPaused.
@@ -46,14 +45,14 @@ func pauseRefreshes(rc *v1alpha1.RedisCluster, es *esv1.ExternalSecret) {
 func fits(rc *v1alpha1.RedisCluster, newLeases int, tracked bool) bool {
 	c := rc.Status.Credential
 	if !tracked {
-		return c == nil || len(c.SupersededUsers) < ledger.MaxSupersededUsers
+		return c == nil || len(c.SupersededUsers) < MaxSupersededUsers
 	}
-	return len(rc.Status.Leases)+newLeases <= ledger.MaxLeases
+	return len(rc.Status.Leases)+newLeases <= MaxLeases
 }
 
 // reportBounds sets SourceHealthy=False, LedgerFull, while refreshes are paused or a credential
 // waits for room (waiting), with an event on the transition, and withdraws it once there is room.
-func reportBounds(cl *ledger.Cluster, waiting bool) bool {
+func reportBounds(cl *Cluster, waiting bool) bool {
 	rc := cl.RC
 	users := 0
 	if c := rc.Status.Credential; c != nil {
@@ -66,7 +65,7 @@ func reportBounds(cl *ledger.Cluster, waiting bool) bool {
 		return false
 	}
 	msg := fmt.Sprintf("The ledger holds %d of at most %d leases and %d of at most %d superseded users while the rollout is not done: External Secrets Operator's refreshes are paused (ExternalSecret refreshPolicy CreatedOnce) until the rollout is done and the superseded leases are revoked",
-		len(rc.Status.Leases), ledger.MaxLeases, users, ledger.MaxSupersededUsers)
+		len(rc.Status.Leases), MaxLeases, users, MaxSupersededUsers)
 	if waiting {
 		msg += "; the credential External Secrets Operator synced last does not fit and is not adopted (nothing is delivered until there is room)"
 	}

@@ -1,4 +1,4 @@
-package externalsecret
+package credential
 
 import (
 	"context"
@@ -9,7 +9,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
-	"github.com/keyroll/keyroll/controllers/ledger"
 	"github.com/keyroll/keyroll/controllers/statustime"
 )
 
@@ -18,12 +17,12 @@ import (
 // endedEarly reports, as Degraded=LeaseEndedEarly, that a tracked lease ended before its expiry
 // (status.credential.leaseEndedEarlyAfter), until the current lease has outlived that age. It says
 // whether it did.
-func (r *Source) endedEarly(cl *ledger.Cluster, tracked bool) bool {
+func (r *Adopter) endedEarly(cl *Cluster, tracked bool) bool {
 	c := cl.RC.Status.Credential
 	if c.LeaseEndedEarlyAfter == nil {
 		return false
 	}
-	alive := c.LeaseID != "" && ledger.Has(cl.RC.Status.Leases, c.LeaseID) // not the lease that ended
+	alive := c.LeaseID != "" && Has(cl.RC.Status.Leases, c.LeaseID) // not the lease that ended
 	if !tracked || (alive && r.Clock.Since(statustime.Of(c.IssuedAt)) > c.LeaseEndedEarlyAfter.Duration) {
 		c.LeaseEndedEarlyAfter = nil // the current lease lives longer: it was a one-off
 		return false
@@ -50,17 +49,17 @@ func durationOr(d *metav1.Duration) string {
 // credential is delivered no more (status.credential.cutOff) and its user leaves every node at
 // once, before External Secrets Operator has answered; with RollOver it stays until the new
 // credential has rolled out. The caller asks External Secrets Operator for a new credential.
-func (r *Source) leaseGoneExternally(ctx context.Context, cl *ledger.Cluster) {
+func (r *Adopter) leaseGoneExternally(ctx context.Context, cl *Cluster) {
 	c := cl.RC.Status.Credential
 	if c == nil || c.LeaseID == "" || c.CutOff {
 		return
 	}
 	r.Metrics.RevokedOutside.Inc()
-	cl.RC.Status.Leases = ledger.Remove(cl.RC.Status.Leases, c.LeaseID)
+	cl.RC.Status.Leases = Remove(cl.RC.Status.Leases, c.LeaseID)
 	if now := r.Clock.Now(); c.IssuedAt != nil && c.ExpiresAt != nil && now.Before(c.ExpiresAt.Time) {
 		c.LeaseEndedEarlyAfter = &metav1.Duration{Duration: now.Sub(c.IssuedAt.Time).Truncate(time.Second)}
 	}
-	c.CutOff = ledger.HonourGone(cl.RC, c.Username)
+	c.CutOff = HonourGone(cl.RC, c.Username)
 	what := "its user stays on the Redis nodes until the new credential has rolled out (onRevokedOutside RollOver)"
 	if c.CutOff {
 		what = "its user is cut off on every Redis node (onRevokedOutside CutOff)"

@@ -1,8 +1,4 @@
-// Package ledger keeps a RedisCluster's lease ledger: it renews, looks up and revokes the leases
-// recorded in the status, tells rotation.Decide what the ledger says, and remembers when each
-// live lease was last confirmed in Vault. The credential sources and the RedisCluster reconciler
-// share it.
-package ledger
+package credential
 
 import (
 	"context"
@@ -10,29 +6,47 @@ import (
 	"fmt"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
 	"github.com/keyroll/keyroll/controllers/conditions"
+	"github.com/keyroll/keyroll/controllers/connection"
 	"github.com/keyroll/keyroll/rotation"
 	"github.com/keyroll/keyroll/vault"
 )
 
-// Cluster is one reconcile's view of a RedisCluster, as the credential sources see it: the object
-// (its status is what they change), its conditions, its parsed rotation settings, and the write
-// a source may need before it goes on.
+// Cluster is one reconcile's state of a RedisCluster, the only one: the RedisCluster reconciler
+// and the credential sources share it. It holds the object (its status is what they change), the
+// object as last written, its conditions, its parsed rotation settings, and how to write the
+// status and reach another VaultConnection.
 type Cluster struct {
-	RC    *v1alpha1.RedisCluster
-	Conds conditions.Setter
+	RC *v1alpha1.RedisCluster
+	// Before is the RedisCluster as last written: the status patch is computed against it.
+	Before *v1alpha1.RedisCluster
+	Conds  conditions.Setter
 	// Schedule and Window are the parsed spec.rotation (nil when unset or invalid).
 	Schedule rotation.Schedule
 	Window   *rotation.Window
-	// Persist writes the status now: a new lease is in the ledger before anything uses it.
-	Persist func(ctx context.Context) error
-	// Connect is a Vault client of the VaultConnection named, for the leases that came through
-	// another VaultConnection than the one the spec names now.
-	// It is confined to what the cluster's namespace may do there.
-	Connect func(ctx context.Context, connection, namespace string) (vault.LeaseClient, error)
+	// Conflict names an owned object that exists and is not keyroll's, when one does.
+	Conflict string
+	// StatusLater says that the status is left to the next reconcile, which comes at once.
+	StatusLater bool
+	// Status writes the status now (Persist): a new lease is in the ledger before anything uses it.
+	Status StatusWriter
+	// Connections, read through Reader, reach the VaultConnection of a lease that came through
+	// another one than the spec names now, confined to what the cluster's namespace may do there;
+	// without them such a lease cannot be reached (ErrNoConnection).
+	Connections *connection.Connector
+	Reader      client.Reader
 }
+
+// StatusWriter writes a RedisCluster's status at once, its conditions summed up.
+type StatusWriter interface {
+	WriteStatus(ctx context.Context, c *Cluster) error
+}
+
+// Persist writes the status now.
+func (c *Cluster) Persist(ctx context.Context) error { return c.Status.WriteStatus(ctx, c) }
 
 // ErrNoConnection says that no VaultConnection is known for a lease: keyroll cannot reach it.
 var ErrNoConnection = errors.New("no VaultConnection to reach it through")
@@ -41,13 +55,13 @@ var ErrNoConnection = errors.New("no VaultConnection to reach it through")
 // that other connection's.
 func (c *Cluster) ClientFor(ctx context.Context, vcl vault.LeaseClient, lease v1alpha1.LeaseRecord) (vault.LeaseClient, error) {
 	name := c.RC.LeaseConnection(lease)
-	if name == c.RC.VaultConnectionName() || c.Connect == nil {
+	if name == c.RC.VaultConnectionName() || c.Connections == nil {
 		if vcl == nil {
 			return nil, fmt.Errorf("lease %s records no VaultConnection, and the spec names none: %w", lease.LeaseID, ErrNoConnection)
 		}
 		return vcl, nil
 	}
-	other, err := c.Connect(ctx, name, c.RC.Namespace)
+	other, err := c.Connections.ClientOf(ctx, c.Reader, name, c.RC.Namespace)
 	if err != nil {
 		return nil, fmt.Errorf("VaultConnection %s, which lease %s came through: %w", name, lease.LeaseID, err)
 	}

@@ -1,4 +1,4 @@
-package externalsecret
+package credential
 
 import (
 	"strings"

@@ -1,4 +1,4 @@
-package externalsecret
+package credential
 
 import (
 	"testing"
@@ -8,7 +8,6 @@ import (
 	testclock "k8s.io/utils/clock/testing"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
-	"github.com/keyroll/keyroll/controllers/ledger"
 	"github.com/keyroll/keyroll/controllers/render"
 	"github.com/keyroll/keyroll/rotation"
 	"github.com/keyroll/keyroll/vault"
@@ -42,8 +41,8 @@ func TestSyncedCredentialKeepsTheReasonOfTheRequestItAnswers(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			rc := &v1alpha1.RedisCluster{Status: v1alpha1.RedisClusterStatus{Credential: tc.prev}}
 			sc := &render.SyncedCredential{Credential: render.Credential{Username: "v-orders-2", Password: "pw", Version: "v2"}}
-			r := &Source{Clock: testclock.NewFakeClock(now.Time)}
-			r.recordSynced(&ledger.Cluster{RC: rc}, sc, false, &vault.LeaseInfo{Exists: true}, &now, tc.fresh)
+			r := &Adopter{Clock: testclock.NewFakeClock(now.Time)}
+			r.recordSynced(&Cluster{RC: rc}, sc, false, &vault.LeaseInfo{Exists: true}, &now, tc.fresh)
 			if got := rc.Status.Credential.RotationReason; got != tc.want {
 				t.Errorf("rotationReason %q, want %q", got, tc.want)
 			}
@@ -60,8 +59,8 @@ func TestTrackedLeaseRecordsItsConnection(t *testing.T) {
 	rc.Spec.Credentials.ExternalSecret = &v1alpha1.ExternalSecretSource{ConnectionRef: &v1alpha1.ConnectionReference{Name: "vault-a"}}
 	rc.Status.Leases = []v1alpha1.LeaseRecord{{LeaseID: "old", State: v1alpha1.LeaseActive, Connection: "vault-a"}}
 	sc := &render.SyncedCredential{Credential: render.Credential{Username: "v-orders-2", Password: "pw", Version: "v2"}, LeaseID: "new"}
-	r := &Source{Clock: testclock.NewFakeClock(now.Time)}
-	r.recordSynced(&ledger.Cluster{RC: rc}, sc, true, &vault.LeaseInfo{Exists: true, ExpiresAt: now.Add(time.Hour)}, &now, true)
+	r := &Adopter{Clock: testclock.NewFakeClock(now.Time)}
+	r.recordSynced(&Cluster{RC: rc}, sc, true, &vault.LeaseInfo{Exists: true, ExpiresAt: now.Add(time.Hour)}, &now, true)
 	rec, ok := map[string]v1alpha1.LeaseRecord{}, false
 	for _, l := range rc.Status.Leases {
 		rec[l.LeaseID] = l

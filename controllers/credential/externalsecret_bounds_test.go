@@ -1,4 +1,4 @@
-package externalsecret
+package credential
 
 import (
 	"fmt"
@@ -7,7 +7,6 @@ import (
 	esv1 "github.com/external-secrets/external-secrets/apis/externalsecrets/v1"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
-	"github.com/keyroll/keyroll/controllers/ledger"
 )
 
 // TestRefreshesPauseBeforeTheStatusIsFull: External Secrets Operator's refreshes pause (refreshPolicy
@@ -35,12 +34,12 @@ func TestRefreshesPauseBeforeTheStatusIsFull(t *testing.T) {
 		paused, adopts bool
 	}{
 		"room":                             {rc: withLeases(3), add: 1, tracked: true, adopts: true},
-		"within the lease margin":          {rc: withLeases(ledger.MaxLeases - pauseLeaseMargin), add: 1, tracked: true, paused: true, adopts: true},
-		"the last lease that fits":         {rc: withLeases(ledger.MaxLeases - 1), add: 1, tracked: true, paused: true, adopts: true},
-		"a lease past the bound":           {rc: withLeases(ledger.MaxLeases - 1), add: 2, tracked: true, paused: true},
+		"within the lease margin":          {rc: withLeases(MaxLeases - pauseLeaseMargin), add: 1, tracked: true, paused: true, adopts: true},
+		"the last lease that fits":         {rc: withLeases(MaxLeases - 1), add: 1, tracked: true, paused: true, adopts: true},
+		"a lease past the bound":           {rc: withLeases(MaxLeases - 1), add: 2, tracked: true, paused: true},
 		"users with room":                  {rc: withUsers(3), adopts: true},
-		"within the user margin":           {rc: withUsers(ledger.MaxSupersededUsers - pauseUserMargin), paused: true, adopts: true},
-		"a superseded user past the bound": {rc: withUsers(ledger.MaxSupersededUsers), paused: true},
+		"within the user margin":           {rc: withUsers(MaxSupersededUsers - pauseUserMargin), paused: true, adopts: true},
+		"a superseded user past the bound": {rc: withUsers(MaxSupersededUsers), paused: true},
 	} {
 		t.Run(name, func(t *testing.T) {
 			if got := refreshesPaused(tc.rc); got != tc.paused {
