@@ -54,6 +54,10 @@ verify-generated: ## Fail when regenerating the CRDs, RBAC or deepcopy code from
 fmt: ## Format the Go code.
 	$(GO) fmt ./...
 
+.PHONY: layout
+layout: ## Print the packages: what each is for (its package comment) and what of ours it may import (controllers/layout_test.go).
+	@$(GO) test ./controllers -run '^TestEveryPackageSaysWhatItIsFor$$' -count=1 -v | grep '^|'
+
 .PHONY: vet
 vet: ## Run go vet.
 	$(GO) vet ./...

@@ -3,6 +3,7 @@ package controllers
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,7 +15,8 @@ import (
 const module = "github.com/keyroll/keyroll/"
 
 // allowed lists, for each package of ours, the packages of ours it may import: imports go one way,
-// from the wiring down to the API types (docs/development.md draws it).
+// from the wiring down to the API types. This is the only written layout of the packages: what
+// each is for is its package comment, and `make layout` prints both as a table.
 var allowed = map[string][]string{
 	"apis/v1alpha1":          {},
 	"rotation":               {},
@@ -40,6 +42,7 @@ var allowed = map[string][]string{
 
 type listed struct {
 	ImportPath string
+	Doc        string
 	Dir        string
 	GoFiles    []string
 	Imports    []string
@@ -82,6 +85,29 @@ func TestFilesStaySmall(t *testing.T) {
 			if n := bytes.Count(b, []byte("\n")); n > 400 && f != "zz_generated.deepcopy.go" && !strings.HasSuffix(f, "_types.go") {
 				t.Errorf("%s/%s has %d lines: is it one job?", strings.TrimPrefix(p.ImportPath, module), f, n)
 			}
+		}
+	}
+}
+
+// TestEveryPackageSaysWhatItIsFor: each package of the layout has a package comment. Run with -v
+// (make layout), it prints the layout: each package, what it is for, and what of ours it may import.
+func TestEveryPackageSaysWhatItIsFor(t *testing.T) {
+	pkgs := goList(t)
+	if testing.Verbose() {
+		fmt.Println("| package | what it is for | may import (of ours) |")
+		fmt.Println("|---|---|---|")
+	}
+	for _, p := range pkgs {
+		name := strings.TrimPrefix(p.ImportPath, module)
+		if p.Doc == "" {
+			t.Errorf("package %s has no package comment saying what it is for", name)
+		}
+		if testing.Verbose() {
+			may := make([]string, 0, len(allowed[name]))
+			for _, a := range allowed[name] {
+				may = append(may, "`"+a+"`")
+			}
+			fmt.Printf("| `%s` | %s | %s |\n", name, p.Doc, strings.Join(may, ", "))
 		}
 	}
 }

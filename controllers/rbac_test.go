@@ -46,7 +46,7 @@ var reviewed = map[string]string{
 	"ClusterRole /pods get":                                        "the cache: readiness of Redis pods and consumers",
 	"ClusterRole /pods list":                                       "the cache",
 	"ClusterRole /pods watch":                                      "the cache",
-	"ClusterRole /pods patch":                                      "the primary's role label (primary/primary.go)",
+	"ClusterRole /pods patch":                                      "the primary's role label (rediscluster/primary.go)",
 	"ClusterRole /pods delete":                                     "a rollout's restart of a Redis pod or an OnDelete consumer's pod, one at a time (rediscluster/rollout_engine.go)",
 	"ClusterRole apps/statefulsets get":                            "the cache",
 	"ClusterRole apps/statefulsets list":                           "the cache",

@@ -4,7 +4,7 @@
 // longer among the node's users. What each node was last confirmed on is kept in status.nodes, so
 // that a steady cluster costs one ACL LIST per node and check interval (compared with the digest
 // recorded there: keyroll owns the user set, and puts back what was changed outside it) and a
-// restarted Redis is confirmed again. Only the StatefulSet's own pods are nodes (members.go).
+// restarted Redis is confirmed again. Only the StatefulSet's own pods are nodes (nodes_members.go).
 
 package rediscluster
 

@@ -90,6 +90,14 @@ func TestTheTwoCommandsAreWhatCIAndThePlaygroundTestRun(t *testing.T) {
 func TestDevelopmentCommands(t *testing.T) {
 	for _, b := range docblocks.Tagged(t, root, "dev") {
 		out := docblocks.Run(t, b, root, nil, time.Minute)
+		if strings.Contains(b.Text, "make layout") {
+			for _, p := range []string{"controllers/rediscluster", "controllers/credential", "controllers/connection"} {
+				if !strings.Contains(out, "| `"+p+"` | Package ") {
+					t.Errorf("%s: the layout does not show %s with what it is for:\n%s", b, p, out)
+				}
+			}
+			continue
+		}
 		if !strings.Contains(b.Text, "make help") {
 			if !strings.Contains(out, "controllers/rediscluster:") {
 				t.Errorf("%s: the import listing does not show controllers/rediscluster:\n%s", b, out)

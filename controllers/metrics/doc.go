@@ -1,0 +1,2 @@
+// Package metrics holds keyroll's Prometheus metrics (docs/metrics.md describes each one).
+package metrics
