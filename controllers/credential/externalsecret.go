@@ -93,7 +93,7 @@ func (r *Adopter) Credential(ctx context.Context, cl *Cluster, vcl vault.LeaseCl
 // VaultLease mode. It returns the last decision, which plans what comes next.
 func (r *Adopter) decideSynced(ctx context.Context, cl *Cluster, vcl vault.LeaseClient, tracked, gone bool) (rotation.Decision, error) {
 	var d rotation.Decision
-	lvcl, moved, err := cl.CurrentClient(ctx, vcl)
+	lvcl, moved, err := r.Ledger.CurrentClient(ctx, cl, vcl)
 	if err != nil {
 		return d, err
 	}

@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/controllers/connection"
 	"github.com/keyroll/keyroll/controllers/metrics"
 	"github.com/keyroll/keyroll/controllers/statustime"
 	"github.com/keyroll/keyroll/controllers/stoppoint"
@@ -46,6 +47,11 @@ type Ledger struct {
 	Upkeep interface {
 		Due(key types.NamespacedName, at time.Time)
 	}
+	// Connections, read through Reader, reach the VaultConnection of a lease that came through
+	// another one than the spec names now, confined to what the cluster's namespace may do there;
+	// without them such a lease cannot be reached (ErrNoConnection).
+	Connections *connection.Connector
+	Reader      client.Reader
 }
 
 // Input translates the RedisCluster's status into rotation's plain input; leaseGone says a
@@ -203,7 +209,7 @@ func (l *Ledger) Revoke(ctx context.Context, cl *Cluster, vcl vault.LeaseClient,
 	if !ok {
 		rec = v1alpha1.LeaseRecord{LeaseID: id}
 	}
-	vcl, err := cl.ClientFor(ctx, vcl, rec)
+	vcl, err := l.ClientFor(ctx, cl, vcl, rec)
 	if err != nil {
 		return err
 	}

@@ -74,7 +74,7 @@ func (l *Ledger) checkSuperseded(ctx context.Context, cl *Cluster, vcl vault.Lea
 	if due := l.Checks.Next(key, rec.LeaseID, confirmed); due.IsZero() || now.Before(due) {
 		return due, false, nil
 	}
-	lvcl, err := cl.ClientFor(ctx, vcl, rec)
+	lvcl, err := l.ClientFor(ctx, cl, vcl, rec)
 	if errors.Is(err, ErrNoConnection) {
 		return time.Time{}, false, nil
 	}
@@ -111,7 +111,7 @@ func (l *Ledger) supersededEnd(ctx context.Context, cl *Cluster, vcl vault.Lease
 	if rec.TokenAccessor == "" {
 		return expiry
 	}
-	lvcl, err := cl.ClientFor(ctx, vcl, rec)
+	lvcl, err := l.ClientFor(ctx, cl, vcl, rec)
 	if err != nil {
 		return expiry
 	}
@@ -147,7 +147,7 @@ func renewalSpan(rec v1alpha1.LeaseRecord) (from, end time.Time, ok bool) {
 // renewSuperseded renews one superseded lease by term and records the outcome in the ledger; it
 // returns the record as it is now (zero when the lease left the ledger).
 func (l *Ledger) renewSuperseded(ctx context.Context, cl *Cluster, vcl vault.LeaseClient, rec v1alpha1.LeaseRecord, term time.Duration) (v1alpha1.LeaseRecord, error) {
-	lvcl, err := cl.ClientFor(ctx, vcl, rec)
+	lvcl, err := l.ClientFor(ctx, cl, vcl, rec)
 	if errors.Is(err, ErrNoConnection) {
 		return rec, nil // recorded before leases carried their connection: it lives until its TTL
 	}

@@ -109,7 +109,7 @@ func (r *Issuer) ledgerHasRoom(cl *Cluster) {
 // from another source than the spec names now (connection or path).
 func (r *Issuer) leaseClient(ctx context.Context, cl *Cluster, vcl vault.LeaseClient) (vault.LeaseClient, bool, error) {
 	c := cl.RC.Status.Credential
-	lvcl, moved, err := cl.CurrentClient(ctx, vcl)
+	lvcl, moved, err := r.Ledger.CurrentClient(ctx, cl, vcl)
 	return lvcl, moved || (c != nil && c.Path != "" && c.Path != cl.RC.Spec.Credentials.VaultLease.Path), err
 }
 

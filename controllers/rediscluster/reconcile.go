@@ -37,7 +37,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 	}
 	s := &credential.Cluster{RC: rc, Before: rc.DeepCopy(),
 		Conds:  conditions.Setter{Obj: rc, Conditions: &rc.Status.Conditions, Recorder: r.Recorder, Announced: &conditions.Announced{}},
-		Status: r.deps, Connections: r.Connector, Reader: r.Client}
+		Status: r.deps}
 	defer func() {
 		if s.StatusLater && reterr == nil {
 			return
