@@ -36,6 +36,21 @@ const (
 	// version apart): a pod whose value differs was made from an older template, and is restarted.
 	AnnotationPodTemplate = "keyroll.dev/pod-template"
 
+	// AnnotationDataPlane on the Redis pods' template is the data-plane contract version it was
+	// rendered under (the start script, the probe protocol, the probe sidecar's flags); a pod
+	// without it was made by keyroll v0.1.0, whose contract is version 1.
+	AnnotationDataPlane = "keyroll.dev/data-plane"
+
+	// AnnotationProbeSwappedFrom on a Redis pod names the probe sidecar container that keyroll last
+	// replaced by changing the sidecar's image in place: until another one runs, the change is in
+	// flight.
+	AnnotationProbeSwappedFrom = "keyroll.dev/probe-swapped-from"
+
+	// AnnotationUpgradeDataPlane on a RedisCluster asks for a pending data-plane change now, outside
+	// the maintenance window (and, with one replica and no storage, at all). Any new value asks
+	// again; the value acted upon is acknowledged in status.dataPlaneUpgradeAcknowledged.
+	AnnotationUpgradeDataPlane = "keyroll.dev/upgrade-data-plane"
+
 	// LabelVaultPluginPassword marks the Secret that spec.vaultPlugin.passwordSecretRef names as
 	// meant for that use; its value is the RedisCluster's name. keyroll uses no other Secret there.
 	LabelVaultPluginPassword = "keyroll.dev/vault-plugin-password"
@@ -82,6 +97,10 @@ const (
 	// ConditionDeletionBlocked: a VaultConnection being deleted waits for the RedisClusters that
 	// still use it.
 	ConditionDeletionBlocked = "DeletionBlocked"
+	// ConditionDataPlaneCurrent: every Redis pod runs the data-plane contract of this keyroll; when
+	// False (RestartPending), the pods that do not are restarted in the maintenance window or when
+	// asked (keyroll.dev/upgrade-data-plane), never by an upgrade of keyroll alone.
+	ConditionDataPlaneCurrent = "DataPlaneCurrent"
 )
 
 // Condition reasons.
@@ -117,21 +136,27 @@ const (
 	ReasonRolloutInProgress           = "RolloutInProgress"
 	ReasonRolloutComplete             = "RolloutComplete"
 	ReasonRolloutStalled              = "RolloutStalled"
-	ReasonConsumerMissing             = "ConsumerMissing"
-	ReasonConsumerPaused              = "ConsumerPaused"
-	ReasonRevocationPending           = "RevocationPending"
-	ReasonInvalidSchedule             = "InvalidSchedule"
-	ReasonTokenMaxTTLTooShort         = "TokenMaxTTLTooShort"
-	ReasonTokensOutliveLeases         = "TokensOutliveLeases"
-	ReasonNamespaceLoginFailed        = "NamespaceLoginFailed"
-	ReasonNamespacesLoggedIn          = "NamespacesLoggedIn"
-	ReasonInUse                       = "InUse"
-	ReasonLeaseEndedEarly             = "LeaseEndedEarly"
-	ReasonApplied                     = "Applied"
-	ReasonApplying                    = "Applying"
-	ReasonNodeUnreachable             = "NodeUnreachable"
-	ReasonNodeNotReady                = "NodeNotReady"
-	ReasonInvalidACLRules             = "InvalidACLRules"
+	// ReasonRestartPending: Redis pods run an older data-plane contract than this keyroll renders;
+	// their restart waits for the maintenance window or the owner's ask.
+	ReasonRestartPending = "RestartPending"
+	// ReasonNewerDataPlane: a newer keyroll rendered the Redis pods' template; this one leaves it
+	// and the pods alone.
+	ReasonNewerDataPlane       = "NewerDataPlane"
+	ReasonConsumerMissing      = "ConsumerMissing"
+	ReasonConsumerPaused       = "ConsumerPaused"
+	ReasonRevocationPending    = "RevocationPending"
+	ReasonInvalidSchedule      = "InvalidSchedule"
+	ReasonTokenMaxTTLTooShort  = "TokenMaxTTLTooShort"
+	ReasonTokensOutliveLeases  = "TokensOutliveLeases"
+	ReasonNamespaceLoginFailed = "NamespaceLoginFailed"
+	ReasonNamespacesLoggedIn   = "NamespacesLoggedIn"
+	ReasonInUse                = "InUse"
+	ReasonLeaseEndedEarly      = "LeaseEndedEarly"
+	ReasonApplied              = "Applied"
+	ReasonApplying             = "Applying"
+	ReasonNodeUnreachable      = "NodeUnreachable"
+	ReasonNodeNotReady         = "NodeNotReady"
+	ReasonInvalidACLRules      = "InvalidACLRules"
 	// ReasonUsersChanged: a Redis node's users were changed outside keyroll (a user added, or one
 	// of the cluster's changed); keyroll puts the node back to the cluster's users.
 	ReasonUsersChanged = "UsersChanged"
@@ -147,6 +172,9 @@ const (
 	EventRotationStarted   = "RotationStarted"
 	EventRotationFinished  = "RotationFinished"
 	EventPodRestarted      = "PodRestarted"
+	// EventProbeSidecarUpdated: a Redis pod's probe sidecar was given this keyroll's image in
+	// place; the kubelet restarts the sidecar alone, and Redis runs on.
+	EventProbeSidecarUpdated = "ProbeSidecarUpdated"
 	// EventUsersApplied: a credential's user is on every Redis node, confirmed on each.
 	EventUsersApplied = "UsersApplied"
 	// EventUsersRetired: superseded users are gone from every Redis node.
@@ -157,6 +185,9 @@ const (
 	// new pod template (spec.version, image, resources, ...), one at a time.
 	EventPodsRolloutStarted  = "PodsRolloutStarted"
 	EventPodsRolloutFinished = "PodsRolloutFinished"
+	// EventDataPlaneChangePending: this keyroll renders a newer data-plane contract than some Redis
+	// pods run; they are restarted in the maintenance window or when asked.
+	EventDataPlaneChangePending = "DataPlaneChangePending"
 	// EventPrimaryHandedOver: before the primary's restart, its role went to an in-sync replica
 	// (FAILOVER).
 	EventPrimaryHandedOver = "PrimaryHandedOver"

@@ -169,6 +169,13 @@ func (s *VaultConnectionStatus) TokenEnds() map[string]time.Time {
 	return out
 }
 
+// DataPlaneUpgradeAsked says that the upgrade-data-plane annotation asks for a pending data-plane
+// change that keyroll has not yet acknowledged.
+func (rc *RedisCluster) DataPlaneUpgradeAsked() bool {
+	v := rc.Annotations[AnnotationUpgradeDataPlane]
+	return v != "" && v != rc.Status.DataPlaneUpgradeAcknowledged
+}
+
 // RotationAsked says that the rotate-now annotation asks for a rotation keyroll has not yet
 // acknowledged, and rotations are not paused (a paused cluster's request waits for the pause to end).
 func (rc *RedisCluster) RotationAsked() bool {

@@ -60,6 +60,11 @@ type RedisClusterStatus struct {
 	// +optional
 	RotateNowAcknowledged string `json:"rotateNowAcknowledged,omitempty"`
 
+	// dataPlaneUpgradeAcknowledged is the last value of the keyroll.dev/upgrade-data-plane
+	// annotation acted upon: every Redis pod was restarted onto this keyroll's data plane.
+	// +optional
+	DataPlaneUpgradeAcknowledged string `json:"dataPlaneUpgradeAcknowledged,omitempty"`
+
 	// primary is the Redis pod that is the cluster's primary: the client Service selects it.
 	// +optional
 	// +kubebuilder:validation:MaxLength=63

@@ -23,6 +23,7 @@ type Metrics struct {
 	leaseExpiry     *expiryCollector
 	tokenExpiry     *expiryCollector
 	stalePods       *prometheus.GaugeVec
+	dataPlanePods   *prometheus.GaugeVec
 	// RevokedOutside counts live leases found revoked outside keyroll.
 	RevokedOutside prometheus.Counter
 	// UnknownUsersRemoved counts the Redis users removed from a node that were not its cluster's.
@@ -78,6 +79,9 @@ func newMetrics(clk clock.PassiveClock) *Metrics {
 		stalePods: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "keyroll_pods_on_superseded_credential", Help: "Redis pods still running a credential that has been replaced.",
 		}, []string{"namespace", "name"}),
+		dataPlanePods: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "keyroll_pods_on_older_data_plane", Help: "Redis pods running an older data-plane contract than this keyroll renders: their restart is pending (maintenance window, or the owner's ask).",
+		}, []string{"namespace", "name"}),
 		RevokedOutside: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "keyroll_leases_revoked_outside_total", Help: "Live leases found revoked outside keyroll (then replaced at once).",
 		}),
@@ -98,7 +102,7 @@ func newMetrics(clk clock.PassiveClock) *Metrics {
 
 func (m *Metrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{m.Issues, m.Renewals, m.Rotations, m.Revocations, m.RolloutDuration,
-		m.VaultRequests, m.leaseExpiry, m.tokenExpiry, m.stalePods, m.RevokedOutside, m.UnknownUsersRemoved, m.tokens, m.orphans, m.OrphanLeasesRevoked}
+		m.VaultRequests, m.leaseExpiry, m.tokenExpiry, m.stalePods, m.dataPlanePods, m.RevokedOutside, m.UnknownUsersRemoved, m.tokens, m.orphans, m.OrphanLeasesRevoked}
 }
 
 // ObserveVault records one Vault request.
@@ -141,10 +145,21 @@ func (m *Metrics) SetStalePods(key types.NamespacedName, n int) {
 	m.stalePods.WithLabelValues(key.Namespace, key.Name).Set(float64(n))
 }
 
+// SetDataPlanePods records how many Redis pods run an older data-plane contract than this keyroll's
+// (0 drops the series: a cluster without a pending change has none).
+func (m *Metrics) SetDataPlanePods(key types.NamespacedName, n int) {
+	if n == 0 {
+		m.dataPlanePods.DeleteLabelValues(key.Namespace, key.Name)
+		return
+	}
+	m.dataPlanePods.WithLabelValues(key.Namespace, key.Name).Set(float64(n))
+}
+
 // Forget drops a deleted cluster's series.
 func (m *Metrics) Forget(key types.NamespacedName) {
 	m.SetLeaseExpiry(key, time.Time{})
 	m.stalePods.DeleteLabelValues(key.Namespace, key.Name)
+	m.dataPlanePods.DeleteLabelValues(key.Namespace, key.Name)
 }
 
 // Result is the result label of an outcome.

@@ -184,7 +184,7 @@ func (r *Reconciler) deliver(ctx context.Context, s *credential.Cluster, d deliv
 		r.readyReplicas(ctx, s)
 		return result(d.next, err)
 	}
-	rolledOut, wait, err := r.rollout.Roll(ctx, d.pc, d.cred.Version, pending)
+	rolledOut, wait, err := r.rollout.Roll(ctx, d.pc, d.cred.Version, pending, s.Window)
 	if err != nil {
 		return ctrl.Result{}, err
 	}

@@ -21,6 +21,7 @@ import (
 	"github.com/keyroll/keyroll/controllers/render"
 	"github.com/keyroll/keyroll/controllers/statustime"
 	"github.com/keyroll/keyroll/controllers/stoppoint"
+	"github.com/keyroll/keyroll/rotation"
 )
 
 // lagWait is how long a rollout step waits for a cache or the StatefulSet controller to catch up.
@@ -60,25 +61,54 @@ type step struct {
 type podWant struct {
 	template, version string
 	restarts          bool
+	// tmpl is the template rendered now, before its annotations (rollout_dataplane.go).
+	tmpl corev1.PodTemplateSpec
+	// dataPlaneNow says that pods of an older data plane are restarted now; newerNow, that those
+	// of a newer one are (rollout_dataplane.go).
+	dataPlaneNow, newerNow bool
 }
 
-// current says whether p runs what is wanted.
+// current says whether p runs what is wanted now: a pod of another data plane does until its
+// restart is due.
 func (w podWant) current(p *corev1.Pod) bool {
-	return p.Annotations[v1alpha1.AnnotationPodTemplate] == w.template &&
-		(!w.restarts || p.Annotations[v1alpha1.AnnotationCredentialVersion] == w.version)
+	return !w.templateDue(p) && (!w.restarts || p.Annotations[v1alpha1.AnnotationCredentialVersion] == w.version)
+}
+
+// templateDue says whether p is to be restarted now for its template.
+func (w podWant) templateDue(p *corev1.Pod) bool {
+	switch w.fit(p) {
+	case fitSpec:
+		return true
+	case fitDataPlane:
+		return w.dataPlaneNow
+	case fitNewer:
+		return w.newerNow
+	}
+	return false
 }
 
 // Roll takes the next steps of moving c's pods and consumers to version, and the Redis pods to
-// the current pod template. pending says that a superseded credential is still out there (its
-// lease or user not retired yet), so that a rollout runs even when every pod already runs version
-// (the consumers may not). done says every pod and consumer runs version; until then the
-// superseded leases stay live. wait is when to look again.
-func (r *Engine) Roll(ctx context.Context, c *primaryView, version string, pending bool) (done bool, wait time.Duration, err error) {
+// the current pod template (those of an older data plane only in window, or when asked). pending
+// says that a superseded credential is still out there (its lease or user not retired yet), so
+// that a rollout runs even when every pod already runs version (the consumers may not). done says
+// every pod and consumer runs version; until then the superseded leases stay live. wait is when to
+// look again.
+func (r *Engine) Roll(ctx context.Context, c *primaryView, version string, pending bool, window *rotation.Window) (done bool, wait time.Duration, err error) {
 	rc := c.RC
+	sts := render.StatefulSet(rc, version, r.ProbeImage)
+	tmpl := *sts.Spec.Template.DeepCopy()
+	tmpl.Annotations = nil
 	s := &step{rc: rc, conds: c.Conds, cluster: c, want: podWant{
-		template: render.StatefulSet(rc, version, r.ProbeImage).Spec.Template.Annotations[v1alpha1.AnnotationPodTemplate],
-		version:  version, restarts: render.RestartsPods(rc)}}
+		template: sts.Spec.Template.Annotations[v1alpha1.AnnotationPodTemplate], tmpl: tmpl,
+		version: version, restarts: render.RestartsPods(rc), dataPlaneNow: dataPlaneGate(rc, window, r.Clock.Now()), newerNow: rc.DataPlaneUpgradeAsked()}}
 	pods := kept(rc, c.Pods)
+	windowWait := r.reportDataPlane(s, pods, window)
+	done, wait, err = r.roll(ctx, s, pods, version, pending)
+	return done, statustime.Soonest(wait, windowWait), err
+}
+
+func (r *Engine) roll(ctx context.Context, s *step, pods []*corev1.Pod, version string, pending bool) (done bool, wait time.Duration, err error) {
+	rc := s.rc
 	ro := rc.Status.Rollout
 	if ro != nil && ro.PodInFlight != "" && ordinalOf(ro.PodInFlight) >= int(rc.Spec.Replicas) {
 		// The pod in flight is gone with a scale-down: nothing is left to wait for.
@@ -86,7 +116,7 @@ func (r *Engine) Roll(ctx context.Context, c *primaryView, version string, pendi
 	}
 	if ro == nil && !pending && s.settled(pods) {
 		r.Metrics.SetStalePods(client.ObjectKeyFromObject(rc), 0)
-		return true, 0, nil
+		return true, r.swapProbes(ctx, s, pods), nil
 	}
 	r.Metrics.SetStalePods(client.ObjectKeyFromObject(rc), len(pods)-s.countCurrent(pods, false))
 	if stale, err := apply.Stale(ctx, r.APIReader, rc); stale || err != nil {
@@ -306,17 +336,19 @@ func (s *step) nextPod(pods []*corev1.Pod) *corev1.Pod {
 			stale = append(stale, p)
 		}
 	}
-	order := func(p *corev1.Pod) int {
-		if p.Name == s.rc.Status.Primary {
-			return -1 // the primary goes last
-		}
-		return ordinal(p)
-	}
-	slices.SortFunc(stale, func(a, b *corev1.Pod) int { return order(b) - order(a) })
+	slices.SortFunc(stale, func(a, b *corev1.Pod) int { return restartOrder(s.rc, b) - restartOrder(s.rc, a) })
 	if len(stale) == 0 {
 		return nil
 	}
 	return stale[0]
+}
+
+// restartOrder ranks a pod for a restart: the highest first, the primary last.
+func restartOrder(rc *v1alpha1.RedisCluster, p *corev1.Pod) int {
+	if p.Name == rc.Status.Primary {
+		return -1
+	}
+	return ordinal(p)
 }
 
 // podReady says whether the pod is there, Ready and not terminating.
@@ -340,7 +372,7 @@ func (s *step) countCurrent(pods []*corev1.Pod, ready bool) int {
 // Live mode; the next rotation restarts it.
 func (s *step) settled(pods []*corev1.Pod) bool {
 	for _, p := range pods {
-		if p.Annotations[v1alpha1.AnnotationPodTemplate] != s.want.template {
+		if s.want.templateDue(p) {
 			return false
 		}
 		if v := p.Annotations[v1alpha1.AnnotationCredentialVersion]; s.want.restarts && v != "" && v != s.want.version {

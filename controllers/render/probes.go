@@ -34,9 +34,12 @@ func httpProbe(path string, period, failures int32) *corev1.Probe {
 // limit (which would restart the pod's Redis with it). A sidecar in the
 // Kubernetes sense (an init container that restarts always): it starts before Redis and stops
 // after it, so that it answers while Redis saves its data at a shutdown.
+// ProbeContainerName is the probe sidecar's name in the Redis pods.
+const ProbeContainerName = "probe"
+
 func probeContainer(image string) corev1.Container {
 	return corev1.Container{
-		Name:  "probe",
+		Name:  ProbeContainerName,
 		Image: image,
 		// It listens on the pod's IP only: the kubelet probes that address; the pod's other
 		// containers do not reach it over the loopback.

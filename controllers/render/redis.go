@@ -1,9 +1,6 @@
 package render
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
-	"encoding/json"
 	"fmt"
 	"maps"
 	"strconv"
@@ -259,6 +256,7 @@ func StatefulSet(rc *v1alpha1.RedisCluster, version, probeImage string) *appsv1.
 	}
 	sts.Spec.Template.Annotations = map[string]string{
 		v1alpha1.AnnotationPodTemplate: PodTemplateHash(sts.Spec.Template),
+		v1alpha1.AnnotationDataPlane:   strconv.Itoa(DataPlaneVersion),
 		// kubectl exec and logs pick the Redis container, not the probe sidecar.
 		"kubectl.kubernetes.io/default-container": "redis",
 	}
@@ -292,18 +290,6 @@ func statefulSetReplicas(rc *v1alpha1.RedisCluster) int32 {
 	}
 	n, _ := strconv.Atoi(p[strings.LastIndexByte(p, '-')+1:])
 	return max(rc.Spec.Replicas, int32(n)+1)
-}
-
-// PodTemplateHash identifies a Redis pod template (before its annotations are set): a pod made
-// from another one is restarted by a rollout. The credential version (rollout.redisPods Restart)
-// is not part of it: a credential has a rollout of its own.
-func PodTemplateHash(t corev1.PodTemplateSpec) string {
-	b, err := json.Marshal(t)
-	if err != nil {
-		panic(err) // a PodTemplateSpec always marshals
-	}
-	sum := sha256.Sum256(b)
-	return hex.EncodeToString(sum[:8])
 }
 
 func redisPodSpec(rc *v1alpha1.RedisCluster, probeImage string) corev1.PodSpec {
