@@ -56,7 +56,7 @@ func (r *Engine) swapProbes(ctx context.Context, s *step, pods []*corev1.Pod) ti
 		log.FromContext(ctx).Info("Could not give a probe sidecar its new image; trying again", "pod", p.Name, "error", err.Error())
 		return probeSwapWait
 	}
-	s.conds.Event(false, v1alpha1.EventProbeSidecarUpdated, "Upgrade", "Pod %s's probe sidecar runs %s now, changed in place: Redis was not restarted", p.Name, r.ProbeImage)
+	s.conds.EventAbout(p, false, v1alpha1.EventProbeSidecarUpdated, "Upgrade", "Pod %s's probe sidecar runs %s now, changed in place: Redis was not restarted", p.Name, r.ProbeImage)
 	log.FromContext(ctx).Info("Probe sidecar image changed in place", "pod", p.Name, "image", r.ProbeImage)
 	return probeSwapWait
 }

@@ -1,6 +1,7 @@
 package framework
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"testing"
@@ -50,6 +51,8 @@ type OperatorOptions struct {
 	// AsServiceAccount makes every request of the operator to the API server as its service
 	// account (impersonated): with the permissions an install grants it, and no more.
 	AsServiceAccount bool
+	// ProbeImage is the operator's --redis-probe-image (empty: testground.ProbeImage).
+	ProbeImage string
 }
 
 // Election is a leader election quick enough for tests (a 4 s Lease).
@@ -122,7 +125,7 @@ func (f *Framework) NewOperator(ctx context.Context, o OperatorOptions) (*Operat
 		Recorder: op.broadcast.NewRecorder(scheme, "keyroll"), Clock: clock.RealClock{}, Tokens: tokens,
 		ServiceAccount: types.NamespacedName{Namespace: f.OperatorNS, Name: OperatorSA},
 		VaultObserver:  o.VaultObserver, LeaseCheckInterval: o.LeaseCheckInterval, UsersCheckInterval: o.UsersCheckInterval,
-		ProbeImage: testground.ProbeImage,
+		ProbeImage: cmp.Or(o.ProbeImage, testground.ProbeImage),
 	})
 	if err != nil {
 		op.cancel()

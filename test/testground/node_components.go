@@ -108,6 +108,15 @@ func (n *Node) ImportImage(archive string) error {
 	return nil
 }
 
+// TagImage gives an image of the node's containerd a second name, as a registry would hold one
+// image under two tags: a pod that names either runs the same content.
+func (n *Node) TagImage(from, to string) error {
+	if err := n.ctr("images", "tag", "--force", from, to); err != nil {
+		return fmt.Errorf("tagging %s as %s: %w", from, to, err)
+	}
+	return nil
+}
+
 // KubeletSyncFrequency is how often the kubelet syncs each pod, and so refreshes its Secret and
 // ConfigMap volumes (the default, a minute, is too long for tests).
 const KubeletSyncFrequency = 10 * time.Second
