@@ -20,10 +20,10 @@ import (
 // where they need a rollout that does not end).
 func esLedgerCluster(t *testing.T, ns, conn, role string, refresh time.Duration, opts ...framework.ClusterOption) *v1alpha1.RedisCluster {
 	t.Helper()
-	vaultDynamicSecret(t, ns, "redis-orders", role, true)
+	fw.VaultDynamicSecret(t, ns, "redis-orders", role, true)
 	fw.StandInConsumer(t, ns, "api", 1)
 	opts = append([]framework.ClusterOption{framework.Replicas(2), framework.WithConsumers("api")}, opts...)
-	return esCluster(t, ns, "orders", v1alpha1.ExternalSecretSource{
+	return fw.ExternalSecretCluster(t, ns, "orders", v1alpha1.ExternalSecretSource{
 		GeneratorRef:    &v1alpha1.GeneratorReference{APIVersion: "generators.external-secrets.io/v1alpha1", Kind: "VaultDynamicSecret", Name: "redis-orders"},
 		RefreshInterval: &metav1.Duration{Duration: refresh},
 		ConnectionRef:   &v1alpha1.ConnectionReference{Name: conn},

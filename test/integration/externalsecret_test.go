@@ -28,65 +28,6 @@ import (
 // These tests run the real External Secrets Operator controller (ESO v0.20.4, built by
 // test/tools/eso) against the same API server, Vault and Redis as keyroll.
 
-// esoKubernetesAuth gives ESO Kubernetes-auth access to Vault as the service account
-// "external-secrets" of the package's namespace ns (Vault role "<package>-eso-<namespace base>"),
-// as deploy/samples/externalsecret-generator.yaml expects it (with its own role name).
-func esoKubernetesAuth(t *testing.T, ns string, tokenTTL ...time.Duration) string {
-	t.Helper()
-	ttl := time.Hour
-	if len(tokenTTL) > 0 {
-		ttl = tokenTTL[0]
-	}
-	role := ns + "-eso"
-	if err := fw.ExternalSecretsAuth(context.Background(), ns, role, fw.Name("eso"), ttl); err != nil {
-		t.Fatal(err)
-	}
-	return role
-}
-
-// vaultDynamicSecret creates ESO's VaultDynamicSecret generator for the package's Redis role
-// (fw.Path(role)), deleted when the test ends; raw asks for the raw Vault response (resultType
-// Raw), which includes the lease. tokenTTL is the TTL of the Vault tokens ESO logs in with
-// (default 1h).
-func vaultDynamicSecret(t *testing.T, ns, name, role string, raw bool, tokenTTL ...time.Duration) {
-	t.Helper()
-	spec := map[string]any{
-		"path": fw.Path(role), "method": "GET",
-		"provider": map[string]any{
-			"server": fw.Ground.Vault.Addr,
-			"auth": map[string]any{"kubernetes": map[string]any{
-				"mountPath": "kubernetes", "role": esoKubernetesAuth(t, ns, tokenTTL...),
-				"serviceAccountRef": map[string]any{"name": "external-secrets", "audiences": []any{"vault"}},
-			}},
-		},
-	}
-	if raw {
-		spec["resultType"] = "Raw"
-	}
-	fw.Create(t, &unstructured.Unstructured{Object: map[string]any{
-		"apiVersion": "generators.external-secrets.io/v1alpha1", "kind": "VaultDynamicSecret",
-		"metadata": map[string]any{"name": name, "namespace": ns}, "spec": spec,
-	}})
-}
-
-// esCluster creates a RedisCluster in ExternalSecret mode, with one Redis node of Redis 7.0 (as
-// fw.RedisCluster does in VaultLease mode), deleted when the test ends.
-func esCluster(t *testing.T, ns, name string, src v1alpha1.ExternalSecretSource, opts ...framework.ClusterOption) *v1alpha1.RedisCluster {
-	t.Helper()
-	rc := &v1alpha1.RedisCluster{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
-		Spec: v1alpha1.RedisClusterSpec{
-			Replicas: 1, Version: framework.RedisVersion,
-			Credentials: v1alpha1.CredentialsSpec{Source: v1alpha1.SourceExternalSecret, ExternalSecret: &src},
-		},
-	}
-	for _, o := range opts {
-		o(rc)
-	}
-	fw.Create(t, rc)
-	return rc
-}
-
 // checkSyncedSecret checks where External Secrets Operator put the credential: in <name>-eso,
 // which it owns through the ExternalSecret and no consumer reads, while the consumers' Secret,
 // owned by the RedisCluster, holds the same credential (keyroll wrote it once every node
@@ -172,7 +113,7 @@ func TestExternalSecretFromClusterSecretStoreSyncsAWorkingCredentialWithoutLease
 			"auth": map[string]any{"tokenSecretRef": map[string]any{"name": "eso-vault-token", "key": "token", "namespace": ns}},
 		}}},
 	}})
-	rc := esCluster(t, ns, "orders", v1alpha1.ExternalSecretSource{
+	rc := fw.ExternalSecretCluster(t, ns, "orders", v1alpha1.ExternalSecretSource{
 		StoreRef:           &v1alpha1.StoreReference{Kind: "ClusterSecretStore", Name: store},
 		RemoteKey:          fw.Path("es-store"),
 		RefreshInterval:    &metav1.Duration{Duration: 5 * time.Minute},
@@ -291,9 +232,9 @@ func TestExternalSecretRawLeaseIsTrackedRenewedRolledOutAndRevoked(t *testing.T)
 	ctx := context.Background()
 	ns := fw.Namespace(t, "es-raw")
 	vc := fw.VaultConnection(t, "vault-es-raw", framework.Allow(ns))
-	vaultDynamicSecret(t, ns, "redis-orders", "es-raw", true)
+	fw.VaultDynamicSecret(t, ns, "redis-orders", "es-raw", true)
 	fw.StandInConsumer(t, ns, "orders-api", 2)
-	rc := esCluster(t, ns, "orders", v1alpha1.ExternalSecretSource{
+	rc := fw.ExternalSecretCluster(t, ns, "orders", v1alpha1.ExternalSecretSource{
 		GeneratorRef:    &v1alpha1.GeneratorReference{APIVersion: "generators.external-secrets.io/v1alpha1", Kind: "VaultDynamicSecret", Name: "redis-orders"},
 		RefreshInterval: &metav1.Duration{Duration: time.Hour},
 		ConnectionRef:   &v1alpha1.ConnectionReference{Name: vc.Name},
@@ -426,8 +367,8 @@ func TestExternalSecretLeaseEndingWithESOsTokenIsReplacedAndReported(t *testing.
 	t.Run("token shorter than refreshInterval", func(t *testing.T) {
 		ns := fw.Namespace(t, "es-short-token")
 		vc := fw.VaultConnection(t, "vault-es-short-token", framework.Allow(ns))
-		vaultDynamicSecret(t, ns, "redis-orders", "es-long", true, 20*time.Second)
-		rc := esCluster(t, ns, "orders", v1alpha1.ExternalSecretSource{
+		fw.VaultDynamicSecret(t, ns, "redis-orders", "es-long", true, 20*time.Second)
+		rc := fw.ExternalSecretCluster(t, ns, "orders", v1alpha1.ExternalSecretSource{
 			GeneratorRef:    &v1alpha1.GeneratorReference{APIVersion: "generators.external-secrets.io/v1alpha1", Kind: "VaultDynamicSecret", Name: "redis-orders"},
 			RefreshInterval: &metav1.Duration{Duration: time.Hour},
 			ConnectionRef:   &v1alpha1.ConnectionReference{Name: vc.Name},
@@ -457,8 +398,8 @@ func TestExternalSecretLeaseEndingWithESOsTokenIsReplacedAndReported(t *testing.
 	t.Run("token longer than refreshInterval", func(t *testing.T) {
 		ns := fw.Namespace(t, "es-long-token")
 		vc := fw.VaultConnection(t, "vault-es-long-token", framework.Allow(ns))
-		vaultDynamicSecret(t, ns, "redis-orders", "es-long", true, time.Minute)
-		rc := esCluster(t, ns, "orders", v1alpha1.ExternalSecretSource{
+		fw.VaultDynamicSecret(t, ns, "redis-orders", "es-long", true, time.Minute)
+		rc := fw.ExternalSecretCluster(t, ns, "orders", v1alpha1.ExternalSecretSource{
 			GeneratorRef:    &v1alpha1.GeneratorReference{APIVersion: "generators.external-secrets.io/v1alpha1", Kind: "VaultDynamicSecret", Name: "redis-orders"},
 			RefreshInterval: &metav1.Duration{Duration: 15 * time.Second},
 			ConnectionRef:   &v1alpha1.ConnectionReference{Name: vc.Name},
@@ -488,8 +429,8 @@ func TestExternalSecretLeaseEndingWithESOsTokenIsReplacedAndReported(t *testing.
 
 func TestExternalSecretUntrackedLeaseWithLongRefreshIntervalIsReported(t *testing.T) {
 	ns := fw.Namespace(t, "es-warn")
-	vaultDynamicSecret(t, ns, "redis-orders", "es-warn", true)
-	rc := esCluster(t, ns, "orders", v1alpha1.ExternalSecretSource{
+	fw.VaultDynamicSecret(t, ns, "redis-orders", "es-warn", true)
+	rc := fw.ExternalSecretCluster(t, ns, "orders", v1alpha1.ExternalSecretSource{
 		GeneratorRef:    &v1alpha1.GeneratorReference{APIVersion: "generators.external-secrets.io/v1alpha1", Kind: "VaultDynamicSecret", Name: "redis-orders"},
 		RefreshInterval: &metav1.Duration{Duration: time.Hour},
 	})
@@ -520,8 +461,8 @@ func hasLeaseID(rc *v1alpha1.RedisCluster, id string) bool {
 // aclfile holds keyroll's own users only.
 func TestExternalSecretThatESOCannotSyncIsReportedWithESOsReason(t *testing.T) {
 	ns := fw.Namespace(t, "es-broken")
-	vaultDynamicSecret(t, ns, "redis-missing", "no-such-role", false)
-	rc := esCluster(t, ns, "orders", v1alpha1.ExternalSecretSource{
+	fw.VaultDynamicSecret(t, ns, "redis-missing", "no-such-role", false)
+	rc := fw.ExternalSecretCluster(t, ns, "orders", v1alpha1.ExternalSecretSource{
 		GeneratorRef: &v1alpha1.GeneratorReference{APIVersion: "generators.external-secrets.io/v1alpha1", Kind: "VaultDynamicSecret", Name: "redis-missing"},
 	})
 	var cond *metav1.Condition

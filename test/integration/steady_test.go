@@ -107,8 +107,8 @@ func TestSteadyStateWritesNothingWithEveryOptionalObject(t *testing.T) {
 		t.Parallel()
 		ns := fw.Namespace(t, "steady-es")
 		vc := fw.VaultConnection(t, "vault-steady-es", framework.Allow(ns))
-		vaultDynamicSecret(t, ns, "redis-orders", "es-long", true)
-		rc := esCluster(t, ns, "orders", v1alpha1.ExternalSecretSource{
+		fw.VaultDynamicSecret(t, ns, "redis-orders", "es-long", true)
+		rc := fw.ExternalSecretCluster(t, ns, "orders", v1alpha1.ExternalSecretSource{
 			GeneratorRef:    &v1alpha1.GeneratorReference{APIVersion: "generators.external-secrets.io/v1alpha1", Kind: "VaultDynamicSecret", Name: "redis-orders"},
 			RefreshInterval: &metav1.Duration{Duration: time.Hour},
 			ConnectionRef:   &v1alpha1.ConnectionReference{Name: vc.Name},

@@ -240,8 +240,8 @@ func TestForgedLeaseIDIsNeverRenewedOrRevoked(t *testing.T) {
 	// ExternalSecret mode, the lease tracked: the Secret ESO writes gets another team's lease ID
 	// by hand, and a look-alike Secret (the cluster's labels, "controlled" by an ExternalSecret of
 	// the cluster's name that is not keyroll's) holds another.
-	vaultDynamicSecret(t, ns, "redis-cache", "forged.es", true)
-	es := esCluster(t, ns, "cache", v1alpha1.ExternalSecretSource{
+	fw.VaultDynamicSecret(t, ns, "redis-cache", "forged.es", true)
+	es := fw.ExternalSecretCluster(t, ns, "cache", v1alpha1.ExternalSecretSource{
 		GeneratorRef:    &v1alpha1.GeneratorReference{APIVersion: "generators.external-secrets.io/v1alpha1", Kind: "VaultDynamicSecret", Name: "redis-cache"},
 		RefreshInterval: &metav1.Duration{Duration: time.Hour},
 		ConnectionRef:   &v1alpha1.ConnectionReference{Name: vc.Name},

@@ -6,6 +6,7 @@
 package node
 
 import (
+	"context"
 	"os"
 	"testing"
 	"time"
@@ -15,6 +16,9 @@ import (
 )
 
 var fw *framework.Framework
+
+// auditLog is the package's Vault audit log (framework.EnableAudit).
+var auditLog string
 
 // managerNS is the namespace deploy/default installs the manager in: its kustomization fixes it,
 // so that it cannot carry the package's prefix. The deployed manager's service account and
@@ -32,8 +36,17 @@ func TestMain(m *testing.M) {
 		Name: "node",
 		// External Secrets Operator's CRDs: the manager watches ExternalSecrets and does not start
 		// without their API.
-		Ground: testground.Options{Node: true, Redis: true, Vault: true, ExternalSecretsCRDs: true},
+		// External Secrets Operator runs: the upgrade test holds a RedisCluster in ExternalSecret mode.
+		Ground: testground.Options{Node: true, Redis: true, Vault: true, ExternalSecrets: true},
 		Roles:  roles,
+		// Vault's audit log (what the upgrade test issues and revokes) and ESO's Vault policy.
+		Setup: func(ctx context.Context, f *framework.Framework) error {
+			var err error
+			if auditLog, err = f.EnableAudit(ctx); err != nil {
+				return err
+			}
+			return f.WriteExternalSecretsPolicy(ctx, f.Name("eso"))
+		},
 		// keyroll's manager runs in this process, with leader election on the Lease the deployed
 		// manager uses, so that the two never act at once.
 		Operator: &framework.OperatorOptions{LeaseDuration: 15 * time.Second, RenewDeadline: 10 * time.Second, RetryPeriod: 2 * time.Second},
@@ -42,5 +55,7 @@ func TestMain(m *testing.M) {
 	// (keyroll-manager, which the operator's Kubernetes auth role in Vault binds) and the same
 	// leader-election Lease, both in the manifests' namespace rather than a prefixed one.
 	fw.OperatorNS = managerNS
-	os.Exit(fw.Run(m))
+	code := fw.Run(m)
+	removePreviousTree()
+	os.Exit(code)
 }

@@ -165,7 +165,7 @@ func cluster(i int) *v1alpha1.RedisCluster {
 	return &v1alpha1.RedisCluster{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("c%04d", i)}}
 }
 
-// esoSetup gives ESO what test/integration's esoKubernetesAuth gives it: Kubernetes auth as the
+// esoSetup gives ESO what framework's ESOKubernetesAuth gives it: Kubernetes auth as the
 // service account external-secrets of the run's namespace (Vault role eso-scale, reading the
 // role "scale" only), and the generator for database/creds/scale.
 func esoSetup(b *testing.B, r *run) {

@@ -1,0 +1,108 @@
+package dataplane
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/test/framework"
+)
+
+// A data-plane change, as an upgrade to a keyroll with a newer data-plane contract finds the pods
+// (here: the running pods marked as an older contract's, which restarts none of them), is reported
+// at once and applied only when the cluster's maintenance window opens: not one pod restarts
+// before, then all of them, replicas first, the primary last after a hand-over. No acknowledged
+// write is lost; the consumers' failed commands and longest outage are measured.
+func TestDataPlaneChangeWaitsForTheMaintenanceWindow(t *testing.T) {
+	ns := fw.Namespace(t, "dpwindow")
+	vc := fw.VaultConnection(t, "vault-dpwindow", framework.Allow(ns))
+	// The window opens at a whole minute at least three minutes away (the cluster comes up
+	// meanwhile), in UTC, for half an hour.
+	opens := time.Now().UTC().Truncate(time.Minute).Add(4 * time.Minute)
+	rc := fw.RedisCluster(t, ns, "cache", vc.Name, fw.Path("orders"), framework.Replicas(3), framework.WithConsumers("app"),
+		func(rc *v1alpha1.RedisCluster) {
+			rc.Spec.Rotation.MaintenanceWindow = &v1alpha1.MaintenanceWindow{Start: opens.Format("15:04"), Duration: metav1.Duration{Duration: 30 * time.Minute}}
+		})
+	rc = fw.WaitReady(t, rc, 3*time.Minute)
+	user, pass, _ := fw.Credentials(rc)
+	pods := fw.RedisPods(t, rc)
+	writeKeys(t, framework.PodAddr(&pods[0]), user, pass, keys)
+	app := fw.StartConsumers(t, ns, "app", 2, "cache:6379", "cache-credentials")
+	rw := watchRestarts(t, rc)
+	_, failedBefore, _ := app.Totals()
+
+	for _, p := range pods {
+		patch := client.MergeFrom(p.DeepCopy())
+		p.Annotations[v1alpha1.AnnotationDataPlane] = "0"
+		p.Annotations[v1alpha1.AnnotationPodTemplate] = "an-older-keyrolls-template"
+		if err := fw.Client.Patch(context.Background(), &p, patch); err != nil {
+			t.Fatal(err)
+		}
+	}
+	marked := time.Now()
+	framework.Eventually(t, time.Minute, func() string {
+		c := meta.FindStatusCondition(fw.Get(t, rc).Status.Conditions, v1alpha1.ConditionDataPlaneCurrent)
+		if c == nil || c.Reason != v1alpha1.ReasonRestartPending {
+			return fmt.Sprintf("condition DataPlaneCurrent %+v", c)
+		}
+		return ""
+	})
+	reported := time.Since(marked)
+	fw.WaitClusterEvents(t, ns, rc.Name, 10*time.Second, v1alpha1.EventDataPlaneChangePending)
+	if !time.Now().Before(opens) {
+		t.Fatalf("the window (%s) opened before the change could be seen waiting for it", opens.Format("15:04"))
+	}
+	for time.Now().Before(opens) {
+		if r := rw.seen(); len(r) > 0 {
+			t.Fatalf("pod %s restarted at %s, before the window opens at %s", r[0].pod, r[0].at.Format(time.TimeOnly), opens.Format(time.TimeOnly))
+		}
+		time.Sleep(time.Second)
+	}
+
+	var final *v1alpha1.RedisCluster
+	framework.Eventually(t, 8*time.Minute, func() string {
+		final = fw.Get(t, rc)
+		c := meta.FindStatusCondition(final.Status.Conditions, v1alpha1.ConditionDataPlaneCurrent)
+		if final.Status.Rollout != nil || len(rw.seen()) < 3 || c == nil || c.Status != metav1.ConditionTrue {
+			return fmt.Sprintf("rollout %+v, %d pods restarted, condition %+v", final.Status.Rollout, len(rw.seen()), c)
+		}
+		return ""
+	})
+	restarts := rw.seen()
+	var order []string
+	for _, r := range restarts {
+		order = append(order, r.pod)
+		if r.at.Before(opens) {
+			t.Errorf("%s restarted at %s, before the window", r.pod, r.at.Format(time.TimeOnly))
+		}
+	}
+	if want := []string{"cache-2", "cache-1", "cache-0"}; !slices.Equal(order, want) {
+		t.Errorf("restart order %v, want %v", order, want)
+	}
+	for _, p := range fw.RedisPods(t, final) {
+		if got := countKeys(t, framework.PodAddr(&p), user, pass, keys); got != keys {
+			t.Errorf("%s has %d of %d keys after the data-plane change", p.Name, got, keys)
+		}
+	}
+	app.Halt()
+	ok, failed, lastErrors := app.Totals()
+	var longest, lost int64
+	for _, s := range app.Stats() {
+		longest, lost = max(longest, s.LongestOutageMs), lost+s.LostWrites
+	}
+	t.Logf("change reported %s after the pods were marked; none restarted before the window (%s); then %v at %v; consumers: %d ok, %d failed, longest outage %d ms, %d lost writes; errors %v",
+		reported.Round(100*time.Millisecond), opens.Format(time.TimeOnly), order, restartTimes(restarts, opens), ok, failed-failedBefore, longest, lost, lastErrors)
+	if lost != 0 {
+		t.Errorf("%d acknowledged writes were lost", lost)
+	}
+	if longest > 10000 {
+		t.Errorf("the consumers' longest outage was %d ms: want one reconnect at the hand-over (bound 10 s)", longest)
+	}
+}
