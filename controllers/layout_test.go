@@ -36,8 +36,8 @@ var allowed = map[string][]string{
 		"controllers/statustime", "vault"},
 	"controllers/rediscluster": {"apis/v1alpha1", "controllers/apply", "controllers/conditions", "controllers/connection", "controllers/credential",
 		"controllers/metrics", "controllers/render", "controllers/statustime", "controllers/stoppoint", "controllers/upkeep", "redisnode", "rotation", "vault"},
-	"controllers": {"apis/v1alpha1", "controllers/apply", "controllers/connection", "controllers/credential", "controllers/metrics",
-		"controllers/rediscluster", "controllers/vaultconnection", "vault"},
+	"controllers": {"apis/v1alpha1", "controllers/apply", "controllers/connection", "controllers/metrics", "controllers/rediscluster",
+		"controllers/vaultconnection", "vault"},
 }
 
 type listed struct {

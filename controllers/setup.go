@@ -26,7 +26,6 @@ import (
 	"github.com/keyroll/keyroll/apis/v1alpha1"
 	"github.com/keyroll/keyroll/controllers/apply"
 	"github.com/keyroll/keyroll/controllers/connection"
-	"github.com/keyroll/keyroll/controllers/credential"
 	"github.com/keyroll/keyroll/controllers/metrics"
 	"github.com/keyroll/keyroll/controllers/rediscluster"
 	"github.com/keyroll/keyroll/controllers/vaultconnection"
@@ -101,7 +100,7 @@ func ExternalSecretsServed(cfg *rest.Config) bool {
 }
 
 // DefaultLeaseCheckInterval is how often a live lease is looked up in Vault besides its renewals.
-const DefaultLeaseCheckInterval = credential.DefaultLeaseCheckInterval
+const DefaultLeaseCheckInterval = rediscluster.DefaultLeaseCheckInterval
 
 // DefaultUsersCheckInterval is how often every Redis node's ACL is compared with what keyroll
 // confirmed there.

@@ -69,6 +69,10 @@ type source interface {
 // Both credential sources are sources.
 var _, _ source = (*credential.Issuer)(nil), (*credential.Adopter)(nil)
 
+// DefaultLeaseCheckInterval is how often a live lease is looked up in Vault besides its renewals
+// (Config.LeaseCheckInterval zero).
+const DefaultLeaseCheckInterval = credential.DefaultLeaseCheckInterval
+
 // DefaultWorkers is how many RedisClusters are reconciled at once by default: enough that a slow
 // Vault call for one cluster does not hold up a thousand others.
 const DefaultWorkers = 16
@@ -103,7 +107,7 @@ type Config struct {
 func New(cfg Config) *Reconciler {
 	interval := cfg.LeaseCheckInterval
 	if interval == 0 {
-		interval = credential.DefaultLeaseCheckInterval
+		interval = DefaultLeaseCheckInterval
 	}
 	dial := cfg.DialRedis
 	if dial == nil {
