@@ -60,6 +60,9 @@ type Node interface {
 	Failover(ctx context.Context, host string, port int, timeout time.Duration) error
 	// ReplicaOf makes the node a replica of host:port, or a primary when host is empty.
 	ReplicaOf(ctx context.Context, host string, port int) error
+	// Clients are the node's client connections (CLIENT LIST): who each is logged in as, and
+	// where it comes from.
+	Clients(ctx context.Context) ([]Conn, error)
 	// Close ends the connection.
 	Close() error
 }
@@ -229,6 +232,45 @@ type Replica struct {
 	Port   int
 	State  string // online once its initial sync is done
 	Offset int64
+}
+
+// Conn is one client connection of a node.
+type Conn struct {
+	// User is the user it is logged in as.
+	User string
+	// Addr is the client's address, ip:port, as the node sees it.
+	Addr string
+}
+
+// Clients reads CLIENT LIST.
+func (n *Client) Clients(ctx context.Context) ([]Conn, error) {
+	out, err := n.c.Do(ctx, "CLIENT", "LIST").Text()
+	if err != nil {
+		return nil, n.wrap("reading CLIENT LIST", err)
+	}
+	return ParseClientList(out), nil
+}
+
+// ParseClientList reads CLIENT LIST's lines: space-separated key=value fields, of which it keeps
+// the user and the address.
+func ParseClientList(out string) []Conn {
+	var conns []Conn
+	for _, line := range strings.Split(out, "\n") {
+		var c Conn
+		for _, f := range strings.Fields(line) {
+			k, v, _ := strings.Cut(f, "=")
+			switch k {
+			case "user":
+				c.User = v
+			case "addr":
+				c.Addr = v
+			}
+		}
+		if c.Addr != "" {
+			conns = append(conns, c)
+		}
+	}
+	return conns
 }
 
 // Replication reads INFO replication and INFO stats.

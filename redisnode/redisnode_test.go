@@ -226,3 +226,13 @@ func TestLoginRefusedAndTheACL(t *testing.T) {
 		t.Errorf("after DisableUser the user logs in: %v, %v", ok, err)
 	}
 }
+
+func TestParseClientList(t *testing.T) {
+	out := "id=3 addr=10.0.0.7:51234 laddr=10.0.0.1:6379 fd=8 name= age=12 idle=0 flags=N db=0 sub=0 psub=0 ssub=0 multi=-1 qbuf=26 qbuf-free=20448 argv-mem=10 multi-mem=0 rbs=1024 rbp=0 obl=0 oll=0 omem=0 tot-mem=22298 events=r cmd=client|list user=app-1 redir=-1 resp=2\n" +
+		"id=4 addr=10.0.0.8:40000 laddr=10.0.0.1:6379 fd=9 name= age=1 idle=1 flags=S db=0 cmd=replconf user=keyroll-replication resp=2\n"
+	got := redisnode.ParseClientList(out)
+	want := []redisnode.Conn{{User: "app-1", Addr: "10.0.0.7:51234"}, {User: "keyroll-replication", Addr: "10.0.0.8:40000"}}
+	if !slices.Equal(got, want) {
+		t.Errorf("ParseClientList: %+v, want %+v", got, want)
+	}
+}

@@ -136,6 +136,9 @@ const (
 	ReasonRolloutInProgress           = "RolloutInProgress"
 	ReasonRolloutComplete             = "RolloutComplete"
 	ReasonRolloutStalled              = "RolloutStalled"
+	// ReasonClientsStillLoggedIn: the rollout is done, and clients that are not listed consumers are
+	// still logged in with a superseded credential: its user and lease stay (rollout.unlistedClients).
+	ReasonClientsStillLoggedIn = "ClientsStillLoggedIn"
 	// ReasonRestartPending: Redis pods run an older data-plane contract than this keyroll renders;
 	// their restart waits for the maintenance window or the owner's ask.
 	ReasonRestartPending = "RestartPending"
@@ -185,6 +188,12 @@ const (
 	// new pod template (spec.version, image, resources, ...), one at a time.
 	EventPodsRolloutStarted  = "PodsRolloutStarted"
 	EventPodsRolloutFinished = "PodsRolloutFinished"
+	// EventOldCredentialInUse: clients that are not listed consumers are still logged in with a
+	// superseded credential; its retirement waits (rollout.unlistedClients).
+	EventOldCredentialInUse = "OldCredentialInUse"
+	// EventUnlistedClientsCutOff: with rollout.unlistedClients Proceed, the grace is over and the
+	// superseded user was retired: the clients named were cut off.
+	EventUnlistedClientsCutOff = "UnlistedClientsCutOff"
 	// EventDataPlaneChangePending: this keyroll renders a newer data-plane contract than some Redis
 	// pods run; they are restarted in the maintenance window or when asked.
 	EventDataPlaneChangePending = "DataPlaneChangePending"

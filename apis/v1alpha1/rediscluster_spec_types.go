@@ -1,6 +1,8 @@
 package v1alpha1
 
 import (
+	"time"
+
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -241,7 +243,46 @@ type RolloutSpec struct {
 	// +listMapKey=name
 	// +kubebuilder:validation:MaxItems=64
 	Consumers []ConsumerReference `json:"consumers,omitempty"`
+
+	// unlistedClients says what happens when, the rollout done, a superseded credential's user is
+	// still logged in on a Redis node from a client that is not one of the consumers' pods (a
+	// CronJob, another team's service, a port-forward). keyroll looks (CLIENT LIST on every node)
+	// before it retires the user, and names each such client in status.oldUserClients, in the
+	// condition LeasesRevoked and in an event.
+	// +optional
+	UnlistedClients UnlistedClientsSpec `json:"unlistedClients,omitempty"`
 }
+
+// UnlistedClientsSpec says what keyroll does about clients still logged in with a superseded
+// credential that are not listed consumers.
+type UnlistedClientsSpec struct {
+	// action is Wait (the default): the user stays on every node, and its lease live, while such a
+	// client is logged in with it (at most until the lease can be renewed no longer); or Proceed:
+	// the retirement waits for grace, then the user leaves the nodes, which cuts those clients off,
+	// and an event says whom.
+	// +optional
+	// +kubebuilder:validation:Enum=Wait;Proceed
+	Action UnlistedClientsAction `json:"action,omitempty"`
+
+	// grace is how long Proceed waits for such clients to log in with the new credential, from
+	// when keyroll first saw them (default 10m). Between 0s and 24h.
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="self.matches('^(0|([0-9]+([.][0-9]*)?(ns|us|ms|s|m|h))+)$')",message="rollout.unlistedClients.grace must be a duration such as 30s, 10m or 1h"
+	// +kubebuilder:validation:XValidation:rule="!self.matches('^(0|([0-9]+([.][0-9]*)?(ns|us|ms|s|m|h))+)$') || duration(self) <= duration('24h')",message="rollout.unlistedClients.grace must be at most 24h"
+	Grace *metav1.Duration `json:"grace,omitempty"`
+}
+
+// UnlistedClientsAction is what keyroll does about unlisted clients of a superseded credential.
+type UnlistedClientsAction string
+
+// The actions about unlisted clients.
+const (
+	UnlistedClientsWait    UnlistedClientsAction = "Wait"
+	UnlistedClientsProceed UnlistedClientsAction = "Proceed"
+)
+
+// DefaultUnlistedClientsGrace is how long Proceed waits when rollout.unlistedClients.grace is not set.
+const DefaultUnlistedClientsGrace = 10 * time.Minute
 
 // NetworkPolicySpec is the NetworkPolicy keyroll keeps for the Redis pods.
 type NetworkPolicySpec struct {

@@ -85,6 +85,13 @@ type RedisClusterStatus struct {
 	// +listType=set
 	// +kubebuilder:validation:MaxItems=128
 	RetiringUsers []string `json:"retiringUsers,omitempty"`
+
+	// oldUserClients are the clients keyroll found logged in on a Redis node as a superseded
+	// credential's user, the rollout done, that are not listed consumers: while there are any, the
+	// user is not retired (rollout.unlistedClients).
+	// +optional
+	// +kubebuilder:validation:MaxItems=16
+	OldUserClients []OldUserClient `json:"oldUserClients,omitempty"`
 }
 
 // NodeStatus is what keyroll last confirmed on one Redis node (one run of a pod's Redis).
@@ -162,3 +169,27 @@ const (
 	RolloutForCredential  RolloutCause = "Credential"
 	RolloutForPodTemplate RolloutCause = "PodTemplate"
 )
+
+// OldUserClient is a client logged in on a Redis node as a user keyroll is about to retire.
+type OldUserClient struct {
+	// user is the superseded credential's user it is logged in as.
+	// +kubebuilder:validation:MaxLength=256
+	User string `json:"user"`
+
+	// workload is what the client's pod belongs to (Deployment/api, CronJob/report, Pod/debug),
+	// with its namespace when it is not the cluster's; empty when the address is no pod's.
+	// +optional
+	// +kubebuilder:validation:MaxLength=512
+	Workload string `json:"workload,omitempty"`
+
+	// address is the client's IP address, as the Redis node sees it.
+	// +kubebuilder:validation:MaxLength=64
+	Address string `json:"address"`
+
+	// connections is how many connections it has open as the user, over every node.
+	Connections int32 `json:"connections"`
+
+	// since is when keyroll first saw it.
+	// +optional
+	Since *metav1.Time `json:"since,omitempty"`
+}

@@ -330,29 +330,6 @@ func Retiring(rc *v1alpha1.RedisCluster) bool {
 	return Pending(rc) || len(Superseded(rc)) > 0 || len(rc.Status.RetiringUsers) > 0
 }
 
-// Retire is called once the current credential runs everywhere: the superseded leases are to be
-// revoked (Revoking), and their users, with those of replaced credentials without a tracked
-// lease, are to leave every node (status.retiringUsers).
-func Retire(rc *v1alpha1.RedisCluster) {
-	retire := func(name string) {
-		if name != "" && !slices.Contains(rc.Status.RetiringUsers, name) && (rc.Status.Credential == nil || rc.Status.Credential.Username != name) {
-			rc.Status.RetiringUsers = append(rc.Status.RetiringUsers, name)
-		}
-	}
-	for i := range rc.Status.Leases {
-		if l := &rc.Status.Leases[i]; l.State == v1alpha1.LeaseSuperseded {
-			l.State = v1alpha1.LeaseRevoking
-			retire(l.Username)
-		}
-	}
-	if c := rc.Status.Credential; c != nil {
-		for _, name := range c.SupersededUsers {
-			retire(name)
-		}
-		c.SupersededUsers = nil
-	}
-}
-
 // DefaultRenewalPercent is how far into a lease ESO obtained keyroll renews it.
 const DefaultRenewalPercent = 67
 

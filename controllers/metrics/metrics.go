@@ -24,6 +24,7 @@ type Metrics struct {
 	tokenExpiry     *expiryCollector
 	stalePods       *prometheus.GaugeVec
 	dataPlanePods   *prometheus.GaugeVec
+	oldUserConns    *prometheus.GaugeVec
 	// RevokedOutside counts live leases found revoked outside keyroll.
 	RevokedOutside prometheus.Counter
 	// UnknownUsersRemoved counts the Redis users removed from a node that were not its cluster's.
@@ -79,6 +80,9 @@ func newMetrics(clk clock.PassiveClock) *Metrics {
 		stalePods: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "keyroll_pods_on_superseded_credential", Help: "Redis pods still running a credential that has been replaced.",
 		}, []string{"namespace", "name"}),
+		oldUserConns: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "keyroll_unlisted_client_connections", Help: "Connections logged in on the Redis nodes as a superseded credential's user from clients that are not listed consumers: the user's retirement waits for them.",
+		}, []string{"namespace", "name"}),
 		dataPlanePods: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "keyroll_pods_on_older_data_plane", Help: "Redis pods running an older data-plane contract than this keyroll renders: their restart is pending (maintenance window, or the owner's ask).",
 		}, []string{"namespace", "name"}),
@@ -102,7 +106,7 @@ func newMetrics(clk clock.PassiveClock) *Metrics {
 
 func (m *Metrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{m.Issues, m.Renewals, m.Rotations, m.Revocations, m.RolloutDuration,
-		m.VaultRequests, m.leaseExpiry, m.tokenExpiry, m.stalePods, m.dataPlanePods, m.RevokedOutside, m.UnknownUsersRemoved, m.tokens, m.orphans, m.OrphanLeasesRevoked}
+		m.VaultRequests, m.leaseExpiry, m.tokenExpiry, m.stalePods, m.dataPlanePods, m.oldUserConns, m.RevokedOutside, m.UnknownUsersRemoved, m.tokens, m.orphans, m.OrphanLeasesRevoked}
 }
 
 // ObserveVault records one Vault request.
@@ -155,11 +159,22 @@ func (m *Metrics) SetDataPlanePods(key types.NamespacedName, n int) {
 	m.dataPlanePods.WithLabelValues(key.Namespace, key.Name).Set(float64(n))
 }
 
+// SetUnlistedClientConnections records how many connections unlisted clients hold as a superseded
+// credential's user (0 drops the series).
+func (m *Metrics) SetUnlistedClientConnections(key types.NamespacedName, n int) {
+	if n == 0 {
+		m.oldUserConns.DeleteLabelValues(key.Namespace, key.Name)
+		return
+	}
+	m.oldUserConns.WithLabelValues(key.Namespace, key.Name).Set(float64(n))
+}
+
 // Forget drops a deleted cluster's series.
 func (m *Metrics) Forget(key types.NamespacedName) {
 	m.SetLeaseExpiry(key, time.Time{})
 	m.stalePods.DeleteLabelValues(key.Namespace, key.Name)
 	m.dataPlanePods.DeleteLabelValues(key.Namespace, key.Name)
+	m.oldUserConns.DeleteLabelValues(key.Namespace, key.Name)
 }
 
 // Result is the result label of an outcome.

@@ -214,11 +214,15 @@ func (r *deps) stage(ctx context.Context, s *credential.Cluster, in *internal, c
 	return nil
 }
 
-// retireSuperseded retires what the current credential replaced, once it runs everywhere: the
-// users of superseded credentials leave every node (confirmed on each) and the aclfile, then
-// their leases are revoked. A revocation that fails is retried with backoff; the user stays
-// removed. vcl is nil when no lease is tracked.
+// retireSuperseded retires what the current credential replaced, once it runs everywhere and no
+// client that is not a listed consumer holds the retirement (oldclients.go): the users of
+// superseded credentials leave every node (confirmed on each) and the aclfile, then their leases
+// are revoked. A revocation that fails is retried with backoff; the user stays removed. vcl is nil
+// when no lease is tracked.
 func (r *deps) retireSuperseded(ctx context.Context, s *credential.Cluster, in *internal, vcl vault.LeaseClient, cred *render.Credential) (bool, time.Duration, error) {
+	if held, wait, err := r.holdForOldUserClients(ctx, s, in); held || err != nil {
+		return false, wait, err
+	}
 	credential.Retire(s.RC)
 	applied, wait, err := r.reconcileUsers(ctx, s, in, cred)
 	if !applied || err != nil {

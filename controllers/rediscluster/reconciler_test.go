@@ -89,6 +89,8 @@ func newHarness(t *testing.T, objs ...client.Object) *harness {
 			return o.(*v1alpha1.RedisCluster).VaultConnections()
 		}).
 		WithIndex(&v1alpha1.RedisCluster{}, ConsumerIndex, ConsumerKeys).
+		// The API server answers a pod list by status.podIP (oldclients.go).
+		WithIndex(&corev1.Pod{}, "status.podIP", func(o client.Object) []string { return []string{o.(*corev1.Pod).Status.PodIP} }).
 		Build()
 	clk := testclock.NewFakeClock(epoch)
 	fv := vaulttest.New(clk)

@@ -77,6 +77,25 @@ func (r *Engine) rollConsumers(ctx context.Context, s *step, ro *v1alpha1.Rollou
 // consumerStalled waits for a restarted consumer to roll out: after readinessTimeout (timed from
 // its restart, or from the rollout's start when that record was lost) the rollout is reported
 // stalled, naming it; the superseded credential stays live meanwhile. It says when to look again.
+// consumersOn says whether every consumer already runs version, rolled out, so that no rollout
+// is needed for it (a reconcile after the rollout, while the retirement of what it replaced
+// waits); a consumer that is missing is passed over, as the rollout passes it over.
+func (r *Engine) consumersOn(ctx context.Context, s *step, version string) bool {
+	for _, ref := range s.rc.Spec.Rollout.Consumers {
+		w, err := r.consumer(ctx, s.rc.Namespace, ref)
+		if apierrors.IsNotFound(err) {
+			continue
+		}
+		if err != nil || w.paused() || w.template().Annotations[v1alpha1.AnnotationCredentialVersion] != version || !w.rolledOut() {
+			return false
+		}
+		if old, err := r.oldPods(ctx, s.rc.Namespace, w, version); err != nil || old != "" {
+			return false
+		}
+	}
+	return true
+}
+
 func (r *Engine) consumerStalled(s *step, ro *v1alpha1.RolloutStatus, ref v1alpha1.ConsumerReference) time.Duration {
 	since := ro.ConsumerRestartedAt
 	if since == nil {

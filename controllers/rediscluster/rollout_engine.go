@@ -114,7 +114,10 @@ func (r *Engine) roll(ctx context.Context, s *step, pods []*corev1.Pod, version 
 		// The pod in flight is gone with a scale-down: nothing is left to wait for.
 		ro.PodInFlight, ro.PodRestartedAt = "", nil
 	}
-	if ro == nil && !pending && s.settled(pods) {
+	// A retirement held for unlisted clients (oldclients.go) follows a finished rollout: while every
+	// pod and consumer runs version, it is not started again at each look.
+	held := len(rc.Status.OldUserClients) > 0 && s.countCurrent(pods, false) == len(pods) && r.consumersOn(ctx, s, version)
+	if ro == nil && s.settled(pods) && (!pending || held) {
 		r.Metrics.SetStalePods(client.ObjectKeyFromObject(rc), 0)
 		return true, r.swapProbes(ctx, s, pods), nil
 	}

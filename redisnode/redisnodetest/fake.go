@@ -42,6 +42,19 @@ type Fake struct {
 	// masterOf is the primary each replica replicates from, by address; a node without one is a
 	// primary.
 	masterOf map[string]string
+	// clients are the client connections of each node, by address (SetClients).
+	clients map[string][]redisnode.Conn
+}
+
+// SetClients says which client connections the node at addr has (CLIENT LIST); a user it deletes
+// closes those logged in as that user.
+func (f *Fake) SetClients(addr string, conns ...redisnode.Conn) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.clients == nil {
+		f.clients = map[string][]redisnode.Conn{}
+	}
+	f.clients[addr] = conns
 }
 
 // ReplicateFrom makes the nodes at replicas replicas of the node at primary.
@@ -255,9 +268,21 @@ func (c *conn) SetUser(_ context.Context, u redisnode.User) error {
 	return nil
 }
 
+func (c *conn) Clients(context.Context) ([]redisnode.Conn, error) {
+	c.f.mu.Lock()
+	defer c.f.mu.Unlock()
+	if _, err := c.node(); err != nil {
+		return nil, err
+	}
+	return slices.Clone(c.f.clients[c.addr]), nil
+}
+
 func (c *conn) DelUsers(_ context.Context, names ...string) error {
 	c.f.mu.Lock()
 	defer c.f.mu.Unlock()
+	if c.f.clients != nil {
+		c.f.clients[c.addr] = slices.DeleteFunc(slices.Clone(c.f.clients[c.addr]), func(k redisnode.Conn) bool { return slices.Contains(names, k.User) })
+	}
 	n, err := c.node()
 	if err != nil {
 		return err

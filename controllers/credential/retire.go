@@ -1,0 +1,45 @@
+package credential
+
+import (
+	"slices"
+
+	"github.com/keyroll/keyroll/apis/v1alpha1"
+)
+
+// Retire is called once the current credential runs everywhere: the superseded leases are to be
+// revoked (Revoking), and their users, with those of replaced credentials without a tracked
+// lease, are to leave every node (status.retiringUsers).
+func Retire(rc *v1alpha1.RedisCluster) {
+	rc.Status.RetiringUsers = append(rc.Status.RetiringUsers, UsersToRetire(rc)...)
+	for i := range rc.Status.Leases {
+		if l := &rc.Status.Leases[i]; l.State == v1alpha1.LeaseSuperseded {
+			l.State = v1alpha1.LeaseRevoking
+		}
+	}
+	if c := rc.Status.Credential; c != nil {
+		c.SupersededUsers = nil
+	}
+}
+
+// UsersToRetire are the users Retire takes off the nodes next: those of the superseded leases and
+// credentials, once each, but for users already retiring and the current credential's.
+func UsersToRetire(rc *v1alpha1.RedisCluster) []string {
+	var out []string
+	add := func(name string) {
+		if name != "" && !slices.Contains(out, name) && !slices.Contains(rc.Status.RetiringUsers, name) &&
+			(rc.Status.Credential == nil || rc.Status.Credential.Username != name) {
+			out = append(out, name)
+		}
+	}
+	for _, l := range rc.Status.Leases {
+		if l.State == v1alpha1.LeaseSuperseded {
+			add(l.Username)
+		}
+	}
+	if c := rc.Status.Credential; c != nil {
+		for _, name := range c.SupersededUsers {
+			add(name)
+		}
+	}
+	return out
+}

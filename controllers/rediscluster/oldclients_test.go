@@ -1,0 +1,124 @@
+package rediscluster
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/redisnode"
+)
+
+// rotateHolding rotates the cluster while a client at addr is logged in as the current user on
+// every node; it returns the cluster settled and the old user.
+func (h *harness) rotateHolding(t *testing.T, addr string) (*v1alpha1.RedisCluster, string) {
+	t.Helper()
+	rc := h.settle(t)
+	old := rc.Status.Credential.Username
+	for i := range rc.Spec.Replicas {
+		h.redis.SetClients(nodeAddr(int(i)), redisnode.Conn{User: old, Addr: addr}, redisnode.Conn{User: old, Addr: addr})
+	}
+	rc.Annotations = map[string]string{v1alpha1.AnnotationRotateNow: "now"}
+	if err := h.k8s.Update(context.Background(), rc); err != nil {
+		t.Fatal(err)
+	}
+	h.eventReasons()
+	return h.settle(t), old
+}
+
+// A client that is no listed consumer's pod, still logged in with the superseded user, holds the
+// retirement (rollout.unlistedClients Wait, the default): the user stays on every node, its lease
+// live; status, the condition, an event and the metric name it by address; once it has gone, the
+// retirement goes on.
+func TestUnlistedClientHoldsTheRetirement(t *testing.T) {
+	h := newHarness(t, cluster(threeNodes))
+	rc, old := h.rotateHolding(t, "192.0.2.7:40001")
+	if rc.Status.Credential.Username == old {
+		t.Fatal("no rotation")
+	}
+	for i := range 3 {
+		if !slices.Contains(h.redis.Users(nodeAddr(i)), old) {
+			t.Fatalf("the old user %s left node %d while a client was logged in with it", old, i)
+		}
+	}
+	if len(rc.Status.OldUserClients) != 1 {
+		t.Fatalf("status.oldUserClients %+v, want the one client", rc.Status.OldUserClients)
+	}
+	c := rc.Status.OldUserClients[0]
+	if c.Address != "192.0.2.7" || c.Workload != "" || c.User != old || c.Connections != 6 {
+		t.Errorf("client %+v, want 192.0.2.7 (no pod's), as %s, 6 connections over three nodes", c, old)
+	}
+	cond := condition(rc, v1alpha1.ConditionLeasesRevoked)
+	if cond == nil || cond.Reason != v1alpha1.ReasonClientsStillLoggedIn || !strings.Contains(cond.Message, "address 192.0.2.7 (no pod's)") {
+		t.Errorf("LeasesRevoked %+v", cond)
+	}
+	if credentialLeases := len(rc.Status.Leases); credentialLeases != 2 {
+		t.Errorf("%d leases in the ledger, want the superseded one kept beside the new", credentialLeases)
+	}
+	if n := countOf(h.eventReasons(), v1alpha1.EventOldCredentialInUse); n != 1 {
+		t.Errorf("%d %s events, want 1", n, v1alpha1.EventOldCredentialInUse)
+	}
+
+	for i := range 3 {
+		h.redis.SetClients(nodeAddr(i))
+	}
+	rc = h.settle(t)
+	if slices.Contains(h.redis.Users(nodeAddr(0)), old) || len(rc.Status.OldUserClients) != 0 || len(rc.Status.Leases) != 1 {
+		t.Errorf("after the client left: old user on node 0 %v, clients %+v, %d leases", slices.Contains(h.redis.Users(nodeAddr(0)), old), rc.Status.OldUserClients, len(rc.Status.Leases))
+	}
+	if cond := condition(rc, v1alpha1.ConditionLeasesRevoked); cond == nil || cond.Status != metav1.ConditionTrue {
+		t.Errorf("LeasesRevoked %+v after the retirement", cond)
+	}
+}
+
+// A pod's client is named by its workload; with Proceed the retirement waits for the grace from
+// when keyroll first saw it, then goes on and an event says whom it cut off.
+func TestProceedAfterGraceCutsOffAndSaysWhom(t *testing.T) {
+	h := newHarness(t, cluster(func(rc *v1alpha1.RedisCluster) {
+		rc.Spec.Rollout.UnlistedClients = v1alpha1.UnlistedClientsSpec{Action: v1alpha1.UnlistedClientsProceed, Grace: &metav1.Duration{Duration: 30 * time.Second}}
+	}))
+	report := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "report-7d9f-abcde", Labels: map[string]string{"pod-template-hash": "7d9f"},
+			OwnerReferences: []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: "report-7d9f", UID: "rs", Controller: ptr.To(true)}}},
+		Status: corev1.PodStatus{PodIP: "10.0.9.9", Phase: corev1.PodRunning},
+	}
+	if err := h.k8s.Create(context.Background(), report); err != nil {
+		t.Fatal(err)
+	}
+	rc, old := h.rotateHolding(t, "10.0.9.9:51000")
+	if len(rc.Status.OldUserClients) != 1 || rc.Status.OldUserClients[0].Workload != "Deployment/report" {
+		t.Fatalf("status.oldUserClients %+v, want Deployment/report", rc.Status.OldUserClients)
+	}
+	h.clock.Step(20 * time.Second)
+	h.settle(t)
+	if !slices.Contains(h.redis.Users(nodeAddr(0)), old) {
+		t.Fatal("the old user was retired before the grace was over")
+	}
+	h.eventReasons()
+	h.clock.Step(11 * time.Second)
+	rc = h.settle(t)
+	if slices.Contains(h.redis.Users(nodeAddr(0)), old) || len(rc.Status.OldUserClients) != 0 {
+		t.Fatalf("after the grace: old user still on the node %v, clients %+v", slices.Contains(h.redis.Users(nodeAddr(0)), old), rc.Status.OldUserClients)
+	}
+	var cutOff string
+	for {
+		select {
+		case e := <-h.events.Events:
+			if strings.Contains(e, v1alpha1.EventUnlistedClientsCutOff) {
+				cutOff = e
+			}
+			continue
+		default:
+		}
+		break
+	}
+	if !strings.Contains(cutOff, "Deployment/report (10.0.9.9) as "+old) {
+		t.Errorf("cut-off event %q does not name Deployment/report", cutOff)
+	}
+}
