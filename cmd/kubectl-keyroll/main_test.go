@@ -169,6 +169,25 @@ func TestStatusInLiveModeShowsTheNodesNotPodRestarts(t *testing.T) {
 	}
 }
 
+// The clients that hold the retirement of a superseded user are listed, each by workload or
+// address.
+func TestStatusShowsWhoStillUsesTheOldCredential(t *testing.T) {
+	rc := rolling("default", "orders")
+	rc.Status.OldUserClients = []v1alpha1.OldUserClient{
+		{User: "V_OLD", Workload: "Deployment/report", Address: "10.0.0.9", Connections: 3, Since: at(-2 * time.Minute)},
+		{User: "V_OLD", Address: "192.0.2.7", Connections: 1, Since: at(-time.Minute)},
+	}
+	out, _, err := newEnv(t, rc).run(t, "status", "orders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"Still logged in with a superseded user", "Deployment/report", "10.0.0.9", "192.0.2.7", "V_OLD"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("status does not show %q:\n%s", want, out)
+		}
+	}
+}
+
 func TestStatusOfAFreshClusterSaysWhatIsMissing(t *testing.T) {
 	rc := rolling("default", "fresh")
 	rc.Status = v1alpha1.RedisClusterStatus{}

@@ -36,6 +36,9 @@ type clusterView struct {
 	RetiringUsers []string              `json:"retiringUsers,omitempty"`
 	// Primary is the Redis pod that is the primary.
 	Primary string `json:"primary,omitempty"`
+	// OldUserClients are the clients still logged in with a superseded user that are not listed
+	// consumers: its retirement waits for them.
+	OldUserClients []v1alpha1.OldUserClient `json:"oldUserClients,omitempty"`
 }
 
 type rotationView struct {
@@ -66,7 +69,7 @@ func viewOf(rc *v1alpha1.RedisCluster) clusterView {
 		Conditions: rc.Status.Conditions, Credential: rc.Status.Credential,
 		Leases: leases, Rollout: rc.Status.Rollout, Consumers: len(rc.Spec.Rollout.Consumers),
 		RedisPods: rc.Spec.Rollout.RedisPods, Nodes: rc.Status.Nodes, RetiringUsers: rc.Status.RetiringUsers,
-		Primary: rc.Status.Primary,
+		Primary: rc.Status.Primary, OldUserClients: rc.Status.OldUserClients,
 	}
 }
 
@@ -131,6 +134,14 @@ func (o *options) printStatus(rc *v1alpha1.RedisCluster) error {
 
 	fmt.Fprintln(o.streams.Out, "\nRollout:")
 	fmt.Fprintf(o.streams.Out, "  %s\n", o.rollout(v))
+	if len(v.OldUserClients) > 0 {
+		fmt.Fprintln(o.streams.Out, "\nStill logged in with a superseded user (not listed consumers; the user's retirement waits):")
+		fmt.Fprintln(w, "  WORKLOAD\tADDRESS\tUSER\tCONNECTIONS\tSINCE")
+		for _, c := range v.OldUserClients {
+			fmt.Fprintf(w, "  %s\t%s\t%s\t%d\t%s\n", orDash(c.Workload), c.Address, c.User, c.Connections, o.agoPtr(c.Since))
+		}
+		w.Flush()
+	}
 	return nil
 }
 

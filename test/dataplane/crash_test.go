@@ -123,7 +123,9 @@ func TestCrashedRedisContainerRestartsInPlace(t *testing.T) {
 			t.Errorf("%s has %d of %d keys after the primary's crash", p.Name, got, n)
 		}
 	}
-	if _, err := framework.RedisClient(framework.PodAddr(&fw.RedisPods(t, rc)[ordinalOf(promoted)]), user, pass).Set(context.Background(), "after-crash", "1", 0).Result(); err != nil {
+	after := framework.RedisClient(framework.PodAddr(&fw.RedisPods(t, rc)[ordinalOf(promoted)]), user, pass)
+	defer after.Close()
+	if _, err := after.Set(context.Background(), "after-crash", "1", 0).Result(); err != nil {
 		t.Errorf("the promoted primary %s refuses a write: %v", promoted, err)
 	}
 }

@@ -66,6 +66,7 @@ func TestApplicationUserCannotTouchKeyrollsUsers(t *testing.T) {
 			denied := [][]any{{"MODULE", "LOAD", "/tmp/x.so"}, {"DEBUG", "SLEEP", "0"}, {"CONFIG", "GET", "maxmemory"}}
 			for _, p := range fw.RedisPods(t, rc) {
 				c := framework.RedisClient(framework.PodAddr(&p), user, pass)
+				defer c.Close()
 				for _, cmd := range forbidden {
 					if err := c.Do(ctx, cmd...).Err(); err == nil || !strings.HasPrefix(err.Error(), "NOPERM") {
 						t.Errorf("%s: the application user ran %v: %v", p.Name, cmd, err)
@@ -82,6 +83,7 @@ func TestApplicationUserCannotTouchKeyrollsUsers(t *testing.T) {
 				}
 				_ = c.Close()
 				a := framework.RedisClient(framework.PodAddr(&p), "keyroll-admin", admin)
+				defer a.Close()
 				for _, cmd := range denied {
 					res, err := a.Do(ctx, append([]any{"ACL", "DRYRUN", user}, cmd...)...).Text()
 					if err != nil || !strings.Contains(res, "no permissions") {

@@ -1,0 +1,149 @@
+package dataplane
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/test/framework"
+)
+
+// unlistedScene is a cluster of three Redis pods with a listed consumer (app) and an unlisted one
+// (report), both Deployments of consumer pods keeping their connections, and a client of the test
+// process, outside the pod network, logged in on pod 0: all three with the credential before a
+// rotation.
+type unlistedScene struct {
+	rc             *v1alpha1.RedisCluster
+	ns             string
+	oldUser, oldPw string
+	app, report    *framework.Consumers
+	rotatedAt      time.Time
+	closeHost      func()
+}
+
+func startUnlisted(t *testing.T, base string, opts ...framework.ClusterOption) *unlistedScene {
+	t.Helper()
+	ns := fw.Namespace(t, base)
+	vc := fw.VaultConnection(t, "vault-"+base, framework.Allow(ns))
+	opts = append([]framework.ClusterOption{framework.Replicas(3), framework.WithConsumers("app")}, opts...)
+	rc := fw.RedisCluster(t, ns, "cache", vc.Name, fw.Path("orders"), opts...)
+	rc = fw.WaitReady(t, rc, 3*time.Minute)
+	sc := &unlistedScene{rc: rc, ns: ns}
+	sc.oldUser, sc.oldPw, _ = fw.Credentials(rc)
+	sc.app = fw.StartConsumers(t, ns, "app", 1, "cache:6379", "cache-credentials")
+	sc.report = fw.StartConsumers(t, ns, "report", 1, "cache:6379", "cache-credentials")
+	host := framework.RedisClient(framework.PodAddr(&fw.RedisPods(t, rc)[0]), sc.oldUser, sc.oldPw)
+	if err := host.Ping(context.Background()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	sc.closeHost = func() { _ = host.Close() }
+	t.Cleanup(sc.closeHost)
+	fw.RotateNow(t, rc)
+	sc.rotatedAt = time.Now()
+	return sc
+}
+
+// waitHeld waits until the rollout is done and status names both unlisted clients; it returns
+// them and how long after the rotation.
+func (sc *unlistedScene) waitHeld(t *testing.T) ([]v1alpha1.OldUserClient, time.Duration) {
+	t.Helper()
+	var clients []v1alpha1.OldUserClient
+	framework.Eventually(t, 3*time.Minute, func() string {
+		cur := fw.Get(t, sc.rc)
+		clients = cur.Status.OldUserClients
+		byPod := slices.ContainsFunc(clients, func(c v1alpha1.OldUserClient) bool { return c.Workload == "Deployment/report" && c.User == sc.oldUser })
+		byAddr := slices.ContainsFunc(clients, func(c v1alpha1.OldUserClient) bool { return c.Workload == "" && c.User == sc.oldUser })
+		if cur.Status.Rollout != nil || !byPod || !byAddr {
+			return fmt.Sprintf("rollout %+v, status.oldUserClients %+v", cur.Status.Rollout, clients)
+		}
+		return ""
+	})
+	return clients, time.Since(sc.rotatedAt)
+}
+
+// TestUnlistedClientHoldsRetirement: after a rotation, a Deployment that is not a listed consumer
+// and a client on the host, both still logged in with the old user, hold its retirement
+// (rollout.unlistedClients Wait, the default): the old user stays on every node and its lease in
+// the ledger; status, the condition and an event name the workload and the host's address. Once
+// the host's client has gone and the workload is restarted by hand, the user leaves every node and
+// its lease is revoked within a look or two.
+func TestUnlistedClientHoldsRetirement(t *testing.T) {
+	sc := startUnlisted(t, "unlisted")
+	clients, after := sc.waitHeld(t)
+	cur := fw.Get(t, sc.rc)
+	if c := framework.Condition(cur, v1alpha1.ConditionLeasesRevoked); c == nil || c.Reason != v1alpha1.ReasonClientsStillLoggedIn || !strings.Contains(c.Message, "Deployment/report") {
+		t.Errorf("LeasesRevoked %+v", c)
+	}
+	if len(cur.Status.Leases) != 2 {
+		t.Errorf("%d leases in the ledger while the retirement is held, want the old one kept beside the new", len(cur.Status.Leases))
+	}
+	if msg := fw.OnEveryPod(sc.rc, sc.oldUser, sc.oldPw, true); msg != "" {
+		t.Errorf("the old user while its retirement is held: %s", msg)
+	}
+	fw.WaitClusterEvents(t, sc.ns, sc.rc.Name, 10*time.Second, v1alpha1.EventOldCredentialInUse)
+	time.Sleep(15 * time.Second) // held, not a moment's delay
+	if msg := fw.OnEveryPod(sc.rc, sc.oldUser, sc.oldPw, true); msg != "" {
+		t.Errorf("15 s later: %s", msg)
+	}
+
+	sc.closeHost()
+	fw.MustKubectl(t, nil, "-n", sc.ns, "rollout", "restart", "deployment/report")
+	fw.MustKubectl(t, nil, "-n", sc.ns, "rollout", "status", "deployment/report", "--timeout=2m")
+	restarted := time.Now()
+	framework.Eventually(t, time.Minute, func() string {
+		cur := fw.Get(t, sc.rc)
+		if len(cur.Status.OldUserClients) > 0 || len(cur.Status.Leases) != 1 || len(cur.Status.RetiringUsers) > 0 {
+			return fmt.Sprintf("clients %+v, %d leases, retiring %v", cur.Status.OldUserClients, len(cur.Status.Leases), cur.Status.RetiringUsers)
+		}
+		return fw.OnEveryPod(sc.rc, sc.oldUser, sc.oldPw, false)
+	})
+	if _, failed, failures := sc.app.Totals(); failed > 0 {
+		t.Errorf("the listed consumer had %d failed commands: %v", failed, failures)
+	}
+	t.Logf("held for %v, named %s after the rotation; retired %s after the unlisted workload was restarted",
+		clients, after.Round(100*time.Millisecond), time.Since(restarted).Round(100*time.Millisecond))
+}
+
+// TestProceedAfterGraceCutsOffAndSaysWhom: with rollout.unlistedClients Proceed and a 30 s grace,
+// the unlisted clients hold the retirement for 30 s from when keyroll first saw them; then the old
+// user leaves every node, which cuts them off, and the event says whom.
+func TestProceedAfterGraceCutsOffAndSaysWhom(t *testing.T) {
+	sc := startUnlisted(t, "proceed", func(rc *v1alpha1.RedisCluster) {
+		rc.Spec.Rollout.UnlistedClients = v1alpha1.UnlistedClientsSpec{Action: v1alpha1.UnlistedClientsProceed, Grace: &metav1.Duration{Duration: 30 * time.Second}}
+	})
+	clients, _ := sc.waitHeld(t)
+	seen := time.Now()
+	if msg := fw.OnEveryPod(sc.rc, sc.oldUser, sc.oldPw, true); msg != "" {
+		t.Errorf("the old user during the grace: %s", msg)
+	}
+	var cutAt time.Time
+	framework.Eventually(t, 2*time.Minute, func() string {
+		if msg := fw.OnEveryPod(sc.rc, sc.oldUser, sc.oldPw, false); msg != "" {
+			return msg
+		}
+		cutAt = time.Now()
+		return ""
+	})
+	first := seen
+	for _, c := range clients {
+		if c.Since != nil && c.Since.Time.Before(first) {
+			first = c.Since.Time
+		}
+	}
+	if held := cutAt.Sub(first); held < 30*time.Second {
+		t.Errorf("the old user was retired %s after the clients were first seen, before the 30 s grace", held.Round(time.Second))
+	}
+	events := fw.WaitClusterEvents(t, sc.ns, sc.rc.Name, 20*time.Second, v1alpha1.EventUnlistedClientsCutOff)
+	for _, e := range events {
+		if e.Reason == v1alpha1.EventUnlistedClientsCutOff && !(strings.Contains(e.Note, "Deployment/report") && strings.Contains(e.Note, "(no pod's)")) {
+			t.Errorf("the cut-off event does not name the workload and the host's address: %s", e.Note)
+		}
+	}
+	t.Logf("cut off %s after the clients were first seen (grace 30 s)", cutAt.Sub(first).Round(100*time.Millisecond))
+}
