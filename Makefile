@@ -80,9 +80,11 @@ E2E_TOOLS := $(INTEGRATION_TOOLS) kubelet kube-proxy coredns ociimage
 # make test runs every package but those with a real node of their own under test/sharedground:
 # one test ground (control plane, real node, kwok, Vault, Redis, External Secrets Operator) that
 # the packages work on at once, each in namespaces and Vault roles of its own; then the packages
-# that start a real node of their own, one after another (the machine has one real node).
+# that start a real node of their own, one after another (the machine has one real node); then
+# those whose timings need the machine to themselves (test/isolation).
 OWN_NODE_PACKAGES = $(shell test/tools/packages.sh own-node)
-SHARED_PACKAGES = $(filter-out $(OWN_NODE_PACKAGES),$(shell $(GO) list ./...))
+ALONE_PACKAGES = $(shell test/tools/packages.sh alone)
+SHARED_PACKAGES = $(filter-out $(OWN_NODE_PACKAGES) $(ALONE_PACKAGES),$(shell $(GO) list ./...))
 # How many test binaries run at once on the shared ground: most of their time is spent waiting
 # (leases, tokens, pods), not computing.
 TEST_PARALLEL ?= 8
@@ -122,6 +124,7 @@ test-e2e: integration e2e ## Every test under test/ (the integration and e2e tie
 test: deps lint verify-generated ## The whole test suite (what CI runs): every tier with -race; most packages at once on one shared test ground.
 	$(GO) run ./test/sharedground -- $(GO) test -race -count=1 -p $(TEST_PARALLEL) -timeout 40m $(SHARED_PACKAGES)
 	$(GO) test -race -count=1 -timeout 40m $(OWN_NODE_PACKAGES)
+	$(GO) test -race -count=1 -timeout 30m $(ALONE_PACKAGES)
 
 # The tests behind docs/reliability.md's "Long and messy rollouts" rows.
 RELIABILITY_ROLLOUTS = ^(TestSupersededLeaseOutlivesALongRollout|TestTerminatingConsumerPodsAreWaitedFor|TestTokenEndingDuringRolloutReplacesInTime|TestExternalSecretRevokedOutsideIsCutOff|TestExternalSecretLedgerStaysWithinBounds|TestExternalSecretConnectionChangeRevokesThroughTheOld)$$

@@ -54,6 +54,10 @@ type Config struct {
 	// holds the node's kubelet or kwok, or stops a component, which the other packages would feel.
 	// (A package without a Name always has its own: its objects are not told apart.)
 	OwnGround bool
+	// Alone says that the package's measurements need the machine to themselves (timings under
+	// a load the package makes itself): make test runs it after every other package, not beside
+	// the shared ground's (test/tools/packages.sh lists it in the tier "alone").
+	Alone bool
 	// OwnVault gives the package a Vault server of its own on a shared ground (it seals Vault, or
 	// counts every request Vault answers): set up as the shared one is, its database engine on the
 	// shared Redis and its Kubernetes auth on the shared API server.

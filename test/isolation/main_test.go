@@ -25,6 +25,9 @@ func TestMain(m *testing.M) {
 	fw = framework.New(framework.Config{
 		Name:   "isolation",
 		Ground: testground.Options{Workloads: true, Redis: true, Vault: true},
+		// Its timings are of the load its own 540 clusters make: beside the shared ground's
+		// packages (image builds, helm installs), the machine's two cores are theirs as much.
+		Alone: true,
 		Roles: []testground.RedisRole{
 			// The healthy clusters' leases: renewed every 20 s or so.
 			{Name: "healthy", DefaultTTL: 30 * time.Second, MaxTTL: time.Hour},

@@ -7,6 +7,8 @@
 #   own-node     of those, the ones that start a real node of their own rather than work on a
 #                shared ground (test/framework's OwnGround, or testground.Start(T) with a node):
 #                only one real node runs on a machine, so they cannot run beside the shared one
+#   alone        the packages under test/ whose measurements need the machine to themselves
+#                (test/framework's Alone): they run after every other package
 # A package's tier is read from its Go files; nothing is listed by hand.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -14,6 +16,11 @@ with_tests='{{if or .TestGoFiles .XTestGoFiles}}{{.ImportPath}} {{.Dir}}{{end}}'
 own_node='(Start(T)?\((t, )?(testground\.)?Options\{[^}]*Node: *true)|OwnGround: *true'
 case ${1:-} in
 unit) go list ./... | grep -v '/test/' ;;
+alone)
+	go list -f "$with_tests" ./test/... | while read -r pkg dir; do
+		[[ -n $pkg ]] && grep -qE 'Alone: *true' "$dir"/*.go && echo "$pkg"
+	done
+	;;
 integration | e2e | own-node)
 	go list -f "$with_tests" ./test/... | while read -r pkg dir; do
 		[[ -n $pkg ]] || continue
@@ -28,7 +35,7 @@ integration | e2e | own-node)
 	done
 	;;
 *)
-	echo "usage: $0 unit|integration|e2e|own-node" >&2
+	echo "usage: $0 unit|integration|e2e|own-node|alone" >&2
 	exit 2
 	;;
 esac
