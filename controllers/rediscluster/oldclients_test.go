@@ -10,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
 	"github.com/keyroll/keyroll/redisnode"
@@ -61,6 +62,9 @@ func TestUnlistedClientHoldsTheRetirement(t *testing.T) {
 	if credentialLeases := len(rc.Status.Leases); credentialLeases != 2 {
 		t.Errorf("%d leases in the ledger, want the superseded one kept beside the new", credentialLeases)
 	}
+	if n := unlistedConnections(t, "shop", "orders"); n != 6 {
+		t.Errorf("keyroll_unlisted_client_connections %v, want 6", n)
+	}
 	if n := countOf(h.eventReasons(), v1alpha1.EventOldCredentialInUse); n != 1 {
 		t.Errorf("%d %s events, want 1", n, v1alpha1.EventOldCredentialInUse)
 	}
@@ -75,6 +79,34 @@ func TestUnlistedClientHoldsTheRetirement(t *testing.T) {
 	if cond := condition(rc, v1alpha1.ConditionLeasesRevoked); cond == nil || cond.Status != metav1.ConditionTrue {
 		t.Errorf("LeasesRevoked %+v after the retirement", cond)
 	}
+	if n := unlistedConnections(t, "shop", "orders"); n != 0 {
+		t.Errorf("keyroll_unlisted_client_connections %v after the retirement, want none", n)
+	}
+}
+
+// unlistedConnections reads keyroll_unlisted_client_connections of a cluster from the registry
+// (0: no series).
+func unlistedConnections(t *testing.T, ns, name string) float64 {
+	t.Helper()
+	families, err := ctrlmetrics.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() != "keyroll_unlisted_client_connections" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if labels["namespace"] == ns && labels["name"] == name {
+				return m.GetGauge().GetValue()
+			}
+		}
+	}
+	return 0
 }
 
 // A pod's client is named by its workload; with Proceed the retirement waits for the grace from

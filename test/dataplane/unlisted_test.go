@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
@@ -17,7 +19,7 @@ import (
 // unlistedScene is a cluster of three Redis pods with a listed consumer (app) and an unlisted one
 // (report), both Deployments of consumer pods keeping their connections, and a client of the test
 // process, outside the pod network, logged in on pod 0: all three with the credential before a
-// rotation.
+// rotation. The unlisted consumer reads its credential once, as many applications do.
 type unlistedScene struct {
 	rc             *v1alpha1.RedisCluster
 	ns             string
@@ -25,6 +27,17 @@ type unlistedScene struct {
 	app, report    *framework.Consumers
 	rotatedAt      time.Time
 	closeHost      func()
+}
+
+// readsCredentialOnce makes the consumer an application that reads its credential once, at
+// start: the Secret's keys are mounted by subPath, which the kubelet never updates.
+func readsCredentialOnce(d *appsv1.Deployment) {
+	c := &d.Spec.Template.Spec.Containers[0]
+	dir := c.VolumeMounts[0].MountPath
+	c.VolumeMounts = []corev1.VolumeMount{
+		{Name: "credentials", MountPath: dir + "/username", SubPath: "username", ReadOnly: true},
+		{Name: "credentials", MountPath: dir + "/password", SubPath: "password", ReadOnly: true},
+	}
 }
 
 func startUnlisted(t *testing.T, base string, opts ...framework.ClusterOption) *unlistedScene {
@@ -37,7 +50,7 @@ func startUnlisted(t *testing.T, base string, opts ...framework.ClusterOption) *
 	sc := &unlistedScene{rc: rc, ns: ns}
 	sc.oldUser, sc.oldPw, _ = fw.Credentials(rc)
 	sc.app = fw.StartConsumers(t, ns, "app", 1, "cache:6379", "cache-credentials")
-	sc.report = fw.StartConsumers(t, ns, "report", 1, "cache:6379", "cache-credentials")
+	sc.report = fw.StartConsumers(t, ns, "report", 1, "cache:6379", "cache-credentials", readsCredentialOnce)
 	host := framework.RedisClient(framework.PodAddr(&fw.RedisPods(t, rc)[0]), sc.oldUser, sc.oldPw)
 	if err := host.Ping(context.Background()).Err(); err != nil {
 		t.Fatal(err)
