@@ -194,6 +194,10 @@ const (
 	// EventUnlistedClientsCutOff: with rollout.unlistedClients Proceed, the grace is over and the
 	// superseded user was retired: the clients named were cut off.
 	EventUnlistedClientsCutOff = "UnlistedClientsCutOff"
+	// EventClientsCutOff: a user cut off at once (its lease revoked outside keyroll, onRevokedOutside
+	// CutOff) leaves the nodes; the event names the clients logged in as it, which lose their
+	// connections.
+	EventClientsCutOff = "ClientsCutOff"
 	// EventDataPlaneChangePending: this keyroll renders a newer data-plane contract than some Redis
 	// pods run; they are restarted in the maintenance window or when asked.
 	EventDataPlaneChangePending = "DataPlaneChangePending"

@@ -359,13 +359,18 @@ func HonourGone(rc *v1alpha1.RedisCluster, username string) bool {
 // revoked outside keyroll left the ledger at once (onRevokedOutside CutOff), ahead of the rollout
 // of the credential that replaced it. (The users of superseded leases retire only after their
 // rollout, their leases Revoking.)
-func CutOff(rc *v1alpha1.RedisCluster) bool {
+func CutOff(rc *v1alpha1.RedisCluster) bool { return len(CutOffUsers(rc)) > 0 }
+
+// CutOffUsers are the retiring users that leave the nodes at once, ahead of any rollout: those of
+// leases revoked outside keyroll, under onRevokedOutside CutOff (no lease of theirs is Revoking).
+func CutOffUsers(rc *v1alpha1.RedisCluster) []string {
+	var out []string
 	for _, name := range rc.Status.RetiringUsers {
 		if !slices.ContainsFunc(rc.Status.Leases, func(l v1alpha1.LeaseRecord) bool {
 			return l.Username == name && l.State == v1alpha1.LeaseRevoking
 		}) {
-			return true
+			out = append(out, name)
 		}
 	}
-	return false
+	return out
 }

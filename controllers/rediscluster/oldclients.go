@@ -41,7 +41,7 @@ func (r *deps) holdForOldUserClients(ctx context.Context, s *credential.Cluster,
 		r.clearOldUserClients(s)
 		return false, 0, nil
 	}
-	found, err := r.oldUserClients(ctx, rc, in.Admin, users)
+	found, err := r.oldUserClients(ctx, rc, in.Admin, users, false)
 	if err != nil {
 		return false, 0, err
 	}
@@ -93,6 +93,22 @@ func (r *deps) holdForOldUserClients(ctx context.Context, s *credential.Cluster,
 	return true, wait, nil
 }
 
+// nameCutOff says, in a Warning event, who is logged in as a user that is cut off at once (its
+// lease revoked outside keyroll, onRevokedOutside CutOff) just before it leaves the nodes: listed
+// consumers and others alike lose their connections.
+func (r *deps) nameCutOff(ctx context.Context, s *credential.Cluster, in *internal) {
+	users := credential.CutOffUsers(s.RC)
+	if len(users) == 0 {
+		return
+	}
+	found, err := r.oldUserClients(ctx, s.RC, in.Admin, users, true)
+	if err != nil || len(found) == 0 {
+		return // the users step reports a node it cannot reach
+	}
+	s.Conds.Event(true, v1alpha1.EventClientsCutOff, "Retire", "Cutting off %s (lease revoked outside keyroll, onRevokedOutside CutOff): %s",
+		strings.Join(users, ", "), describeClients(found))
+}
+
 // clearOldUserClients forgets the clients of a retirement that no longer waits for them.
 func (r *deps) clearOldUserClients(s *credential.Cluster) {
 	rc := s.RC
@@ -104,8 +120,8 @@ func (r *deps) clearOldUserClients(s *credential.Cluster) {
 }
 
 // oldUserClients lists, over every Redis node, the clients logged in as one of users that are
-// not the pods of listed consumers, one entry per user and address.
-func (r *deps) oldUserClients(ctx context.Context, rc *v1alpha1.RedisCluster, admin string, users []string) ([]v1alpha1.OldUserClient, error) {
+// not the pods of listed consumers (all of them, with listedToo), one entry per user and address.
+func (r *deps) oldUserClients(ctx context.Context, rc *v1alpha1.RedisCluster, admin string, users []string, listedToo bool) ([]v1alpha1.OldUserClient, error) {
 	m, err := listMembers(ctx, r.Client, rc)
 	if err != nil {
 		return nil, err
@@ -138,7 +154,7 @@ func (r *deps) oldUserClients(ctx context.Context, rc *v1alpha1.RedisCluster, ad
 		if err != nil {
 			return nil, err
 		}
-		if !listed {
+		if !listed || listedToo {
 			out = append(out, v1alpha1.OldUserClient{User: k[0], Address: k[1], Workload: workload, Connections: n,
 				Since: statustime.At(r.Clock.Now())})
 		}

@@ -13,6 +13,7 @@ import (
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/controllers/credential"
 	"github.com/keyroll/keyroll/redisnode"
 )
 
@@ -152,5 +153,35 @@ func TestProceedAfterGraceCutsOffAndSaysWhom(t *testing.T) {
 	}
 	if !strings.Contains(cutOff, "Deployment/report (10.0.9.9) as "+old) {
 		t.Errorf("cut-off event %q does not name Deployment/report", cutOff)
+	}
+}
+
+// A user cut off at once (its lease revoked outside keyroll, onRevokedOutside CutOff) leaves the
+// nodes at once as before; a Warning event names who was logged in as it and lost the connection.
+func TestCutOffNamesWhoWasCutOff(t *testing.T) {
+	h := newHarness(t, cluster())
+	old := h.settle(t).Status.Credential
+	h.redis.SetClients(nodeAddr(0), redisnode.Conn{User: old.Username, Addr: "192.0.2.9:50000"})
+	h.vault.RevokeOutside(old.LeaseID)
+	h.eventReasons()
+	h.clock.Step(credential.DefaultLeaseCheckInterval)
+	h.settle(t)
+	if slices.Contains(h.redis.Users(nodeAddr(0)), old.Username) {
+		t.Fatal("the revoked user is still on the node: a cut-off is not held for its clients")
+	}
+	var named string
+	for {
+		select {
+		case e := <-h.events.Events:
+			if strings.Contains(e, v1alpha1.EventClientsCutOff) {
+				named = e
+			}
+			continue
+		default:
+		}
+		break
+	}
+	if !strings.Contains(named, "address 192.0.2.9 (no pod's) as "+old.Username) {
+		t.Errorf("the cut-off event %q does not name the client", named)
 	}
 }

@@ -34,6 +34,7 @@ func (r *deps) reconcileUsers(ctx context.Context, s *credential.Cluster, in *in
 	if err := r.writeACLSecret(ctx, rc, users, in, rulesKey); err != nil {
 		return false, 0, err
 	}
+	r.nameCutOff(ctx, s, in)
 	done, wait, err = r.nodes.Sync(ctx, rc, s.Conds, usersWant{Users: users, Confirm: cred, AdminPassword: in.Admin})
 	if !done || err != nil || cred == nil {
 		return done, wait, err
