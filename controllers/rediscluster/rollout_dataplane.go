@@ -67,12 +67,25 @@ func (w podWant) fit(p *corev1.Pod) podFit {
 	switch {
 	case dp > render.DataPlaneVersion:
 		return fitNewer
-	case !said && got == render.LegacyPodTemplateHash(w.tmpl, render.ProbeImage(p.Spec)):
+	case !said && got == w.legacyHash(render.ProbeImage(p.Spec)):
 		return fitCurrent // made by keyroll v0.1.0 from what would be rendered now
 	case dp < render.DataPlaneVersion:
 		return fitDataPlane
 	}
 	return fitSpec
+}
+
+// legacyHash is the hash keyroll v0.1.0 wrote for the template rendered now with probeImage,
+// computed once per image in a Roll (w.legacy): every check of every v0.1.0 pod asks for it.
+func (w podWant) legacyHash(probeImage string) string {
+	if h, ok := w.legacy[probeImage]; ok {
+		return h
+	}
+	h := render.LegacyPodTemplateHash(w.tmpl, probeImage)
+	if w.legacy != nil {
+		w.legacy[probeImage] = h
+	}
+	return h
 }
 
 // dataPlaneGate says whether pods of an older data plane are restarted in this reconcile: when

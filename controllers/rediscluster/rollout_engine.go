@@ -61,8 +61,10 @@ type step struct {
 type podWant struct {
 	template, version string
 	restarts          bool
-	// tmpl is the template rendered now, before its annotations (rollout_dataplane.go).
-	tmpl corev1.PodTemplateSpec
+	// tmpl is the template rendered now, before its annotations, and legacy the v0.1.0 hashes of
+	// it by probe image (rollout_dataplane.go).
+	tmpl   corev1.PodTemplateSpec
+	legacy map[string]string
 	// dataPlaneNow says that pods of an older data plane are restarted now; newerNow, that those
 	// of a newer one are (rollout_dataplane.go).
 	dataPlaneNow, newerNow bool
@@ -99,7 +101,7 @@ func (r *Engine) Roll(ctx context.Context, c *primaryView, version string, pendi
 	tmpl := *sts.Spec.Template.DeepCopy()
 	tmpl.Annotations = nil
 	s := &step{rc: rc, conds: c.Conds, cluster: c, want: podWant{
-		template: sts.Spec.Template.Annotations[v1alpha1.AnnotationPodTemplate], tmpl: tmpl,
+		template: sts.Spec.Template.Annotations[v1alpha1.AnnotationPodTemplate], tmpl: tmpl, legacy: map[string]string{},
 		version: version, restarts: render.RestartsPods(rc), dataPlaneNow: dataPlaneGate(rc, window, r.Clock.Now()), newerNow: rc.DataPlaneUpgradeAsked()}}
 	pods := kept(rc, c.Pods)
 	windowWait := r.reportDataPlane(s, pods, window)
