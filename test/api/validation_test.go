@@ -105,6 +105,8 @@ func TestInvalidObjectsAreRefusedNamingTheField(t *testing.T) {
 		"window too short":                    {rc, set("spec.rotation.maintenanceWindow", map[string]any{"start": "02:00", "duration": "1m"}), "spec.rotation.maintenanceWindow.duration"},
 		"readiness timeout too short":         {rc, set("spec.rollout.readinessTimeout", "1s"), "spec.rollout.readinessTimeout"},
 		"readiness timeout too long":          {rc, set("spec.rollout.readinessTimeout", "2h"), "spec.rollout.readinessTimeout"},
+		"unlisted clients' grace too long":    {rc, set("spec.rollout.unlistedClients", map[string]any{"action": "Proceed", "grace": "25h"}), "spec.rollout.unlistedClients.grace"},
+		"unlisted clients' unknown action":    {rc, set("spec.rollout.unlistedClients", map[string]any{"action": "Restart"}), "spec.rollout.unlistedClients.action"},
 		"consumer of unknown kind":            {rc, set("spec.rollout.consumers", []any{map[string]any{"kind": "Job", "name": "x"}}), "spec.rollout.consumers[0].kind"},
 		"duplicate consumer": {rc, set("spec.rollout.consumers", []any{
 			map[string]any{"kind": "Deployment", "name": "x"}, map[string]any{"kind": "Deployment", "name": "x"}}), "spec.rollout.consumers[1]"},
@@ -435,6 +437,7 @@ func TestDurationEdgesEvaluate(t *testing.T) {
 	}{
 		{validRedisCluster, "spec.credentials.vaultLease.minTTL", "90s"},
 		{validRedisCluster, "spec.rollout.readinessTimeout", "1m30s"},
+		{validRedisCluster, "spec.rollout.unlistedClients.grace", "30s"},
 		{validExternalSecretCluster, "spec.credentials.externalSecret.refreshInterval", "1h"},
 		{validExternalSecretCluster, "spec.credentials.externalSecret.credentialLifetime", "2h"},
 		{validVaultConnection, "spec.orphanLeases.gracePeriod", "1m"},
