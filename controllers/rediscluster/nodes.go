@@ -28,6 +28,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/controllers/apply"
 	"github.com/keyroll/keyroll/controllers/conditions"
 	"github.com/keyroll/keyroll/controllers/render"
 	"github.com/keyroll/keyroll/controllers/statustime"
@@ -42,8 +43,11 @@ const notRunningWait = 5 * time.Second
 type usersSyncer struct {
 	// Client reads the Redis pods and the StatefulSet (from the cache).
 	Client client.Reader
-	Dial   redisnode.Dialer
-	Clock  clock.Clock
+	// APIReader reads past the cache: a node is set only from the latest version of the cluster
+	// (nil: the cache is trusted).
+	APIReader client.Reader
+	Dial      redisnode.Dialer
+	Clock     clock.Clock
 	// CheckInterval is how often every node's ACL is compared with what keyroll confirmed there
 	// (zero or negative: never).
 	CheckInterval time.Duration
@@ -62,11 +66,11 @@ const DefaultUsersCheckInterval = time.Minute
 // newUsersSyncer returns a usersSyncer that compares every node's ACL every checkInterval (zero:
 // DefaultUsersCheckInterval; negative: never), counts the unknown users it removes in removed and asks
 // leaseCheckNow for a lease lookup when an application user is gone from a node.
-func newUsersSyncer(c client.Reader, dial redisnode.Dialer, clk clock.Clock, checkInterval time.Duration, removed prometheus.Counter, leaseCheckNow func(types.NamespacedName)) *usersSyncer {
+func newUsersSyncer(c, apiReader client.Reader, dial redisnode.Dialer, clk clock.Clock, checkInterval time.Duration, removed prometheus.Counter, leaseCheckNow func(types.NamespacedName)) *usersSyncer {
 	if checkInterval == 0 {
 		checkInterval = DefaultUsersCheckInterval
 	}
-	return &usersSyncer{Client: c, Dial: dial, Clock: clk, CheckInterval: checkInterval, Removed: removed, LeaseCheckNow: leaseCheckNow}
+	return &usersSyncer{Client: c, APIReader: apiReader, Dial: dial, Clock: clk, CheckInterval: checkInterval, Removed: removed, LeaseCheckNow: leaseCheckNow}
 }
 
 // usersWant is what every node of a cluster must have.
@@ -99,6 +103,7 @@ func (s *usersSyncer) Sync(ctx context.Context, rc *v1alpha1.RedisCluster, conds
 	var stopped *problem
 	var changed []string
 	var founds []found
+	latest := false // rc was found to be the API server's latest version
 	defer func() { s.report(conds, founds) }()
 	for _, p := range m.Pods {
 		run, ok := running(p)
@@ -126,6 +131,16 @@ func (s *usersSyncer) Sync(ctx context.Context, rc *v1alpha1.RedisCluster, conds
 			}
 		}
 		if !steady {
+			if !latest {
+				// A reconcile that follows the one that confirmed the nodes can find the cache
+				// without that status and take every node for unconfirmed: setting them again
+				// would put back a user deleted meanwhile (Vault's plugin deletes the current
+				// user on the primary at a revocation) until the next lease check.
+				if stale, err := apply.Stale(ctx, s.APIReader, rc); stale || err != nil {
+					return false, lagWait, err
+				}
+				latest = true
+			}
 			repair := !fresh && rec.UsersVersion == version
 			digest, f, err := s.syncNode(ctx, node{pod: p.Name, addr: run.addr, fresh: fresh, repair: repair}, want)
 			founds = append(founds, f)

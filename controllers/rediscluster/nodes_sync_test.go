@@ -14,6 +14,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	clocktesting "k8s.io/utils/clock/testing"
@@ -262,5 +263,35 @@ func TestAnApplicationUserGoneAsksForALeaseCheckFirst(t *testing.T) {
 	if done, _ := g.sync(t, want); done || len(asked) != 1 || asked[0] != client.ObjectKeyFromObject(g.rc) ||
 		!strings.Contains(g.usersApplied().Message, "users V_APP are gone (their lease is looked up before they are put back)") {
 		t.Fatalf("at the check: asked %v, UsersApplied %+v", asked, g.usersApplied())
+	}
+}
+
+// A reconcile that reads the cluster from a cache that has not seen the status the previous one
+// wrote takes every node for unconfirmed: it sets no node (which would put back a user Vault's
+// plugin deleted meanwhile) and looks again shortly; from the latest version it syncs them.
+func TestAStaleClusterSetsNoNode(t *testing.T) {
+	g := newGround(t, 2)
+	cur := render.NewCredential("V_APP", "app")
+	want := g.want(&cur)
+	latest := g.rc.DeepCopy()
+	latest.ResourceVersion = "8"
+	g.rc.ResourceVersion = "7"
+	scheme := runtime.NewScheme()
+	if err := v1alpha1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	g.syncer.APIReader = fake.NewClientBuilder().WithScheme(scheme).WithObjects(latest).Build()
+	// The fake client counts resourceVersions itself: read back the one it gave the latest version.
+	if err := g.syncer.APIReader.Get(context.Background(), client.ObjectKeyFromObject(latest), latest); err != nil {
+		t.Fatal(err)
+	}
+	before := g.redis.Commands
+	if done, wait := g.sync(t, want); done || wait != lagWait || g.redis.Commands != before || len(g.rc.Status.Nodes) != 0 {
+		t.Fatalf("from a stale cache: done %v, wait %s, %d Redis commands, nodes %+v; want none, again in %s",
+			done, wait, g.redis.Commands-before, g.rc.Status.Nodes, lagWait)
+	}
+	g.rc.ResourceVersion = latest.ResourceVersion
+	if done, _ := g.sync(t, want); !done || len(g.rc.Status.Nodes) != 2 {
+		t.Fatalf("from the latest version: done %v, nodes %+v", done, g.rc.Status.Nodes)
 	}
 }

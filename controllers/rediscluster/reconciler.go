@@ -117,7 +117,7 @@ func New(cfg Config) *Reconciler {
 	checks := credential.NewLeaseChecks(interval)
 	d := &deps{Client: cfg.Client, APIReader: cfg.APIReader, Clock: cfg.Clock, Connector: cfg.Connector,
 		Metrics: cfg.Metrics, Ledger: &credential.Ledger{Clock: cfg.Clock, Metrics: cfg.Metrics, Checks: checks, Upkeep: timers, Connections: cfg.Connector, Reader: cfg.Client},
-		nodes: newUsersSyncer(cfg.Client, dial, cfg.Clock, cfg.UsersCheckInterval, cfg.Metrics.UnknownUsersRemoved, checks.Now), primary: &primaryKeeper{Client: cfg.Client, Dial: dial, Clock: cfg.Clock},
+		nodes: newUsersSyncer(cfg.Client, cfg.APIReader, dial, cfg.Clock, cfg.UsersCheckInterval, cfg.Metrics.UnknownUsersRemoved, checks.Now), primary: &primaryKeeper{Client: cfg.Client, Dial: dial, Clock: cfg.Clock},
 		netpol:     &netpolKeeper{Client: cfg.Client, APIReader: cfg.APIReader, OperatorNamespace: cmp.Or(cfg.OperatorNamespace, "keyroll-system")},
 		probeImage: cfg.ProbeImage}
 	workers := cmp.Or(max(cfg.Workers, 0), DefaultWorkers)
