@@ -22,6 +22,10 @@ package controllers
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch;patch;delete
 // +kubebuilder:rbac:groups=apps,resources=deployments;daemonsets,verbs=get;list;watch;patch
 
+// rollout.discoverConsumers: workloads that reference the credentials Secret and that keyroll
+// reports but never restarts.
+// +kubebuilder:rbac:groups=batch,resources=cronjobs;jobs,verbs=list
+
 // Vault's Kubernetes auth: a token for the operator's own service account, and no other (the
 // Helm chart puts its service account's name in resourceNames); TokenReviews (in main.go's
 // markers) refuse a token the API server would accept before it is sent to Vault.

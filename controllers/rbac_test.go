@@ -61,6 +61,8 @@ var reviewed = map[string]string{
 	"ClusterRole apps/daemonsets list":                             "the cache: consumers",
 	"ClusterRole apps/daemonsets watch":                            "the cache: consumers",
 	"ClusterRole apps/daemonsets patch":                            "a consumer's pod-template annotation (rediscluster/rollout_consumers.go)",
+	"ClusterRole batch/cronjobs list":                              "rollout.discoverConsumers reports CronJobs that reference the credentials Secret (rediscluster/rollout_discover.go)",
+	"ClusterRole batch/jobs list":                                  "rollout.discoverConsumers reports Jobs that reference the credentials Secret (rediscluster/rollout_discover.go)",
 	"ClusterRole policy/poddisruptionbudgets get":                  "the cache",
 	"ClusterRole policy/poddisruptionbudgets list":                 "the cache",
 	"ClusterRole policy/poddisruptionbudgets watch":                "the cache",

@@ -147,6 +147,7 @@ const (
 	ReasonNewerDataPlane       = "NewerDataPlane"
 	ReasonConsumerMissing      = "ConsumerMissing"
 	ReasonConsumerPaused       = "ConsumerPaused"
+	ReasonConsumerRefused      = "ConsumerRefused"
 	ReasonRevocationPending    = "RevocationPending"
 	ReasonInvalidSchedule      = "InvalidSchedule"
 	ReasonTokenMaxTTLTooShort  = "TokenMaxTTLTooShort"
@@ -198,6 +199,13 @@ const (
 	// CutOff) leaves the nodes; the event names the clients logged in as it, which lose their
 	// connections.
 	EventClientsCutOff = "ClientsCutOff"
+	// EventConsumersDiscovered: at a rollout's start, rollout.discoverConsumers found workloads
+	// that reference the credentials Secret; the event names those restarted and those only
+	// reported (a CronJob).
+	EventConsumersDiscovered = "ConsumersDiscovered"
+	// EventUnlistedClientRestarting: with rollout.unlistedClients Restart, a workload whose pods
+	// are logged in with a superseded user becomes a consumer and is restarted.
+	EventUnlistedClientRestarting = "UnlistedClientRestarting"
 	// EventDataPlaneChangePending: this keyroll renders a newer data-plane contract than some Redis
 	// pods run; they are restarted in the maintenance window or when asked.
 	EventDataPlaneChangePending = "DataPlaneChangePending"

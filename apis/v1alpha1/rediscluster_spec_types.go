@@ -244,6 +244,15 @@ type RolloutSpec struct {
 	// +kubebuilder:validation:MaxItems=64
 	Consumers []ConsumerReference `json:"consumers,omitempty"`
 
+	// discoverConsumers makes consumers, without listing them, of every Deployment, StatefulSet and
+	// DaemonSet in the namespace whose pod template references the credentials Secret (env,
+	// envFrom, a volume or a projected volume): at the start of each rollout keyroll looks them
+	// up, restarts them as it restarts the listed ones, and lists in status.consumers what it used.
+	// Other workloads that reference the Secret (a CronJob, a Job, a bare pod) are listed there
+	// too, and never restarted.
+	// +optional
+	DiscoverConsumers bool `json:"discoverConsumers,omitempty"`
+
 	// unlistedClients says what happens when, the rollout done, a superseded credential's user is
 	// still logged in on a Redis node from a client that is not one of the consumers' pods (a
 	// CronJob, another team's service, a port-forward). keyroll looks (CLIENT LIST on every node)
@@ -257,11 +266,14 @@ type RolloutSpec struct {
 // credential that are not listed consumers.
 type UnlistedClientsSpec struct {
 	// action is Wait (the default): the user stays on every node, and its lease live, while such a
-	// client is logged in with it (at most until the lease can be renewed no longer); or Proceed:
+	// client is logged in with it (at most until the lease can be renewed no longer); Proceed:
 	// the retirement waits for grace, then the user leaves the nodes, which cuts those clients off,
-	// and an event says whom.
+	// and an event says whom; or Restart: a client's Deployment, StatefulSet or DaemonSet in the
+	// cluster's namespace is restarted as a listed consumer is, one at a time, each only while
+	// the previous one is Ready (status.consumers lists it); any other client is reported and
+	// waited for, as with Wait.
 	// +optional
-	// +kubebuilder:validation:Enum=Wait;Proceed
+	// +kubebuilder:validation:Enum=Wait;Proceed;Restart
 	Action UnlistedClientsAction `json:"action,omitempty"`
 
 	// grace is how long Proceed waits for such clients to log in with the new credential, from
@@ -279,6 +291,7 @@ type UnlistedClientsAction string
 const (
 	UnlistedClientsWait    UnlistedClientsAction = "Wait"
 	UnlistedClientsProceed UnlistedClientsAction = "Proceed"
+	UnlistedClientsRestart UnlistedClientsAction = "Restart"
 )
 
 // DefaultUnlistedClientsGrace is how long Proceed waits when rollout.unlistedClients.grace is not set.

@@ -92,7 +92,53 @@ type RedisClusterStatus struct {
 	// +optional
 	// +kubebuilder:validation:MaxItems=16
 	OldUserClients []OldUserClient `json:"oldUserClients,omitempty"`
+
+	// consumers are the workloads the last rollout of a credential used: the listed ones, those
+	// rollout.discoverConsumers found, and those rollout.unlistedClients Restart restarted; and
+	// the workloads found referencing the credentials Secret that keyroll does not restart.
+	// +optional
+	// +kubebuilder:validation:MaxItems=128
+	Consumers []ConsumerInUse `json:"consumers,omitempty"`
 }
+
+// ConsumerInUse is a workload a rollout used, and how keyroll knows of it.
+type ConsumerInUse struct {
+	// kind of the workload (Deployment, StatefulSet, DaemonSet; CronJob, Job or Pod for one that
+	// is only reported).
+	// +kubebuilder:validation:MaxLength=64
+	Kind string `json:"kind"`
+
+	// name of the workload, in the RedisCluster's namespace.
+	// +kubebuilder:validation:MaxLength=253
+	Name string `json:"name"`
+
+	// via is how keyroll knows it: Listed (spec.rollout.consumers), Discovered (its pod template
+	// references the credentials Secret, rollout.discoverConsumers) or LoggedIn (its pods were
+	// logged in with a superseded user, rollout.unlistedClients Restart).
+	// +kubebuilder:validation:Enum=Listed;Discovered;LoggedIn
+	Via ConsumerVia `json:"via"`
+
+	// references say where a discovered workload's pod template uses the credentials Secret
+	// (env, envFrom, volume, projected volume, with the container or volume named).
+	// +optional
+	// +kubebuilder:validation:MaxItems=8
+	// +kubebuilder:validation:items:MaxLength=512
+	References []string `json:"references,omitempty"`
+
+	// restarted says that keyroll restarts it at a rollout; false for a workload it only reports
+	// (a CronJob gets the new credential with its next Job; one running now keeps the old one).
+	Restarted bool `json:"restarted"`
+}
+
+// ConsumerVia is how keyroll knows of a consumer.
+type ConsumerVia string
+
+// The ways keyroll knows of a consumer.
+const (
+	ConsumerListed     ConsumerVia = "Listed"
+	ConsumerDiscovered ConsumerVia = "Discovered"
+	ConsumerLoggedIn   ConsumerVia = "LoggedIn"
+)
 
 // NodeStatus is what keyroll last confirmed on one Redis node (one run of a pod's Redis).
 type NodeStatus struct {

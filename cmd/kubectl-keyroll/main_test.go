@@ -188,6 +188,26 @@ func TestStatusShowsWhoStillUsesTheOldCredential(t *testing.T) {
 	}
 }
 
+// The consumers of the last rollout are listed with how keyroll knows each, and whether it
+// restarts it.
+func TestStatusShowsTheConsumersUsed(t *testing.T) {
+	rc := rolling("default", "orders")
+	rc.Status.Consumers = []v1alpha1.ConsumerInUse{
+		{Kind: "Deployment", Name: "api", Via: v1alpha1.ConsumerListed, Restarted: true},
+		{Kind: "StatefulSet", Name: "worker", Via: v1alpha1.ConsumerDiscovered, References: []string{"volume creds"}, Restarted: true},
+		{Kind: "CronJob", Name: "report", Via: v1alpha1.ConsumerDiscovered, References: []string{"envFrom of container app"}},
+	}
+	out, _, err := newEnv(t, rc).run(t, "status", "orders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"Consumers of the last rollout", "Deployment/api", "Listed", "StatefulSet/worker", "volume creds", "CronJob/report", "Discovered", "no"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("status does not show %q:\n%s", want, out)
+		}
+	}
+}
+
 func TestStatusOfAFreshClusterSaysWhatIsMissing(t *testing.T) {
 	rc := rolling("default", "fresh")
 	rc.Status = v1alpha1.RedisClusterStatus{}

@@ -39,6 +39,9 @@ type clusterView struct {
 	// OldUserClients are the clients still logged in with a superseded user that are not listed
 	// consumers: its retirement waits for them.
 	OldUserClients []v1alpha1.OldUserClient `json:"oldUserClients,omitempty"`
+	// ConsumersUsed are the workloads the last rollout of a credential used, and how keyroll
+	// knows of each (status.consumers).
+	ConsumersUsed []v1alpha1.ConsumerInUse `json:"consumersUsed,omitempty"`
 }
 
 type rotationView struct {
@@ -69,7 +72,7 @@ func viewOf(rc *v1alpha1.RedisCluster) clusterView {
 		Conditions: rc.Status.Conditions, Credential: rc.Status.Credential,
 		Leases: leases, Rollout: rc.Status.Rollout, Consumers: len(rc.Spec.Rollout.Consumers),
 		RedisPods: rc.Spec.Rollout.RedisPods, Nodes: rc.Status.Nodes, RetiringUsers: rc.Status.RetiringUsers,
-		Primary: rc.Status.Primary, OldUserClients: rc.Status.OldUserClients,
+		Primary: rc.Status.Primary, OldUserClients: rc.Status.OldUserClients, ConsumersUsed: rc.Status.Consumers,
 	}
 }
 
@@ -134,6 +137,14 @@ func (o *options) printStatus(rc *v1alpha1.RedisCluster) error {
 
 	fmt.Fprintln(o.streams.Out, "\nRollout:")
 	fmt.Fprintf(o.streams.Out, "  %s\n", o.rollout(v))
+	if len(v.ConsumersUsed) > 0 {
+		fmt.Fprintln(o.streams.Out, "\nConsumers of the last rollout:")
+		fmt.Fprintln(w, "  WORKLOAD\tVIA\tRESTARTED\tREFERENCES")
+		for _, c := range v.ConsumersUsed {
+			fmt.Fprintf(w, "  %s/%s\t%s\t%s\t%s\n", c.Kind, c.Name, c.Via, yesNo(c.Restarted), orDash(strings.Join(c.References, "; ")))
+		}
+		w.Flush()
+	}
 	if len(v.OldUserClients) > 0 {
 		fmt.Fprintln(o.streams.Out, "\nStill logged in with a superseded user (not listed consumers; the user's retirement waits):")
 		fmt.Fprintln(w, "  WORKLOAD\tADDRESS\tUSER\tCONNECTIONS\tSINCE")
@@ -275,4 +286,11 @@ func orDash(s string) string {
 		return "-"
 	}
 	return s
+}
+
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
 }

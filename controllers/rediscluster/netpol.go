@@ -35,7 +35,7 @@ func (k *netpolKeeper) Keep(ctx context.Context, rc *v1alpha1.RedisCluster) erro
 		return k.remove(ctx, rc)
 	}
 	var consumers []*metav1.LabelSelector
-	for _, ref := range rc.Spec.Rollout.Consumers {
+	for _, ref := range consumerRefs(rc) {
 		sel, err := k.selectorOf(ctx, rc.Namespace, ref)
 		if err != nil {
 			return err

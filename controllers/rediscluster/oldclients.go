@@ -68,6 +68,15 @@ func (r *deps) holdForOldUserClients(ctx context.Context, s *credential.Cluster,
 	if ucs.Grace != nil {
 		grace = ucs.Grace.Duration
 	}
+	restarting := false
+	if ucs.Action == v1alpha1.UnlistedClientsRestart {
+		if added := adoptLoggedIn(rc, found); len(added) > 0 {
+			restarting = true
+			s.Conds.Event(false, v1alpha1.EventUnlistedClientRestarting, "Retire",
+				"Restarting %s, one at a time as consumers: logged in with the superseded user %s and not listed (rollout.unlistedClients Restart)",
+				strings.Join(added, ", "), strings.Join(users, ", "))
+		}
+	}
 	if ucs.Action == v1alpha1.UnlistedClientsProceed && !now.Before(held.Add(grace)) {
 		s.Conds.Event(true, v1alpha1.EventUnlistedClientsCutOff, "Retire",
 			"Retiring %s after the %s grace (rollout.unlistedClients Proceed): cut off %s", strings.Join(users, ", "), grace, named)
@@ -80,6 +89,12 @@ func (r *deps) holdForOldUserClients(ctx context.Context, s *credential.Cluster,
 	rc.Status.OldUserClients = found
 	what := "they log in with the new credential or stop (rollout.unlistedClients Wait)"
 	wait := oldClientsRecheck
+	if ucs.Action == v1alpha1.UnlistedClientsRestart {
+		what = "those that are Deployments, StatefulSets or DaemonSets of this namespace are restarted onto the new credential (status.consumers), and the others log in with it or stop (rollout.unlistedClients Restart)"
+	}
+	if restarting {
+		wait = lagWait // the rollout that restarts them starts at the next look
+	}
 	if ucs.Action == v1alpha1.UnlistedClientsProceed {
 		what = fmt.Sprintf("they log in with the new credential, or for %s, until %s, when they are cut off (rollout.unlistedClients Proceed)",
 			grace, held.Add(grace).UTC().Format(time.RFC3339))
@@ -178,9 +193,7 @@ func (r *deps) clientAt(ctx context.Context, rc *v1alpha1.RedisCluster, ip strin
 			continue
 		}
 		kind, name := workloadOf(&p)
-		listed := p.Namespace == rc.Namespace && slices.ContainsFunc(rc.Spec.Rollout.Consumers, func(c v1alpha1.ConsumerReference) bool {
-			return c.Kind == kind && c.Name == name
-		})
+		listed := p.Namespace == rc.Namespace && slices.Contains(consumerRefs(rc), v1alpha1.ConsumerReference{Kind: kind, Name: name})
 		w := kind + "/" + name
 		if p.Namespace != rc.Namespace {
 			w += " in namespace " + p.Namespace

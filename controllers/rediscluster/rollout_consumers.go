@@ -3,6 +3,7 @@ package rediscluster
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -33,14 +34,22 @@ const ConsumerIndex = "spec.rollout.consumers"
 func (r *Engine) rollConsumers(ctx context.Context, s *step, ro *v1alpha1.RolloutStatus) (bool, time.Duration, error) {
 	rc := s.rc
 	ro.ConsumersUpdated = 0
-	for _, ref := range rc.Spec.Rollout.Consumers {
+	for _, ref := range consumerRefs(rc) {
 		w, err := r.consumer(ctx, rc.Namespace, ref)
+		if apierrors.IsNotFound(err) && !slices.Contains(rc.Spec.Rollout.Consumers, ref) {
+			forgetConsumer(rc, ref) // found, not listed, and gone since
+			continue
+		}
 		if apierrors.IsNotFound(err) {
 			reportConsumer(s, v1alpha1.ReasonConsumerMissing, v1alpha1.ReasonConsumerMissing, fmt.Sprintf("consumer %s %s does not exist; passed over", ref.Kind, ref.Name))
 			continue
 		}
 		if err != nil {
 			return false, 0, err
+		}
+		if owner := metav1.GetControllerOf(w.object()); owner != nil && owner.Kind == "RedisCluster" {
+			reportConsumer(s, v1alpha1.ReasonConsumerRefused, v1alpha1.ReasonConsumerRefused, fmt.Sprintf("consumer %s %s is a RedisCluster's own (keyroll restarts Redis pods itself); passed over", ref.Kind, ref.Name))
+			continue
 		}
 		if w.paused() {
 			reportConsumer(s, v1alpha1.ReasonConsumerPaused, v1alpha1.ReasonConsumerPaused, fmt.Sprintf("consumer %s %s is paused; the rollout waits for it", ref.Kind, ref.Name))
@@ -81,9 +90,12 @@ func (r *Engine) rollConsumers(ctx context.Context, s *step, ro *v1alpha1.Rollou
 // is needed for it (a reconcile after the rollout, while the retirement of what it replaced
 // waits); a consumer that is missing is passed over, as the rollout passes it over.
 func (r *Engine) consumersOn(ctx context.Context, s *step, version string) bool {
-	for _, ref := range s.rc.Spec.Rollout.Consumers {
+	for _, ref := range consumerRefs(s.rc) {
 		w, err := r.consumer(ctx, s.rc.Namespace, ref)
 		if apierrors.IsNotFound(err) {
+			continue
+		}
+		if owner := metav1.GetControllerOf(w.object()); owner != nil && owner.Kind == "RedisCluster" {
 			continue
 		}
 		if err != nil || w.paused() || w.template().Annotations[v1alpha1.AnnotationCredentialVersion] != version || !w.rolledOut() {
@@ -129,6 +141,13 @@ func (r *Engine) restartConsumer(ctx context.Context, s *step, w workload, ref v
 	log.FromContext(ctx).Info("Consumer restarted", "kind", ref.Kind, "name", ref.Name, "version", version)
 	stoppoint.Reached(stoppoint.MidRollout, s.rc.Namespace)
 	return nil
+}
+
+// forgetConsumer drops a workload that is not listed from status.consumers.
+func forgetConsumer(rc *v1alpha1.RedisCluster, ref v1alpha1.ConsumerReference) {
+	rc.Status.Consumers = slices.DeleteFunc(rc.Status.Consumers, func(c v1alpha1.ConsumerInUse) bool {
+		return c.Kind == ref.Kind && c.Name == ref.Name && c.Via != v1alpha1.ConsumerListed
+	})
 }
 
 func reportConsumer(s *step, reason, event, msg string) {

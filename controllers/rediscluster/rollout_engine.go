@@ -130,6 +130,11 @@ func (r *Engine) roll(ctx context.Context, s *step, pods []*corev1.Pod, version 
 		return false, lagWait, err
 	}
 	if ro == nil {
+		if pending {
+			if err := r.discoverConsumers(ctx, s); err != nil {
+				return false, 0, err
+			}
+		}
 		ro = r.startRollout(ctx, s, version, pending)
 	}
 	if ro.TargetVersion != version {

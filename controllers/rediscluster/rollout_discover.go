@@ -1,0 +1,203 @@
+package rediscluster
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+
+	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/controllers/render"
+)
+
+// The consumers a rollout restarts are the listed ones (spec.rollout.consumers), those found
+// referencing the credentials Secret (rollout.discoverConsumers, looked up at each credential
+// rollout's start) and those found logged in with a superseded user (rollout.unlistedClients
+// Restart). status.consumers records the last two, with the workloads that reference the Secret
+// and are never restarted (CronJobs, Jobs), so that the owner sees the list keyroll used.
+
+// maxConsumersInUse is how many workloads status.consumers holds.
+const maxConsumersInUse = 128
+
+// consumerRefs are the workloads a rollout restarts, in order: the listed ones, then the
+// discovered and logged-in ones of status.consumers.
+func consumerRefs(rc *v1alpha1.RedisCluster) []v1alpha1.ConsumerReference {
+	refs := slices.Clone(rc.Spec.Rollout.Consumers)
+	for _, c := range rc.Status.Consumers {
+		ref := v1alpha1.ConsumerReference{Kind: c.Kind, Name: c.Name}
+		if c.Restarted && c.Via != v1alpha1.ConsumerListed && !slices.Contains(refs, ref) {
+			refs = append(refs, ref)
+		}
+	}
+	return refs
+}
+
+// discoverConsumers records in status.consumers what the rollout starting now uses: the listed
+// consumers, those it finds referencing the credentials Secret with rollout.discoverConsumers,
+// and those kept from an earlier find of clients logged in as a superseded user.
+func (r *Engine) discoverConsumers(ctx context.Context, s *step) error {
+	rc := s.rc
+	var out []v1alpha1.ConsumerInUse
+	for _, ref := range rc.Spec.Rollout.Consumers {
+		out = append(out, v1alpha1.ConsumerInUse{Kind: ref.Kind, Name: ref.Name, Via: v1alpha1.ConsumerListed, Restarted: true})
+	}
+	listed := func(kind, name string) bool {
+		return slices.ContainsFunc(out, func(c v1alpha1.ConsumerInUse) bool { return c.Kind == kind && c.Name == name })
+	}
+	if rc.Spec.Rollout.DiscoverConsumers {
+		found, err := r.referencing(ctx, rc)
+		if err != nil {
+			return err
+		}
+		var restarted, reported []string
+		for _, c := range found {
+			if listed(c.Kind, c.Name) {
+				continue
+			}
+			out = append(out, c)
+			if c.Restarted {
+				restarted = append(restarted, c.Kind+"/"+c.Name)
+			} else {
+				reported = append(reported, c.Kind+"/"+c.Name)
+			}
+		}
+		if len(restarted)+len(reported) > 0 {
+			msg := "Found referencing Secret " + render.CredentialsSecretName(rc) + " (rollout.discoverConsumers): "
+			if len(restarted) > 0 {
+				msg += "restarted as consumers: " + strings.Join(restarted, ", ")
+			}
+			if len(reported) > 0 {
+				if len(restarted) > 0 {
+					msg += "; "
+				}
+				msg += "not restarted by keyroll (they get the new credential when they next start a pod; one running now keeps the old one): " + strings.Join(reported, ", ")
+			}
+			s.conds.Event(false, v1alpha1.EventConsumersDiscovered, "Rollout", "%s", msg)
+		}
+	}
+	for _, c := range rc.Status.Consumers {
+		if c.Via == v1alpha1.ConsumerLoggedIn && !listed(c.Kind, c.Name) {
+			out = append(out, c)
+		}
+	}
+	if len(out) > maxConsumersInUse {
+		out = out[:maxConsumersInUse]
+	}
+	rc.Status.Consumers = out
+	return nil
+}
+
+// referencing lists the workloads in rc's namespace whose pod template references its
+// credentials Secret: Deployments, StatefulSets and DaemonSets (restarted), CronJobs and the Jobs
+// no CronJob runs (reported). Workloads a RedisCluster controls (keyroll's own) are left out.
+// They are read past the cache, which holds no consumer.
+func (r *Engine) referencing(ctx context.Context, rc *v1alpha1.RedisCluster) ([]v1alpha1.ConsumerInUse, error) {
+	secret := render.CredentialsSecretName(rc)
+	in := client.InNamespace(rc.Namespace)
+	var out []v1alpha1.ConsumerInUse
+	add := func(kind string, meta metav1.Object, spec *corev1.PodSpec, restarted bool) {
+		if owner := metav1.GetControllerOf(meta); owner != nil && (owner.Kind == "RedisCluster" || owner.Kind == "CronJob") {
+			return
+		}
+		if refs := secretReferences(spec, secret); len(refs) > 0 {
+			out = append(out, v1alpha1.ConsumerInUse{Kind: kind, Name: meta.GetName(), Via: v1alpha1.ConsumerDiscovered, References: refs, Restarted: restarted})
+		}
+	}
+	deps := &appsv1.DeploymentList{}
+	if err := r.APIReader.List(ctx, deps, in); err != nil {
+		return nil, fmt.Errorf("listing Deployments for rollout.discoverConsumers: %w", err)
+	}
+	for i := range deps.Items {
+		add("Deployment", &deps.Items[i], &deps.Items[i].Spec.Template.Spec, true)
+	}
+	sts := &appsv1.StatefulSetList{}
+	if err := r.APIReader.List(ctx, sts, in); err != nil {
+		return nil, fmt.Errorf("listing StatefulSets for rollout.discoverConsumers: %w", err)
+	}
+	for i := range sts.Items {
+		add("StatefulSet", &sts.Items[i], &sts.Items[i].Spec.Template.Spec, true)
+	}
+	dss := &appsv1.DaemonSetList{}
+	if err := r.APIReader.List(ctx, dss, in); err != nil {
+		return nil, fmt.Errorf("listing DaemonSets for rollout.discoverConsumers: %w", err)
+	}
+	for i := range dss.Items {
+		add("DaemonSet", &dss.Items[i], &dss.Items[i].Spec.Template.Spec, true)
+	}
+	cjs := &batchv1.CronJobList{}
+	if err := r.APIReader.List(ctx, cjs, in); err != nil {
+		return nil, fmt.Errorf("listing CronJobs for rollout.discoverConsumers: %w", err)
+	}
+	for i := range cjs.Items {
+		add("CronJob", &cjs.Items[i], &cjs.Items[i].Spec.JobTemplate.Spec.Template.Spec, false)
+	}
+	jobs := &batchv1.JobList{}
+	if err := r.APIReader.List(ctx, jobs, in); err != nil {
+		return nil, fmt.Errorf("listing Jobs for rollout.discoverConsumers: %w", err)
+	}
+	for i := range jobs.Items {
+		if jobs.Items[i].Status.CompletionTime == nil {
+			add("Job", &jobs.Items[i], &jobs.Items[i].Spec.Template.Spec, false)
+		}
+	}
+	return out, nil
+}
+
+// secretReferences says where a pod spec uses Secret name: each container's (init containers'
+// too) env and envFrom, and its volumes, projected ones included; at most eight.
+func secretReferences(spec *corev1.PodSpec, name string) []string {
+	var refs []string
+	for _, c := range append(slices.Clone(spec.InitContainers), spec.Containers...) {
+		for _, e := range c.Env {
+			if e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil && e.ValueFrom.SecretKeyRef.Name == name {
+				refs = append(refs, fmt.Sprintf("env %s of container %s", e.Name, c.Name))
+			}
+		}
+		for _, e := range c.EnvFrom {
+			if e.SecretRef != nil && e.SecretRef.Name == name {
+				refs = append(refs, "envFrom of container "+c.Name)
+			}
+		}
+	}
+	for _, v := range spec.Volumes {
+		if v.Secret != nil && v.Secret.SecretName == name {
+			refs = append(refs, "volume "+v.Name)
+		}
+		if v.Projected != nil && slices.ContainsFunc(v.Projected.Sources, func(p corev1.VolumeProjection) bool {
+			return p.Secret != nil && p.Secret.Name == name
+		}) {
+			refs = append(refs, "projected volume "+v.Name)
+		}
+	}
+	if len(refs) > 8 {
+		refs = refs[:8]
+	}
+	return refs
+}
+
+// adoptLoggedIn makes consumers (status.consumers, via LoggedIn) of the Deployments, StatefulSets
+// and DaemonSets in the cluster's namespace among the clients still logged in with a superseded
+// user (rollout.unlistedClients Restart), so that the next rollout restarts them; it returns
+// those it added. A client of another namespace, of another kind of workload, or at an address
+// that is no pod's, is never touched.
+func adoptLoggedIn(rc *v1alpha1.RedisCluster, clients []v1alpha1.OldUserClient) []string {
+	var added []string
+	for _, c := range clients {
+		kind, name, ok := strings.Cut(c.Workload, "/")
+		if !ok || strings.Contains(name, " ") || !slices.Contains([]string{"Deployment", "StatefulSet", "DaemonSet"}, kind) {
+			continue // no pod's, a pod of another namespace ("… in namespace …"), or not a workload keyroll restarts
+		}
+		if slices.Contains(consumerRefs(rc), v1alpha1.ConsumerReference{Kind: kind, Name: name}) || len(rc.Status.Consumers) >= maxConsumersInUse {
+			continue
+		}
+		rc.Status.Consumers = append(rc.Status.Consumers, v1alpha1.ConsumerInUse{Kind: kind, Name: name, Via: v1alpha1.ConsumerLoggedIn, Restarted: true})
+		added = append(added, c.Workload)
+	}
+	return added
+}
