@@ -106,7 +106,7 @@ func TestInvalidObjectsAreRefusedNamingTheField(t *testing.T) {
 		"readiness timeout too short":         {rc, set("spec.rollout.readinessTimeout", "1s"), "spec.rollout.readinessTimeout"},
 		"readiness timeout too long":          {rc, set("spec.rollout.readinessTimeout", "2h"), "spec.rollout.readinessTimeout"},
 		"unlisted clients' grace too long":    {rc, set("spec.rollout.unlistedClients", map[string]any{"action": "Proceed", "grace": "25h"}), "spec.rollout.unlistedClients.grace"},
-		"unlisted clients' unknown action":    {rc, set("spec.rollout.unlistedClients", map[string]any{"action": "Restart"}), "spec.rollout.unlistedClients.action"},
+		"unlisted clients' unknown action":    {rc, set("spec.rollout.unlistedClients", map[string]any{"action": "Kill"}), "spec.rollout.unlistedClients.action"},
 		"consumer of unknown kind":            {rc, set("spec.rollout.consumers", []any{map[string]any{"kind": "Job", "name": "x"}}), "spec.rollout.consumers[0].kind"},
 		"duplicate consumer": {rc, set("spec.rollout.consumers", []any{
 			map[string]any{"kind": "Deployment", "name": "x"}, map[string]any{"kind": "Deployment", "name": "x"}}), "spec.rollout.consumers[1]"},

@@ -58,8 +58,10 @@ type consumer struct {
 	stats stats.Stats
 
 	user, pass string
-	conn       net.Conn
-	rd         *bufio.Reader
+	// fromEnv takes the credential from the environment, which a running pod never sees change.
+	fromEnv bool
+	conn    net.Conn
+	rd      *bufio.Reader
 	// failingSince is when the first of the failures since the last success happened (zero: none).
 	failingSince time.Time
 }
@@ -69,6 +71,7 @@ func main() {
 	host, _ := os.Hostname()
 	flag.StringVar(&c.addr, "redis", "", "Redis address host:port (required).")
 	flag.StringVar(&c.dir, "credentials", "/etc/consumer/credentials", "Directory with the files username and password.")
+	flag.BoolVar(&c.fromEnv, "credentials-env", false, "Take the credential from REDIS_USERNAME and REDIS_PASSWORD, once, as an application configured by env does (-credentials is not read).")
 	flag.StringVar(&c.key, "key", "consumer:"+host, "The key this consumer writes and reads.")
 	flag.DurationVar(&c.interval, "interval", 100*time.Millisecond, "Pause between two SET/GET rounds.")
 	flag.DurationVar(&c.timeout, "timeout", 5*time.Second, "How long a command (or a dial) may take.")
@@ -211,6 +214,10 @@ func (c *consumer) do(op string, f func() error) bool {
 // read from the directory ..data points at, so that a username is never paired with the password
 // of another credential.
 func (c *consumer) reloadCredentials() {
+	if c.fromEnv {
+		c.useCredential(os.Getenv("REDIS_USERNAME"), os.Getenv("REDIS_PASSWORD"))
+		return
+	}
 	base := c.dir
 	if snapshot, err := filepath.EvalSymlinks(filepath.Join(c.dir, "..data")); err == nil {
 		base = snapshot
@@ -223,7 +230,11 @@ func (c *consumer) reloadCredentials() {
 		c.mu.Unlock()
 		return
 	}
-	u, p := strings.TrimSpace(string(user)), strings.TrimSpace(string(pass))
+	c.useCredential(strings.TrimSpace(string(user)), strings.TrimSpace(string(pass)))
+}
+
+// useCredential makes the next command connect with u and p when they are not the ones in use.
+func (c *consumer) useCredential(u, p string) {
 	if u == c.user && p == c.pass {
 		return
 	}

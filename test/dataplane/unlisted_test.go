@@ -160,3 +160,44 @@ func TestProceedAfterGraceCutsOffAndSaysWhom(t *testing.T) {
 	}
 	t.Logf("cut off %s after the clients were first seen (grace 30 s)", cutAt.Sub(first).Round(100*time.Millisecond))
 }
+
+// TestRestartActionRestartsTheLoggedInWorkload: with rollout.unlistedClients Restart, the unlisted
+// Deployment still logged in with the old user is restarted by keyroll as a consumer (status.consumers,
+// via LoggedIn) with no failed command, while the host's client, which is no pod's, holds the
+// retirement untouched; once it has gone, the old user is retired.
+func TestRestartActionRestartsTheLoggedInWorkload(t *testing.T) {
+	sc := startUnlisted(t, "restart", func(rc *v1alpha1.RedisCluster) {
+		rc.Spec.Rollout.UnlistedClients = v1alpha1.UnlistedClientsSpec{Action: v1alpha1.UnlistedClientsRestart}
+	})
+	var cur *v1alpha1.RedisCluster
+	framework.Eventually(t, 3*time.Minute, func() string {
+		cur = fw.Get(t, sc.rc)
+		adopted := slices.ContainsFunc(cur.Status.Consumers, func(c v1alpha1.ConsumerInUse) bool {
+			return c.Kind == "Deployment" && c.Name == "report" && c.Via == v1alpha1.ConsumerLoggedIn && c.Restarted
+		})
+		onlyHost := len(cur.Status.OldUserClients) == 1 && cur.Status.OldUserClients[0].Workload == ""
+		if !adopted || cur.Status.Rollout != nil || !onlyHost || fw.ConsumerVersion(t, sc.ns, "report") != cur.Status.Credential.Version {
+			return fmt.Sprintf("consumers %+v, rollout %+v, clients %+v", cur.Status.Consumers, cur.Status.Rollout, cur.Status.OldUserClients)
+		}
+		return ""
+	})
+	restartedIn := time.Since(sc.rotatedAt)
+	if msg := fw.OnEveryPod(sc.rc, sc.oldUser, sc.oldPw, true); msg != "" {
+		t.Errorf("the old user while the host's client holds it: %s", msg)
+	}
+	fw.WaitClusterEvents(t, sc.ns, sc.rc.Name, 10*time.Second, v1alpha1.EventUnlistedClientRestarting)
+	sc.closeHost()
+	framework.Eventually(t, time.Minute, func() string {
+		cur := fw.Get(t, sc.rc)
+		if len(cur.Status.OldUserClients) > 0 || len(cur.Status.Leases) != 1 {
+			return fmt.Sprintf("clients %+v, %d leases", cur.Status.OldUserClients, len(cur.Status.Leases))
+		}
+		return fw.OnEveryPod(sc.rc, sc.oldUser, sc.oldPw, false)
+	})
+	for name, c := range map[string]*framework.Consumers{"app": sc.app, "report": sc.report} {
+		if _, failed, failures := c.Totals(); failed > 0 {
+			t.Errorf("consumer %s had %d failed commands: %v", name, failed, failures)
+		}
+	}
+	t.Logf("the unlisted Deployment was restarted onto the new credential %s after the rotation", restartedIn.Round(100*time.Millisecond))
+}

@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/keyroll/keyroll/test/testground"
 )
@@ -43,7 +44,20 @@ func (f *Framework) StartConsumers(t testing.TB, ns, name string, replicas int32
 	for _, o := range opts {
 		o(d)
 	}
-	if err := f.Client.Create(context.Background(), d); err != nil {
+	return f.follow(t, d, ns, name, replicas)
+}
+
+// StartConsumerSet is StartConsumers with a StatefulSet (its pods mount the Secret).
+func (f *Framework) StartConsumerSet(t testing.TB, ns, name string, replicas int32, redisAddr, secret string) *Consumers {
+	t.Helper()
+	return f.follow(t, testground.ConsumerStatefulSet(ns, name, replicas, redisAddr, secret), ns, name, replicas)
+}
+
+// follow creates the workload of consumer pods labelled app=name, waits until each of replicas
+// runs commands, and follows them until the test ends.
+func (f *Framework) follow(t testing.TB, workload client.Object, ns, name string, replicas int32) *Consumers {
+	t.Helper()
+	if err := f.Client.Create(context.Background(), workload); err != nil {
 		t.Fatal(err)
 	}
 	w, err := f.Clientset.CoreV1().Pods(ns).Watch(context.Background(), metav1.ListOptions{LabelSelector: "app=" + name})
@@ -99,6 +113,21 @@ func Lingering(d time.Duration) func(*appsv1.Deployment) {
 		spec := &dep.Spec.Template.Spec
 		spec.TerminationGracePeriodSeconds = ptr.To(int64((d + 10*time.Second).Seconds()))
 		spec.Containers[0].Args = append(spec.Containers[0].Args, "-linger="+d.String())
+	}
+}
+
+// CredentialFromEnv makes consumer pods take their credential from env variables that reference
+// the Secret, once at start, as an application configured by env does: no volume references it.
+func CredentialFromEnv(secret string) func(*appsv1.Deployment) {
+	return func(dep *appsv1.Deployment) {
+		spec := &dep.Spec.Template.Spec
+		c := &spec.Containers[0]
+		from := func(key string) *corev1.EnvVarSource {
+			return &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: secret}, Key: key}}
+		}
+		c.Env = append(c.Env, corev1.EnvVar{Name: "REDIS_USERNAME", ValueFrom: from("username")}, corev1.EnvVar{Name: "REDIS_PASSWORD", ValueFrom: from("password")})
+		c.Args = append(c.Args, "-credentials-env")
+		c.VolumeMounts, spec.Volumes = nil, nil
 	}
 }
 

@@ -85,6 +85,20 @@ func ConsumerDeployment(namespace, name string, replicas int32, redisAddr, secre
 	}
 }
 
+// ConsumerStatefulSet is a StatefulSet of replicas consumer pods (ConsumerPod), labelled app=name,
+// rolled one pod at a time (RollingUpdate, the default).
+func ConsumerStatefulSet(namespace, name string, replicas int32, redisAddr, secretName string) *appsv1.StatefulSet {
+	pod := ConsumerPod(namespace, name, redisAddr, secretName)
+	return &appsv1.StatefulSet{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
+		Spec: appsv1.StatefulSetSpec{
+			Replicas: ptr.To(replicas),
+			Selector: &metav1.LabelSelector{MatchLabels: pod.Labels},
+			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: pod.Labels}, Spec: pod.Spec},
+		},
+	}
+}
+
 // FinalConsumerStats are the counters a consumer pod wrote when it stopped (its termination
 // message), if it has stopped.
 func FinalConsumerStats(p *corev1.Pod) (ConsumerStats, bool) {
