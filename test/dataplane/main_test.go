@@ -34,7 +34,7 @@ func TestMain(m *testing.M) {
 		Name:     "dataplane",
 		Ground:   testground.Options{Node: true, Redis: true, Vault: true, ExternalSecretsCRDs: true},
 		Roles:    roles,
-		Operator: &framework.OperatorOptions{LeaseCheckInterval: leaseCheckInterval},
+		Operator: &framework.OperatorOptions{LeaseCheckInterval: leaseCheckInterval, Endpoints: true},
 		InfoLogs: true,
 	})
 	os.Exit(fw.Run(m))

@@ -100,6 +100,13 @@ func TestUnlistedClientHoldsRetirement(t *testing.T) {
 		t.Errorf("the old user while its retirement is held: %s", msg)
 	}
 	fw.WaitClusterEvents(t, sc.ns, sc.rc.Name, 10*time.Second, v1alpha1.EventOldCredentialInUse)
+	var conns int32
+	for _, c := range clients {
+		conns += c.Connections
+	}
+	if got := unlistedConnections(t, sc.ns, sc.rc.Name); got != float64(conns) || conns < 2 {
+		t.Errorf("keyroll_unlisted_client_connections %v, want the %d connections status names", got, conns)
+	}
 	time.Sleep(15 * time.Second) // held, not a moment's delay
 	if msg := fw.OnEveryPod(sc.rc, sc.oldUser, sc.oldPw, true); msg != "" {
 		t.Errorf("15 s later: %s", msg)
@@ -121,6 +128,26 @@ func TestUnlistedClientHoldsRetirement(t *testing.T) {
 	}
 	t.Logf("held for %v, named %s after the rotation; retired %s after the unlisted workload was restarted",
 		clients, after.Round(100*time.Millisecond), time.Since(restarted).Round(100*time.Millisecond))
+}
+
+// unlistedConnections is keyroll_unlisted_client_connections of a cluster as the operator serves
+// it (-1: no series).
+func unlistedConnections(t *testing.T, ns, name string) float64 {
+	t.Helper()
+	fams, err := framework.ScrapeMetrics(fw.Operator().MetricsURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range fams["keyroll_unlisted_client_connections"].GetMetric() {
+		labels := map[string]string{}
+		for _, l := range m.GetLabel() {
+			labels[l.GetName()] = l.GetValue()
+		}
+		if labels["namespace"] == ns && labels["name"] == name {
+			return m.GetGauge().GetValue()
+		}
+	}
+	return -1
 }
 
 // TestProceedAfterGraceCutsOffAndSaysWhom: with rollout.unlistedClients Proceed and a 30 s grace,
