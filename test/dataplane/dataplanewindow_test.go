@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -105,4 +106,60 @@ func TestDataPlaneChangeWaitsForTheMaintenanceWindow(t *testing.T) {
 	if longest > 10000 {
 		t.Errorf("the consumers' longest outage was %d ms: want one reconnect at the hand-over (bound 10 s)", longest)
 	}
+}
+
+// TestSingleReplicaWithoutStorageIsNotRestarted: a data-plane change on a cluster of one replica
+// without storage, whose restart would lose its data, is reported and not applied, even inside an
+// open maintenance window; the owner's ask (the upgrade-data-plane annotation) applies it.
+func TestSingleReplicaWithoutStorageIsNotRestarted(t *testing.T) {
+	ns := fw.Namespace(t, "dpsingle")
+	vc := fw.VaultConnection(t, "vault-dpsingle", framework.Allow(ns))
+	opened := time.Now().UTC().Truncate(time.Minute)
+	rc := fw.RedisCluster(t, ns, "cache", vc.Name, fw.Path("orders"), func(rc *v1alpha1.RedisCluster) {
+		rc.Spec.Rotation.MaintenanceWindow = &v1alpha1.MaintenanceWindow{Start: opened.Format("15:04"), Duration: metav1.Duration{Duration: time.Hour}}
+	})
+	rc = fw.WaitReady(t, rc, 3*time.Minute)
+	if rc.Spec.Replicas != 1 || rc.Spec.Storage != nil {
+		t.Fatalf("replicas %d, storage %+v: want one replica without storage", rc.Spec.Replicas, rc.Spec.Storage)
+	}
+	rw := watchRestarts(t, rc)
+	p := fw.RedisPods(t, rc)[0]
+	patch := client.MergeFrom(p.DeepCopy())
+	p.Annotations[v1alpha1.AnnotationDataPlane] = "0"
+	p.Annotations[v1alpha1.AnnotationPodTemplate] = "an-older-keyrolls-template"
+	if err := fw.Client.Patch(context.Background(), &p, patch); err != nil {
+		t.Fatal(err)
+	}
+	framework.Eventually(t, time.Minute, func() string {
+		c := meta.FindStatusCondition(fw.Get(t, rc).Status.Conditions, v1alpha1.ConditionDataPlaneCurrent)
+		if c == nil || c.Reason != v1alpha1.ReasonRestartPending || !strings.Contains(c.Message, "only when the owner asks") {
+			return fmt.Sprintf("condition DataPlaneCurrent %+v", c)
+		}
+		return ""
+	})
+	fw.WaitClusterEvents(t, ns, rc.Name, 10*time.Second, v1alpha1.EventDataPlaneChangePending)
+	// The window is open: a cluster with a hand-over would be restarting now. Touch the cluster
+	// meanwhile, so that it is reconciled again and again.
+	for i := range 6 {
+		fw.Annotate(t, rc, "test.keyroll.dev/touch", fmt.Sprint(i))
+		time.Sleep(5 * time.Second)
+	}
+	if r := rw.seen(); len(r) > 0 {
+		t.Fatalf("pod %s restarted without the owner's ask: %+v", r[0].pod, r)
+	}
+	if got := fw.RedisPods(t, rc)[0]; got.UID != p.UID {
+		t.Fatalf("the pod was replaced (%s, was %s)", got.UID, p.UID)
+	}
+
+	fw.Annotate(t, rc, v1alpha1.AnnotationUpgradeDataPlane, "now")
+	asked := time.Now()
+	framework.Eventually(t, 3*time.Minute, func() string {
+		cur := fw.Get(t, rc)
+		c := meta.FindStatusCondition(cur.Status.Conditions, v1alpha1.ConditionDataPlaneCurrent)
+		if len(rw.seen()) != 1 || c == nil || c.Status != metav1.ConditionTrue || cur.Status.DataPlaneUpgradeAcknowledged != "now" {
+			return fmt.Sprintf("%d restarts, condition %+v, acknowledged %q", len(rw.seen()), c, cur.Status.DataPlaneUpgradeAcknowledged)
+		}
+		return ""
+	})
+	t.Logf("pending and not applied for 30 s inside an open window; restarted once %s after the owner asked", time.Since(asked).Round(100*time.Millisecond))
 }
