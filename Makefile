@@ -34,13 +34,18 @@ help: ## List the targets.
 HELM_CHART := deploy/helm/keyroll
 
 .PHONY: manifests
-manifests: ## Generate the CRDs (deploy/crd) and RBAC (deploy/rbac) from the markers, and copy them, with the alerts, into the Helm chart.
+manifests: ## Generate the CRDs (deploy/crd) and RBAC (deploy/rbac) from the markers, copy them, with the alerts, into the Helm chart, and write the OLM bundle.
 	$(CONTROLLER_GEN) crd paths=./apis/... output:crd:artifacts:config=deploy/crd
 	$(CONTROLLER_GEN) rbac:roleName=keyroll-manager "paths={./controllers/...,./}" output:rbac:artifacts:config=deploy/rbac
 	rm -f $(HELM_CHART)/crds/*.yaml
 	cp deploy/crd/keyroll.dev_*.yaml $(HELM_CHART)/crds/
 	cp deploy/rbac/role.yaml deploy/rbac/metrics_reader_role.yaml $(HELM_CHART)/files/rbac/
 	cp deploy/monitoring/alerts.yaml $(HELM_CHART)/files/monitoring/
+	$(GO) run ./test/bundle
+
+.PHONY: bundle
+bundle: ## Write the OLM bundle (bundle/, bundle.Dockerfile) from deploy/default, the samples and the chart's metadata (make manifests does it too).
+	$(GO) run ./test/bundle
 
 .PHONY: generate
 generate: ## Generate the deepcopy functions of the API types.
@@ -74,7 +79,7 @@ lint: ## Run golangci-lint (.golangci.yml: vet, staticcheck, unused, errcheck, g
 UNIT_PACKAGES = $(shell test/tools/packages.sh unit)
 INTEGRATION_PACKAGES = $(shell test/tools/packages.sh integration)
 E2E_PACKAGES = $(shell test/tools/packages.sh e2e)
-INTEGRATION_TOOLS := etcd kube-apiserver kube-controller-manager kwok vault external-secrets kubectl helm kube-score
+INTEGRATION_TOOLS := etcd kube-apiserver kube-controller-manager kwok vault external-secrets kubectl helm kube-score olm-validate
 E2E_TOOLS := $(INTEGRATION_TOOLS) kubelet kube-proxy coredns ociimage
 
 # make test runs every package but those with a real node of their own under test/sharedground:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the binaries of the keyroll test ground (etcd, kube-apiserver, kube-controller-manager, kwok,
-# vault, external-secrets, kubectl, golangci-lint, helm, kube-score, and for the real node kubelet,
-# kube-proxy, coredns and the ociimage tool) from the tool modules beside this script, into a cache
+# vault, external-secrets, kubectl, golangci-lint, helm, kube-score, olm-validate, and for the real
+# node kubelet, kube-proxy, coredns and the ociimage tool) from the tool modules beside this script, into a cache
 # outside the checkout, and links them into one directory for the tests (default: test/bin, ignored
 # by git).
 #
@@ -87,6 +87,7 @@ lane1() {
 	build ociimage ociimage . "-s -w"
 	build helm helm helm.sh/helm/v3/cmd/helm "$helm_ldflags"
 	build kube-score kubescore github.com/zegl/kube-score/cmd/kube-score "$kube_score_ldflags"
+	build olm-validate olm . "-s -w"
 }
 lane2() {
 	build etcd etcd . "-s -w"
