@@ -14,6 +14,9 @@ IMAGE_SOURCE ?= https://github.com/keyroll/keyroll
 # distroless base of the Dockerfile has it): Debian's ca-certificates package writes it.
 CA_BUNDLE ?= /etc/ssl/certs/ca-certificates.crt
 GO ?= go
+# The Go release keyroll is built and tested with (go.mod's toolchain): a patch release without the
+# standard library's known vulnerabilities (test/vulncheck); go fetches it from the module proxy once.
+export GOTOOLCHAIN ?= go1.26.11
 CONTROLLER_GEN := $(GO) tool controller-gen
 # The test ground's binaries (kube-apiserver, etcd, kube-controller-manager, kwok, vault) are linked
 # here from a cache outside the checkout; see test/tools/build.sh.
@@ -79,7 +82,7 @@ lint: ## Run golangci-lint (.golangci.yml: vet, staticcheck, unused, errcheck, g
 UNIT_PACKAGES = $(shell test/tools/packages.sh unit)
 INTEGRATION_PACKAGES = $(shell test/tools/packages.sh integration)
 E2E_PACKAGES = $(shell test/tools/packages.sh e2e)
-INTEGRATION_TOOLS := etcd kube-apiserver kube-controller-manager kwok vault external-secrets kubectl helm kube-score olm-validate
+INTEGRATION_TOOLS := etcd kube-apiserver kube-controller-manager kwok vault external-secrets kubectl helm kube-score olm-validate govulncheck vulndb-index
 E2E_TOOLS := $(INTEGRATION_TOOLS) kubelet kube-proxy coredns ociimage
 
 # make test runs every package but those with a real node of their own under test/sharedground:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the binaries of the keyroll test ground (etcd, kube-apiserver, kube-controller-manager, kwok,
-# vault, external-secrets, kubectl, golangci-lint, helm, kube-score, olm-validate, and for the real
-# node kubelet, kube-proxy, coredns and the ociimage tool) from the tool modules beside this script, into a cache
+# vault, external-secrets, kubectl, golangci-lint, helm, kube-score, olm-validate, govulncheck and
+# its database, and for the real node kubelet, kube-proxy, coredns and the ociimage tool) from the tool modules beside this script, into a cache
 # outside the checkout, and links them into one directory for the tests (default: test/bin, ignored
 # by git).
 #
@@ -88,6 +88,9 @@ lane1() {
 	build helm helm helm.sh/helm/v3/cmd/helm "$helm_ldflags"
 	build kube-score kubescore github.com/zegl/kube-score/cmd/kube-score "$kube_score_ldflags"
 	build olm-validate olm . "-s -w"
+	build govulncheck vuln golang.org/x/vuln/cmd/govulncheck "-s -w"
+	build vulndb-index vuln golang.org/x/vulndb/cmd/indexdb "-s -w"
+	vulndb
 }
 lane2() {
 	build etcd etcd . "-s -w"
@@ -97,6 +100,22 @@ lane2() {
 	build kube-proxy kube k8s.io/kubernetes/cmd/kube-proxy "$k8s_ldflags"
 	build external-secrets eso . "-s -w"
 	build golangci-lint lint github.com/golangci/golangci-lint/v2/cmd/golangci-lint "-s -w"
+}
+
+# vulndb: Go's vulnerability database for govulncheck (-db file://...), indexed from the OSV reports
+# of the golang.org/x/vulndb module that test/tools/vuln pins, and kept beside the index tool.
+vulndb() {
+	wanted vulndb-index || return 0
+	local dir src
+	dir="$cache/vulndb-$(key vuln vulndb)"
+	if [[ ! -d "$dir" ]]; then
+		src=$(cd "$here/vuln" && go list -m -f '{{.Dir}}' golang.org/x/vulndb)
+		rm -rf "$dir.tmp"
+		"$link_dir/vulndb-index" -vulns "$src/data/osv" -out "$dir.tmp"
+		mv "$dir.tmp" "$dir"
+		log "vulndb: indexed from golang.org/x/vulndb ($dir)"
+	fi
+	ln -sfn "$dir" "$link_dir/vulndb"
 }
 
 # kwok refuses to start without stages: take the "fast" node and pod stages from the kwok module
