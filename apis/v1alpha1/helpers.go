@@ -182,3 +182,26 @@ func (rc *RedisCluster) RotationAsked() bool {
 	v := rc.Annotations[AnnotationRotateNow]
 	return v != "" && v != rc.Status.RotateNowAcknowledged && !rc.Spec.Rotation.Paused
 }
+
+// SupersededUsernames are the Redis users of the credentials the current one replaced and that are
+// not retired yet: those of the superseded leases, then those of superseded credentials without a
+// tracked lease (status.credential.supersededUsers), each once.
+func (rc *RedisCluster) SupersededUsernames() []string {
+	var out []string
+	add := func(name string) {
+		if name != "" && !slices.Contains(out, name) {
+			out = append(out, name)
+		}
+	}
+	for _, l := range rc.Status.Leases {
+		if l.State == LeaseSuperseded {
+			add(l.Username)
+		}
+	}
+	if c := rc.Status.Credential; c != nil {
+		for _, name := range c.SupersededUsers {
+			add(name)
+		}
+	}
+	return out
+}

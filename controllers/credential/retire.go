@@ -24,22 +24,7 @@ func Retire(rc *v1alpha1.RedisCluster) {
 // UsersToRetire are the users Retire takes off the nodes next: those of the superseded leases and
 // credentials, once each, but for users already retiring and the current credential's.
 func UsersToRetire(rc *v1alpha1.RedisCluster) []string {
-	var out []string
-	add := func(name string) {
-		if name != "" && !slices.Contains(out, name) && !slices.Contains(rc.Status.RetiringUsers, name) &&
-			(rc.Status.Credential == nil || rc.Status.Credential.Username != name) {
-			out = append(out, name)
-		}
-	}
-	for _, l := range rc.Status.Leases {
-		if l.State == v1alpha1.LeaseSuperseded {
-			add(l.Username)
-		}
-	}
-	if c := rc.Status.Credential; c != nil {
-		for _, name := range c.SupersededUsers {
-			add(name)
-		}
-	}
-	return out
+	return slices.DeleteFunc(rc.SupersededUsernames(), func(name string) bool {
+		return slices.Contains(rc.Status.RetiringUsers, name) || (rc.Status.Credential != nil && rc.Status.Credential.Username == name)
+	})
 }

@@ -223,15 +223,8 @@ func AppUsers(rc *v1alpha1.RedisCluster, cred *Credential, existing map[string]A
 			users = append(users, ACLUser{Username: name, PasswordHash: u.PasswordHash, Rules: rules})
 		}
 	}
-	for _, l := range rc.Status.Leases {
-		if l.State == v1alpha1.LeaseSuperseded {
-			keep(l.Username)
-		}
-	}
-	if c := rc.Status.Credential; c != nil {
-		for _, name := range c.SupersededUsers {
-			keep(name)
-		}
+	for _, name := range rc.SupersededUsernames() {
+		keep(name)
 	}
 	return users
 }
