@@ -61,8 +61,8 @@ func TestDataPlaneChangeWaitsForTheMaintenanceWindow(t *testing.T) {
 		t.Fatalf("the window (%s) opened before the change could be seen waiting for it", opens.Format("15:04"))
 	}
 	for time.Now().Before(opens) {
-		if r := rw.seen(); len(r) > 0 {
-			t.Fatalf("pod %s restarted at %s, before the window opens at %s", r[0].pod, r[0].at.Format(time.TimeOnly), opens.Format(time.TimeOnly))
+		if r := rw.Terminations(); len(r) > 0 {
+			t.Fatalf("pod %s restarted at %s, before the window opens at %s", r[0].Pod, r[0].At.Format(time.TimeOnly), opens.Format(time.TimeOnly))
 		}
 		time.Sleep(time.Second)
 	}
@@ -71,17 +71,17 @@ func TestDataPlaneChangeWaitsForTheMaintenanceWindow(t *testing.T) {
 	framework.Eventually(t, 8*time.Minute, func() string {
 		final = fw.Get(t, rc)
 		c := meta.FindStatusCondition(final.Status.Conditions, v1alpha1.ConditionDataPlaneCurrent)
-		if final.Status.Rollout != nil || len(rw.seen()) < 3 || c == nil || c.Status != metav1.ConditionTrue {
-			return fmt.Sprintf("rollout %+v, %d pods restarted, condition %+v", final.Status.Rollout, len(rw.seen()), c)
+		if final.Status.Rollout != nil || len(rw.Terminations()) < 3 || c == nil || c.Status != metav1.ConditionTrue {
+			return fmt.Sprintf("rollout %+v, %d pods restarted, condition %+v", final.Status.Rollout, len(rw.Terminations()), c)
 		}
 		return ""
 	})
-	restarts := rw.seen()
+	restarts := rw.Terminations()
 	var order []string
 	for _, r := range restarts {
-		order = append(order, r.pod)
-		if r.at.Before(opens) {
-			t.Errorf("%s restarted at %s, before the window", r.pod, r.at.Format(time.TimeOnly))
+		order = append(order, r.Pod)
+		if r.At.Before(opens) {
+			t.Errorf("%s restarted at %s, before the window", r.Pod, r.At.Format(time.TimeOnly))
 		}
 	}
 	if want := []string{"cache-2", "cache-1", "cache-0"}; !slices.Equal(order, want) {
@@ -144,8 +144,8 @@ func TestSingleReplicaWithoutStorageIsNotRestarted(t *testing.T) {
 		fw.Annotate(t, rc, "test.keyroll.dev/touch", fmt.Sprint(i))
 		time.Sleep(5 * time.Second)
 	}
-	if r := rw.seen(); len(r) > 0 {
-		t.Fatalf("pod %s restarted without the owner's ask: %+v", r[0].pod, r)
+	if r := rw.Terminations(); len(r) > 0 {
+		t.Fatalf("pod %s restarted without the owner's ask: %+v", r[0].Pod, r)
 	}
 	if got := fw.RedisPods(t, rc)[0]; got.UID != p.UID {
 		t.Fatalf("the pod was replaced (%s, was %s)", got.UID, p.UID)
@@ -156,8 +156,8 @@ func TestSingleReplicaWithoutStorageIsNotRestarted(t *testing.T) {
 	framework.Eventually(t, 3*time.Minute, func() string {
 		cur := fw.Get(t, rc)
 		c := meta.FindStatusCondition(cur.Status.Conditions, v1alpha1.ConditionDataPlaneCurrent)
-		if len(rw.seen()) != 1 || c == nil || c.Status != metav1.ConditionTrue || cur.Status.DataPlaneUpgradeAcknowledged != "now" {
-			return fmt.Sprintf("%d restarts, condition %+v, acknowledged %q", len(rw.seen()), c, cur.Status.DataPlaneUpgradeAcknowledged)
+		if len(rw.Terminations()) != 1 || c == nil || c.Status != metav1.ConditionTrue || cur.Status.DataPlaneUpgradeAcknowledged != "now" {
+			return fmt.Sprintf("%d restarts, condition %+v, acknowledged %q", len(rw.Terminations()), c, cur.Status.DataPlaneUpgradeAcknowledged)
 		}
 		return ""
 	})

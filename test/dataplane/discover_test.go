@@ -2,10 +2,8 @@ package dataplane
 
 import (
 	"context"
-	"fmt"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -13,7 +11,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -21,84 +18,6 @@ import (
 	"github.com/keyroll/keyroll/test/framework"
 	"github.com/keyroll/keyroll/test/testground"
 )
-
-// consumerPodWatch follows the consumer pods of a namespace and records, at each moment a pod
-// began to terminate, the live pods (not terminating) that were not Ready then, and the lowest
-// count of Ready live pods of each workload.
-type consumerPodWatch struct {
-	mu       sync.Mutex
-	pods     map[string]*corev1.Pod
-	breaks   []string // "pod X terminated while Y was not Ready"
-	deleted  []deletion
-	minReady map[string]int
-	w        watch.Interface
-}
-
-type deletion struct {
-	pod string
-	at  time.Time
-}
-
-func watchConsumerPods(t *testing.T, ns string, apps ...string) *consumerPodWatch {
-	t.Helper()
-	w, err := fw.Clientset.CoreV1().Pods(ns).Watch(context.Background(), metav1.ListOptions{LabelSelector: "app in (" + strings.Join(apps, ",") + ")"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cw := &consumerPodWatch{pods: map[string]*corev1.Pod{}, minReady: map[string]int{}, w: w}
-	go func() {
-		for ev := range w.ResultChan() {
-			if p, ok := ev.Object.(*corev1.Pod); ok && ev.Type != watch.Error {
-				cw.saw(p, ev.Type == watch.Deleted)
-			}
-		}
-	}()
-	t.Cleanup(w.Stop)
-	return cw
-}
-
-func (cw *consumerPodWatch) saw(p *corev1.Pod, gone bool) {
-	cw.mu.Lock()
-	defer cw.mu.Unlock()
-	was := cw.pods[p.Name]
-	if gone {
-		delete(cw.pods, p.Name)
-	} else {
-		cw.pods[p.Name] = p.DeepCopy()
-	}
-	if !p.DeletionTimestamp.IsZero() && (was == nil || was.DeletionTimestamp.IsZero()) && !gone {
-		cw.deleted = append(cw.deleted, deletion{pod: p.Name, at: time.Now()})
-		for _, o := range cw.pods {
-			if o.Name != p.Name && o.DeletionTimestamp.IsZero() && !framework.PodReady(o) {
-				cw.breaks = append(cw.breaks, fmt.Sprintf("pod %s began to terminate while %s was not Ready", p.Name, o.Name))
-			}
-		}
-	}
-	ready := map[string]int{}
-	for _, o := range cw.pods {
-		if o.DeletionTimestamp.IsZero() && framework.PodReady(o) {
-			ready[o.Labels["app"]]++
-		}
-	}
-	for app := range cw.minReady {
-		cw.minReady[app] = min(cw.minReady[app], ready[app])
-	}
-}
-
-// start records the Ready counts from now on (after the consumers came up).
-func (cw *consumerPodWatch) start(apps ...string) {
-	cw.mu.Lock()
-	defer cw.mu.Unlock()
-	for _, app := range apps {
-		n := 0
-		for _, o := range cw.pods {
-			if o.Labels["app"] == app && o.DeletionTimestamp.IsZero() && framework.PodReady(o) {
-				n++
-			}
-		}
-		cw.minReady[app] = n
-	}
-}
 
 // TestDiscoveredConsumersAreRolled: with rollout.discoverConsumers, a Deployment that takes the
 // credential from env variables and a StatefulSet that mounts it, neither listed, are restarted
@@ -113,7 +32,7 @@ func TestDiscoveredConsumersAreRolled(t *testing.T) {
 	oldUser, oldPass, _ := fw.Credentials(rc)
 	oldLease := rc.Status.Credential.LeaseID
 
-	cw := watchConsumerPods(t, ns, "api", "worker")
+	cw := fw.WatchPods(t, ns, "app in (api,worker)")
 	api := fw.StartConsumers(t, ns, "api", 2, "cache:6379", "cache-credentials", framework.CredentialFromEnv("cache-credentials"))
 	worker := fw.StartConsumerSet(t, ns, "worker", 2, "cache:6379", "cache-credentials")
 	nightly := &batchv1.CronJob{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "nightly"}, Spec: batchv1.CronJobSpec{
@@ -125,7 +44,7 @@ func TestDiscoveredConsumersAreRolled(t *testing.T) {
 		}}}},
 	}}
 	fw.Create(t, nightly)
-	cw.start("api", "worker")
+	cw.CountReady("app")
 
 	fw.RotateNow(t, rc)
 	rotated := time.Now()
@@ -171,23 +90,21 @@ func TestDiscoveredConsumersAreRolled(t *testing.T) {
 		t.Errorf("no ConsumersDiscovered event naming CronJob/nightly")
 	}
 
-	cw.mu.Lock()
-	breaks, deleted, minReady := slices.Clone(cw.breaks), slices.Clone(cw.deleted), cw.minReady
-	cw.mu.Unlock()
-	for _, b := range breaks {
-		t.Error(b)
-	}
+	terms, minReady := cw.Terminations(), cw.FewestReady()
 	var order []string
 	lastAPI, firstWorker := time.Time{}, time.Time{}
-	for _, d := range deleted {
-		order = append(order, d.pod)
-		if strings.HasPrefix(d.pod, "api-") {
-			lastAPI = d.at
+	for _, d := range terms {
+		order = append(order, d.Pod)
+		if others := d.LiveNotReady(); len(others) > 0 {
+			t.Errorf("pod %s began to terminate while %v were not Ready", d.Pod, others)
+		}
+		if strings.HasPrefix(d.Pod, "api-") {
+			lastAPI = d.At
 		} else if firstWorker.IsZero() {
-			firstWorker = d.at
+			firstWorker = d.At
 		}
 	}
-	if len(deleted) != 4 || lastAPI.IsZero() || firstWorker.IsZero() || firstWorker.Before(lastAPI) {
+	if len(terms) != 4 || lastAPI.IsZero() || firstWorker.IsZero() || firstWorker.Before(lastAPI) {
 		t.Errorf("pods ended in order %v; want the two of api, then the two of worker", order)
 	}
 	if minReady["api"] < 2 || minReady["worker"] < 1 {

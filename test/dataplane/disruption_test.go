@@ -105,15 +105,15 @@ func changeTemplate(t *testing.T, rc *v1alpha1.RedisCluster, cpu string) {
 }
 
 // waitRestartOf waits until the watch has seen pod's deletion begin.
-func waitRestartOf(t *testing.T, rw *restartWatch, pod string) {
+func waitRestartOf(t *testing.T, rw *framework.PodWatch, pod string) {
 	t.Helper()
 	framework.Eventually(t, 2*time.Minute, func() string {
-		for _, r := range rw.seen() {
-			if r.pod == pod {
+		for _, r := range rw.Terminations() {
+			if r.Pod == pod {
 				return ""
 			}
 		}
-		return fmt.Sprintf("%s not restarted yet (restarts %+v)", pod, rw.seen())
+		return fmt.Sprintf("%s not restarted yet (restarts %+v)", pod, rw.Terminations())
 	})
 }
 
@@ -160,12 +160,12 @@ func TestEvictedPodDuringRolloutIsWaitedFor(t *testing.T) {
 	}
 	final := rolledOut(t, rc, 3, "20m")
 
-	restarts := rw.seen()
+	restarts := rw.Terminations()
 	var order []string
 	for i, r := range restarts {
-		order = append(order, r.pod)
-		if i != 1 && len(r.notReady) > 0 { // the second is the test's own deletion
-			t.Errorf("keyroll restarted %s while %v were not Ready", r.pod, r.notReady)
+		order = append(order, r.Pod)
+		if i != 1 && len(r.NotReady) > 0 { // the second is the test's own deletion
+			t.Errorf("keyroll restarted %s while %v were not Ready", r.Pod, r.NotReady)
 		}
 	}
 	if want := []string{"cache-2", "cache-1", "cache-0"}; !slices.Equal(order, want) {
@@ -211,8 +211,8 @@ func TestScaleDownDuringRolloutFinishes(t *testing.T) {
 		}
 	}
 	var order []string
-	for _, r := range rw.seen() {
-		order = append(order, r.pod)
+	for _, r := range rw.Terminations() {
+		order = append(order, r.Pod)
 	}
 	t.Logf("pods deleted, in order: %v (cache-2 by the rollout, then by the scale-down)", order)
 }

@@ -4,85 +4,22 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"sync"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/watch"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
 	"github.com/keyroll/keyroll/test/framework"
 )
 
-// restart is what a watch of the Redis pods saw as one of them began its deletion.
-type restart struct {
-	pod  string
-	at   time.Time
-	role string // its role label then
-	// notReady are the other pods that were not Ready then.
-	notReady []string
-}
-
-// restartWatch records, for every Redis pod of a cluster whose deletion begins, its role and
-// the pods that were not Ready at that moment.
-type restartWatch struct {
-	mu       sync.Mutex
-	latest   map[string]*corev1.Pod
-	deleting map[string]bool // by pod UID
-	restarts []restart
-}
-
-func watchRestarts(t *testing.T, rc *v1alpha1.RedisCluster) *restartWatch {
+// watchRestarts follows the Redis pods of rc: their terminations, in order.
+func watchRestarts(t *testing.T, rc *v1alpha1.RedisCluster) *framework.PodWatch {
 	t.Helper()
-	w, err := fw.Clientset.CoreV1().Pods(rc.Namespace).Watch(context.Background(), metav1.ListOptions{LabelSelector: v1alpha1.LabelCluster + "=" + rc.Name})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rw := &restartWatch{latest: map[string]*corev1.Pod{}, deleting: map[string]bool{}}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for ev := range w.ResultChan() {
-			p, ok := ev.Object.(*corev1.Pod)
-			if !ok || ev.Type == watch.Error {
-				continue
-			}
-			rw.saw(p, ev.Type == watch.Deleted)
-		}
-	}()
-	t.Cleanup(func() { w.Stop(); <-done })
-	return rw
-}
-
-func (rw *restartWatch) saw(p *corev1.Pod, gone bool) {
-	rw.mu.Lock()
-	defer rw.mu.Unlock()
-	if (p.DeletionTimestamp != nil || gone) && !rw.deleting[string(p.UID)] {
-		rw.deleting[string(p.UID)] = true
-		r := restart{pod: p.Name, at: time.Now(), role: p.Labels[v1alpha1.LabelRole]}
-		for name, o := range rw.latest {
-			if name != p.Name && !framework.PodReady(o) {
-				r.notReady = append(r.notReady, name)
-			}
-		}
-		rw.restarts = append(rw.restarts, r)
-	}
-	if gone {
-		delete(rw.latest, p.Name)
-		return
-	}
-	rw.latest[p.Name] = p.DeepCopy()
-}
-
-func (rw *restartWatch) seen() []restart {
-	rw.mu.Lock()
-	defer rw.mu.Unlock()
-	return slices.Clone(rw.restarts)
+	return fw.WatchPods(t, rc.Namespace, v1alpha1.LabelCluster+"="+rc.Name)
 }
 
 // The acceptance test of safe restarts (issue 16): three Redis pods with 10,000 keys and two
@@ -129,8 +66,8 @@ func TestVersionChangeRollsReplicasFirstThenFailsOver(t *testing.T) {
 		if ro := final.Status.Rollout; ro != nil {
 			return fmt.Sprintf("rollout %+v", ro)
 		}
-		if len(rw.seen()) < 3 {
-			return fmt.Sprintf("%d pods restarted", len(rw.seen()))
+		if len(rw.Terminations()) < 3 {
+			return fmt.Sprintf("%d pods restarted", len(rw.Terminations()))
 		}
 		for _, p := range fw.RedisPods(t, rc) {
 			if !framework.PodReady(&p) || p.Spec.Containers[0].Resources.Requests.Cpu().MilliValue() != 10 {
@@ -141,19 +78,19 @@ func TestVersionChangeRollsReplicasFirstThenFailsOver(t *testing.T) {
 	})
 	took := time.Since(start)
 
-	restarts := rw.seen()
+	restarts := rw.Terminations()
 	var order []string
 	for _, r := range restarts {
-		order = append(order, r.pod)
-		if len(r.notReady) > 0 {
-			t.Errorf("%s was restarted while %v were not Ready (not in sync)", r.pod, r.notReady)
+		order = append(order, r.Pod)
+		if len(r.NotReady) > 0 {
+			t.Errorf("%s was restarted while %v were not Ready (not in sync)", r.Pod, r.NotReady)
 		}
 	}
 	if want := []string{"cache-2", "cache-1", "cache-0"}; !slices.Equal(order, want) {
 		t.Fatalf("restart order %v, want %v: replicas first, the primary last, each once", order, want)
 	}
-	if r := restarts[2]; r.role != v1alpha1.RoleReplica {
-		t.Errorf("cache-0 began its restart labelled %q: want replica, its primary role handed over first", r.role)
+	if r := restarts[2]; r.Labels[v1alpha1.LabelRole] != v1alpha1.RoleReplica {
+		t.Errorf("cache-0 began its restart labelled %q: want replica, its primary role handed over first", r.Labels[v1alpha1.LabelRole])
 	}
 	newPrimary := final.Status.Primary
 	if newPrimary != "cache-1" && newPrimary != "cache-2" {
@@ -226,10 +163,10 @@ func TestVersionChangeRollsReplicasFirstThenFailsOver(t *testing.T) {
 	}
 }
 
-func restartTimes(rs []restart, start time.Time) []string {
+func restartTimes(rs []framework.Termination, start time.Time) []string {
 	var out []string
 	for _, r := range rs {
-		out = append(out, r.at.Sub(start).Round(10*time.Millisecond).String())
+		out = append(out, r.At.Sub(start).Round(10*time.Millisecond).String())
 	}
 	return out
 }

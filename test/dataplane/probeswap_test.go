@@ -1,16 +1,12 @@
 package dataplane
 
 import (
-	"context"
 	"fmt"
 	"slices"
-	"sync"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/watch"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
 	"github.com/keyroll/keyroll/controllers/render"
@@ -39,34 +35,6 @@ func probeRunOf(p *corev1.Pod) probeRun {
 	return r
 }
 
-// readyWatch records every moment a pod of the cluster was seen not Ready.
-type readyWatch struct {
-	mu       sync.Mutex
-	notReady map[string][]time.Time
-}
-
-func watchReady(t *testing.T, rc *v1alpha1.RedisCluster) *readyWatch {
-	t.Helper()
-	w, err := fw.Clientset.CoreV1().Pods(rc.Namespace).Watch(context.Background(), metav1.ListOptions{LabelSelector: v1alpha1.LabelCluster + "=" + rc.Name})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rw := &readyWatch{notReady: map[string][]time.Time{}}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for ev := range w.ResultChan() {
-			if p, ok := ev.Object.(*corev1.Pod); ok && ev.Type != watch.Error && !framework.PodReady(p) {
-				rw.mu.Lock()
-				rw.notReady[p.Name] = append(rw.notReady[p.Name], time.Now())
-				rw.mu.Unlock()
-			}
-		}
-	}()
-	t.Cleanup(func() { w.Stop(); <-done })
-	return rw
-}
-
 // A new probe image, as a keyroll upgrade that keeps the data plane brings (another tag of the
 // same content here), goes onto the running Redis pods in place: the kubelet restarts each pod's
 // probe sidecar and nothing else, one pod at a time, replicas first and the primary last. Every
@@ -89,7 +57,7 @@ func TestNewProbeImageGoesOnThePodsInPlace(t *testing.T) {
 	if err := fw.Ground.Node.TagImage(testground.ProbeImage, swapped); err != nil {
 		t.Fatal(err)
 	}
-	ready := watchReady(t, rc)
+	ready := fw.WatchPods(t, ns, v1alpha1.LabelCluster+"="+rc.Name)
 	_, failedBefore, _ := app.Totals()
 
 	start := time.Now()
@@ -130,8 +98,6 @@ func TestNewProbeImageGoesOnThePodsInPlace(t *testing.T) {
 	if want := []string{"cache-2", "cache-1", "cache-0"}; !slices.Equal(order, want) {
 		t.Errorf("probe sidecars changed in the order %v, want %v", order, want)
 	}
-	ready.mu.Lock()
-	defer ready.mu.Unlock()
 	t.Logf("every probe sidecar changed in place %s after the manager restarted with the new image; Redis containers and pods kept; not-Ready moments seen: %v",
-		took.Round(100*time.Millisecond), ready.notReady)
+		took.Round(100*time.Millisecond), ready.NotReadySeen())
 }

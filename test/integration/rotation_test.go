@@ -12,89 +12,20 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/watch"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/keyroll/keyroll/apis/v1alpha1"
 	"github.com/keyroll/keyroll/test/framework"
 )
 
-// podRecorder follows the Redis pods of a cluster through a watch and records each restart (the
-// moment a pod is marked for deletion) with the state of the other pods at that moment.
-type podRecorder struct {
-	mu       sync.Mutex
-	pods     map[string]*corev1.Pod
-	restarts []restart
-}
-
-type restart struct {
-	pod            string
-	version        string // the credential version the pod ran
-	detail         string // the watch event that marked it
-	othersReady    bool
-	othersNotReady []string
-}
-
+// recordPods follows the Redis pods of cluster ns/name: their restarts (the moment a pod is marked
+// for deletion) with the state of the other pods then.
 func recordPods(t *testing.T, ns, cluster string) *podRecorder {
 	t.Helper()
-	w, err := fw.Clientset.CoreV1().Pods(ns).Watch(context.Background(), metav1.ListOptions{LabelSelector: v1alpha1.LabelCluster + "=" + cluster})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rec := &podRecorder{pods: map[string]*corev1.Pod{}}
-	go func() {
-		for ev := range w.ResultChan() {
-			p, ok := ev.Object.(*corev1.Pod)
-			if !ok {
-				continue
-			}
-			rec.observe(ev.Type, p)
-		}
-	}()
-	t.Cleanup(w.Stop)
-	return rec
+	return &podRecorder{fw.WatchPods(t, ns, v1alpha1.LabelCluster+"="+cluster)}
 }
 
-func (r *podRecorder) observe(typ watch.EventType, p *corev1.Pod) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	old := r.pods[p.Name]
-	marked := p.DeletionTimestamp != nil && (old == nil || old.UID != p.UID || old.DeletionTimestamp == nil)
-	if typ == watch.Deleted && old != nil && old.UID == p.UID && old.DeletionTimestamp == nil {
-		marked = true
-	}
-	if marked {
-		oldState := "none"
-		if old != nil {
-			oldState = fmt.Sprintf("uid %s deleting %v", old.UID, old.DeletionTimestamp != nil)
-		}
-		rs := restart{pod: p.Name, version: p.Annotations[v1alpha1.AnnotationCredentialVersion], othersReady: true, detail: fmt.Sprintf("%s %s uid %s rv %s (before: %s)", typ, p.Name, p.UID, p.ResourceVersion, oldState)}
-		for name, o := range r.pods {
-			if name != p.Name && !isReady(o) {
-				rs.othersReady = false
-				rs.othersNotReady = append(rs.othersNotReady, name)
-			}
-		}
-		r.restarts = append(r.restarts, rs)
-	}
-	if typ == watch.Deleted {
-		if old != nil && old.UID == p.UID {
-			delete(r.pods, p.Name)
-		}
-		return
-	}
-	r.pods[p.Name] = p
-}
-
-func (r *podRecorder) snapshot() ([]restart, map[string]*corev1.Pod) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	pods := map[string]*corev1.Pod{}
-	for k, v := range r.pods {
-		pods[k] = v
-	}
-	return slices.Clone(r.restarts), pods
-}
+type podRecorder struct{ *framework.PodWatch }
 
 // checkOneAtATime checks that the pods on a superseded credential were restarted in the order
 // given (replicas first, the primary last), each while every other pod was Ready. keyroll only
@@ -102,17 +33,18 @@ func (r *podRecorder) snapshot() ([]restart, map[string]*corev1.Pod) {
 // deleted by someone else (logged, not counted).
 func (r *podRecorder) checkOneAtATime(t *testing.T, newVersion string, order ...string) {
 	t.Helper()
-	restarts, _ := r.snapshot()
 	var got, details []string
-	for _, rs := range restarts {
-		details = append(details, rs.detail)
-		if rs.version == newVersion {
-			t.Logf("pod %s was deleted while it already ran the new credential, not by keyroll: %s", rs.pod, rs.detail)
+	for _, rs := range r.Terminations() {
+		version := rs.Annotations[v1alpha1.AnnotationCredentialVersion]
+		details = append(details, fmt.Sprintf("%s (credential %s) at %s", rs.Pod, version, rs.At.Format("15:04:05.000")))
+		if version == newVersion {
+			t.Logf("pod %s was deleted while it already ran the new credential, not by keyroll", rs.Pod)
 			continue
 		}
-		got = append(got, rs.pod)
-		if !rs.othersReady {
-			t.Errorf("pod %s was restarted while %v were not Ready", rs.pod, rs.othersNotReady)
+		got = append(got, rs.Pod)
+		// A pod marked for deletion still reports Ready until its kubelet stops it: it counts as not Ready.
+		if others := slices.Compact(slices.Sorted(slices.Values(append(rs.NotReady, rs.Terminating...)))); len(others) > 0 {
+			t.Errorf("pod %s was restarted while %v were not Ready", rs.Pod, others)
 		}
 	}
 	if !slices.Equal(got, order) {
@@ -347,7 +279,7 @@ func TestRestartRotationRestartsRedisPodsOneAtATimeThenConsumersAndRevokesTheOld
 				continue
 			}
 			seen = true
-			_, now := pods.snapshot()
+			now := pods.Pods()
 			consumerMu.Lock()
 			for name, p := range now {
 				if p.Annotations[v1alpha1.AnnotationCredentialVersion] != v || !isReady(p) {
