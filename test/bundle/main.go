@@ -22,6 +22,10 @@ import (
 	"github.com/keyroll/keyroll/test/testground"
 )
 
+// MaintainersEmail is the address the CSV gives for the chart's maintainers (the chart has none,
+// and OperatorHub requires one): set it to the project's real address before publishing there.
+const MaintainersEmail = "maintainers@keyroll.dev"
+
 // Package is the OLM package name, and Channel its one channel.
 const (
 	Package = "keyroll"
@@ -218,7 +222,7 @@ func clusterServiceVersion(ch chart, image string, objs, crds, samples []*unstru
 	}
 	var maintainers []any
 	for _, m := range ch.Maintainers {
-		maintainers = append(maintainers, map[string]any{"name": m.Name, "email": "maintainers@keyroll.dev"})
+		maintainers = append(maintainers, map[string]any{"name": m.Name, "email": MaintainersEmail})
 	}
 	name := Package + ".v" + ch.Version
 	return map[string]any{
