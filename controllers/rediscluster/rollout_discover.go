@@ -178,8 +178,16 @@ func secretReferences(spec *corev1.PodSpec, name string) []string {
 	if len(refs) > 8 {
 		refs = refs[:8]
 	}
+	for i, r := range refs {
+		if len(r) > maxReference { // status.consumers[].references items: an env variable's name has no bound
+			refs[i] = r[:maxReference-3] + "..."
+		}
+	}
 	return refs
 }
+
+// maxReference is the length of a reference status.consumers holds.
+const maxReference = 512
 
 // adoptLoggedIn makes consumers (status.consumers, via LoggedIn) of the Deployments, StatefulSets
 // and DaemonSets in the cluster's namespace among the clients still logged in with a superseded

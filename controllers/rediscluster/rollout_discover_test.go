@@ -51,6 +51,12 @@ func TestSecretReferencesNameEachWay(t *testing.T) {
 			t.Errorf("%s: another Secret's name finds %v", how, got)
 		}
 	}
+	// An env variable's name has no bound; status.consumers[].references items hold 512 bytes.
+	spec := podUsing("orders-credentials", "env")
+	spec.Containers[0].Env[0].Name = strings.Repeat("X", 1000)
+	if got := secretReferences(&spec, "orders-credentials"); len(got) != 1 || len(got[0]) != maxReference {
+		t.Errorf("a long env name gives references of %d bytes", len(got[0]))
+	}
 }
 
 // With rollout.discoverConsumers, a rotation restarts the Deployment and the StatefulSet whose
