@@ -74,29 +74,27 @@ func ReadConsumerStats(podIP string) (ConsumerStats, error) {
 
 // ConsumerDeployment is a Deployment of replicas consumer pods (ConsumerPod), labelled app=name.
 func ConsumerDeployment(namespace, name string, replicas int32, redisAddr, secretName string) *appsv1.Deployment {
-	pod := ConsumerPod(namespace, name, redisAddr, secretName)
+	sel, tmpl := consumerTemplate(namespace, name, redisAddr, secretName)
 	return &appsv1.Deployment{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
-		Spec: appsv1.DeploymentSpec{
-			Replicas: ptr.To(replicas),
-			Selector: &metav1.LabelSelector{MatchLabels: pod.Labels},
-			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: pod.Labels}, Spec: pod.Spec},
-		},
+		Spec:       appsv1.DeploymentSpec{Replicas: ptr.To(replicas), Selector: sel, Template: tmpl},
 	}
 }
 
 // ConsumerStatefulSet is a StatefulSet of replicas consumer pods (ConsumerPod), labelled app=name,
 // rolled one pod at a time (RollingUpdate, the default).
 func ConsumerStatefulSet(namespace, name string, replicas int32, redisAddr, secretName string) *appsv1.StatefulSet {
-	pod := ConsumerPod(namespace, name, redisAddr, secretName)
+	sel, tmpl := consumerTemplate(namespace, name, redisAddr, secretName)
 	return &appsv1.StatefulSet{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
-		Spec: appsv1.StatefulSetSpec{
-			Replicas: ptr.To(replicas),
-			Selector: &metav1.LabelSelector{MatchLabels: pod.Labels},
-			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: pod.Labels}, Spec: pod.Spec},
-		},
+		Spec:       appsv1.StatefulSetSpec{Replicas: ptr.To(replicas), Selector: sel, Template: tmpl},
 	}
+}
+
+// consumerTemplate is ConsumerPod as a workload's selector and pod template.
+func consumerTemplate(namespace, name, redisAddr, secretName string) (*metav1.LabelSelector, corev1.PodTemplateSpec) {
+	pod := ConsumerPod(namespace, name, redisAddr, secretName)
+	return &metav1.LabelSelector{MatchLabels: pod.Labels}, corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: pod.Labels}, Spec: pod.Spec}
 }
 
 // FinalConsumerStats are the counters a consumer pod wrote when it stopped (its termination
