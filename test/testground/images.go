@@ -15,6 +15,7 @@ import (
 	"slices"
 	"strings"
 	"syscall"
+	"time"
 )
 
 // The real node's images, built on this machine and imported into its containerd; nothing is
@@ -96,6 +97,7 @@ func buildImage(work string, spec imageSpec) (string, error) {
 	}
 	cache := imageCacheDir()
 	archive := filepath.Join(cache, fmt.Sprintf("%s-%s.tar", spec.name, key))
+	defer pruneImages(cache, spec.name, archive)
 	if _, err := os.Stat(archive); err == nil {
 		return archive, os.RemoveAll(rootfs)
 	}
@@ -111,6 +113,25 @@ func buildImage(work string, spec imageSpec) (string, error) {
 		return "", fmt.Errorf("ociimage: %w: %s", err, out)
 	}
 	return archive, os.RemoveAll(rootfs)
+}
+
+// unusedImageAge is how long an image archive of an earlier build is kept unused before
+// pruneImages removes it.
+const unusedImageAge = 48 * time.Hour
+
+// pruneImages marks the archive in use as used now, and removes the same image's archives of other
+// inputs that no ground has used for unusedImageAge: each change to the consumer or the probe makes a
+// new archive, and a long-lived machine (CI's) would otherwise fill its disk with them. It is best
+// effort: an archive another ground is importing right now has been used within the age.
+func pruneImages(cache, name, keep string) {
+	now := time.Now()
+	_ = os.Chtimes(keep, now, now)
+	old, _ := filepath.Glob(filepath.Join(cache, name+"-????????????????.tar"))
+	for _, p := range old {
+		if fi, err := os.Stat(p); err == nil && p != keep && now.Sub(fi.ModTime()) > unusedImageAge {
+			_ = os.Remove(p)
+		}
+	}
 }
 
 // treeHash is a short hash of every file's path, mode, owner, link target and content under

@@ -71,6 +71,22 @@ build() {
 		log "$name: built in $(((SECONDS - start) / 60)) min $(((SECONDS - start) % 60)) s"
 	fi
 	ln -sfn "$dir/$name" "$link_dir/$name"
+	prune "$name" "$dir"
+}
+
+# prune NAME KEEP: marks KEEP as used now and removes NAME's other cache entries (those of earlier
+# tool modules or build flags) that no build has used for two days. Without it the cache grows by a
+# binary each time a tool module changes, and a long-lived machine (CI's) runs out of disk.
+prune() {
+	local name=$1 keep=$2 old
+	touch "$keep"
+	for old in "$cache/$name"-????????????????; do
+		[[ -e $old && $old != "$keep" ]] || continue
+		if [[ -z $(find "$old" -maxdepth 0 -mmin -2880) ]]; then
+			rm -rf "$old"
+			log "$name: removed an entry no build has used for two days ($old)"
+		fi
+	done
 }
 
 # Two lanes of about the same CPU time keep both cores busy and stay within memory (Vault peaks at
@@ -116,6 +132,7 @@ vulndb() {
 		log "vulndb: indexed from golang.org/x/vulndb ($dir)"
 	fi
 	ln -sfn "$dir" "$link_dir/vulndb"
+	prune vulndb "$dir"
 }
 
 # kwok refuses to start without stages: take the "fast" node and pod stages from the kwok module
@@ -146,4 +163,4 @@ if ((status != 0)); then
 	log "some test-ground binaries failed to build"
 	exit 1
 fi
-log "test-ground binaries ready in $link_dir ($(((SECONDS - start) / 60)) min)"
+log "test-ground binaries ready in $link_dir ($(((SECONDS - start) / 60)) min; $(df -BG --output=avail "$cache" | tail -1 | tr -d ' ') of disk free beside the cache)"
