@@ -26,7 +26,7 @@ import (
 
 	esv1 "github.com/external-secrets/external-secrets/apis/externalsecrets/v1"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/controllers"
 	"github.com/keyroll/keyroll/controllers/rediscluster"
 	"github.com/keyroll/keyroll/internal/consolelog"
@@ -105,7 +105,7 @@ type managerOptions struct {
 func newScheme() *runtime.Scheme {
 	s := runtime.NewScheme()
 	must(clientgoscheme.AddToScheme(s))
-	must(v1alpha1.AddToScheme(s))
+	must(v1beta1.AddToScheme(s))
 	must(esv1.AddToScheme(s))
 	return s
 }

@@ -18,7 +18,8 @@ const module = "github.com/keyroll/keyroll/"
 // from the wiring down to the API types. This is the only written layout of the packages: what
 // each is for is its package comment, and `make layout` prints both as a table.
 var allowed = map[string][]string{
-	"apis/v1alpha1":          {},
+	"apis/v1beta1":           {},
+	"apis/v1alpha1":          {"apis/v1beta1"},
 	"rotation":               {},
 	"vault":                  {},
 	"redisnode":              {},
@@ -27,16 +28,16 @@ var allowed = map[string][]string{
 	"controllers/conditions": {},
 	"controllers/metrics":    {},
 	"controllers/upkeep":     {},
-	"controllers/apply":      {"apis/v1alpha1"},
-	"controllers/render":     {"apis/v1alpha1"},
-	"controllers/connection": {"apis/v1alpha1", "vault"},
-	"controllers/credential": {"apis/v1alpha1", "controllers/apply", "controllers/conditions", "controllers/connection", "controllers/metrics",
+	"controllers/apply":      {"apis/v1beta1"},
+	"controllers/render":     {"apis/v1beta1"},
+	"controllers/connection": {"apis/v1beta1", "vault"},
+	"controllers/credential": {"apis/v1beta1", "controllers/apply", "controllers/conditions", "controllers/connection", "controllers/metrics",
 		"controllers/render", "controllers/statustime", "controllers/stoppoint", "rotation", "vault"},
-	"controllers/vaultconnection": {"apis/v1alpha1", "controllers/apply", "controllers/conditions", "controllers/connection", "controllers/metrics",
+	"controllers/vaultconnection": {"apis/v1beta1", "controllers/apply", "controllers/conditions", "controllers/connection", "controllers/metrics",
 		"controllers/statustime", "vault"},
-	"controllers/rediscluster": {"apis/v1alpha1", "controllers/apply", "controllers/conditions", "controllers/connection", "controllers/credential",
+	"controllers/rediscluster": {"apis/v1beta1", "controllers/apply", "controllers/conditions", "controllers/connection", "controllers/credential",
 		"controllers/metrics", "controllers/render", "controllers/statustime", "controllers/stoppoint", "controllers/upkeep", "redisnode", "rotation", "vault"},
-	"controllers": {"apis/v1alpha1", "controllers/apply", "controllers/connection", "controllers/metrics", "controllers/rediscluster",
+	"controllers": {"apis/v1beta1", "controllers/apply", "controllers/connection", "controllers/metrics", "controllers/rediscluster",
 		"controllers/vaultconnection", "vault"},
 }
 
@@ -59,7 +60,7 @@ func TestImportsGoOneWay(t *testing.T) {
 			continue
 		}
 		for _, imp := range p.Imports {
-			if (name == "vault" || name == "redisnode" || name == "rotation" || name == "apis/v1alpha1") && strings.HasPrefix(imp, "sigs.k8s.io/controller-runtime/pkg/client") {
+			if (name == "vault" || name == "redisnode" || name == "rotation" || name == "apis/v1alpha1" || name == "apis/v1beta1") && strings.HasPrefix(imp, "sigs.k8s.io/controller-runtime/pkg/client") {
 				t.Errorf("%s imports %s: it takes and returns plain values", name, imp)
 			}
 			if !strings.HasPrefix(imp, module) {

@@ -23,7 +23,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/controllers/apply"
 	"github.com/keyroll/keyroll/controllers/connection"
 	"github.com/keyroll/keyroll/controllers/metrics"
@@ -62,8 +62,8 @@ type Options struct {
 // With a selector (--watch-selector), only the RedisClusters and VaultConnections it matches are
 // seen: the manager leaves every other one, and what belongs to it, alone.
 func CacheOptions(cfg *rest.Config, selector labels.Selector) cache.Options {
-	managed := cache.ByObject{Label: labels.SelectorFromSet(labels.Set{v1alpha1.LabelManagedBy: v1alpha1.ManagedByValue})}
-	redisPods, _ := labels.Parse(v1alpha1.LabelCluster)
+	managed := cache.ByObject{Label: labels.SelectorFromSet(labels.Set{v1beta1.LabelManagedBy: v1beta1.ManagedByValue})}
+	redisPods, _ := labels.Parse(v1beta1.LabelCluster)
 	opts := cache.Options{ByObject: map[client.Object]cache.ByObject{
 		&corev1.Secret{}: managed, &corev1.ConfigMap{}: managed, &corev1.Service{}: managed,
 		&appsv1.StatefulSet{}: managed, &policyv1.PodDisruptionBudget{}: managed, &networkingv1.NetworkPolicy{}: managed,
@@ -71,8 +71,8 @@ func CacheOptions(cfg *rest.Config, selector labels.Selector) cache.Options {
 		&corev1.Pod{}: {Label: redisPods},
 	}, DefaultTransform: apply.KeepOwnManagedFields}
 	if selector != nil && !selector.Empty() {
-		opts.ByObject[&v1alpha1.RedisCluster{}] = cache.ByObject{Label: selector}
-		opts.ByObject[&v1alpha1.VaultConnection{}] = cache.ByObject{Label: selector}
+		opts.ByObject[&v1beta1.RedisCluster{}] = cache.ByObject{Label: selector}
+		opts.ByObject[&v1beta1.VaultConnection{}] = cache.ByObject{Label: selector}
 	}
 	if ExternalSecretsServed(cfg) { // a cache setting for a kind the API server does not serve fails
 		opts.ByObject[&esv1.ExternalSecret{}] = managed

@@ -1,4 +1,5 @@
-// Package v1alpha1 holds the keyroll.dev/v1alpha1 API: RedisCluster (namespaced), for owners of Redis
+// Package v1alpha1 holds the keyroll.dev/v1alpha1 API, deprecated (served, converted to and from
+// v1beta1, the storage version, by the conversion webhook): RedisCluster (namespaced), for owners of Redis
 // clusters whose credentials come from Vault, and VaultConnection (cluster-scoped), for Vault
 // administrators. It imports nothing else of keyroll's.
 //

@@ -432,6 +432,7 @@ type TokenStatus struct {
 //
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
+// +kubebuilder:deprecatedversion:warning="keyroll.dev/v1alpha1 VaultConnection is deprecated: use keyroll.dev/v1beta1 (docs/redis-cluster-owners.md, API versions)"
 // +kubebuilder:resource:scope=Cluster,shortName=vc;vconn,categories=keyroll
 // +kubebuilder:printcolumn:name="Address",type=string,JSONPath=`.spec.address`
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`

@@ -20,11 +20,11 @@ func TestImportsOnlyTheAPI(t *testing.T) {
 			continue
 		}
 		seen++
-		if p != module+"apis/v1alpha1" {
-			t.Errorf("kubectl-keyroll depends on %s; it may use apis/v1alpha1 only", p)
+		if p != module+"apis/v1beta1" {
+			t.Errorf("kubectl-keyroll depends on %s; it may use apis/v1beta1 only", p)
 		}
 	}
 	if seen != 1 {
-		t.Errorf("kubectl-keyroll depends on %d packages of keyroll's, want apis/v1alpha1 alone", seen)
+		t.Errorf("kubectl-keyroll depends on %d packages of keyroll's, want apis/v1beta1 alone", seen)
 	}
 }

@@ -9,14 +9,14 @@ import (
 	"k8s.io/cli-runtime/pkg/printers"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 )
 
 // leaseView is one lease of a ledger, with the RedisCluster that holds it.
 type leaseView struct {
 	Namespace string `json:"namespace"`
 	Cluster   string `json:"cluster"`
-	v1alpha1.LeaseRecord
+	v1beta1.LeaseRecord
 }
 
 type leaseList struct {
@@ -42,7 +42,7 @@ func (o *options) leases(ctx context.Context, all bool) error {
 	if err != nil {
 		return err
 	}
-	list := &v1alpha1.RedisClusterList{}
+	list := &v1beta1.RedisClusterList{}
 	var opts []client.ListOption
 	if !all {
 		opts = append(opts, client.InNamespace(ns))

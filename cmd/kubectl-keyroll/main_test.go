@@ -19,7 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/yaml"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 )
 
 var now = time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
@@ -29,38 +29,39 @@ func at(d time.Duration) *metav1.Time { return ptr.To(metav1.NewTime(now.Add(d))
 // rolling is a RedisCluster in the middle of a rotation that restarts its Redis pods
 // (rollout.redisPods Restart): a new Active lease, the superseded one still live, every node
 // confirmed with the new user, one of three pods updated and one in flight.
-func rolling(namespace, name string) *v1alpha1.RedisCluster {
-	return &v1alpha1.RedisCluster{
+func rolling(namespace, name string) *v1beta1.RedisCluster {
+	return &v1beta1.RedisCluster{
 		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name,
-			Annotations: map[string]string{v1alpha1.AnnotationRotateNow: "1"}},
-		Spec: v1alpha1.RedisClusterSpec{
+			Annotations: map[string]string{v1beta1.AnnotationRotateNow: "1"}},
+		Spec: v1beta1.RedisClusterSpec{
 			Replicas: 3,
-			Credentials: v1alpha1.CredentialsSpec{Source: v1alpha1.SourceVaultLease, VaultLease: &v1alpha1.VaultLeaseSource{
-				ConnectionRef: v1alpha1.ConnectionReference{Name: "vault"}, Path: "database/creds/orders"}},
-			Rotation: v1alpha1.RotationSpec{Schedule: "0 3 * * *"},
-			Rollout: v1alpha1.RolloutSpec{RedisPods: v1alpha1.RedisPodsRestart,
-				Consumers: []v1alpha1.ConsumerReference{{Kind: "Deployment", Name: "orders-api"}}},
+			Credentials: v1beta1.CredentialsSpec{Source: v1beta1.SourceVaultLease, VaultLease: &v1beta1.VaultLeaseSource{
+				ConnectionRef: v1beta1.ConnectionReference{Name: "vault"}, Path: "database/creds/orders"}},
+			Rotation: v1beta1.RotationSpec{Schedule: "0 3 * * *"},
+			Rollout: v1beta1.RolloutSpec{RedisPods: v1beta1.RedisPodsRestart,
+				Consumers: []v1beta1.ConsumerReference{{Kind: "Deployment", Name: "orders-api"}}},
 		},
-		Status: v1alpha1.RedisClusterStatus{
-			Phase: v1alpha1.PhaseRolling, ReadyReplicas: 3, RotateNowAcknowledged: "1", Primary: name + "-1",
-			Nodes: []v1alpha1.NodeStatus{
+		Status: v1beta1.RedisClusterStatus{
+			Phase: v1beta1.PhaseRolling, ReadyReplicas: 3, RotateNowAcknowledged: "1", Primary: name + "-1",
+			Nodes: []v1beta1.NodeStatus{
 				{Pod: name + "-0", UsersVersion: "u2hash", ConfirmedAt: at(-30 * time.Second)},
 				{Pod: name + "-1", UsersVersion: "u2hash", ConfirmedAt: at(-30 * time.Second)},
 				{Pod: name + "-2", UsersVersion: "u2hash", ConfirmedAt: at(-30 * time.Second)},
 			},
-			Conditions: []metav1.Condition{{Type: v1alpha1.ConditionReady, Status: metav1.ConditionTrue, Reason: v1alpha1.ReasonAvailable,
+			Conditions: []metav1.Condition{{Type: v1beta1.ConditionReady, Status: metav1.ConditionTrue, Reason: v1beta1.ReasonAvailable,
 				Message: "credential issued", LastTransitionTime: *at(-5 * time.Minute)}},
-			Credential: &v1alpha1.CredentialStatus{
-				Version: "v2hash", Source: v1alpha1.SourceVaultLease, Username: "V_TOKEN_ORDERS_NEW",
-				LeaseID: "database/creds/orders/new", IssuedAt: at(-time.Minute), ExpiresAt: at(9 * time.Minute),
-				Renewable: true, TokenAccessor: "acc-new", NextRenewal: at(5 * time.Minute),
+			Credential: &v1beta1.CredentialStatus{
+				Version: "v2hash", Source: v1beta1.SourceVaultLease, Username: "V_TOKEN_ORDERS_NEW",
+				IssuedAt:     at(-time.Minute),
+				Lease:        v1beta1.CredentialLease{LeaseID: "database/creds/orders/new", ExpiresAt: at(9 * time.Minute), Renewable: true, NextRenewal: at(5 * time.Minute)},
+				VaultLease:   v1beta1.VaultLeaseCredential{TokenAccessor: "acc-new"},
 				LastRotation: at(-time.Minute), NextRotation: at(15 * time.Hour),
 			},
-			Leases: []v1alpha1.LeaseRecord{
-				{LeaseID: "database/creds/orders/new", State: v1alpha1.LeaseActive, Version: "v2hash", Connection: "vault", TokenAccessor: "acc-new", ExpiresAt: at(9 * time.Minute)},
-				{LeaseID: "database/creds/orders/old", State: v1alpha1.LeaseSuperseded, Version: "v1hash", Connection: "vault", TokenAccessor: "acc-old", ExpiresAt: at(3 * time.Minute)},
+			Leases: []v1beta1.LeaseRecord{
+				{LeaseID: "database/creds/orders/new", State: v1beta1.LeaseActive, Version: "v2hash", Connection: "vault", TokenAccessor: "acc-new", ExpiresAt: at(9 * time.Minute)},
+				{LeaseID: "database/creds/orders/old", State: v1beta1.LeaseSuperseded, Version: "v1hash", Connection: "vault", TokenAccessor: "acc-old", ExpiresAt: at(3 * time.Minute)},
 			},
-			Rollout: &v1alpha1.RolloutStatus{TargetVersion: "v2hash", PodsUpdated: 1, PodInFlight: name + "-1",
+			Rollout: &v1beta1.RolloutStatus{TargetVersion: "v2hash", PodsUpdated: 1, PodInFlight: name + "-1",
 				PodRestartedAt: at(-20 * time.Second), StartedAt: at(-time.Minute)},
 		},
 	}
@@ -73,13 +74,13 @@ type env struct {
 func newEnv(t *testing.T, objs ...client.Object) *env {
 	t.Helper()
 	s := runtime.NewScheme()
-	if err := v1alpha1.AddToScheme(s); err != nil {
+	if err := v1beta1.AddToScheme(s); err != nil {
 		t.Fatal(err)
 	}
 	if err := corev1.AddToScheme(s); err != nil {
 		t.Fatal(err)
 	}
-	c := fake.NewClientBuilder().WithScheme(s).WithStatusSubresource(&v1alpha1.RedisCluster{}).WithObjects(objs...).Build()
+	c := fake.NewClientBuilder().WithScheme(s).WithStatusSubresource(&v1beta1.RedisCluster{}).WithObjects(objs...).Build()
 	return &env{c: c}
 }
 
@@ -105,9 +106,9 @@ func (e *env) run(t *testing.T, args ...string) (stdout, stderr string, err erro
 	return out.String(), errOut.String(), err
 }
 
-func (e *env) get(t *testing.T, namespace, name string) *v1alpha1.RedisCluster {
+func (e *env) get(t *testing.T, namespace, name string) *v1beta1.RedisCluster {
 	t.Helper()
-	rc := &v1alpha1.RedisCluster{}
+	rc := &v1beta1.RedisCluster{}
 	if err := e.c.Get(context.Background(), client.ObjectKey{Namespace: namespace, Name: name}, rc); err != nil {
 		t.Fatal(err)
 	}
@@ -149,8 +150,8 @@ func TestStatusShowsLedgerRolloutAndSchedule(t *testing.T) {
 // named.
 func TestStatusInLiveModeShowsTheNodesNotPodRestarts(t *testing.T) {
 	rc := rolling("default", "orders")
-	rc.Spec.Rollout.RedisPods = v1alpha1.RedisPodsLive
-	rc.Status.Rollout = &v1alpha1.RolloutStatus{TargetVersion: "v2hash", ConsumersUpdated: 1, StartedAt: at(-time.Minute)}
+	rc.Spec.Rollout.RedisPods = v1beta1.RedisPodsLive
+	rc.Status.Rollout = &v1beta1.RolloutStatus{TargetVersion: "v2hash", ConsumersUpdated: 1, StartedAt: at(-time.Minute)}
 	rc.Status.RetiringUsers = []string{"V_TOKEN_ORDERS_OLD"}
 	out, _, err := newEnv(t, rc).run(t, "status", "orders")
 	if err != nil {
@@ -173,7 +174,7 @@ func TestStatusInLiveModeShowsTheNodesNotPodRestarts(t *testing.T) {
 // address.
 func TestStatusShowsWhoStillUsesTheOldCredential(t *testing.T) {
 	rc := rolling("default", "orders")
-	rc.Status.OldUserClients = []v1alpha1.OldUserClient{
+	rc.Status.OldUserClients = []v1beta1.OldUserClient{
 		{User: "V_OLD", Workload: "Deployment/report", Address: "10.0.0.9", Connections: 3, Since: at(-2 * time.Minute)},
 		{User: "V_OLD", Address: "192.0.2.7", Connections: 1, Since: at(-time.Minute)},
 	}
@@ -192,10 +193,10 @@ func TestStatusShowsWhoStillUsesTheOldCredential(t *testing.T) {
 // restarts it.
 func TestStatusShowsTheConsumersUsed(t *testing.T) {
 	rc := rolling("default", "orders")
-	rc.Status.Consumers = []v1alpha1.ConsumerInUse{
-		{Kind: "Deployment", Name: "api", Via: v1alpha1.ConsumerListed, Restarted: true},
-		{Kind: "StatefulSet", Name: "worker", Via: v1alpha1.ConsumerDiscovered, References: []string{"volume creds"}, Restarted: true},
-		{Kind: "CronJob", Name: "report", Via: v1alpha1.ConsumerDiscovered, References: []string{"envFrom of container app"}},
+	rc.Status.Consumers = []v1beta1.ConsumerInUse{
+		{Kind: "Deployment", Name: "api", Via: v1beta1.ConsumerListed, Restarted: true},
+		{Kind: "StatefulSet", Name: "worker", Via: v1beta1.ConsumerDiscovered, References: []string{"volume creds"}, Restarted: true},
+		{Kind: "CronJob", Name: "report", Via: v1beta1.ConsumerDiscovered, References: []string{"envFrom of container app"}},
 	}
 	out, _, err := newEnv(t, rc).run(t, "status", "orders")
 	if err != nil {
@@ -210,7 +211,7 @@ func TestStatusShowsTheConsumersUsed(t *testing.T) {
 
 func TestStatusOfAFreshClusterSaysWhatIsMissing(t *testing.T) {
 	rc := rolling("default", "fresh")
-	rc.Status = v1alpha1.RedisClusterStatus{}
+	rc.Status = v1beta1.RedisClusterStatus{}
 	rc.Annotations = nil
 	out, _, err := newEnv(t, rc).run(t, "status", "fresh")
 	if err != nil {
@@ -233,8 +234,8 @@ func TestStatusAsJSONAndYAML(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &v); err != nil {
 		t.Fatalf("-o json is not JSON: %v\n%s", err, out)
 	}
-	if v.Name != "orders" || v.Phase != v1alpha1.PhaseRolling || len(v.Leases) != 2 || v.Leases[1].State != v1alpha1.LeaseSuperseded ||
-		v.Rollout == nil || v.Rollout.PodsUpdated != 1 || v.Credential == nil || v.Credential.NextRenewal == nil || v.Rotation.Pending {
+	if v.Name != "orders" || v.Phase != v1beta1.PhaseRolling || len(v.Leases) != 2 || v.Leases[1].State != v1beta1.LeaseSuperseded ||
+		v.Rollout == nil || v.Rollout.PodsUpdated != 1 || v.Credential == nil || v.Credential.Lease.NextRenewal == nil || v.Rotation.Pending {
 		t.Errorf("-o json: %+v", v)
 	}
 	out, _, err = e.run(t, "status", "orders", "-o", "yaml")
@@ -242,7 +243,7 @@ func TestStatusAsJSONAndYAML(t *testing.T) {
 		t.Fatal(err)
 	}
 	v = clusterView{}
-	if err := yaml.Unmarshal([]byte(out), &v); err != nil || v.Credential == nil || v.Credential.TokenAccessor != "acc-new" {
+	if err := yaml.Unmarshal([]byte(out), &v); err != nil || v.Credential == nil || v.Credential.VaultLease.TokenAccessor != "acc-new" {
 		t.Errorf("-o yaml: %v %+v\n%s", err, v, out)
 	}
 	if _, _, err := e.run(t, "status", "orders", "-o", "wide"); err == nil || !strings.Contains(err.Error(), `unknown output format "wide"`) {
@@ -263,14 +264,14 @@ func TestRotateSetsANewRotateNowValueEachTime(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	first := e.get(t, "default", "orders").Annotations[v1alpha1.AnnotationRotateNow]
+	first := e.get(t, "default", "orders").Annotations[v1beta1.AnnotationRotateNow]
 	if first == "" || first == "1" || !strings.Contains(out, "rotation requested (keyroll.dev/rotate-now="+first+")") {
 		t.Fatalf("rotate set %q and said:\n%s", first, out)
 	}
 	if _, _, err := e.run(t, "rotate", "orders"); err != nil {
 		t.Fatal(err)
 	}
-	if second := e.get(t, "default", "orders").Annotations[v1alpha1.AnnotationRotateNow]; second == first {
+	if second := e.get(t, "default", "orders").Annotations[v1beta1.AnnotationRotateNow]; second == first {
 		t.Errorf("a second rotate at the same instant reused the value %q", second)
 	}
 	out, _, _ = e.run(t, "status", "orders")
@@ -286,9 +287,9 @@ func TestRotateWaitsUntilAcknowledged(t *testing.T) {
 		defer close(done)
 		// keyroll's part: acknowledge the request once it is there.
 		for range 100 {
-			rc := &v1alpha1.RedisCluster{}
+			rc := &v1beta1.RedisCluster{}
 			_ = e.c.Get(context.Background(), client.ObjectKey{Namespace: "default", Name: "orders"}, rc)
-			if v := rc.Annotations[v1alpha1.AnnotationRotateNow]; v != "1" {
+			if v := rc.Annotations[v1beta1.AnnotationRotateNow]; v != "1" {
 				rc.Status.RotateNowAcknowledged = v
 				rc.Status.Credential.Version = "v3hash"
 				_ = e.c.Status().Update(context.Background(), rc)

@@ -14,7 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 )
 
 // options are what every command shares: the kubeconfig flags (--kubeconfig, --context,
@@ -84,7 +84,7 @@ func (o *options) kubeClient() (client.Client, string, error) {
 		return nil, "", err
 	}
 	scheme := runtime.NewScheme()
-	if err := v1alpha1.AddToScheme(scheme); err != nil {
+	if err := v1beta1.AddToScheme(scheme); err != nil {
 		return nil, "", err
 	}
 	c, err := client.New(cfg, client.Options{Scheme: scheme})
@@ -95,8 +95,8 @@ func (o *options) kubeClient() (client.Client, string, error) {
 }
 
 // getCluster reads one RedisCluster, with an error that says what is missing.
-func getCluster(ctx context.Context, c client.Client, namespace, name string) (*v1alpha1.RedisCluster, error) {
-	rc := &v1alpha1.RedisCluster{}
+func getCluster(ctx context.Context, c client.Client, namespace, name string) (*v1beta1.RedisCluster, error) {
+	rc := &v1beta1.RedisCluster{}
 	if err := c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, rc); err != nil {
 		return nil, explain(err)
 	}
@@ -106,7 +106,7 @@ func getCluster(ctx context.Context, c client.Client, namespace, name string) (*
 // explain turns a missing CRD into advice.
 func explain(err error) error {
 	if meta.IsNoMatchError(err) {
-		return fmt.Errorf("the RedisCluster API (keyroll.dev/v1alpha1) is not installed in this cluster; install keyroll first: %w", err)
+		return fmt.Errorf("the RedisCluster API (keyroll.dev/v1beta1) is not installed in this cluster; install keyroll first: %w", err)
 	}
 	return err
 }

@@ -9,7 +9,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 )
 
 func newRotateCommand(o *options) *cobra.Command {
@@ -44,19 +44,19 @@ func (o *options) rotate(ctx context.Context, name string, waitFor bool, timeout
 		return err
 	}
 	value := o.now().UTC().Format(time.RFC3339Nano)
-	if prev := rc.Annotations[v1alpha1.AnnotationRotateNow]; prev == value || rc.Status.RotateNowAcknowledged == value {
+	if prev := rc.Annotations[v1beta1.AnnotationRotateNow]; prev == value || rc.Status.RotateNowAcknowledged == value {
 		value += "-again"
 	}
 	before := rc.DeepCopy()
 	if rc.Annotations == nil {
 		rc.Annotations = map[string]string{}
 	}
-	rc.Annotations[v1alpha1.AnnotationRotateNow] = value
+	rc.Annotations[v1beta1.AnnotationRotateNow] = value
 	if err := c.Patch(ctx, rc, client.MergeFrom(before)); err != nil {
 		return err
 	}
 	if o.output == "" {
-		fmt.Fprintf(o.streams.Out, "rediscluster %s/%s: rotation requested (%s=%s)\n", rc.Namespace, rc.Name, v1alpha1.AnnotationRotateNow, value)
+		fmt.Fprintf(o.streams.Out, "rediscluster %s/%s: rotation requested (%s=%s)\n", rc.Namespace, rc.Name, v1beta1.AnnotationRotateNow, value)
 		if rc.Spec.Rotation.Paused {
 			fmt.Fprintf(o.streams.Out, "rotations are paused: keyroll acts on the request once they are resumed (kubectl keyroll resume %s)\n", rc.Name)
 		}
@@ -73,7 +73,7 @@ func (o *options) rotate(ctx context.Context, name string, waitFor bool, timeout
 }
 
 // waitAcknowledged polls until keyroll has acted on the rotate-now value.
-func (o *options) waitAcknowledged(ctx context.Context, c client.Client, rc *v1alpha1.RedisCluster, value string, timeout time.Duration) (*v1alpha1.RedisCluster, error) {
+func (o *options) waitAcknowledged(ctx context.Context, c client.Client, rc *v1beta1.RedisCluster, value string, timeout time.Duration) (*v1beta1.RedisCluster, error) {
 	cur := rc
 	err := wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
 		got, err := getCluster(ctx, c, rc.Namespace, rc.Name)

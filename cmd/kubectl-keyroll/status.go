@@ -9,39 +9,39 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/cli-runtime/pkg/printers"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 )
 
 // clusterView is what status prints: the RedisCluster's state without anything secret (the
 // status never holds a password; the plugin reads no Secret).
 type clusterView struct {
-	Namespace     string                     `json:"namespace"`
-	Name          string                     `json:"name"`
-	Phase         v1alpha1.Phase             `json:"phase,omitempty"`
-	Replicas      int32                      `json:"replicas"`
-	ReadyReplicas int32                      `json:"readyReplicas"`
-	Source        v1alpha1.CredentialSource  `json:"source"`
-	Rotation      rotationView               `json:"rotation"`
-	Conditions    []metav1.Condition         `json:"conditions,omitempty"`
-	Credential    *v1alpha1.CredentialStatus `json:"credential,omitempty"`
-	Leases        []v1alpha1.LeaseRecord     `json:"leases"`
-	Rollout       *v1alpha1.RolloutStatus    `json:"rollout,omitempty"`
-	Consumers     int                        `json:"consumers"`
+	Namespace     string                    `json:"namespace"`
+	Name          string                    `json:"name"`
+	Phase         v1beta1.Phase             `json:"phase,omitempty"`
+	Replicas      int32                     `json:"replicas"`
+	ReadyReplicas int32                     `json:"readyReplicas"`
+	Source        v1beta1.CredentialSource  `json:"source"`
+	Rotation      rotationView              `json:"rotation"`
+	Conditions    []metav1.Condition        `json:"conditions,omitempty"`
+	Credential    *v1beta1.CredentialStatus `json:"credential,omitempty"`
+	Leases        []v1beta1.LeaseRecord     `json:"leases"`
+	Rollout       *v1beta1.RolloutStatus    `json:"rollout,omitempty"`
+	Consumers     int                       `json:"consumers"`
 	// RedisPods is the rollout's policy for the Redis pods: Live (users change on the running
 	// nodes) or Restart.
-	RedisPods v1alpha1.RedisPodsPolicy `json:"redisPods"`
+	RedisPods v1beta1.RedisPodsPolicy `json:"redisPods"`
 	// Nodes are the Redis nodes keyroll confirmed, and RetiringUsers the users it still has to
 	// remove from them.
-	Nodes         []v1alpha1.NodeStatus `json:"nodes,omitempty"`
-	RetiringUsers []string              `json:"retiringUsers,omitempty"`
+	Nodes         []v1beta1.NodeStatus `json:"nodes,omitempty"`
+	RetiringUsers []string             `json:"retiringUsers,omitempty"`
 	// Primary is the Redis pod that is the primary.
 	Primary string `json:"primary,omitempty"`
 	// OldUserClients are the clients still logged in with a superseded user that are not listed
 	// consumers: its retirement waits for them.
-	OldUserClients []v1alpha1.OldUserClient `json:"oldUserClients,omitempty"`
+	OldUserClients []v1beta1.OldUserClient `json:"oldUserClients,omitempty"`
 	// ConsumersUsed are the workloads the last rollout of a credential used, and how keyroll
 	// knows of each (status.consumers).
-	ConsumersUsed []v1alpha1.ConsumerInUse `json:"consumersUsed,omitempty"`
+	ConsumersUsed []v1beta1.ConsumerInUse `json:"consumersUsed,omitempty"`
 }
 
 type rotationView struct {
@@ -54,11 +54,11 @@ type rotationView struct {
 	Pending               bool   `json:"pending"`
 }
 
-func viewOf(rc *v1alpha1.RedisCluster) clusterView {
-	now := rc.Annotations[v1alpha1.AnnotationRotateNow]
+func viewOf(rc *v1beta1.RedisCluster) clusterView {
+	now := rc.Annotations[v1beta1.AnnotationRotateNow]
 	leases := rc.Status.Leases
 	if leases == nil {
-		leases = []v1alpha1.LeaseRecord{}
+		leases = []v1beta1.LeaseRecord{}
 	}
 	return clusterView{
 		Namespace: rc.Namespace, Name: rc.Name, Phase: rc.Status.Phase,
@@ -99,7 +99,7 @@ func newStatusCommand(o *options) *cobra.Command {
 }
 
 // printStatus writes the human-readable status, section by section.
-func (o *options) printStatus(rc *v1alpha1.RedisCluster) error {
+func (o *options) printStatus(rc *v1beta1.RedisCluster) error {
 	v := viewOf(rc)
 	w := printers.GetNewTabWriter(o.streams.Out)
 	row := func(cells ...string) { fmt.Fprintln(w, strings.Join(cells, "\t")) }
@@ -170,9 +170,9 @@ func (o *options) printNodes(w flusher, v clusterView) {
 	} else {
 		fmt.Fprintln(w, "  POD\tROLE\tUSERS\tCONFIRMED")
 		for _, n := range v.Nodes {
-			role := v1alpha1.RoleReplica
+			role := v1beta1.RoleReplica
 			if n.Pod == v.Primary {
-				role = v1alpha1.RolePrimary
+				role = v1beta1.RolePrimary
 			}
 			fmt.Fprintf(w, "  %s\t%s\t%s\t%s\n", n.Pod, role, orDash(n.UsersVersion), o.agoPtr(n.ConfirmedAt))
 		}
@@ -184,36 +184,36 @@ func (o *options) printNodes(w flusher, v clusterView) {
 }
 
 // printCredential writes the credential's rows; the caller flushes w.
-func (o *options) printCredential(w io.Writer, cr *v1alpha1.CredentialStatus) {
+func (o *options) printCredential(w io.Writer, cr *v1beta1.CredentialStatus) {
 	row := func(cells ...string) { fmt.Fprintln(w, "  "+strings.Join(cells, "\t")) }
 	row("Version:", orDash(cr.Version))
 	row("Username:", orDash(cr.Username))
-	if cr.LeasesTracked != nil && !*cr.LeasesTracked {
+	if cr.ExternalSecret.LeasesTracked != nil && !*cr.ExternalSecret.LeasesTracked {
 		row("Lease:", "not tracked (the ExternalSecret's generator does not hand over the lease)")
 	} else {
-		row("Lease:", orDash(cr.LeaseID))
+		row("Lease:", orDash(cr.Lease.LeaseID))
 	}
 	row("Issued:", o.when(cr.IssuedAt))
-	row("Expires:", o.when(cr.ExpiresAt))
-	row("Renewable:", fmt.Sprint(cr.Renewable))
-	if cr.RenewalCapped {
+	row("Expires:", o.when(cr.Lease.ExpiresAt))
+	row("Renewable:", fmt.Sprint(cr.Lease.Renewable))
+	if cr.Lease.RenewalCapped {
 		row("Renewal capped:", "yes: the lease has reached its max TTL and is replaced before it lapses")
 	}
-	row("Token accessor:", orDash(cr.TokenAccessor))
-	if cr.TokenEndsAt != nil {
-		row("Token ends:", o.when(cr.TokenEndsAt))
+	row("Token accessor:", orDash(cr.VaultLease.TokenAccessor))
+	if cr.VaultLease.TokenEndsAt != nil {
+		row("Token ends:", o.when(cr.VaultLease.TokenEndsAt))
 	}
-	row("Last renewal:", o.when(cr.LastRenewal))
-	row("Next renewal:", o.when(cr.NextRenewal))
+	row("Last renewal:", o.when(cr.Lease.LastRenewal))
+	row("Next renewal:", o.when(cr.Lease.NextRenewal))
 	row("Last rotation:", o.when(cr.LastRotation))
 	row("Next rotation:", o.when(cr.NextRotation))
-	if cr.RefreshRequestedAt != nil {
-		row("Refresh requested:", o.when(cr.RefreshRequestedAt))
+	if cr.ExternalSecret.RefreshRequestedAt != nil {
+		row("Refresh requested:", o.when(cr.ExternalSecret.RefreshRequestedAt))
 	}
 }
 
 // printLedger writes a RedisCluster's lease ledger as a table.
-func (o *options) printLedger(out io.Writer, rc *v1alpha1.RedisCluster) {
+func (o *options) printLedger(out io.Writer, rc *v1beta1.RedisCluster) {
 	if len(rc.Status.Leases) == 0 {
 		fmt.Fprintln(out, "  none in the ledger")
 		return
@@ -227,7 +227,7 @@ func (o *options) printLedger(out io.Writer, rc *v1alpha1.RedisCluster) {
 	w.Flush()
 }
 
-func (o *options) source(rc *v1alpha1.RedisCluster) string {
+func (o *options) source(rc *v1beta1.RedisCluster) string {
 	cr := rc.Spec.Credentials
 	switch {
 	case cr.VaultLease != nil:
@@ -262,14 +262,14 @@ func (o *options) rollout(v clusterView) string {
 	if r == nil {
 		return "none in progress"
 	}
-	if r.Cause == v1alpha1.RolloutForPodTemplate {
+	if r.Cause == v1beta1.RolloutForPodTemplate {
 		s := fmt.Sprintf("of the Redis pods onto their new template: %d/%d updated", r.PodsUpdated, v.Replicas)
 		if r.PodInFlight != "" {
 			s += fmt.Sprintf(", %s in flight (restarted %s)", r.PodInFlight, o.agoPtr(r.PodRestartedAt))
 		}
 		return s + ", started " + o.agoPtr(r.StartedAt)
 	}
-	if v.RedisPods != v1alpha1.RedisPodsRestart {
+	if v.RedisPods != v1beta1.RedisPodsRestart {
 		return fmt.Sprintf("to version %s, which every Redis node accepts: %d/%d consumers updated, started %s",
 			orDash(r.TargetVersion), r.ConsumersUpdated, v.Consumers, o.agoPtr(r.StartedAt))
 	}

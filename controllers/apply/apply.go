@@ -23,7 +23,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/structured-merge-diff/v6/typed"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 )
 
 // FieldOwner is the field manager of keyroll's server-side applies.
@@ -35,7 +35,7 @@ const FieldOwner = "keyroll"
 // fields keyroll owns in the cached object already hold desired's values, so that a steady state
 // writes nothing. An object of that name that the RedisCluster does not control is refused with a
 // ConflictError; rd reads past the cache, which holds keyroll's own objects only.
-func Owned(ctx context.Context, c client.Client, rd client.Reader, owner *v1alpha1.RedisCluster, desired client.Object) error {
+func Owned(ctx context.Context, c client.Client, rd client.Reader, owner *v1beta1.RedisCluster, desired client.Object) error {
 	gvk, err := apiutil.GVKForObject(desired, c.Scheme())
 	if err != nil {
 		return err

@@ -11,7 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 )
 
 // ConflictError says that an object keyroll would write exists and is not controlled by the
@@ -32,7 +32,7 @@ func (e *ConflictError) Error() string {
 // write: controlled by rc, or one that also accepts (nil: none). The cache (cached) holds only
 // Secrets with keyroll's label, so one it lacks is read past it (uncached); the names are read at
 // once. A Secret that is not free is a *ConflictError.
-func SecretsFree(ctx context.Context, cached, uncached client.Reader, rc *v1alpha1.RedisCluster, names []string, also func(*corev1.Secret) bool) error {
+func SecretsFree(ctx context.Context, cached, uncached client.Reader, rc *v1beta1.RedisCluster, names []string, also func(*corev1.Secret) bool) error {
 	errs := make([]error, len(names))
 	var wg sync.WaitGroup
 	for i, name := range names {
@@ -57,7 +57,7 @@ func SecretsFree(ctx context.Context, cached, uncached client.Reader, rc *v1alph
 }
 
 // OwnedBy says whether rc is obj's controller.
-func OwnedBy(obj client.Object, rc *v1alpha1.RedisCluster) bool {
+func OwnedBy(obj client.Object, rc *v1beta1.RedisCluster) bool {
 	ref := metav1.GetControllerOf(obj)
 	return ref != nil && ref.UID == rc.UID
 }

@@ -7,7 +7,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 )
 
 // PatchStatus writes the status once, as a merge patch with optimistic locking (a stale cache
@@ -25,11 +25,11 @@ func PatchStatus(ctx context.Context, c client.Client, before, after client.Obje
 // Stale says whether rc, as a reconcile read it from the cache, is older than the version the API
 // server has (rd reads past the cache): acting on it could repeat a step that a previous reconcile
 // took, such as an issue or a restart. A cluster gone meanwhile is not stale; without rd, nothing is.
-func Stale(ctx context.Context, rd client.Reader, rc *v1alpha1.RedisCluster) (bool, error) {
+func Stale(ctx context.Context, rd client.Reader, rc *v1beta1.RedisCluster) (bool, error) {
 	if rd == nil {
 		return false, nil
 	}
-	cur := &v1alpha1.RedisCluster{}
+	cur := &v1beta1.RedisCluster{}
 	if err := rd.Get(ctx, client.ObjectKeyFromObject(rc), cur); err != nil {
 		return false, client.IgnoreNotFound(err)
 	}

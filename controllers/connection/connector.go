@@ -21,7 +21,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/vault"
 )
 
@@ -85,21 +85,21 @@ func (c cacheClients) Forget(name string) { c.cache.Forget(name) }
 
 // Client returns the Vault client of a VaultConnection itself: its health and, with identity
 // Operator, the login every namespace shares. With identity Namespace it never logs in.
-func (c *Connector) Client(ctx context.Context, vc *v1alpha1.VaultConnection) (Client, error) {
+func (c *Connector) Client(ctx context.Context, vc *v1beta1.VaultConnection) (Client, error) {
 	return c.clientIn(ctx, vc, "")
 }
 
 // NamespaceClient is the Vault client of a VaultConnection for RedisClusters of namespace: with
 // identity Namespace, one of that namespace's own, which logs in with the namespace's service
 // account and keeps its tokens apart; with identity Operator, the connection's (Client).
-func (c *Connector) NamespaceClient(ctx context.Context, vc *v1alpha1.VaultConnection, namespace string) (Client, error) {
+func (c *Connector) NamespaceClient(ctx context.Context, vc *v1beta1.VaultConnection, namespace string) (Client, error) {
 	if !vc.NamespaceIdentity() {
 		namespace = ""
 	}
 	return c.clientIn(ctx, vc, namespace)
 }
 
-func (c *Connector) clientIn(ctx context.Context, vc *v1alpha1.VaultConnection, namespace string) (Client, error) {
+func (c *Connector) clientIn(ctx context.Context, vc *v1beta1.VaultConnection, namespace string) (Client, error) {
 	cfg, err := c.config(ctx, vc, namespace)
 	if err != nil {
 		return nil, err
@@ -129,22 +129,22 @@ type Use struct {
 // confined to what its namespace may do (ForNamespace); or why there is none, decided before any
 // Vault call.
 func (c *Connector) ClientFor(ctx context.Context, r client.Reader, u Use) (vault.LeaseClient, *Refusal, error) {
-	vc := &v1alpha1.VaultConnection{}
+	vc := &v1beta1.VaultConnection{}
 	if err := r.Get(ctx, client.ObjectKey{Name: u.Connection}, vc); err != nil {
 		if !apierrors.IsNotFound(err) {
 			return nil, nil, fmt.Errorf("reading VaultConnection %s: %w", u.Connection, err)
 		}
-		return nil, &Refusal{v1alpha1.ReasonConnectionNotFound, fmt.Sprintf("VaultConnection %q (%s) does not exist", u.Connection, u.Field)}, nil
+		return nil, &Refusal{v1beta1.ReasonConnectionNotFound, fmt.Sprintf("VaultConnection %q (%s) does not exist", u.Connection, u.Field)}, nil
 	}
 	if !u.Delete && !vc.AllowsNamespace(u.Namespace) {
-		return nil, &Refusal{v1alpha1.ReasonNamespaceNotAllowed, fmt.Sprintf("VaultConnection %q does not allow namespace %q (spec.allowedNamespaces)", u.Connection, u.Namespace)}, nil
+		return nil, &Refusal{v1beta1.ReasonNamespaceNotAllowed, fmt.Sprintf("VaultConnection %q does not allow namespace %q (spec.allowedNamespaces)", u.Connection, u.Namespace)}, nil
 	}
 	if u.Path != "" && !vc.AllowsPath(u.Namespace, u.Path) {
-		return nil, &Refusal{v1alpha1.ReasonPathNotAllowed, fmt.Sprintf("%s %q: %s", u.PathField, u.Path, PathRefusal(vc, u.Namespace))}, nil
+		return nil, &Refusal{v1beta1.ReasonPathNotAllowed, fmt.Sprintf("%s %q: %s", u.PathField, u.Path, PathRefusal(vc, u.Namespace))}, nil
 	}
 	vcl, err := c.NamespaceClient(ctx, vc, u.Namespace)
 	if err != nil {
-		return nil, &Refusal{v1alpha1.ReasonConnectionNotReady, fmt.Sprintf("VaultConnection %q cannot be used: %v", u.Connection, err)}, nil
+		return nil, &Refusal{v1beta1.ReasonConnectionNotReady, fmt.Sprintf("VaultConnection %q cannot be used: %v", u.Connection, err)}, nil
 	}
 	return ForNamespace(vcl, vc, u.Namespace), nil, nil
 }
@@ -153,7 +153,7 @@ func (c *Connector) ClientFor(ctx context.Context, r client.Reader, u Use) (vaul
 // RedisCluster of namespace that came through it, confined to what the namespace may do there
 // (ForNamespace).
 func (c *Connector) ClientOf(ctx context.Context, r client.Reader, name, namespace string) (vault.LeaseClient, error) {
-	vc := &v1alpha1.VaultConnection{}
+	vc := &v1beta1.VaultConnection{}
 	if err := r.Get(ctx, client.ObjectKey{Name: name}, vc); err != nil {
 		return nil, fmt.Errorf("reading VaultConnection %s: %w", name, err)
 	}
@@ -172,7 +172,7 @@ func (c *Connector) Forget(name string) {
 }
 
 // config is the Vault client configuration of vc for namespace ("": the connection's own).
-func (c *Connector) config(ctx context.Context, vc *v1alpha1.VaultConnection, namespace string) (vault.Config, error) {
+func (c *Connector) config(ctx context.Context, vc *v1beta1.VaultConnection, namespace string) (vault.Config, error) {
 	spec := vc.Spec
 	log := ctrl.Log.WithName("vault").WithValues("vaultConnection", vc.Name)
 	if namespace != "" {
@@ -196,7 +196,7 @@ func (c *Connector) config(ctx context.Context, vc *v1alpha1.VaultConnection, na
 		cfg.Limiter = c.shared.limiter(vc.Name, cfg.RateLimit)
 	}
 	if tls := spec.TLS; tls != nil {
-		cfg.TLSServerName = tls.TLSServerName
+		cfg.TLSServerName = tls.ServerName
 		cfg.CABundle = []byte(tls.CABundle)
 		if tls.CASecretRef != nil {
 			ca, err := c.secretValue(ctx, *tls.CASecretRef, "tls.caSecretRef")
@@ -211,7 +211,7 @@ func (c *Connector) config(ctx context.Context, vc *v1alpha1.VaultConnection, na
 	return cfg, err
 }
 
-func (c *Connector) auth(ctx context.Context, vc *v1alpha1.VaultConnection, namespace string) (vault.Auth, error) {
+func (c *Connector) auth(ctx context.Context, vc *v1beta1.VaultConnection, namespace string) (vault.Auth, error) {
 	switch a := vc.Spec.Auth; {
 	case a.Kubernetes != nil:
 		k := a.Kubernetes
@@ -223,7 +223,7 @@ func (c *Connector) auth(ctx context.Context, vc *v1alpha1.VaultConnection, name
 				return "", errors.New("identity Namespace: the connection itself never logs in, each namespace does")
 			}
 		case vc.NamespaceIdentity():
-			role, sa = strings.ReplaceAll(k.Role, v1alpha1.NamespacePlaceholder, namespace), types.NamespacedName{Namespace: namespace, Name: k.ServiceAccountName}
+			role, sa = strings.ReplaceAll(k.Role, v1beta1.NamespacePlaceholder, namespace), types.NamespacedName{Namespace: namespace, Name: k.ServiceAccountName}
 			jwt = c.serviceAccountToken(sa, k.Audiences, k.TokenExpirationSeconds)
 		}
 		return vault.Auth{Kubernetes: &vault.KubernetesAuth{Mount: k.Mount, Role: role, JWT: jwt,
@@ -265,7 +265,7 @@ func (c *Connector) serviceAccountToken(sa types.NamespacedName, audiences []str
 }
 
 // secretValue reads one key of a Secret. Errors name the field and the Secret, never the value.
-func (c *Connector) secretValue(ctx context.Context, ref v1alpha1.SecretKeyReference, field string) ([]byte, error) {
+func (c *Connector) secretValue(ctx context.Context, ref v1beta1.SecretKeyReference, field string) ([]byte, error) {
 	if err := c.checkSecretRef(ref, field); err != nil {
 		return nil, err
 	}

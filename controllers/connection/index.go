@@ -16,7 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 )
 
 // ClusterIndex indexes RedisClusters by the VaultConnections they use or hold leases from.
@@ -24,14 +24,14 @@ const ClusterIndex = "keyroll.connections"
 
 // IndexClusters registers ClusterIndex with the manager's cache.
 func IndexClusters(mgr ctrl.Manager) error {
-	return mgr.GetFieldIndexer().IndexField(context.Background(), &v1alpha1.RedisCluster{}, ClusterIndex,
-		func(o client.Object) []string { return o.(*v1alpha1.RedisCluster).VaultConnections() })
+	return mgr.GetFieldIndexer().IndexField(context.Background(), &v1beta1.RedisCluster{}, ClusterIndex,
+		func(o client.Object) []string { return o.(*v1beta1.RedisCluster).VaultConnections() })
 }
 
 // ClustersUsing maps a VaultConnection to the RedisClusters that use it (by ClusterIndex in c).
 func ClustersUsing(c client.Reader) handler.MapFunc {
 	return func(ctx context.Context, o client.Object) []ctrl.Request {
-		list := &v1alpha1.RedisClusterList{}
+		list := &v1beta1.RedisClusterList{}
 		if err := c.List(ctx, list, client.MatchingFields{ClusterIndex: o.GetName()}); err != nil {
 			return nil
 		}
@@ -51,14 +51,14 @@ func Changed() predicate.Predicate {
 		if e.ObjectOld.GetGeneration() != e.ObjectNew.GetGeneration() {
 			return true
 		}
-		o, n := e.ObjectOld.(*v1alpha1.VaultConnection), e.ObjectNew.(*v1alpha1.VaultConnection)
+		o, n := e.ObjectOld.(*v1beta1.VaultConnection), e.ObjectNew.(*v1beta1.VaultConnection)
 		return readyStatus(o.Status.Conditions) != readyStatus(n.Status.Conditions) ||
 			!maps.Equal(o.Status.TokenEnds(), n.Status.TokenEnds())
 	}}
 }
 
 func readyStatus(c []metav1.Condition) metav1.ConditionStatus {
-	if cond := meta.FindStatusCondition(c, v1alpha1.ConditionReady); cond != nil {
+	if cond := meta.FindStatusCondition(c, v1beta1.ConditionReady); cond != nil {
 		return cond.Status
 	}
 	return metav1.ConditionUnknown

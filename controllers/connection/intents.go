@@ -16,7 +16,7 @@ import (
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 )
 
 // Intents records, before keyroll asks Vault for a credential, that it is about to: the path, the
@@ -112,8 +112,8 @@ func (s *Intents) patch(ctx context.Context, connection string, data map[string]
 	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name}}
 	err = s.Writer.Patch(ctx, cm, client.RawPatch(types.MergePatchType, body))
 	if apierrors.IsNotFound(err) && create {
-		cm.Labels = map[string]string{v1alpha1.LabelManagedBy: v1alpha1.ManagedByValue}
-		cm.Annotations = map[string]string{v1alpha1.LabelVaultConnection: connection}
+		cm.Labels = map[string]string{v1beta1.LabelManagedBy: v1beta1.ManagedByValue}
+		cm.Annotations = map[string]string{v1beta1.LabelVaultConnection: connection}
 		cm.Data = map[string]string{}
 		for k, v := range data {
 			cm.Data[k], _ = v.(string)

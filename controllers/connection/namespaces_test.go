@@ -12,7 +12,7 @@ import (
 	k8sfake "k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/vault"
 	"github.com/keyroll/keyroll/vault/vaulttest"
 )
@@ -44,10 +44,10 @@ func TestNamespaceIdentityGivesEachNamespaceItsOwnLogin(t *testing.T) {
 	})
 	c := &Connector{Tokens: tokens, ServiceAccount: types.NamespacedName{Namespace: "keyroll-system", Name: "keyroll-manager"},
 		Clients: got}
-	vc := &v1alpha1.VaultConnection{ObjectMeta: metav1.ObjectMeta{Name: "vault"}, Spec: v1alpha1.VaultConnectionSpec{
-		Address: "https://vault.example:8200", Identity: v1alpha1.IdentityNamespace,
-		RateLimit: &v1alpha1.VaultRateLimit{QPS: 5, Burst: 10},
-		Auth:      v1alpha1.VaultAuth{Kubernetes: &v1alpha1.KubernetesAuth{Mount: "kubernetes", Role: "{namespace}", ServiceAccountName: "keyroll-vault"}},
+	vc := &v1beta1.VaultConnection{ObjectMeta: metav1.ObjectMeta{Name: "vault"}, Spec: v1beta1.VaultConnectionSpec{
+		Address: "https://vault.example:8200", Identity: v1beta1.IdentityNamespace,
+		RateLimit: &v1beta1.VaultRateLimit{QPS: 5, Burst: 10},
+		Auth:      v1beta1.VaultAuth{Kubernetes: &v1beta1.KubernetesAuth{Mount: "kubernetes", Role: "{namespace}", ServiceAccountName: "keyroll-vault"}},
 	}}
 	for _, ns := range []string{"team-a", "team-b"} {
 		if _, err := c.NamespaceClient(ctx, vc, ns); err != nil {
@@ -86,7 +86,7 @@ func TestNamespaceIdentityGivesEachNamespaceItsOwnLogin(t *testing.T) {
 	if len(got) != 0 {
 		t.Errorf("clients left after Forget: %v", got)
 	}
-	vc.Spec.Identity = v1alpha1.IdentityOperator
+	vc.Spec.Identity = v1beta1.IdentityOperator
 	vc.Spec.Auth.Kubernetes.Role = "keyroll"
 	if _, err := c.NamespaceClient(ctx, vc, "team-a"); err != nil {
 		t.Fatal(err)

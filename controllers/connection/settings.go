@@ -12,7 +12,7 @@ import (
 	authenticationv1 "k8s.io/api/authentication/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 )
 
 // What a VaultConnection writer could otherwise make of the manager's power, refused before any
@@ -49,7 +49,7 @@ func audienceKey(audiences []string) string {
 // CheckSettings refuses, before the VaultConnection's address is called at all, settings that
 // would send the manager's API token there (see SettingsError). The Secret references are checked
 // as each is read.
-func (c *Connector) CheckSettings(ctx context.Context, vc *v1alpha1.VaultConnection) error {
+func (c *Connector) CheckSettings(ctx context.Context, vc *v1beta1.VaultConnection) error {
 	if k := vc.Spec.Auth.Kubernetes; k != nil && c.Tokens != nil {
 		return c.checkAudiences(ctx, k.Audiences, k.TokenExpirationSeconds)
 	}
@@ -104,7 +104,7 @@ func (c *Connector) secretNamespace() string {
 }
 
 // checkSecretRef refuses a Secret reference outside the namespace VaultConnections may use.
-func (c *Connector) checkSecretRef(ref v1alpha1.SecretKeyReference, field string) error {
+func (c *Connector) checkSecretRef(ref v1beta1.SecretKeyReference, field string) error {
 	ns := c.secretNamespace()
 	if ns == "" || ref.Namespace == ns {
 		return nil

@@ -9,7 +9,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/vault"
 )
 
@@ -28,11 +28,11 @@ import (
 type tenantClient struct {
 	vault.LeaseClient
 	namespace string
-	vc        *v1alpha1.VaultConnection
+	vc        *v1beta1.VaultConnection
 }
 
 // ForNamespace confines vcl to what RedisClusters of namespace may do through vc.
-func ForNamespace(vcl vault.LeaseClient, vc *v1alpha1.VaultConnection, namespace string) vault.LeaseClient {
+func ForNamespace(vcl vault.LeaseClient, vc *v1beta1.VaultConnection, namespace string) vault.LeaseClient {
 	return &tenantClient{LeaseClient: vcl, namespace: namespace, vc: vc.DeepCopy()}
 }
 
@@ -96,7 +96,7 @@ func (t *tenantClient) namespaceRefusal() string {
 }
 
 // PathRefusal says why a path is not one that namespace may use.
-func PathRefusal(vc *v1alpha1.VaultConnection, namespace string) string {
+func PathRefusal(vc *v1beta1.VaultConnection, namespace string) string {
 	if len(vc.Spec.AllowedPaths) == 0 {
 		return fmt.Sprintf("VaultConnection %q allows no path (spec.allowedPaths is empty)", vc.Name)
 	}

@@ -6,14 +6,14 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/vault"
 	"github.com/keyroll/keyroll/vault/vaulttest"
 )
 
-func guardedConnection(namespaces, paths []string) *v1alpha1.VaultConnection {
-	return &v1alpha1.VaultConnection{ObjectMeta: metav1.ObjectMeta{Name: "vault"},
-		Spec: v1alpha1.VaultConnectionSpec{AllowedNamespaces: namespaces, AllowedPaths: paths}}
+func guardedConnection(namespaces, paths []string) *v1beta1.VaultConnection {
+	return &v1beta1.VaultConnection{ObjectMeta: metav1.ObjectMeta{Name: "vault"},
+		Spec: v1beta1.VaultConnectionSpec{AllowedNamespaces: namespaces, AllowedPaths: paths}}
 }
 
 func TestAllowedPathsMatchOnlyTheNamespacesOwn(t *testing.T) {

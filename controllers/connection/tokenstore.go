@@ -14,7 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/vault"
 )
 
@@ -48,11 +48,11 @@ func tokenSecretName(connection, namespace string) string {
 	return name[:253-17] + "-" + hex.EncodeToString(sum[:8])
 }
 
-func newTokenStore(writer client.Client, reader client.Reader, namespace string, vc *v1alpha1.VaultConnection, identity string) *tokenStore {
+func newTokenStore(writer client.Client, reader client.Reader, namespace string, vc *v1beta1.VaultConnection, identity string) *tokenStore {
 	return &tokenStore{
 		writer: writer, reader: reader, conn: vc.Name,
 		key: types.NamespacedName{Namespace: namespace, Name: tokenSecretName(vc.Name, identity)},
-		owner: metav1.OwnerReference{APIVersion: v1alpha1.GroupVersion.String(), Kind: "VaultConnection",
+		owner: metav1.OwnerReference{APIVersion: v1beta1.GroupVersion.String(), Kind: "VaultConnection",
 			Name: vc.Name, UID: vc.UID},
 	}
 }
@@ -109,8 +109,8 @@ func (s *tokenStore) create(ctx context.Context, put map[string]string) error {
 	sec := &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{
 			Namespace: s.key.Namespace, Name: s.key.Name,
-			Labels:          map[string]string{v1alpha1.LabelManagedBy: v1alpha1.ManagedByValue},
-			Annotations:     map[string]string{v1alpha1.LabelVaultConnection: s.conn},
+			Labels:          map[string]string{v1beta1.LabelManagedBy: v1beta1.ManagedByValue},
+			Annotations:     map[string]string{v1beta1.LabelVaultConnection: s.conn},
 			OwnerReferences: []metav1.OwnerReference{s.owner},
 		},
 		Type: corev1.SecretTypeOpaque,

@@ -13,7 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/controllers/apply"
 	"github.com/keyroll/keyroll/controllers/metrics"
 	"github.com/keyroll/keyroll/controllers/render"
@@ -72,7 +72,7 @@ func (r *Adopter) Credential(ctx context.Context, cl *Cluster, vcl vault.LeaseCl
 	r.Ledger.Due(cl, keep)
 	r.reportSynced(cl, es, sc, tracked)
 	reportBounds(cl, false)
-	if rc.Status.Credential.CutOff {
+	if rc.Status.Credential.ExternalSecret.CutOff {
 		return nil, cutOffWait, nil // nothing to deliver until External Secrets Operator answers
 	}
 	if wait := r.settling(rc); wait > 0 {
@@ -98,7 +98,7 @@ func (r *Adopter) decideSynced(ctx context.Context, cl *Cluster, vcl vault.Lease
 		return d, err
 	}
 	tracked = tracked || moved
-	if c := cl.RC.Status.Credential; c.CutOff {
+	if c := cl.RC.Status.Credential; c.ExternalSecret.CutOff {
 		// Its lease is gone and its user cut off: a new credential is all it needs (asked for
 		// again when the request is left unanswered).
 		d = rotation.Decision{Action: rotation.ActionIssue, Reason: rotation.ReasonLeaseGone}
@@ -144,7 +144,7 @@ const syncSettle = 3 * time.Second
 
 // settling says how long to wait before rolling out a credential that ESO wrote a moment ago,
 // while Redis pods run an older one. The first credential of a cluster does not wait.
-func (r *Adopter) settling(rc *v1alpha1.RedisCluster) time.Duration {
+func (r *Adopter) settling(rc *v1beta1.RedisCluster) time.Duration {
 	c := rc.Status.Credential
 	if rc.Status.ReadyReplicas == 0 || c.IssuedAt == nil {
 		return 0
@@ -162,7 +162,7 @@ func (r *Adopter) ensureExternalSecret(ctx context.Context, cl *Cluster) (*esv1.
 	err := apply.Owned(ctx, r.Client, r.APIReader, cl.RC, desired)
 	var conflict *apply.ConflictError
 	if errors.As(err, &conflict) {
-		cl.NotReady(v1alpha1.ReasonSecretConflict, v1alpha1.EventSecretConflict, "WriteExternalSecret", err.Error(), true)
+		cl.NotReady(v1beta1.ReasonSecretConflict, v1beta1.EventSecretConflict, "WriteExternalSecret", err.Error(), true)
 		return nil, nil
 	}
 	if err != nil {
@@ -181,9 +181,9 @@ func (r *Adopter) ensureExternalSecret(ctx context.Context, cl *Cluster) (*esv1.
 // notSynced reports that there is no usable credential from ESO: none yet, or (invalid) a Secret
 // without one. ESO's own reason is added when its Ready condition is False.
 func (r *Adopter) notSynced(cl *Cluster, es *esv1.ExternalSecret, problem string, invalid bool) {
-	reason, event := v1alpha1.ReasonExternalSecretNotReady, v1alpha1.ReasonExternalSecretNotReady
+	reason, event := v1beta1.ReasonExternalSecretNotReady, v1beta1.ReasonExternalSecretNotReady
 	if invalid {
-		reason, event = v1alpha1.ReasonInvalidCredentialSecret, v1alpha1.ReasonInvalidCredentialSecret
+		reason, event = v1beta1.ReasonInvalidCredentialSecret, v1beta1.ReasonInvalidCredentialSecret
 	}
 	warn := invalid
 	if c := esReady(es); c != nil && c.Status == corev1.ConditionFalse {
@@ -213,13 +213,13 @@ func (r *Adopter) requestRefresh(ctx context.Context, cl *Cluster, d rotation.De
 	rc := cl.RC
 	c := rc.Status.Credential
 	if d.AcknowledgeRotateNow {
-		rc.Status.RotateNowAcknowledged = rc.Annotations[v1alpha1.AnnotationRotateNow]
+		rc.Status.RotateNowAcknowledged = rc.Annotations[v1beta1.AnnotationRotateNow]
 	}
-	if (c.RefreshRequestedAt != nil && r.Clock.Since(c.RefreshRequestedAt.Time) < refreshRequestTimeout) || refreshesPaused(rc) {
+	if (c.ExternalSecret.RefreshRequestedAt != nil && r.Clock.Since(c.ExternalSecret.RefreshRequestedAt.Time) < refreshRequestTimeout) || refreshesPaused(rc) {
 		return nil // pending, or refreshes are paused (LedgerFull): asked for once there is room
 	}
 	now := statustime.At(r.Clock.Now())
-	c.RefreshRequestedAt, c.RotationReason = now, string(d.Reason)
+	c.ExternalSecret.RefreshRequestedAt, c.RotationReason = now, string(d.Reason)
 	if d.Action == rotation.ActionRotate {
 		c.LastRotation = now
 		r.Metrics.Rotations.WithLabelValues(metrics.Result(nil)).Inc()
@@ -227,7 +227,7 @@ func (r *Adopter) requestRefresh(ctx context.Context, cl *Cluster, d rotation.De
 	if err := cl.Persist(ctx); err != nil {
 		return fmt.Errorf("recording the refresh request: %w", err)
 	}
-	cl.Conds.Event(false, v1alpha1.EventRefreshRequested, "Rotate", "Asked External Secrets Operator for a new credential (%s)", d.Reason)
+	cl.Conds.Event(false, v1beta1.EventRefreshRequested, "Rotate", "Asked External Secrets Operator for a new credential (%s)", d.Reason)
 	log.FromContext(ctx).Info("New credential requested from External Secrets Operator", "reason", string(d.Reason))
 	return r.askForRefresh(ctx, rc, now.Time)
 }
@@ -236,7 +236,7 @@ func (r *Adopter) requestRefresh(ctx context.Context, cl *Cluster, d rotation.De
 // keyroll.dev/refresh-requested): a new value makes External Secrets Operator refresh at once. It
 // is a merge patch of its own, not part of the applied spec, so that the annotation stays when
 // the request has been answered.
-func (r *Adopter) askForRefresh(ctx context.Context, rc *v1alpha1.RedisCluster, at time.Time) error {
+func (r *Adopter) askForRefresh(ctx context.Context, rc *v1beta1.RedisCluster, at time.Time) error {
 	es := &esv1.ExternalSecret{}
 	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: rc.Namespace, Name: render.ExternalSecretName(rc)}, es); err != nil {
 		return fmt.Errorf("reading ExternalSecret %s: %w", render.ExternalSecretName(rc), err)
@@ -245,7 +245,7 @@ func (r *Adopter) askForRefresh(ctx context.Context, rc *v1alpha1.RedisCluster, 
 	if es.Annotations == nil {
 		es.Annotations = map[string]string{}
 	}
-	es.Annotations[v1alpha1.AnnotationRefreshRequested] = at.UTC().Format(time.RFC3339)
+	es.Annotations[v1beta1.AnnotationRefreshRequested] = at.UTC().Format(time.RFC3339)
 	if err := r.Client.Patch(ctx, es, patch); err != nil {
 		return fmt.Errorf("asking ExternalSecret %s for a refresh: %w", es.Name, err)
 	}
@@ -259,7 +259,7 @@ func (r *Adopter) reportSynced(cl *Cluster, es *esv1.ExternalSecret, sc *render.
 	src := rc.Spec.Credentials.ExternalSecret
 	secret := render.SyncedSecretName(rc)
 	if tracked {
-		cl.Conds.Set(v1alpha1.ConditionCredentialsReady, metav1.ConditionTrue, v1alpha1.ReasonLeasesTracked,
+		cl.Conds.Set(v1beta1.ConditionCredentialsReady, metav1.ConditionTrue, v1beta1.ReasonLeasesTracked,
 			fmt.Sprintf("External Secrets Operator synced a credential into Secret %s; keyroll renews and revokes its lease", secret))
 	} else {
 		why := "set externalSecret.connectionRef so that keyroll can renew and revoke it"
@@ -267,8 +267,8 @@ func (r *Adopter) reportSynced(cl *Cluster, es *esv1.ExternalSecret, sc *render.
 			why = "the generator does not hand over the lease (VaultDynamicSecret resultType Raw does)"
 		}
 		msg := fmt.Sprintf("External Secrets Operator synced a credential into Secret %s; its lease is not tracked: %s. Nobody renews or revokes it; it lives until its Vault TTL", secret, why)
-		if cl.Conds.Set(v1alpha1.ConditionCredentialsReady, metav1.ConditionTrue, v1alpha1.ReasonLeasesNotTracked, msg) {
-			cl.Conds.Announce(false, v1alpha1.EventLeasesNotTracked, "Adopt", "%s", msg)
+		if cl.Conds.Set(v1beta1.ConditionCredentialsReady, metav1.ConditionTrue, v1beta1.ReasonLeasesNotTracked, msg) {
+			cl.Conds.Announce(false, v1beta1.EventLeasesNotTracked, "Adopt", "%s", msg)
 		}
 	}
 	lifetime := sc.LeaseDuration
@@ -279,8 +279,8 @@ func (r *Adopter) reportSynced(cl *Cluster, es *esv1.ExternalSecret, sc *render.
 	if !tracked && lifetime > 0 && interval != nil && interval.Duration >= lifetime {
 		msg := fmt.Sprintf("externalSecret.refreshInterval (%s) is not shorter than the credential's lifetime (%s): External Secrets Operator will leave an expired credential in place",
 			interval.Duration, lifetime)
-		if cl.Conds.Set(v1alpha1.ConditionSourceHealthy, metav1.ConditionFalse, v1alpha1.ReasonRefreshIntervalTooLong, msg) {
-			cl.Conds.Announce(true, v1alpha1.ReasonRefreshIntervalTooLong, "Adopt", "%s", msg)
+		if cl.Conds.Set(v1beta1.ConditionSourceHealthy, metav1.ConditionFalse, v1beta1.ReasonRefreshIntervalTooLong, msg) {
+			cl.Conds.Announce(true, v1beta1.ReasonRefreshIntervalTooLong, "Adopt", "%s", msg)
 		}
 		return
 	}
@@ -289,12 +289,12 @@ func (r *Adopter) reportSynced(cl *Cluster, es *esv1.ExternalSecret, sc *render.
 	}
 	if c := esReady(es); c != nil && c.Status == corev1.ConditionFalse {
 		msg := fmt.Sprintf("ExternalSecret %s is not Ready (%s): %s", es.Name, c.Reason, c.Message)
-		if cl.Conds.Set(v1alpha1.ConditionSourceHealthy, metav1.ConditionFalse, v1alpha1.ReasonExternalSecretNotReady, msg) {
-			cl.Conds.Announce(true, v1alpha1.ReasonExternalSecretNotReady, "Sync", "%s", msg)
+		if cl.Conds.Set(v1beta1.ConditionSourceHealthy, metav1.ConditionFalse, v1beta1.ReasonExternalSecretNotReady, msg) {
+			cl.Conds.Announce(true, v1beta1.ReasonExternalSecretNotReady, "Sync", "%s", msg)
 		}
 		return
 	}
-	cl.Conds.Set(v1alpha1.ConditionSourceHealthy, metav1.ConditionTrue, v1alpha1.ReasonAvailable, "External Secrets Operator syncs the credential")
+	cl.Conds.Set(v1beta1.ConditionSourceHealthy, metav1.ConditionTrue, v1beta1.ReasonAvailable, "External Secrets Operator syncs the credential")
 }
 
 // esDeletionGrace is how long a RedisCluster being deleted waits for its ExternalSecret to go
@@ -339,8 +339,8 @@ func (r *Adopter) Retire(ctx context.Context, cl *Cluster) (time.Duration, error
 		if err := r.Client.Delete(ctx, es); client.IgnoreNotFound(err) != nil {
 			return 0, fmt.Errorf("deleting ExternalSecret %s: %w", es.Name, err)
 		}
-		if c := rc.Status.Credential; rc.VaultConnectionName() == "" || (c != nil && c.LeasesTracked != nil && !*c.LeasesTracked) {
-			cl.Conds.Event(false, v1alpha1.EventRevocationSkipped, "Delete",
+		if c := rc.Status.Credential; rc.VaultConnectionName() == "" || (c != nil && c.ExternalSecret.LeasesTracked != nil && !*c.ExternalSecret.LeasesTracked) {
+			cl.Conds.Event(false, v1beta1.EventRevocationSkipped, "Delete",
 				"Leases are not tracked (no credentials.externalSecret.connectionRef, or no lease in what External Secrets Operator synced): the leases it obtained live until their Vault TTL")
 		}
 		return time.Second, nil

@@ -11,7 +11,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/controllers/render"
 	"github.com/keyroll/keyroll/controllers/statustime"
 	"github.com/keyroll/keyroll/vault"
@@ -33,7 +33,7 @@ func (r *Adopter) adopt(ctx context.Context, cl *Cluster, sc *render.SyncedCrede
 	}
 	c := rc.Status.Credential
 	fresh := c == nil || c.Version != sc.Version
-	untrackedLease := tracked && c != nil && !fresh && c.LeaseID == ""
+	untrackedLease := tracked && c != nil && !fresh && c.Lease.LeaseID == ""
 	if !fresh && !untrackedLease && !unrecorded(rc, sighted, sc.LeaseID, tracked) {
 		return false, false, nil
 	}
@@ -63,7 +63,7 @@ func (r *Adopter) adopt(ctx context.Context, cl *Cluster, sc *render.SyncedCrede
 		if !tracked {
 			note = "leases are not tracked"
 		}
-		cl.Conds.Event(false, v1alpha1.EventCredentialsIssued, "Adopt", "Adopted credential %s for user %s that External Secrets Operator synced into Secret %s (%s)",
+		cl.Conds.Event(false, v1beta1.EventCredentialsIssued, "Adopt", "Adopted credential %s for user %s that External Secrets Operator synced into Secret %s (%s)",
 			sc.Version, sc.Username, render.SyncedSecretName(rc), note)
 		log.FromContext(ctx).Info("Synced credential adopted", "version", sc.Version, "username", sc.Username, "leaseTracked", tracked)
 	}
@@ -72,7 +72,7 @@ func (r *Adopter) adopt(ctx context.Context, cl *Cluster, sc *render.SyncedCrede
 
 // newLeases counts the leases that adopting the synced credential (lease current) with the
 // leases sighted would add to the ledger.
-func newLeases(rc *v1alpha1.RedisCluster, sighted []string, current string) int {
+func newLeases(rc *v1beta1.RedisCluster, sighted []string, current string) int {
 	added := map[string]bool{}
 	for _, id := range append(slices.Clone(sighted), current) {
 		if id != "" && !Has(rc.Status.Leases, id) {
@@ -83,7 +83,7 @@ func newLeases(rc *v1alpha1.RedisCluster, sighted []string, current string) int 
 }
 
 // unrecorded says whether leases seen in the Secret are missing from the ledger.
-func unrecorded(rc *v1alpha1.RedisCluster, sighted []string, current string, tracked bool) bool {
+func unrecorded(rc *v1beta1.RedisCluster, sighted []string, current string, tracked bool) bool {
 	if !tracked {
 		return false
 	}
@@ -99,19 +99,19 @@ func unrecorded(rc *v1alpha1.RedisCluster, sighted []string, current string, tra
 func (r *Adopter) recordSynced(cl *Cluster, sc *render.SyncedCredential, tracked bool, info *vault.LeaseInfo, now *metav1.Time, fresh bool) {
 	rc := cl.RC
 	prev := rc.Status.Credential
-	cs := &v1alpha1.CredentialStatus{
-		Version: sc.Version, Source: v1alpha1.SourceExternalSecret, Username: sc.Username,
-		IssuedAt: now, LastRotation: now, LeasesTracked: &tracked,
+	cs := &v1beta1.CredentialStatus{
+		Version: sc.Version, Source: v1beta1.SourceExternalSecret, Username: sc.Username,
+		IssuedAt: now, LastRotation: now, ExternalSecret: v1beta1.ExternalSecretCredential{LeasesTracked: &tracked},
 	}
 	if prev != nil {
 		// A new credential answers a pending refresh request; the same one keeps it pending.
-		cs.LastRotation, cs.SupersededUsers, cs.LeaseEndedEarlyAfter = prev.LastRotation, prev.SupersededUsers, prev.LeaseEndedEarlyAfter
-		if !fresh || prev.RefreshRequestedAt != nil {
+		cs.LastRotation, cs.SupersededUsers, cs.ExternalSecret.LeaseEndedEarlyAfter = prev.LastRotation, prev.SupersededUsers, prev.ExternalSecret.LeaseEndedEarlyAfter
+		if !fresh || prev.ExternalSecret.RefreshRequestedAt != nil {
 			// The same credential, or the one that answers keyroll's request: the request's reason.
 			cs.RotationReason = prev.RotationReason
 		}
 		if !fresh {
-			cs.IssuedAt, cs.RefreshRequestedAt = prev.IssuedAt, prev.RefreshRequestedAt
+			cs.IssuedAt, cs.ExternalSecret.RefreshRequestedAt = prev.IssuedAt, prev.ExternalSecret.RefreshRequestedAt
 		} else if !tracked && prev.Username != "" && !slices.Contains(cs.SupersededUsers, prev.Username) {
 			// No lease keeps the replaced user in the aclfile until the rollout is done: this does.
 			cs.SupersededUsers = append(slices.Clone(cs.SupersededUsers), prev.Username)
@@ -123,21 +123,21 @@ func (r *Adopter) recordSynced(cl *Cluster, sc *render.SyncedCredential, tracked
 		Supersede(rc, sc.Version)
 	}
 	if sc.LeaseDuration > 0 {
-		cs.LeaseDuration = &metav1.Duration{Duration: sc.LeaseDuration}
+		cs.Lease.Duration = &metav1.Duration{Duration: sc.LeaseDuration}
 	}
 	if tracked {
-		cs.LeaseID, cs.Renewable = sc.LeaseID, info.Renewable
-		cs.ExpiresAt = statustime.At(info.ExpiresAt)
+		cs.Lease.LeaseID, cs.Lease.Renewable = sc.LeaseID, info.Renewable
+		cs.Lease.ExpiresAt = statustime.At(info.ExpiresAt)
 		if !info.IssuedAt.IsZero() {
 			cs.IssuedAt = statustime.At(info.IssuedAt)
 		}
 		if !info.LastRenewal.IsZero() {
-			cs.LastRenewal = statustime.At(info.LastRenewal)
+			cs.Lease.LastRenewal = statustime.At(info.LastRenewal)
 		}
 		if info.Exists && !Has(rc.Status.Leases, sc.LeaseID) {
-			rc.Status.Leases = append(rc.Status.Leases, v1alpha1.LeaseRecord{
-				LeaseID: sc.LeaseID, State: v1alpha1.LeaseActive, Version: sc.Version, Username: sc.Username,
-				IssuedAt: cs.IssuedAt, ExpiresAt: cs.ExpiresAt, Connection: rc.VaultConnectionName(),
+			rc.Status.Leases = append(rc.Status.Leases, v1beta1.LeaseRecord{
+				LeaseID: sc.LeaseID, State: v1beta1.LeaseActive, Version: sc.Version, Username: sc.Username,
+				IssuedAt: cs.IssuedAt, ExpiresAt: cs.Lease.ExpiresAt, Connection: rc.VaultConnectionName(),
 			})
 		}
 	}
@@ -147,7 +147,7 @@ func (r *Adopter) recordSynced(cl *Cluster, sc *render.SyncedCredential, tracked
 // syncedSecret reads the credentials Secret ESO writes; nil while it does not exist. It must be
 // controlled by keyroll's own ExternalSecret, whose UID is es (empty: not created yet): a Secret of
 // that name that anyone else wrote, or another ExternalSecret controls, is never read.
-func (r *Adopter) syncedSecret(ctx context.Context, rc *v1alpha1.RedisCluster, es types.UID) (*corev1.Secret, error) {
+func (r *Adopter) syncedSecret(ctx context.Context, rc *v1beta1.RedisCluster, es types.UID) (*corev1.Secret, error) {
 	if es == "" {
 		return nil, nil
 	}
@@ -182,7 +182,7 @@ func (r *Adopter) mayTrack(cl *Cluster, vcl vault.LeaseClient, id string) bool {
 		return true
 	}
 	if err := g.AllowsLease(id); err != nil {
-		cl.Conds.Event(true, v1alpha1.EventLeaseDisowned, "Adopt", "The lease External Secrets Operator obtained is not tracked: %v", err)
+		cl.Conds.Event(true, v1beta1.EventLeaseDisowned, "Adopt", "The lease External Secrets Operator obtained is not tracked: %v", err)
 		return false
 	}
 	return true

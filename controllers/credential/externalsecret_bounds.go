@@ -7,7 +7,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 )
 
 // The status holds at most MaxLeases leases and MaxSupersededUsers superseded
@@ -25,7 +25,7 @@ const (
 )
 
 // refreshesPaused says whether External Secrets Operator's refreshes are to be paused for rc.
-func refreshesPaused(rc *v1alpha1.RedisCluster) bool {
+func refreshesPaused(rc *v1beta1.RedisCluster) bool {
 	users := 0
 	if c := rc.Status.Credential; c != nil {
 		users = len(c.SupersededUsers)
@@ -34,7 +34,7 @@ func refreshesPaused(rc *v1alpha1.RedisCluster) bool {
 }
 
 // pauseRefreshes makes the ExternalSecret as rendered refresh no more while refreshesPaused.
-func pauseRefreshes(rc *v1alpha1.RedisCluster, es *esv1.ExternalSecret) {
+func pauseRefreshes(rc *v1beta1.RedisCluster, es *esv1.ExternalSecret) {
 	if refreshesPaused(rc) {
 		es.Spec.RefreshPolicy = esv1.RefreshPolicyCreatedOnce
 	}
@@ -42,7 +42,7 @@ func pauseRefreshes(rc *v1alpha1.RedisCluster, es *esv1.ExternalSecret) {
 
 // fits says whether the status can take a new credential with the leases sighted: adopting one
 // that does not fit would make the status write fail.
-func fits(rc *v1alpha1.RedisCluster, newLeases int, tracked bool) bool {
+func fits(rc *v1beta1.RedisCluster, newLeases int, tracked bool) bool {
 	c := rc.Status.Credential
 	if !tracked {
 		return c == nil || len(c.SupersededUsers) < MaxSupersededUsers
@@ -59,8 +59,8 @@ func reportBounds(cl *Cluster, waiting bool) bool {
 		users = len(c.SupersededUsers)
 	}
 	if !waiting && !refreshesPaused(rc) {
-		if c := meta.FindStatusCondition(rc.Status.Conditions, v1alpha1.ConditionSourceHealthy); c != nil && c.Reason == v1alpha1.ReasonLedgerFull {
-			cl.Conds.Set(v1alpha1.ConditionSourceHealthy, metav1.ConditionTrue, v1alpha1.ReasonAvailable, "The ledger has room again: External Secrets Operator refreshes the credential")
+		if c := meta.FindStatusCondition(rc.Status.Conditions, v1beta1.ConditionSourceHealthy); c != nil && c.Reason == v1beta1.ReasonLedgerFull {
+			cl.Conds.Set(v1beta1.ConditionSourceHealthy, metav1.ConditionTrue, v1beta1.ReasonAvailable, "The ledger has room again: External Secrets Operator refreshes the credential")
 		}
 		return false
 	}
@@ -69,8 +69,8 @@ func reportBounds(cl *Cluster, waiting bool) bool {
 	if waiting {
 		msg += "; the credential External Secrets Operator synced last does not fit and is not adopted (nothing is delivered until there is room)"
 	}
-	if cl.Conds.Set(v1alpha1.ConditionSourceHealthy, metav1.ConditionFalse, v1alpha1.ReasonLedgerFull, msg) {
-		cl.Conds.Announce(true, v1alpha1.ReasonLedgerFull, "Adopt", "%s", msg)
+	if cl.Conds.Set(v1beta1.ConditionSourceHealthy, metav1.ConditionFalse, v1beta1.ReasonLedgerFull, msg) {
+		cl.Conds.Announce(true, v1beta1.ReasonLedgerFull, "Adopt", "%s", msg)
 	}
 	return true
 }

@@ -6,29 +6,29 @@ import (
 
 	esv1 "github.com/external-secrets/external-secrets/apis/externalsecrets/v1"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 )
 
 // TestRefreshesPauseBeforeTheStatusIsFull: External Secrets Operator's refreshes pause (refreshPolicy
 // CreatedOnce) while the ledger or the superseded users are within their margin of the CRD's
 // bounds, and a credential that would take either past its bound is not adopted.
 func TestRefreshesPauseBeforeTheStatusIsFull(t *testing.T) {
-	withLeases := func(n int) *v1alpha1.RedisCluster {
-		rc := &v1alpha1.RedisCluster{}
+	withLeases := func(n int) *v1beta1.RedisCluster {
+		rc := &v1beta1.RedisCluster{}
 		for i := range n {
-			rc.Status.Leases = append(rc.Status.Leases, v1alpha1.LeaseRecord{LeaseID: fmt.Sprintf("database/creds/orders/%d", i), State: v1alpha1.LeaseSuperseded})
+			rc.Status.Leases = append(rc.Status.Leases, v1beta1.LeaseRecord{LeaseID: fmt.Sprintf("database/creds/orders/%d", i), State: v1beta1.LeaseSuperseded})
 		}
 		return rc
 	}
-	withUsers := func(n int) *v1alpha1.RedisCluster {
-		rc := &v1alpha1.RedisCluster{Status: v1alpha1.RedisClusterStatus{Credential: &v1alpha1.CredentialStatus{}}}
+	withUsers := func(n int) *v1beta1.RedisCluster {
+		rc := &v1beta1.RedisCluster{Status: v1beta1.RedisClusterStatus{Credential: &v1beta1.CredentialStatus{}}}
 		for i := range n {
 			rc.Status.Credential.SupersededUsers = append(rc.Status.Credential.SupersededUsers, fmt.Sprintf("u%d", i))
 		}
 		return rc
 	}
 	for name, tc := range map[string]struct {
-		rc             *v1alpha1.RedisCluster
+		rc             *v1beta1.RedisCluster
 		add            int
 		tracked        bool
 		paused, adopts bool
@@ -60,7 +60,7 @@ func TestRefreshesPauseBeforeTheStatusIsFull(t *testing.T) {
 // TestNewLeasesCountsEachLeaseOnce: the current lease seen among the sightings, and leases already
 // in the ledger, are not counted twice against the bound.
 func TestNewLeasesCountsEachLeaseOnce(t *testing.T) {
-	rc := &v1alpha1.RedisCluster{Status: v1alpha1.RedisClusterStatus{Leases: []v1alpha1.LeaseRecord{{LeaseID: "a"}}}}
+	rc := &v1beta1.RedisCluster{Status: v1beta1.RedisClusterStatus{Leases: []v1beta1.LeaseRecord{{LeaseID: "a"}}}}
 	if n := newLeases(rc, []string{"a", "b", "c"}, "c"); n != 2 {
 		t.Errorf("newLeases = %d, want 2 (b and c)", n)
 	}

@@ -12,7 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/controllers/render"
 )
 
@@ -77,7 +77,7 @@ func (s *sightings) forget(key types.NamespacedName, ids []string) {
 func (r *Adopter) SecretEvents() handler.EventHandler {
 	see := func(o client.Object) []ctrl.Request {
 		sec, ok := o.(*corev1.Secret)
-		cluster := o.GetLabels()[v1alpha1.LabelCluster]
+		cluster := o.GetLabels()[v1beta1.LabelCluster]
 		if !ok || cluster == "" {
 			return nil
 		}

@@ -8,7 +8,7 @@ import (
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/controllers/metrics"
 	"github.com/keyroll/keyroll/vault"
 )
@@ -59,7 +59,7 @@ func mayUseSource(cl *Cluster, vcl vault.LeaseClient) bool {
 		err = g.AllowsClusterScoped(kind, name, field)
 	}
 	if err != nil {
-		cl.NotReady(v1alpha1.ReasonSourceNotAllowed, v1alpha1.EventAccessDenied, "WriteExternalSecret", err.Error(), true)
+		cl.NotReady(v1beta1.ReasonSourceNotAllowed, v1beta1.EventAccessDenied, "WriteExternalSecret", err.Error(), true)
 		return false
 	}
 	return true
@@ -69,5 +69,5 @@ func mayUseSource(cl *Cluster, vcl vault.LeaseClient) bool {
 // Operator's API was missing when it started.
 func ExternalSecretsNotInstalled(cl *Cluster) {
 	msg := "credentials.source is ExternalSecret, but External Secrets Operator's API (external-secrets.io/v1 ExternalSecret) was not installed when keyroll started: install External Secrets Operator, then restart keyroll"
-	cl.NotReady(v1alpha1.ReasonExternalSecretsNotInstalled, v1alpha1.ReasonExternalSecretsNotInstalled, "Sync", msg, true)
+	cl.NotReady(v1beta1.ReasonExternalSecretsNotInstalled, v1beta1.ReasonExternalSecretsNotInstalled, "Sync", msg, true)
 }

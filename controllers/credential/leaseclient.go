@@ -5,7 +5,7 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/vault"
 )
 
@@ -14,7 +14,7 @@ var ErrNoConnection = errors.New("no VaultConnection to reach it through")
 
 // ClientFor is the Vault client of the VaultConnection a lease came through: vcl, the spec's, or
 // that other connection's.
-func (l *Ledger) ClientFor(ctx context.Context, c *Cluster, vcl vault.LeaseClient, lease v1alpha1.LeaseRecord) (vault.LeaseClient, error) {
+func (l *Ledger) ClientFor(ctx context.Context, c *Cluster, vcl vault.LeaseClient, lease v1beta1.LeaseRecord) (vault.LeaseClient, error) {
 	name := c.RC.LeaseConnection(lease)
 	if name == c.RC.VaultConnectionName() || l.Connections == nil {
 		if vcl == nil {
@@ -34,10 +34,10 @@ func (l *Ledger) ClientFor(ctx context.Context, c *Cluster, vcl vault.LeaseClien
 // than the spec names now (none included).
 func (l *Ledger) CurrentClient(ctx context.Context, c *Cluster, vcl vault.LeaseClient) (vault.LeaseClient, bool, error) {
 	cur := c.RC.Status.Credential
-	if cur == nil || cur.LeaseID == "" {
+	if cur == nil || cur.Lease.LeaseID == "" {
 		return vcl, false, nil
 	}
-	rec, ok := c.Lease(cur.LeaseID)
+	rec, ok := c.Lease(cur.Lease.LeaseID)
 	if !ok {
 		return vcl, false, nil
 	}

@@ -13,7 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/controllers/connection"
 	"github.com/keyroll/keyroll/controllers/metrics"
 	"github.com/keyroll/keyroll/controllers/statustime"
@@ -26,7 +26,7 @@ import (
 // lease gone, the issue that replaces it, and the decision that nothing more is due. Each step's
 // decision is rotation.Decide's alone, on what the step before left, and is never changed by
 // hand; deciding once per reconcile instead would cost another reconcile, and another status
-// write for its plan (status.credential.nextRenewal, nextRotation), after every renewal and issue.
+// write for its plan (status.credential.lease.nextRenewal, nextRotation), after every renewal and issue.
 const MaxSteps = 4
 
 // MaxLeases is how many leases the ledger holds at most (status.leases, as the CRD bounds it).
@@ -62,7 +62,7 @@ func (l *Ledger) Input(cl *Cluster, vcl vault.LeaseClient, hasCredential, leaseG
 	rc := cl.RC
 	in := rotation.Input{
 		Now: l.Clock.Now(), HasCredential: hasCredential, LeaseGone: leaseGone, RenewalPercent: DefaultRenewalPercent,
-		Paused: rc.Spec.Rotation.Paused, RotateNow: rc.Annotations[v1alpha1.AnnotationRotateNow],
+		Paused: rc.Spec.Rotation.Paused, RotateNow: rc.Annotations[v1beta1.AnnotationRotateNow],
 		RotateNowAcknowledged: rc.Status.RotateNowAcknowledged, RolloutInProgress: rc.Status.Rollout != nil,
 	}
 	if vl := rc.Spec.Credentials.VaultLease; vl != nil {
@@ -76,30 +76,30 @@ func (l *Ledger) Input(cl *Cluster, vcl vault.LeaseClient, hasCredential, leaseG
 	if c == nil {
 		return in
 	}
-	in.ExpiresAt, in.Renewable, in.RenewalCapped = statustime.Of(c.ExpiresAt), c.Renewable, c.RenewalCapped
+	in.ExpiresAt, in.Renewable, in.RenewalCapped = statustime.Of(c.Lease.ExpiresAt), c.Lease.Renewable, c.Lease.RenewalCapped
 	in.IssuedAt, in.RenewedAt = statustime.Of(c.IssuedAt), statustime.Of(c.IssuedAt)
-	if c.LastRenewal != nil {
-		in.RenewedAt = c.LastRenewal.Time
+	if c.Lease.LastRenewal != nil {
+		in.RenewedAt = c.Lease.LastRenewal.Time
 	}
 	in.LeaseDuration = in.ExpiresAt.Sub(in.RenewedAt)
 	in.CappedTTL = in.LeaseDuration
 	in.LastRotation = statustime.Of(c.LastRotation)
-	in.RenewalKey = string(rc.UID) + "/" + c.LeaseID
-	if vcl != nil && c.TokenAccessor != "" {
-		if t, ok := vcl.Token(c.TokenAccessor); ok && !t.EndsAt.IsZero() {
-			c.TokenEndsAt = statustime.At(t.EndsAt)
+	in.RenewalKey = string(rc.UID) + "/" + c.Lease.LeaseID
+	if vcl != nil && c.VaultLease.TokenAccessor != "" {
+		if t, ok := vcl.Token(c.VaultLease.TokenAccessor); ok && !t.EndsAt.IsZero() {
+			c.VaultLease.TokenEndsAt = statustime.At(t.EndsAt)
 		}
 	}
-	in.TokenEndsAt = statustime.Of(c.TokenEndsAt)
-	if c.LeaseID != "" {
-		in.NextLeaseCheck = l.Checks.Next(client.ObjectKeyFromObject(rc), c.LeaseID, in.RenewedAt)
+	in.TokenEndsAt = statustime.Of(c.VaultLease.TokenEndsAt)
+	if c.Lease.LeaseID != "" {
+		in.NextLeaseCheck = l.Checks.Next(client.ObjectKeyFromObject(rc), c.Lease.LeaseID, in.RenewedAt)
 	}
 	return in
 }
 
 // Check looks the live lease up in Vault. gone says Vault no longer knows it.
 func (l *Ledger) Check(ctx context.Context, cl *Cluster, vcl vault.LeaseClient) (gone bool, err error) {
-	gone, _, err = l.lookUp(ctx, cl, vcl, cl.RC.Status.Credential.LeaseID)
+	gone, _, err = l.lookUp(ctx, cl, vcl, cl.RC.Status.Credential.Lease.LeaseID)
 	return gone, err
 }
 
@@ -124,30 +124,30 @@ func (l *Ledger) lookUp(ctx context.Context, cl *Cluster, vcl vault.LeaseClient,
 func (l *Ledger) Renew(ctx context.Context, cl *Cluster, vcl vault.LeaseClient) (gone bool, err error) {
 	c := cl.RC.Status.Credential
 	increment := time.Duration(0)
-	if c.LeaseDuration != nil {
-		increment = c.LeaseDuration.Duration
+	if c.Lease.Duration != nil {
+		increment = c.Lease.Duration.Duration
 	}
-	ren, err := vcl.Renew(ctx, c.LeaseID, increment)
+	ren, err := vcl.Renew(ctx, c.Lease.LeaseID, increment)
 	l.Metrics.Renewals.WithLabelValues(metrics.Result(err)).Inc()
 	if vault.IsLeaseGone(err) {
 		return true, nil
 	}
 	if vault.IsRefused(err) {
-		l.disown(ctx, cl, c.LeaseID, err)
+		l.disown(ctx, cl, c.Lease.LeaseID, err)
 		return true, nil
 	}
 	if err != nil {
 		return false, fmt.Errorf("renewing lease: %w", err)
 	}
 	expires := statustime.At(ren.ExpiresAt)
-	c.LastRenewal, c.ExpiresAt, c.Renewable, c.RenewalCapped = statustime.At(l.Clock.Now()), expires, ren.Renewable, ren.Capped
+	c.Lease.LastRenewal, c.Lease.ExpiresAt, c.Lease.Renewable, c.Lease.RenewalCapped = statustime.At(l.Clock.Now()), expires, ren.Renewable, ren.Capped
 	for i := range cl.RC.Status.Leases {
-		if cl.RC.Status.Leases[i].LeaseID == c.LeaseID {
-			cl.RC.Status.Leases[i].ExpiresAt, cl.RC.Status.Leases[i].LastRenewal = expires, c.LastRenewal
+		if cl.RC.Status.Leases[i].LeaseID == c.Lease.LeaseID {
+			cl.RC.Status.Leases[i].ExpiresAt, cl.RC.Status.Leases[i].LastRenewal = expires, c.Lease.LastRenewal
 		}
 	}
-	l.Checks.Checked(client.ObjectKeyFromObject(cl.RC), c.LeaseID, l.Clock.Now())
-	log.FromContext(ctx).V(1).Info("Lease renewed", "lease", c.LeaseID, "granted", ren.Duration, "capped", ren.Capped)
+	l.Checks.Checked(client.ObjectKeyFromObject(cl.RC), c.Lease.LeaseID, l.Clock.Now())
+	log.FromContext(ctx).V(1).Info("Lease renewed", "lease", c.Lease.LeaseID, "granted", ren.Duration, "capped", ren.Capped)
 	return false, nil
 }
 
@@ -155,8 +155,8 @@ func (l *Ledger) Renew(ctx context.Context, cl *Cluster, vcl vault.LeaseClient) 
 // expiry for the metric.
 func (l *Ledger) Planned(cl *Cluster, d rotation.Decision) {
 	c := cl.RC.Status.Credential
-	l.Metrics.SetLeaseExpiry(client.ObjectKeyFromObject(cl.RC), statustime.Of(c.ExpiresAt))
-	c.NextRenewal, c.NextRotation = statustime.At(d.NextRenewal), statustime.At(d.NextRotation)
+	l.Metrics.SetLeaseExpiry(client.ObjectKeyFromObject(cl.RC), statustime.Of(c.Lease.ExpiresAt))
+	c.Lease.NextRenewal, c.NextRotation = statustime.At(d.NextRenewal), statustime.At(d.NextRotation)
 	l.Due(cl, d.When)
 }
 
@@ -167,7 +167,7 @@ func (l *Ledger) Due(cl *Cluster, at time.Time) {
 	}
 }
 
-func Remove(leases []v1alpha1.LeaseRecord, id string) []v1alpha1.LeaseRecord {
+func Remove(leases []v1beta1.LeaseRecord, id string) []v1beta1.LeaseRecord {
 	out := leases[:0:0]
 	for _, l := range leases {
 		if l.LeaseID != id {
@@ -183,7 +183,7 @@ func Remove(leases []v1alpha1.LeaseRecord, id string) []v1alpha1.LeaseRecord {
 func (l *Ledger) RevokeSuperseded(ctx context.Context, cl *Cluster, vcl vault.LeaseClient) error {
 	var errs []error
 	for _, lease := range cl.RC.Status.Leases {
-		if lease.State == v1alpha1.LeaseActive {
+		if lease.State == v1beta1.LeaseActive {
 			continue
 		}
 		errs = append(errs, l.Revoke(ctx, cl, vcl, lease.LeaseID))
@@ -207,7 +207,7 @@ func (l *Ledger) RevokeAll(ctx context.Context, cl *Cluster, vcl vault.LeaseClie
 func (l *Ledger) Revoke(ctx context.Context, cl *Cluster, vcl vault.LeaseClient, id string) error {
 	rec, ok := cl.Lease(id)
 	if !ok {
-		rec = v1alpha1.LeaseRecord{LeaseID: id}
+		rec = v1beta1.LeaseRecord{LeaseID: id}
 	}
 	vcl, err := l.ClientFor(ctx, cl, vcl, rec)
 	if err != nil {
@@ -226,13 +226,13 @@ func (l *Ledger) Revoke(ctx context.Context, cl *Cluster, vcl vault.LeaseClient,
 	if err != nil {
 		for i := range cl.RC.Status.Leases {
 			if cl.RC.Status.Leases[i].LeaseID == id {
-				cl.RC.Status.Leases[i].State = v1alpha1.LeaseRevoking
+				cl.RC.Status.Leases[i].State = v1beta1.LeaseRevoking
 			}
 		}
 		return fmt.Errorf("revoking lease %s (%s): %w", id, vault.ClassOf(err), err)
 	}
 	cl.RC.Status.Leases = Remove(cl.RC.Status.Leases, id)
-	cl.Conds.Announce(false, v1alpha1.EventLeaseRevoked, "Revoke", "Revoked lease %s", id) // it leaves the ledger
+	cl.Conds.Announce(false, v1beta1.EventLeaseRevoked, "Revoke", "Revoked lease %s", id) // it leaves the ledger
 	log.FromContext(ctx).Info("Lease revoked", "lease", id)
 	return nil
 }
@@ -244,24 +244,24 @@ func (l *Ledger) Revoke(ctx context.Context, cl *Cluster, vcl vault.LeaseClient,
 // a Vault administrator's hand.
 func (l *Ledger) disown(ctx context.Context, cl *Cluster, id string, err error) {
 	cl.RC.Status.Leases = Remove(cl.RC.Status.Leases, id)
-	cl.Conds.Announce(true, v1alpha1.EventLeaseDisowned, "Disown", "Lease %s left the ledger without a Vault call: %v", id, err)
+	cl.Conds.Announce(true, v1beta1.EventLeaseDisowned, "Disown", "Lease %s left the ledger without a Vault call: %v", id, err)
 	log.FromContext(ctx).Info("Lease disowned: outside what the namespace may use", "lease", id, "error", err.Error())
 }
 
 // Outcome sets Degraded for pending revocations, with an event on the transition.
 func (l *Ledger) Outcome(cl *Cluster, err error) error {
 	if err == nil {
-		cl.Conds.Set(v1alpha1.ConditionLeasesRevoked, metav1.ConditionTrue, v1alpha1.ReasonAvailable, "Every superseded lease is revoked")
+		cl.Conds.Set(v1beta1.ConditionLeasesRevoked, metav1.ConditionTrue, v1beta1.ReasonAvailable, "Every superseded lease is revoked")
 		return nil
 	}
-	msg := fmt.Sprintf("%d lease(s) not revoked yet, retrying: %v", Count(cl.RC, v1alpha1.LeaseRevoking), err)
-	if cl.Conds.Set(v1alpha1.ConditionLeasesRevoked, metav1.ConditionFalse, v1alpha1.ReasonRevocationPending, msg) {
-		cl.Conds.Announce(true, v1alpha1.EventRevocationFailed, "Revoke", "%s", msg)
+	msg := fmt.Sprintf("%d lease(s) not revoked yet, retrying: %v", Count(cl.RC, v1beta1.LeaseRevoking), err)
+	if cl.Conds.Set(v1beta1.ConditionLeasesRevoked, metav1.ConditionFalse, v1beta1.ReasonRevocationPending, msg) {
+		cl.Conds.Announce(true, v1beta1.EventRevocationFailed, "Revoke", "%s", msg)
 	}
 	return err
 }
 
-func Count(rc *v1alpha1.RedisCluster, st v1alpha1.LeaseState) int {
+func Count(rc *v1beta1.RedisCluster, st v1beta1.LeaseState) int {
 	n := 0
 	for _, l := range rc.Status.Leases {
 		if l.State == st {
@@ -272,10 +272,10 @@ func Count(rc *v1alpha1.RedisCluster, st v1alpha1.LeaseState) int {
 }
 
 // Supersede marks the active lease superseded: credential version by replaces it.
-func Supersede(rc *v1alpha1.RedisCluster, by string) {
+func Supersede(rc *v1beta1.RedisCluster, by string) {
 	for i := range rc.Status.Leases {
-		if rc.Status.Leases[i].State == v1alpha1.LeaseActive {
-			rc.Status.Leases[i].State, rc.Status.Leases[i].SupersededBy = v1alpha1.LeaseSuperseded, by
+		if rc.Status.Leases[i].State == v1beta1.LeaseActive {
+			rc.Status.Leases[i].State, rc.Status.Leases[i].SupersededBy = v1beta1.LeaseSuperseded, by
 		}
 	}
 }
@@ -283,16 +283,16 @@ func Supersede(rc *v1alpha1.RedisCluster, by string) {
 // AddSighted puts leases seen in earlier versions of the Secret (ESO may mint more than one, on a
 // first sync for instance) into the ledger as superseded, to be revoked after the rollout through
 // connection, the VaultConnection they are tracked through.
-func AddSighted(leases []v1alpha1.LeaseRecord, sighted []string, now *metav1.Time, connection string) []v1alpha1.LeaseRecord {
+func AddSighted(leases []v1beta1.LeaseRecord, sighted []string, now *metav1.Time, connection string) []v1beta1.LeaseRecord {
 	for _, id := range sighted {
 		if !Has(leases, id) {
-			leases = append(leases, v1alpha1.LeaseRecord{LeaseID: id, State: v1alpha1.LeaseSuperseded, IssuedAt: now, Connection: connection})
+			leases = append(leases, v1beta1.LeaseRecord{LeaseID: id, State: v1beta1.LeaseSuperseded, IssuedAt: now, Connection: connection})
 		}
 	}
 	return leases
 }
 
-func Has(leases []v1alpha1.LeaseRecord, id string) bool {
+func Has(leases []v1beta1.LeaseRecord, id string) bool {
 	for _, l := range leases {
 		if l.LeaseID == id {
 			return true
@@ -302,10 +302,10 @@ func Has(leases []v1alpha1.LeaseRecord, id string) bool {
 }
 
 // Superseded are the leases of the ledger that a newer credential replaced.
-func Superseded(rc *v1alpha1.RedisCluster) []v1alpha1.LeaseRecord {
-	var out []v1alpha1.LeaseRecord
+func Superseded(rc *v1beta1.RedisCluster) []v1beta1.LeaseRecord {
+	var out []v1beta1.LeaseRecord
 	for _, l := range rc.Status.Leases {
-		if l.State != v1alpha1.LeaseActive {
+		if l.State != v1beta1.LeaseActive {
 			out = append(out, l)
 		}
 	}
@@ -315,9 +315,9 @@ func Superseded(rc *v1alpha1.RedisCluster) []v1alpha1.LeaseRecord {
 // Pending says that a replaced credential may still be in use: a superseded lease whose user
 // is not retired yet, or the user of a replaced credential whose lease is not tracked. The
 // rollout runs until the consumers have the current one.
-func Pending(rc *v1alpha1.RedisCluster) bool {
+func Pending(rc *v1beta1.RedisCluster) bool {
 	for _, l := range rc.Status.Leases {
-		if l.State == v1alpha1.LeaseSuperseded {
+		if l.State == v1beta1.LeaseSuperseded {
 			return true
 		}
 	}
@@ -326,7 +326,7 @@ func Pending(rc *v1alpha1.RedisCluster) bool {
 
 // Retiring says that something replaced is on its way out: a pending credential, a lease not
 // revoked yet, or a user not yet removed from every node.
-func Retiring(rc *v1alpha1.RedisCluster) bool {
+func Retiring(rc *v1beta1.RedisCluster) bool {
 	return Pending(rc) || len(Superseded(rc)) > 0 || len(rc.Status.RetiringUsers) > 0
 }
 
@@ -338,11 +338,11 @@ const DefaultRenewalPercent = 67
 // every node at once (status.retiringUsers); with RollOver it stays there until the credential
 // that replaces it has rolled out (status.credential.supersededUsers). It says whether the user
 // is cut off.
-func HonourGone(rc *v1alpha1.RedisCluster, username string) bool {
+func HonourGone(rc *v1beta1.RedisCluster, username string) bool {
 	if username == "" {
-		return rc.Spec.Credentials.OnRevokedOutside != v1alpha1.RevokedOutsideRollOver
+		return rc.Spec.Credentials.OnRevokedOutside != v1beta1.RevokedOutsideRollOver
 	}
-	if c := rc.Status.Credential; rc.Spec.Credentials.OnRevokedOutside == v1alpha1.RevokedOutsideRollOver &&
+	if c := rc.Status.Credential; rc.Spec.Credentials.OnRevokedOutside == v1beta1.RevokedOutsideRollOver &&
 		(c == nil || len(c.SupersededUsers) < MaxSupersededUsers) { // a full list cuts off
 		if c != nil && !slices.Contains(c.SupersededUsers, username) {
 			c.SupersededUsers = append(c.SupersededUsers, username)
@@ -359,15 +359,15 @@ func HonourGone(rc *v1alpha1.RedisCluster, username string) bool {
 // revoked outside keyroll left the ledger at once (onRevokedOutside CutOff), ahead of the rollout
 // of the credential that replaced it. (The users of superseded leases retire only after their
 // rollout, their leases Revoking.)
-func CutOff(rc *v1alpha1.RedisCluster) bool { return len(CutOffUsers(rc)) > 0 }
+func CutOff(rc *v1beta1.RedisCluster) bool { return len(CutOffUsers(rc)) > 0 }
 
 // CutOffUsers are the retiring users that leave the nodes at once, ahead of any rollout: those of
 // leases revoked outside keyroll, under onRevokedOutside CutOff (no lease of theirs is Revoking).
-func CutOffUsers(rc *v1alpha1.RedisCluster) []string {
+func CutOffUsers(rc *v1beta1.RedisCluster) []string {
 	var out []string
 	for _, name := range rc.Status.RetiringUsers {
-		if !slices.ContainsFunc(rc.Status.Leases, func(l v1alpha1.LeaseRecord) bool {
-			return l.Username == name && l.State == v1alpha1.LeaseRevoking
+		if !slices.ContainsFunc(rc.Status.Leases, func(l v1beta1.LeaseRecord) bool {
+			return l.Username == name && l.State == v1beta1.LeaseRevoking
 		}) {
 			out = append(out, name)
 		}

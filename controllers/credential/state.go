@@ -5,7 +5,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/controllers/conditions"
 	"github.com/keyroll/keyroll/rotation"
 )
@@ -15,9 +15,9 @@ import (
 // object as last written, its conditions, its parsed rotation settings, and how to write the
 // status.
 type Cluster struct {
-	RC *v1alpha1.RedisCluster
+	RC *v1beta1.RedisCluster
 	// Before is the RedisCluster as last written: the status patch is computed against it.
-	Before *v1alpha1.RedisCluster
+	Before *v1beta1.RedisCluster
 	Conds  conditions.Setter
 	// Schedule and Window are the parsed spec.rotation (nil when unset or invalid).
 	Schedule rotation.Schedule
@@ -39,19 +39,19 @@ type StatusWriter interface {
 func (c *Cluster) Persist(ctx context.Context) error { return c.Status.WriteStatus(ctx, c) }
 
 // Lease is the ledger's record of lease id (ok false: none).
-func (c *Cluster) Lease(id string) (v1alpha1.LeaseRecord, bool) {
+func (c *Cluster) Lease(id string) (v1beta1.LeaseRecord, bool) {
 	for _, l := range c.RC.Status.Leases {
 		if l.LeaseID == id {
 			return l, true
 		}
 	}
-	return v1alpha1.LeaseRecord{}, false
+	return v1beta1.LeaseRecord{}, false
 }
 
 // NotReady says that there is no usable credential, for reason; when warn is set, a Warning event
 // with eventReason says so too when the condition changes.
 func (c *Cluster) NotReady(reason, eventReason, action, msg string, warn bool) {
-	if c.Conds.Set(v1alpha1.ConditionCredentialsReady, metav1.ConditionFalse, reason, msg) && warn {
+	if c.Conds.Set(v1beta1.ConditionCredentialsReady, metav1.ConditionFalse, reason, msg) && warn {
 		c.Conds.Announce(true, eventReason, action, "%s", msg)
 	}
 }
@@ -69,11 +69,11 @@ func (c *Cluster) ParseRotation() {
 		c.Window, err = rotation.ParseWindow(w.Start, w.Duration.Duration, w.TimeZone)
 	}
 	if err == nil {
-		c.Conds.Set(v1alpha1.ConditionScheduleValid, metav1.ConditionTrue, v1alpha1.ReasonAvailable, "spec.rotation is valid")
+		c.Conds.Set(v1beta1.ConditionScheduleValid, metav1.ConditionTrue, v1beta1.ReasonAvailable, "spec.rotation is valid")
 		return
 	}
 	c.Schedule, c.Window = nil, nil
-	if c.Conds.Set(v1alpha1.ConditionScheduleValid, metav1.ConditionFalse, v1alpha1.ReasonInvalidSchedule, "spec.rotation: "+err.Error()) {
-		c.Conds.Announce(true, v1alpha1.ReasonInvalidSchedule, "Schedule", "spec.rotation: %v", err)
+	if c.Conds.Set(v1beta1.ConditionScheduleValid, metav1.ConditionFalse, v1beta1.ReasonInvalidSchedule, "spec.rotation: "+err.Error()) {
+		c.Conds.Announce(true, v1beta1.ReasonInvalidSchedule, "Schedule", "spec.rotation: %v", err)
 	}
 }

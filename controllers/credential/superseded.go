@@ -10,7 +10,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/controllers/metrics"
 	"github.com/keyroll/keyroll/controllers/statustime"
 	"github.com/keyroll/keyroll/vault"
@@ -29,7 +29,7 @@ func (l *Ledger) KeepSuperseded(ctx context.Context, cl *Cluster, vcl vault.Leas
 	var errs []error
 	defer l.retainChecks(cl)
 	for _, rec := range slices.Clone(cl.RC.Status.Leases) {
-		if rec.State != v1alpha1.LeaseSuperseded {
+		if rec.State != v1beta1.LeaseSuperseded {
 			continue
 		}
 		ends := l.supersededEnd(ctx, cl, vcl, rec)
@@ -65,7 +65,7 @@ func (l *Ledger) KeepSuperseded(ctx context.Context, cl *Cluster, vcl vault.Leas
 // checkSuperseded looks a superseded lease up in Vault when its lease check is due, as the current
 // lease's is, so that one revoked outside keyroll is noticed within about --lease-check-interval,
 // not at its next renewal. gone says it left the ledger; check is when it is next due.
-func (l *Ledger) checkSuperseded(ctx context.Context, cl *Cluster, vcl vault.LeaseClient, rec v1alpha1.LeaseRecord, now time.Time) (check time.Time, gone bool, err error) {
+func (l *Ledger) checkSuperseded(ctx context.Context, cl *Cluster, vcl vault.LeaseClient, rec v1beta1.LeaseRecord, now time.Time) (check time.Time, gone bool, err error) {
 	key := client.ObjectKeyFromObject(cl.RC)
 	confirmed := statustime.Of(rec.LastRenewal)
 	if confirmed.IsZero() {
@@ -95,7 +95,7 @@ func (l *Ledger) checkSuperseded(ctx context.Context, cl *Cluster, vcl vault.Lea
 func (l *Ledger) retainChecks(cl *Cluster) {
 	var live []string
 	for _, rec := range cl.RC.Status.Leases {
-		if rec.State != v1alpha1.LeaseRevoking {
+		if rec.State != v1beta1.LeaseRevoking {
 			live = append(live, rec.LeaseID)
 		}
 	}
@@ -106,7 +106,7 @@ func (l *Ledger) retainChecks(cl *Cluster) {
 // token that created it when that comes first (Vault revokes a lease with its token, and no
 // renewal saves it). The first time the token's end is found to come first, the lease is marked
 // renewalCapped and a Warning event says by when the rollout must be done.
-func (l *Ledger) supersededEnd(ctx context.Context, cl *Cluster, vcl vault.LeaseClient, rec v1alpha1.LeaseRecord) time.Time {
+func (l *Ledger) supersededEnd(ctx context.Context, cl *Cluster, vcl vault.LeaseClient, rec v1beta1.LeaseRecord) time.Time {
 	expiry := statustime.Of(rec.ExpiresAt)
 	if rec.TokenAccessor == "" {
 		return expiry
@@ -122,7 +122,7 @@ func (l *Ledger) supersededEnd(ctx context.Context, cl *Cluster, vcl vault.Lease
 	for i := range cl.RC.Status.Leases {
 		if r := &cl.RC.Status.Leases[i]; r.LeaseID == rec.LeaseID && !r.RenewalCapped {
 			r.RenewalCapped = true
-			cl.Conds.Announce(true, v1alpha1.EventSupersededLeaseEnding, "Renew",
+			cl.Conds.Announce(true, v1beta1.EventSupersededLeaseEnding, "Renew",
 				"Superseded lease %s (user %s) ends at %s with the Vault token that created it (its max TTL): the rollout must be done by then; after it, its user is treated as onRevokedOutside says",
 				rec.LeaseID, rec.Username, t.EndsAt.UTC().Format(time.RFC3339))
 		}
@@ -133,8 +133,8 @@ func (l *Ledger) supersededEnd(ctx context.Context, cl *Cluster, vcl vault.Lease
 // renewalSpan is the span of a superseded lease's current term: from its last renewal (or issue)
 // to its expiry; ok false for a lease that is not renewed (current, being revoked, capped, or
 // without the times).
-func renewalSpan(rec v1alpha1.LeaseRecord) (from, end time.Time, ok bool) {
-	if rec.State != v1alpha1.LeaseSuperseded || rec.RenewalCapped || rec.ExpiresAt == nil {
+func renewalSpan(rec v1beta1.LeaseRecord) (from, end time.Time, ok bool) {
+	if rec.State != v1beta1.LeaseSuperseded || rec.RenewalCapped || rec.ExpiresAt == nil {
 		return time.Time{}, time.Time{}, false
 	}
 	from, end = statustime.Of(rec.LastRenewal), rec.ExpiresAt.Time
@@ -146,7 +146,7 @@ func renewalSpan(rec v1alpha1.LeaseRecord) (from, end time.Time, ok bool) {
 
 // renewSuperseded renews one superseded lease by term and records the outcome in the ledger; it
 // returns the record as it is now (zero when the lease left the ledger).
-func (l *Ledger) renewSuperseded(ctx context.Context, cl *Cluster, vcl vault.LeaseClient, rec v1alpha1.LeaseRecord, term time.Duration) (v1alpha1.LeaseRecord, error) {
+func (l *Ledger) renewSuperseded(ctx context.Context, cl *Cluster, vcl vault.LeaseClient, rec v1beta1.LeaseRecord, term time.Duration) (v1beta1.LeaseRecord, error) {
 	lvcl, err := l.ClientFor(ctx, cl, vcl, rec)
 	if errors.Is(err, ErrNoConnection) {
 		return rec, nil // recorded before leases carried their connection: it lives until its TTL
@@ -159,10 +159,10 @@ func (l *Ledger) renewSuperseded(ctx context.Context, cl *Cluster, vcl vault.Lea
 	switch {
 	case vault.IsLeaseGone(err):
 		l.supersededGone(ctx, cl, rec)
-		return v1alpha1.LeaseRecord{}, nil
+		return v1beta1.LeaseRecord{}, nil
 	case vault.IsRefused(err):
 		l.disown(ctx, cl, rec.LeaseID, err)
-		return v1alpha1.LeaseRecord{}, nil
+		return v1beta1.LeaseRecord{}, nil
 	case err != nil:
 		return rec, fmt.Errorf("renewing superseded lease %s: %w", rec.LeaseID, err)
 	}
@@ -175,7 +175,7 @@ func (l *Ledger) renewSuperseded(ctx context.Context, cl *Cluster, vcl vault.Lea
 		r.LastRenewal, r.ExpiresAt = statustime.At(l.Clock.Now()), statustime.At(ren.ExpiresAt)
 		if ren.Capped || !ren.Renewable {
 			r.RenewalCapped = true
-			cl.Conds.Announce(true, v1alpha1.EventSupersededLeaseEnding, "Renew",
+			cl.Conds.Announce(true, v1beta1.EventSupersededLeaseEnding, "Renew",
 				"Superseded lease %s (user %s) cannot be renewed past %s (its max TTL): the rollout must be done by then, or the consumers not yet restarted lose that credential when Vault ends the lease",
 				rec.LeaseID, rec.Username, ren.ExpiresAt.UTC().Format(time.RFC3339))
 		}
@@ -188,22 +188,22 @@ func (l *Ledger) renewSuperseded(ctx context.Context, cl *Cluster, vcl vault.Lea
 // supersededGone honours a superseded lease that Vault no longer knows (revoked outside keyroll):
 // it leaves the ledger, and its user leaves the Redis nodes at once (onRevokedOutside CutOff, the
 // default) or when the rollout is done (RollOver).
-func (l *Ledger) supersededGone(ctx context.Context, cl *Cluster, rec v1alpha1.LeaseRecord) {
+func (l *Ledger) supersededGone(ctx context.Context, cl *Cluster, rec v1beta1.LeaseRecord) {
 	l.Metrics.RevokedOutside.Inc()
-	l.supersededOut(ctx, cl, rec, v1alpha1.EventLeaseRevokedOutside, "is gone from Vault (revoked outside keyroll)")
+	l.supersededOut(ctx, cl, rec, v1beta1.EventLeaseRevokedOutside, "is gone from Vault (revoked outside keyroll)")
 }
 
 // supersededEnded honours, as supersededGone does, a superseded lease that reached its end (its
 // expiry, or its token's end) before the rollout was done, as announced. Nobody revoked it: it is
 // not counted as revoked outside keyroll.
-func (l *Ledger) supersededEnded(ctx context.Context, cl *Cluster, rec v1alpha1.LeaseRecord) {
-	l.supersededOut(ctx, cl, rec, v1alpha1.EventSupersededLeaseEnded,
+func (l *Ledger) supersededEnded(ctx context.Context, cl *Cluster, rec v1beta1.LeaseRecord) {
+	l.supersededOut(ctx, cl, rec, v1beta1.EventSupersededLeaseEnded,
 		"has ended (its max TTL, or the end of the Vault token that created it) before the rollout was done")
 }
 
 // supersededOut takes a superseded lease out of the ledger and treats its user as
 // onRevokedOutside says, with a Warning event of reason that says why (what happened).
-func (l *Ledger) supersededOut(ctx context.Context, cl *Cluster, rec v1alpha1.LeaseRecord, reason, what string) {
+func (l *Ledger) supersededOut(ctx context.Context, cl *Cluster, rec v1beta1.LeaseRecord, reason, what string) {
 	rc := cl.RC
 	rc.Status.Leases = Remove(rc.Status.Leases, rec.LeaseID)
 	user := "its user is cut off on every Redis node (onRevokedOutside CutOff)"

@@ -12,7 +12,7 @@ import (
 	"k8s.io/client-go/tools/events"
 	testclock "k8s.io/utils/clock/testing"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/controllers/conditions"
 	"github.com/keyroll/keyroll/controllers/metrics"
 	"github.com/keyroll/keyroll/vault/vaulttest"
@@ -31,10 +31,10 @@ func TestSupersededLeaseEndingWithItsTokenIsAnnouncedAndHonoured(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rc := &v1alpha1.RedisCluster{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "orders"}}
-	rc.Status.Credential = &v1alpha1.CredentialStatus{Version: "v2", Username: "v2-user"}
-	rc.Status.Leases = []v1alpha1.LeaseRecord{{
-		LeaseID: old.ID, State: v1alpha1.LeaseSuperseded, Username: "v1-user", TokenAccessor: old.TokenAccessor,
+	rc := &v1beta1.RedisCluster{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "orders"}}
+	rc.Status.Credential = &v1beta1.CredentialStatus{Version: "v2", Username: "v2-user"}
+	rc.Status.Leases = []v1beta1.LeaseRecord{{
+		LeaseID: old.ID, State: v1beta1.LeaseSuperseded, Username: "v1-user", TokenAccessor: old.TokenAccessor,
 		IssuedAt: &metav1.Time{Time: clk.Now()}, ExpiresAt: &metav1.Time{Time: old.ExpiresAt},
 	}}
 	rec := events.NewFakeRecorder(10)
@@ -52,9 +52,9 @@ func TestSupersededLeaseEndingWithItsTokenIsAnnouncedAndHonoured(t *testing.T) {
 		t.Errorf("record %+v: want renewalCapped once the token's end is known to come first", r)
 	}
 	if got := drain(rec); !slices.ContainsFunc(got, func(e string) bool {
-		return strings.Contains(e, v1alpha1.EventSupersededLeaseEnding) && strings.Contains(e, fake.TokenDeadline.Format(time.RFC3339))
+		return strings.Contains(e, v1beta1.EventSupersededLeaseEnding) && strings.Contains(e, fake.TokenDeadline.Format(time.RFC3339))
 	}) {
-		t.Errorf("events %q: want %s naming the token's end", got, v1alpha1.EventSupersededLeaseEnding)
+		t.Errorf("events %q: want %s naming the token's end", got, v1beta1.EventSupersededLeaseEnding)
 	}
 
 	clk.Step(41 * time.Second)
@@ -86,8 +86,8 @@ func TestSupersededLeaseIsLookedUpBetweenRenewals(t *testing.T) {
 	clk := testclock.NewFakeClock(time.Date(2026, 12, 5, 6, 0, 0, 0, time.UTC))
 	fake := vaulttest.New(clk)
 	fake.LeaseDuration = 10 * time.Minute
-	rc := &v1alpha1.RedisCluster{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "orders"}}
-	rc.Status.Credential = &v1alpha1.CredentialStatus{Version: "v3", Username: "v3-user"}
+	rc := &v1beta1.RedisCluster{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "orders"}}
+	rc.Status.Credential = &v1beta1.CredentialStatus{Version: "v3", Username: "v3-user"}
 	var ids []string
 	for i, user := range []string{"v1-user", "v2-user"} {
 		l, err := fake.Issue(ctx, "database/creds/orders")
@@ -95,7 +95,7 @@ func TestSupersededLeaseIsLookedUpBetweenRenewals(t *testing.T) {
 			t.Fatal(err)
 		}
 		ids = append(ids, l.ID)
-		rc.Status.Leases = append(rc.Status.Leases, v1alpha1.LeaseRecord{LeaseID: l.ID, State: v1alpha1.LeaseSuperseded, Username: user,
+		rc.Status.Leases = append(rc.Status.Leases, v1beta1.LeaseRecord{LeaseID: l.ID, State: v1beta1.LeaseSuperseded, Username: user,
 			IssuedAt: &metav1.Time{Time: clk.Now()}, ExpiresAt: &metav1.Time{Time: l.ExpiresAt}, Version: fmt.Sprintf("v%d", i+1)})
 	}
 	cl := &Cluster{RC: rc, Conds: conditions.Setter{Obj: rc, Conditions: &rc.Status.Conditions, Recorder: events.NewFakeRecorder(10)}}

@@ -12,7 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/controllers/apply"
 	"github.com/keyroll/keyroll/controllers/metrics"
 	"github.com/keyroll/keyroll/controllers/render"
@@ -91,16 +91,16 @@ func (r *Issuer) Credential(ctx context.Context, cl *Cluster, vcl vault.LeaseCli
 // with one more): keyroll issues none rather than lose track of it.
 func (r *Issuer) ledgerFull(cl *Cluster) {
 	msg := fmt.Sprintf("The ledger holds %d leases, the most it can (status.leases): no new credential is issued until superseded leases are revoked (see LeasesRevoked)", len(cl.RC.Status.Leases))
-	if cl.Conds.Set(v1alpha1.ConditionSourceHealthy, metav1.ConditionFalse, v1alpha1.ReasonLedgerFull, msg) {
-		cl.Conds.Announce(true, v1alpha1.ReasonLedgerFull, "Issue", "%s", msg)
+	if cl.Conds.Set(v1beta1.ConditionSourceHealthy, metav1.ConditionFalse, v1beta1.ReasonLedgerFull, msg) {
+		cl.Conds.Announce(true, v1beta1.ReasonLedgerFull, "Issue", "%s", msg)
 	}
 }
 
 // ledgerHasRoom withdraws a LedgerFull report once the ledger has room again.
 func (r *Issuer) ledgerHasRoom(cl *Cluster) {
-	if c := meta.FindStatusCondition(cl.RC.Status.Conditions, v1alpha1.ConditionSourceHealthy); c != nil && c.Reason == v1alpha1.ReasonLedgerFull &&
+	if c := meta.FindStatusCondition(cl.RC.Status.Conditions, v1beta1.ConditionSourceHealthy); c != nil && c.Reason == v1beta1.ReasonLedgerFull &&
 		len(cl.RC.Status.Leases) < MaxLeases {
-		cl.Conds.Set(v1alpha1.ConditionSourceHealthy, metav1.ConditionTrue, v1alpha1.ReasonAvailable, "The ledger has room for new leases again")
+		cl.Conds.Set(v1beta1.ConditionSourceHealthy, metav1.ConditionTrue, v1beta1.ReasonAvailable, "The ledger has room for new leases again")
 	}
 }
 
@@ -110,7 +110,7 @@ func (r *Issuer) ledgerHasRoom(cl *Cluster) {
 func (r *Issuer) leaseClient(ctx context.Context, cl *Cluster, vcl vault.LeaseClient) (vault.LeaseClient, bool, error) {
 	c := cl.RC.Status.Credential
 	lvcl, moved, err := r.Ledger.CurrentClient(ctx, cl, vcl)
-	return lvcl, moved || (c != nil && c.Path != "" && c.Path != cl.RC.Spec.Credentials.VaultLease.Path), err
+	return lvcl, moved || (c != nil && c.VaultLease.Path != "" && c.VaultLease.Path != cl.RC.Spec.Credentials.VaultLease.Path), err
 }
 
 // revokedOutside honours a live lease that was revoked outside keyroll (an administrator's `vault
@@ -123,16 +123,16 @@ func (r *Issuer) revokedOutside(ctx context.Context, cl *Cluster) error {
 	rc := cl.RC
 	c := rc.Status.Credential
 	r.Metrics.RevokedOutside.Inc()
-	rc.Status.Leases = Remove(rc.Status.Leases, c.LeaseID)
+	rc.Status.Leases = Remove(rc.Status.Leases, c.Lease.LeaseID)
 	if !HonourGone(rc, c.Username) {
-		cl.Conds.Announce(true, v1alpha1.EventLeaseRevokedOutside, "Revoke",
-			"Lease %s of user %s was revoked outside keyroll; issuing a new credential at once (onRevokedOutside RollOver: the user stays on the Redis nodes until the new credential has rolled out)", c.LeaseID, c.Username)
-		log.FromContext(ctx).Info("Lease revoked outside keyroll; rolling over", "lease", c.LeaseID, "username", c.Username)
+		cl.Conds.Announce(true, v1beta1.EventLeaseRevokedOutside, "Revoke",
+			"Lease %s of user %s was revoked outside keyroll; issuing a new credential at once (onRevokedOutside RollOver: the user stays on the Redis nodes until the new credential has rolled out)", c.Lease.LeaseID, c.Username)
+		log.FromContext(ctx).Info("Lease revoked outside keyroll; rolling over", "lease", c.Lease.LeaseID, "username", c.Username)
 		return nil
 	}
-	cl.Conds.Announce(true, v1alpha1.EventLeaseRevokedOutside, "Revoke",
-		"Lease %s of user %s was revoked outside keyroll; the user is cut off on every Redis node and a new credential is issued at once (onRevokedOutside CutOff)", c.LeaseID, c.Username)
-	log.FromContext(ctx).Info("Lease revoked outside keyroll; cutting its user off", "lease", c.LeaseID, "username", c.Username)
+	cl.Conds.Announce(true, v1beta1.EventLeaseRevokedOutside, "Revoke",
+		"Lease %s of user %s was revoked outside keyroll; the user is cut off on every Redis node and a new credential is issued at once (onRevokedOutside CutOff)", c.Lease.LeaseID, c.Username)
+	log.FromContext(ctx).Info("Lease revoked outside keyroll; cutting its user off", "lease", c.Lease.LeaseID, "username", c.Username)
 	return nil
 }
 
@@ -143,15 +143,15 @@ func (r *Issuer) tokenEnding(cl *Cluster, d rotation.Decision) {
 		return
 	}
 	c := cl.RC.Status.Credential
-	cl.Conds.Event(true, v1alpha1.EventTokenEnding, "Rotate",
+	cl.Conds.Event(true, v1beta1.EventTokenEnding, "Rotate",
 		"The Vault token that created lease %s ends at %s (its max TTL), before the lease: rotating now, so that the new credential is rolled out and this lease revoked before Vault revokes it with its token. A periodic token on the auth role avoids this (see the VaultConnection's Degraded condition)",
-		c.LeaseID, statustime.Of(c.TokenEndsAt).UTC().Format(time.RFC3339))
+		c.Lease.LeaseID, statustime.Of(c.VaultLease.TokenEndsAt).UTC().Format(time.RFC3339))
 }
 
 // currentCredential reads the credential of status.credential from the state Secret, where it is
 // kept from its issue on. It returns nil when the Secret does not hold that credential (then a
 // new one is issued).
-func (r *Issuer) currentCredential(ctx context.Context, rc *v1alpha1.RedisCluster) (*render.Credential, error) {
+func (r *Issuer) currentCredential(ctx context.Context, rc *v1beta1.RedisCluster) (*render.Credential, error) {
 	c := rc.Status.Credential
 	if c == nil || c.Version == "" {
 		return nil, nil
@@ -166,7 +166,7 @@ func (r *Issuer) currentCredential(ctx context.Context, rc *v1alpha1.RedisCluste
 	return cred, err
 }
 
-func (r *Issuer) readCredential(ctx context.Context, rd client.Reader, key client.ObjectKey, rc *v1alpha1.RedisCluster, version string) (*render.Credential, error) {
+func (r *Issuer) readCredential(ctx context.Context, rd client.Reader, key client.ObjectKey, rc *v1beta1.RedisCluster, version string) (*render.Credential, error) {
 	sec := &corev1.Secret{}
 	if err := rd.Get(ctx, key, sec); err != nil {
 		return nil, client.IgnoreNotFound(err)
@@ -222,14 +222,14 @@ func (r *Issuer) issue(ctx context.Context, cl *Cluster, vcl vault.LeaseClient, 
 	}
 	r.dropIntent(ctx, rc, intent)
 	stoppoint.Reached(stoppoint.AfterLedgerWrite, rc.Namespace)
-	cl.Conds.Event(false, v1alpha1.EventCredentialsIssued, "Issue", "Issued credential %s for user %s from %s (%s)", cred.Version, u, path, d.Reason)
+	cl.Conds.Event(false, v1beta1.EventCredentialsIssued, "Issue", "Issued credential %s for user %s from %s (%s)", cred.Version, u, path, d.Reason)
 	log.FromContext(ctx).Info("Credential issued", "version", cred.Version, "username", u, "reason", string(d.Reason), "leaseDuration", lease.Duration)
 	return cred, nil
 }
 
 // recordIntent records that a credential is about to be issued from path (Intents); "" without
 // Intents. Nothing is issued when the record cannot be written.
-func (r *Issuer) recordIntent(ctx context.Context, rc *v1alpha1.RedisCluster, path string) (string, error) {
+func (r *Issuer) recordIntent(ctx context.Context, rc *v1beta1.RedisCluster, path string) (string, error) {
 	if r.Intents == nil {
 		return "", nil
 	}
@@ -242,7 +242,7 @@ func (r *Issuer) recordIntent(ctx context.Context, rc *v1alpha1.RedisCluster, pa
 
 // dropIntent drops an intent whose lease is in the ledger, or that issued none. A failure leaves
 // the record to the sweep, which drops it once it is older than any lease it could match.
-func (r *Issuer) dropIntent(ctx context.Context, rc *v1alpha1.RedisCluster, id string) {
+func (r *Issuer) dropIntent(ctx context.Context, rc *v1beta1.RedisCluster, id string) {
 	if id == "" {
 		return
 	}
@@ -253,7 +253,7 @@ func (r *Issuer) dropIntent(ctx context.Context, rc *v1alpha1.RedisCluster, id s
 
 // credentialsReady says that a live credential from Vault is issued.
 func credentialsReady(cl *Cluster) {
-	cl.Conds.Set(v1alpha1.ConditionCredentialsReady, metav1.ConditionTrue, v1alpha1.ReasonIssued, "A live credential from Vault is issued; it is written to Secret "+render.CredentialsSecretName(cl.RC)+" once every Redis node accepts it")
+	cl.Conds.Set(v1beta1.ConditionCredentialsReady, metav1.ConditionTrue, v1beta1.ReasonIssued, "A live credential from Vault is issued; it is written to Secret "+render.CredentialsSecretName(cl.RC)+" once every Redis node accepts it")
 }
 
 // countIssue counts an issue, and a rotation when the issue replaces a live credential.
@@ -272,8 +272,8 @@ func (r *Issuer) recordLease(cl *Cluster, lease *vault.Lease, cred *render.Crede
 	Supersede(rc, cred.Version)
 	expires := statustime.At(lease.ExpiresAt)
 	if lease.ID != "" {
-		rc.Status.Leases = append(rc.Status.Leases, v1alpha1.LeaseRecord{
-			LeaseID: lease.ID, State: v1alpha1.LeaseActive, Version: cred.Version, Username: cred.Username,
+		rc.Status.Leases = append(rc.Status.Leases, v1beta1.LeaseRecord{
+			LeaseID: lease.ID, State: v1beta1.LeaseActive, Version: cred.Version, Username: cred.Username,
 			Connection: rc.VaultConnectionName(), TokenAccessor: lease.TokenAccessor, IssuedAt: now, ExpiresAt: expires,
 		})
 	}
@@ -281,28 +281,33 @@ func (r *Issuer) recordLease(cl *Cluster, lease *vault.Lease, cred *render.Crede
 	if prev := rc.Status.Credential; prev != nil {
 		superseded = prev.SupersededUsers // users kept until the rollout is done (RollOver)
 	}
-	rc.Status.Credential = &v1alpha1.CredentialStatus{
-		Version: cred.Version, Source: v1alpha1.SourceVaultLease, Path: rc.Spec.Credentials.VaultLease.Path, Username: cred.Username, LeaseID: lease.ID,
-		IssuedAt: now, ExpiresAt: expires, Renewable: lease.Renewable,
-		LeaseDuration: &metav1.Duration{Duration: lease.Duration}, LastRotation: now, RotationReason: string(d.Reason),
-		TokenAccessor: lease.TokenAccessor, TokenEndsAt: statustime.At(lease.TokenDeadline), SupersededUsers: superseded,
+	rc.Status.Credential = &v1beta1.CredentialStatus{
+		Version: cred.Version, Source: v1beta1.SourceVaultLease, Username: cred.Username,
+		IssuedAt: now, LastRotation: now, RotationReason: string(d.Reason), SupersededUsers: superseded,
+		Lease: v1beta1.CredentialLease{
+			LeaseID: lease.ID, ExpiresAt: expires, Renewable: lease.Renewable,
+			Duration: &metav1.Duration{Duration: lease.Duration},
+		},
+		VaultLease: v1beta1.VaultLeaseCredential{
+			Path: rc.Spec.Credentials.VaultLease.Path, TokenAccessor: lease.TokenAccessor, TokenEndsAt: statustime.At(lease.TokenDeadline),
+		},
 	}
 	if d.AcknowledgeRotateNow {
-		rc.Status.RotateNowAcknowledged = rc.Annotations[v1alpha1.AnnotationRotateNow]
+		rc.Status.RotateNowAcknowledged = rc.Annotations[v1beta1.AnnotationRotateNow]
 	}
 }
 
 // issueFailed reports a failed issue; a denied or invalid request waits for a human, anything
 // else is retried with backoff.
 func (r *Issuer) issueFailed(cl *Cluster, err error) error {
-	reason, event := v1alpha1.ReasonIssueFailed, v1alpha1.ReasonIssueFailed
+	reason, event := v1beta1.ReasonIssueFailed, v1beta1.ReasonIssueFailed
 	switch {
 	case vault.IsPermissionDenied(err):
-		reason, event = v1alpha1.ReasonPermissionDenied, v1alpha1.ReasonPermissionDenied
+		reason, event = v1beta1.ReasonPermissionDenied, v1beta1.ReasonPermissionDenied
 	case vault.IsSealed(err):
-		reason, event = v1alpha1.ReasonVaultSealed, v1alpha1.ReasonVaultSealed
+		reason, event = v1beta1.ReasonVaultSealed, v1beta1.ReasonVaultSealed
 	case vault.IsUnavailable(err):
-		reason, event = v1alpha1.ReasonVaultUnavailable, v1alpha1.ReasonVaultUnavailable
+		reason, event = v1beta1.ReasonVaultUnavailable, v1beta1.ReasonVaultUnavailable
 	}
 	msg := fmt.Sprintf("issuing a credential from %s: %v", cl.RC.Spec.Credentials.VaultLease.Path, err)
 	refused := vault.IsPermissionDenied(err) || vault.IsBadRequest(err) || vault.IsNotFound(err)

@@ -13,7 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/controllers/conditions"
 	"github.com/keyroll/keyroll/controllers/metrics"
 	"github.com/keyroll/keyroll/controllers/render"
@@ -40,20 +40,20 @@ type sourceHarness struct {
 func newSourceHarness(t *testing.T, tokenEnds time.Duration) *sourceHarness {
 	t.Helper()
 	s := runtime.NewScheme()
-	for _, add := range []func(*runtime.Scheme) error{clientgoscheme.AddToScheme, v1alpha1.AddToScheme} {
+	for _, add := range []func(*runtime.Scheme) error{clientgoscheme.AddToScheme, v1beta1.AddToScheme} {
 		if err := add(s); err != nil {
 			t.Fatal(err)
 		}
 	}
-	rc := &v1alpha1.RedisCluster{
+	rc := &v1beta1.RedisCluster{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "orders", UID: "rc-uid", Generation: 1},
-		Spec: v1alpha1.RedisClusterSpec{Credentials: v1alpha1.CredentialsSpec{
-			Source: v1alpha1.SourceVaultLease,
-			VaultLease: &v1alpha1.VaultLeaseSource{ConnectionRef: v1alpha1.ConnectionReference{Name: "vault"},
+		Spec: v1beta1.RedisClusterSpec{Credentials: v1beta1.CredentialsSpec{
+			Source: v1beta1.SourceVaultLease,
+			VaultLease: &v1beta1.VaultLeaseSource{ConnectionRef: v1beta1.ConnectionReference{Name: "vault"},
 				Path: "database/creds/orders", RenewalPercent: 67},
 		}},
 	}
-	k8s := fake.NewClientBuilder().WithScheme(s).WithObjects(rc).WithStatusSubresource(&v1alpha1.RedisCluster{}).Build()
+	k8s := fake.NewClientBuilder().WithScheme(s).WithObjects(rc).WithStatusSubresource(&v1beta1.RedisCluster{}).Build()
 	clk := testclock.NewFakeClock(epoch)
 	fv := vaulttest.New(clk)
 	fv.LeaseDuration = 10 * time.Minute
@@ -66,9 +66,9 @@ func newSourceHarness(t *testing.T, tokenEnds time.Duration) *sourceHarness {
 	return &sourceHarness{src: src, k8s: k8s, vault: fv, clock: clk, key: client.ObjectKeyFromObject(rc)}
 }
 
-func (h *sourceHarness) get(t *testing.T) *v1alpha1.RedisCluster {
+func (h *sourceHarness) get(t *testing.T) *v1beta1.RedisCluster {
 	t.Helper()
-	rc := &v1alpha1.RedisCluster{}
+	rc := &v1beta1.RedisCluster{}
 	if err := h.k8s.Get(context.Background(), h.key, rc); err != nil {
 		t.Fatal(err)
 	}
@@ -84,7 +84,7 @@ func (u statusUpdate) WriteStatus(ctx context.Context, cl *Cluster) error {
 	return u.c.Status().Update(ctx, cl.RC)
 }
 
-func (h *sourceHarness) credential(t *testing.T) *v1alpha1.RedisCluster {
+func (h *sourceHarness) credential(t *testing.T) *v1beta1.RedisCluster {
 	t.Helper()
 	ctx := context.Background()
 	rc := h.get(t)
@@ -103,7 +103,7 @@ func (h *sourceHarness) credential(t *testing.T) *v1alpha1.RedisCluster {
 		t.Fatal(err)
 	}
 	sec := render.StateSecret(rc, "admin-password", cred)
-	sec.OwnerReferences = []metav1.OwnerReference{*metav1.NewControllerRef(rc, v1alpha1.GroupVersion.WithKind("RedisCluster"))}
+	sec.OwnerReferences = []metav1.OwnerReference{*metav1.NewControllerRef(rc, v1beta1.GroupVersion.WithKind("RedisCluster"))}
 	if err := h.k8s.Delete(ctx, sec); client.IgnoreNotFound(err) != nil {
 		t.Fatal(err)
 	}
@@ -138,7 +138,7 @@ func TestRotationReasonSaysWhyTheCurrentCredentialWasIssued(t *testing.T) {
 		"a rotate-now request": {
 			then: func(t *testing.T, h *sourceHarness) {
 				rc := h.get(t)
-				rc.Annotations = map[string]string{v1alpha1.AnnotationRotateNow: "1"}
+				rc.Annotations = map[string]string{v1beta1.AnnotationRotateNow: "1"}
 				if err := h.k8s.Update(context.Background(), rc); err != nil {
 					t.Fatal(err)
 				}
@@ -148,7 +148,7 @@ func TestRotationReasonSaysWhyTheCurrentCredentialWasIssued(t *testing.T) {
 		},
 		"a lease revoked outside keyroll": {
 			then: func(t *testing.T, h *sourceHarness) {
-				h.vault.RevokeOutside(h.get(t).Status.Credential.LeaseID)
+				h.vault.RevokeOutside(h.get(t).Status.Credential.Lease.LeaseID)
 				h.clock.Step(2 * DefaultLeaseCheckInterval) // the lease check finds it gone
 			},
 			want:       rotation.ReasonLeaseGone,

@@ -7,7 +7,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/controllers/apply"
 	"github.com/keyroll/keyroll/controllers/connection"
 	"github.com/keyroll/keyroll/controllers/credential"
@@ -32,7 +32,7 @@ func (r *deps) connect(ctx context.Context, s *credential.Cluster, forDelete boo
 	if err != nil || refusal == nil {
 		return vcl, 0, err
 	}
-	s.NotReady(refusal.Reason, v1alpha1.EventAccessDenied, "Connect", refusal.Message, true)
+	s.NotReady(refusal.Reason, v1beta1.EventAccessDenied, "Connect", refusal.Message, true)
 	return nil, waitForConnection, nil
 }
 
@@ -46,7 +46,7 @@ func (r *deps) checkSecretsFree(ctx context.Context, s *credential.Cluster) (boo
 	err := apply.SecretsFree(ctx, r.Client, r.APIReader, s.RC, names, func(sec *corev1.Secret) bool { return render.SyncedByExternalSecret(sec, s.RC) })
 	var conflict *apply.ConflictError
 	if errors.As(err, &conflict) {
-		s.NotReady(v1alpha1.ReasonSecretConflict, v1alpha1.EventSecretConflict, "WriteSecret", conflict.Error(), true)
+		s.NotReady(v1beta1.ReasonSecretConflict, v1beta1.EventSecretConflict, "WriteSecret", conflict.Error(), true)
 		return false, nil
 	}
 	return err == nil, err

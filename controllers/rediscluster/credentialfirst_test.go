@@ -13,7 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/controllers/render"
 	"github.com/keyroll/keyroll/vault"
 	"github.com/keyroll/keyroll/vault/vaulttest"
@@ -86,7 +86,7 @@ func TestNewClusterHoldsItsCredentialBeforeItsObjects(t *testing.T) {
 		t.Fatalf("%d issues, want 1", n)
 	}
 	rc := h.get(t)
-	if c := condition(rc, v1alpha1.ConditionCredentialsReady); c == nil || c.Status != "True" {
+	if c := condition(rc, v1beta1.ConditionCredentialsReady); c == nil || c.Status != "True" {
 		t.Errorf("CredentialsReady %+v after the first reconcile", c)
 	}
 	want := []string{"RedisCluster/orders", "RedisCluster/orders/status", "Secret/orders-keyroll"}

@@ -14,7 +14,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/controllers/render"
 )
 
@@ -41,17 +41,17 @@ func (h *harness) setPods(t *testing.T, change func(p *corev1.Pod)) {
 // onDataPlane makes a pod one of data plane v, made from another template than today's.
 func onDataPlane(v string) func(p *corev1.Pod) {
 	return func(p *corev1.Pod) {
-		p.Annotations = map[string]string{v1alpha1.AnnotationPodTemplate: "another-template", v1alpha1.AnnotationDataPlane: v}
+		p.Annotations = map[string]string{v1beta1.AnnotationPodTemplate: "another-template", v1beta1.AnnotationDataPlane: v}
 	}
 }
 
 // window opens the maintenance window at 06:00 UTC for an hour (the harness's clock starts at 05:06).
-func window(rc *v1alpha1.RedisCluster) {
-	rc.Spec.Rotation.MaintenanceWindow = &v1alpha1.MaintenanceWindow{Start: "06:00", Duration: metav1.Duration{Duration: time.Hour}}
+func window(rc *v1beta1.RedisCluster) {
+	rc.Spec.Rotation.MaintenanceWindow = &v1beta1.MaintenanceWindow{Start: "06:00", Duration: metav1.Duration{Duration: time.Hour}}
 }
 
-func storage(rc *v1alpha1.RedisCluster) {
-	rc.Spec.Storage = &v1alpha1.StorageSpec{Size: resource.MustParse("1Gi")}
+func storage(rc *v1beta1.RedisCluster) {
+	rc.Spec.Storage = &v1beta1.StorageSpec{Size: resource.MustParse("1Gi")}
 }
 
 // gonePod says which of the cluster's n Redis pods the rollout deleted (none: "").
@@ -91,12 +91,12 @@ func (h *harness) rollAll(t *testing.T) []string {
 func TestPodsOfKeyrollV010AreLeftAsTheyAre(t *testing.T) {
 	h := newHarness(t, cluster(threeNodes))
 	rc := h.settle(t)
-	legacy := func(rc *v1alpha1.RedisCluster) func(p *corev1.Pod) {
+	legacy := func(rc *v1beta1.RedisCluster) func(p *corev1.Pod) {
 		tmpl := render.StatefulSet(rc, "", testProbeImage).Spec.Template
 		tmpl.Annotations = nil
 		return func(p *corev1.Pod) {
 			p.Spec.InitContainers = []corev1.Container{{Name: render.ProbeContainerName, Image: "registry.example/keyroll:v0.1.0"}}
-			p.Annotations = map[string]string{v1alpha1.AnnotationPodTemplate: render.LegacyPodTemplateHash(tmpl, "registry.example/keyroll:v0.1.0")}
+			p.Annotations = map[string]string{v1beta1.AnnotationPodTemplate: render.LegacyPodTemplateHash(tmpl, "registry.example/keyroll:v0.1.0")}
 		}
 	}
 	h.setPods(t, legacy(rc))
@@ -105,7 +105,7 @@ func TestPodsOfKeyrollV010AreLeftAsTheyAre(t *testing.T) {
 	if gone := h.restarted(t); gone != "" || rc.Status.Rollout != nil {
 		t.Fatalf("pod %q restarted, rollout %+v: keyroll v0.1.0's pods run what this keyroll renders", gone, rc.Status.Rollout)
 	}
-	if c := condition(rc, v1alpha1.ConditionDataPlaneCurrent); c != nil {
+	if c := condition(rc, v1beta1.ConditionDataPlaneCurrent); c != nil {
 		t.Errorf("condition %+v: nothing is pending", c)
 	}
 	if reasons := h.eventReasons(); len(reasons) != 0 {
@@ -132,15 +132,15 @@ func TestOlderDataPlaneWaitsForTheMaintenanceWindow(t *testing.T) {
 	if gone := h.restarted(t); gone != "" {
 		t.Fatalf("pod %s restarted outside the maintenance window", gone)
 	}
-	c := condition(rc, v1alpha1.ConditionDataPlaneCurrent)
-	if c == nil || c.Status != metav1.ConditionFalse || c.Reason != v1alpha1.ReasonRestartPending {
+	c := condition(rc, v1beta1.ConditionDataPlaneCurrent)
+	if c == nil || c.Status != metav1.ConditionFalse || c.Reason != v1beta1.ReasonRestartPending {
 		t.Fatalf("condition %+v, want RestartPending", c)
 	}
 	if res := h.reconcile(t); res.RequeueAfter <= 0 || res.RequeueAfter > 54*time.Minute+time.Second {
 		t.Errorf("looks again in %s, want when the window opens (06:00, in 54 minutes) at the latest", res.RequeueAfter)
 	}
-	if reasons := h.eventReasons(); countOf(reasons, v1alpha1.EventDataPlaneChangePending) != 1 {
-		t.Errorf("events %v, want one %s", reasons, v1alpha1.EventDataPlaneChangePending)
+	if reasons := h.eventReasons(); countOf(reasons, v1beta1.EventDataPlaneChangePending) != 1 {
+		t.Errorf("events %v, want one %s", reasons, v1beta1.EventDataPlaneChangePending)
 	}
 
 	h.clock.Step(time.Hour) // 06:06: the window is open
@@ -149,7 +149,7 @@ func TestOlderDataPlaneWaitsForTheMaintenanceWindow(t *testing.T) {
 		t.Errorf("restart order %v, want %v", order, want)
 	}
 	rc = h.settle(t)
-	if c := condition(rc, v1alpha1.ConditionDataPlaneCurrent); c == nil || c.Status != metav1.ConditionTrue {
+	if c := condition(rc, v1beta1.ConditionDataPlaneCurrent); c == nil || c.Status != metav1.ConditionTrue {
 		t.Errorf("condition %+v after every pod restarted", c)
 	}
 }
@@ -165,11 +165,11 @@ func TestSingleReplicaWithoutStorageIsNotRestarted(t *testing.T) {
 	if gone := h.gonePod(t, 1); gone != "" {
 		t.Fatalf("the only replica, without storage, was restarted (%s)", gone)
 	}
-	if c := condition(rc, v1alpha1.ConditionDataPlaneCurrent); c == nil || c.Reason != v1alpha1.ReasonRestartPending {
+	if c := condition(rc, v1beta1.ConditionDataPlaneCurrent); c == nil || c.Reason != v1beta1.ReasonRestartPending {
 		t.Fatalf("condition %+v, want RestartPending", c)
 	}
 
-	rc.Annotations = map[string]string{v1alpha1.AnnotationUpgradeDataPlane: "please"}
+	rc.Annotations = map[string]string{v1beta1.AnnotationUpgradeDataPlane: "please"}
 	if err := h.k8s.Update(context.Background(), rc); err != nil {
 		t.Fatal(err)
 	}
@@ -207,10 +207,10 @@ func TestNewerDataPlaneIsLeftAloneUnlessAsked(t *testing.T) {
 	if gone := h.restarted(t); gone != "" {
 		t.Fatalf("pod %s of a newer keyroll restarted", gone)
 	}
-	if c := condition(rc, v1alpha1.ConditionDataPlaneCurrent); c == nil || c.Reason != v1alpha1.ReasonNewerDataPlane {
+	if c := condition(rc, v1beta1.ConditionDataPlaneCurrent); c == nil || c.Reason != v1beta1.ReasonNewerDataPlane {
 		t.Fatalf("condition %+v, want NewerDataPlane", c)
 	}
-	rc.Annotations = map[string]string{v1alpha1.AnnotationUpgradeDataPlane: "rollback"}
+	rc.Annotations = map[string]string{v1beta1.AnnotationUpgradeDataPlane: "rollback"}
 	if err := h.k8s.Update(context.Background(), rc); err != nil {
 		t.Fatal(err)
 	}
@@ -267,8 +267,8 @@ func TestNewProbeImageIsPutOnThePodsInPlace(t *testing.T) {
 		order = append(order, swapped[0])
 		h.reconcile(t) // the kubelet has not restarted the sidecar yet: nothing more
 		p, _ := probeOf(swapped[0])
-		if p.Annotations[v1alpha1.AnnotationProbeSwappedFrom] != "old-"+p.Name {
-			t.Fatalf("%s's swap records %q", p.Name, p.Annotations[v1alpha1.AnnotationProbeSwappedFrom])
+		if p.Annotations[v1beta1.AnnotationProbeSwappedFrom] != "old-"+p.Name {
+			t.Fatalf("%s's swap records %q", p.Name, p.Annotations[v1beta1.AnnotationProbeSwappedFrom])
 		}
 		p.Status.InitContainerStatuses[0].ContainerID = "new-" + p.Name // now it has
 		if err := h.k8s.Status().Update(context.Background(), p); err != nil {
@@ -281,7 +281,7 @@ func TestNewProbeImageIsPutOnThePodsInPlace(t *testing.T) {
 	if gone := h.restarted(t); gone != "" {
 		t.Errorf("pod %s was deleted for a new probe image", gone)
 	}
-	if n := countOf(h.eventReasons(), v1alpha1.EventProbeSidecarUpdated); n != 3 {
-		t.Errorf("%d %s events, want 3", n, v1alpha1.EventProbeSidecarUpdated)
+	if n := countOf(h.eventReasons(), v1beta1.EventProbeSidecarUpdated); n != 3 {
+		t.Errorf("%d %s events, want 3", n, v1beta1.EventProbeSidecarUpdated)
 	}
 }

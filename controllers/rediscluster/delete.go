@@ -10,7 +10,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/controllers/credential"
 	"github.com/keyroll/keyroll/vault"
 )
@@ -19,18 +19,18 @@ import (
 // still be live, the finalizer stays.
 func (r *Reconciler) reconcileDelete(ctx context.Context, s *credential.Cluster) (ctrl.Result, error) {
 	rc := s.RC
-	if !controllerutil.ContainsFinalizer(rc, v1alpha1.Finalizer) {
+	if !controllerutil.ContainsFinalizer(rc, v1beta1.Finalizer) {
 		return ctrl.Result{}, nil
 	}
-	if rc.Spec.DeletionPolicy == v1alpha1.DeletionRetain {
+	if rc.Spec.DeletionPolicy == v1beta1.DeletionRetain {
 		if len(rc.Status.Leases) > 0 {
-			s.Conds.Event(false, v1alpha1.EventRevocationSkipped, "Delete",
+			s.Conds.Event(false, v1beta1.EventRevocationSkipped, "Delete",
 				"deletionPolicy Retain: %d lease(s) left to expire in Vault, not revoked", len(rc.Status.Leases))
 		}
 		return ctrl.Result{}, r.removeFinalizer(ctx, s)
 	}
 	r.forget(client.ObjectKeyFromObject(rc))
-	if src := r.source(rc); rc.Spec.Credentials.Source != v1alpha1.SourceExternalSecret || r.ExternalSecrets {
+	if src := r.source(rc); rc.Spec.Credentials.Source != v1beta1.SourceExternalSecret || r.ExternalSecrets {
 		if wait, err := src.Retire(ctx, s); err != nil || wait > 0 {
 			return result(wait, err)
 		}
@@ -51,9 +51,9 @@ func (r *deps) revokeAll(ctx context.Context, s *credential.Cluster) (ctrl.Resul
 	if s.RC.VaultConnectionName() != "" {
 		c, wait, err := r.connect(ctx, s, true)
 		if vcl = c; vcl == nil {
-			msg := fmt.Sprintf("%d lease(s) cannot be revoked: %s", len(s.RC.Status.Leases), conditionMessage(s.RC, v1alpha1.ConditionCredentialsReady))
-			if s.Conds.Set(v1alpha1.ConditionLeasesRevoked, metav1.ConditionFalse, v1alpha1.ReasonRevocationPending, msg) {
-				s.Conds.Announce(true, v1alpha1.EventRevocationFailed, "Revoke", "%s", msg)
+			msg := fmt.Sprintf("%d lease(s) cannot be revoked: %s", len(s.RC.Status.Leases), conditionMessage(s.RC, v1beta1.ConditionCredentialsReady))
+			if s.Conds.Set(v1beta1.ConditionLeasesRevoked, metav1.ConditionFalse, v1beta1.ReasonRevocationPending, msg) {
+				s.Conds.Announce(true, v1beta1.EventRevocationFailed, "Revoke", "%s", msg)
 			}
 			return result(wait, err)
 		}
@@ -67,7 +67,7 @@ func (r *Reconciler) removeFinalizer(ctx context.Context, s *credential.Cluster)
 		return err
 	}
 	patch := client.MergeFrom(s.RC.DeepCopy())
-	controllerutil.RemoveFinalizer(s.RC, v1alpha1.Finalizer)
+	controllerutil.RemoveFinalizer(s.RC, v1beta1.Finalizer)
 	if err := r.Patch(ctx, s.RC, patch); err != nil {
 		return client.IgnoreNotFound(err)
 	}
@@ -75,7 +75,7 @@ func (r *Reconciler) removeFinalizer(ctx context.Context, s *credential.Cluster)
 	return nil
 }
 
-func conditionMessage(rc *v1alpha1.RedisCluster, t string) string {
+func conditionMessage(rc *v1beta1.RedisCluster, t string) string {
 	if c := meta.FindStatusCondition(rc.Status.Conditions, t); c != nil {
 		return c.Message
 	}

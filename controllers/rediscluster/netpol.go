@@ -14,7 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/controllers/apply"
 	"github.com/keyroll/keyroll/controllers/render"
 )
@@ -30,7 +30,7 @@ type netpolKeeper struct {
 
 // Keep applies rc's NetworkPolicy while spec.networkPolicy is enabled, and deletes the one keyroll
 // kept once it is not.
-func (k *netpolKeeper) Keep(ctx context.Context, rc *v1alpha1.RedisCluster) error {
+func (k *netpolKeeper) Keep(ctx context.Context, rc *v1beta1.RedisCluster) error {
 	if np := rc.Spec.NetworkPolicy; np == nil || !np.Enabled {
 		return k.remove(ctx, rc)
 	}
@@ -49,7 +49,7 @@ func (k *netpolKeeper) Keep(ctx context.Context, rc *v1alpha1.RedisCluster) erro
 
 // selectorOf is the pod selector of a consumer workload (nil when it does not exist: the rollout
 // reports a missing consumer).
-func (k *netpolKeeper) selectorOf(ctx context.Context, ns string, ref v1alpha1.ConsumerReference) (*metav1.LabelSelector, error) {
+func (k *netpolKeeper) selectorOf(ctx context.Context, ns string, ref v1beta1.ConsumerReference) (*metav1.LabelSelector, error) {
 	var obj client.Object
 	var sel func() *metav1.LabelSelector
 	switch ref.Kind {
@@ -75,7 +75,7 @@ func (k *netpolKeeper) selectorOf(ctx context.Context, ns string, ref v1alpha1.C
 }
 
 // remove deletes the NetworkPolicy keyroll kept for rc, if any.
-func (k *netpolKeeper) remove(ctx context.Context, rc *v1alpha1.RedisCluster) error {
+func (k *netpolKeeper) remove(ctx context.Context, rc *v1beta1.RedisCluster) error {
 	np := &networkingv1.NetworkPolicy{}
 	err := k.Client.Get(ctx, client.ObjectKey{Namespace: rc.Namespace, Name: render.NetworkPolicyName(rc)}, np)
 	if apierrors.IsNotFound(err) {

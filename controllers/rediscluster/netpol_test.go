@@ -12,7 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/controllers/apply"
 	"github.com/keyroll/keyroll/controllers/render"
 )
@@ -24,9 +24,9 @@ func TestNetworkPolicyAdmitsTheOperatorTheNodesAndTheConsumersOnly(t *testing.T)
 	api := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "orders-api"},
 		Spec: appsv1.DeploymentSpec{Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "orders-api"}}}}
 	batch := networkingv1.NetworkPolicyPeer{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "batch"}}}
-	h := newHarness(t, api, cluster(func(rc *v1alpha1.RedisCluster) {
-		rc.Spec.Rollout.Consumers = []v1alpha1.ConsumerReference{{Kind: "Deployment", Name: "orders-api"}}
-		rc.Spec.NetworkPolicy = &v1alpha1.NetworkPolicySpec{Enabled: true, From: []networkingv1.NetworkPolicyPeer{batch}}
+	h := newHarness(t, api, cluster(func(rc *v1beta1.RedisCluster) {
+		rc.Spec.Rollout.Consumers = []v1beta1.ConsumerReference{{Kind: "Deployment", Name: "orders-api"}}
+		rc.Spec.NetworkPolicy = &v1beta1.NetworkPolicySpec{Enabled: true, From: []networkingv1.NetworkPolicyPeer{batch}}
 	}))
 	rc := h.settle(t)
 	np := &networkingv1.NetworkPolicy{}
@@ -34,7 +34,7 @@ func TestNetworkPolicyAdmitsTheOperatorTheNodesAndTheConsumersOnly(t *testing.T)
 	if err := h.k8s.Get(context.Background(), key, np); err != nil {
 		t.Fatal(err)
 	}
-	if !apply.OwnedBy(np, rc) || np.Labels[v1alpha1.LabelManagedBy] != v1alpha1.ManagedByValue {
+	if !apply.OwnedBy(np, rc) || np.Labels[v1beta1.LabelManagedBy] != v1beta1.ManagedByValue {
 		t.Errorf("the NetworkPolicy is not keyroll's: owners %+v, labels %v", np.OwnerReferences, np.Labels)
 	}
 	if !maps.Equal(np.Spec.PodSelector.MatchLabels, render.SelectorLabels(rc)) || len(np.Spec.Ingress) != 1 {

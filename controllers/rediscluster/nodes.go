@@ -27,7 +27,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/controllers/apply"
 	"github.com/keyroll/keyroll/controllers/conditions"
 	"github.com/keyroll/keyroll/controllers/render"
@@ -88,13 +88,13 @@ type usersWant struct {
 // nodes' ACLs are next compared with what was confirmed. A node whose ACL changed outside
 // keyroll is reported (UsersApplied False, UsersChanged) and put back by the next reconcile, at
 // once. The UsersApplied condition says how far it got, and why it stopped.
-func (s *usersSyncer) Sync(ctx context.Context, rc *v1alpha1.RedisCluster, conds conditions.Setter, want usersWant) (done bool, wait time.Duration, err error) {
+func (s *usersSyncer) Sync(ctx context.Context, rc *v1beta1.RedisCluster, conds conditions.Setter, want usersWant) (done bool, wait time.Duration, err error) {
 	m, err := listMembers(ctx, s.Client, rc)
 	if err != nil {
 		return false, 0, err
 	}
 	version := want.Users.Version()
-	records := map[string]v1alpha1.NodeStatus{}
+	records := map[string]v1beta1.NodeStatus{}
 	for _, n := range rc.Status.Nodes {
 		records[n.Pod] = n
 	}
@@ -149,7 +149,7 @@ func (s *usersSyncer) Sync(ctx context.Context, rc *v1alpha1.RedisCluster, conds
 				break
 			}
 			log.FromContext(ctx).V(1).Info("Redis node confirmed", "pod", p.Name, "usersVersion", version)
-			rec = v1alpha1.NodeStatus{Pod: p.Name, PodUID: p.UID, StartedAt: statustime.At(run.startedAt),
+			rec = v1beta1.NodeStatus{Pod: p.Name, PodUID: p.UID, StartedAt: statustime.At(run.startedAt),
 				UsersVersion: version, ACLDigest: digest, ConfirmedAt: statustime.At(s.Clock.Now())}
 		}
 		records[p.Name] = rec
@@ -157,11 +157,11 @@ func (s *usersSyncer) Sync(ctx context.Context, rc *v1alpha1.RedisCluster, conds
 	}
 	rc.Status.Nodes = recordsOf(m.Pods, records)
 	if stopped == nil && len(changed) > 0 {
-		stopped = &problem{reason: v1alpha1.ReasonUsersChanged, event: v1alpha1.ReasonUsersChanged, wait: time.Millisecond,
+		stopped = &problem{reason: v1beta1.ReasonUsersChanged, event: v1beta1.ReasonUsersChanged, wait: time.Millisecond,
 			msg: "the ACL of " + strings.Join(changed, ", ") + " changed outside keyroll; keyroll puts the cluster's users back"}
 	}
 	if stopped == nil && len(m.Pods) < int(rc.Spec.Replicas) {
-		stopped = &problem{reason: v1alpha1.ReasonApplying, wait: notRunningWait,
+		stopped = &problem{reason: v1beta1.ReasonApplying, wait: notRunningWait,
 			msg: fmt.Sprintf("%d of %d Redis pods exist", len(m.Pods), rc.Spec.Replicas)}
 	}
 	if stopped != nil {
@@ -179,18 +179,18 @@ func (s *usersSyncer) Forget(key types.NamespacedName) { s.checks.forget(key) }
 
 // applied records that every node has want: the retiring users are gone everywhere, and the
 // nodes have the set without them.
-func (s *usersSyncer) applied(rc *v1alpha1.RedisCluster, conds conditions.Setter, want usersWant) {
+func (s *usersSyncer) applied(rc *v1beta1.RedisCluster, conds conditions.Setter, want usersWant) {
 	msg := fmt.Sprintf("All %d Redis nodes have the cluster's users", len(rc.Status.Nodes))
 	if c := want.Confirm; c != nil {
 		msg += fmt.Sprintf("; each accepts credential %s (user %s)", c.Version, c.Username)
 	}
-	old := meta.FindStatusCondition(rc.Status.Conditions, v1alpha1.ConditionUsersApplied)
+	old := meta.FindStatusCondition(rc.Status.Conditions, v1beta1.ConditionUsersApplied)
 	news := old == nil || old.Message != msg // another credential, or another count of nodes
-	if conds.Set(v1alpha1.ConditionUsersApplied, metav1.ConditionTrue, v1alpha1.ReasonApplied, msg) || news {
-		conds.Announce(false, v1alpha1.EventUsersApplied, "ApplyUsers", "%s", msg)
+	if conds.Set(v1beta1.ConditionUsersApplied, metav1.ConditionTrue, v1beta1.ReasonApplied, msg) || news {
+		conds.Announce(false, v1beta1.EventUsersApplied, "ApplyUsers", "%s", msg)
 	}
 	if len(want.Users.Retiring) > 0 {
-		conds.Announce(false, v1alpha1.EventUsersRetired, "ApplyUsers", "Users %s removed from all %d Redis nodes",
+		conds.Announce(false, v1beta1.EventUsersRetired, "ApplyUsers", "Users %s removed from all %d Redis nodes",
 			strings.Join(want.Users.Retiring, ", "), len(rc.Status.Nodes))
 		rc.Status.RetiringUsers = nil
 		without := want.Users.WithoutRetiring().Version()
@@ -211,10 +211,10 @@ type problem struct {
 
 func (p *problem) report(conds conditions.Setter, confirmed, replicas int) time.Duration {
 	msg := fmt.Sprintf("%d of %d Redis nodes confirmed; %s", confirmed, replicas, p.msg)
-	if p.reason == v1alpha1.ReasonInvalidACLRules {
+	if p.reason == v1beta1.ReasonInvalidACLRules {
 		msg = p.msg + "; nothing was applied (the pods run on, with the users they had)"
 	}
-	if conds.Set(v1alpha1.ConditionUsersApplied, metav1.ConditionFalse, p.reason, msg) && p.event != "" {
+	if conds.Set(v1beta1.ConditionUsersApplied, metav1.ConditionFalse, p.reason, msg) && p.event != "" {
 		conds.Announce(true, p.event, "ApplyUsers", "%s", msg)
 	}
 	return p.wait
@@ -222,14 +222,14 @@ func (p *problem) report(conds conditions.Setter, confirmed, replicas int) time.
 
 // notRunning is a pod whose Redis does not run (yet): a wait, unless it has not run for longer
 // than the readiness timeout.
-func (s *usersSyncer) notRunning(rc *v1alpha1.RedisCluster, p *corev1.Pod) *problem {
+func (s *usersSyncer) notRunning(rc *v1beta1.RedisCluster, p *corev1.Pod) *problem {
 	since := stoppedSince(p)
 	timeout := readinessTimeout(rc)
 	if s.Clock.Since(since) > timeout {
-		return &problem{reason: v1alpha1.ReasonNodeNotReady, event: v1alpha1.ReasonNodeNotReady, wait: time.Minute,
+		return &problem{reason: v1beta1.ReasonNodeNotReady, event: v1beta1.ReasonNodeNotReady, wait: time.Minute,
 			msg: fmt.Sprintf("pod %s has not run Redis for %s (rollout.readinessTimeout %s); no credential change goes on until it does", p.Name, s.Clock.Since(since).Round(time.Second), timeout)}
 	}
-	return &problem{reason: v1alpha1.ReasonApplying, wait: notRunningWait, msg: "waiting for pod " + p.Name + " to run Redis"}
+	return &problem{reason: v1beta1.ReasonApplying, wait: notRunningWait, msg: "waiting for pod " + p.Name + " to run Redis"}
 }
 
 // stoppedSince is when a pod that keyroll cannot use stopped being usable: when it last became
@@ -258,7 +258,7 @@ func stoppedSince(p *corev1.Pod) time.Time {
 
 // failed is why keyroll could not change or confirm a node. A Redis that does not take connections
 // yet while its pod is not Ready is still starting: it is waited for as one that does not run.
-func (s *usersSyncer) failed(rc *v1alpha1.RedisCluster, p *corev1.Pod, addr string, err error) *problem {
+func (s *usersSyncer) failed(rc *v1beta1.RedisCluster, p *corev1.Pod, addr string, err error) *problem {
 	if redisnode.Unreachable(err) && !podIsReady(p) {
 		return s.notRunning(rc, p)
 	}
@@ -279,19 +279,19 @@ func podIsReady(p *corev1.Pod) bool {
 func unreachable(p *corev1.Pod, addr string, err error) *problem {
 	var re *redisnode.RuleError
 	if errors.As(err, &re) {
-		return &problem{reason: v1alpha1.ReasonInvalidACLRules, event: v1alpha1.ReasonInvalidACLRules, wait: time.Minute,
+		return &problem{reason: v1beta1.ReasonInvalidACLRules, event: v1beta1.ReasonInvalidACLRules, wait: time.Minute,
 			msg: fmt.Sprintf("pod %s refused spec.credentials.aclRules: %v", p.Name, re)}
 	}
 	var lo *lockedOut
 	if errors.As(err, &lo) {
-		return &problem{reason: v1alpha1.ReasonAdminLockedOut, event: v1alpha1.ReasonAdminLockedOut, wait: time.Minute,
+		return &problem{reason: v1beta1.ReasonAdminLockedOut, event: v1beta1.ReasonAdminLockedOut, wait: time.Minute,
 			msg: fmt.Sprintf("pod %s: %v; restart the pod (kubectl delete pod %s) so that its Redis loads the cluster's aclfile again", p.Name, err, p.Name)}
 	}
 	hint := ""
 	if redisnode.Unreachable(err) {
 		hint = fmt.Sprintf(" (keyroll connects to every Redis pod on TCP port %d: a NetworkPolicy must let it in)", render.RedisPort)
 	}
-	return &problem{reason: v1alpha1.ReasonNodeUnreachable, event: v1alpha1.ReasonNodeUnreachable, wait: 10 * time.Second,
+	return &problem{reason: v1beta1.ReasonNodeUnreachable, event: v1beta1.ReasonNodeUnreachable, wait: 10 * time.Second,
 		msg: fmt.Sprintf("pod %s at %s: %v%s", p.Name, addr, err, hint)}
 }
 
@@ -324,14 +324,14 @@ func ordinalOf(pod string) int {
 }
 
 // recordsOf keeps the records of the pods that exist, in the pods' order.
-func recordsOf(pods []*corev1.Pod, records map[string]v1alpha1.NodeStatus) []v1alpha1.NodeStatus {
-	out := make([]v1alpha1.NodeStatus, 0, len(pods))
+func recordsOf(pods []*corev1.Pod, records map[string]v1beta1.NodeStatus) []v1beta1.NodeStatus {
+	out := make([]v1beta1.NodeStatus, 0, len(pods))
 	for _, p := range pods {
 		if r, ok := records[p.Name]; ok {
 			out = append(out, r)
 		}
 	}
-	slices.SortFunc(out, func(a, b v1alpha1.NodeStatus) int { return strings.Compare(a.Pod, b.Pod) })
+	slices.SortFunc(out, func(a, b v1beta1.NodeStatus) int { return strings.Compare(a.Pod, b.Pod) })
 	return out
 }
 
@@ -340,7 +340,7 @@ func recordsOf(pods []*corev1.Pod, records map[string]v1alpha1.NodeStatus) []v1a
 // passed over, as one that does not run.
 // Unless one accepted them, the UsersApplied condition says why not (refused, with Redis's
 // words; no node running yet; unreachable) and wait says when to look again.
-func (s *usersSyncer) CheckRules(ctx context.Context, rc *v1alpha1.RedisCluster, conds conditions.Setter, rules []string, adminPassword string) (accepted bool, wait time.Duration, err error) {
+func (s *usersSyncer) CheckRules(ctx context.Context, rc *v1beta1.RedisCluster, conds conditions.Setter, rules []string, adminPassword string) (accepted bool, wait time.Duration, err error) {
 	m, err := listMembers(ctx, s.Client, rc)
 	if err != nil {
 		return false, 0, err
@@ -371,6 +371,6 @@ func (s *usersSyncer) CheckRules(ctx context.Context, rc *v1alpha1.RedisCluster,
 	if failed != nil {
 		return false, failed.report(conds, 0, int(rc.Spec.Replicas)), nil
 	}
-	p := &problem{reason: v1alpha1.ReasonApplying, wait: notRunningWait, msg: "waiting for a Redis pod to run, to check spec.credentials.aclRules on it"}
+	p := &problem{reason: v1beta1.ReasonApplying, wait: notRunningWait, msg: "waiting for a Redis pod to run, to check spec.credentials.aclRules on it"}
 	return false, p.report(conds, 0, int(rc.Spec.Replicas)), nil
 }

@@ -14,7 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/controllers/render"
 )
 
@@ -31,7 +31,7 @@ type members struct {
 // the cluster's own StatefulSet (the one rc controls, by UID) and its name is that StatefulSet's
 // name and an ordinal below its replicas: labels anyone who may create pods can copy, and a
 // pod named like a node is one only while the StatefulSet's pod of that name does not exist.
-func listMembers(ctx context.Context, c client.Reader, rc *v1alpha1.RedisCluster) (members, error) {
+func listMembers(ctx context.Context, c client.Reader, rc *v1beta1.RedisCluster) (members, error) {
 	list := &corev1.PodList{}
 	if err := c.List(ctx, list, client.InNamespace(rc.Namespace), client.MatchingLabels(render.SelectorLabels(rc))); err != nil {
 		return members{}, fmt.Errorf("listing Redis pods: %w", err)

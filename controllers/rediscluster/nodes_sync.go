@@ -13,7 +13,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/controllers/conditions"
 	"github.com/keyroll/keyroll/controllers/render"
 	"github.com/keyroll/keyroll/redisnode"
@@ -122,11 +122,11 @@ func (s *usersSyncer) report(conds conditions.Setter, all []found) {
 		}
 	}
 	if len(removed) > 0 {
-		conds.Event(true, v1alpha1.EventUnknownUserRemoved, "ApplyUsers",
+		conds.Event(true, v1beta1.EventUnknownUserRemoved, "ApplyUsers",
 			"Removed users that are not the cluster's (keyroll owns the users of its Redis nodes): %s", strings.Join(removed, "; "))
 	}
 	if len(restored) > 0 {
-		conds.Event(true, v1alpha1.EventUserRestored, "ApplyUsers",
+		conds.Event(true, v1beta1.EventUserRestored, "ApplyUsers",
 			"Set users changed outside keyroll back to the cluster's: %s", strings.Join(restored, "; "))
 	}
 }

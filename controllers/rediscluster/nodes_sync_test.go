@@ -22,7 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/controllers/conditions"
 	"github.com/keyroll/keyroll/controllers/render"
 	"github.com/keyroll/keyroll/redisnode"
@@ -32,7 +32,7 @@ import (
 // ground is a cluster of n running Redis nodes: its StatefulSet, the StatefulSet's pods, fake
 // Redis nodes that have the admin user, and a syncer of them.
 type ground struct {
-	rc     *v1alpha1.RedisCluster
+	rc     *v1beta1.RedisCluster
 	in     render.Internal
 	redis  *redisnodetest.Fake
 	syncer *usersSyncer
@@ -44,12 +44,12 @@ type ground struct {
 
 func newGround(t *testing.T, n int, extra ...client.Object) *ground {
 	t.Helper()
-	rc := &v1alpha1.RedisCluster{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "orders", UID: "rc-uid", Generation: 1}}
+	rc := &v1beta1.RedisCluster{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "orders", UID: "rc-uid", Generation: 1}}
 	rc.Spec.Replicas = int32(n)
 	rc.Spec.Credentials.ACLRules = []string{"~*", "+@all"}
 	sts := render.StatefulSet(rc, "", "probe:v1")
 	sts.UID = "sts-uid"
-	sts.OwnerReferences = []metav1.OwnerReference{{APIVersion: "keyroll.dev/v1alpha1", Kind: "RedisCluster", Name: rc.Name, UID: rc.UID, Controller: ptr.To(true)}}
+	sts.OwnerReferences = []metav1.OwnerReference{{APIVersion: "keyroll.dev/v1beta1", Kind: "RedisCluster", Name: rc.Name, UID: rc.UID, Controller: ptr.To(true)}}
 	objs := append([]client.Object{sts}, extra...)
 	g := &ground{rc: rc, redis: redisnodetest.New(), events: events.NewFakeRecorder(100), clock: clocktesting.NewFakeClock(time.Now()),
 		in: render.Internal{Admin: "admin-password", Replication: "replication-password", Probe: "probe-password"}}
@@ -66,7 +66,7 @@ func newGround(t *testing.T, n int, extra ...client.Object) *ground {
 
 // redisPod is a pod with the cluster's labels, running Redis at the i-th address; owner, when
 // set, is its controller.
-func redisPod(rc *v1alpha1.RedisCluster, name string, i int, owner *appsv1.StatefulSet) *corev1.Pod {
+func redisPod(rc *v1beta1.RedisCluster, name string, i int, owner *appsv1.StatefulSet) *corev1.Pod {
 	p := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Namespace: rc.Namespace, Name: name, UID: types.UID("uid-" + name), Labels: render.SelectorLabels(rc)},
 		Status: corev1.PodStatus{PodIP: fmt.Sprintf("10.0.0.%d", 10+i),
@@ -95,7 +95,7 @@ func (g *ground) sync(t *testing.T, want usersWant) (bool, time.Duration) {
 }
 
 func (g *ground) usersApplied() *metav1.Condition {
-	return meta.FindStatusCondition(g.rc.Status.Conditions, v1alpha1.ConditionUsersApplied)
+	return meta.FindStatusCondition(g.rc.Status.Conditions, v1beta1.ConditionUsersApplied)
 }
 
 func (g *ground) drainEvents() []string {
@@ -133,7 +133,7 @@ func TestUnknownUsersAreRemovedAtTheNextCheck(t *testing.T) {
 	g.clock.Step(time.Minute)
 	done, wait := g.sync(t, want)
 	c := g.usersApplied()
-	if done || wait > time.Second || c.Status != metav1.ConditionFalse || c.Reason != v1alpha1.ReasonUsersChanged ||
+	if done || wait > time.Second || c.Status != metav1.ConditionFalse || c.Reason != v1beta1.ReasonUsersChanged ||
 		!strings.Contains(c.Message, "orders-0 (users backdoor are not the cluster's)") || !strings.Contains(c.Message, "orders-2 (users backdoor") || !strings.Contains(c.Message, "orders-1 (the cluster's users were changed)") {
 		t.Fatalf("at the check: done %v, wait %s, UsersApplied %+v; want not done, at once again, UsersChanged naming each node", done, wait, c)
 	}
@@ -195,7 +195,7 @@ func TestAdminChangedOnANodeIsSetBackThroughTheRecoveryUser(t *testing.T) {
 	}
 	g.clock.Step(time.Minute)
 	g.sync(t, want)
-	if c := g.usersApplied(); c.Reason != v1alpha1.ReasonAdminLockedOut || !strings.Contains(c.Message, "kubectl delete pod orders-0") {
+	if c := g.usersApplied(); c.Reason != v1beta1.ReasonAdminLockedOut || !strings.Contains(c.Message, "kubectl delete pod orders-0") {
 		t.Errorf("both administrative users refused: UsersApplied %+v", c)
 	}
 }
@@ -205,7 +205,7 @@ func TestAdminChangedOnANodeIsSetBackThroughTheRecoveryUser(t *testing.T) {
 // node but not in its canonical form, gets no Redis command and stays out of status; the nodes
 // are synced as if it were not there. Without the cluster's StatefulSet, no pod is a node.
 func TestOnlyTheStatefulSetsPodsAreNodes(t *testing.T) {
-	rc := &v1alpha1.RedisCluster{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "orders", UID: "rc-uid"}}
+	rc := &v1beta1.RedisCluster{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "orders", UID: "rc-uid"}}
 	other := &appsv1.StatefulSet{ObjectMeta: metav1.ObjectMeta{Name: "orders", UID: "other-uid"}}
 	own := &appsv1.StatefulSet{ObjectMeta: metav1.ObjectMeta{Name: "orders", UID: "sts-uid"}}
 	lookAlikes := []client.Object{
@@ -277,7 +277,7 @@ func TestAStaleClusterSetsNoNode(t *testing.T) {
 	latest.ResourceVersion = "8"
 	g.rc.ResourceVersion = "7"
 	scheme := runtime.NewScheme()
-	if err := v1alpha1.AddToScheme(scheme); err != nil {
+	if err := v1beta1.AddToScheme(scheme); err != nil {
 		t.Fatal(err)
 	}
 	g.syncer.APIReader = fake.NewClientBuilder().WithScheme(scheme).WithObjects(latest).Build()

@@ -14,7 +14,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 	"k8s.io/utils/ptr"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/controllers/render"
 	"github.com/keyroll/keyroll/redisnode"
 )
@@ -44,15 +44,15 @@ func TestNotRunningIsTimedFromWhenThePodStopped(t *testing.T) {
 		pod  *corev1.Pod
 		want string
 	}{
-		"deleted 5s ago, still reported Ready":  {pod(true, time.Hour, 5*time.Second), v1alpha1.ReasonApplying},
-		"deleted 15s ago, still reported Ready": {pod(true, time.Hour, 15*time.Second), v1alpha1.ReasonNodeNotReady},
-		"not Ready for 5s":                      {pod(false, 5*time.Second, 0), v1alpha1.ReasonApplying},
-		"not Ready for 15s":                     {pod(false, 15*time.Second, 0), v1alpha1.ReasonNodeNotReady},
-		"not Ready for 15s, deleted 5s ago":     {pod(false, 15*time.Second, 5*time.Second), v1alpha1.ReasonNodeNotReady},
-		"created 5s ago, no conditions yet":     {&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "orders-2", CreationTimestamp: *ago(5 * time.Second)}}, v1alpha1.ReasonApplying},
-		"created 15s ago, no conditions yet":    {&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "orders-2", CreationTimestamp: *ago(15 * time.Second)}}, v1alpha1.ReasonNodeNotReady},
+		"deleted 5s ago, still reported Ready":  {pod(true, time.Hour, 5*time.Second), v1beta1.ReasonApplying},
+		"deleted 15s ago, still reported Ready": {pod(true, time.Hour, 15*time.Second), v1beta1.ReasonNodeNotReady},
+		"not Ready for 5s":                      {pod(false, 5*time.Second, 0), v1beta1.ReasonApplying},
+		"not Ready for 15s":                     {pod(false, 15*time.Second, 0), v1beta1.ReasonNodeNotReady},
+		"not Ready for 15s, deleted 5s ago":     {pod(false, 15*time.Second, 5*time.Second), v1beta1.ReasonNodeNotReady},
+		"created 5s ago, no conditions yet":     {&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "orders-2", CreationTimestamp: *ago(5 * time.Second)}}, v1beta1.ReasonApplying},
+		"created 15s ago, no conditions yet":    {&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "orders-2", CreationTimestamp: *ago(15 * time.Second)}}, v1beta1.ReasonNodeNotReady},
 	}
-	rc := &v1alpha1.RedisCluster{}
+	rc := &v1beta1.RedisCluster{}
 	rc.Spec.Rollout.ReadinessTimeout = &metav1.Duration{Duration: 10 * time.Second}
 	s := &usersSyncer{Clock: clocktesting.NewFakeClock(now)}
 	for name, tc := range cases {
@@ -84,7 +84,7 @@ func TestRetiredUserIsConfirmedGoneOnEachNode(t *testing.T) {
 	if done || err != nil {
 		t.Fatalf("Sync: done %v, err %v; want not done while orders-1 still has V_OLD", done, err)
 	}
-	c := meta.FindStatusCondition(rc.Status.Conditions, v1alpha1.ConditionUsersApplied)
+	c := meta.FindStatusCondition(rc.Status.Conditions, v1beta1.ConditionUsersApplied)
 	if c == nil || c.Status != metav1.ConditionFalse || !strings.Contains(c.Message, "1 of 3") || !strings.Contains(c.Message, "orders-1") || !strings.Contains(c.Message, "V_OLD") {
 		t.Errorf("UsersApplied %+v: want False, 1 of 3 confirmed, naming orders-1 and V_OLD", c)
 	}

@@ -13,7 +13,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/controllers/apply"
 	"github.com/keyroll/keyroll/controllers/render"
 )
@@ -30,7 +30,7 @@ func TestClusterOwnsABudgetForItsRedisPods(t *testing.T) {
 	if !apply.OwnedBy(pdb, rc) {
 		t.Errorf("the PodDisruptionBudget is not controlled by the RedisCluster: %+v", pdb.OwnerReferences)
 	}
-	if pdb.Labels[v1alpha1.LabelManagedBy] != v1alpha1.ManagedByValue || pdb.Labels[v1alpha1.LabelCluster] != "orders" {
+	if pdb.Labels[v1beta1.LabelManagedBy] != v1beta1.ManagedByValue || pdb.Labels[v1beta1.LabelCluster] != "orders" {
 		t.Errorf("labels %v: the manager's cache would not see it", pdb.Labels)
 	}
 	sts := &appsv1.StatefulSet{}
@@ -60,12 +60,12 @@ func TestABudgetOfKeyrollsNameThatIsNotKeyrollsIsLeftAlone(t *testing.T) {
 	if len(got.OwnerReferences) != 0 || got.Spec.MaxUnavailable != nil || got.Spec.Selector.MatchLabels["app"] != "theirs" {
 		t.Errorf("keyroll changed a PodDisruptionBudget that is not its own: %+v %+v", got.OwnerReferences, got.Spec)
 	}
-	c := condition(rc, v1alpha1.ConditionReady)
-	if c == nil || c.Status != metav1.ConditionFalse || c.Reason != v1alpha1.ReasonSecretConflict ||
+	c := condition(rc, v1beta1.ConditionReady)
+	if c == nil || c.Status != metav1.ConditionFalse || c.Reason != v1beta1.ReasonSecretConflict ||
 		!strings.Contains(c.Message, "PodDisruptionBudget orders-redis exists") || strings.Contains(c.Message, "secretName") {
 		t.Errorf("Ready %+v: want False, naming the PodDisruptionBudget (and no Secret hint)", c)
 	}
-	if cr := condition(rc, v1alpha1.ConditionCredentialsReady); cr == nil || cr.Status != metav1.ConditionTrue || rc.Status.Credential == nil {
+	if cr := condition(rc, v1beta1.ConditionCredentialsReady); cr == nil || cr.Status != metav1.ConditionTrue || rc.Status.Credential == nil {
 		t.Errorf("CredentialsReady %+v: the credential must not wait for the budget", cr)
 	}
 	if err := h.k8s.Get(context.Background(), client.ObjectKey{Namespace: "shop", Name: "orders"}, &appsv1.StatefulSet{}); err != nil {

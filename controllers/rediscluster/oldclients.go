@@ -15,7 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/controllers/credential"
 	"github.com/keyroll/keyroll/controllers/render"
 	"github.com/keyroll/keyroll/controllers/statustime"
@@ -64,21 +64,21 @@ func (r *deps) holdForOldUserClients(ctx context.Context, s *credential.Cluster,
 	r.Metrics.SetUnlistedClientConnections(key, conns)
 	named := describeClients(found)
 	ucs := rc.Spec.Rollout.UnlistedClients
-	grace := v1alpha1.DefaultUnlistedClientsGrace
+	grace := v1beta1.DefaultUnlistedClientsGrace
 	if ucs.Grace != nil {
 		grace = ucs.Grace.Duration
 	}
 	restarting := false
-	if ucs.Action == v1alpha1.UnlistedClientsRestart {
+	if ucs.Action == v1beta1.UnlistedClientsRestart {
 		if added := adoptLoggedIn(rc, found); len(added) > 0 {
 			restarting = true
-			s.Conds.Event(false, v1alpha1.EventUnlistedClientRestarting, "Retire",
+			s.Conds.Event(false, v1beta1.EventUnlistedClientRestarting, "Retire",
 				"Restarting %s, one at a time as consumers: logged in with the superseded user %s and not listed (rollout.unlistedClients Restart)",
 				strings.Join(added, ", "), strings.Join(users, ", "))
 		}
 	}
-	if ucs.Action == v1alpha1.UnlistedClientsProceed && !now.Before(held.Add(grace)) {
-		s.Conds.Event(true, v1alpha1.EventUnlistedClientsCutOff, "Retire",
+	if ucs.Action == v1beta1.UnlistedClientsProceed && !now.Before(held.Add(grace)) {
+		s.Conds.Event(true, v1beta1.EventUnlistedClientsCutOff, "Retire",
 			"Retiring %s after the %s grace (rollout.unlistedClients Proceed): cut off %s", strings.Join(users, ", "), grace, named)
 		r.clearOldUserClients(s)
 		return false, 0, nil
@@ -89,21 +89,21 @@ func (r *deps) holdForOldUserClients(ctx context.Context, s *credential.Cluster,
 	rc.Status.OldUserClients = found
 	what := "they log in with the new credential or stop (rollout.unlistedClients Wait)"
 	wait := oldClientsRecheck
-	if ucs.Action == v1alpha1.UnlistedClientsRestart {
+	if ucs.Action == v1beta1.UnlistedClientsRestart {
 		what = "those that are Deployments, StatefulSets or DaemonSets of this namespace are restarted onto the new credential (status.consumers), and the others log in with it or stop (rollout.unlistedClients Restart)"
 	}
 	if restarting {
 		wait = lagWait // the rollout that restarts them starts at the next look
 	}
-	if ucs.Action == v1alpha1.UnlistedClientsProceed {
+	if ucs.Action == v1beta1.UnlistedClientsProceed {
 		what = fmt.Sprintf("they log in with the new credential, or for %s, until %s, when they are cut off (rollout.unlistedClients Proceed)",
 			grace, held.Add(grace).UTC().Format(time.RFC3339))
 		wait = min(wait, held.Add(grace).Sub(now)+time.Second)
 	}
 	msg := fmt.Sprintf("Still logged in with the superseded user %s, and not listed consumers: %s; the user and its lease are kept until %s",
 		strings.Join(users, ", "), named, what)
-	if s.Conds.Set(v1alpha1.ConditionLeasesRevoked, metav1.ConditionFalse, v1alpha1.ReasonClientsStillLoggedIn, msg) {
-		s.Conds.Announce(true, v1alpha1.EventOldCredentialInUse, "Retire", "%s", msg)
+	if s.Conds.Set(v1beta1.ConditionLeasesRevoked, metav1.ConditionFalse, v1beta1.ReasonClientsStillLoggedIn, msg) {
+		s.Conds.Announce(true, v1beta1.EventOldCredentialInUse, "Retire", "%s", msg)
 	}
 	return true, wait, nil
 }
@@ -120,7 +120,7 @@ func (r *deps) nameCutOff(ctx context.Context, s *credential.Cluster, in *intern
 	if err != nil || len(found) == 0 {
 		return // the users step reports a node it cannot reach
 	}
-	s.Conds.Event(true, v1alpha1.EventClientsCutOff, "Retire", "Cutting off %s (lease revoked outside keyroll, onRevokedOutside CutOff): %s",
+	s.Conds.Event(true, v1beta1.EventClientsCutOff, "Retire", "Cutting off %s (lease revoked outside keyroll, onRevokedOutside CutOff): %s",
 		strings.Join(users, ", "), describeClients(found))
 }
 
@@ -129,14 +129,14 @@ func (r *deps) clearOldUserClients(s *credential.Cluster) {
 	rc := s.RC
 	rc.Status.OldUserClients = nil
 	r.Metrics.SetUnlistedClientConnections(client.ObjectKeyFromObject(rc), 0)
-	if c := meta.FindStatusCondition(rc.Status.Conditions, v1alpha1.ConditionLeasesRevoked); c != nil && c.Reason == v1alpha1.ReasonClientsStillLoggedIn {
-		s.Conds.Set(v1alpha1.ConditionLeasesRevoked, metav1.ConditionTrue, v1alpha1.ReasonAvailable, "No client that is not a listed consumer is logged in with a superseded user")
+	if c := meta.FindStatusCondition(rc.Status.Conditions, v1beta1.ConditionLeasesRevoked); c != nil && c.Reason == v1beta1.ReasonClientsStillLoggedIn {
+		s.Conds.Set(v1beta1.ConditionLeasesRevoked, metav1.ConditionTrue, v1beta1.ReasonAvailable, "No client that is not a listed consumer is logged in with a superseded user")
 	}
 }
 
 // oldUserClients lists, over every Redis node, the clients logged in as one of users that are
 // not the pods of listed consumers (all of them, with listedToo), one entry per user and address.
-func (r *deps) oldUserClients(ctx context.Context, rc *v1alpha1.RedisCluster, admin string, users []string, listedToo bool) ([]v1alpha1.OldUserClient, error) {
+func (r *deps) oldUserClients(ctx context.Context, rc *v1beta1.RedisCluster, admin string, users []string, listedToo bool) ([]v1beta1.OldUserClient, error) {
 	m, err := listMembers(ctx, r.Client, rc)
 	if err != nil {
 		return nil, err
@@ -163,18 +163,18 @@ func (r *deps) oldUserClients(ctx context.Context, rc *v1alpha1.RedisCluster, ad
 			count[[2]string{c.User, ip}]++
 		}
 	}
-	var out []v1alpha1.OldUserClient
+	var out []v1beta1.OldUserClient
 	for k, n := range count {
 		workload, listed, err := r.clientAt(ctx, rc, k[1])
 		if err != nil {
 			return nil, err
 		}
 		if !listed || listedToo {
-			out = append(out, v1alpha1.OldUserClient{User: k[0], Address: k[1], Workload: workload, Connections: n,
+			out = append(out, v1beta1.OldUserClient{User: k[0], Address: k[1], Workload: workload, Connections: n,
 				Since: statustime.At(r.Clock.Now())})
 		}
 	}
-	slices.SortFunc(out, func(a, b v1alpha1.OldUserClient) int {
+	slices.SortFunc(out, func(a, b v1beta1.OldUserClient) int {
 		return cmp.Or(strings.Compare(a.Workload, b.Workload), strings.Compare(a.Address, b.Address), strings.Compare(a.User, b.User))
 	})
 	return out, nil
@@ -183,7 +183,7 @@ func (r *deps) oldUserClients(ctx context.Context, rc *v1alpha1.RedisCluster, ad
 // clientAt names what the client at ip is (a pod's workload, "" for an address that is no pod's)
 // and says whether it is a listed consumer of rc. The pod is looked up past the cache, which holds
 // keyroll's own pods only.
-func (r *deps) clientAt(ctx context.Context, rc *v1alpha1.RedisCluster, ip string) (string, bool, error) {
+func (r *deps) clientAt(ctx context.Context, rc *v1beta1.RedisCluster, ip string) (string, bool, error) {
 	pods := &corev1.PodList{}
 	if err := r.APIReader.List(ctx, pods, client.MatchingFields{"status.podIP": ip}); err != nil {
 		return "", false, fmt.Errorf("finding the pod at %s: %w", ip, err)
@@ -193,7 +193,7 @@ func (r *deps) clientAt(ctx context.Context, rc *v1alpha1.RedisCluster, ip strin
 			continue
 		}
 		kind, name := workloadOf(&p)
-		listed := p.Namespace == rc.Namespace && slices.Contains(consumerRefs(rc), v1alpha1.ConsumerReference{Kind: kind, Name: name})
+		listed := p.Namespace == rc.Namespace && slices.Contains(consumerRefs(rc), v1beta1.ConsumerReference{Kind: kind, Name: name})
 		w := kind + "/" + name
 		if p.Namespace != rc.Namespace {
 			w += " in namespace " + p.Namespace
@@ -218,7 +218,7 @@ func workloadOf(p *corev1.Pod) (kind, name string) {
 
 // describeClients names the clients for a message: each workload or address, its user and its
 // connections.
-func describeClients(cs []v1alpha1.OldUserClient) string {
+func describeClients(cs []v1beta1.OldUserClient) string {
 	var parts []string
 	for _, c := range cs {
 		who := c.Workload

@@ -12,21 +12,21 @@ import (
 	"k8s.io/utils/ptr"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/controllers/credential"
 	"github.com/keyroll/keyroll/redisnode"
 )
 
 // rotateHolding rotates the cluster while a client at addr is logged in as the current user on
 // every node; it returns the cluster settled and the old user.
-func (h *harness) rotateHolding(t *testing.T, addr string) (*v1alpha1.RedisCluster, string) {
+func (h *harness) rotateHolding(t *testing.T, addr string) (*v1beta1.RedisCluster, string) {
 	t.Helper()
 	rc := h.settle(t)
 	old := rc.Status.Credential.Username
 	for i := range rc.Spec.Replicas {
 		h.redis.SetClients(nodeAddr(int(i)), redisnode.Conn{User: old, Addr: addr}, redisnode.Conn{User: old, Addr: addr})
 	}
-	rc.Annotations = map[string]string{v1alpha1.AnnotationRotateNow: "now"}
+	rc.Annotations = map[string]string{v1beta1.AnnotationRotateNow: "now"}
 	if err := h.k8s.Update(context.Background(), rc); err != nil {
 		t.Fatal(err)
 	}
@@ -56,8 +56,8 @@ func TestUnlistedClientHoldsTheRetirement(t *testing.T) {
 	if c.Address != "192.0.2.7" || c.Workload != "" || c.User != old || c.Connections != 6 {
 		t.Errorf("client %+v, want 192.0.2.7 (no pod's), as %s, 6 connections over three nodes", c, old)
 	}
-	cond := condition(rc, v1alpha1.ConditionLeasesRevoked)
-	if cond == nil || cond.Reason != v1alpha1.ReasonClientsStillLoggedIn || !strings.Contains(cond.Message, "address 192.0.2.7 (no pod's)") {
+	cond := condition(rc, v1beta1.ConditionLeasesRevoked)
+	if cond == nil || cond.Reason != v1beta1.ReasonClientsStillLoggedIn || !strings.Contains(cond.Message, "address 192.0.2.7 (no pod's)") {
 		t.Errorf("LeasesRevoked %+v", cond)
 	}
 	if credentialLeases := len(rc.Status.Leases); credentialLeases != 2 {
@@ -66,8 +66,8 @@ func TestUnlistedClientHoldsTheRetirement(t *testing.T) {
 	if n := unlistedConnections(t, "shop", "orders"); n != 6 {
 		t.Errorf("keyroll_unlisted_client_connections %v, want 6", n)
 	}
-	if n := countOf(h.eventReasons(), v1alpha1.EventOldCredentialInUse); n != 1 {
-		t.Errorf("%d %s events, want 1", n, v1alpha1.EventOldCredentialInUse)
+	if n := countOf(h.eventReasons(), v1beta1.EventOldCredentialInUse); n != 1 {
+		t.Errorf("%d %s events, want 1", n, v1beta1.EventOldCredentialInUse)
 	}
 
 	for i := range 3 {
@@ -77,7 +77,7 @@ func TestUnlistedClientHoldsTheRetirement(t *testing.T) {
 	if slices.Contains(h.redis.Users(nodeAddr(0)), old) || len(rc.Status.OldUserClients) != 0 || len(rc.Status.Leases) != 1 {
 		t.Errorf("after the client left: old user on node 0 %v, clients %+v, %d leases", slices.Contains(h.redis.Users(nodeAddr(0)), old), rc.Status.OldUserClients, len(rc.Status.Leases))
 	}
-	if cond := condition(rc, v1alpha1.ConditionLeasesRevoked); cond == nil || cond.Status != metav1.ConditionTrue {
+	if cond := condition(rc, v1beta1.ConditionLeasesRevoked); cond == nil || cond.Status != metav1.ConditionTrue {
 		t.Errorf("LeasesRevoked %+v after the retirement", cond)
 	}
 	if n := unlistedConnections(t, "shop", "orders"); n != 0 {
@@ -113,8 +113,8 @@ func unlistedConnections(t *testing.T, ns, name string) float64 {
 // A pod's client is named by its workload; with Proceed the retirement waits for the grace from
 // when keyroll first saw it, then goes on and an event says whom it cut off.
 func TestProceedAfterGraceCutsOffAndSaysWhom(t *testing.T) {
-	h := newHarness(t, cluster(func(rc *v1alpha1.RedisCluster) {
-		rc.Spec.Rollout.UnlistedClients = v1alpha1.UnlistedClientsSpec{Action: v1alpha1.UnlistedClientsProceed, Grace: &metav1.Duration{Duration: 30 * time.Second}}
+	h := newHarness(t, cluster(func(rc *v1beta1.RedisCluster) {
+		rc.Spec.Rollout.UnlistedClients = v1beta1.UnlistedClientsSpec{Action: v1beta1.UnlistedClientsProceed, Grace: &metav1.Duration{Duration: 30 * time.Second}}
 	}))
 	report := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "report-7d9f-abcde", Labels: map[string]string{"pod-template-hash": "7d9f"},
@@ -143,7 +143,7 @@ func TestProceedAfterGraceCutsOffAndSaysWhom(t *testing.T) {
 	for {
 		select {
 		case e := <-h.events.Events:
-			if strings.Contains(e, v1alpha1.EventUnlistedClientsCutOff) {
+			if strings.Contains(e, v1beta1.EventUnlistedClientsCutOff) {
 				cutOff = e
 			}
 			continue
@@ -162,7 +162,7 @@ func TestCutOffNamesWhoWasCutOff(t *testing.T) {
 	h := newHarness(t, cluster())
 	old := h.settle(t).Status.Credential
 	h.redis.SetClients(nodeAddr(0), redisnode.Conn{User: old.Username, Addr: "192.0.2.9:50000"})
-	h.vault.RevokeOutside(old.LeaseID)
+	h.vault.RevokeOutside(old.Lease.LeaseID)
 	h.eventReasons()
 	h.clock.Step(credential.DefaultLeaseCheckInterval)
 	h.settle(t)
@@ -173,7 +173,7 @@ func TestCutOffNamesWhoWasCutOff(t *testing.T) {
 	for {
 		select {
 		case e := <-h.events.Events:
-			if strings.Contains(e, v1alpha1.EventClientsCutOff) {
+			if strings.Contains(e, v1beta1.EventClientsCutOff) {
 				named = e
 			}
 			continue

@@ -23,7 +23,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/controllers/conditions"
 	"github.com/keyroll/keyroll/controllers/render"
 	"github.com/keyroll/keyroll/controllers/statustime"
@@ -54,7 +54,7 @@ type primaryKeeper struct {
 // primaryView is one reconcile's view: the cluster, its conditions, its Redis pods and the admin
 // user's password.
 type primaryView struct {
-	RC    *v1alpha1.RedisCluster
+	RC    *v1beta1.RedisCluster
 	Conds conditions.Setter
 	Pods  []*corev1.Pod
 	Admin string
@@ -62,13 +62,13 @@ type primaryView struct {
 
 // For lists rc's Redis pods (listMembers), and reports each pod that only looks like one
 // (a Warning event about the cluster and the pod, once per pod while keyroll runs).
-func (k *primaryKeeper) For(ctx context.Context, rc *v1alpha1.RedisCluster, conds conditions.Setter, admin string) (*primaryView, error) {
+func (k *primaryKeeper) For(ctx context.Context, rc *v1beta1.RedisCluster, conds conditions.Setter, admin string) (*primaryView, error) {
 	m, err := listMembers(ctx, k.Client, rc)
 	if err != nil {
 		return nil, err
 	}
 	for _, p := range k.lookAlikes.fresh(client.ObjectKeyFromObject(rc), m.LookAlikes) {
-		conds.EventAbout(p, true, v1alpha1.EventLookAlikePod, "ListNodes",
+		conds.EventAbout(p, true, v1beta1.EventLookAlikePod, "ListNodes",
 			"Pod %s carries the labels of this cluster's Redis pods but is not one of StatefulSet %s's pods: keyroll sends it nothing and does not count it as a Redis node", p.Name, rc.Name)
 	}
 	return &primaryView{RC: rc, Conds: conds, Admin: admin, Pods: m.Pods}, nil
@@ -132,7 +132,7 @@ func (k *primaryKeeper) recordLabelled(ctx context.Context, c *primaryView) {
 		return
 	}
 	for _, p := range c.Pods {
-		if p.Name == c.RC.Status.Primary || p.Labels[v1alpha1.LabelRole] != v1alpha1.RolePrimary || !podReady(p) {
+		if p.Name == c.RC.Status.Primary || p.Labels[v1beta1.LabelRole] != v1beta1.RolePrimary || !podReady(p) {
 			continue
 		}
 		if st, err := k.node(p, c.Admin).Replication(ctx); err == nil && st.Role == "master" {
@@ -194,7 +194,7 @@ func (k *primaryKeeper) promote(ctx context.Context, c *primaryView) error {
 	}
 	lost := rc.Status.Primary
 	rc.Status.Primary = best.Name
-	c.Conds.Announce(true, v1alpha1.EventPrimaryPromoted, "Promote",
+	c.Conds.Announce(true, v1beta1.EventPrimaryPromoted, "Promote",
 		"Primary %s was not Ready for %s: %s, the replica with the most of its data (replication offset %d), is the primary now; the other nodes replicate from it",
 		lost, PrimaryLostAfter, best.Name, bestRepl.Offset)
 	log.FromContext(ctx).Info("Primary lost; replica promoted", "lost", lost, "primary", best.Name, "offset", bestRepl.Offset)
@@ -225,7 +225,7 @@ func (k *primaryKeeper) demoteStarted(ctx context.Context, c *primaryView) error
 	if !podReady(primary) {
 		return nil
 	}
-	seen := map[string]v1alpha1.NodeStatus{}
+	seen := map[string]v1beta1.NodeStatus{}
 	for _, n := range rc.Status.Nodes {
 		seen[n.Pod] = n
 	}
@@ -253,18 +253,18 @@ func (k *primaryKeeper) label(ctx context.Context, c *primaryView) error {
 		if !p.DeletionTimestamp.IsZero() {
 			continue
 		}
-		want := v1alpha1.RoleReplica
+		want := v1beta1.RoleReplica
 		if p.Name == c.RC.Status.Primary {
-			want = v1alpha1.RolePrimary
+			want = v1beta1.RolePrimary
 		}
-		if p.Labels[v1alpha1.LabelRole] == want {
+		if p.Labels[v1beta1.LabelRole] == want {
 			continue
 		}
 		patch := client.MergeFrom(p.DeepCopy())
 		if p.Labels == nil {
 			p.Labels = map[string]string{}
 		}
-		p.Labels[v1alpha1.LabelRole] = want
+		p.Labels[v1beta1.LabelRole] = want
 		if err := k.Client.Patch(ctx, p, patch); client.IgnoreNotFound(err) != nil {
 			errs = append(errs, fmt.Errorf("labelling pod %s %s: %w", p.Name, want, err))
 		}

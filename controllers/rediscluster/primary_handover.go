@@ -10,7 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/redisnode"
 )
 
@@ -47,7 +47,7 @@ func (k *primaryKeeper) HandOver(ctx context.Context, c *primaryView, eligible, 
 		return false, "", err
 	}
 	rc.Status.Primary = target.Name
-	c.Conds.Announce(false, v1alpha1.EventPrimaryHandedOver, "Failover",
+	c.Conds.Announce(false, v1beta1.EventPrimaryHandedOver, "Failover",
 		"Primary role handed over from %s to %s (FAILOVER, no write lost) before %s restarts", old.Name, target.Name, old.Name)
 	log.FromContext(ctx).Info("Primary handed over", "from", old.Name, "to", target.Name)
 	// The client Service follows the label at once; then the other replicas follow the primary.

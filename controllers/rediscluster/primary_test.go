@@ -15,7 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 )
 
 // notReady makes the pod's Ready condition false from now on, and returns the pod.
@@ -41,7 +41,7 @@ func (h *harness) roles(t *testing.T) map[string]string {
 	}
 	out := map[string]string{}
 	for _, p := range pods.Items {
-		out[p.Name] = p.Labels[v1alpha1.LabelRole]
+		out[p.Name] = p.Labels[v1beta1.LabelRole]
 	}
 	return out
 }
@@ -64,7 +64,7 @@ func TestPodZeroIsTheFirstPrimaryAndThePodsCarryTheirRoles(t *testing.T) {
 	if rc.Status.Primary != "orders-0" {
 		t.Errorf("status.primary %q, want orders-0", rc.Status.Primary)
 	}
-	want := map[string]string{"orders-0": v1alpha1.RolePrimary, "orders-1": v1alpha1.RoleReplica, "orders-2": v1alpha1.RoleReplica}
+	want := map[string]string{"orders-0": v1beta1.RolePrimary, "orders-1": v1beta1.RoleReplica, "orders-2": v1beta1.RoleReplica}
 	if got := h.roles(t); !maps.Equal(got, want) {
 		t.Errorf("roles %v, want %v", got, want)
 	}
@@ -94,7 +94,7 @@ func TestTemplateChangeRollsReplicasFirstThenHandsThePrimaryOver(t *testing.T) {
 		if gone == "" {
 			t.Fatalf("no pod restarted; rollout %+v, conditions %+v", rc.Status.Rollout, rc.Status.Conditions)
 		}
-		if ro := rc.Status.Rollout; ro == nil || ro.Cause != v1alpha1.RolloutForPodTemplate || ro.PodInFlight != gone {
+		if ro := rc.Status.Rollout; ro == nil || ro.Cause != v1beta1.RolloutForPodTemplate || ro.PodInFlight != gone {
 			t.Fatalf("rollout %+v while %s restarts", ro, gone)
 		}
 		order = append(order, gone)
@@ -124,16 +124,16 @@ func TestTemplateChangeRollsReplicasFirstThenHandsThePrimaryOver(t *testing.T) {
 			t.Errorf("node %d replicates from %q, want the new primary %s", i, h.redis.PrimaryOf(a), pAddr)
 		}
 	}
-	if got := h.roles(t); got[p] != v1alpha1.RolePrimary || got["orders-0"] != v1alpha1.RoleReplica {
+	if got := h.roles(t); got[p] != v1beta1.RolePrimary || got["orders-0"] != v1beta1.RoleReplica {
 		t.Errorf("roles %v, want %s primary and orders-0 a replica", got, p)
 	}
 	reasons := h.eventReasons()
-	for _, e := range []string{v1alpha1.EventPodsRolloutStarted, v1alpha1.EventPrimaryHandedOver, v1alpha1.EventPodsRolloutFinished} {
+	for _, e := range []string{v1beta1.EventPodsRolloutStarted, v1beta1.EventPrimaryHandedOver, v1beta1.EventPodsRolloutFinished} {
 		if countOf(reasons, e) != 1 {
 			t.Errorf("%d %s events, want 1: %v", countOf(reasons, e), e, reasons)
 		}
 	}
-	if slices.Contains(reasons, v1alpha1.EventRotationStarted) || slices.Contains(reasons, v1alpha1.EventPrimaryPromoted) {
+	if slices.Contains(reasons, v1beta1.EventRotationStarted) || slices.Contains(reasons, v1beta1.EventPrimaryPromoted) {
 		t.Errorf("a template change was taken for a rotation or a lost primary: %v", reasons)
 	}
 }
@@ -175,10 +175,10 @@ func TestLostPrimaryIsReplacedByTheReplicaWithTheMostData(t *testing.T) {
 	if h.redis.PrimaryOf(nodeAddr(2)) != "" || h.redis.PrimaryOf(nodeAddr(1)) != nodeAddr(2) || h.redis.PrimaryOf(nodeAddr(0)) != nodeAddr(2) {
 		t.Errorf("replication: orders-2 of %q, orders-1 of %q, orders-0 of %q", h.redis.PrimaryOf(nodeAddr(2)), h.redis.PrimaryOf(nodeAddr(1)), h.redis.PrimaryOf(nodeAddr(0)))
 	}
-	if got := h.roles(t); got["orders-2"] != v1alpha1.RolePrimary || got["orders-0"] != v1alpha1.RoleReplica {
+	if got := h.roles(t); got["orders-2"] != v1beta1.RolePrimary || got["orders-0"] != v1beta1.RoleReplica {
 		t.Errorf("roles %v", got)
 	}
-	if reasons := h.eventReasons(); countOf(reasons, v1alpha1.EventPrimaryPromoted) != 1 {
+	if reasons := h.eventReasons(); countOf(reasons, v1beta1.EventPrimaryPromoted) != 1 {
 		t.Errorf("events %v, want one PrimaryPromoted", reasons)
 	}
 }
@@ -203,7 +203,7 @@ func TestPrimaryNotReadyButAnsweringIsNotReplaced(t *testing.T) {
 	if h.redis.PrimaryOf(nodeAddr(0)) != "" || h.redis.PrimaryOf(nodeAddr(1)) != nodeAddr(0) {
 		t.Errorf("replication changed: orders-0 of %q, orders-1 of %q", h.redis.PrimaryOf(nodeAddr(0)), h.redis.PrimaryOf(nodeAddr(1)))
 	}
-	if reasons := h.eventReasons(); countOf(reasons, v1alpha1.EventPrimaryPromoted) != 0 {
+	if reasons := h.eventReasons(); countOf(reasons, v1beta1.EventPrimaryPromoted) != 0 {
 		t.Errorf("events %v, want no PrimaryPromoted", reasons)
 	}
 }
@@ -221,7 +221,7 @@ func TestScaleDownNeverRemovesThePrimary(t *testing.T) {
 		t.Fatal(err)
 	}
 	rc = h.settle(t)
-	if got := h.roles(t); got["orders-2"] != v1alpha1.RolePrimary {
+	if got := h.roles(t); got["orders-2"] != v1beta1.RolePrimary {
 		t.Fatalf("roles %v, want orders-2 primary", got)
 	}
 
@@ -283,12 +283,12 @@ func TestAHandOverWhoseStatusWriteWasLostIsRecordedFromTheLabels(t *testing.T) {
 	// orders-1 took over by FAILOVER and carries the label; orders-0 restarts.
 	h.redis.ReplicateFrom(nodeAddr(1), nodeAddr(0), nodeAddr(2))
 	h.redis.ReplicaOfNoOne(nodeAddr(1))
-	for name, role := range map[string]string{"orders-0": v1alpha1.RoleReplica, "orders-1": v1alpha1.RolePrimary} {
+	for name, role := range map[string]string{"orders-0": v1beta1.RoleReplica, "orders-1": v1beta1.RolePrimary} {
 		p := &corev1.Pod{}
 		if err := h.k8s.Get(context.Background(), client.ObjectKey{Namespace: "shop", Name: name}, p); err != nil {
 			t.Fatal(err)
 		}
-		p.Labels[v1alpha1.LabelRole] = role
+		p.Labels[v1beta1.LabelRole] = role
 		if err := h.k8s.Update(context.Background(), p); err != nil {
 			t.Fatal(err)
 		}
@@ -304,10 +304,10 @@ func TestAHandOverWhoseStatusWriteWasLostIsRecordedFromTheLabels(t *testing.T) {
 	if rc.Status.Primary != "orders-1" {
 		t.Errorf("status.primary %q, want orders-1, as its label says", rc.Status.Primary)
 	}
-	if got := h.roles(t); got["orders-1"] != v1alpha1.RolePrimary {
+	if got := h.roles(t); got["orders-1"] != v1beta1.RolePrimary {
 		t.Errorf("roles %v: the client Service lost its primary", got)
 	}
-	if reasons := h.eventReasons(); slices.Contains(reasons, v1alpha1.EventPrimaryPromoted) {
+	if reasons := h.eventReasons(); slices.Contains(reasons, v1beta1.EventPrimaryPromoted) {
 		t.Errorf("a promotion for a hand-over already done: %v", reasons)
 	}
 }

@@ -13,7 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/controllers/apply"
 	"github.com/keyroll/keyroll/controllers/conditions"
 	"github.com/keyroll/keyroll/controllers/credential"
@@ -27,7 +27,7 @@ import (
 // that a newly issued lease is written to the ledger before anything uses it.
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.Result, reterr error) {
 	ctx = redisnode.Budgeted(ctx) // a cluster whose Redis does not answer yields its worker
-	rc := &v1alpha1.RedisCluster{}
+	rc := &v1beta1.RedisCluster{}
 	if err := r.Get(ctx, req.NamespacedName, rc); err != nil {
 		if apierrors.IsNotFound(err) {
 			r.forget(req.NamespacedName)
@@ -74,12 +74,12 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 }
 
 // ensureFinalizer adds the finalizer before anything is created in Vault.
-func (r *Reconciler) ensureFinalizer(ctx context.Context, rc *v1alpha1.RedisCluster) (bool, error) {
-	if controllerutil.ContainsFinalizer(rc, v1alpha1.Finalizer) {
+func (r *Reconciler) ensureFinalizer(ctx context.Context, rc *v1beta1.RedisCluster) (bool, error) {
+	if controllerutil.ContainsFinalizer(rc, v1beta1.Finalizer) {
 		return false, nil
 	}
 	patch := client.MergeFrom(rc.DeepCopy())
-	controllerutil.AddFinalizer(rc, v1alpha1.Finalizer)
+	controllerutil.AddFinalizer(rc, v1beta1.Finalizer)
 	return true, r.Patch(ctx, rc, patch)
 }
 
@@ -89,7 +89,7 @@ func (r *Reconciler) ensureFinalizer(ctx context.Context, rc *v1alpha1.RedisClus
 // consumers' Secret), the rollout to the consumers, and the retirement of what it replaced.
 func (r *Reconciler) reconcileNormal(ctx context.Context, s *credential.Cluster) (ctrl.Result, error) {
 	rc := s.RC
-	if rc.Spec.Credentials.Source == v1alpha1.SourceExternalSecret && !r.ExternalSecrets {
+	if rc.Spec.Credentials.Source == v1beta1.SourceExternalSecret && !r.ExternalSecrets {
 		credential.ExternalSecretsNotInstalled(s)
 		return ctrl.Result{}, nil
 	}
@@ -136,7 +136,7 @@ func (r *Reconciler) credentialAndObjects(ctx context.Context, s *credential.Clu
 	if d.vcl != nil || rc.VaultConnectionName() == "" {
 		d.cred, d.next, credErr = r.source(rc).Credential(ctx, s, d.vcl)
 	}
-	if !had && d.cred != nil && in.acl.Name == "" && rc.Spec.Credentials.Source == v1alpha1.SourceVaultLease {
+	if !had && d.cred != nil && in.acl.Name == "" && rc.Spec.Credentials.Source == v1beta1.SourceVaultLease {
 		return r.credentialFirst(ctx, s, in, d)
 	}
 	if err := r.reconcileObjects(ctx, s, in); err != nil {
@@ -203,7 +203,7 @@ func (r *Reconciler) deliver(ctx context.Context, s *credential.Cluster, d deliv
 // StatefulSet's template names it, so that pods restarted for it are told apart.
 func (r *deps) stage(ctx context.Context, s *credential.Cluster, in *internal, cred *render.Credential) error {
 	rc := s.RC
-	if rc.Spec.Credentials.Source == v1alpha1.SourceVaultLease {
+	if rc.Spec.Credentials.Source == v1beta1.SourceVaultLease {
 		if err := r.writeState(ctx, rc, in, cred); err != nil {
 			return err
 		}
@@ -266,7 +266,7 @@ func (r *Reconciler) readyReplicas(ctx context.Context, s *credential.Cluster) {
 func (r *deps) WriteStatus(ctx context.Context, s *credential.Cluster) error {
 	summarize(s)
 	s.RC.Status.Phase = s.RC.SummaryPhase()
-	err := apply.PatchStatus(ctx, r.Client, s.Before, s.RC, func(o client.Object) any { return o.(*v1alpha1.RedisCluster).Status })
+	err := apply.PatchStatus(ctx, r.Client, s.Before, s.RC, func(o client.Object) any { return o.(*v1beta1.RedisCluster).Status })
 	if err != nil {
 		s.Conds.NotWritten()
 		return err

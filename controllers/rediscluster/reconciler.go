@@ -9,7 +9,7 @@ import (
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/controllers/connection"
 	"github.com/keyroll/keyroll/controllers/credential"
 	"github.com/keyroll/keyroll/controllers/metrics"
@@ -153,8 +153,8 @@ func delayedExecution(clk clock.Clock) clock.WithDelayedExecution {
 }
 
 // source is the cluster's credential source.
-func (r *Reconciler) source(rc *v1alpha1.RedisCluster) source {
-	if rc.Spec.Credentials.Source == v1alpha1.SourceExternalSecret {
+func (r *Reconciler) source(rc *v1beta1.RedisCluster) source {
+	if rc.Spec.Credentials.Source == v1beta1.SourceExternalSecret {
 		return r.externalSecret
 	}
 	return r.vaultLease

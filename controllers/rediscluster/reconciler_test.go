@@ -25,7 +25,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/controllers/connection"
 	"github.com/keyroll/keyroll/controllers/credential"
 	"github.com/keyroll/keyroll/controllers/metrics"
@@ -69,26 +69,26 @@ type harness struct {
 func newHarness(t *testing.T, objs ...client.Object) *harness {
 	t.Helper()
 	s := runtime.NewScheme()
-	for _, add := range []func(*runtime.Scheme) error{clientgoscheme.AddToScheme, v1alpha1.AddToScheme, esv1.AddToScheme} {
+	for _, add := range []func(*runtime.Scheme) error{clientgoscheme.AddToScheme, v1beta1.AddToScheme, esv1.AddToScheme} {
 		if err := add(s); err != nil {
 			t.Fatal(err)
 		}
 	}
-	vc := &v1alpha1.VaultConnection{ObjectMeta: metav1.ObjectMeta{Name: "vault", UID: "vc-uid"}, Spec: v1alpha1.VaultConnectionSpec{
+	vc := &v1beta1.VaultConnection{ObjectMeta: metav1.ObjectMeta{Name: "vault", UID: "vc-uid"}, Spec: v1beta1.VaultConnectionSpec{
 		Address: "https://vault.example:8200", AllowedNamespaces: []string{"*"}, AllowedPaths: []string{"database/creds/*"},
-		Auth: v1alpha1.VaultAuth{Kubernetes: &v1alpha1.KubernetesAuth{Mount: "kubernetes", Role: "keyroll", Audiences: []string{"vault"}}},
+		Auth: v1beta1.VaultAuth{Kubernetes: &v1beta1.KubernetesAuth{Mount: "kubernetes", Role: "keyroll", Audiences: []string{"vault"}}},
 	}}
 	for _, o := range objs {
-		if rc, ok := o.(*v1alpha1.RedisCluster); ok {
+		if rc, ok := o.(*v1beta1.RedisCluster); ok {
 			objs = append(objs, runningPods(rc)...)
 		}
 	}
 	k8s := fake.NewClientBuilder().WithScheme(s).WithObjects(append(objs, vc)...).WithReturnManagedFields().
-		WithStatusSubresource(&v1alpha1.RedisCluster{}, &v1alpha1.VaultConnection{}).
-		WithIndex(&v1alpha1.RedisCluster{}, connection.ClusterIndex, func(o client.Object) []string {
-			return o.(*v1alpha1.RedisCluster).VaultConnections()
+		WithStatusSubresource(&v1beta1.RedisCluster{}, &v1beta1.VaultConnection{}).
+		WithIndex(&v1beta1.RedisCluster{}, connection.ClusterIndex, func(o client.Object) []string {
+			return o.(*v1beta1.RedisCluster).VaultConnections()
 		}).
-		WithIndex(&v1alpha1.RedisCluster{}, ConsumerIndex, ConsumerKeys).
+		WithIndex(&v1beta1.RedisCluster{}, ConsumerIndex, ConsumerKeys).
 		// The API server answers a pod list by status.podIP (oldclients.go).
 		WithIndex(&corev1.Pod{}, "status.podIP", func(o client.Object) []string { return []string{o.(*corev1.Pod).Status.PodIP} }).
 		Build()
@@ -99,7 +99,7 @@ func newHarness(t *testing.T, objs ...client.Object) *harness {
 	vaults := &fakeClients{fake: fv, by: map[string]*vaulttest.Fake{}}
 	redis := redisnodetest.New()
 	for _, o := range objs {
-		if rc, ok := o.(*v1alpha1.RedisCluster); ok {
+		if rc, ok := o.(*v1beta1.RedisCluster); ok {
 			// Pod 0 is the primary, as the start script makes it.
 			for i := 1; i < int(rc.Spec.Replicas); i++ {
 				redis.ReplicateFrom(nodeAddr(0), nodeAddr(i))
@@ -120,14 +120,14 @@ const testProbeImage = "registry.example/keyroll:v1"
 // runningPods are rc's StatefulSet (as the reconciler would apply it, with a UID the fake client
 // does not give) and its Redis pods as the kubelet reports them: each running Redis, Ready, at
 // an address of its own.
-func runningPods(rc *v1alpha1.RedisCluster) []client.Object {
+func runningPods(rc *v1beta1.RedisCluster) []client.Object {
 	version := ""
 	if c := rc.Status.Credential; c != nil {
 		version = c.Version
 	}
 	sts := render.StatefulSet(rc, version, testProbeImage)
 	sts.UID = "sts-uid"
-	sts.OwnerReferences = []metav1.OwnerReference{{APIVersion: "keyroll.dev/v1alpha1", Kind: "RedisCluster", Name: rc.Name, UID: rc.UID, Controller: ptr.To(true)}}
+	sts.OwnerReferences = []metav1.OwnerReference{{APIVersion: "keyroll.dev/v1beta1", Kind: "RedisCluster", Name: rc.Name, UID: rc.UID, Controller: ptr.To(true)}}
 	pods := []client.Object{sts}
 	for i := range rc.Spec.Replicas {
 		pods = append(pods, &corev1.Pod{
@@ -148,18 +148,18 @@ func podIP(i int) string { return fmt.Sprintf("10.0.0.%d", 10+i) }
 func nodeAddr(i int) string { return podIP(i) + ":6379" }
 
 // cluster is a RedisCluster as the API server stores it, defaults filled in.
-func cluster(mutate ...func(*v1alpha1.RedisCluster)) *v1alpha1.RedisCluster {
-	rc := &v1alpha1.RedisCluster{
+func cluster(mutate ...func(*v1beta1.RedisCluster)) *v1beta1.RedisCluster {
+	rc := &v1beta1.RedisCluster{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "orders", UID: "rc-uid", Generation: 1},
-		Spec: v1alpha1.RedisClusterSpec{
-			Replicas: 1, Image: "docker.io/library/redis", Version: "7.0", DeletionPolicy: v1alpha1.DeletionRevoke,
-			Credentials: v1alpha1.CredentialsSpec{
-				Source: v1alpha1.SourceVaultLease, UsernameKey: "username", PasswordKey: "password",
-				ACLRules: []string{"~*", "&*", "+@all"}, OnRevokedOutside: v1alpha1.RevokedOutsideCutOff,
-				VaultLease: &v1alpha1.VaultLeaseSource{ConnectionRef: v1alpha1.ConnectionReference{Name: "vault"},
+		Spec: v1beta1.RedisClusterSpec{
+			Replicas: 1, Image: "docker.io/library/redis", Version: "7.0", DeletionPolicy: v1beta1.DeletionRevoke,
+			Credentials: v1beta1.CredentialsSpec{
+				Source: v1beta1.SourceVaultLease, UsernameKey: "username", PasswordKey: "password",
+				ACLRules: []string{"~*", "&*", "+@all"}, OnRevokedOutside: v1beta1.RevokedOutsideCutOff,
+				VaultLease: &v1beta1.VaultLeaseSource{ConnectionRef: v1beta1.ConnectionReference{Name: "vault"},
 					Path: "database/creds/orders", RenewalPercent: 67, MinTTL: &metav1.Duration{Duration: time.Minute}},
 			},
-			Rollout: v1alpha1.RolloutSpec{ReadinessTimeout: &metav1.Duration{Duration: 5 * time.Minute}},
+			Rollout: v1beta1.RolloutSpec{ReadinessTimeout: &metav1.Duration{Duration: 5 * time.Minute}},
 		},
 	}
 	for _, m := range mutate {
@@ -177,9 +177,9 @@ func (h *harness) reconcile(t *testing.T) ctrl.Result {
 	return res
 }
 
-func (h *harness) get(t *testing.T) *v1alpha1.RedisCluster {
+func (h *harness) get(t *testing.T) *v1beta1.RedisCluster {
 	t.Helper()
-	rc := &v1alpha1.RedisCluster{}
+	rc := &v1beta1.RedisCluster{}
 	if err := h.k8s.Get(context.Background(), client.ObjectKey{Namespace: "shop", Name: "orders"}, rc); err != nil {
 		t.Fatal(err)
 	}
@@ -187,7 +187,7 @@ func (h *harness) get(t *testing.T) *v1alpha1.RedisCluster {
 }
 
 // settle reconciles until the status stops changing.
-func (h *harness) settle(t *testing.T) *v1alpha1.RedisCluster {
+func (h *harness) settle(t *testing.T) *v1beta1.RedisCluster {
 	t.Helper()
 	last := ""
 	for range 10 {
@@ -214,7 +214,7 @@ func (h *harness) eventReasons() []string {
 	}
 }
 
-func condition(rc *v1alpha1.RedisCluster, t string) *metav1.Condition {
+func condition(rc *v1beta1.RedisCluster, t string) *metav1.Condition {
 	return meta.FindStatusCondition(rc.Status.Conditions, t)
 }
 
@@ -224,12 +224,12 @@ func condition(rc *v1alpha1.RedisCluster, t string) *metav1.Condition {
 // cannot be written.
 func TestAddingTheFinalizerGoesOnInTheSameReconcile(t *testing.T) {
 	rc := cluster()
-	rc.Status.Phase = v1alpha1.PhaseIssuing // a status the first reconcile leaves as it is
+	rc.Status.Phase = v1beta1.PhaseIssuing // a status the first reconcile leaves as it is
 	h := newHarness(t, rc)
 	refused := true
 	h.r = h.r.WithClient(interceptor.NewClient(h.k8s.(client.WithWatch), interceptor.Funcs{
 		Patch: func(ctx context.Context, c client.WithWatch, o client.Object, p client.Patch, opts ...client.PatchOption) error {
-			if _, ok := o.(*v1alpha1.RedisCluster); ok && refused {
+			if _, ok := o.(*v1beta1.RedisCluster); ok && refused {
 				return errors.New("the API server is unavailable")
 			}
 			return c.Patch(ctx, o, p, opts...)
@@ -244,7 +244,7 @@ func TestAddingTheFinalizerGoesOnInTheSameReconcile(t *testing.T) {
 
 	refused = false
 	h.reconcile(t)
-	if got := h.get(t).Finalizers; len(got) != 1 || got[0] != v1alpha1.Finalizer {
+	if got := h.get(t).Finalizers; len(got) != 1 || got[0] != v1beta1.Finalizer {
 		t.Errorf("finalizers %v", got)
 	}
 	if n := h.vault.Calls(vaulttest.OpIssue); n != 1 || len(h.get(t).Status.Leases) != 1 {
@@ -263,7 +263,7 @@ func TestIssueRecordsTheLeaseWithItsTokenAndConnectionBeforeTheSecret(t *testing
 		t.Fatalf("ledger %+v", rc.Status.Leases)
 	}
 	l := rc.Status.Leases[0]
-	if l.State != v1alpha1.LeaseActive || l.Connection != "vault" || l.TokenAccessor != "fake-accessor" || l.ExpiresAt == nil {
+	if l.State != v1beta1.LeaseActive || l.Connection != "vault" || l.TokenAccessor != "fake-accessor" || l.ExpiresAt == nil {
 		t.Errorf("lease record %+v: want Active, through vault, with the token's accessor and expiry", l)
 	}
 	sec := &corev1.Secret{}
@@ -273,10 +273,10 @@ func TestIssueRecordsTheLeaseWithItsTokenAndConnectionBeforeTheSecret(t *testing
 	if render.CredentialVersion(string(sec.Data["username"]), string(sec.Data["password"])) != rc.Status.Credential.Version {
 		t.Errorf("the credentials Secret does not hold the credential of status.credential")
 	}
-	if c := condition(rc, v1alpha1.ConditionCredentialsReady); c == nil || c.Status != metav1.ConditionTrue {
+	if c := condition(rc, v1beta1.ConditionCredentialsReady); c == nil || c.Status != metav1.ConditionTrue {
 		t.Errorf("CredentialsReady %+v", c)
 	}
-	if c := condition(rc, v1alpha1.ConditionReady); c == nil || c.Reason != v1alpha1.ReasonReconciling {
+	if c := condition(rc, v1beta1.ConditionReady); c == nil || c.Reason != v1beta1.ReasonReconciling {
 		t.Errorf("Ready %+v: no pod is Ready in a fake cluster", c)
 	}
 }
@@ -315,7 +315,7 @@ func TestRefusedIssueIsTriedAgainAfterAWhile(t *testing.T) {
 			if res.RequeueAfter != credential.RefusedRetry {
 				t.Errorf("result %+v, want a retry in %s", res, credential.RefusedRetry)
 			}
-			c := condition(h.get(t), v1alpha1.ConditionCredentialsReady)
+			c := condition(h.get(t), v1beta1.ConditionCredentialsReady)
 			if c == nil || c.Status != metav1.ConditionFalse || !strings.Contains(c.Message, "tried again in 5m0s") {
 				t.Errorf("CredentialsReady %+v: want False, saying when it is tried again", c)
 			}
@@ -331,20 +331,20 @@ func TestRefusedIssueIsTriedAgainAfterAWhile(t *testing.T) {
 func TestLeaseRevokedOutsideIsFoundByTheLeaseCheckAndReplaced(t *testing.T) {
 	h := newHarness(t, cluster())
 	old := h.settle(t).Status.Credential
-	h.vault.RevokeOutside(old.LeaseID)
+	h.vault.RevokeOutside(old.Lease.LeaseID)
 	h.eventReasons()
 
 	h.clock.Step(credential.DefaultLeaseCheckInterval)
 	rc := h.settle(t)
 
-	if rc.Status.Credential.LeaseID == old.LeaseID || h.vault.Calls(vaulttest.OpLookup) == 0 {
+	if rc.Status.Credential.Lease.LeaseID == old.Lease.LeaseID || h.vault.Calls(vaulttest.OpLookup) == 0 {
 		t.Fatalf("credential %+v after the lease check: want a new lease", rc.Status.Credential)
 	}
-	if reasons := strings.Join(h.eventReasons(), " "); !strings.Contains(reasons, v1alpha1.EventLeaseRevokedOutside) {
-		t.Errorf("events %s: want %s", reasons, v1alpha1.EventLeaseRevokedOutside)
+	if reasons := strings.Join(h.eventReasons(), " "); !strings.Contains(reasons, v1beta1.EventLeaseRevokedOutside) {
+		t.Errorf("events %s: want %s", reasons, v1beta1.EventLeaseRevokedOutside)
 	}
 	for _, l := range rc.Status.Leases {
-		if l.LeaseID == old.LeaseID {
+		if l.LeaseID == old.Lease.LeaseID {
 			t.Errorf("the revoked lease is still in the ledger")
 		}
 	}
@@ -362,11 +362,11 @@ func TestLeaseRevokedOutsideIsFoundByTheLeaseCheckAndReplaced(t *testing.T) {
 // ran, so the consumers were never restarted and kept the user that had been cut off.
 func TestCutOffRollsTheReplacementOutToTheConsumers(t *testing.T) {
 	api := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "api"}}
-	h := newHarness(t, cluster(func(rc *v1alpha1.RedisCluster) {
-		rc.Spec.Rollout.Consumers = []v1alpha1.ConsumerReference{{Kind: "Deployment", Name: "api"}}
+	h := newHarness(t, cluster(func(rc *v1beta1.RedisCluster) {
+		rc.Spec.Rollout.Consumers = []v1beta1.ConsumerReference{{Kind: "Deployment", Name: "api"}}
 	}), api)
 	old := h.settle(t).Status.Credential
-	h.vault.RevokeOutside(old.LeaseID)
+	h.vault.RevokeOutside(old.Lease.LeaseID)
 	h.eventReasons()
 
 	h.clock.Step(credential.DefaultLeaseCheckInterval)
@@ -378,7 +378,7 @@ func TestCutOffRollsTheReplacementOutToTheConsumers(t *testing.T) {
 	if err := h.k8s.Get(context.Background(), client.ObjectKeyFromObject(api), api); err != nil {
 		t.Fatal(err)
 	}
-	if got := api.Spec.Template.Annotations[v1alpha1.AnnotationCredentialVersion]; got != rc.Status.Credential.Version {
+	if got := api.Spec.Template.Annotations[v1beta1.AnnotationCredentialVersion]; got != rc.Status.Credential.Version {
 		t.Errorf("the consumer's template has credential version %q, want the replacement %s (events %v)", got, rc.Status.Credential.Version, h.eventReasons())
 	}
 	if rc.Status.Rollout == nil || rc.Status.Rollout.TargetVersion != rc.Status.Credential.Version {
@@ -389,7 +389,7 @@ func TestCutOffRollsTheReplacementOutToTheConsumers(t *testing.T) {
 // Defect: one Degraded condition was fought over by several reasons; an invalid schedule and a
 // failing revocation alternated. Each concern has its condition now, and Degraded sums them up.
 func TestTwoProblemsAreBothReportedAndNeitherFlaps(t *testing.T) {
-	h := newHarness(t, cluster(func(rc *v1alpha1.RedisCluster) { rc.Spec.Rotation.Schedule = "61 * * * *" }))
+	h := newHarness(t, cluster(func(rc *v1beta1.RedisCluster) { rc.Spec.Rotation.Schedule = "61 * * * *" }))
 	h.settle(t)
 	h.vault.SetFailure(vaulttest.OpRevoke, vaulttest.Err(vaulttest.OpRevoke, vault.ClassUnavailable))
 	rc := h.get(t)
@@ -399,20 +399,20 @@ func TestTwoProblemsAreBothReportedAndNeitherFlaps(t *testing.T) {
 	for range 3 {
 		_, _ = h.r.Reconcile(context.Background(), ctrl.Request{NamespacedName: client.ObjectKeyFromObject(rc)})
 	}
-	first := condition(h.get(t), v1alpha1.ConditionDegraded)
+	first := condition(h.get(t), v1beta1.ConditionDegraded)
 
 	_, _ = h.r.Reconcile(context.Background(), ctrl.Request{NamespacedName: client.ObjectKeyFromObject(rc)})
 	rc = h.get(t)
 
-	d := condition(rc, v1alpha1.ConditionDegraded)
-	if d == nil || d.Status != metav1.ConditionTrue || d.Reason != v1alpha1.ReasonRevocationPending ||
+	d := condition(rc, v1beta1.ConditionDegraded)
+	if d == nil || d.Status != metav1.ConditionTrue || d.Reason != v1beta1.ReasonRevocationPending ||
 		!strings.Contains(d.Message, "not revoked") || !strings.Contains(d.Message, "spec.rotation") {
 		t.Fatalf("Degraded %+v: want RevocationPending first, both problems in the message", d)
 	}
 	if !d.LastTransitionTime.Equal(&first.LastTransitionTime) || d.Message != first.Message {
 		t.Errorf("Degraded changed between two reconciles with the same problems: %+v, then %+v", first, d)
 	}
-	for _, c := range []string{v1alpha1.ConditionScheduleValid, v1alpha1.ConditionLeasesRevoked} {
+	for _, c := range []string{v1beta1.ConditionScheduleValid, v1beta1.ConditionLeasesRevoked} {
 		if cond := condition(rc, c); cond == nil || cond.Status != metav1.ConditionFalse {
 			t.Errorf("%s %+v, want False", c, cond)
 		}
@@ -426,8 +426,8 @@ func TestSummary(t *testing.T) {
 	cond := func(t, status, reason string) metav1.Condition {
 		return metav1.Condition{Type: t, Status: metav1.ConditionStatus(status), Reason: reason, Message: reason + " message"}
 	}
-	creds := cond(v1alpha1.ConditionCredentialsReady, "True", v1alpha1.ReasonIssued)
-	users := cond(v1alpha1.ConditionUsersApplied, "True", v1alpha1.ReasonApplied)
+	creds := cond(v1beta1.ConditionCredentialsReady, "True", v1beta1.ReasonIssued)
+	users := cond(v1beta1.ConditionUsersApplied, "True", v1beta1.ReasonApplied)
 	cases := map[string]struct {
 		conds                    []metav1.Condition
 		ready                    int32
@@ -435,31 +435,31 @@ func TestSummary(t *testing.T) {
 		wantReadyTrue, wantDeg   bool
 		wantDegradedMessageParts []string
 	}{
-		"all well": {conds: []metav1.Condition{creds, users, cond(v1alpha1.ConditionScheduleValid, "True", v1alpha1.ReasonAvailable)},
-			ready: 3, wantReadyTrue: true, wantReady: v1alpha1.ReasonAvailable, wantDegraded: v1alpha1.ReasonAvailable},
+		"all well": {conds: []metav1.Condition{creds, users, cond(v1beta1.ConditionScheduleValid, "True", v1beta1.ReasonAvailable)},
+			ready: 3, wantReadyTrue: true, wantReady: v1beta1.ReasonAvailable, wantDegraded: v1beta1.ReasonAvailable},
 		"pods starting": {conds: []metav1.Condition{creds, users},
-			ready: 1, wantReady: v1alpha1.ReasonReconciling, wantDegraded: v1alpha1.ReasonAvailable},
-		"no credential": {conds: []metav1.Condition{cond(v1alpha1.ConditionCredentialsReady, "False", v1alpha1.ReasonPermissionDenied)},
-			ready: 3, wantReady: v1alpha1.ReasonPermissionDenied, wantDegraded: v1alpha1.ReasonAvailable},
-		"nodes being given the users": {conds: []metav1.Condition{creds, cond(v1alpha1.ConditionUsersApplied, "False", v1alpha1.ReasonApplying)},
-			ready: 3, wantReady: v1alpha1.ReasonApplying, wantDegraded: v1alpha1.ReasonAvailable},
-		"a node unreachable": {conds: []metav1.Condition{creds, cond(v1alpha1.ConditionUsersApplied, "False", v1alpha1.ReasonNodeUnreachable)},
-			ready: 3, wantReady: v1alpha1.ReasonNodeUnreachable, wantDeg: true, wantDegraded: v1alpha1.ReasonNodeUnreachable},
+			ready: 1, wantReady: v1beta1.ReasonReconciling, wantDegraded: v1beta1.ReasonAvailable},
+		"no credential": {conds: []metav1.Condition{cond(v1beta1.ConditionCredentialsReady, "False", v1beta1.ReasonPermissionDenied)},
+			ready: 3, wantReady: v1beta1.ReasonPermissionDenied, wantDegraded: v1beta1.ReasonAvailable},
+		"nodes being given the users": {conds: []metav1.Condition{creds, cond(v1beta1.ConditionUsersApplied, "False", v1beta1.ReasonApplying)},
+			ready: 3, wantReady: v1beta1.ReasonApplying, wantDegraded: v1beta1.ReasonAvailable},
+		"a node unreachable": {conds: []metav1.Condition{creds, cond(v1beta1.ConditionUsersApplied, "False", v1beta1.ReasonNodeUnreachable)},
+			ready: 3, wantReady: v1beta1.ReasonNodeUnreachable, wantDeg: true, wantDegraded: v1beta1.ReasonNodeUnreachable},
 		"two concerns, the most pressing first": {conds: []metav1.Condition{creds, users,
-			cond(v1alpha1.ConditionScheduleValid, "False", v1alpha1.ReasonInvalidSchedule), cond(v1alpha1.ConditionRolloutHealthy, "False", v1alpha1.ReasonRolloutStalled)},
-			ready: 3, wantReadyTrue: true, wantReady: v1alpha1.ReasonAvailable, wantDeg: true, wantDegraded: v1alpha1.ReasonRolloutStalled,
+			cond(v1beta1.ConditionScheduleValid, "False", v1beta1.ReasonInvalidSchedule), cond(v1beta1.ConditionRolloutHealthy, "False", v1beta1.ReasonRolloutStalled)},
+			ready: 3, wantReadyTrue: true, wantReady: v1beta1.ReasonAvailable, wantDeg: true, wantDegraded: v1beta1.ReasonRolloutStalled,
 			wantDegradedMessageParts: []string{"RolloutStalled message", "InvalidSchedule message"}},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
-			rc := cluster(func(rc *v1alpha1.RedisCluster) { rc.Spec.Replicas = 3 })
+			rc := cluster(func(rc *v1beta1.RedisCluster) { rc.Spec.Replicas = 3 })
 			rc.Status.Conditions, rc.Status.ReadyReplicas = tc.conds, tc.ready
 			s := &credential.Cluster{RC: rc}
 			s.Conds.Obj, s.Conds.Conditions = rc, &rc.Status.Conditions
 
 			summarize(s)
 
-			r, d := condition(rc, v1alpha1.ConditionReady), condition(rc, v1alpha1.ConditionDegraded)
+			r, d := condition(rc, v1beta1.ConditionReady), condition(rc, v1beta1.ConditionDegraded)
 			if (r.Status == metav1.ConditionTrue) != tc.wantReadyTrue || r.Reason != tc.wantReady {
 				t.Errorf("Ready %+v", r)
 			}

@@ -14,7 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/controllers/statustime"
 	"github.com/keyroll/keyroll/controllers/stoppoint"
 )
@@ -31,7 +31,7 @@ const ConsumerIndex = "spec.rollout.consumers"
 // repeated reconcile changes nothing), and the next waits until its rollout is complete. A missing
 // consumer is reported and passed over (it runs nothing that uses the credential); a paused
 // Deployment is reported and waited for.
-func (r *Engine) rollConsumers(ctx context.Context, s *step, ro *v1alpha1.RolloutStatus) (bool, time.Duration, error) {
+func (r *Engine) rollConsumers(ctx context.Context, s *step, ro *v1beta1.RolloutStatus) (bool, time.Duration, error) {
 	rc := s.rc
 	ro.ConsumersUpdated = 0
 	for _, ref := range consumerRefs(rc) {
@@ -41,27 +41,27 @@ func (r *Engine) rollConsumers(ctx context.Context, s *step, ro *v1alpha1.Rollou
 			continue
 		}
 		if apierrors.IsNotFound(err) {
-			reportConsumer(s, v1alpha1.ReasonConsumerMissing, v1alpha1.ReasonConsumerMissing, fmt.Sprintf("consumer %s %s does not exist; passed over", ref.Kind, ref.Name))
+			reportConsumer(s, v1beta1.ReasonConsumerMissing, v1beta1.ReasonConsumerMissing, fmt.Sprintf("consumer %s %s does not exist; passed over", ref.Kind, ref.Name))
 			continue
 		}
 		if err != nil {
 			return false, 0, err
 		}
 		if owner := metav1.GetControllerOf(w.object()); owner != nil && owner.Kind == "RedisCluster" {
-			reportConsumer(s, v1alpha1.ReasonConsumerRefused, v1alpha1.ReasonConsumerRefused, fmt.Sprintf("consumer %s %s is a RedisCluster's own (keyroll restarts Redis pods itself); passed over", ref.Kind, ref.Name))
+			reportConsumer(s, v1beta1.ReasonConsumerRefused, v1beta1.ReasonConsumerRefused, fmt.Sprintf("consumer %s %s is a RedisCluster's own (keyroll restarts Redis pods itself); passed over", ref.Kind, ref.Name))
 			continue
 		}
 		if w.paused() {
-			reportConsumer(s, v1alpha1.ReasonConsumerPaused, v1alpha1.ReasonConsumerPaused, fmt.Sprintf("consumer %s %s is paused; the rollout waits for it", ref.Kind, ref.Name))
+			reportConsumer(s, v1beta1.ReasonConsumerPaused, v1beta1.ReasonConsumerPaused, fmt.Sprintf("consumer %s %s is paused; the rollout waits for it", ref.Kind, ref.Name))
 			return false, time.Minute, nil
 		}
-		if w.template().Annotations[v1alpha1.AnnotationCredentialVersion] != ro.TargetVersion {
+		if w.template().Annotations[v1beta1.AnnotationCredentialVersion] != ro.TargetVersion {
 			ro.ConsumerRestartedAt = statustime.At(r.Clock.Now())
 			return false, 0, r.restartConsumer(ctx, s, w, ref, ro.TargetVersion)
 		}
 		if !w.rolledOut() {
 			if w.onDelete() {
-				reportConsumer(s, v1alpha1.ReasonRolloutStalled, v1alpha1.EventRolloutStalled, fmt.Sprintf(
+				reportConsumer(s, v1beta1.ReasonRolloutStalled, v1beta1.EventRolloutStalled, fmt.Sprintf(
 					"Consumer %s %s has updateStrategy OnDelete: its pods get credential %s only when they are deleted, which keyroll leaves to you (delete them one at a time, or use RollingUpdate); the rollout waits, and the superseded credential stays live",
 					ref.Kind, ref.Name, ro.TargetVersion))
 				return false, consumerPoll, nil
@@ -74,8 +74,8 @@ func (r *Engine) rollConsumers(ctx context.Context, s *step, ro *v1alpha1.Rollou
 		}
 		if ro.ConsumerRestartedAt != nil {
 			ro.ConsumerRestartedAt = nil
-			if c := meta.FindStatusCondition(rc.Status.Conditions, v1alpha1.ConditionRolloutHealthy); c != nil && c.Reason == v1alpha1.ReasonRolloutStalled {
-				s.conds.Set(v1alpha1.ConditionRolloutHealthy, metav1.ConditionTrue, v1alpha1.ReasonRolloutInProgress, ref.Kind+" "+ref.Name+" has rolled out; the rollout goes on")
+			if c := meta.FindStatusCondition(rc.Status.Conditions, v1beta1.ConditionRolloutHealthy); c != nil && c.Reason == v1beta1.ReasonRolloutStalled {
+				s.conds.Set(v1beta1.ConditionRolloutHealthy, metav1.ConditionTrue, v1beta1.ReasonRolloutInProgress, ref.Kind+" "+ref.Name+" has rolled out; the rollout goes on")
 			}
 		}
 		ro.ConsumersUpdated++
@@ -98,7 +98,7 @@ func (r *Engine) consumersOn(ctx context.Context, s *step, version string) bool 
 		if owner := metav1.GetControllerOf(w.object()); owner != nil && owner.Kind == "RedisCluster" {
 			continue
 		}
-		if err != nil || w.paused() || w.template().Annotations[v1alpha1.AnnotationCredentialVersion] != version || !w.rolledOut() {
+		if err != nil || w.paused() || w.template().Annotations[v1beta1.AnnotationCredentialVersion] != version || !w.rolledOut() {
 			return false
 		}
 		if old, err := r.oldPods(ctx, s.rc.Namespace, w, version); err != nil || old != "" {
@@ -108,7 +108,7 @@ func (r *Engine) consumersOn(ctx context.Context, s *step, version string) bool 
 	return true
 }
 
-func (r *Engine) consumerStalled(s *step, ro *v1alpha1.RolloutStatus, ref v1alpha1.ConsumerReference) time.Duration {
+func (r *Engine) consumerStalled(s *step, ro *v1beta1.RolloutStatus, ref v1beta1.ConsumerReference) time.Duration {
 	since := ro.ConsumerRestartedAt
 	if since == nil {
 		since = ro.StartedAt
@@ -120,38 +120,38 @@ func (r *Engine) consumerStalled(s *step, ro *v1alpha1.RolloutStatus, ref v1alph
 		return min(left, consumerPoll) // a watch of the workload's metadata wakes the reconcile sooner
 	}
 	msg := fmt.Sprintf("Consumer %s %s has not rolled out on credential %s within %s (readinessTimeout); the superseded credential stays live until it has", ref.Kind, ref.Name, ro.TargetVersion, readinessTimeout(s.rc))
-	if s.conds.Set(v1alpha1.ConditionRolloutHealthy, metav1.ConditionFalse, v1alpha1.ReasonRolloutStalled, msg) {
-		s.conds.Announce(true, v1alpha1.EventRolloutStalled, "Rollout", "%s", msg)
+	if s.conds.Set(v1beta1.ConditionRolloutHealthy, metav1.ConditionFalse, v1beta1.ReasonRolloutStalled, msg) {
+		s.conds.Announce(true, v1beta1.EventRolloutStalled, "Rollout", "%s", msg)
 	}
 	return consumerPoll
 }
 
 // restartConsumer patches the pod-template annotation, which makes the workload roll its pods.
-func (r *Engine) restartConsumer(ctx context.Context, s *step, w workload, ref v1alpha1.ConsumerReference, version string) error {
+func (r *Engine) restartConsumer(ctx context.Context, s *step, w workload, ref v1beta1.ConsumerReference, version string) error {
 	patch := client.MergeFrom(w.object().DeepCopyObject().(client.Object))
 	t := w.template()
 	if t.Annotations == nil {
 		t.Annotations = map[string]string{}
 	}
-	t.Annotations[v1alpha1.AnnotationCredentialVersion] = version
+	t.Annotations[v1beta1.AnnotationCredentialVersion] = version
 	if err := r.Client.Patch(ctx, w.object(), patch); err != nil {
 		return fmt.Errorf("restarting consumer %s %s: %w", ref.Kind, ref.Name, err)
 	}
-	s.conds.Event(false, v1alpha1.EventConsumerRestarted, "Rollout", "Restarted %s %s for credential %s", ref.Kind, ref.Name, version)
+	s.conds.Event(false, v1beta1.EventConsumerRestarted, "Rollout", "Restarted %s %s for credential %s", ref.Kind, ref.Name, version)
 	log.FromContext(ctx).Info("Consumer restarted", "kind", ref.Kind, "name", ref.Name, "version", version)
 	stoppoint.Reached(stoppoint.MidRollout, s.rc.Namespace)
 	return nil
 }
 
 // forgetConsumer drops a workload that is not listed from status.consumers.
-func forgetConsumer(rc *v1alpha1.RedisCluster, ref v1alpha1.ConsumerReference) {
-	rc.Status.Consumers = slices.DeleteFunc(rc.Status.Consumers, func(c v1alpha1.ConsumerInUse) bool {
-		return c.Kind == ref.Kind && c.Name == ref.Name && c.Via != v1alpha1.ConsumerListed
+func forgetConsumer(rc *v1beta1.RedisCluster, ref v1beta1.ConsumerReference) {
+	rc.Status.Consumers = slices.DeleteFunc(rc.Status.Consumers, func(c v1beta1.ConsumerInUse) bool {
+		return c.Kind == ref.Kind && c.Name == ref.Name && c.Via != v1beta1.ConsumerListed
 	})
 }
 
 func reportConsumer(s *step, reason, event, msg string) {
-	if s.conds.Set(v1alpha1.ConditionRolloutHealthy, metav1.ConditionFalse, reason, msg) {
+	if s.conds.Set(v1beta1.ConditionRolloutHealthy, metav1.ConditionFalse, reason, msg) {
 		s.conds.Announce(true, event, "Rollout", "%s", msg)
 	}
 }
@@ -172,7 +172,7 @@ func (r *Engine) oldPods(ctx context.Context, ns string, w workload, version str
 	}
 	for _, p := range pods.Items {
 		ended := p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
-		if !ended && p.Annotations[v1alpha1.AnnotationCredentialVersion] != version {
+		if !ended && p.Annotations[v1beta1.AnnotationCredentialVersion] != version {
 			return p.Name, nil
 		}
 	}
@@ -190,7 +190,7 @@ type workload interface {
 	onDelete() bool
 }
 
-func (r *Engine) consumer(ctx context.Context, ns string, ref v1alpha1.ConsumerReference) (workload, error) {
+func (r *Engine) consumer(ctx context.Context, ns string, ref v1beta1.ConsumerReference) (workload, error) {
 	key := client.ObjectKey{Namespace: ns, Name: ref.Name}
 	var w workload
 	var obj client.Object

@@ -11,7 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/controllers/render"
 	"github.com/keyroll/keyroll/rotation"
 )
@@ -46,7 +46,7 @@ const (
 // dataPlaneOf is the data-plane contract p was made under, and whether p says so (keyroll v0.1.0's
 // pods do not).
 func dataPlaneOf(p *corev1.Pod) (int, bool) {
-	v, ok := p.Annotations[v1alpha1.AnnotationDataPlane]
+	v, ok := p.Annotations[v1beta1.AnnotationDataPlane]
 	if !ok {
 		return legacyDataPlane, false
 	}
@@ -59,7 +59,7 @@ func dataPlaneOf(p *corev1.Pod) (int, bool) {
 
 // fit says how p stands against the template rendered now.
 func (w podWant) fit(p *corev1.Pod) podFit {
-	got := p.Annotations[v1alpha1.AnnotationPodTemplate]
+	got := p.Annotations[v1beta1.AnnotationPodTemplate]
 	if got == w.template {
 		return fitCurrent
 	}
@@ -91,7 +91,7 @@ func (w podWant) legacyHash(probeImage string) string {
 // dataPlaneGate says whether pods of an older data plane are restarted in this reconcile: when
 // the owner asks (keyroll.dev/upgrade-data-plane), or inside the maintenance window, except with
 // one replica and no storage, whose restart loses the data: that takes the owner's ask.
-func dataPlaneGate(rc *v1alpha1.RedisCluster, window *rotation.Window, now time.Time) bool {
+func dataPlaneGate(rc *v1beta1.RedisCluster, window *rotation.Window, now time.Time) bool {
 	if rc.DataPlaneUpgradeAsked() {
 		return true
 	}
@@ -119,17 +119,17 @@ func (r *Engine) reportDataPlane(s *step, pods []*corev1.Pod, window *rotation.W
 	}
 	r.Metrics.SetDataPlanePods(client.ObjectKeyFromObject(rc), n)
 	if newer > 0 && !rc.DataPlaneUpgradeAsked() {
-		s.conds.Set(v1alpha1.ConditionDataPlaneCurrent, metav1.ConditionFalse, v1alpha1.ReasonNewerDataPlane, fmt.Sprintf(
+		s.conds.Set(v1beta1.ConditionDataPlaneCurrent, metav1.ConditionFalse, v1beta1.ReasonNewerDataPlane, fmt.Sprintf(
 			"%d Redis pods run data plane %d, which a newer keyroll made; this one renders %d and leaves them as they are (to restart them onto it, after a rollback: kubectl annotate redisclusters %s %s=<a new value>)",
-			newer, newest, render.DataPlaneVersion, rc.Name, v1alpha1.AnnotationUpgradeDataPlane))
+			newer, newest, render.DataPlaneVersion, rc.Name, v1beta1.AnnotationUpgradeDataPlane))
 		return 0
 	}
 	if n+newer == 0 {
 		if rc.DataPlaneUpgradeAsked() {
-			rc.Status.DataPlaneUpgradeAcknowledged = rc.Annotations[v1alpha1.AnnotationUpgradeDataPlane]
+			rc.Status.DataPlaneUpgradeAcknowledged = rc.Annotations[v1beta1.AnnotationUpgradeDataPlane]
 		}
-		if c := meta.FindStatusCondition(rc.Status.Conditions, v1alpha1.ConditionDataPlaneCurrent); c != nil {
-			s.conds.Set(v1alpha1.ConditionDataPlaneCurrent, metav1.ConditionTrue, v1alpha1.ReasonRolloutComplete,
+		if c := meta.FindStatusCondition(rc.Status.Conditions, v1beta1.ConditionDataPlaneCurrent); c != nil {
+			s.conds.Set(v1beta1.ConditionDataPlaneCurrent, metav1.ConditionTrue, v1beta1.ReasonRolloutComplete,
 				fmt.Sprintf("Every Redis pod runs data plane %d", render.DataPlaneVersion))
 		}
 		return 0
@@ -139,7 +139,7 @@ func (r *Engine) reportDataPlane(s *step, pods []*corev1.Pod, window *rotation.W
 		change = fmt.Sprintf("%d Redis pods run a newer keyroll's data plane %d; this keyroll renders data plane %d", n+newer, newest, render.DataPlaneVersion)
 	}
 	if s.want.dataPlaneNow {
-		s.conds.Set(v1alpha1.ConditionDataPlaneCurrent, metav1.ConditionFalse, v1alpha1.ReasonRolloutInProgress,
+		s.conds.Set(v1beta1.ConditionDataPlaneCurrent, metav1.ConditionFalse, v1beta1.ReasonRolloutInProgress,
 			change+": restarting them now, replicas first, the primary last")
 		return 0
 	}
@@ -155,9 +155,9 @@ func (r *Engine) reportDataPlane(s *step, pods []*corev1.Pod, window *rotation.W
 		wait = opens.Sub(now) + time.Second
 	}
 	msg := change + ": they are restarted " + when + "; to restart them now: kubectl annotate redisclusters " + rc.Name +
-		" " + v1alpha1.AnnotationUpgradeDataPlane + "=<a new value>"
-	if s.conds.Set(v1alpha1.ConditionDataPlaneCurrent, metav1.ConditionFalse, v1alpha1.ReasonRestartPending, msg) {
-		s.conds.Announce(false, v1alpha1.EventDataPlaneChangePending, "Upgrade", "%s", msg)
+		" " + v1beta1.AnnotationUpgradeDataPlane + "=<a new value>"
+	if s.conds.Set(v1beta1.ConditionDataPlaneCurrent, metav1.ConditionFalse, v1beta1.ReasonRestartPending, msg) {
+		s.conds.Announce(false, v1beta1.EventDataPlaneChangePending, "Upgrade", "%s", msg)
 	}
 	return wait
 }

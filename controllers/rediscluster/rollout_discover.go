@@ -12,7 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/controllers/render"
 )
 
@@ -27,11 +27,11 @@ const maxConsumersInUse = 128
 
 // consumerRefs are the workloads a rollout restarts, in order: the listed ones, then the
 // discovered and logged-in ones of status.consumers.
-func consumerRefs(rc *v1alpha1.RedisCluster) []v1alpha1.ConsumerReference {
+func consumerRefs(rc *v1beta1.RedisCluster) []v1beta1.ConsumerReference {
 	refs := slices.Clone(rc.Spec.Rollout.Consumers)
 	for _, c := range rc.Status.Consumers {
-		ref := v1alpha1.ConsumerReference{Kind: c.Kind, Name: c.Name}
-		if c.Restarted && c.Via != v1alpha1.ConsumerListed && !slices.Contains(refs, ref) {
+		ref := v1beta1.ConsumerReference{Kind: c.Kind, Name: c.Name}
+		if c.Restarted && c.Via != v1beta1.ConsumerListed && !slices.Contains(refs, ref) {
 			refs = append(refs, ref)
 		}
 	}
@@ -43,12 +43,12 @@ func consumerRefs(rc *v1alpha1.RedisCluster) []v1alpha1.ConsumerReference {
 // and those kept from an earlier find of clients logged in as a superseded user.
 func (r *Engine) discoverConsumers(ctx context.Context, s *step) error {
 	rc := s.rc
-	var out []v1alpha1.ConsumerInUse
+	var out []v1beta1.ConsumerInUse
 	for _, ref := range rc.Spec.Rollout.Consumers {
-		out = append(out, v1alpha1.ConsumerInUse{Kind: ref.Kind, Name: ref.Name, Via: v1alpha1.ConsumerListed, Restarted: true})
+		out = append(out, v1beta1.ConsumerInUse{Kind: ref.Kind, Name: ref.Name, Via: v1beta1.ConsumerListed, Restarted: true})
 	}
 	listed := func(kind, name string) bool {
-		return slices.ContainsFunc(out, func(c v1alpha1.ConsumerInUse) bool { return c.Kind == kind && c.Name == name })
+		return slices.ContainsFunc(out, func(c v1beta1.ConsumerInUse) bool { return c.Kind == kind && c.Name == name })
 	}
 	if rc.Spec.Rollout.DiscoverConsumers {
 		found, err := r.referencing(ctx, rc)
@@ -78,11 +78,11 @@ func (r *Engine) discoverConsumers(ctx context.Context, s *step) error {
 				}
 				msg += "not restarted by keyroll (they get the new credential when they next start a pod; one running now keeps the old one): " + strings.Join(reported, ", ")
 			}
-			s.conds.Event(false, v1alpha1.EventConsumersDiscovered, "Rollout", "%s", msg)
+			s.conds.Event(false, v1beta1.EventConsumersDiscovered, "Rollout", "%s", msg)
 		}
 	}
 	for _, c := range rc.Status.Consumers {
-		if c.Via == v1alpha1.ConsumerLoggedIn && !listed(c.Kind, c.Name) {
+		if c.Via == v1beta1.ConsumerLoggedIn && !listed(c.Kind, c.Name) {
 			out = append(out, c)
 		}
 	}
@@ -97,16 +97,16 @@ func (r *Engine) discoverConsumers(ctx context.Context, s *step) error {
 // credentials Secret: Deployments, StatefulSets and DaemonSets (restarted), CronJobs and the Jobs
 // no CronJob runs (reported). Workloads a RedisCluster controls (keyroll's own) are left out.
 // They are read past the cache, which holds no consumer.
-func (r *Engine) referencing(ctx context.Context, rc *v1alpha1.RedisCluster) ([]v1alpha1.ConsumerInUse, error) {
+func (r *Engine) referencing(ctx context.Context, rc *v1beta1.RedisCluster) ([]v1beta1.ConsumerInUse, error) {
 	secret := render.CredentialsSecretName(rc)
 	in := client.InNamespace(rc.Namespace)
-	var out []v1alpha1.ConsumerInUse
+	var out []v1beta1.ConsumerInUse
 	add := func(kind string, meta metav1.Object, spec *corev1.PodSpec, restarted bool) {
 		if owner := metav1.GetControllerOf(meta); owner != nil && (owner.Kind == "RedisCluster" || owner.Kind == "CronJob") {
 			return
 		}
 		if refs := secretReferences(spec, secret); len(refs) > 0 {
-			out = append(out, v1alpha1.ConsumerInUse{Kind: kind, Name: meta.GetName(), Via: v1alpha1.ConsumerDiscovered, References: refs, Restarted: restarted})
+			out = append(out, v1beta1.ConsumerInUse{Kind: kind, Name: meta.GetName(), Via: v1beta1.ConsumerDiscovered, References: refs, Restarted: restarted})
 		}
 	}
 	deps := &appsv1.DeploymentList{}
@@ -194,17 +194,17 @@ const maxReference = 512
 // user (rollout.unlistedClients Restart), so that the next rollout restarts them; it returns
 // those it added. A client of another namespace, of another kind of workload, or at an address
 // that is no pod's, is never touched.
-func adoptLoggedIn(rc *v1alpha1.RedisCluster, clients []v1alpha1.OldUserClient) []string {
+func adoptLoggedIn(rc *v1beta1.RedisCluster, clients []v1beta1.OldUserClient) []string {
 	var added []string
 	for _, c := range clients {
 		kind, name, ok := strings.Cut(c.Workload, "/")
 		if !ok || strings.Contains(name, " ") || !slices.Contains([]string{"Deployment", "StatefulSet", "DaemonSet"}, kind) {
 			continue // no pod's, a pod of another namespace ("… in namespace …"), or not a workload keyroll restarts
 		}
-		if slices.Contains(consumerRefs(rc), v1alpha1.ConsumerReference{Kind: kind, Name: name}) || len(rc.Status.Consumers) >= maxConsumersInUse {
+		if slices.Contains(consumerRefs(rc), v1beta1.ConsumerReference{Kind: kind, Name: name}) || len(rc.Status.Consumers) >= maxConsumersInUse {
 			continue
 		}
-		rc.Status.Consumers = append(rc.Status.Consumers, v1alpha1.ConsumerInUse{Kind: kind, Name: name, Via: v1alpha1.ConsumerLoggedIn, Restarted: true})
+		rc.Status.Consumers = append(rc.Status.Consumers, v1beta1.ConsumerInUse{Kind: kind, Name: name, Via: v1beta1.ConsumerLoggedIn, Restarted: true})
 		added = append(added, c.Workload)
 	}
 	return added

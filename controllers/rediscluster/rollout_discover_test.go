@@ -13,7 +13,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/redisnode"
 )
 
@@ -77,11 +77,11 @@ func TestDiscoveredConsumersAreRolledOneAtATime(t *testing.T) {
 	other := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "other"},
 		Spec: appsv1.DeploymentSpec{Template: corev1.PodTemplateSpec{Spec: podUsing("another-secret", "env")}}}
 	owned := &appsv1.StatefulSet{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "redis-like", OwnerReferences: []metav1.OwnerReference{
-		{APIVersion: "keyroll.dev/v1alpha1", Kind: "RedisCluster", Name: "orders", UID: "x", Controller: ptr.To(true)}}},
+		{APIVersion: "keyroll.dev/v1beta1", Kind: "RedisCluster", Name: "orders", UID: "x", Controller: ptr.To(true)}}},
 		Spec: appsv1.StatefulSetSpec{Template: corev1.PodTemplateSpec{Spec: podUsing("orders-credentials", "volume")}}}
 	elsewhere := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: "billing", Name: "api2"},
 		Spec: appsv1.DeploymentSpec{Template: corev1.PodTemplateSpec{Spec: podUsing("orders-credentials", "env")}}}
-	h := newHarness(t, cluster(func(rc *v1alpha1.RedisCluster) { rc.Spec.Rollout.DiscoverConsumers = true }),
+	h := newHarness(t, cluster(func(rc *v1beta1.RedisCluster) { rc.Spec.Rollout.DiscoverConsumers = true }),
 		api, worker, report, other, owned, elsewhere)
 	h.settle(t)
 	rolledOut := func(w client.Object) {
@@ -106,31 +106,31 @@ func TestDiscoveredConsumersAreRolledOneAtATime(t *testing.T) {
 		}
 		switch o := w.(type) {
 		case *appsv1.Deployment:
-			return o.Spec.Template.Annotations[v1alpha1.AnnotationCredentialVersion]
+			return o.Spec.Template.Annotations[v1beta1.AnnotationCredentialVersion]
 		case *appsv1.StatefulSet:
-			return o.Spec.Template.Annotations[v1alpha1.AnnotationCredentialVersion]
+			return o.Spec.Template.Annotations[v1beta1.AnnotationCredentialVersion]
 		}
 		return ""
 	}
 	rc := h.get(t)
-	rc.Annotations = map[string]string{v1alpha1.AnnotationRotateNow: "now"}
+	rc.Annotations = map[string]string{v1beta1.AnnotationRotateNow: "now"}
 	if err := h.k8s.Update(context.Background(), rc); err != nil {
 		t.Fatal(err)
 	}
 	h.eventReasons()
 	rc = h.settle(t)
 	cur := rc.Status.Credential.Version
-	want := []v1alpha1.ConsumerInUse{
-		{Kind: "Deployment", Name: "api", Via: v1alpha1.ConsumerDiscovered, References: []string{"env REDIS_PASSWORD of container app"}, Restarted: true},
-		{Kind: "StatefulSet", Name: "worker", Via: v1alpha1.ConsumerDiscovered, References: []string{"volume creds"}, Restarted: true},
-		{Kind: "CronJob", Name: "report", Via: v1alpha1.ConsumerDiscovered, References: []string{"envFrom of container app"}, Restarted: false},
+	want := []v1beta1.ConsumerInUse{
+		{Kind: "Deployment", Name: "api", Via: v1beta1.ConsumerDiscovered, References: []string{"env REDIS_PASSWORD of container app"}, Restarted: true},
+		{Kind: "StatefulSet", Name: "worker", Via: v1beta1.ConsumerDiscovered, References: []string{"volume creds"}, Restarted: true},
+		{Kind: "CronJob", Name: "report", Via: v1beta1.ConsumerDiscovered, References: []string{"envFrom of container app"}, Restarted: false},
 	}
-	if !slices.EqualFunc(rc.Status.Consumers, want, func(a, b v1alpha1.ConsumerInUse) bool {
+	if !slices.EqualFunc(rc.Status.Consumers, want, func(a, b v1beta1.ConsumerInUse) bool {
 		return a.Kind == b.Kind && a.Name == b.Name && a.Via == b.Via && a.Restarted == b.Restarted && slices.Equal(a.References, b.References)
 	}) {
 		t.Fatalf("status.consumers %+v, want %+v", rc.Status.Consumers, want)
 	}
-	if !slices.Contains(h.eventReasons(), v1alpha1.EventConsumersDiscovered) {
+	if !slices.Contains(h.eventReasons(), v1beta1.EventConsumersDiscovered) {
 		t.Error("no ConsumersDiscovered event")
 	}
 	if version(api) != cur || version(worker) != "" {
@@ -162,8 +162,8 @@ func TestDiscoveredConsumersAreRolledOneAtATime(t *testing.T) {
 func TestRestartActionRestartsTheLoggedInWorkload(t *testing.T) {
 	sel := &metav1.LabelSelector{MatchLabels: map[string]string{"app": "report"}}
 	report := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "report"}, Spec: appsv1.DeploymentSpec{Selector: sel}}
-	h := newHarness(t, cluster(func(rc *v1alpha1.RedisCluster) {
-		rc.Spec.Rollout.UnlistedClients = v1alpha1.UnlistedClientsSpec{Action: v1alpha1.UnlistedClientsRestart}
+	h := newHarness(t, cluster(func(rc *v1beta1.RedisCluster) {
+		rc.Spec.Rollout.UnlistedClients = v1beta1.UnlistedClientsSpec{Action: v1beta1.UnlistedClientsRestart}
 	}), report)
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "report-7d9f-abcde", Labels: map[string]string{"pod-template-hash": "7d9f", "app": "report"},
@@ -179,11 +179,11 @@ func TestRestartActionRestartsTheLoggedInWorkload(t *testing.T) {
 	if err := h.k8s.Get(context.Background(), client.ObjectKeyFromObject(report), report); err != nil {
 		t.Fatal(err)
 	}
-	if got := report.Spec.Template.Annotations[v1alpha1.AnnotationCredentialVersion]; got != rc.Status.Credential.Version {
+	if got := report.Spec.Template.Annotations[v1beta1.AnnotationCredentialVersion]; got != rc.Status.Credential.Version {
 		t.Fatalf("Deployment report on credential %q, want restarted onto %s (consumers %+v, events %v)", got, rc.Status.Credential.Version, rc.Status.Consumers, h.eventReasons())
 	}
-	if !slices.ContainsFunc(rc.Status.Consumers, func(c v1alpha1.ConsumerInUse) bool {
-		return c.Kind == "Deployment" && c.Name == "report" && c.Via == v1alpha1.ConsumerLoggedIn && c.Restarted
+	if !slices.ContainsFunc(rc.Status.Consumers, func(c v1beta1.ConsumerInUse) bool {
+		return c.Kind == "Deployment" && c.Name == "report" && c.Via == v1beta1.ConsumerLoggedIn && c.Restarted
 	}) {
 		t.Errorf("status.consumers %+v, want Deployment/report via LoggedIn", rc.Status.Consumers)
 	}
@@ -211,7 +211,7 @@ func TestRestartActionRestartsTheLoggedInWorkload(t *testing.T) {
 // Only Deployments, StatefulSets and DaemonSets of the cluster's own namespace are adopted.
 func TestAdoptLoggedInTakesOnlyOwnNamespacesWorkloads(t *testing.T) {
 	rc := cluster()
-	got := adoptLoggedIn(rc, []v1alpha1.OldUserClient{
+	got := adoptLoggedIn(rc, []v1beta1.OldUserClient{
 		{Workload: "Deployment/api"}, {Workload: "StatefulSet/db"}, {Workload: "DaemonSet/agent"},
 		{Workload: "CronJob/report"}, {Workload: "Pod/debug"}, {Workload: ""},
 		{Workload: "Deployment/api in namespace billing"},
@@ -219,7 +219,7 @@ func TestAdoptLoggedInTakesOnlyOwnNamespacesWorkloads(t *testing.T) {
 	if want := []string{"Deployment/api", "StatefulSet/db", "DaemonSet/agent"}; !slices.Equal(got, want) {
 		t.Errorf("adopted %v, want %v", got, want)
 	}
-	if again := adoptLoggedIn(rc, []v1alpha1.OldUserClient{{Workload: "Deployment/api"}}); len(again) != 0 {
+	if again := adoptLoggedIn(rc, []v1beta1.OldUserClient{{Workload: "Deployment/api"}}); len(again) != 0 {
 		t.Errorf("adopted again %v", again)
 	}
 	if n := len(rc.Status.Consumers); n != 3 || strings.Contains(rc.Status.Consumers[0].Name, " ") {

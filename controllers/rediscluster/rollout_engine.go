@@ -14,7 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/controllers/apply"
 	"github.com/keyroll/keyroll/controllers/conditions"
 	"github.com/keyroll/keyroll/controllers/metrics"
@@ -50,7 +50,7 @@ type Engine struct {
 // step is one call of Roll: the cluster, its conditions, its Redis pods, and what a pod runs
 // when it is up to date.
 type step struct {
-	rc      *v1alpha1.RedisCluster
+	rc      *v1beta1.RedisCluster
 	conds   conditions.Setter
 	cluster *primaryView
 	want    podWant
@@ -73,7 +73,7 @@ type podWant struct {
 // current says whether p runs what is wanted now: a pod of another data plane does until its
 // restart is due.
 func (w podWant) current(p *corev1.Pod) bool {
-	return !w.templateDue(p) && (!w.restarts || p.Annotations[v1alpha1.AnnotationCredentialVersion] == w.version)
+	return !w.templateDue(p) && (!w.restarts || p.Annotations[v1beta1.AnnotationCredentialVersion] == w.version)
 }
 
 // templateDue says whether p is to be restarted now for its template.
@@ -101,7 +101,7 @@ func (r *Engine) Roll(ctx context.Context, c *primaryView, version string, pendi
 	tmpl := *sts.Spec.Template.DeepCopy()
 	tmpl.Annotations = nil
 	s := &step{rc: rc, conds: c.Conds, cluster: c, want: podWant{
-		template: sts.Spec.Template.Annotations[v1alpha1.AnnotationPodTemplate], tmpl: tmpl, legacy: map[string]string{},
+		template: sts.Spec.Template.Annotations[v1beta1.AnnotationPodTemplate], tmpl: tmpl, legacy: map[string]string{},
 		version: version, restarts: render.RestartsPods(rc), dataPlaneNow: dataPlaneGate(rc, window, r.Clock.Now()), newerNow: rc.DataPlaneUpgradeAsked()}}
 	pods := kept(rc, c.Pods)
 	windowWait := r.reportDataPlane(s, pods, window)
@@ -140,7 +140,7 @@ func (r *Engine) roll(ctx context.Context, s *step, pods []*corev1.Pod, version 
 	if ro.TargetVersion != version {
 		// A newer credential arrived during the rollout: roll to that one instead.
 		ro.TargetVersion, ro.PodInFlight, ro.PodRestartedAt, ro.ConsumersUpdated, ro.ConsumerRestartedAt = version, "", nil, 0, nil
-		ro.Cause = v1alpha1.RolloutForCredential
+		ro.Cause = v1beta1.RolloutForCredential
 	}
 	if podsDone, wait, err := r.rollPods(ctx, s, pods, ro); !podsDone || err != nil {
 		return false, wait, err
@@ -152,17 +152,17 @@ func (r *Engine) roll(ctx context.Context, s *step, pods []*corev1.Pod, version 
 	return true, 0, nil
 }
 
-func (r *Engine) startRollout(ctx context.Context, s *step, version string, pending bool) *v1alpha1.RolloutStatus {
+func (r *Engine) startRollout(ctx context.Context, s *step, version string, pending bool) *v1beta1.RolloutStatus {
 	now := statustime.At(r.Clock.Now())
-	ro := &v1alpha1.RolloutStatus{TargetVersion: version, StartedAt: now, Cause: v1alpha1.RolloutForCredential}
+	ro := &v1beta1.RolloutStatus{TargetVersion: version, StartedAt: now, Cause: v1beta1.RolloutForCredential}
 	if !pending {
-		ro.Cause = v1alpha1.RolloutForPodTemplate
+		ro.Cause = v1beta1.RolloutForPodTemplate
 	}
 	s.rc.Status.Rollout = ro
-	if ro.Cause == v1alpha1.RolloutForPodTemplate {
-		s.conds.Set(v1alpha1.ConditionRolloutProgressing, metav1.ConditionTrue, v1alpha1.ReasonRolloutInProgress,
+	if ro.Cause == v1beta1.RolloutForPodTemplate {
+		s.conds.Set(v1beta1.ConditionRolloutProgressing, metav1.ConditionTrue, v1beta1.ReasonRolloutInProgress,
 			"Restarting the Redis pods onto their new template, one at a time, replicas first, each once the one before is Ready and in sync; the primary role is handed over before the primary restarts")
-		s.conds.Announce(false, v1alpha1.EventPodsRolloutStarted, "Rollout", "Restarting the Redis pods onto their new template (%s)", s.want.template)
+		s.conds.Announce(false, v1beta1.EventPodsRolloutStarted, "Rollout", "Restarting the Redis pods onto their new template (%s)", s.want.template)
 		log.FromContext(ctx).Info("Redis pods rollout started", "template", s.want.template)
 		return ro
 	}
@@ -172,8 +172,8 @@ func (r *Engine) startRollout(ctx context.Context, s *step, version string, pend
 	}
 	// The consumers' Secret was written with the new credential just before, in this reconcile.
 	stoppoint.Reached(stoppoint.AfterSecretWrite, s.rc.Namespace)
-	s.conds.Set(v1alpha1.ConditionRolloutProgressing, metav1.ConditionTrue, v1alpha1.ReasonRolloutInProgress, what)
-	s.conds.Announce(false, v1alpha1.EventRotationStarted, "Rollout", "Rolling out credential %s", version)
+	s.conds.Set(v1beta1.ConditionRolloutProgressing, metav1.ConditionTrue, v1beta1.ReasonRolloutInProgress, what)
+	s.conds.Announce(false, v1beta1.EventRotationStarted, "Rollout", "Rolling out credential %s", version)
 	log.FromContext(ctx).Info("Rollout started", "version", version)
 	return ro
 }
@@ -183,17 +183,17 @@ func (r *Engine) finishRollout(ctx context.Context, s *step) {
 	took := r.Clock.Since(ro.StartedAt.Time).Round(time.Second)
 	r.Metrics.RolloutDuration.Observe(r.Clock.Since(ro.StartedAt.Time).Seconds())
 	s.rc.Status.Rollout = nil
-	if ro.Cause == v1alpha1.RolloutForPodTemplate {
-		s.conds.Set(v1alpha1.ConditionRolloutProgressing, metav1.ConditionFalse, v1alpha1.ReasonRolloutComplete,
+	if ro.Cause == v1beta1.RolloutForPodTemplate {
+		s.conds.Set(v1beta1.ConditionRolloutProgressing, metav1.ConditionFalse, v1beta1.ReasonRolloutComplete,
 			"Every Redis pod runs the current template")
-		s.conds.Announce(false, v1alpha1.EventPodsRolloutFinished, "Rollout", "Every Redis pod restarted onto its new template in %s", took)
+		s.conds.Announce(false, v1beta1.EventPodsRolloutFinished, "Rollout", "Every Redis pod restarted onto its new template in %s", took)
 	} else {
-		s.conds.Set(v1alpha1.ConditionRolloutProgressing, metav1.ConditionFalse, v1alpha1.ReasonRolloutComplete,
+		s.conds.Set(v1beta1.ConditionRolloutProgressing, metav1.ConditionFalse, v1beta1.ReasonRolloutComplete,
 			"Every consumer runs credential "+ro.TargetVersion)
-		s.conds.Announce(false, v1alpha1.EventRotationFinished, "Rollout", "Credential %s rolled out in %s", ro.TargetVersion, took)
+		s.conds.Announce(false, v1beta1.EventRotationFinished, "Rollout", "Credential %s rolled out in %s", ro.TargetVersion, took)
 	}
-	if meta.FindStatusCondition(s.rc.Status.Conditions, v1alpha1.ConditionRolloutHealthy) != nil {
-		s.conds.Set(v1alpha1.ConditionRolloutHealthy, metav1.ConditionTrue, v1alpha1.ReasonRolloutComplete, "The rollout is complete")
+	if meta.FindStatusCondition(s.rc.Status.Conditions, v1beta1.ConditionRolloutHealthy) != nil {
+		s.conds.Set(v1beta1.ConditionRolloutHealthy, metav1.ConditionTrue, v1beta1.ReasonRolloutComplete, "The rollout is complete")
 	}
 	log.FromContext(ctx).Info("Rollout finished", "version", ro.TargetVersion, "cause", ro.Cause, "duration", took)
 }
@@ -202,7 +202,7 @@ func (r *Engine) finishRollout(ctx context.Context, s *step) {
 // (highest ordinal first), the primary last, after it has handed its role to an in-sync replica;
 // the next only once the one in flight is Ready and in sync with the primary, and every other pod
 // is Ready.
-func (r *Engine) rollPods(ctx context.Context, s *step, pods []*corev1.Pod, ro *v1alpha1.RolloutStatus) (bool, time.Duration, error) {
+func (r *Engine) rollPods(ctx context.Context, s *step, pods []*corev1.Pod, ro *v1beta1.RolloutStatus) (bool, time.Duration, error) {
 	if p := s.unreadyCurrent(pods); ro.PodInFlight == "" && p != nil {
 		// A restart whose record was lost (its status write conflicted): take it up again, timed
 		// from the new pod's creation, so that a pod that never becomes Ready still stalls the rollout.
@@ -241,8 +241,8 @@ func (r *Engine) rollPods(ctx context.Context, s *step, pods []*corev1.Pod, ro *
 		}
 		if !moved {
 			msg := "Waiting to restart the primary " + next.Name + ": " + why
-			if s.conds.Set(v1alpha1.ConditionRolloutHealthy, metav1.ConditionFalse, v1alpha1.ReasonRolloutStalled, msg) {
-				s.conds.Announce(true, v1alpha1.EventRolloutStalled, "Rollout", "%s", msg)
+			if s.conds.Set(v1beta1.ConditionRolloutHealthy, metav1.ConditionFalse, v1beta1.ReasonRolloutStalled, msg) {
+				s.conds.Announce(true, v1beta1.EventRolloutStalled, "Rollout", "%s", msg)
 			}
 			return false, 5 * time.Second, nil
 		}
@@ -251,15 +251,15 @@ func (r *Engine) rollPods(ctx context.Context, s *step, pods []*corev1.Pod, ro *
 		return false, 0, fmt.Errorf("restarting pod %s: %w", next.Name, err)
 	}
 	ro.PodInFlight, ro.PodRestartedAt = next.Name, statustime.At(r.Clock.Now())
-	s.conds.Event(false, v1alpha1.EventPodRestarted, "Rollout", "Restarted pod %s (%s)", next.Name, s.why(ro))
+	s.conds.Event(false, v1beta1.EventPodRestarted, "Rollout", "Restarted pod %s (%s)", next.Name, s.why(ro))
 	log.FromContext(ctx).Info("Pod restarted", "pod", next.Name, "version", ro.TargetVersion, "cause", ro.Cause)
 	stoppoint.Reached(stoppoint.MidRollout, s.rc.Namespace)
 	return false, readinessTimeout(s.rc), nil
 }
 
 // why says what a pod is restarted for.
-func (s *step) why(ro *v1alpha1.RolloutStatus) string {
-	if ro.Cause == v1alpha1.RolloutForPodTemplate {
+func (s *step) why(ro *v1beta1.RolloutStatus) string {
+	if ro.Cause == v1beta1.RolloutForPodTemplate {
 		return "new pod template " + s.want.template
 	}
 	return "credential " + ro.TargetVersion
@@ -267,7 +267,7 @@ func (s *step) why(ro *v1alpha1.RolloutStatus) string {
 
 // templateObserved says whether the StatefulSet controller has observed the StatefulSet's current
 // spec (read past the cache).
-func (r *Engine) templateObserved(ctx context.Context, rc *v1alpha1.RedisCluster) (bool, error) {
+func (r *Engine) templateObserved(ctx context.Context, rc *v1beta1.RedisCluster) (bool, error) {
 	sts := &appsv1.StatefulSet{}
 	if err := r.APIReader.Get(ctx, client.ObjectKey{Namespace: rc.Namespace, Name: rc.Name}, sts); err != nil {
 		return false, fmt.Errorf("reading StatefulSet %s: %w", rc.Name, err)
@@ -278,7 +278,7 @@ func (r *Engine) templateObserved(ctx context.Context, rc *v1alpha1.RedisCluster
 // podSettled says whether the pod in flight is back, Ready and in sync with the primary, on what
 // is wanted. When it takes longer than the readiness timeout, the rollout stalls (Degraded) and
 // touches no further pod; it resumes by itself when the pod becomes Ready.
-func (r *Engine) podSettled(ctx context.Context, s *step, pods []*corev1.Pod, ro *v1alpha1.RolloutStatus) (bool, time.Duration, error) {
+func (r *Engine) podSettled(ctx context.Context, s *step, pods []*corev1.Pod, ro *v1beta1.RolloutStatus) (bool, time.Duration, error) {
 	for _, p := range pods {
 		if p.Name != ro.PodInFlight || !s.want.current(p) || !podReady(p) {
 			continue
@@ -291,8 +291,8 @@ func (r *Engine) podSettled(ctx context.Context, s *step, pods []*corev1.Pod, ro
 			break
 		}
 		ro.PodInFlight, ro.PodRestartedAt = "", nil
-		if c := meta.FindStatusCondition(s.rc.Status.Conditions, v1alpha1.ConditionRolloutHealthy); c != nil && c.Reason == v1alpha1.ReasonRolloutStalled {
-			s.conds.Set(v1alpha1.ConditionRolloutHealthy, metav1.ConditionTrue, v1alpha1.ReasonRolloutInProgress, "Pod "+p.Name+" is Ready again; the rollout goes on")
+		if c := meta.FindStatusCondition(s.rc.Status.Conditions, v1beta1.ConditionRolloutHealthy); c != nil && c.Reason == v1beta1.ReasonRolloutStalled {
+			s.conds.Set(v1beta1.ConditionRolloutHealthy, metav1.ConditionTrue, v1beta1.ReasonRolloutInProgress, "Pod "+p.Name+" is Ready again; the rollout goes on")
 		}
 		return true, 0, nil
 	}
@@ -301,14 +301,14 @@ func (r *Engine) podSettled(ctx context.Context, s *step, pods []*corev1.Pod, ro
 		return false, min(left, time.Second), nil // the replica's sync is not watched: look again soon
 	}
 	msg := fmt.Sprintf("Pod %s is not Ready and in sync with the primary (%s) after %s; no further pod is restarted until it is", ro.PodInFlight, s.why(ro), readinessTimeout(s.rc))
-	if s.conds.Set(v1alpha1.ConditionRolloutHealthy, metav1.ConditionFalse, v1alpha1.ReasonRolloutStalled, msg) {
-		s.conds.Announce(true, v1alpha1.EventRolloutStalled, "Rollout", "%s", msg)
+	if s.conds.Set(v1beta1.ConditionRolloutHealthy, metav1.ConditionFalse, v1beta1.ReasonRolloutStalled, msg) {
+		s.conds.Announce(true, v1beta1.EventRolloutStalled, "Rollout", "%s", msg)
 	}
 	return false, time.Minute, nil
 }
 
 // readinessTimeout is spec.rollout.readinessTimeout, or its default.
-func readinessTimeout(rc *v1alpha1.RedisCluster) time.Duration {
+func readinessTimeout(rc *v1beta1.RedisCluster) time.Duration {
 	if t := rc.Spec.Rollout.ReadinessTimeout; t != nil {
 		return t.Duration
 	}
@@ -317,7 +317,7 @@ func readinessTimeout(rc *v1alpha1.RedisCluster) time.Duration {
 
 // kept are the cluster's pods that spec.replicas keeps: those of a higher ordinal are on their
 // way out with a scale-down, and are neither restarted nor waited for.
-func kept(rc *v1alpha1.RedisCluster, all []*corev1.Pod) []*corev1.Pod {
+func kept(rc *v1beta1.RedisCluster, all []*corev1.Pod) []*corev1.Pod {
 	var pods []*corev1.Pod
 	for _, p := range all {
 		if ordinal(p) < int(rc.Spec.Replicas) {
@@ -354,7 +354,7 @@ func (s *step) nextPod(pods []*corev1.Pod) *corev1.Pod {
 }
 
 // restartOrder ranks a pod for a restart: the highest first, the primary last.
-func restartOrder(rc *v1alpha1.RedisCluster, p *corev1.Pod) int {
+func restartOrder(rc *v1beta1.RedisCluster, p *corev1.Pod) int {
 	if p.Name == rc.Status.Primary {
 		return -1
 	}
@@ -385,7 +385,7 @@ func (s *step) settled(pods []*corev1.Pod) bool {
 		if s.want.templateDue(p) {
 			return false
 		}
-		if v := p.Annotations[v1alpha1.AnnotationCredentialVersion]; s.want.restarts && v != "" && v != s.want.version {
+		if v := p.Annotations[v1beta1.AnnotationCredentialVersion]; s.want.restarts && v != "" && v != s.want.version {
 			return false
 		}
 	}

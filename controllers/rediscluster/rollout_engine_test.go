@@ -7,7 +7,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 )
 
 func pod(name, version string, ready bool) *corev1.Pod {
@@ -16,7 +16,7 @@ func pod(name, version string, ready bool) *corev1.Pod {
 		st = corev1.ConditionTrue
 	}
 	return &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: map[string]string{v1alpha1.AnnotationCredentialVersion: version, v1alpha1.AnnotationPodTemplate: "t1"}},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: map[string]string{v1beta1.AnnotationCredentialVersion: version, v1beta1.AnnotationPodTemplate: "t1"}},
 		Status:     corev1.PodStatus{Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: st}}},
 	}
 }
@@ -24,13 +24,13 @@ func pod(name, version string, ready bool) *corev1.Pod {
 // restartStep is a step of a rollout.redisPods Restart cluster whose primary is primary, rolling
 // to credential new on pod template t1.
 func restartStep(primary string) *step {
-	rc := &v1alpha1.RedisCluster{}
+	rc := &v1beta1.RedisCluster{}
 	rc.Status.Primary = primary
 	return &step{rc: rc, want: podWant{template: "t1", version: "new", restarts: true}}
 }
 
 func onTemplate(p *corev1.Pod, template string) *corev1.Pod {
-	p.Annotations[v1alpha1.AnnotationPodTemplate] = template
+	p.Annotations[v1beta1.AnnotationPodTemplate] = template
 	return p
 }
 

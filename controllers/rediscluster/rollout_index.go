@@ -7,18 +7,18 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 )
 
 // IndexConsumers registers ConsumerIndex with the manager's cache.
 func IndexConsumers(mgr ctrl.Manager) error {
-	return mgr.GetFieldIndexer().IndexField(context.Background(), &v1alpha1.RedisCluster{}, ConsumerIndex, ConsumerKeys)
+	return mgr.GetFieldIndexer().IndexField(context.Background(), &v1beta1.RedisCluster{}, ConsumerIndex, ConsumerKeys)
 }
 
 // ConsumerKeys are the ConsumerIndex values of a RedisCluster: "Kind/name" of each consumer.
 func ConsumerKeys(o client.Object) []string {
 	var keys []string
-	for _, c := range o.(*v1alpha1.RedisCluster).Spec.Rollout.Consumers {
+	for _, c := range o.(*v1beta1.RedisCluster).Spec.Rollout.Consumers {
 		keys = append(keys, c.Kind+"/"+c.Name)
 	}
 	return keys
@@ -28,7 +28,7 @@ func ConsumerKeys(o client.Object) []string {
 // ConsumerIndex in c).
 func ClustersConsuming(c client.Reader, kind string) handler.MapFunc {
 	return func(ctx context.Context, o client.Object) []ctrl.Request {
-		list := &v1alpha1.RedisClusterList{}
+		list := &v1beta1.RedisClusterList{}
 		if err := c.List(ctx, list, client.InNamespace(o.GetNamespace()), client.MatchingFields{ConsumerIndex: kind + "/" + o.GetName()}); err != nil {
 			return nil
 		}

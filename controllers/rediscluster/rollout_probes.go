@@ -9,7 +9,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/controllers/render"
 )
 
@@ -51,12 +51,12 @@ func (r *Engine) swapProbes(ctx context.Context, s *step, pods []*corev1.Pod) ti
 	if p.Annotations == nil {
 		p.Annotations = map[string]string{}
 	}
-	p.Annotations[v1alpha1.AnnotationProbeSwappedFrom] = probeContainerID(p)
+	p.Annotations[v1beta1.AnnotationProbeSwappedFrom] = probeContainerID(p)
 	if err := r.Client.Patch(ctx, p, patch); err != nil {
 		log.FromContext(ctx).Info("Could not give a probe sidecar its new image; trying again", "pod", p.Name, "error", err.Error())
 		return probeSwapWait
 	}
-	s.conds.EventAbout(p, false, v1alpha1.EventProbeSidecarUpdated, "Upgrade", "Pod %s's probe sidecar runs %s now, changed in place: Redis was not restarted", p.Name, r.ProbeImage)
+	s.conds.EventAbout(p, false, v1beta1.EventProbeSidecarUpdated, "Upgrade", "Pod %s's probe sidecar runs %s now, changed in place: Redis was not restarted", p.Name, r.ProbeImage)
 	log.FromContext(ctx).Info("Probe sidecar image changed in place", "pod", p.Name, "image", r.ProbeImage)
 	return probeSwapWait
 }
@@ -64,7 +64,7 @@ func (r *Engine) swapProbes(ctx context.Context, s *step, pods []*corev1.Pod) ti
 // probeSwapInFlight says whether p's probe sidecar was changed in place and its new container is
 // not running and started yet.
 func probeSwapInFlight(p *corev1.Pod) bool {
-	from, ok := p.Annotations[v1alpha1.AnnotationProbeSwappedFrom]
+	from, ok := p.Annotations[v1beta1.AnnotationProbeSwappedFrom]
 	if !ok {
 		return false
 	}

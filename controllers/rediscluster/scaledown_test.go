@@ -11,12 +11,12 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 )
 
 // recreatePod does what the StatefulSet controller does after a pod was deleted: the pod again,
 // from the current template (runningPods: its credential version), Ready at the same address.
-func (h *harness) recreatePod(t *testing.T, rc *v1alpha1.RedisCluster, i int, uid string) {
+func (h *harness) recreatePod(t *testing.T, rc *v1beta1.RedisCluster, i int, uid string) {
 	t.Helper()
 	p := runningPods(rc)[i+1].(*corev1.Pod) // after the StatefulSet
 	p.UID = types.UID(uid)
@@ -30,9 +30,9 @@ func (h *harness) recreatePod(t *testing.T, rc *v1alpha1.RedisCluster, i int, ui
 // StatefulSet controller does not bring it back. The pods beyond spec.replicas are neither waited
 // for nor restarted, and the rollout finishes on the pods that stay.
 func TestScaleDownDuringRolloutFinishes(t *testing.T) {
-	h := newHarness(t, cluster(threeNodes, func(rc *v1alpha1.RedisCluster) { rc.Spec.Rollout.RedisPods = v1alpha1.RedisPodsRestart }))
+	h := newHarness(t, cluster(threeNodes, func(rc *v1beta1.RedisCluster) { rc.Spec.Rollout.RedisPods = v1beta1.RedisPodsRestart }))
 	rc := h.settle(t)
-	rc.Annotations = map[string]string{v1alpha1.AnnotationRotateNow: "now"}
+	rc.Annotations = map[string]string{v1beta1.AnnotationRotateNow: "now"}
 	if err := h.k8s.Update(context.Background(), rc); err != nil {
 		t.Fatal(err)
 	}
@@ -61,10 +61,10 @@ func TestScaleDownDuringRolloutFinishes(t *testing.T) {
 	if rc.Status.Rollout != nil {
 		t.Fatalf("the rollout did not finish on the pod that stays: %+v", rc.Status.Rollout)
 	}
-	if c := condition(rc, v1alpha1.ConditionRolloutHealthy); c != nil && c.Reason == v1alpha1.ReasonRolloutStalled {
+	if c := condition(rc, v1beta1.ConditionRolloutHealthy); c != nil && c.Reason == v1beta1.ReasonRolloutStalled {
 		t.Errorf("RolloutHealthy %+v after a scale-down", c)
 	}
-	if reasons := h.eventReasons(); slices.Contains(reasons, v1alpha1.EventRolloutStalled) || !slices.Contains(reasons, v1alpha1.EventRotationFinished) {
+	if reasons := h.eventReasons(); slices.Contains(reasons, v1beta1.EventRolloutStalled) || !slices.Contains(reasons, v1beta1.EventRotationFinished) {
 		t.Errorf("events %v: want RotationFinished and no RolloutStalled", reasons)
 	}
 }

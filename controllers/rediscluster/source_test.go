@@ -14,7 +14,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/controllers/credential"
 	"github.com/keyroll/keyroll/vault"
 	"github.com/keyroll/keyroll/vault/vaulttest"
@@ -35,9 +35,9 @@ func TestConnectionChangeIssuesFromTheNewAndRevokesThroughTheOld(t *testing.T) {
 	other := vaulttest.New(h.clock)
 	other.LeaseDuration = 10 * time.Minute
 	h.vaults.by["vault-b"] = other
-	vc := &v1alpha1.VaultConnection{ObjectMeta: metav1.ObjectMeta{Name: "vault-b"}, Spec: v1alpha1.VaultConnectionSpec{
+	vc := &v1beta1.VaultConnection{ObjectMeta: metav1.ObjectMeta{Name: "vault-b"}, Spec: v1beta1.VaultConnectionSpec{
 		Address: "https://vault-b.example:8200", AllowedNamespaces: []string{"*"}, AllowedPaths: []string{"database/creds/*"},
-		Auth: v1alpha1.VaultAuth{Kubernetes: &v1alpha1.KubernetesAuth{Mount: "kubernetes", Role: "keyroll", Audiences: []string{"vault"}}},
+		Auth: v1beta1.VaultAuth{Kubernetes: &v1beta1.KubernetesAuth{Mount: "kubernetes", Role: "keyroll", Audiences: []string{"vault"}}},
 	}}
 	if err := h.k8s.Create(context.Background(), vc); err != nil {
 		t.Fatal(err)
@@ -51,8 +51,8 @@ func TestConnectionChangeIssuesFromTheNewAndRevokesThroughTheOld(t *testing.T) {
 	rc = h.settle(t)
 
 	cur := rc.Status.Credential
-	if cur.Version == old.Version || len(other.Leases()) != 1 || cur.LeaseID != other.Leases()[0] {
-		t.Fatalf("credential %s (lease %s), leases in the new Vault %v: want a new credential from it", cur.Version, cur.LeaseID, other.Leases())
+	if cur.Version == old.Version || len(other.Leases()) != 1 || cur.Lease.LeaseID != other.Leases()[0] {
+		t.Fatalf("credential %s (lease %s), leases in the new Vault %v: want a new credential from it", cur.Version, cur.Lease.LeaseID, other.Leases())
 	}
 	if got := h.vault.Leases(); len(got) != 0 || h.vault.Calls(vaulttest.OpRevoke) != 1 {
 		t.Errorf("the old Vault has leases %v after %d revocations: want the old lease revoked there", got, h.vault.Calls(vaulttest.OpRevoke))
@@ -63,11 +63,11 @@ func TestConnectionChangeIssuesFromTheNewAndRevokesThroughTheOld(t *testing.T) {
 	if len(rc.Status.Leases) != 1 || rc.Status.Leases[0].Connection != "vault-b" {
 		t.Errorf("ledger %+v, want the new lease only, through vault-b", rc.Status.Leases)
 	}
-	if reasons := h.eventReasons(); slices.Contains(reasons, v1alpha1.EventLeaseRevokedOutside) || !slices.Contains(reasons, v1alpha1.EventLeaseRevoked) {
+	if reasons := h.eventReasons(); slices.Contains(reasons, v1beta1.EventLeaseRevokedOutside) || !slices.Contains(reasons, v1beta1.EventLeaseRevoked) {
 		t.Errorf("events %v: want the old lease revoked, not taken for revoked outside keyroll", reasons)
 	}
-	if cur.Path != "database/creds/orders" {
-		t.Errorf("credential path %q", cur.Path)
+	if cur.VaultLease.Path != "database/creds/orders" {
+		t.Errorf("credential path %q", cur.VaultLease.Path)
 	}
 }
 
@@ -83,10 +83,10 @@ func TestPathChangeIssuesFromTheNewPath(t *testing.T) {
 	}
 	rc = h.settle(t)
 	cur := rc.Status.Credential
-	if cur.Version == old.Version || cur.Path != "database/creds/orders-v2" {
-		t.Fatalf("credential %s from %q: want a new one from the new path", cur.Version, cur.Path)
+	if cur.Version == old.Version || cur.VaultLease.Path != "database/creds/orders-v2" {
+		t.Fatalf("credential %s from %q: want a new one from the new path", cur.Version, cur.VaultLease.Path)
 	}
-	if got := h.vault.Leases(); len(got) != 1 || got[0] != cur.LeaseID {
+	if got := h.vault.Leases(); len(got) != 1 || got[0] != cur.Lease.LeaseID {
 		t.Errorf("leases in Vault %v, want the new one only", got)
 	}
 	if h.staged(t).Username != cur.Username {
@@ -99,8 +99,8 @@ func TestPathChangeIssuesFromTheNewPath(t *testing.T) {
 // superseded lease stays live; once it has rolled out the rollout finishes and the lease goes.
 func TestConsumerThatNeverRollsOutStallsTheRolloutNamingIt(t *testing.T) {
 	api := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "api"}}
-	h := newHarness(t, cluster(func(rc *v1alpha1.RedisCluster) {
-		rc.Spec.Rollout.Consumers = []v1alpha1.ConsumerReference{{Kind: "Deployment", Name: "api"}}
+	h := newHarness(t, cluster(func(rc *v1beta1.RedisCluster) {
+		rc.Spec.Rollout.Consumers = []v1beta1.ConsumerReference{{Kind: "Deployment", Name: "api"}}
 	}), api)
 	// The fake client runs no Deployment controller: the test sets the status it would.
 	setRolledOut := func(done bool) {
@@ -122,7 +122,7 @@ func TestConsumerThatNeverRollsOutStallsTheRolloutNamingIt(t *testing.T) {
 	rc := h.settle(t)
 	old := rc.Status.Credential
 	setRolledOut(false) // the next rollout of the Deployment never gets its pods available
-	rc.Annotations = map[string]string{v1alpha1.AnnotationRotateNow: "now"}
+	rc.Annotations = map[string]string{v1beta1.AnnotationRotateNow: "now"}
 	if err := h.k8s.Update(context.Background(), rc); err != nil {
 		t.Fatal(err)
 	}
@@ -130,31 +130,31 @@ func TestConsumerThatNeverRollsOutStallsTheRolloutNamingIt(t *testing.T) {
 	if rc.Status.Rollout == nil || rc.Status.Rollout.ConsumerRestartedAt == nil {
 		t.Fatalf("rollout %+v: want the consumer restarted and waited for", rc.Status.Rollout)
 	}
-	if c := condition(rc, v1alpha1.ConditionRolloutHealthy); c != nil && c.Status == metav1.ConditionFalse {
+	if c := condition(rc, v1beta1.ConditionRolloutHealthy); c != nil && c.Status == metav1.ConditionFalse {
 		t.Fatalf("RolloutHealthy %+v before readinessTimeout", c)
 	}
 
 	h.clock.Step(5*time.Minute + time.Second) // readinessTimeout
 	rc = h.settle(t)
-	c := condition(rc, v1alpha1.ConditionRolloutHealthy)
-	if c == nil || c.Reason != v1alpha1.ReasonRolloutStalled || !strings.Contains(c.Message, "Deployment api") {
+	c := condition(rc, v1beta1.ConditionRolloutHealthy)
+	if c == nil || c.Reason != v1beta1.ReasonRolloutStalled || !strings.Contains(c.Message, "Deployment api") {
 		t.Fatalf("RolloutHealthy %+v after readinessTimeout: want RolloutStalled naming Deployment api", c)
 	}
-	if !slices.Contains(h.vault.Leases(), old.LeaseID) || !ledgerHas(rc, old.LeaseID) {
+	if !slices.Contains(h.vault.Leases(), old.Lease.LeaseID) || !ledgerHas(rc, old.Lease.LeaseID) {
 		t.Error("the superseded lease did not stay live while the consumer had not rolled out")
 	}
 
 	rolledOut()
 	rc = h.settle(t)
-	if rc.Status.Rollout != nil || slices.Contains(h.vault.Leases(), old.LeaseID) {
-		t.Errorf("rollout %+v, old lease live %v: want the rollout done and the old lease revoked once the consumer rolled out", rc.Status.Rollout, slices.Contains(h.vault.Leases(), old.LeaseID))
+	if rc.Status.Rollout != nil || slices.Contains(h.vault.Leases(), old.Lease.LeaseID) {
+		t.Errorf("rollout %+v, old lease live %v: want the rollout done and the old lease revoked once the consumer rolled out", rc.Status.Rollout, slices.Contains(h.vault.Leases(), old.Lease.LeaseID))
 	}
-	if c := condition(rc, v1alpha1.ConditionRolloutHealthy); c == nil || c.Status != metav1.ConditionTrue {
+	if c := condition(rc, v1beta1.ConditionRolloutHealthy); c == nil || c.Status != metav1.ConditionTrue {
 		t.Errorf("RolloutHealthy %+v after the consumer rolled out", c)
 	}
 }
 
-func ledgerHas(rc *v1alpha1.RedisCluster, id string) bool {
+func ledgerHas(rc *v1beta1.RedisCluster, id string) bool {
 	for _, l := range rc.Status.Leases {
 		if l.LeaseID == id {
 			return true
@@ -172,8 +172,8 @@ func TestAFullLedgerHoldsRotationsInsteadOfFailingStatusWrites(t *testing.T) {
 	rc := h.settle(t)
 	cur := rc.Status.Credential
 	for i := len(rc.Status.Leases); i < credential.MaxLeases; i++ {
-		rc.Status.Leases = append(rc.Status.Leases, v1alpha1.LeaseRecord{
-			LeaseID: fmt.Sprintf("database/creds/orders/old-%d", i), State: v1alpha1.LeaseRevoking, Version: fmt.Sprintf("old%d", i),
+		rc.Status.Leases = append(rc.Status.Leases, v1beta1.LeaseRecord{
+			LeaseID: fmt.Sprintf("database/creds/orders/old-%d", i), State: v1beta1.LeaseRevoking, Version: fmt.Sprintf("old%d", i),
 			Username: fmt.Sprintf("V_OLD_%d", i), Connection: "vault"})
 	}
 	if err := h.k8s.Status().Update(context.Background(), rc); err != nil {
@@ -181,7 +181,7 @@ func TestAFullLedgerHoldsRotationsInsteadOfFailingStatusWrites(t *testing.T) {
 	}
 	h.vault.SetFailure(vaulttest.OpRevoke, vaulttest.Err(vaulttest.OpRevoke, vault.ClassUnavailable))
 	rc = h.get(t)
-	rc.Annotations = map[string]string{v1alpha1.AnnotationRotateNow: "now"}
+	rc.Annotations = map[string]string{v1beta1.AnnotationRotateNow: "now"}
 	if err := h.k8s.Update(context.Background(), rc); err != nil {
 		t.Fatal(err)
 	}
@@ -197,10 +197,10 @@ func TestAFullLedgerHoldsRotationsInsteadOfFailingStatusWrites(t *testing.T) {
 	if n := h.vault.Calls(vaulttest.OpIssue) - issues; n != 0 || rc.Status.Credential.Version != cur.Version {
 		t.Fatalf("%d credentials issued with a full ledger (credential %s, was %s)", n, rc.Status.Credential.Version, cur.Version)
 	}
-	if c := condition(rc, v1alpha1.ConditionSourceHealthy); c == nil || c.Reason != v1alpha1.ReasonLedgerFull {
+	if c := condition(rc, v1beta1.ConditionSourceHealthy); c == nil || c.Reason != v1beta1.ReasonLedgerFull {
 		t.Errorf("SourceHealthy %+v, want LedgerFull", c)
 	}
-	if c := condition(rc, v1alpha1.ConditionDegraded); c == nil || c.Status != metav1.ConditionTrue {
+	if c := condition(rc, v1beta1.ConditionDegraded); c == nil || c.Status != metav1.ConditionTrue {
 		t.Errorf("Degraded %+v with a full ledger", c)
 	}
 
@@ -210,7 +210,7 @@ func TestAFullLedgerHoldsRotationsInsteadOfFailingStatusWrites(t *testing.T) {
 	if rc.Status.Credential.Version == cur.Version || len(rc.Status.Leases) >= credential.MaxLeases {
 		t.Errorf("credential %s, %d leases: want the rotation once revocations made room", rc.Status.Credential.Version, len(rc.Status.Leases))
 	}
-	if c := condition(rc, v1alpha1.ConditionSourceHealthy); c != nil && c.Status != metav1.ConditionTrue {
+	if c := condition(rc, v1beta1.ConditionSourceHealthy); c != nil && c.Status != metav1.ConditionTrue {
 		t.Errorf("SourceHealthy %+v once the ledger has room", c)
 	}
 }
@@ -220,17 +220,17 @@ func TestAFullLedgerHoldsRotationsInsteadOfFailingStatusWrites(t *testing.T) {
 func TestOnDeleteConsumerIsReported(t *testing.T) {
 	sts := &appsv1.StatefulSet{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "worker"},
 		Spec: appsv1.StatefulSetSpec{UpdateStrategy: appsv1.StatefulSetUpdateStrategy{Type: appsv1.OnDeleteStatefulSetStrategyType}}}
-	h := newHarness(t, cluster(func(rc *v1alpha1.RedisCluster) {
-		rc.Spec.Rollout.Consumers = []v1alpha1.ConsumerReference{{Kind: "StatefulSet", Name: "worker"}}
+	h := newHarness(t, cluster(func(rc *v1beta1.RedisCluster) {
+		rc.Spec.Rollout.Consumers = []v1beta1.ConsumerReference{{Kind: "StatefulSet", Name: "worker"}}
 	}), sts)
 	rc := h.settle(t)
-	rc.Annotations = map[string]string{v1alpha1.AnnotationRotateNow: "now"}
+	rc.Annotations = map[string]string{v1beta1.AnnotationRotateNow: "now"}
 	if err := h.k8s.Update(context.Background(), rc); err != nil {
 		t.Fatal(err)
 	}
 	rc = h.settle(t)
-	c := condition(rc, v1alpha1.ConditionRolloutHealthy)
-	if c == nil || c.Reason != v1alpha1.ReasonRolloutStalled || !strings.Contains(c.Message, "StatefulSet worker has updateStrategy OnDelete") {
+	c := condition(rc, v1beta1.ConditionRolloutHealthy)
+	if c == nil || c.Reason != v1beta1.ReasonRolloutStalled || !strings.Contains(c.Message, "StatefulSet worker has updateStrategy OnDelete") {
 		t.Errorf("RolloutHealthy %+v: want the OnDelete consumer named", c)
 	}
 }
@@ -242,8 +242,8 @@ func TestOnDeleteConsumerIsReported(t *testing.T) {
 func TestTerminatingOldConsumerPodIsWaitedFor(t *testing.T) {
 	sel := &metav1.LabelSelector{MatchLabels: map[string]string{"app": "api"}}
 	api := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "api"}, Spec: appsv1.DeploymentSpec{Selector: sel}}
-	h := newHarness(t, cluster(func(rc *v1alpha1.RedisCluster) {
-		rc.Spec.Rollout.Consumers = []v1alpha1.ConsumerReference{{Kind: "Deployment", Name: "api"}}
+	h := newHarness(t, cluster(func(rc *v1beta1.RedisCluster) {
+		rc.Spec.Rollout.Consumers = []v1beta1.ConsumerReference{{Kind: "Deployment", Name: "api"}}
 	}), api)
 	rolledOut := func() {
 		t.Helper()
@@ -261,27 +261,27 @@ func TestTerminatingOldConsumerPodIsWaitedFor(t *testing.T) {
 	old := rc.Status.Credential
 	// A pod of the current template, which the rotation's rollout replaces, and shuts down slowly.
 	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "api-old", Labels: map[string]string{"app": "api"},
-		Annotations: map[string]string{v1alpha1.AnnotationCredentialVersion: old.Version}}, Status: corev1.PodStatus{Phase: corev1.PodRunning}}
+		Annotations: map[string]string{v1beta1.AnnotationCredentialVersion: old.Version}}, Status: corev1.PodStatus{Phase: corev1.PodRunning}}
 	if err := h.k8s.Create(context.Background(), pod); err != nil {
 		t.Fatal(err)
 	}
-	rc.Annotations = map[string]string{v1alpha1.AnnotationRotateNow: "now"}
+	rc.Annotations = map[string]string{v1beta1.AnnotationRotateNow: "now"}
 	if err := h.k8s.Update(context.Background(), rc); err != nil {
 		t.Fatal(err)
 	}
 	h.settle(t)
 	rolledOut() // the Deployment's status: rolled out, no terminating count
 	rc = h.settle(t)
-	if rc.Status.Rollout == nil || !slices.Contains(h.vault.Leases(), old.LeaseID) {
-		t.Fatalf("rollout %+v, old lease live %v: want the rollout waiting for pod api-old", rc.Status.Rollout, slices.Contains(h.vault.Leases(), old.LeaseID))
+	if rc.Status.Rollout == nil || !slices.Contains(h.vault.Leases(), old.Lease.LeaseID) {
+		t.Fatalf("rollout %+v, old lease live %v: want the rollout waiting for pod api-old", rc.Status.Rollout, slices.Contains(h.vault.Leases(), old.Lease.LeaseID))
 	}
 	if err := h.k8s.Delete(context.Background(), pod); err != nil {
 		t.Fatal(err)
 	}
 	h.clock.Step(2 * time.Second)
 	rc = h.settle(t)
-	if rc.Status.Rollout != nil || slices.Contains(h.vault.Leases(), old.LeaseID) {
-		t.Errorf("rollout %+v, old lease live %v: want the rollout done once the old pod is gone", rc.Status.Rollout, slices.Contains(h.vault.Leases(), old.LeaseID))
+	if rc.Status.Rollout != nil || slices.Contains(h.vault.Leases(), old.Lease.LeaseID) {
+		t.Errorf("rollout %+v, old lease live %v: want the rollout done once the old pod is gone", rc.Status.Rollout, slices.Contains(h.vault.Leases(), old.Lease.LeaseID))
 	}
 }
 
@@ -291,8 +291,8 @@ func TestTerminatingOldConsumerPodIsWaitedFor(t *testing.T) {
 // from Vault is honoured: its user is cut off (onRevokedOutside CutOff) and it leaves the ledger.
 func TestSupersededLeaseIsKeptAliveWhileTheRolloutRuns(t *testing.T) {
 	api := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "api"}}
-	h := newHarness(t, cluster(func(rc *v1alpha1.RedisCluster) {
-		rc.Spec.Rollout.Consumers = []v1alpha1.ConsumerReference{{Kind: "Deployment", Name: "api"}}
+	h := newHarness(t, cluster(func(rc *v1beta1.RedisCluster) {
+		rc.Spec.Rollout.Consumers = []v1beta1.ConsumerReference{{Kind: "Deployment", Name: "api"}}
 	}), api)
 	h.vault.LeaseDuration, h.vault.MaxTTL = 2*time.Minute, 7*time.Minute
 	setRolledOut := func(done bool) {
@@ -313,7 +313,7 @@ func TestSupersededLeaseIsKeptAliveWhileTheRolloutRuns(t *testing.T) {
 	rc := h.settle(t)
 	old := rc.Status.Credential
 	setRolledOut(false) // the rotation's rollout of the Deployment does not finish
-	rc.Annotations = map[string]string{v1alpha1.AnnotationRotateNow: "now"}
+	rc.Annotations = map[string]string{v1beta1.AnnotationRotateNow: "now"}
 	if err := h.k8s.Update(context.Background(), rc); err != nil {
 		t.Fatal(err)
 	}
@@ -323,28 +323,28 @@ func TestSupersededLeaseIsKeptAliveWhileTheRolloutRuns(t *testing.T) {
 		h.clock.Step(30 * time.Second)
 		rc = h.settle(t)
 	}
-	rec, ok := leaseRecord(rc, old.LeaseID)
-	if !ok || !slices.Contains(h.vault.Leases(), old.LeaseID) || rec.LastRenewal == nil || !rec.ExpiresAt.After(h.clock.Now()) {
-		t.Fatalf("4 minutes into the rollout: the superseded lease is live in Vault %v, in the ledger %+v; want it renewed and live", slices.Contains(h.vault.Leases(), old.LeaseID), rec)
+	rec, ok := leaseRecord(rc, old.Lease.LeaseID)
+	if !ok || !slices.Contains(h.vault.Leases(), old.Lease.LeaseID) || rec.LastRenewal == nil || !rec.ExpiresAt.After(h.clock.Now()) {
+		t.Fatalf("4 minutes into the rollout: the superseded lease is live in Vault %v, in the ledger %+v; want it renewed and live", slices.Contains(h.vault.Leases(), old.Lease.LeaseID), rec)
 	}
 	for range 4 { // 6 minutes, the max TTL (7) within a term's reach: Vault renews no further
 		h.clock.Step(30 * time.Second)
 		rc = h.settle(t)
 	}
-	if rec, _ := leaseRecord(rc, old.LeaseID); !rec.RenewalCapped || !slices.Contains(h.eventReasons(), v1alpha1.EventSupersededLeaseEnding) {
+	if rec, _ := leaseRecord(rc, old.Lease.LeaseID); !rec.RenewalCapped || !slices.Contains(h.eventReasons(), v1beta1.EventSupersededLeaseEnding) {
 		t.Errorf("near the max TTL: record %+v; want renewalCapped and a SupersededLeaseEnding event", rec)
 	}
 	for range 4 { // 8 minutes: the lease has ended in Vault
 		h.clock.Step(30 * time.Second)
 		rc = h.settle(t)
 	}
-	if rec, ok := leaseRecord(rc, old.LeaseID); ok || slices.Contains(h.redis.Users(nodeAddr(0)), old.Username) {
+	if rec, ok := leaseRecord(rc, old.Lease.LeaseID); ok || slices.Contains(h.redis.Users(nodeAddr(0)), old.Username) {
 		t.Errorf("past the max TTL: record %+v, users %v; want the ended lease out of the ledger and its user cut off", rec, h.redis.Users(nodeAddr(0)))
 	}
 
 	// A second rotation's superseded lease, revoked outside keyroll, is cut off.
-	h2 := newHarness(t, cluster(func(rc *v1alpha1.RedisCluster) {
-		rc.Spec.Rollout.Consumers = []v1alpha1.ConsumerReference{{Kind: "Deployment", Name: "api"}}
+	h2 := newHarness(t, cluster(func(rc *v1beta1.RedisCluster) {
+		rc.Spec.Rollout.Consumers = []v1beta1.ConsumerReference{{Kind: "Deployment", Name: "api"}}
 	}), &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "api"}})
 	h2.vault.LeaseDuration = 2 * time.Minute
 	h, api = h2, &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "api"}}
@@ -353,15 +353,15 @@ func TestSupersededLeaseIsKeptAliveWhileTheRolloutRuns(t *testing.T) {
 	rc = h.settle(t)
 	old = rc.Status.Credential
 	setRolledOut(false)
-	rc.Annotations = map[string]string{v1alpha1.AnnotationRotateNow: "now"}
+	rc.Annotations = map[string]string{v1beta1.AnnotationRotateNow: "now"}
 	if err := h.k8s.Update(context.Background(), rc); err != nil {
 		t.Fatal(err)
 	}
 	h.settle(t)
-	h.vault.RevokeOutside(old.LeaseID)
+	h.vault.RevokeOutside(old.Lease.LeaseID)
 	h.clock.Step(90 * time.Second)
 	rc = h.settle(t)
-	if _, ok := leaseRecord(rc, old.LeaseID); ok {
+	if _, ok := leaseRecord(rc, old.Lease.LeaseID); ok {
 		t.Errorf("a superseded lease revoked outside: still in the ledger %v, retiring users %v", ok, rc.Status.RetiringUsers)
 	}
 	if slices.Contains(h.redis.Users(nodeAddr(0)), old.Username) {
@@ -369,11 +369,11 @@ func TestSupersededLeaseIsKeptAliveWhileTheRolloutRuns(t *testing.T) {
 	}
 }
 
-func leaseRecord(rc *v1alpha1.RedisCluster, id string) (v1alpha1.LeaseRecord, bool) {
+func leaseRecord(rc *v1beta1.RedisCluster, id string) (v1beta1.LeaseRecord, bool) {
 	for _, l := range rc.Status.Leases {
 		if l.LeaseID == id {
 			return l, true
 		}
 	}
-	return v1alpha1.LeaseRecord{}, false
+	return v1beta1.LeaseRecord{}, false
 }

@@ -11,7 +11,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 )
 
 // The status write that records a newly issued lease in the ledger fails: the API server answers
@@ -33,7 +33,7 @@ func TestLedgerWriteFailsAfterIssue(t *testing.T) {
 			failed := false
 			h.r = h.r.WithClient(interceptor.NewClient(h.k8s.(client.WithWatch), interceptor.Funcs{
 				SubResourcePatch: func(ctx context.Context, c client.Client, s string, o client.Object, p client.Patch, opts ...client.SubResourcePatchOption) error {
-					rc, ok := o.(*v1alpha1.RedisCluster)
+					rc, ok := o.(*v1beta1.RedisCluster)
 					if failed || !ok || len(rc.Status.Leases) == 0 {
 						return c.SubResource(s).Patch(ctx, o, p, opts...)
 					}
@@ -62,7 +62,7 @@ func TestLedgerWriteFailsAfterIssue(t *testing.T) {
 				t.Errorf("Vault holds %v, the ledger %v: want the same single lease", live, held)
 			}
 			c := rc.Status.Credential
-			if c == nil || len(held) != 1 || c.LeaseID != held[0] {
+			if c == nil || len(held) != 1 || c.Lease.LeaseID != held[0] {
 				t.Fatalf("the current credential %+v is not the ledger's lease %v", c, held)
 			}
 			if u := string(h.secret(t, "orders-credentials").Data["username"]); u != c.Username {

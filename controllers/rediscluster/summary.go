@@ -7,19 +7,19 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/controllers/credential"
 )
 
 // concerns are the conditions that Degraded sums up, the most pressing first: leases not revoked, nodes
 // without their users, a stuck rollout, a credential source that needs attention, a bad schedule.
 var concerns = []string{
-	v1alpha1.ConditionLeasesRevoked, v1alpha1.ConditionUsersApplied, v1alpha1.ConditionRolloutHealthy,
-	v1alpha1.ConditionSourceHealthy, v1alpha1.ConditionScheduleValid,
+	v1beta1.ConditionLeasesRevoked, v1beta1.ConditionUsersApplied, v1beta1.ConditionRolloutHealthy,
+	v1beta1.ConditionSourceHealthy, v1beta1.ConditionScheduleValid,
 }
 
 // inProgress are reasons of a False concern that are work going on (users being applied), not a problem.
-var inProgress = []string{v1alpha1.ReasonApplying}
+var inProgress = []string{v1beta1.ReasonApplying}
 
 // summarize computes Ready and Degraded from the conditions of each concern, in this one place,
 // so that two problems never overwrite each other: Degraded is True while any concern is False
@@ -38,29 +38,29 @@ func summarize(s *credential.Cluster) {
 		}
 	}
 	if reason != "" {
-		s.Conds.Set(v1alpha1.ConditionDegraded, metav1.ConditionTrue, reason, strings.Join(msgs, "; "))
+		s.Conds.Set(v1beta1.ConditionDegraded, metav1.ConditionTrue, reason, strings.Join(msgs, "; "))
 	} else {
-		s.Conds.Set(v1alpha1.ConditionDegraded, metav1.ConditionFalse, v1alpha1.ReasonAvailable, "Nothing needs attention")
+		s.Conds.Set(v1beta1.ConditionDegraded, metav1.ConditionFalse, v1beta1.ReasonAvailable, "Nothing needs attention")
 	}
 	if !rc.DeletionTimestamp.IsZero() {
 		return
 	}
-	creds := meta.FindStatusCondition(rc.Status.Conditions, v1alpha1.ConditionCredentialsReady)
-	users := meta.FindStatusCondition(rc.Status.Conditions, v1alpha1.ConditionUsersApplied)
+	creds := meta.FindStatusCondition(rc.Status.Conditions, v1beta1.ConditionCredentialsReady)
+	users := meta.FindStatusCondition(rc.Status.Conditions, v1beta1.ConditionUsersApplied)
 	switch {
 	case creds == nil:
-		s.Conds.Set(v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.ReasonReconciling, "Waiting for a credential")
+		s.Conds.Set(v1beta1.ConditionReady, metav1.ConditionFalse, v1beta1.ReasonReconciling, "Waiting for a credential")
 	case creds.Status != metav1.ConditionTrue:
-		s.Conds.Set(v1alpha1.ConditionReady, metav1.ConditionFalse, creds.Reason, creds.Message)
+		s.Conds.Set(v1beta1.ConditionReady, metav1.ConditionFalse, creds.Reason, creds.Message)
 	case users == nil:
-		s.Conds.Set(v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.ReasonApplying, "Waiting for the Redis nodes to accept the credential")
+		s.Conds.Set(v1beta1.ConditionReady, metav1.ConditionFalse, v1beta1.ReasonApplying, "Waiting for the Redis nodes to accept the credential")
 	case users.Status != metav1.ConditionTrue:
-		s.Conds.Set(v1alpha1.ConditionReady, metav1.ConditionFalse, users.Reason, users.Message)
+		s.Conds.Set(v1beta1.ConditionReady, metav1.ConditionFalse, users.Reason, users.Message)
 	case s.Conflict != "":
-		s.Conds.Set(v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.ReasonSecretConflict, s.Conflict)
+		s.Conds.Set(v1beta1.ConditionReady, metav1.ConditionFalse, v1beta1.ReasonSecretConflict, s.Conflict)
 	case rc.Status.ReadyReplicas < rc.Spec.Replicas:
-		s.Conds.Set(v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.ReasonReconciling, "Waiting for the Redis pods to be Ready")
+		s.Conds.Set(v1beta1.ConditionReady, metav1.ConditionFalse, v1beta1.ReasonReconciling, "Waiting for the Redis pods to be Ready")
 	default:
-		s.Conds.Set(v1alpha1.ConditionReady, metav1.ConditionTrue, v1alpha1.ReasonAvailable, "Redis runs with a live credential from Vault")
+		s.Conds.Set(v1beta1.ConditionReady, metav1.ConditionTrue, v1beta1.ReasonAvailable, "Redis runs with a live credential from Vault")
 	}
 }

@@ -11,7 +11,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller/priorityqueue"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/controllers/upkeep"
 )
 
@@ -26,7 +26,7 @@ func TestLeaseUpkeepIsQueuedAheadWhenDue(t *testing.T) {
 	if !ok {
 		t.Fatal("no lease upkeep is set for a cluster with a live lease")
 	}
-	if renewal := rc.Status.Credential.NextRenewal.Time; !at.After(h.clock.Now()) || at.After(renewal) {
+	if renewal := rc.Status.Credential.Lease.NextRenewal.Time; !at.After(h.clock.Now()) || at.After(renewal) {
 		t.Fatalf("upkeep set at %v; want after now (%v) and no later than the planned renewal (%v)", at, h.clock.Now(), renewal)
 	}
 
@@ -72,7 +72,7 @@ func TestARotationAskedForIsUpkeep(t *testing.T) {
 		{"1733390000", "", true, false},
 	} {
 		rc := cluster()
-		rc.Annotations = map[string]string{v1alpha1.AnnotationRotateNow: c.annotation}
+		rc.Annotations = map[string]string{v1beta1.AnnotationRotateNow: c.annotation}
 		rc.Status.RotateNowAcknowledged, rc.Spec.Rotation.Paused = c.acknowledged, c.paused
 		if got := rc.RotationAsked(); got != c.want {
 			t.Errorf("annotation %q, acknowledged %q, paused %v: asked %v, want %v", c.annotation, c.acknowledged, c.paused, got, c.want)

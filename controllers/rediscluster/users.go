@@ -10,7 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/controllers/apply"
 	"github.com/keyroll/keyroll/controllers/credential"
 	"github.com/keyroll/keyroll/controllers/render"
@@ -44,7 +44,7 @@ func (r *deps) reconcileUsers(ctx context.Context, s *credential.Cluster, in *in
 
 // writeACLSecret writes the aclfile of users, after the admin password whose hash it holds is in
 // the state Secret; in holds the ACL Secret as written from then on.
-func (r *deps) writeACLSecret(ctx context.Context, rc *v1alpha1.RedisCluster, users render.Users, in *internal, rulesKey string) error {
+func (r *deps) writeACLSecret(ctx context.Context, rc *v1beta1.RedisCluster, users render.Users, in *internal, rulesKey string) error {
 	file, err := users.ACLFile()
 	if err != nil {
 		return err
@@ -108,7 +108,7 @@ func (r *deps) internalUsers(ctx context.Context, s *credential.Cluster) (*inter
 }
 
 // writeState writes the state Secret: the admin password and the staged credential (nil: none).
-func (r *deps) writeState(ctx context.Context, rc *v1alpha1.RedisCluster, in *internal, cred *render.Credential) error {
+func (r *deps) writeState(ctx context.Context, rc *v1beta1.RedisCluster, in *internal, cred *render.Credential) error {
 	if err := apply.Owned(ctx, r.Client, r.APIReader, rc, render.StateSecret(rc, in.Admin, cred)); err != nil {
 		return err
 	}
@@ -118,7 +118,7 @@ func (r *deps) writeState(ctx context.Context, rc *v1alpha1.RedisCluster, in *in
 
 // saveAdmin writes a newly generated admin password into the state Secret, with the credential
 // staged there as it was read, unless it is there already.
-func (r *deps) saveAdmin(ctx context.Context, rc *v1alpha1.RedisCluster, in *internal) error {
+func (r *deps) saveAdmin(ctx context.Context, rc *v1beta1.RedisCluster, in *internal) error {
 	if !in.adminUnsaved {
 		return nil
 	}
@@ -126,7 +126,7 @@ func (r *deps) saveAdmin(ctx context.Context, rc *v1alpha1.RedisCluster, in *int
 }
 
 // ownedSecret reads a Secret keyroll writes for rc (an empty one when it does not exist yet).
-func (r *deps) ownedSecret(ctx context.Context, rc *v1alpha1.RedisCluster, name string) (*corev1.Secret, error) {
+func (r *deps) ownedSecret(ctx context.Context, rc *v1beta1.RedisCluster, name string) (*corev1.Secret, error) {
 	sec := &corev1.Secret{}
 	err := r.Get(ctx, client.ObjectKey{Namespace: rc.Namespace, Name: name}, sec)
 	if apierrors.IsNotFound(err) {
@@ -155,13 +155,13 @@ func (r *deps) vaultPluginUser(ctx context.Context, s *credential.Cluster) (*ren
 			return nil, fmt.Errorf("reading Secret %s (spec.vaultPlugin.passwordSecretRef): %w", ref.Name, err)
 		}
 		// Only a Secret labelled for this cluster's plugin user: not any Secret of the namespace.
-		reason, msg := v1alpha1.ReasonSecretNotLabelled, fmt.Sprintf("spec.vaultPlugin.passwordSecretRef: Secret %s is not labelled %s=%s; keyroll uses only a Secret labelled for this cluster's plugin user", ref.Name, v1alpha1.LabelVaultPluginPassword, rc.Name)
+		reason, msg := v1beta1.ReasonSecretNotLabelled, fmt.Sprintf("spec.vaultPlugin.passwordSecretRef: Secret %s is not labelled %s=%s; keyroll uses only a Secret labelled for this cluster's plugin user", ref.Name, v1beta1.LabelVaultPluginPassword, rc.Name)
 		if password = string(sec.Data[ref.Key]); password == "" {
-			reason, msg = v1alpha1.ReasonSecretNotFound, fmt.Sprintf("spec.vaultPlugin.passwordSecretRef: Secret %s has no key %q in namespace %s", ref.Name, ref.Key, rc.Namespace)
+			reason, msg = v1beta1.ReasonSecretNotFound, fmt.Sprintf("spec.vaultPlugin.passwordSecretRef: Secret %s has no key %q in namespace %s", ref.Name, ref.Key, rc.Namespace)
 		}
-		if password == "" || sec.Labels[v1alpha1.LabelVaultPluginPassword] != rc.Name {
-			if s.Conds.Set(v1alpha1.ConditionUsersApplied, metav1.ConditionFalse, reason, msg) {
-				s.Conds.Announce(true, v1alpha1.ReasonSecretNotFound, "ApplyUsers", "%s", msg)
+		if password == "" || sec.Labels[v1beta1.LabelVaultPluginPassword] != rc.Name {
+			if s.Conds.Set(v1beta1.ConditionUsersApplied, metav1.ConditionFalse, reason, msg) {
+				s.Conds.Announce(true, v1beta1.ReasonSecretNotFound, "ApplyUsers", "%s", msg)
 			}
 			return nil, nil
 		}

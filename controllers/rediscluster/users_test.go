@@ -15,13 +15,13 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/controllers/render"
 	"github.com/keyroll/keyroll/redisnode"
 	"github.com/keyroll/keyroll/vault/vaulttest"
 )
 
-func threeNodes(rc *v1alpha1.RedisCluster) { rc.Spec.Replicas = 3 }
+func threeNodes(rc *v1beta1.RedisCluster) { rc.Spec.Replicas = 3 }
 
 func (h *harness) secret(t *testing.T, name string) *corev1.Secret {
 	t.Helper()
@@ -57,11 +57,11 @@ func TestCredentialReachesConsumersOnlyOnceEveryNodeAcceptsIt(t *testing.T) {
 			t.Errorf("replica %d does not have the issued user", i)
 		}
 	}
-	c := condition(rc, v1alpha1.ConditionUsersApplied)
-	if c == nil || c.Reason != v1alpha1.ReasonNodeUnreachable || !strings.Contains(c.Message, "orders-0") || !strings.Contains(c.Message, "port 6379") {
+	c := condition(rc, v1beta1.ConditionUsersApplied)
+	if c == nil || c.Reason != v1beta1.ReasonNodeUnreachable || !strings.Contains(c.Message, "orders-0") || !strings.Contains(c.Message, "port 6379") {
 		t.Fatalf("UsersApplied %+v: want NodeUnreachable naming the pod and the port", c)
 	}
-	if d := condition(rc, v1alpha1.ConditionDegraded); d.Status != metav1.ConditionTrue || d.Reason != v1alpha1.ReasonNodeUnreachable {
+	if d := condition(rc, v1beta1.ConditionDegraded); d.Status != metav1.ConditionTrue || d.Reason != v1beta1.ReasonNodeUnreachable {
 		t.Errorf("Degraded %+v", d)
 	}
 
@@ -72,7 +72,7 @@ func TestCredentialReachesConsumersOnlyOnceEveryNodeAcceptsIt(t *testing.T) {
 	if sec == nil || string(sec.Data["username"]) != cred.Username || !h.redis.Accepts(nodeAddr(0), cred.Username, cred.Password) {
 		t.Fatalf("once the primary is reachable: Secret %v, primary has the user: %v", sec != nil, h.redis.Accepts(nodeAddr(0), cred.Username, cred.Password))
 	}
-	if c := condition(rc, v1alpha1.ConditionUsersApplied); c.Status != metav1.ConditionTrue || len(rc.Status.Nodes) != 3 {
+	if c := condition(rc, v1beta1.ConditionUsersApplied); c.Status != metav1.ConditionTrue || len(rc.Status.Nodes) != 3 {
 		t.Errorf("UsersApplied %+v, nodes %+v", c, rc.Status.Nodes)
 	}
 	if n := h.vault.Calls(vaulttest.OpIssue); n != 1 {
@@ -105,15 +105,15 @@ func TestNoPodMountsTheCredentialAndTheAdminPasswordStaysWithKeyroll(t *testing.
 }
 
 func TestRefusedACLRuleIsReportedAndNothingIsApplied(t *testing.T) {
-	h := newHarness(t, cluster(threeNodes, func(rc *v1alpha1.RedisCluster) {
+	h := newHarness(t, cluster(threeNodes, func(rc *v1beta1.RedisCluster) {
 		rc.Spec.Credentials.ACLRules = []string{"~app:*", "+@read", "+@nosuchcategory"}
 	}))
 	h.redis.Refused["+@nosuchcategory"] = "Unknown command or category name in ACL"
 
 	rc := h.settle(t)
 
-	c := condition(rc, v1alpha1.ConditionUsersApplied)
-	if c == nil || c.Reason != v1alpha1.ReasonInvalidACLRules || !strings.Contains(c.Message, "+@nosuchcategory") || !strings.Contains(c.Message, "Unknown command or category") {
+	c := condition(rc, v1beta1.ConditionUsersApplied)
+	if c == nil || c.Reason != v1beta1.ReasonInvalidACLRules || !strings.Contains(c.Message, "+@nosuchcategory") || !strings.Contains(c.Message, "Unknown command or category") {
 		t.Fatalf("UsersApplied %+v: want InvalidACLRules naming the rule with Redis's words", c)
 	}
 	if h.secret(t, "orders-credentials") != nil {
@@ -126,7 +126,7 @@ func TestRefusedACLRuleIsReportedAndNothingIsApplied(t *testing.T) {
 	if got := h.redis.Users(nodeAddr(1)); slices.Contains(got, h.staged(t).Username) {
 		t.Errorf("a node has the app user: %v", got)
 	}
-	if !strings.Contains(strings.Join(h.eventReasons(), " "), v1alpha1.ReasonInvalidACLRules) {
+	if !strings.Contains(strings.Join(h.eventReasons(), " "), v1beta1.ReasonInvalidACLRules) {
 		t.Error("no InvalidACLRules event")
 	}
 
@@ -147,7 +147,7 @@ func TestRotationRetiresTheOldUserFromEveryNode(t *testing.T) {
 	old := h.staged(t)
 	before := h.redis.Commands
 
-	rc.Annotations = map[string]string{v1alpha1.AnnotationRotateNow: "now"}
+	rc.Annotations = map[string]string{v1beta1.AnnotationRotateNow: "now"}
 	if err := h.k8s.Update(context.Background(), rc); err != nil {
 		t.Fatal(err)
 	}
@@ -210,7 +210,7 @@ func TestRestartedRedisIsConfirmedAgainAndForgetsUsersItShouldNotHave(t *testing
 // version, and the first credential rolled out as if it replaced one. Nothing was replaced: the
 // pods got the first user live, as in Live mode. A rotation then restarts them, replicas first.
 func TestRestartModeRestartsNoPodForTheFirstCredentialButForARotation(t *testing.T) {
-	h := newHarness(t, cluster(threeNodes, func(rc *v1alpha1.RedisCluster) { rc.Spec.Rollout.RedisPods = v1alpha1.RedisPodsRestart }))
+	h := newHarness(t, cluster(threeNodes, func(rc *v1beta1.RedisCluster) { rc.Spec.Rollout.RedisPods = v1beta1.RedisPodsRestart }))
 	rc := h.settle(t)
 
 	cred := h.staged(t)
@@ -227,7 +227,7 @@ func TestRestartModeRestartsNoPodForTheFirstCredentialButForARotation(t *testing
 		t.Errorf("%d Redis pods left after the first credential, want the 3 that ran", len(pods.Items))
 	}
 	reasons := h.eventReasons()
-	for _, r := range []string{v1alpha1.EventRotationStarted, v1alpha1.EventPodRestarted} {
+	for _, r := range []string{v1beta1.EventRotationStarted, v1beta1.EventPodRestarted} {
 		if slices.Contains(reasons, r) {
 			t.Errorf("a %s event for the first credential (events %v)", r, reasons)
 		}
@@ -236,12 +236,12 @@ func TestRestartModeRestartsNoPodForTheFirstCredentialButForARotation(t *testing
 		t.Fatalf("rollout %+v, consumers' Secret written %v: want no rollout and the Secret", rc.Status.Rollout, h.secret(t, "orders-credentials") != nil)
 	}
 
-	rc.Annotations = map[string]string{v1alpha1.AnnotationRotateNow: "now"}
+	rc.Annotations = map[string]string{v1beta1.AnnotationRotateNow: "now"}
 	if err := h.k8s.Update(context.Background(), rc); err != nil {
 		t.Fatal(err)
 	}
 	h.settle(t)
-	if reasons := h.eventReasons(); !slices.Contains(reasons, v1alpha1.EventPodRestarted) {
+	if reasons := h.eventReasons(); !slices.Contains(reasons, v1beta1.EventPodRestarted) {
 		t.Errorf("a rotation restarted no Redis pod (events %v)", reasons)
 	}
 	err := h.k8s.Get(context.Background(), client.ObjectKey{Namespace: "shop", Name: "orders-2"}, &corev1.Pod{})
@@ -268,19 +268,19 @@ func TestStartingRedisIsWaitedForNotReportedUnreachable(t *testing.T) {
 
 	rc := h.settle(t)
 
-	if c := condition(rc, v1alpha1.ConditionUsersApplied); c == nil || c.Reason != v1alpha1.ReasonApplying || !strings.Contains(c.Message, "orders-1") {
+	if c := condition(rc, v1beta1.ConditionUsersApplied); c == nil || c.Reason != v1beta1.ReasonApplying || !strings.Contains(c.Message, "orders-1") {
 		t.Errorf("UsersApplied %+v while orders-1 starts: want Applying, waiting for it", c)
 	}
-	if d := condition(rc, v1alpha1.ConditionDegraded); d.Status != metav1.ConditionFalse {
+	if d := condition(rc, v1beta1.ConditionDegraded); d.Status != metav1.ConditionFalse {
 		t.Errorf("Degraded %+v while a Redis starts", d)
 	}
-	if reasons := h.eventReasons(); slices.Contains(reasons, v1alpha1.ReasonNodeUnreachable) {
+	if reasons := h.eventReasons(); slices.Contains(reasons, v1beta1.ReasonNodeUnreachable) {
 		t.Errorf("a NodeUnreachable event for a Redis that starts: %v", reasons)
 	}
 
 	h.clock.Step(6 * time.Minute) // past readinessTimeout (5m)
 	rc = h.settle(t)
-	if c := condition(rc, v1alpha1.ConditionUsersApplied); c.Reason != v1alpha1.ReasonNodeNotReady {
+	if c := condition(rc, v1beta1.ConditionUsersApplied); c.Reason != v1beta1.ReasonNodeNotReady {
 		t.Errorf("UsersApplied %+v once orders-1 has not run Redis for longer than readinessTimeout: want NodeNotReady", c)
 	}
 
@@ -292,7 +292,7 @@ func TestStartingRedisIsWaitedForNotReportedUnreachable(t *testing.T) {
 		t.Fatal(err)
 	}
 	rc = h.settle(t)
-	if c := condition(rc, v1alpha1.ConditionUsersApplied); c.Reason != v1alpha1.ReasonNodeUnreachable {
+	if c := condition(rc, v1beta1.ConditionUsersApplied); c.Reason != v1beta1.ReasonNodeUnreachable {
 		t.Errorf("UsersApplied %+v for a Ready pod that refuses connections: want NodeUnreachable", c)
 	}
 }
@@ -318,13 +318,13 @@ func TestAStatusWriteLostToAConflictAnnouncesNothing(t *testing.T) {
 			}
 			if m := appliedTo.FindSubmatch(data); !conflicted && m != nil && string(m[1]) != old.Username {
 				conflicted = true
-				return apierrors.NewConflict(v1alpha1.GroupVersion.WithResource("redisclusters").GroupResource(), o.GetName(), errors.New("the object has been modified"))
+				return apierrors.NewConflict(v1beta1.GroupVersion.WithResource("redisclusters").GroupResource(), o.GetName(), errors.New("the object has been modified"))
 			}
 			return c.SubResource(s).Patch(ctx, o, p, opts...)
 		},
 	})
 	h.r = h.r.WithClient(conflicting)
-	rc.Annotations = map[string]string{v1alpha1.AnnotationRotateNow: "now"}
+	rc.Annotations = map[string]string{v1beta1.AnnotationRotateNow: "now"}
 	if err := h.k8s.Update(context.Background(), rc); err != nil {
 		t.Fatal(err)
 	}
@@ -334,10 +334,10 @@ func TestAStatusWriteLostToAConflictAnnouncesNothing(t *testing.T) {
 		t.Fatal("no status write carrying the new credential's UsersApplied was made")
 	}
 	reasons := h.eventReasons()
-	if n := countOf(reasons, v1alpha1.EventUsersApplied); n != 1 {
+	if n := countOf(reasons, v1beta1.EventUsersApplied); n != 1 {
 		t.Errorf("%d UsersApplied events for one rotation, want 1: %v", n, reasons)
 	}
-	for _, e := range []string{v1alpha1.EventCredentialsIssued, v1alpha1.EventRotationStarted, v1alpha1.EventRotationFinished, v1alpha1.EventUsersRetired, v1alpha1.EventLeaseRevoked} {
+	for _, e := range []string{v1beta1.EventCredentialsIssued, v1beta1.EventRotationStarted, v1beta1.EventRotationFinished, v1beta1.EventUsersRetired, v1beta1.EventLeaseRevoked} {
 		if n := countOf(reasons, e); n != 1 {
 			t.Errorf("%d %s events for one rotation, want 1: %v", n, e, reasons)
 		}
@@ -359,15 +359,15 @@ func countOf(s []string, v string) int {
 func TestPluginPasswordSecretMustBeLabelledForTheCluster(t *testing.T) {
 	sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "app-secrets"},
 		Data: map[string][]byte{"password": []byte("a-password-of-another-app")}}
-	h := newHarness(t, cluster(threeNodes, func(rc *v1alpha1.RedisCluster) {
-		rc.Spec.VaultPlugin = &v1alpha1.VaultPluginSpec{Username: "vault",
-			PasswordSecretRef: &v1alpha1.LocalSecretKeyReference{Name: "app-secrets", Key: "password"}}
+	h := newHarness(t, cluster(threeNodes, func(rc *v1beta1.RedisCluster) {
+		rc.Spec.VaultPlugin = &v1beta1.VaultPluginSpec{Username: "vault",
+			PasswordSecretRef: &v1beta1.LocalSecretKeyReference{Name: "app-secrets", Key: "password"}}
 	}), sec)
 
 	rc := h.settle(t)
-	c := condition(rc, v1alpha1.ConditionUsersApplied)
-	if c == nil || c.Reason != v1alpha1.ReasonSecretNotLabelled || !strings.Contains(c.Message, v1alpha1.LabelVaultPluginPassword+"=orders") {
-		t.Fatalf("UsersApplied %+v: want %s naming the label", c, v1alpha1.ReasonSecretNotLabelled)
+	c := condition(rc, v1beta1.ConditionUsersApplied)
+	if c == nil || c.Reason != v1beta1.ReasonSecretNotLabelled || !strings.Contains(c.Message, v1beta1.LabelVaultPluginPassword+"=orders") {
+		t.Fatalf("UsersApplied %+v: want %s naming the label", c, v1beta1.ReasonSecretNotLabelled)
 	}
 	acl := ""
 	if s := h.secret(t, "orders-acl"); s != nil {
@@ -377,7 +377,7 @@ func TestPluginPasswordSecretMustBeLabelledForTheCluster(t *testing.T) {
 		t.Fatal("the unlabelled Secret's password reached the aclfile")
 	}
 
-	sec.Labels = map[string]string{v1alpha1.LabelVaultPluginPassword: "orders"}
+	sec.Labels = map[string]string{v1beta1.LabelVaultPluginPassword: "orders"}
 	if err := h.k8s.Update(context.Background(), sec); err != nil {
 		t.Fatal(err)
 	}

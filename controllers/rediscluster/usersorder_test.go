@@ -10,7 +10,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/controllers/render"
 	"github.com/keyroll/keyroll/redisnode"
 )
@@ -34,7 +34,7 @@ func TestACLFileHoldsEveryUserBeforeAnyNodeGetsIt(t *testing.T) {
 	}
 	rc := h.settle(t)
 	first := h.staged(t)
-	rc.Annotations = map[string]string{v1alpha1.AnnotationRotateNow: "now"}
+	rc.Annotations = map[string]string{v1beta1.AnnotationRotateNow: "now"}
 	if err := h.k8s.Update(context.Background(), rc); err != nil {
 		t.Fatal(err)
 	}
@@ -65,7 +65,7 @@ func TestANodeThatRefusesTheNewUsersLoginBlocksTheConsumers(t *testing.T) {
 	rc := h.settle(t)
 	old := h.staged(t)
 	h.redis.RefusesLogin[nodeAddr(1)] = true
-	rc.Annotations = map[string]string{v1alpha1.AnnotationRotateNow: "now"}
+	rc.Annotations = map[string]string{v1beta1.AnnotationRotateNow: "now"}
 	if err := h.k8s.Update(context.Background(), rc); err != nil {
 		t.Fatal(err)
 	}
@@ -85,7 +85,7 @@ func TestANodeThatRefusesTheNewUsersLoginBlocksTheConsumers(t *testing.T) {
 	if h.redis.Accepts(nodeAddr(0), cur.Username, cur.Password) {
 		t.Error("orders-0 got the new user although orders-1, before it, had not accepted it")
 	}
-	c := condition(rc, v1alpha1.ConditionUsersApplied)
+	c := condition(rc, v1beta1.ConditionUsersApplied)
 	if c == nil || c.Status != metav1.ConditionFalse || !strings.Contains(c.Message, "orders-1") || !strings.Contains(c.Message, cur.Username) {
 		t.Errorf("UsersApplied %+v: want False naming orders-1 and the user it refuses", c)
 	}
@@ -100,7 +100,7 @@ func TestANodeThatRefusesTheNewUsersLoginBlocksTheConsumers(t *testing.T) {
 // aclRules changed on a live cluster to rules Redis refuses are reported, and change nothing: no
 // node's users, not the aclfile, not the consumers' Secret.
 func TestInvalidACLRulesOnALiveClusterLeaveTheNodesAndTheACLFile(t *testing.T) {
-	h := newHarness(t, cluster(threeNodes, func(rc *v1alpha1.RedisCluster) {
+	h := newHarness(t, cluster(threeNodes, func(rc *v1beta1.RedisCluster) {
 		rc.Spec.Credentials.ACLRules = []string{"~app:*", "+@read", "+@write"}
 	}))
 	rc := h.settle(t)
@@ -122,7 +122,7 @@ func TestInvalidACLRulesOnALiveClusterLeaveTheNodesAndTheACLFile(t *testing.T) {
 	}
 	rc = h.settle(t)
 
-	if c := condition(rc, v1alpha1.ConditionUsersApplied); c == nil || c.Reason != v1alpha1.ReasonInvalidACLRules || !strings.Contains(c.Message, "+@nosuchcategory") {
+	if c := condition(rc, v1beta1.ConditionUsersApplied); c == nil || c.Reason != v1beta1.ReasonInvalidACLRules || !strings.Contains(c.Message, "+@nosuchcategory") {
 		t.Errorf("UsersApplied %+v: want InvalidACLRules naming the rule", c)
 	}
 	for i := range 3 {

@@ -18,7 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/controllers/connection"
 	"github.com/keyroll/keyroll/controllers/upkeep"
 )
@@ -30,7 +30,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		return err
 	}
 	b := ctrl.NewControllerManagedBy(mgr).
-		For(&v1alpha1.RedisCluster{}, builder.WithPredicates(predicate.Or(
+		For(&v1beta1.RedisCluster{}, builder.WithPredicates(predicate.Or(
 			predicate.GenerationChangedPredicate{}, predicate.AnnotationChangedPredicate{}))).
 		Owns(&appsv1.StatefulSet{}).
 		Owns(&corev1.Secret{}).
@@ -38,7 +38,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Owns(&corev1.ConfigMap{}).
 		Owns(&policyv1.PodDisruptionBudget{}).
 		Owns(&networkingv1.NetworkPolicy{}).
-		Watches(&v1alpha1.VaultConnection{}, handler.EnqueueRequestsFromMapFunc(connection.ClustersUsing(r.Client)),
+		Watches(&v1beta1.VaultConnection{}, handler.EnqueueRequestsFromMapFunc(connection.ClustersUsing(r.Client)),
 			builder.WithPredicates(connection.Changed())).
 		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(clusterOfPod)).
 		// Consumers are other teams' workloads: only their metadata is watched (and cached), to
@@ -49,7 +49,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Watches(&appsv1.DaemonSet{}, handler.EnqueueRequestsFromMapFunc(ClustersConsuming(r.Client, "DaemonSet")), builder.OnlyMetadata).
 		// Lease upkeep that comes due, or a rotation asked for, is queued ahead of other work.
 		WatchesRawSource(r.upkeep.Source()).
-		Watches(&v1alpha1.RedisCluster{}, upkeep.Asked(func(o client.Object) bool { return o.(*v1alpha1.RedisCluster).RotationAsked() })).
+		Watches(&v1beta1.RedisCluster{}, upkeep.Asked(func(o client.Object) bool { return o.(*v1beta1.RedisCluster).RotationAsked() })).
 		Named("rediscluster").
 		WithOptions(controller.Options{ReconciliationTimeout: reconcileTimeout, MaxConcurrentReconciles: r.Workers,
 			RateLimiter: failureBackoff(), NewQueue: upkeep.NewQueue(mgr.GetLogger())})
@@ -64,7 +64,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 
 // clusterOfPod maps a Redis pod to its RedisCluster, named by its label.
 func clusterOfPod(_ context.Context, o client.Object) []ctrl.Request {
-	name := o.GetLabels()[v1alpha1.LabelCluster]
+	name := o.GetLabels()[v1beta1.LabelCluster]
 	if name == "" {
 		return nil
 	}

@@ -10,7 +10,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 )
 
 // ACLFileKey is the key of the aclfile in the ACL Secret that Redis pods mount.
@@ -50,7 +50,7 @@ var AppDenyRules = []string{
 
 // AppRules are the rules of rc's application users: spec.credentials.aclRules, then
 // AppDenyRules unless the owner opted out of them.
-func AppRules(rc *v1alpha1.RedisCluster) []string {
+func AppRules(rc *v1beta1.RedisCluster) []string {
 	rules := slices.Clone(rc.Spec.Credentials.ACLRules)
 	if rc.Spec.Credentials.UnsafeAllowAdminCommands {
 		return rules
@@ -161,7 +161,7 @@ type Users struct {
 
 // ClusterUsers is what every node of rc must have: keyroll's own users, the Vault plugin's user,
 // and app, the app users (AppUsers), minus the retiring ones.
-func ClusterUsers(rc *v1alpha1.RedisCluster, in Internal, app []ACLUser) Users {
+func ClusterUsers(rc *v1beta1.RedisCluster, in Internal, app []ACLUser) Users {
 	u := Users{All: []ACLUser{
 		{Username: AdminUser, PasswordHash: HashPassword(in.Admin), Rules: adminRules},
 		{Username: RecoveryUser, PasswordHash: HashPassword(RecoveryPassword(in.Admin)), Rules: adminRules},
@@ -211,7 +211,7 @@ func (u Users) ACLFile() (string, error) { return RenderACLFile(u.All) }
 // credential (nil: none, or not yet applied), and the users of superseded credentials that the
 // rollout still needs, taken over from the aclfile as it is (existing), where only their password
 // hashes are.
-func AppUsers(rc *v1alpha1.RedisCluster, cred *Credential, existing map[string]ACLUser) []ACLUser {
+func AppUsers(rc *v1beta1.RedisCluster, cred *Credential, existing map[string]ACLUser) []ACLUser {
 	rules := AppRules(rc)
 	var users []ACLUser
 	if cred != nil {
@@ -231,7 +231,7 @@ func AppUsers(rc *v1alpha1.RedisCluster, cred *Credential, existing map[string]A
 
 // RulesKey identifies the app users' rules (AppRules) and the Redis image they were checked against: rules Redis
 // accepted once are not checked again until either changes.
-func RulesKey(rc *v1alpha1.RedisCluster) string {
+func RulesKey(rc *v1beta1.RedisCluster) string {
 	sum := sha256.Sum256([]byte(rc.Spec.Image + ":" + rc.Spec.Version + "\x00" + strings.Join(AppRules(rc), "\x00")))
 	return hex.EncodeToString(sum[:8])
 }

@@ -10,7 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/test/testground"
 )
 
@@ -114,7 +114,7 @@ func TestCredentialVersion(t *testing.T) {
 // keyroll's own users have rules of their own, whatever aclRules say; the app users have aclRules,
 // then the rules that deny them keyroll's commands.
 func TestClusterUsersGiveKeyrollsUsersTheirOwnRules(t *testing.T) {
-	rc := &v1alpha1.RedisCluster{}
+	rc := &v1beta1.RedisCluster{}
 	rc.Spec.Credentials.ACLRules = []string{"~app:*", "+@read", "-@dangerous"}
 	in := Internal{Admin: "a", Replication: "r", Probe: "p", VaultPlugin: &ACLUser{Username: "vault", PasswordHash: HashPassword("v")}}
 	u := ClusterUsers(rc, in, AppUsers(rc, &Credential{Username: "app", Password: "x"}, nil))
@@ -155,14 +155,14 @@ func TestAppUsersKeepReplacedUsersUntilTheyRetire(t *testing.T) {
 		"revoked":   user("revoked", "3"),
 		"revoking":  user("revoking", "4"),
 	}
-	rc := &v1alpha1.RedisCluster{}
+	rc := &v1beta1.RedisCluster{}
 	rc.Spec.Credentials.ACLRules = []string{"~*"}
-	rc.Status.Leases = []v1alpha1.LeaseRecord{
-		{LeaseID: "l1", State: v1alpha1.LeaseSuperseded, Username: "leased"},
-		{LeaseID: "l2", State: v1alpha1.LeaseActive, Username: "current"},
-		{LeaseID: "l3", State: v1alpha1.LeaseRevoking, Username: "revoking"},
+	rc.Status.Leases = []v1beta1.LeaseRecord{
+		{LeaseID: "l1", State: v1beta1.LeaseSuperseded, Username: "leased"},
+		{LeaseID: "l2", State: v1beta1.LeaseActive, Username: "current"},
+		{LeaseID: "l3", State: v1beta1.LeaseRevoking, Username: "revoking"},
 	}
-	rc.Status.Credential = &v1alpha1.CredentialStatus{Username: "current", SupersededUsers: []string{"untracked"}}
+	rc.Status.Credential = &v1beta1.CredentialStatus{Username: "current", SupersededUsers: []string{"untracked"}}
 	in := Internal{Admin: "a", Replication: "r", Probe: "p"}
 	u := ClusterUsers(rc, in, AppUsers(rc, &Credential{Username: "current", Password: "p"}, existing))
 	for _, name := range []string{"current", "leased", "untracked", AdminUser} {
@@ -189,7 +189,7 @@ func TestAppUsersKeepReplacedUsersUntilTheyRetire(t *testing.T) {
 // The application user's rules end with the deny rules, unless the owner opted out of them; the
 // recovery user's password is derived from the admin password, differs from it, and is stable.
 func TestAppRulesEndWithTheDenyRules(t *testing.T) {
-	rc := &v1alpha1.RedisCluster{}
+	rc := &v1beta1.RedisCluster{}
 	rc.Spec.Credentials.ACLRules = []string{"~*", "+@all"}
 	if got := AppRules(rc); !slices.Equal(got, append([]string{"~*", "+@all"}, AppDenyRules...)) {
 		t.Errorf("AppRules %v", got)
@@ -225,7 +225,7 @@ func TestAppDenyRulesAreRedisAdminCommands(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rc := &v1alpha1.RedisCluster{}
+	rc := &v1beta1.RedisCluster{}
 	rc.Spec.Credentials.ACLRules = []string{"~*", "&*", "+@all"}
 	args := append([]string{"ACL", "SETUSER", "app", "reset", "on", ">p"}, AppRules(rc)...)
 	if _, err := r.Do(r.AdminUser, r.AdminPassword, args...); err != nil {

@@ -10,25 +10,25 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 )
 
 // templateVariants are specs that render different Redis pod templates: the contract covers each.
-func templateVariants() map[string]*v1alpha1.RedisCluster {
+func templateVariants() map[string]*v1beta1.RedisCluster {
 	base := testCluster
 	storage := base()
-	storage.Spec.Storage = &v1alpha1.StorageSpec{Size: resource.MustParse("1Gi")}
+	storage.Spec.Storage = &v1beta1.StorageSpec{Size: resource.MustParse("1Gi")}
 	single := base()
 	single.Spec.Replicas = 1
 	resources := base()
 	resources.Spec.Resources = corev1.ResourceRequirements{Limits: corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("256Mi")}}
 	spread := base()
-	spread.Spec.PodAntiAffinity = v1alpha1.PodAntiAffinityRequired
+	spread.Spec.PodAntiAffinity = v1beta1.PodAntiAffinityRequired
 	restart := base()
-	restart.Spec.Rollout.RedisPods = v1alpha1.RedisPodsRestart
+	restart.Spec.Rollout.RedisPods = v1beta1.RedisPodsRestart
 	plugin := base()
-	plugin.Spec.VaultPlugin = &v1alpha1.VaultPluginSpec{Username: "vault"}
-	return map[string]*v1alpha1.RedisCluster{"default": base(), "storage": storage, "single": single,
+	plugin.Spec.VaultPlugin = &v1beta1.VaultPluginSpec{Username: "vault"}
+	return map[string]*v1beta1.RedisCluster{"default": base(), "storage": storage, "single": single,
 		"resources": resources, "spread": spread, "restart": restart, "vaultPlugin": plugin}
 }
 

@@ -10,7 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 )
 
 // The ExternalSecret keyroll owns, and reading what External Secrets Operator wrote: plain
@@ -33,17 +33,17 @@ type SyncedCredential struct {
 	Renewable     bool
 }
 
-func ExternalSecretName(rc *v1alpha1.RedisCluster) string { return rc.Name }
+func ExternalSecretName(rc *v1beta1.RedisCluster) string { return rc.Name }
 
 // SyncedSecretName is the Secret External Secrets Operator writes for rc: only keyroll reads it,
 // and publishes the credential to the consumers' Secret once every Redis node accepts it.
-func SyncedSecretName(rc *v1alpha1.RedisCluster) string { return rc.Name + "-eso" }
+func SyncedSecretName(rc *v1beta1.RedisCluster) string { return rc.Name + "-eso" }
 
 // ExternalSecret is the ExternalSecret keyroll owns: it targets the synced Secret, which ESO
 // creates and owns, and which no consumer reads. The template adds the username and password keys (taken from the raw
 // response's data when the generator hands over the raw response) and keyroll's labels, so that
 // the operator's Secret cache sees the Secret.
-func ExternalSecret(rc *v1alpha1.RedisCluster) *esv1.ExternalSecret {
+func ExternalSecret(rc *v1beta1.RedisCluster) *esv1.ExternalSecret {
 	src := rc.Spec.Credentials.ExternalSecret
 	es := &esv1.ExternalSecret{
 		ObjectMeta: objectMeta(rc, ExternalSecretName(rc)),
@@ -84,15 +84,15 @@ func credentialField(field string) string {
 }
 
 // syncedByExternalSecret says whether a Secret is controlled by the ExternalSecret of rc.
-func SyncedByExternalSecret(sec *corev1.Secret, rc *v1alpha1.RedisCluster) bool {
+func SyncedByExternalSecret(sec *corev1.Secret, rc *v1beta1.RedisCluster) bool {
 	ref := metav1.GetControllerOf(sec)
 	return ref != nil && ref.Kind == "ExternalSecret" && ref.Name == ExternalSecretName(rc) &&
-		rc.Spec.Credentials.Source == v1alpha1.SourceExternalSecret && sec.Name == SyncedSecretName(rc)
+		rc.Spec.Credentials.Source == v1beta1.SourceExternalSecret && sec.Name == SyncedSecretName(rc)
 }
 
 // parseSynced reads the credential ESO wrote. It returns a message naming what is missing when
 // the Secret holds no usable credential.
-func ParseSynced(sec *corev1.Secret, rc *v1alpha1.RedisCluster) (*SyncedCredential, string) {
+func ParseSynced(sec *corev1.Secret, rc *v1beta1.RedisCluster) (*SyncedCredential, string) {
 	sc := &SyncedCredential{}
 	u, p := string(sec.Data[rc.Spec.Credentials.UsernameKey]), string(sec.Data[rc.Spec.Credentials.PasswordKey])
 	if raw, ok := sec.Data[rawDataKey]; ok && len(sec.Data[RawLeaseIDKey]) > 0 {

@@ -10,14 +10,14 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 )
 
-func esRedisCluster(src v1alpha1.ExternalSecretSource) *v1alpha1.RedisCluster {
-	return &v1alpha1.RedisCluster{
+func esRedisCluster(src v1beta1.ExternalSecretSource) *v1beta1.RedisCluster {
+	return &v1beta1.RedisCluster{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "orders", UID: "u1"},
-		Spec: v1alpha1.RedisClusterSpec{Credentials: v1alpha1.CredentialsSpec{
-			Source: v1alpha1.SourceExternalSecret, ExternalSecret: &src, UsernameKey: "user", PasswordKey: "pass",
+		Spec: v1beta1.RedisClusterSpec{Credentials: v1beta1.CredentialsSpec{
+			Source: v1beta1.SourceExternalSecret, ExternalSecret: &src, UsernameKey: "user", PasswordKey: "pass",
 		}},
 	}
 }
@@ -31,7 +31,7 @@ func syncedSecret(data map[string]string) *corev1.Secret {
 }
 
 func TestParseSyncedReadsPlainAndRawSecrets(t *testing.T) {
-	rc := esRedisCluster(v1alpha1.ExternalSecretSource{GeneratorRef: &v1alpha1.GeneratorReference{Name: "g"}})
+	rc := esRedisCluster(v1beta1.ExternalSecretSource{GeneratorRef: &v1beta1.GeneratorReference{Name: "g"}})
 	plain, problem := ParseSynced(syncedSecret(map[string]string{"user": "app", "pass": "s3cret"}), rc)
 	if plain == nil || plain.Username != "app" || plain.Password != "s3cret" || plain.LeaseID != "" {
 		t.Fatalf("plain Secret: %+v, %q", plain, problem)
@@ -66,8 +66,8 @@ func TestParseSyncedReadsPlainAndRawSecrets(t *testing.T) {
 
 func TestBuildExternalSecretFromGeneratorAndFromStore(t *testing.T) {
 	hour := &metav1.Duration{Duration: time.Hour}
-	rc := esRedisCluster(v1alpha1.ExternalSecretSource{
-		GeneratorRef:    &v1alpha1.GeneratorReference{APIVersion: "generators.external-secrets.io/v1alpha1", Kind: "VaultDynamicSecret", Name: "redis"},
+	rc := esRedisCluster(v1beta1.ExternalSecretSource{
+		GeneratorRef:    &v1beta1.GeneratorReference{APIVersion: "generators.external-secrets.io/v1alpha1", Kind: "VaultDynamicSecret", Name: "redis"},
 		RefreshInterval: hour, RefreshPolicy: "Periodic",
 	})
 	es := ExternalSecret(rc)
@@ -81,19 +81,19 @@ func TestBuildExternalSecretFromGeneratorAndFromStore(t *testing.T) {
 		t.Errorf("refresh %v %s", es.Spec.RefreshInterval, es.Spec.RefreshPolicy)
 	}
 	tpl := es.Spec.Target.Template
-	if tpl.MergePolicy != "Merge" || tpl.Metadata.Labels[v1alpha1.LabelCluster] != "orders" ||
-		tpl.Metadata.Labels[v1alpha1.LabelManagedBy] != v1alpha1.ManagedByValue {
+	if tpl.MergePolicy != "Merge" || tpl.Metadata.Labels[v1beta1.LabelCluster] != "orders" ||
+		tpl.Metadata.Labels[v1beta1.LabelManagedBy] != v1beta1.ManagedByValue {
 		t.Errorf("template %+v", tpl)
 	}
 	if _, ok := tpl.Data["user"]; !ok || tpl.Data["pass"] == "" {
 		t.Errorf("template data keys %v, want credentials.usernameKey and passwordKey", tpl.Data)
 	}
-	if _, ok := es.Annotations[v1alpha1.AnnotationRefreshRequested]; ok {
+	if _, ok := es.Annotations[v1beta1.AnnotationRefreshRequested]; ok {
 		t.Errorf("annotations %v: the refresh request is a patch of its own, not part of the applied spec", es.Annotations)
 	}
 
-	store := esRedisCluster(v1alpha1.ExternalSecretSource{
-		StoreRef: &v1alpha1.StoreReference{Kind: "ClusterSecretStore", Name: "vault"}, RemoteKey: "database/creds/orders",
+	store := esRedisCluster(v1beta1.ExternalSecretSource{
+		StoreRef: &v1beta1.StoreReference{Kind: "ClusterSecretStore", Name: "vault"}, RemoteKey: "database/creds/orders",
 	})
 	es = ExternalSecret(store)
 	if es.Spec.SecretStoreRef.Kind != "ClusterSecretStore" || es.Spec.SecretStoreRef.Name != "vault" ||

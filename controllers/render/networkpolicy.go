@@ -7,11 +7,11 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 )
 
 // NetworkPolicyName is the NetworkPolicy keyroll keeps for a cluster's Redis pods.
-func NetworkPolicyName(rc *v1alpha1.RedisCluster) string { return rc.Name + "-redis" }
+func NetworkPolicyName(rc *v1beta1.RedisCluster) string { return rc.Name + "-redis" }
 
 // ManagerPodLabels are the labels of keyroll's manager pods (deploy/manager, the Helm chart).
 var ManagerPodLabels = map[string]string{"app.kubernetes.io/name": "keyroll"}
@@ -20,7 +20,7 @@ var ManagerPodLabels = map[string]string{"app.kubernetes.io/name": "keyroll"}
 // manager (its pods in operatorNamespace), the cluster's own Redis pods (replication), the pods
 // of the consumers (consumers: their workloads' pod selectors) and spec.networkPolicy.from; from
 // the Redis pods, only to each other on the Redis port, and DNS.
-func NetworkPolicy(rc *v1alpha1.RedisCluster, operatorNamespace string, consumers []*metav1.LabelSelector) *networkingv1.NetworkPolicy {
+func NetworkPolicy(rc *v1beta1.RedisCluster, operatorNamespace string, consumers []*metav1.LabelSelector) *networkingv1.NetworkPolicy {
 	peers := []networkingv1.NetworkPolicyPeer{
 		{
 			NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{corev1.LabelMetadataName: operatorNamespace}},

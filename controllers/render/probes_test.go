@@ -12,7 +12,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/test/testground"
 )
 
@@ -22,7 +22,7 @@ import (
 // A replica is Ready only while its link to the primary is up: when its primary's Redis stops,
 // the replica still answers (liveness passes, it is not restarted) but fails readiness.
 func TestReadinessFailsAReplicaWhosePrimaryStopped(t *testing.T) {
-	rc := &v1alpha1.RedisCluster{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "orders"}}
+	rc := &v1beta1.RedisCluster{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "orders"}}
 	in := Internal{Admin: "admin-pw", Replication: "repl-pw", Probe: "probe-pw"}
 	primary, replica := primaryAndReplica(t, rc, aclOf(t, rc, in, nil))
 
@@ -57,7 +57,7 @@ func TestReadinessFailsAReplicaWhosePrimaryStopped(t *testing.T) {
 // stopped (SIGSTOP, as a hung one answers nothing) fails it within the probe's timeout, and
 // passes again once it runs on.
 func TestLivenessProbeLeavesALoadAloneAndFailsAHungRedis(t *testing.T) {
-	rc := &v1alpha1.RedisCluster{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "orders"}}
+	rc := &v1beta1.RedisCluster{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "orders"}}
 	rc.Spec.Credentials.ACLRules = []string{"~*", "&*", "+@all"}
 	in := Internal{Admin: "admin-pw", Replication: "repl-pw", Probe: "probe-pw"}
 	app := &Credential{Username: "V_ORDERS_A", Password: "pass-a"}

@@ -13,7 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 )
 
 // Builders of the objects a RedisCluster owns: plain functions from the spec to the object,
@@ -31,16 +31,16 @@ const (
 )
 
 // Names of the owned objects.
-func HeadlessServiceName(rc *v1alpha1.RedisCluster) string { return rc.Name + "-headless" }
-func ConfigMapName(rc *v1alpha1.RedisCluster) string       { return rc.Name + "-config" }
-func ACLSecretName(rc *v1alpha1.RedisCluster) string       { return rc.Name + "-acl" }
+func HeadlessServiceName(rc *v1beta1.RedisCluster) string { return rc.Name + "-headless" }
+func ConfigMapName(rc *v1beta1.RedisCluster) string       { return rc.Name + "-config" }
+func ACLSecretName(rc *v1beta1.RedisCluster) string       { return rc.Name + "-acl" }
 
 // PodDisruptionBudgetName is the cluster's only PodDisruptionBudget: one name per cluster, so
 // that no two clusters' budgets share one.
-func PodDisruptionBudgetName(rc *v1alpha1.RedisCluster) string { return rc.Name + "-redis" }
+func PodDisruptionBudgetName(rc *v1beta1.RedisCluster) string { return rc.Name + "-redis" }
 
 // credentialsSecretName is spec.credentials.secretName, or <name>-credentials.
-func CredentialsSecretName(rc *v1alpha1.RedisCluster) string {
+func CredentialsSecretName(rc *v1beta1.RedisCluster) string {
 	if rc.Spec.Credentials.SecretName != "" {
 		return rc.Spec.Credentials.SecretName
 	}
@@ -48,28 +48,28 @@ func CredentialsSecretName(rc *v1alpha1.RedisCluster) string {
 }
 
 // selectorLabels select the Redis pods of a cluster.
-func SelectorLabels(rc *v1alpha1.RedisCluster) map[string]string {
+func SelectorLabels(rc *v1beta1.RedisCluster) map[string]string {
 	return map[string]string{
 		"app.kubernetes.io/name":     "redis",
 		"app.kubernetes.io/instance": rc.Name,
-		v1alpha1.LabelCluster:        rc.Name,
+		v1beta1.LabelCluster:         rc.Name,
 	}
 }
 
 // ownedLabels are set on every object keyroll creates for a cluster; the operator's Secret cache
 // sees only Secrets that carry them.
-func OwnedLabels(rc *v1alpha1.RedisCluster) map[string]string {
+func OwnedLabels(rc *v1beta1.RedisCluster) map[string]string {
 	l := SelectorLabels(rc)
-	l[v1alpha1.LabelManagedBy] = v1alpha1.ManagedByValue
+	l[v1beta1.LabelManagedBy] = v1beta1.ManagedByValue
 	return l
 }
 
-func objectMeta(rc *v1alpha1.RedisCluster, name string) metav1.ObjectMeta {
+func objectMeta(rc *v1beta1.RedisCluster, name string) metav1.ObjectMeta {
 	return metav1.ObjectMeta{Name: name, Namespace: rc.Namespace, Labels: OwnedLabels(rc)}
 }
 
 // buildHeadlessService gives every Redis pod a stable DNS name, Ready or not.
-func HeadlessService(rc *v1alpha1.RedisCluster) *corev1.Service {
+func HeadlessService(rc *v1beta1.RedisCluster) *corev1.Service {
 	return &corev1.Service{
 		ObjectMeta: objectMeta(rc, HeadlessServiceName(rc)),
 		Spec: corev1.ServiceSpec{
@@ -82,9 +82,9 @@ func HeadlessService(rc *v1alpha1.RedisCluster) *corev1.Service {
 }
 
 // ClientService is what clients connect to: the primary, the pod keyroll labels as such.
-func ClientService(rc *v1alpha1.RedisCluster) *corev1.Service {
+func ClientService(rc *v1beta1.RedisCluster) *corev1.Service {
 	sel := SelectorLabels(rc)
-	sel[v1alpha1.LabelRole] = v1alpha1.RolePrimary
+	sel[v1beta1.LabelRole] = v1beta1.RolePrimary
 	return &corev1.Service{
 		ObjectMeta: objectMeta(rc, rc.Name),
 		Spec: corev1.ServiceSpec{
@@ -105,7 +105,7 @@ func redisServicePort() corev1.ServicePort {
 // never started) may always be evicted (unhealthyPodEvictionPolicy AlwaysAllow): it serves no
 // client and replicates nothing, and with the default policy two such pods would block every
 // node drain until someone deleted them by hand.
-func PodDisruptionBudget(rc *v1alpha1.RedisCluster) *policyv1.PodDisruptionBudget {
+func PodDisruptionBudget(rc *v1beta1.RedisCluster) *policyv1.PodDisruptionBudget {
 	return &policyv1.PodDisruptionBudget{
 		ObjectMeta: objectMeta(rc, PodDisruptionBudgetName(rc)),
 		Spec: policyv1.PodDisruptionBudgetSpec{
@@ -117,7 +117,7 @@ func PodDisruptionBudget(rc *v1alpha1.RedisCluster) *policyv1.PodDisruptionBudge
 }
 
 // buildConfigMap holds redis.conf (which loads the aclfile) and the start script.
-func ConfigMap(rc *v1alpha1.RedisCluster) *corev1.ConfigMap {
+func ConfigMap(rc *v1beta1.RedisCluster) *corev1.ConfigMap {
 	cm := &corev1.ConfigMap{ObjectMeta: objectMeta(rc, ConfigMapName(rc))}
 	cm.Data = map[string]string{
 		"redis.conf": fmt.Sprintf(`# Written by keyroll for RedisCluster %s/%s.
@@ -138,7 +138,7 @@ include %s/runtime.conf
 
 // peers names every pod of the cluster by its DNS name and port, one per line: the start script
 // asks them who the primary is.
-func peers(rc *v1alpha1.RedisCluster) string {
+func peers(rc *v1beta1.RedisCluster) string {
 	var b strings.Builder
 	for i := range rc.Spec.Replicas {
 		fmt.Fprintf(&b, "%s-%d.%s %d\n", rc.Name, i, HeadlessServiceName(rc), RedisPort)
@@ -160,7 +160,7 @@ const AnnotationRulesAccepted = "keyroll.dev/acl-rules-accepted"
 
 // ACLSecret holds the aclfile every Redis pod loads at start, and the replication and probe
 // passwords. rulesAccepted is RulesKey of the rules the app users in the file have, or empty.
-func ACLSecret(rc *v1alpha1.RedisCluster, aclFile string, in Internal, rulesAccepted string) *corev1.Secret {
+func ACLSecret(rc *v1beta1.RedisCluster, aclFile string, in Internal, rulesAccepted string) *corev1.Secret {
 	s := &corev1.Secret{
 		ObjectMeta: objectMeta(rc, ACLSecretName(rc)),
 		Type:       corev1.SecretTypeOpaque,
@@ -185,10 +185,10 @@ const (
 )
 
 // StateSecretName is the Secret only keyroll reads.
-func StateSecretName(rc *v1alpha1.RedisCluster) string { return rc.Name + "-keyroll" }
+func StateSecretName(rc *v1beta1.RedisCluster) string { return rc.Name + "-keyroll" }
 
 // StateSecret holds the admin password and, when cred is set, the current credential.
-func StateSecret(rc *v1alpha1.RedisCluster, adminPassword string, cred *Credential) *corev1.Secret {
+func StateSecret(rc *v1beta1.RedisCluster, adminPassword string, cred *Credential) *corev1.Secret {
 	s := &corev1.Secret{
 		ObjectMeta: objectMeta(rc, StateSecretName(rc)),
 		Type:       corev1.SecretTypeOpaque,
@@ -202,10 +202,10 @@ func StateSecret(rc *v1alpha1.RedisCluster, adminPassword string, cred *Credenti
 
 // VaultPluginSecretName is the Secret keyroll generates the Vault plugin user's password into,
 // when spec.vaultPlugin names no Secret of the administrator's.
-func VaultPluginSecretName(rc *v1alpha1.RedisCluster) string { return rc.Name + "-vault-plugin" }
+func VaultPluginSecretName(rc *v1beta1.RedisCluster) string { return rc.Name + "-vault-plugin" }
 
 // VaultPluginSecret holds the Vault plugin user's name and password, for the Vault administrator.
-func VaultPluginSecret(rc *v1alpha1.RedisCluster, username, password string) *corev1.Secret {
+func VaultPluginSecret(rc *v1beta1.RedisCluster, username, password string) *corev1.Secret {
 	return &corev1.Secret{
 		ObjectMeta: objectMeta(rc, VaultPluginSecretName(rc)),
 		Type:       corev1.SecretTypeOpaque,
@@ -214,12 +214,12 @@ func VaultPluginSecret(rc *v1alpha1.RedisCluster, username, password string) *co
 }
 
 // RestartsPods says whether a rotation restarts the Redis pods (rollout.redisPods Restart).
-func RestartsPods(rc *v1alpha1.RedisCluster) bool {
-	return rc.Spec.Rollout.RedisPods == v1alpha1.RedisPodsRestart
+func RestartsPods(rc *v1beta1.RedisCluster) bool {
+	return rc.Spec.Rollout.RedisPods == v1beta1.RedisPodsRestart
 }
 
 // CredentialsSecret is the Secret consumers read; its annotation names the credential version.
-func CredentialsSecret(rc *v1alpha1.RedisCluster, username, password, version string) *corev1.Secret {
+func CredentialsSecret(rc *v1beta1.RedisCluster, username, password, version string) *corev1.Secret {
 	s := &corev1.Secret{
 		ObjectMeta: objectMeta(rc, CredentialsSecretName(rc)),
 		Type:       corev1.SecretTypeOpaque,
@@ -228,7 +228,7 @@ func CredentialsSecret(rc *v1alpha1.RedisCluster, username, password, version st
 			rc.Spec.Credentials.PasswordKey: []byte(password),
 		},
 	}
-	s.Annotations = map[string]string{v1alpha1.AnnotationCredentialVersion: version}
+	s.Annotations = map[string]string{v1beta1.AnnotationCredentialVersion: version}
 	return s
 }
 
@@ -237,7 +237,7 @@ func CredentialsSecret(rc *v1alpha1.RedisCluster, username, password, version st
 // rotation restarts them, and new pods start with the credential version in their annotations;
 // with Live (the default) a rotation restarts none, and the template does not change with the
 // credential.
-func StatefulSet(rc *v1alpha1.RedisCluster, version, probeImage string) *appsv1.StatefulSet {
+func StatefulSet(rc *v1beta1.RedisCluster, version, probeImage string) *appsv1.StatefulSet {
 	labels := SelectorLabels(rc)
 	podLabels := maps.Clone(labels)
 	sts := &appsv1.StatefulSet{
@@ -255,13 +255,13 @@ func StatefulSet(rc *v1alpha1.RedisCluster, version, probeImage string) *appsv1.
 		},
 	}
 	sts.Spec.Template.Annotations = map[string]string{
-		v1alpha1.AnnotationPodTemplate: PodTemplateHash(sts.Spec.Template),
-		v1alpha1.AnnotationDataPlane:   strconv.Itoa(DataPlaneVersion),
+		v1beta1.AnnotationPodTemplate: PodTemplateHash(sts.Spec.Template),
+		v1beta1.AnnotationDataPlane:   strconv.Itoa(DataPlaneVersion),
 		// kubectl exec and logs pick the Redis container, not the probe sidecar.
 		"kubectl.kubernetes.io/default-container": "redis",
 	}
 	if RestartsPods(rc) {
-		sts.Spec.Template.Annotations[v1alpha1.AnnotationCredentialVersion] = version
+		sts.Spec.Template.Annotations[v1beta1.AnnotationCredentialVersion] = version
 	}
 	if st := rc.Spec.Storage; st != nil {
 		// The list is atomic, so keyroll owns the defaults the API server fills in its items (the
@@ -283,7 +283,7 @@ func StatefulSet(rc *v1alpha1.RedisCluster, version, probeImage string) *appsv1.
 
 // statefulSetReplicas is how many pods the StatefulSet keeps: spec.replicas, and the primary
 // while a scale-down waits for it to hand its role over to a pod that stays.
-func statefulSetReplicas(rc *v1alpha1.RedisCluster) int32 {
+func statefulSetReplicas(rc *v1beta1.RedisCluster) int32 {
 	p := rc.Status.Primary
 	if p == "" {
 		return rc.Spec.Replicas
@@ -292,7 +292,7 @@ func statefulSetReplicas(rc *v1alpha1.RedisCluster) int32 {
 	return max(rc.Spec.Replicas, int32(n)+1)
 }
 
-func redisPodSpec(rc *v1alpha1.RedisCluster, probeImage string) corev1.PodSpec {
+func redisPodSpec(rc *v1beta1.RedisCluster, probeImage string) corev1.PodSpec {
 	spec := corev1.PodSpec{
 		AutomountServiceAccountToken: ptr.To(false),
 		SecurityContext: &corev1.PodSecurityContext{
@@ -318,15 +318,15 @@ func redisPodSpec(rc *v1alpha1.RedisCluster, probeImage string) corev1.PodSpec {
 
 // podAntiAffinity keeps the cluster's pods on different nodes as spec.podAntiAffinity says
 // (Preferred when unset).
-func podAntiAffinity(rc *v1alpha1.RedisCluster) *corev1.Affinity {
+func podAntiAffinity(rc *v1beta1.RedisCluster) *corev1.Affinity {
 	term := corev1.PodAffinityTerm{
 		LabelSelector: &metav1.LabelSelector{MatchLabels: SelectorLabels(rc)},
 		TopologyKey:   corev1.LabelHostname,
 	}
 	switch rc.Spec.PodAntiAffinity {
-	case v1alpha1.PodAntiAffinityNone:
+	case v1beta1.PodAntiAffinityNone:
 		return nil
-	case v1alpha1.PodAntiAffinityRequired:
+	case v1beta1.PodAntiAffinityRequired:
 		return &corev1.Affinity{PodAntiAffinity: &corev1.PodAntiAffinity{
 			RequiredDuringSchedulingIgnoredDuringExecution: []corev1.PodAffinityTerm{term}}}
 	default:
@@ -335,7 +335,7 @@ func podAntiAffinity(rc *v1alpha1.RedisCluster) *corev1.Affinity {
 	}
 }
 
-func redisContainer(rc *v1alpha1.RedisCluster) corev1.Container {
+func redisContainer(rc *v1beta1.RedisCluster) corev1.Container {
 	return corev1.Container{
 		Name:    "redis",
 		Image:   rc.Spec.Image + ":" + rc.Spec.Version,

@@ -12,15 +12,15 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 )
 
-func testCluster() *v1alpha1.RedisCluster {
-	return &v1alpha1.RedisCluster{
+func testCluster() *v1beta1.RedisCluster {
+	return &v1beta1.RedisCluster{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "orders"},
-		Spec: v1alpha1.RedisClusterSpec{
+		Spec: v1beta1.RedisClusterSpec{
 			Replicas: 3, Image: "docker.io/library/redis", Version: "7.2",
-			Credentials: v1alpha1.CredentialsSpec{Source: v1alpha1.SourceVaultLease, UsernameKey: "user", PasswordKey: "pass"},
+			Credentials: v1beta1.CredentialsSpec{Source: v1beta1.SourceVaultLease, UsernameKey: "user", PasswordKey: "pass"},
 		},
 	}
 }
@@ -31,11 +31,11 @@ func TestStatefulSetIsOnDeleteAndMountsNoCredential(t *testing.T) {
 	if sts.Spec.UpdateStrategy.Type != appsv1.OnDeleteStatefulSetStrategyType {
 		t.Errorf("update strategy %s, want OnDelete: keyroll restarts pods itself", sts.Spec.UpdateStrategy.Type)
 	}
-	if got, ok := sts.Spec.Template.Annotations[v1alpha1.AnnotationCredentialVersion]; ok {
+	if got, ok := sts.Spec.Template.Annotations[v1beta1.AnnotationCredentialVersion]; ok {
 		t.Errorf("redisPods Live: the pod template names credential %q, so it changes with each rotation", got)
 	}
-	rc.Spec.Rollout.RedisPods = v1alpha1.RedisPodsRestart
-	if got := StatefulSet(rc, "v1", testProbeImage).Spec.Template.Annotations[v1alpha1.AnnotationCredentialVersion]; got != "v1" {
+	rc.Spec.Rollout.RedisPods = v1beta1.RedisPodsRestart
+	if got := StatefulSet(rc, "v1", testProbeImage).Spec.Template.Annotations[v1beta1.AnnotationCredentialVersion]; got != "v1" {
 		t.Errorf("redisPods Restart: pod template credential version %q", got)
 	}
 	c := sts.Spec.Template.Spec.Containers[0]
@@ -60,15 +60,15 @@ func TestOwnedObjectsCarryTheManagedLabel(t *testing.T) {
 		ConfigMap(rc).Labels, HeadlessService(rc).Labels, ClientService(rc).Labels,
 		StatefulSet(rc, "v", testProbeImage).Labels, PodDisruptionBudget(rc).Labels,
 	} {
-		if labels[v1alpha1.LabelManagedBy] != v1alpha1.ManagedByValue || labels[v1alpha1.LabelCluster] != "orders" {
+		if labels[v1beta1.LabelManagedBy] != v1beta1.ManagedByValue || labels[v1beta1.LabelCluster] != "orders" {
 			t.Errorf("labels %v", labels)
 		}
 	}
 	s := CredentialsSecret(rc, "u", "p", "v9")
-	if string(s.Data["user"]) != "u" || string(s.Data["pass"]) != "p" || s.Annotations[v1alpha1.AnnotationCredentialVersion] != "v9" {
+	if string(s.Data["user"]) != "u" || string(s.Data["pass"]) != "p" || s.Annotations[v1beta1.AnnotationCredentialVersion] != "v9" {
 		t.Errorf("credentials Secret %+v", s)
 	}
-	if sel := ClientService(rc).Spec.Selector; sel[v1alpha1.LabelRole] != v1alpha1.RolePrimary || sel[v1alpha1.LabelCluster] != "orders" {
+	if sel := ClientService(rc).Spec.Selector; sel[v1beta1.LabelRole] != v1beta1.RolePrimary || sel[v1beta1.LabelCluster] != "orders" {
 		t.Errorf("the client Service selects %v, want the cluster's pod labelled primary", sel)
 	}
 }
@@ -124,13 +124,13 @@ func TestPodDisruptionBudgetTakesOneRedisPodAtATime(t *testing.T) {
 
 func TestRedisPodsPreferDifferentNodes(t *testing.T) {
 	for name, tc := range map[string]struct {
-		policy             v1alpha1.PodAntiAffinityPolicy
+		policy             v1beta1.PodAntiAffinityPolicy
 		preferred, require bool
 	}{
 		"unset, as before the field": {"", true, false},
-		"Preferred":                  {v1alpha1.PodAntiAffinityPreferred, true, false},
-		"Required":                   {v1alpha1.PodAntiAffinityRequired, false, true},
-		"None":                       {v1alpha1.PodAntiAffinityNone, false, false},
+		"Preferred":                  {v1beta1.PodAntiAffinityPreferred, true, false},
+		"Required":                   {v1beta1.PodAntiAffinityRequired, false, true},
+		"None":                       {v1beta1.PodAntiAffinityNone, false, false},
 	} {
 		t.Run(name, func(t *testing.T) {
 			rc := testCluster()
@@ -151,7 +151,7 @@ func TestRedisPodsPreferDifferentNodes(t *testing.T) {
 			if (preferred == 1) != tc.preferred || (required == 1) != tc.require || preferred+required > 1 {
 				t.Fatalf("%d preferred and %d required anti-affinity terms: %+v", preferred, required, tmpl.Spec.Affinity)
 			}
-			if tc.policy == v1alpha1.PodAntiAffinityNone && tmpl.Spec.Affinity != nil {
+			if tc.policy == v1beta1.PodAntiAffinityNone && tmpl.Spec.Affinity != nil {
 				t.Errorf("None: affinity %+v", tmpl.Spec.Affinity)
 			}
 			for _, term := range terms {

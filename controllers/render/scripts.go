@@ -3,7 +3,7 @@ package render
 import (
 	"fmt"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 )
 
 // What runs in a Redis container: the start script (in the ConfigMap).
@@ -23,7 +23,7 @@ import (
 // same pod as the first time (a crashed Redis container is restarted in place, with the run
 // directory of its first start): it replaces runtime.conf, which it left read-only. SIGTERM goes
 // on to Redis.
-func startScript(rc *v1alpha1.RedisCluster) string {
+func startScript(rc *v1beta1.RedisCluster) string {
 	return fmt.Sprintf(`#!/bin/sh
 set -eu
 rm -f %[1]s/runtime.conf

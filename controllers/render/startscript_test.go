@@ -17,7 +17,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/test/testground"
 )
 
@@ -26,7 +26,7 @@ import (
 // moved there; a replica's primary is another such pod.
 type pod struct {
 	t         *testing.T
-	rc        *v1alpha1.RedisCluster
+	rc        *v1beta1.RedisCluster
 	root      string
 	port      int
 	probePort int // the probe sidecar's
@@ -37,7 +37,7 @@ type pod struct {
 	exited    chan error
 }
 
-func startPod(t *testing.T, rc *v1alpha1.RedisCluster, acl map[string][]byte, name string, primary *pod) *pod {
+func startPod(t *testing.T, rc *v1beta1.RedisCluster, acl map[string][]byte, name string, primary *pod) *pod {
 	t.Helper()
 	return startPodIn(t, rc, acl, name, primary, t.TempDir(), nil, "")
 }
@@ -47,7 +47,7 @@ func startPod(t *testing.T, rc *v1alpha1.RedisCluster, acl map[string][]byte, na
 // added to redis.conf.
 // aclOf is the ACL Secret's data of rc with keyroll's users in and the app's credential (none:
 // nil).
-func aclOf(t *testing.T, rc *v1alpha1.RedisCluster, in Internal, app *Credential) map[string][]byte {
+func aclOf(t *testing.T, rc *v1beta1.RedisCluster, in Internal, app *Credential) map[string][]byte {
 	t.Helper()
 	var apps []ACLUser
 	if app != nil {
@@ -63,7 +63,7 @@ func aclOf(t *testing.T, rc *v1alpha1.RedisCluster, in Internal, app *Credential
 // primaryAndReplica starts orders-0 and orders-1 of rc with acl and waits until both are Ready
 // and the primary counts the replica online (its first REPLCONF ACK in, a moment after the
 // replica's sync: what keyroll waits for before a failover).
-func primaryAndReplica(t *testing.T, rc *v1alpha1.RedisCluster, acl map[string][]byte) (primary, replica *pod) {
+func primaryAndReplica(t *testing.T, rc *v1beta1.RedisCluster, acl map[string][]byte) (primary, replica *pod) {
 	t.Helper()
 	primary = startPod(t, rc, acl, "orders-0", nil)
 	within(t, 10*time.Second, "the primary is Ready", primary.ready, primary.out)
@@ -77,7 +77,7 @@ func primaryAndReplica(t *testing.T, rc *v1alpha1.RedisCluster, acl map[string][
 	return primary, replica
 }
 
-func startPodIn(t *testing.T, rc *v1alpha1.RedisCluster, acl map[string][]byte, name string, primary *pod, root string, cred *syscall.Credential, extraConf string) *pod {
+func startPodIn(t *testing.T, rc *v1beta1.RedisCluster, acl map[string][]byte, name string, primary *pod, root string, cred *syscall.Credential, extraConf string) *pod {
 	t.Helper()
 	port, err := testground.FreePort()
 	if err != nil {
@@ -257,7 +257,7 @@ func within(t *testing.T, d time.Duration, what string, ok func() bool, out ...*
 // probe passes on the primary at once and on the replica only once its link is up and its first
 // sync done, the app user works with its rules only, and SIGTERM stops Redis and the script.
 func TestPodsReplicateAndProbeOnUsersOfTheirOwn(t *testing.T) {
-	rc := &v1alpha1.RedisCluster{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "orders"}}
+	rc := &v1beta1.RedisCluster{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "orders"}}
 	rc.Spec.Credentials.ACLRules = []string{"~app:*", "+@read", "+@write", "-@dangerous"}
 	in := Internal{Admin: "admin-pw", Replication: "repl \"pw\" with\\odd chars", Probe: "probe-pw"}
 	app := &Credential{Username: "V_ORDERS_A", Password: "pass-a"}
@@ -319,7 +319,7 @@ func TestStartScriptStartsAgainInTheSamePod(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Fatal("this test runs the pod's script as another user and needs root, as make unit has")
 	}
-	rc := &v1alpha1.RedisCluster{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "orders"}}
+	rc := &v1beta1.RedisCluster{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "orders"}}
 	in := Internal{Admin: "admin-pw", Replication: "repl-pw", Probe: "probe-pw"}
 	acl := aclOf(t, rc, in, &Credential{Username: "V_ORDERS_A", Password: "pass-a"})
 	primary := startPod(t, rc, acl, "orders-0", nil)
@@ -360,7 +360,7 @@ func TestStartScriptStartsAgainInTheSamePod(t *testing.T) {
 // after its timeout): the old primary, to become the replica of the new one, logs in to it as the
 // replication user, and only replicas had that user's password in their configuration.
 func TestAPrimaryHandsItsRoleOverByFailover(t *testing.T) {
-	rc := &v1alpha1.RedisCluster{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "orders"}}
+	rc := &v1beta1.RedisCluster{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "orders"}}
 	in := Internal{Admin: "admin-pw", Replication: "repl-pw", Probe: "probe-pw"}
 	primary, replica := primaryAndReplica(t, rc, aclOf(t, rc, in, nil))
 
@@ -387,7 +387,7 @@ func TestAPrimaryHandsItsRoleOverByFailover(t *testing.T) {
 // replica still answers, as a replica of it: the script starts it as that replica's replica, the
 // replica keeps its data, and once keyroll promotes the replica the old primary syncs from it.
 func TestARestartedPrimaryDoesNotEmptyItsReplicas(t *testing.T) {
-	rc := &v1alpha1.RedisCluster{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "orders"}}
+	rc := &v1beta1.RedisCluster{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "orders"}}
 	rc.Spec.Credentials.ACLRules = []string{"~app:*", "+@read", "+@write"}
 	in := Internal{Admin: "admin-pw", Replication: "repl-pw", Probe: "probe-pw"}
 	app := &Credential{Username: "V_ORDERS_A", Password: "pass-a"}

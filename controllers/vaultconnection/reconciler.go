@@ -21,7 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/controllers/apply"
 	"github.com/keyroll/keyroll/controllers/conditions"
 	"github.com/keyroll/keyroll/controllers/connection"
@@ -56,16 +56,16 @@ type Reconciler struct {
 
 // Reconcile checks one VaultConnection.
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Result, reterr error) {
-	vc := &v1alpha1.VaultConnection{}
+	vc := &v1beta1.VaultConnection{}
 	if err := r.Get(ctx, req.NamespacedName, vc); err != nil {
 		if client.IgnoreNotFound(err) == nil {
 			r.forget(req.Name)
 		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
-	if vc.DeletionTimestamp.IsZero() && !controllerutil.ContainsFinalizer(vc, v1alpha1.ConnectionFinalizer) {
+	if vc.DeletionTimestamp.IsZero() && !controllerutil.ContainsFinalizer(vc, v1beta1.ConnectionFinalizer) {
 		patch := client.MergeFrom(vc.DeepCopy())
-		controllerutil.AddFinalizer(vc, v1alpha1.ConnectionFinalizer)
+		controllerutil.AddFinalizer(vc, v1beta1.ConnectionFinalizer)
 		if err := r.Patch(ctx, vc, patch); err != nil {
 			return ctrl.Result{}, err
 		}
@@ -73,7 +73,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Re
 	before := vc.DeepCopy()
 	defer func() {
 		reterr = errors.Join(reterr, client.IgnoreNotFound(apply.PatchStatus(ctx, r.Client, before, vc, func(o client.Object) any {
-			return o.(*v1alpha1.VaultConnection).Status
+			return o.(*v1beta1.VaultConnection).Status
 		})))
 	}()
 	users, needs, err := r.users(ctx, vc)
@@ -113,9 +113,9 @@ type tokenNeeds struct {
 
 // users lists the RedisClusters that use vc or hold a lease obtained through it, and what their
 // leases need of vc's tokens.
-func (r *Reconciler) users(ctx context.Context, vc *v1alpha1.VaultConnection) ([]string, tokenNeeds, error) {
+func (r *Reconciler) users(ctx context.Context, vc *v1beta1.VaultConnection) ([]string, tokenNeeds, error) {
 	needs := tokenNeeds{until: map[string]time.Time{}, leases: map[string]int32{}, byNamespace: map[string]map[string]time.Time{}}
-	list := &v1alpha1.RedisClusterList{}
+	list := &v1beta1.RedisClusterList{}
 	if err := r.List(ctx, list, client.MatchingFields{connection.ClusterIndex: vc.Name}); err != nil {
 		return nil, needs, fmt.Errorf("listing the RedisClusters of VaultConnection %s: %w", vc.Name, err)
 	}
@@ -143,7 +143,7 @@ func (r *Reconciler) users(ctx context.Context, vc *v1alpha1.VaultConnection) ([
 
 // check reads Vault's health, keeps the tokens alive (logging in when there is no valid one) and
 // sets the status.
-func (r *Reconciler) check(ctx context.Context, vc *v1alpha1.VaultConnection, needs tokenNeeds) (ctrl.Result, error) {
+func (r *Reconciler) check(ctx context.Context, vc *v1beta1.VaultConnection, needs tokenNeeds) (ctrl.Result, error) {
 	conds := conditions.Setter{Obj: vc, Conditions: &vc.Status.Conditions, Recorder: r.Recorder}
 	now := metav1.NewTime(r.Clock.Now())
 	vc.Status.LastCheckedAt = &now
@@ -159,17 +159,17 @@ func (r *Reconciler) check(ctx context.Context, vc *v1alpha1.VaultConnection, ne
 		held, err = r.observe(ctx, vc, vcl, needs)
 	}
 	if err != nil {
-		reason, event := v1alpha1.ReasonLoginFailed, v1alpha1.ReasonLoginFailed
+		reason, event := v1beta1.ReasonLoginFailed, v1beta1.ReasonLoginFailed
 		if vault.IsUnavailable(err) {
-			reason, event = v1alpha1.ReasonVaultUnavailable, v1alpha1.ReasonVaultUnavailable
+			reason, event = v1beta1.ReasonVaultUnavailable, v1beta1.ReasonVaultUnavailable
 		}
 		if vault.IsSealed(err) || (vc.Status.Sealed != nil && *vc.Status.Sealed) {
-			reason, event = v1alpha1.ReasonVaultSealed, v1alpha1.ReasonVaultSealed
+			reason, event = v1beta1.ReasonVaultSealed, v1beta1.ReasonVaultSealed
 		}
 		if connection.IsSettingsError(err) {
-			reason, event = v1alpha1.ReasonSettingsRefused, v1alpha1.ReasonSettingsRefused
+			reason, event = v1beta1.ReasonSettingsRefused, v1beta1.ReasonSettingsRefused
 		}
-		if conds.Set(v1alpha1.ConditionReady, metav1.ConditionFalse, reason, err.Error()) {
+		if conds.Set(v1beta1.ConditionReady, metav1.ConditionFalse, reason, err.Error()) {
 			conds.Event(true, event, "Login", "Vault connection not ready: %v", err)
 		}
 		log.FromContext(ctx).V(1).Info("Vault connection not ready", "reason", reason, "error", err.Error())
@@ -179,8 +179,8 @@ func (r *Reconciler) check(ctx context.Context, vc *v1alpha1.VaultConnection, ne
 	if vc.NamespaceIdentity() {
 		ready = "Vault " + vc.Status.VaultVersion + " answers; each namespace logs in with its own identity (identity Namespace)"
 	}
-	if conds.Set(v1alpha1.ConditionReady, metav1.ConditionTrue, v1alpha1.ReasonLoggedIn, ready) {
-		conds.Event(false, v1alpha1.ReasonLoggedIn, "Login", "Logged in to Vault %s", vc.Status.VaultVersion)
+	if conds.Set(v1beta1.ConditionReady, metav1.ConditionTrue, v1beta1.ReasonLoggedIn, ready) {
+		conds.Event(false, v1beta1.ReasonLoggedIn, "Login", "Logged in to Vault %s", vc.Status.VaultVersion)
 	}
 	if !vc.NamespaceIdentity() {
 		r.reportTokenLifetime(vc, conds, vcl.TokenInfo(), held, needs)
@@ -190,7 +190,7 @@ func (r *Reconciler) check(ctx context.Context, vc *v1alpha1.VaultConnection, ne
 }
 
 // health reads Vault's health into the status; a sealed Vault is an error.
-func health(ctx context.Context, vc *v1alpha1.VaultConnection, vcl vault.ConnectionClient) error {
+func health(ctx context.Context, vc *v1beta1.VaultConnection, vcl vault.ConnectionClient) error {
 	h, err := vcl.Health(ctx)
 	if err != nil {
 		return err
@@ -204,7 +204,7 @@ func health(ctx context.Context, vc *v1alpha1.VaultConnection, vcl vault.Connect
 }
 
 // observe reads Vault's health and keeps the tokens alive. It returns the tokens held.
-func (r *Reconciler) observe(ctx context.Context, vc *v1alpha1.VaultConnection, vcl vault.ConnectionClient, needs tokenNeeds) ([]vault.TokenStatus, error) {
+func (r *Reconciler) observe(ctx context.Context, vc *v1beta1.VaultConnection, vcl vault.ConnectionClient, needs tokenNeeds) ([]vault.TokenStatus, error) {
 	if err := health(ctx, vc, vcl); err != nil {
 		return nil, err
 	}
@@ -218,13 +218,13 @@ func (r *Reconciler) observe(ctx context.Context, vc *v1alpha1.VaultConnection, 
 }
 
 // tokenStatuses turns the held tokens into the status list (never the tokens themselves).
-func tokenStatuses(held []vault.TokenStatus, needs tokenNeeds) []v1alpha1.TokenStatus {
+func tokenStatuses(held []vault.TokenStatus, needs tokenNeeds) []v1beta1.TokenStatus {
 	if len(held) == 0 {
 		return nil
 	}
-	out := make([]v1alpha1.TokenStatus, 0, min(len(held), 64))
+	out := make([]v1beta1.TokenStatus, 0, min(len(held), 64))
 	for _, t := range held[:min(len(held), 64)] {
-		out = append(out, v1alpha1.TokenStatus{
+		out = append(out, v1beta1.TokenStatus{
 			Accessor: t.Accessor, Current: t.Current, Leases: needs.leases[t.Accessor],
 			ExpiresAt: statustime.At(t.ExpiresAt), EndsAt: statustime.At(t.EndsAt),
 		})
@@ -235,7 +235,7 @@ func tokenStatuses(held []vault.TokenStatus, needs tokenNeeds) []v1alpha1.TokenS
 // reportTokenLifetime sets Degraded when the connection's tokens end (their max TTL) before the
 // leases they created: Vault would revoke those leases with them, so keyroll rotates the
 // credentials early, once per token lifetime. It names the auth role setting to change.
-func (r *Reconciler) reportTokenLifetime(vc *v1alpha1.VaultConnection, conds conditions.Setter, ti vault.TokenInfo, held []vault.TokenStatus, needs tokenNeeds) {
+func (r *Reconciler) reportTokenLifetime(vc *v1beta1.VaultConnection, conds conditions.Setter, ti vault.TokenInfo, held []vault.TokenStatus, needs tokenNeeds) {
 	var short *vault.TokenStatus
 	for i, t := range held {
 		if !t.EndsAt.IsZero() && needs.until[t.Accessor].After(t.EndsAt) {
@@ -244,7 +244,7 @@ func (r *Reconciler) reportTokenLifetime(vc *v1alpha1.VaultConnection, conds con
 		}
 	}
 	if short == nil {
-		conds.Set(v1alpha1.ConditionDegraded, metav1.ConditionFalse, v1alpha1.ReasonTokensOutliveLeases,
+		conds.Set(v1beta1.ConditionDegraded, metav1.ConditionFalse, v1beta1.ReasonTokensOutliveLeases,
 			"The Vault tokens of this connection outlive the leases they created, or are renewed for as long as they live")
 		return
 	}
@@ -256,13 +256,13 @@ func (r *Reconciler) reportTokenLifetime(vc *v1alpha1.VaultConnection, conds con
 		"(one lives until %s): Vault would revoke those leases with their token, so keyroll rotates the credentials early, once per token lifetime. "+
 		"Give the auth role a periodic token (%s) or a token_max_ttl longer than the leases' max TTL",
 		maxTTL.Round(time.Second), needs.until[short.Accessor].UTC().Format(time.RFC3339), roleCommand(vc.Spec.Auth))
-	if conds.Set(v1alpha1.ConditionDegraded, metav1.ConditionTrue, v1alpha1.ReasonTokenMaxTTLTooShort, msg) {
-		conds.Event(true, v1alpha1.EventTokenMaxTTLTooShort, "KeepTokens", "%s", msg)
+	if conds.Set(v1beta1.ConditionDegraded, metav1.ConditionTrue, v1beta1.ReasonTokenMaxTTLTooShort, msg) {
+		conds.Event(true, v1beta1.EventTokenMaxTTLTooShort, "KeepTokens", "%s", msg)
 	}
 }
 
 // roleCommand is the vault command that makes the auth role's tokens periodic.
-func roleCommand(a v1alpha1.VaultAuth) string {
+func roleCommand(a v1beta1.VaultAuth) string {
 	switch {
 	case a.Kubernetes != nil:
 		return fmt.Sprintf("vault write auth/%s/role/%s token_period=1h ...", strings.Trim(a.Kubernetes.Mount, "/"), a.Kubernetes.Role)
@@ -300,21 +300,21 @@ func retryWait(held []vault.TokenStatus, now time.Time) time.Duration {
 // reconcileDelete removes the finalizer of a VaultConnection being deleted once no RedisCluster
 // uses it or holds a lease obtained through it; until then it keeps its tokens alive and says which
 // RedisClusters it waits for.
-func (r *Reconciler) reconcileDelete(ctx context.Context, vc *v1alpha1.VaultConnection, users []string, res ctrl.Result) (ctrl.Result, error) {
-	if !controllerutil.ContainsFinalizer(vc, v1alpha1.ConnectionFinalizer) {
+func (r *Reconciler) reconcileDelete(ctx context.Context, vc *v1beta1.VaultConnection, users []string, res ctrl.Result) (ctrl.Result, error) {
+	if !controllerutil.ContainsFinalizer(vc, v1beta1.ConnectionFinalizer) {
 		return res, nil
 	}
 	conds := conditions.Setter{Obj: vc, Conditions: &vc.Status.Conditions, Recorder: r.Recorder}
 	if len(users) > 0 {
 		msg := fmt.Sprintf("VaultConnection is used by %d RedisCluster(s) (%s): it is deleted once none uses it or holds a lease obtained through it",
 			len(users), listSome(users, 10))
-		if conds.Set(v1alpha1.ConditionDeletionBlocked, metav1.ConditionTrue, v1alpha1.ReasonInUse, msg) {
-			conds.Event(true, v1alpha1.ReasonInUse, "Delete", "%s", msg)
+		if conds.Set(v1beta1.ConditionDeletionBlocked, metav1.ConditionTrue, v1beta1.ReasonInUse, msg) {
+			conds.Event(true, v1beta1.ReasonInUse, "Delete", "%s", msg)
 		}
 		return ctrl.Result{RequeueAfter: min(res.RequeueAfter, deletionRecheck)}, nil
 	}
 	patch := client.MergeFrom(vc.DeepCopy())
-	controllerutil.RemoveFinalizer(vc, v1alpha1.ConnectionFinalizer)
+	controllerutil.RemoveFinalizer(vc, v1beta1.ConnectionFinalizer)
 	if err := r.Patch(ctx, vc, patch); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
@@ -336,8 +336,8 @@ func listSome(names []string, n int) string {
 // VaultConnections it used, one of which may be waiting to be deleted.
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).
-		For(&v1alpha1.VaultConnection{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
-		Watches(&v1alpha1.RedisCluster{}, handler.EnqueueRequestsFromMapFunc(connectionsOf),
+		For(&v1beta1.VaultConnection{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		Watches(&v1beta1.RedisCluster{}, handler.EnqueueRequestsFromMapFunc(connectionsOf),
 			builder.WithPredicates(predicate.Funcs{
 				CreateFunc:  func(event.CreateEvent) bool { return false },
 				UpdateFunc:  func(event.UpdateEvent) bool { return false },
@@ -351,7 +351,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 // connectionsOf maps a RedisCluster to the VaultConnections it uses or holds leases from.
 func connectionsOf(_ context.Context, o client.Object) []ctrl.Request {
 	var reqs []ctrl.Request
-	for _, name := range o.(*v1alpha1.RedisCluster).VaultConnections() {
+	for _, name := range o.(*v1beta1.RedisCluster).VaultConnections() {
 		reqs = append(reqs, ctrl.Request{NamespacedName: client.ObjectKey{Name: name}})
 	}
 	return reqs

@@ -14,7 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/controllers/conditions"
 	"github.com/keyroll/keyroll/controllers/connection"
 	"github.com/keyroll/keyroll/vault"
@@ -29,8 +29,8 @@ const (
 )
 
 // sweepSettings are spec.orphanLeases with the defaults filled in.
-func sweepSettings(vc *v1alpha1.VaultConnection) (v1alpha1.OrphanLeaseAction, time.Duration, time.Duration) {
-	action, grace, interval := v1alpha1.OrphanLeasesReport, defaultOrphanGrace, defaultOrphanInterval
+func sweepSettings(vc *v1beta1.VaultConnection) (v1beta1.OrphanLeaseAction, time.Duration, time.Duration) {
+	action, grace, interval := v1beta1.OrphanLeasesReport, defaultOrphanGrace, defaultOrphanInterval
 	if o := vc.Spec.OrphanLeases; o != nil {
 		if o.Action != "" {
 			action = o.Action
@@ -52,9 +52,9 @@ func sweepSettings(vc *v1alpha1.VaultConnection) (v1alpha1.OrphanLeaseAction, ti
 // Before a revocation the ledgers are read again from the API server, not the cache, so that a
 // lease that reached a ledger meanwhile is never taken for an orphan. With identity Namespace each
 // namespace's paths are listed, and its orphans revoked, through that namespace's own login.
-func (r *Reconciler) sweepOrphans(ctx context.Context, vc *v1alpha1.VaultConnection) (time.Duration, error) {
+func (r *Reconciler) sweepOrphans(ctx context.Context, vc *v1beta1.VaultConnection) (time.Duration, error) {
 	action, grace, interval := sweepSettings(vc)
-	if action == v1alpha1.OrphanLeasesOff {
+	if action == v1beta1.OrphanLeasesOff {
 		vc.Status.OrphanLeases = nil
 		return 0, nil
 	}
@@ -65,11 +65,11 @@ func (r *Reconciler) sweepOrphans(ctx context.Context, vc *v1alpha1.VaultConnect
 			return due.Sub(now), nil
 		}
 	}
-	if !meta.IsStatusConditionTrue(vc.Status.Conditions, v1alpha1.ConditionReady) {
+	if !meta.IsStatusConditionTrue(vc.Status.Conditions, v1beta1.ConditionReady) {
 		return 0, nil // the next successful check sweeps
 	}
 	if st == nil {
-		st = &v1alpha1.OrphanLeaseStatus{}
+		st = &v1beta1.OrphanLeaseStatus{}
 		vc.Status.OrphanLeases = st
 	}
 	byNamespace, known, err := r.ledgers(ctx, r.Client, vc)
@@ -91,7 +91,7 @@ func (r *Reconciler) sweepOrphans(ctx context.Context, vc *v1alpha1.VaultConnect
 	}
 	ours, others, matched, stale := claim(found, intents, grace, now)
 	left := ids(ours)
-	if action == v1alpha1.OrphanLeasesRevoke && len(ours) > 0 {
+	if action == v1beta1.OrphanLeasesRevoke && len(ours) > 0 {
 		if left, err = r.revokeOrphans(ctx, vc, through, left, matched); err != nil {
 			return 0, err
 		}
@@ -114,12 +114,12 @@ func (r *Reconciler) sweepOrphans(ctx context.Context, vc *v1alpha1.VaultConnect
 	if sweepErr != nil {
 		st.Error = sweepError(sweepErr)
 		if st.Error != prevError {
-			conds.Event(true, v1alpha1.EventOrphanSweepFailed, "SweepOrphans", "The orphan-lease sweep could not finish: %s", st.Error)
+			conds.Event(true, v1beta1.EventOrphanSweepFailed, "SweepOrphans", "The orphan-lease sweep could not finish: %s", st.Error)
 		}
 		log.FromContext(ctx).Info("Orphan-lease sweep incomplete", "error", sweepErr.Error())
 	}
 	if len(orphans) > 0 {
-		conds.Event(true, v1alpha1.EventOrphanLeasesFound, "SweepOrphans",
+		conds.Event(true, v1beta1.EventOrphanLeasesFound, "SweepOrphans",
 			"Found %d lease(s) that no RedisCluster's ledger knows, issued more than %s ago (orphanLeases.action %s): %s; %d of them this install did not issue, and leaves alone: %s",
 			len(orphans), grace, action, listSome(orphans, 5), len(others), listSome(ids(others), 5))
 	}
@@ -130,7 +130,7 @@ func (r *Reconciler) sweepOrphans(ctx context.Context, vc *v1alpha1.VaultConnect
 // listOrphans finds the orphans under each namespace's paths (findOrphans), through the
 // connection's login or, with identity Namespace, each namespace's own; through says which client
 // found each, and revokes it.
-func (r *Reconciler) listOrphans(ctx context.Context, vc *v1alpha1.VaultConnection, byNamespace map[string][]string, known map[string]bool,
+func (r *Reconciler) listOrphans(ctx context.Context, vc *v1beta1.VaultConnection, byNamespace map[string][]string, known map[string]bool,
 	grace time.Duration, now time.Time) ([]orphan, map[string]vault.LeaseClient, error) {
 	through := map[string]vault.LeaseClient{}
 	var found []orphan
@@ -171,7 +171,7 @@ func (r *Reconciler) listOrphans(ctx context.Context, vc *v1alpha1.VaultConnecti
 // API server, through the client that found each, and drops their intents (matched: lease ID to
 // intent ID). It returns those that are still orphans (revocation failed), the revoked ones
 // counted in status.
-func (r *Reconciler) revokeOrphans(ctx context.Context, vc *v1alpha1.VaultConnection, through map[string]vault.LeaseClient, orphans []string, matched map[string]string) ([]string, error) {
+func (r *Reconciler) revokeOrphans(ctx context.Context, vc *v1beta1.VaultConnection, through map[string]vault.LeaseClient, orphans []string, matched map[string]string) ([]string, error) {
 	reader := r.APIReader
 	if reader == nil {
 		reader = r.Client
@@ -195,7 +195,7 @@ func (r *Reconciler) revokeOrphans(ctx context.Context, vc *v1alpha1.VaultConnec
 		done = append(done, matched[id])
 		vc.Status.OrphanLeases.Revoked++
 		r.Metrics.OrphanLeasesRevoked.WithLabelValues(vc.Name).Inc()
-		conds.Event(false, v1alpha1.EventOrphanLeaseRevoked, "SweepOrphans", "Revoked lease %s, which this install issued and no RedisCluster's ledger knows", id)
+		conds.Event(false, v1beta1.EventOrphanLeaseRevoked, "SweepOrphans", "Revoked lease %s, which this install issued and no RedisCluster's ledger knows", id)
 		log.FromContext(ctx).Info("Orphan lease revoked", "lease", id)
 	}
 	if r.Connector.Intents != nil {
@@ -213,8 +213,8 @@ func (r *Reconciler) revokeOrphans(ctx context.Context, vc *v1alpha1.VaultConnec
 // a ledger only when keyroll sees them, so they are never taken for orphans. Only the paths that
 // the connection allows the cluster's namespace are swept: a RedisCluster cannot point the sweep
 // at another team's role.
-func (r *Reconciler) ledgers(ctx context.Context, rd client.Reader, vc *v1alpha1.VaultConnection) (map[string][]string, map[string]bool, error) {
-	list := &v1alpha1.RedisClusterList{}
+func (r *Reconciler) ledgers(ctx context.Context, rd client.Reader, vc *v1beta1.VaultConnection) (map[string][]string, map[string]bool, error) {
+	list := &v1beta1.RedisClusterList{}
 	if err := rd.List(ctx, list); err != nil {
 		return nil, nil, fmt.Errorf("listing the RedisClusters for the orphan-lease sweep: %w", err)
 	}
@@ -223,7 +223,7 @@ func (r *Reconciler) ledgers(ctx context.Context, rd client.Reader, vc *v1alpha1
 	var external []string
 	for i := range list.Items {
 		rc := &list.Items[i]
-		vaultLease := rc.Spec.Credentials.Source == v1alpha1.SourceVaultLease && rc.Spec.Credentials.VaultLease != nil
+		vaultLease := rc.Spec.Credentials.Source == v1beta1.SourceVaultLease && rc.Spec.Credentials.VaultLease != nil
 		sweep := func(p string) {
 			if p = strings.Trim(p, "/"); vc.AllowsNamespace(rc.Namespace) && vc.AllowsPath(rc.Namespace, p) {
 				paths[rc.Namespace] = append(paths[rc.Namespace], p)
@@ -231,8 +231,8 @@ func (r *Reconciler) ledgers(ctx context.Context, rd client.Reader, vc *v1alpha1
 		}
 		if vaultLease && rc.VaultConnectionName() == vc.Name {
 			sweep(rc.Spec.Credentials.VaultLease.Path)
-			if c := rc.Status.Credential; c != nil && c.Source == v1alpha1.SourceVaultLease && c.Path != "" {
-				sweep(c.Path)
+			if c := rc.Status.Credential; c != nil && c.Source == v1beta1.SourceVaultLease && c.VaultLease.Path != "" {
+				sweep(c.VaultLease.Path)
 			}
 		}
 		for _, l := range rc.Status.Leases {

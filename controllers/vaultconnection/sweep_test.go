@@ -17,7 +17,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/controllers/connection"
 	"github.com/keyroll/keyroll/controllers/metrics"
 	"github.com/keyroll/keyroll/vault"
@@ -31,17 +31,17 @@ func (o oneClient) Get(string, vault.Config) (connection.Client, error) { return
 func (oneClient) Forget(string)                                         {}
 
 // cluster is a RedisCluster of connection "vault" reading path, holding leases in its ledger.
-func cluster(name string, source v1alpha1.CredentialSource, path string, leases ...string) *v1alpha1.RedisCluster {
-	rc := &v1alpha1.RedisCluster{ObjectMeta: metav1.ObjectMeta{Namespace: "apps", Name: name}}
+func cluster(name string, source v1beta1.CredentialSource, path string, leases ...string) *v1beta1.RedisCluster {
+	rc := &v1beta1.RedisCluster{ObjectMeta: metav1.ObjectMeta{Namespace: "apps", Name: name}}
 	rc.Spec.Credentials.Source = source
-	ref := v1alpha1.ConnectionReference{Name: "vault"}
-	if source == v1alpha1.SourceVaultLease {
-		rc.Spec.Credentials.VaultLease = &v1alpha1.VaultLeaseSource{ConnectionRef: ref, Path: path}
+	ref := v1beta1.ConnectionReference{Name: "vault"}
+	if source == v1beta1.SourceVaultLease {
+		rc.Spec.Credentials.VaultLease = &v1beta1.VaultLeaseSource{ConnectionRef: ref, Path: path}
 	} else {
-		rc.Spec.Credentials.ExternalSecret = &v1alpha1.ExternalSecretSource{ConnectionRef: &ref}
+		rc.Spec.Credentials.ExternalSecret = &v1beta1.ExternalSecretSource{ConnectionRef: &ref}
 	}
 	for _, id := range leases {
-		rc.Status.Leases = append(rc.Status.Leases, v1alpha1.LeaseRecord{LeaseID: id, State: v1alpha1.LeaseActive})
+		rc.Status.Leases = append(rc.Status.Leases, v1beta1.LeaseRecord{LeaseID: id, State: v1beta1.LeaseActive})
 	}
 	return rc
 }
@@ -57,7 +57,7 @@ func TestSweepOrphans(t *testing.T) {
 	vf := vaulttest.New(clk)
 	scheme := runtime.NewScheme()
 	_ = clientgoscheme.AddToScheme(scheme)
-	_ = v1alpha1.AddToScheme(scheme)
+	_ = v1beta1.AddToScheme(scheme)
 	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(
 		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "keyroll", Name: "tok"}, Data: map[string][]byte{"token": []byte("t")}},
 	).Build()
@@ -81,15 +81,15 @@ func TestSweepOrphans(t *testing.T) {
 	clk.Step(10 * time.Minute)
 	young := issue("database/creds/orders", true)
 
-	vc := &v1alpha1.VaultConnection{ObjectMeta: metav1.ObjectMeta{Name: "vault"}}
+	vc := &v1beta1.VaultConnection{ObjectMeta: metav1.ObjectMeta{Name: "vault"}}
 	vc.Spec.Address = "http://127.0.0.1:8200"
 	vc.Spec.AllowedNamespaces, vc.Spec.AllowedPaths = []string{"*"}, []string{"database/creds/*"}
-	vc.Spec.Auth.Token = &v1alpha1.TokenAuth{SecretRef: v1alpha1.SecretKeyReference{Namespace: "keyroll", Name: "tok", Key: "token"}}
-	vc.Spec.OrphanLeases = &v1alpha1.OrphanLeases{Action: v1alpha1.OrphanLeasesReport, GracePeriod: &metav1.Duration{Duration: time.Minute}}
-	meta.SetStatusCondition(&vc.Status.Conditions, metav1.Condition{Type: v1alpha1.ConditionReady, Status: metav1.ConditionTrue, Reason: v1alpha1.ReasonLoggedIn})
-	for _, rc := range []*v1alpha1.RedisCluster{
-		cluster("orders", v1alpha1.SourceVaultLease, "database/creds/orders", held),
-		cluster("es", v1alpha1.SourceExternalSecret, "", esHeld),
+	vc.Spec.Auth.Token = &v1beta1.TokenAuth{SecretRef: v1beta1.SecretKeyReference{Namespace: "keyroll", Name: "tok", Key: "token"}}
+	vc.Spec.OrphanLeases = &v1beta1.OrphanLeases{Action: v1beta1.OrphanLeasesReport, GracePeriod: &metav1.Duration{Duration: time.Minute}}
+	meta.SetStatusCondition(&vc.Status.Conditions, metav1.Condition{Type: v1beta1.ConditionReady, Status: metav1.ConditionTrue, Reason: v1beta1.ReasonLoggedIn})
+	for _, rc := range []*v1beta1.RedisCluster{
+		cluster("orders", v1beta1.SourceVaultLease, "database/creds/orders", held),
+		cluster("es", v1beta1.SourceExternalSecret, "", esHeld),
 	} {
 		if err := c.Create(ctx, rc); err != nil {
 			t.Fatal(err)
@@ -115,14 +115,14 @@ func TestSweepOrphans(t *testing.T) {
 	if !slices.Contains(vf.Leases(), orphan) {
 		t.Error("Report revoked the orphan")
 	}
-	if e := drain(rec); !strings.Contains(e, v1alpha1.EventOrphanLeasesFound) || !strings.Contains(e, orphan) {
-		t.Errorf("events %q, want %s naming the orphan", e, v1alpha1.EventOrphanLeasesFound)
+	if e := drain(rec); !strings.Contains(e, v1beta1.EventOrphanLeasesFound) || !strings.Contains(e, orphan) {
+		t.Errorf("events %q, want %s naming the orphan", e, v1beta1.EventOrphanLeasesFound)
 	}
 	if next != defaultOrphanInterval {
 		t.Errorf("next sweep in %s, want the default interval %s", next, defaultOrphanInterval)
 	}
 
-	vc.Spec.OrphanLeases.Action = v1alpha1.OrphanLeasesRevoke
+	vc.Spec.OrphanLeases.Action = v1beta1.OrphanLeasesRevoke
 	clk.Step(time.Minute)
 	if next, err := r.sweepOrphans(ctx, vc); err != nil || next != defaultOrphanInterval-time.Minute || !slices.Contains(vf.Leases(), orphan) {
 		t.Fatalf("a sweep before its interval: next %s, err %v, leases %v; want nothing done", next, err, vf.Leases())
@@ -143,8 +143,8 @@ func TestSweepOrphans(t *testing.T) {
 	if open, err := intents.Open(ctx, "vault"); err != nil || len(open) != 1 {
 		t.Errorf("intents left %+v (%v), want young2's alone: the revoked orphans' dropped", open, err)
 	}
-	if e := drain(rec); !strings.Contains(e, v1alpha1.EventOrphanLeaseRevoked) {
-		t.Errorf("events %q, want %s", e, v1alpha1.EventOrphanLeaseRevoked)
+	if e := drain(rec); !strings.Contains(e, v1beta1.EventOrphanLeaseRevoked) {
+		t.Errorf("events %q, want %s", e, v1beta1.EventOrphanLeaseRevoked)
 	}
 
 	// Without the list policy, the sweep says what is missing, once.
@@ -158,11 +158,11 @@ func TestSweepOrphans(t *testing.T) {
 	if st := vc.Status.OrphanLeases; !strings.Contains(st.Error, "list and sudo on sys/leases/lookup/") || !strings.Contains(st.Error, "deploy/vault/sweeper-policy.hcl") {
 		t.Errorf("a refused list: status error %q, want it to name the policy", st.Error)
 	}
-	if e := drain(rec); strings.Count(e, v1alpha1.EventOrphanSweepFailed) != 1 {
-		t.Errorf("events %q, want one %s", e, v1alpha1.EventOrphanSweepFailed)
+	if e := drain(rec); strings.Count(e, v1beta1.EventOrphanSweepFailed) != 1 {
+		t.Errorf("events %q, want one %s", e, v1beta1.EventOrphanSweepFailed)
 	}
 
-	vc.Spec.OrphanLeases.Action = v1alpha1.OrphanLeasesOff
+	vc.Spec.OrphanLeases.Action = v1beta1.OrphanLeasesOff
 	if next, _ := r.sweepOrphans(ctx, vc); next != 0 || vc.Status.OrphanLeases != nil {
 		t.Errorf("Off: next %s, status %+v; want no sweep and no status", next, vc.Status.OrphanLeases)
 	}

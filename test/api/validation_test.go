@@ -14,7 +14,7 @@ import (
 )
 
 const validRedisCluster = `
-apiVersion: keyroll.dev/v1alpha1
+apiVersion: keyroll.dev/v1beta1
 kind: RedisCluster
 spec:
   replicas: 3
@@ -32,7 +32,7 @@ spec:
 `
 
 const validExternalSecretCluster = `
-apiVersion: keyroll.dev/v1alpha1
+apiVersion: keyroll.dev/v1beta1
 kind: RedisCluster
 spec:
   credentials:
@@ -43,7 +43,7 @@ spec:
 `
 
 const validVaultConnection = `
-apiVersion: keyroll.dev/v1alpha1
+apiVersion: keyroll.dev/v1beta1
 kind: VaultConnection
 spec:
   address: https://vault.example:8200

@@ -18,7 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/test/render"
 	"github.com/keyroll/keyroll/test/testground"
 )
@@ -234,7 +234,7 @@ func renderedForSamples(t *testing.T) []*unstructured.Unstructured {
 					break
 				}
 				if time.Now().After(deadline) {
-					rc := &v1alpha1.RedisCluster{}
+					rc := &v1beta1.RedisCluster{}
 					_ = fw.Client.Get(ctx, client.ObjectKey{Namespace: "default", Name: name}, rc)
 					t.Fatalf("sample %s: no %s %s: %v; conditions %+v", name, kind, w.name, err, rc.Status.Conditions)
 				}
@@ -253,7 +253,7 @@ func renderedForSamples(t *testing.T) []*unstructured.Unstructured {
 	} {
 		list := &unstructured.UnstructuredList{}
 		list.SetGroupVersionKind(gvk.GroupVersion().WithKind(gvk.Kind + "List"))
-		if err := fw.Client.List(ctx, list, client.InNamespace("default"), client.HasLabels{v1alpha1.LabelCluster}); err != nil {
+		if err := fw.Client.List(ctx, list, client.InNamespace("default"), client.HasLabels{v1beta1.LabelCluster}); err != nil {
 			t.Fatal(err)
 		}
 		for i := range list.Items {

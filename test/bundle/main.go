@@ -18,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/yaml"
 
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/test/render"
 	"github.com/keyroll/keyroll/test/testground"
 )
@@ -208,7 +209,7 @@ func clusterServiceVersion(ch chart, image string, objs, crds, samples []*unstru
 	sa, _ := get(spec, "template", "spec", "serviceAccountName").(string)
 	var examples []any
 	for _, s := range samples {
-		if s.GetAPIVersion() == "keyroll.dev/v1alpha1" {
+		if s.GetAPIVersion() == v1beta1.GroupVersion.String() {
 			examples = append(examples, s.Object)
 		}
 	}

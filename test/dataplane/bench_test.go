@@ -13,7 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/test/framework"
 )
 
@@ -42,7 +42,7 @@ func BenchmarkTwentyClustersRotateAtOnce(b *testing.B) {
 	// not all start at once on two cores. What is measured is the rotation, which starts once all
 	// are Ready.
 	start := time.Now()
-	var clusters, batch []*v1alpha1.RedisCluster
+	var clusters, batch []*v1beta1.RedisCluster
 	for i := range benchClusters {
 		name := fmt.Sprintf("c%02d", i)
 		rc := fw.RedisCluster(b, ns, name, vc.Name, fw.Path("orders"), framework.Replicas(3), framework.WithConsumers(name+"-app"))
@@ -81,9 +81,9 @@ func BenchmarkTwentyClustersRotateAtOnce(b *testing.B) {
 
 // routine are the event reasons of every rotation; the others may explain a failed command.
 var routine = map[string]bool{
-	v1alpha1.EventCredentialsIssued: true, v1alpha1.EventRotationStarted: true, v1alpha1.EventRotationFinished: true,
-	v1alpha1.EventUsersApplied: true, v1alpha1.EventUsersRetired: true, v1alpha1.EventConsumerRestarted: true,
-	v1alpha1.EventLeaseRevoked: true, "ScalingReplicaSet": true, "SuccessfulCreate": true, "SuccessfulDelete": true,
+	v1beta1.EventCredentialsIssued: true, v1beta1.EventRotationStarted: true, v1beta1.EventRotationFinished: true,
+	v1beta1.EventUsersApplied: true, v1beta1.EventUsersRetired: true, v1beta1.EventConsumerRestarted: true,
+	v1beta1.EventLeaseRevoked: true, "ScalingReplicaSet": true, "SuccessfulCreate": true, "SuccessfulDelete": true,
 	"Scheduled": true, "Pulled": true, "Created": true, "Started": true, "Killing": true,
 }
 
@@ -108,7 +108,7 @@ func logUnusualEvents(b *testing.B, ns string) {
 }
 
 // rotateAll asks every cluster of ns for a rotation at once and follows each through its phases.
-func rotateAll(b *testing.B, ns string, clusters []*v1alpha1.RedisCluster) []phases {
+func rotateAll(b *testing.B, ns string, clusters []*v1beta1.RedisCluster) []phases {
 	b.Helper()
 	type from struct {
 		version, lease string
@@ -116,7 +116,7 @@ func rotateAll(b *testing.B, ns string, clusters []*v1alpha1.RedisCluster) []pha
 	was := map[string]from{}
 	for _, rc := range clusters {
 		c := fw.Get(b, rc).Status.Credential
-		was[rc.Name] = from{c.Version, c.LeaseID}
+		was[rc.Name] = from{c.Version, c.Lease.LeaseID}
 	}
 	ph := make(map[string]*phases, len(clusters))
 	var wg sync.WaitGroup
@@ -134,7 +134,7 @@ func rotateAll(b *testing.B, ns string, clusters []*v1alpha1.RedisCluster) []pha
 	}
 	wg.Wait()
 	framework.Eventually(b, 10*time.Minute, func() string {
-		list := &v1alpha1.RedisClusterList{}
+		list := &v1beta1.RedisClusterList{}
 		if err := fw.Client.List(context.Background(), list, client.InNamespace(ns)); err != nil {
 			return err.Error()
 		}
@@ -153,10 +153,10 @@ func rotateAll(b *testing.B, ns string, clusters []*v1alpha1.RedisCluster) []pha
 				}
 			}
 			mark(&p.issued, true)
-			u := framework.Condition(rc, v1alpha1.ConditionUsersApplied)
+			u := framework.Condition(rc, v1beta1.ConditionUsersApplied)
 			mark(&p.nodes, u != nil && u.Status == "True" && strings.Contains(u.Message, c.Version))
 			mark(&p.consumers, !p.nodes.IsZero() && rc.Status.Rollout == nil)
-			oldGone := !slices.ContainsFunc(rc.Status.Leases, func(l v1alpha1.LeaseRecord) bool { return l.LeaseID == w.lease })
+			oldGone := !slices.ContainsFunc(rc.Status.Leases, func(l v1beta1.LeaseRecord) bool { return l.LeaseID == w.lease })
 			mark(&p.revoked, !p.consumers.IsZero() && oldGone && len(rc.Status.RetiringUsers) == 0)
 			if p.revoked.IsZero() {
 				pending++

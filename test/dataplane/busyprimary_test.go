@@ -8,7 +8,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/controllers/rediscluster"
 	"github.com/keyroll/keyroll/controllers/render"
 	"github.com/keyroll/keyroll/test/framework"
@@ -64,7 +64,7 @@ func TestPrimaryWhoseProbeFailsIsNotReplaced(t *testing.T) {
 	fw.WaitReady(t, rc, 2*time.Minute)
 
 	for _, p := range fw.RedisPods(t, rc) {
-		if role := p.Labels[v1alpha1.LabelRole]; (p.Name == "cache-0") != (role == v1alpha1.RolePrimary) {
+		if role := p.Labels[v1beta1.LabelRole]; (p.Name == "cache-0") != (role == v1beta1.RolePrimary) {
 			t.Errorf("%s is labelled %q with cache-0 the primary", p.Name, role)
 		}
 		if now := runs([]corev1.Pod{p})[p.Name]; now != before[p.Name] {
@@ -78,8 +78,8 @@ func TestPrimaryWhoseProbeFailsIsNotReplaced(t *testing.T) {
 
 // promotions counts the PrimaryPromoted events about rc beyond those in before (its events'
 // reasons, framework.Reasons, when the probe began to fail).
-func promotions(t *testing.T, rc *v1alpha1.RedisCluster, before []string) int {
+func promotions(t *testing.T, rc *v1beta1.RedisCluster, before []string) int {
 	t.Helper()
 	added := framework.NewReasons(before, framework.Reasons(fw.ClusterEvents(t, rc.Namespace, rc.Name)))
-	return len(slices.DeleteFunc(added, func(r string) bool { return r != v1alpha1.EventPrimaryPromoted }))
+	return len(slices.DeleteFunc(added, func(r string) bool { return r != v1beta1.EventPrimaryPromoted }))
 }

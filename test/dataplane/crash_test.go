@@ -10,7 +10,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/test/framework"
 )
 
@@ -84,7 +84,7 @@ func TestCrashedRedisContainerRestartsInPlace(t *testing.T) {
 	})
 	// keyroll's status follows the pod's readiness with a reconcile's delay.
 	framework.Eventually(t, time.Minute, func() string {
-		if c := framework.Condition(fw.Get(t, rc), v1alpha1.ConditionReady); c == nil || c.Status != "True" {
+		if c := framework.Condition(fw.Get(t, rc), v1beta1.ConditionReady); c == nil || c.Status != "True" {
 			return fmt.Sprintf("after the restart in place: Ready %+v", c)
 		}
 		return ""
@@ -111,7 +111,7 @@ func TestCrashedRedisContainerRestartsInPlace(t *testing.T) {
 			if !framework.PodReady(&p) {
 				return p.Name + " is not Ready"
 			}
-			if role := p.Labels[v1alpha1.LabelRole]; (p.Name == promoted) != (role == v1alpha1.RolePrimary) {
+			if role := p.Labels[v1beta1.LabelRole]; (p.Name == promoted) != (role == v1beta1.RolePrimary) {
 				return fmt.Sprintf("%s is labelled %q with %s the primary", p.Name, role, promoted)
 			}
 		}
@@ -136,7 +136,7 @@ func ordinalOf(pod string) int {
 }
 
 // nodeStatus is the status.nodes entry of a pod, or nil.
-func nodeStatus(rc *v1alpha1.RedisCluster, pod string) *v1alpha1.NodeStatus {
+func nodeStatus(rc *v1beta1.RedisCluster, pod string) *v1beta1.NodeStatus {
 	for i := range rc.Status.Nodes {
 		if rc.Status.Nodes[i].Pod == pod {
 			return &rc.Status.Nodes[i]

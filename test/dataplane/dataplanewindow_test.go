@@ -12,7 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/test/framework"
 )
 
@@ -28,8 +28,8 @@ func TestDataPlaneChangeWaitsForTheMaintenanceWindow(t *testing.T) {
 	// meanwhile), in UTC, for half an hour.
 	opens := time.Now().UTC().Truncate(time.Minute).Add(4 * time.Minute)
 	rc := fw.RedisCluster(t, ns, "cache", vc.Name, fw.Path("orders"), framework.Replicas(3), framework.WithConsumers("app"),
-		func(rc *v1alpha1.RedisCluster) {
-			rc.Spec.Rotation.MaintenanceWindow = &v1alpha1.MaintenanceWindow{Start: opens.Format("15:04"), Duration: metav1.Duration{Duration: 30 * time.Minute}}
+		func(rc *v1beta1.RedisCluster) {
+			rc.Spec.Rotation.MaintenanceWindow = &v1beta1.MaintenanceWindow{Start: opens.Format("15:04"), Duration: metav1.Duration{Duration: 30 * time.Minute}}
 		})
 	rc = fw.WaitReady(t, rc, 3*time.Minute)
 	user, pass, _ := fw.Credentials(rc)
@@ -41,22 +41,22 @@ func TestDataPlaneChangeWaitsForTheMaintenanceWindow(t *testing.T) {
 
 	for _, p := range pods {
 		patch := client.MergeFrom(p.DeepCopy())
-		p.Annotations[v1alpha1.AnnotationDataPlane] = "0"
-		p.Annotations[v1alpha1.AnnotationPodTemplate] = "an-older-keyrolls-template"
+		p.Annotations[v1beta1.AnnotationDataPlane] = "0"
+		p.Annotations[v1beta1.AnnotationPodTemplate] = "an-older-keyrolls-template"
 		if err := fw.Client.Patch(context.Background(), &p, patch); err != nil {
 			t.Fatal(err)
 		}
 	}
 	marked := time.Now()
 	framework.Eventually(t, time.Minute, func() string {
-		c := meta.FindStatusCondition(fw.Get(t, rc).Status.Conditions, v1alpha1.ConditionDataPlaneCurrent)
-		if c == nil || c.Reason != v1alpha1.ReasonRestartPending {
+		c := meta.FindStatusCondition(fw.Get(t, rc).Status.Conditions, v1beta1.ConditionDataPlaneCurrent)
+		if c == nil || c.Reason != v1beta1.ReasonRestartPending {
 			return fmt.Sprintf("condition DataPlaneCurrent %+v", c)
 		}
 		return ""
 	})
 	reported := time.Since(marked)
-	fw.WaitClusterEvents(t, ns, rc.Name, 10*time.Second, v1alpha1.EventDataPlaneChangePending)
+	fw.WaitClusterEvents(t, ns, rc.Name, 10*time.Second, v1beta1.EventDataPlaneChangePending)
 	if !time.Now().Before(opens) {
 		t.Fatalf("the window (%s) opened before the change could be seen waiting for it", opens.Format("15:04"))
 	}
@@ -67,10 +67,10 @@ func TestDataPlaneChangeWaitsForTheMaintenanceWindow(t *testing.T) {
 		time.Sleep(time.Second)
 	}
 
-	var final *v1alpha1.RedisCluster
+	var final *v1beta1.RedisCluster
 	framework.Eventually(t, 8*time.Minute, func() string {
 		final = fw.Get(t, rc)
-		c := meta.FindStatusCondition(final.Status.Conditions, v1alpha1.ConditionDataPlaneCurrent)
+		c := meta.FindStatusCondition(final.Status.Conditions, v1beta1.ConditionDataPlaneCurrent)
 		if final.Status.Rollout != nil || len(rw.Terminations()) < 3 || c == nil || c.Status != metav1.ConditionTrue {
 			return fmt.Sprintf("rollout %+v, %d pods restarted, condition %+v", final.Status.Rollout, len(rw.Terminations()), c)
 		}
@@ -115,8 +115,8 @@ func TestSingleReplicaWithoutStorageIsNotRestarted(t *testing.T) {
 	ns := fw.Namespace(t, "dpsingle")
 	vc := fw.VaultConnection(t, "vault-dpsingle", framework.Allow(ns))
 	opened := time.Now().UTC().Truncate(time.Minute)
-	rc := fw.RedisCluster(t, ns, "cache", vc.Name, fw.Path("orders"), func(rc *v1alpha1.RedisCluster) {
-		rc.Spec.Rotation.MaintenanceWindow = &v1alpha1.MaintenanceWindow{Start: opened.Format("15:04"), Duration: metav1.Duration{Duration: time.Hour}}
+	rc := fw.RedisCluster(t, ns, "cache", vc.Name, fw.Path("orders"), func(rc *v1beta1.RedisCluster) {
+		rc.Spec.Rotation.MaintenanceWindow = &v1beta1.MaintenanceWindow{Start: opened.Format("15:04"), Duration: metav1.Duration{Duration: time.Hour}}
 	})
 	rc = fw.WaitReady(t, rc, 3*time.Minute)
 	if rc.Spec.Replicas != 1 || rc.Spec.Storage != nil {
@@ -125,19 +125,19 @@ func TestSingleReplicaWithoutStorageIsNotRestarted(t *testing.T) {
 	rw := watchRestarts(t, rc)
 	p := fw.RedisPods(t, rc)[0]
 	patch := client.MergeFrom(p.DeepCopy())
-	p.Annotations[v1alpha1.AnnotationDataPlane] = "0"
-	p.Annotations[v1alpha1.AnnotationPodTemplate] = "an-older-keyrolls-template"
+	p.Annotations[v1beta1.AnnotationDataPlane] = "0"
+	p.Annotations[v1beta1.AnnotationPodTemplate] = "an-older-keyrolls-template"
 	if err := fw.Client.Patch(context.Background(), &p, patch); err != nil {
 		t.Fatal(err)
 	}
 	framework.Eventually(t, time.Minute, func() string {
-		c := meta.FindStatusCondition(fw.Get(t, rc).Status.Conditions, v1alpha1.ConditionDataPlaneCurrent)
-		if c == nil || c.Reason != v1alpha1.ReasonRestartPending || !strings.Contains(c.Message, "only when the owner asks") {
+		c := meta.FindStatusCondition(fw.Get(t, rc).Status.Conditions, v1beta1.ConditionDataPlaneCurrent)
+		if c == nil || c.Reason != v1beta1.ReasonRestartPending || !strings.Contains(c.Message, "only when the owner asks") {
 			return fmt.Sprintf("condition DataPlaneCurrent %+v", c)
 		}
 		return ""
 	})
-	fw.WaitClusterEvents(t, ns, rc.Name, 10*time.Second, v1alpha1.EventDataPlaneChangePending)
+	fw.WaitClusterEvents(t, ns, rc.Name, 10*time.Second, v1beta1.EventDataPlaneChangePending)
 	// The window is open: a cluster with a hand-over would be restarting now. Touch the cluster
 	// meanwhile, so that it is reconciled again and again.
 	for i := range 6 {
@@ -151,11 +151,11 @@ func TestSingleReplicaWithoutStorageIsNotRestarted(t *testing.T) {
 		t.Fatalf("the pod was replaced (%s, was %s)", got.UID, p.UID)
 	}
 
-	fw.Annotate(t, rc, v1alpha1.AnnotationUpgradeDataPlane, "now")
+	fw.Annotate(t, rc, v1beta1.AnnotationUpgradeDataPlane, "now")
 	asked := time.Now()
 	framework.Eventually(t, 3*time.Minute, func() string {
 		cur := fw.Get(t, rc)
-		c := meta.FindStatusCondition(cur.Status.Conditions, v1alpha1.ConditionDataPlaneCurrent)
+		c := meta.FindStatusCondition(cur.Status.Conditions, v1beta1.ConditionDataPlaneCurrent)
 		if len(rw.Terminations()) != 1 || c == nil || c.Status != metav1.ConditionTrue || cur.Status.DataPlaneUpgradeAcknowledged != "now" {
 			return fmt.Sprintf("%d restarts, condition %+v, acknowledged %q", len(rw.Terminations()), c, cur.Status.DataPlaneUpgradeAcknowledged)
 		}

@@ -14,7 +14,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/test/framework"
 	"github.com/keyroll/keyroll/test/testground"
 )
@@ -27,10 +27,10 @@ import (
 func TestDiscoveredConsumersAreRolled(t *testing.T) {
 	ns := fw.Namespace(t, "discover")
 	vc := fw.VaultConnection(t, "vault-discover", framework.Allow(ns))
-	rc := fw.RedisCluster(t, ns, "cache", vc.Name, fw.Path("orders"), func(rc *v1alpha1.RedisCluster) { rc.Spec.Rollout.DiscoverConsumers = true })
+	rc := fw.RedisCluster(t, ns, "cache", vc.Name, fw.Path("orders"), func(rc *v1beta1.RedisCluster) { rc.Spec.Rollout.DiscoverConsumers = true })
 	rc = fw.WaitReady(t, rc, 3*time.Minute)
 	oldUser, oldPass, _ := fw.Credentials(rc)
-	oldLease := rc.Status.Credential.LeaseID
+	oldLease := rc.Status.Credential.Lease.LeaseID
 
 	cw := fw.WatchPods(t, ns, "app in (api,worker)")
 	api := fw.StartConsumers(t, ns, "api", 2, "cache:6379", "cache-credentials", framework.CredentialFromEnv("cache-credentials"))
@@ -61,7 +61,7 @@ func TestDiscoveredConsumersAreRolled(t *testing.T) {
 			continue
 		}
 		delete(want, key)
-		if c.Via != v1alpha1.ConsumerDiscovered || !slices.Contains(c.References, ref) || c.Restarted != (c.Kind != "CronJob") {
+		if c.Via != v1beta1.ConsumerDiscovered || !slices.Contains(c.References, ref) || c.Restarted != (c.Kind != "CronJob") {
 			t.Errorf("status.consumers: %+v; want via Discovered, references with %q, restarted unless a CronJob", c, ref)
 		}
 	}
@@ -74,7 +74,7 @@ func TestDiscoveredConsumersAreRolled(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, p := range pods.Items {
-			if v := p.Annotations[v1alpha1.AnnotationCredentialVersion]; p.DeletionTimestamp.IsZero() && v != cur.Status.Credential.Version {
+			if v := p.Annotations[v1beta1.AnnotationCredentialVersion]; p.DeletionTimestamp.IsZero() && v != cur.Status.Credential.Version {
 				t.Errorf("pod %s runs credential %q, want %s", p.Name, v, cur.Status.Credential.Version)
 			}
 		}
@@ -85,8 +85,8 @@ func TestDiscoveredConsumersAreRolled(t *testing.T) {
 	if a := nightly.Spec.JobTemplate.Spec.Template.Annotations; len(a) > 0 {
 		t.Errorf("the CronJob was touched: %v", a)
 	}
-	events := fw.WaitClusterEvents(t, ns, rc.Name, 10*time.Second, v1alpha1.EventConsumersDiscovered)
-	if i := slices.IndexFunc(events, func(e eventsv1.Event) bool { return e.Reason == v1alpha1.EventConsumersDiscovered }); i < 0 || !strings.Contains(events[i].Note, "CronJob/nightly") {
+	events := fw.WaitClusterEvents(t, ns, rc.Name, 10*time.Second, v1beta1.EventConsumersDiscovered)
+	if i := slices.IndexFunc(events, func(e eventsv1.Event) bool { return e.Reason == v1beta1.EventConsumersDiscovered }); i < 0 || !strings.Contains(events[i].Note, "CronJob/nightly") {
 		t.Errorf("no ConsumersDiscovered event naming CronJob/nightly")
 	}
 

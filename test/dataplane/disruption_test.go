@@ -16,7 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/test/framework"
 )
 
@@ -94,7 +94,7 @@ func TestEvictionOfASecondRedisPodIsRefused(t *testing.T) {
 }
 
 // changeTemplate gives the Redis pods a new template (a CPU request), which rolls them.
-func changeTemplate(t *testing.T, rc *v1alpha1.RedisCluster, cpu string) {
+func changeTemplate(t *testing.T, rc *v1beta1.RedisCluster, cpu string) {
 	t.Helper()
 	cur := fw.Get(t, rc)
 	patch := client.MergeFrom(cur.DeepCopy())
@@ -118,9 +118,9 @@ func waitRestartOf(t *testing.T, rw *framework.PodWatch, pod string) {
 }
 
 // rolledOut waits until rc has no rollout and its want pods are Ready with the CPU request.
-func rolledOut(t *testing.T, rc *v1alpha1.RedisCluster, want int, cpu string) *v1alpha1.RedisCluster {
+func rolledOut(t *testing.T, rc *v1beta1.RedisCluster, want int, cpu string) *v1beta1.RedisCluster {
 	t.Helper()
-	var cur *v1alpha1.RedisCluster
+	var cur *v1beta1.RedisCluster
 	framework.Eventually(t, 5*time.Minute, func() string {
 		cur = fw.Get(t, rc)
 		if ro := cur.Status.Rollout; ro != nil {

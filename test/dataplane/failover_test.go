@@ -12,14 +12,14 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/test/framework"
 )
 
 // watchRestarts follows the Redis pods of rc: their terminations, in order.
-func watchRestarts(t *testing.T, rc *v1alpha1.RedisCluster) *framework.PodWatch {
+func watchRestarts(t *testing.T, rc *v1beta1.RedisCluster) *framework.PodWatch {
 	t.Helper()
-	return fw.WatchPods(t, rc.Namespace, v1alpha1.LabelCluster+"="+rc.Name)
+	return fw.WatchPods(t, rc.Namespace, v1beta1.LabelCluster+"="+rc.Name)
 }
 
 // The acceptance test of safe restarts (issue 16): three Redis pods with 10,000 keys and two
@@ -60,7 +60,7 @@ func TestVersionChangeRollsReplicasFirstThenFailsOver(t *testing.T) {
 	if err := fw.Client.Patch(context.Background(), rc, patch); err != nil {
 		t.Fatal(err)
 	}
-	var final *v1alpha1.RedisCluster
+	var final *v1beta1.RedisCluster
 	framework.Eventually(t, 6*time.Minute, func() string {
 		final = fw.Get(t, rc)
 		if ro := final.Status.Rollout; ro != nil {
@@ -89,8 +89,8 @@ func TestVersionChangeRollsReplicasFirstThenFailsOver(t *testing.T) {
 	if want := []string{"cache-2", "cache-1", "cache-0"}; !slices.Equal(order, want) {
 		t.Fatalf("restart order %v, want %v: replicas first, the primary last, each once", order, want)
 	}
-	if r := restarts[2]; r.Labels[v1alpha1.LabelRole] != v1alpha1.RoleReplica {
-		t.Errorf("cache-0 began its restart labelled %q: want replica, its primary role handed over first", r.Labels[v1alpha1.LabelRole])
+	if r := restarts[2]; r.Labels[v1beta1.LabelRole] != v1beta1.RoleReplica {
+		t.Errorf("cache-0 began its restart labelled %q: want replica, its primary role handed over first", r.Labels[v1beta1.LabelRole])
 	}
 	newPrimary := final.Status.Primary
 	if newPrimary != "cache-1" && newPrimary != "cache-2" {
@@ -104,12 +104,12 @@ func TestVersionChangeRollsReplicasFirstThenFailsOver(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		wantRole, wantLabel := "slave", v1alpha1.RoleReplica
+		wantRole, wantLabel := "slave", v1beta1.RoleReplica
 		if p.Name == newPrimary {
-			wantRole, wantLabel = "master", v1alpha1.RolePrimary
+			wantRole, wantLabel = "master", v1beta1.RolePrimary
 		}
-		if st.Role != wantRole || p.Labels[v1alpha1.LabelRole] != wantLabel {
-			t.Errorf("%s is a %s labelled %q; want a %s labelled %q", p.Name, st.Role, p.Labels[v1alpha1.LabelRole], wantRole, wantLabel)
+		if st.Role != wantRole || p.Labels[v1beta1.LabelRole] != wantLabel {
+			t.Errorf("%s is a %s labelled %q; want a %s labelled %q", p.Name, st.Role, p.Labels[v1beta1.LabelRole], wantRole, wantLabel)
 		}
 		if got := countKeys(t, framework.PodAddr(&p), user, pass, keys); got != keys {
 			t.Errorf("%s has %d of %d keys after the rollout", p.Name, got, keys)
@@ -138,7 +138,7 @@ func TestVersionChangeRollsReplicasFirstThenFailsOver(t *testing.T) {
 	for _, r := range framework.NewReasons(eventsBefore, framework.Reasons(fw.ClusterEvents(t, ns, rc.Name))) {
 		reasons[r]++
 	}
-	if reasons[v1alpha1.EventPrimaryHandedOver] != 1 || reasons[v1alpha1.EventPrimaryPromoted] != 0 {
+	if reasons[v1beta1.EventPrimaryHandedOver] != 1 || reasons[v1beta1.EventPrimaryPromoted] != 0 {
 		t.Errorf("events since the change: %v; want one PrimaryHandedOver and no PrimaryPromoted", reasons)
 	}
 

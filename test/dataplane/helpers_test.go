@@ -12,7 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/redisnode"
 	"github.com/keyroll/keyroll/test/framework"
 )
@@ -20,7 +20,7 @@ import (
 // rotated says whether a rotation from version from is over: a new credential on every node, the
 // consumers rolled out (their pods on the new credential and the old ones gone), nothing
 // superseded left in the ledger or on the nodes.
-func rotated(t testing.TB, rc *v1alpha1.RedisCluster, from string) string {
+func rotated(t testing.TB, rc *v1beta1.RedisCluster, from string) string {
 	cur := fw.Get(t, rc)
 	c := cur.Status.Credential
 	switch {
@@ -31,7 +31,7 @@ func rotated(t testing.TB, rc *v1alpha1.RedisCluster, from string) string {
 	case len(cur.Status.Leases) != 1 || len(cur.Status.RetiringUsers) > 0:
 		return fmt.Sprintf("ledger %+v, retiring users %v", cur.Status.Leases, cur.Status.RetiringUsers)
 	}
-	if u := framework.Condition(cur, v1alpha1.ConditionUsersApplied); u == nil || u.Status != metav1.ConditionTrue {
+	if u := framework.Condition(cur, v1beta1.ConditionUsersApplied); u == nil || u.Status != metav1.ConditionTrue {
 		return fmt.Sprintf("UsersApplied %+v", u)
 	}
 	for _, ref := range cur.Spec.Rollout.Consumers {
@@ -40,7 +40,7 @@ func rotated(t testing.TB, rc *v1alpha1.RedisCluster, from string) string {
 			return err.Error()
 		}
 		st := d.Status
-		if d.Spec.Template.Annotations[v1alpha1.AnnotationCredentialVersion] != c.Version || st.UpdatedReplicas != *d.Spec.Replicas ||
+		if d.Spec.Template.Annotations[v1beta1.AnnotationCredentialVersion] != c.Version || st.UpdatedReplicas != *d.Spec.Replicas ||
 			st.Replicas != *d.Spec.Replicas || (st.TerminatingReplicas != nil && *st.TerminatingReplicas > 0) {
 			return fmt.Sprintf("consumer %s not rolled out: %+v", ref.Name, st)
 		}

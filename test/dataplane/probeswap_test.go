@@ -8,7 +8,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/controllers/render"
 	"github.com/keyroll/keyroll/test/framework"
 	"github.com/keyroll/keyroll/test/testground"
@@ -57,7 +57,7 @@ func TestNewProbeImageGoesOnThePodsInPlace(t *testing.T) {
 	if err := fw.Ground.Node.TagImage(testground.ProbeImage, swapped); err != nil {
 		t.Fatal(err)
 	}
-	ready := fw.WatchPods(t, ns, v1alpha1.LabelCluster+"="+rc.Name)
+	ready := fw.WatchPods(t, ns, v1beta1.LabelCluster+"="+rc.Name)
 	_, failedBefore, _ := app.Totals()
 
 	start := time.Now()
@@ -91,7 +91,7 @@ func TestNewProbeImageGoesOnThePodsInPlace(t *testing.T) {
 	}
 	var order []string
 	for _, e := range fw.ClusterEvents(t, ns, rc.Name) {
-		if e.Reason == v1alpha1.EventProbeSidecarUpdated && e.Related != nil {
+		if e.Reason == v1beta1.EventProbeSidecarUpdated && e.Related != nil {
 			order = append(order, e.Related.Name)
 		}
 	}

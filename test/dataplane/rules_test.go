@@ -9,7 +9,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/test/framework"
 )
 
@@ -21,7 +21,7 @@ var hardened = []string{"~app:*", "+@read", "+@write", "-@dangerous"}
 func TestHardenedACLRulesKeepReplicationAndReadiness(t *testing.T) {
 	ns := fw.Namespace(t, "hardened")
 	vc := fw.VaultConnection(t, "vault-hardened", framework.Allow(ns))
-	rc := fw.RedisCluster(t, ns, "cache", vc.Name, fw.Path("hardened"), framework.Replicas(3), func(rc *v1alpha1.RedisCluster) {
+	rc := fw.RedisCluster(t, ns, "cache", vc.Name, fw.Path("hardened"), framework.Replicas(3), func(rc *v1beta1.RedisCluster) {
 		rc.Spec.Credentials.ACLRules = hardened
 	})
 	fw.WaitReady(t, rc, 3*time.Minute)
@@ -78,13 +78,13 @@ func TestHardenedACLRulesKeepReplicationAndReadiness(t *testing.T) {
 func TestUnknownACLRuleIsReported(t *testing.T) {
 	ns := fw.Namespace(t, "unknown")
 	vc := fw.VaultConnection(t, "vault-unknown", framework.Allow(ns))
-	rc := fw.RedisCluster(t, ns, "cache", vc.Name, fw.Path("orders"), framework.Replicas(2), func(rc *v1alpha1.RedisCluster) {
+	rc := fw.RedisCluster(t, ns, "cache", vc.Name, fw.Path("orders"), framework.Replicas(2), func(rc *v1beta1.RedisCluster) {
 		rc.Spec.Credentials.ACLRules = []string{"~*", "+@read", "+@nosuchcategory"}
 	})
 	var cond *metav1.Condition
 	framework.Eventually(t, 3*time.Minute, func() string {
-		cond = framework.Condition(fw.Get(t, rc), v1alpha1.ConditionUsersApplied)
-		if cond == nil || cond.Reason != v1alpha1.ReasonInvalidACLRules {
+		cond = framework.Condition(fw.Get(t, rc), v1beta1.ConditionUsersApplied)
+		if cond == nil || cond.Reason != v1beta1.ReasonInvalidACLRules {
 			return fmt.Sprintf("UsersApplied %+v", cond)
 		}
 		return ""
@@ -93,7 +93,7 @@ func TestUnknownACLRuleIsReported(t *testing.T) {
 	if !strings.Contains(cond.Message, "+@nosuchcategory") || !strings.Contains(cond.Message, "Unknown command or category name in ACL") {
 		t.Errorf("the condition does not name the rule with Redis's words: %s", cond.Message)
 	}
-	if d := framework.Condition(fw.Get(t, rc), v1alpha1.ConditionDegraded); d == nil || d.Status != metav1.ConditionTrue || d.Reason != v1alpha1.ReasonInvalidACLRules {
+	if d := framework.Condition(fw.Get(t, rc), v1beta1.ConditionDegraded); d == nil || d.Status != metav1.ConditionTrue || d.Reason != v1beta1.ReasonInvalidACLRules {
 		t.Errorf("Degraded %+v", d)
 	}
 	if _, _, ok := fw.Credentials(rc); ok {

@@ -13,7 +13,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/test/framework"
 	"github.com/keyroll/keyroll/test/testground"
 )
@@ -127,10 +127,10 @@ func supersededLeaseOutlivesALongRollout(t *testing.T, plugin bool) {
 	}
 	ns := fw.Namespace(t, base)
 	vc := fw.VaultConnection(t, "vault-"+base, framework.Allow(ns))
-	opts := []framework.ClusterOption{framework.Replicas(2), framework.WithConsumers("app"), func(rc *v1alpha1.RedisCluster) {
+	opts := []framework.ClusterOption{framework.Replicas(2), framework.WithConsumers("app"), func(rc *v1beta1.RedisCluster) {
 		rc.Spec.Rollout.ReadinessTimeout = &metav1.Duration{Duration: 10 * time.Minute}
 	}}
-	var rc *v1alpha1.RedisCluster
+	var rc *v1beta1.RedisCluster
 	if plugin {
 		rc = pluginCluster(t, ns, vc.Name, fw.Path(base), opts...)
 		// brief's leases of two minutes, from a connection to the cluster's own primary.
@@ -143,7 +143,7 @@ func supersededLeaseOutlivesALongRollout(t *testing.T, plugin bool) {
 		d.Spec.MinReadySeconds = int32(hold.Seconds())
 	})
 	oldUser, oldPass, _ := fw.Credentials(rc)
-	oldLease := cur.Status.Credential.LeaseID
+	oldLease := cur.Status.Credential.Lease.LeaseID
 
 	rotatedAt := time.Now()
 	fw.RotateNow(t, rc)
@@ -166,8 +166,8 @@ func supersededLeaseOutlivesALongRollout(t *testing.T, plugin bool) {
 		if c.Status.Credential == nil || c.Status.Credential.Version == cur.Status.Credential.Version || c.Status.Rollout != nil {
 			return false
 		}
-		return !slices.ContainsFunc(c.Status.Leases, func(l v1alpha1.LeaseRecord) bool {
-			return l.LeaseID == oldLease && l.State == v1alpha1.LeaseSuperseded
+		return !slices.ContainsFunc(c.Status.Leases, func(l v1beta1.LeaseRecord) bool {
+			return l.LeaseID == oldLease && l.State == v1beta1.LeaseSuperseded
 		})
 	}
 	endedSoon := func() bool {

@@ -12,7 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/test/framework"
 )
 
@@ -21,7 +21,7 @@ import (
 // process, outside the pod network, logged in on pod 0: all three with the credential before a
 // rotation. The unlisted consumer reads its credential once, as many applications do.
 type unlistedScene struct {
-	rc             *v1alpha1.RedisCluster
+	rc             *v1beta1.RedisCluster
 	ns             string
 	oldUser, oldPw string
 	app, report    *framework.Consumers
@@ -64,14 +64,14 @@ func startUnlisted(t *testing.T, base string, opts ...framework.ClusterOption) *
 
 // waitHeld waits until the rollout is done and status names both unlisted clients; it returns
 // them and how long after the rotation.
-func (sc *unlistedScene) waitHeld(t *testing.T) ([]v1alpha1.OldUserClient, time.Duration) {
+func (sc *unlistedScene) waitHeld(t *testing.T) ([]v1beta1.OldUserClient, time.Duration) {
 	t.Helper()
-	var clients []v1alpha1.OldUserClient
+	var clients []v1beta1.OldUserClient
 	framework.Eventually(t, 3*time.Minute, func() string {
 		cur := fw.Get(t, sc.rc)
 		clients = cur.Status.OldUserClients
-		byPod := slices.ContainsFunc(clients, func(c v1alpha1.OldUserClient) bool { return c.Workload == "Deployment/report" && c.User == sc.oldUser })
-		byAddr := slices.ContainsFunc(clients, func(c v1alpha1.OldUserClient) bool { return c.Workload == "" && c.User == sc.oldUser })
+		byPod := slices.ContainsFunc(clients, func(c v1beta1.OldUserClient) bool { return c.Workload == "Deployment/report" && c.User == sc.oldUser })
+		byAddr := slices.ContainsFunc(clients, func(c v1beta1.OldUserClient) bool { return c.Workload == "" && c.User == sc.oldUser })
 		if cur.Status.Rollout != nil || !byPod || !byAddr {
 			return fmt.Sprintf("rollout %+v, status.oldUserClients %+v", cur.Status.Rollout, clients)
 		}
@@ -90,7 +90,7 @@ func TestUnlistedClientHoldsRetirement(t *testing.T) {
 	sc := startUnlisted(t, "unlisted")
 	clients, after := sc.waitHeld(t)
 	cur := fw.Get(t, sc.rc)
-	if c := framework.Condition(cur, v1alpha1.ConditionLeasesRevoked); c == nil || c.Reason != v1alpha1.ReasonClientsStillLoggedIn || !strings.Contains(c.Message, "Deployment/report") {
+	if c := framework.Condition(cur, v1beta1.ConditionLeasesRevoked); c == nil || c.Reason != v1beta1.ReasonClientsStillLoggedIn || !strings.Contains(c.Message, "Deployment/report") {
 		t.Errorf("LeasesRevoked %+v", c)
 	}
 	if len(cur.Status.Leases) != 2 {
@@ -99,7 +99,7 @@ func TestUnlistedClientHoldsRetirement(t *testing.T) {
 	if msg := fw.OnEveryPod(sc.rc, sc.oldUser, sc.oldPw, true); msg != "" {
 		t.Errorf("the old user while its retirement is held: %s", msg)
 	}
-	fw.WaitClusterEvents(t, sc.ns, sc.rc.Name, 10*time.Second, v1alpha1.EventOldCredentialInUse)
+	fw.WaitClusterEvents(t, sc.ns, sc.rc.Name, 10*time.Second, v1beta1.EventOldCredentialInUse)
 	var conns int32
 	for _, c := range clients {
 		conns += c.Connections
@@ -154,8 +154,8 @@ func unlistedConnections(t *testing.T, ns, name string) float64 {
 // the unlisted clients hold the retirement for 30 s from when keyroll first saw them; then the old
 // user leaves every node, which cuts them off, and the event says whom.
 func TestProceedAfterGraceCutsOffAndSaysWhom(t *testing.T) {
-	sc := startUnlisted(t, "proceed", func(rc *v1alpha1.RedisCluster) {
-		rc.Spec.Rollout.UnlistedClients = v1alpha1.UnlistedClientsSpec{Action: v1alpha1.UnlistedClientsProceed, Grace: &metav1.Duration{Duration: 30 * time.Second}}
+	sc := startUnlisted(t, "proceed", func(rc *v1beta1.RedisCluster) {
+		rc.Spec.Rollout.UnlistedClients = v1beta1.UnlistedClientsSpec{Action: v1beta1.UnlistedClientsProceed, Grace: &metav1.Duration{Duration: 30 * time.Second}}
 	})
 	clients, _ := sc.waitHeld(t)
 	seen := time.Now()
@@ -179,9 +179,9 @@ func TestProceedAfterGraceCutsOffAndSaysWhom(t *testing.T) {
 	if held := cutAt.Sub(first); held < 30*time.Second {
 		t.Errorf("the old user was retired %s after the clients were first seen, before the 30 s grace", held.Round(time.Second))
 	}
-	events := fw.WaitClusterEvents(t, sc.ns, sc.rc.Name, 20*time.Second, v1alpha1.EventUnlistedClientsCutOff)
+	events := fw.WaitClusterEvents(t, sc.ns, sc.rc.Name, 20*time.Second, v1beta1.EventUnlistedClientsCutOff)
 	for _, e := range events {
-		if e.Reason == v1alpha1.EventUnlistedClientsCutOff && (!strings.Contains(e.Note, "Deployment/report") || !strings.Contains(e.Note, "(no pod's)")) {
+		if e.Reason == v1beta1.EventUnlistedClientsCutOff && (!strings.Contains(e.Note, "Deployment/report") || !strings.Contains(e.Note, "(no pod's)")) {
 			t.Errorf("the cut-off event does not name the workload and the host's address: %s", e.Note)
 		}
 	}
@@ -193,14 +193,14 @@ func TestProceedAfterGraceCutsOffAndSaysWhom(t *testing.T) {
 // via LoggedIn) with no failed command, while the host's client, which is no pod's, holds the
 // retirement untouched; once it has gone, the old user is retired.
 func TestRestartActionRestartsTheLoggedInWorkload(t *testing.T) {
-	sc := startUnlisted(t, "restart", func(rc *v1alpha1.RedisCluster) {
-		rc.Spec.Rollout.UnlistedClients = v1alpha1.UnlistedClientsSpec{Action: v1alpha1.UnlistedClientsRestart}
+	sc := startUnlisted(t, "restart", func(rc *v1beta1.RedisCluster) {
+		rc.Spec.Rollout.UnlistedClients = v1beta1.UnlistedClientsSpec{Action: v1beta1.UnlistedClientsRestart}
 	})
-	var cur *v1alpha1.RedisCluster
+	var cur *v1beta1.RedisCluster
 	framework.Eventually(t, 3*time.Minute, func() string {
 		cur = fw.Get(t, sc.rc)
-		adopted := slices.ContainsFunc(cur.Status.Consumers, func(c v1alpha1.ConsumerInUse) bool {
-			return c.Kind == "Deployment" && c.Name == "report" && c.Via == v1alpha1.ConsumerLoggedIn && c.Restarted
+		adopted := slices.ContainsFunc(cur.Status.Consumers, func(c v1beta1.ConsumerInUse) bool {
+			return c.Kind == "Deployment" && c.Name == "report" && c.Via == v1beta1.ConsumerLoggedIn && c.Restarted
 		})
 		onlyHost := len(cur.Status.OldUserClients) == 1 && cur.Status.OldUserClients[0].Workload == ""
 		if !adopted || cur.Status.Rollout != nil || !onlyHost || fw.ConsumerVersion(t, sc.ns, "report") != cur.Status.Credential.Version {
@@ -212,7 +212,7 @@ func TestRestartActionRestartsTheLoggedInWorkload(t *testing.T) {
 	if msg := fw.OnEveryPod(sc.rc, sc.oldUser, sc.oldPw, true); msg != "" {
 		t.Errorf("the old user while the host's client holds it: %s", msg)
 	}
-	fw.WaitClusterEvents(t, sc.ns, sc.rc.Name, 10*time.Second, v1alpha1.EventUnlistedClientRestarting)
+	fw.WaitClusterEvents(t, sc.ns, sc.rc.Name, 10*time.Second, v1beta1.EventUnlistedClientRestarting)
 	sc.closeHost()
 	framework.Eventually(t, time.Minute, func() string {
 		cur := fw.Get(t, sc.rc)

@@ -13,12 +13,12 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/test/framework"
 )
 
 // staged is the credential keyroll holds for a cluster before any consumer has it.
-func staged(t testing.TB, rc *v1alpha1.RedisCluster) (user, pass string) {
+func staged(t testing.TB, rc *v1beta1.RedisCluster) (user, pass string) {
 	t.Helper()
 	return fw.SecretData(rc.Namespace, rc.Name+"-keyroll", "username"), fw.SecretData(rc.Namespace, rc.Name+"-keyroll", "password")
 }
@@ -52,7 +52,7 @@ func firstAccepted(t *testing.T, pods []corev1.Pod, user, pass string, timeout t
 
 // watchPublished checks, at every write of the consumers' Secret, that every node already
 // accepts the credential it holds: consumers cannot have a credential before that write.
-func watchPublished(t *testing.T, rc *v1alpha1.RedisCluster, pods []corev1.Pod) (check func() []string) {
+func watchPublished(t *testing.T, rc *v1beta1.RedisCluster, pods []corev1.Pod) (check func() []string) {
 	t.Helper()
 	w, err := fw.Clientset.CoreV1().Secrets(rc.Namespace).Watch(context.Background(), metav1.ListOptions{FieldSelector: "metadata.name=" + rc.Name + "-credentials"})
 	if err != nil {
@@ -160,7 +160,7 @@ func TestRetiredUserIsGoneFromEveryNode(t *testing.T) {
 	pods := fw.RedisPods(t, rc)
 	app := fw.StartConsumers(t, ns, "app", 1, "cache:6379", "cache-credentials")
 	oldUser, oldPass, _ := fw.Credentials(rc)
-	oldLease := cur.Status.Credential.LeaseID
+	oldLease := cur.Status.Credential.Lease.LeaseID
 
 	fw.RotateNow(t, rc)
 	var revoked time.Time

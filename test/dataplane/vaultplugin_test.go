@@ -10,7 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/test/docblocks"
 	"github.com/keyroll/keyroll/test/framework"
 	"github.com/keyroll/keyroll/test/testground"
@@ -20,7 +20,7 @@ import (
 // (its "vault-plugin" blocks), as written: a connection of Vault's database engine to the
 // cluster's client Service as the plugin user keyroll keeps on every node, with the password
 // keyroll generated, and a role <namespace>-<name> on it.
-func pointVaultAt(t *testing.T, rc *v1alpha1.RedisCluster) {
+func pointVaultAt(t *testing.T, rc *v1beta1.RedisCluster) {
 	t.Helper()
 	svc := &corev1.Service{}
 	if err := fw.Client.Get(context.Background(), client.ObjectKey{Namespace: rc.Namespace, Name: rc.Name}, svc); err != nil {
@@ -42,7 +42,7 @@ func pointVaultAt(t *testing.T, rc *v1alpha1.RedisCluster) {
 // as its plugin user, with the password keyroll generated, and writes role on it (both named
 // fw.Role(role.Name)): what the guide's commands do (pointVaultAt), for a role whose TTLs the test
 // chooses. Then it wakes the cluster (vaultConfigured).
-func connectPlugin(t *testing.T, rc *v1alpha1.RedisCluster, role testground.RedisRole) {
+func connectPlugin(t *testing.T, rc *v1beta1.RedisCluster, role testground.RedisRole) {
 	t.Helper()
 	svc := &corev1.Service{}
 	if err := fw.Client.Get(context.Background(), client.ObjectKeyFromObject(rc), svc); err != nil {
@@ -63,7 +63,7 @@ func connectPlugin(t *testing.T, rc *v1alpha1.RedisCluster, role testground.Redi
 // vaultConfigured wakes a cluster that waits after Vault's refusal (any change of it does), so that
 // it asks Vault again at once. Not with rotate-now: a retry may have issued the credential
 // meanwhile, and a rotation would then replace it, perhaps after WaitReady has returned it.
-func vaultConfigured(t *testing.T, rc *v1alpha1.RedisCluster) {
+func vaultConfigured(t *testing.T, rc *v1beta1.RedisCluster) {
 	t.Helper()
 	fw.Annotate(t, rc, "test.keyroll.dev/vault-configured", time.Now().UTC().Format(time.RFC3339Nano))
 }
@@ -72,9 +72,9 @@ func vaultConfigured(t *testing.T, rc *v1alpha1.RedisCluster) {
 // which come up before its credential (Vault refuses it, and keyroll reports the refusal, until
 // it is pointed at them). When the test ends it is deleted before its pods: its finalizer revokes
 // its leases, and Vault deletes their users through the plugin, on the primary.
-func pluginCluster(t *testing.T, ns, connection, path string, opts ...framework.ClusterOption) *v1alpha1.RedisCluster {
+func pluginCluster(t *testing.T, ns, connection, path string, opts ...framework.ClusterOption) *v1beta1.RedisCluster {
 	t.Helper()
-	plugin := func(rc *v1alpha1.RedisCluster) { rc.Spec.VaultPlugin = &v1alpha1.VaultPluginSpec{Username: "vault"} }
+	plugin := func(rc *v1beta1.RedisCluster) { rc.Spec.VaultPlugin = &v1beta1.VaultPluginSpec{Username: "vault"} }
 	rc := fw.RedisCluster(t, ns, "cache", connection, path, append([]framework.ClusterOption{plugin}, opts...)...)
 	t.Cleanup(func() { fw.DeleteAndWait(t, rc, time.Minute) })
 	framework.Eventually(t, 3*time.Minute, func() string {
@@ -108,7 +108,7 @@ func TestVaultRevokeCutsTheCredentialOffEverywhere(t *testing.T) {
 		}
 	}
 
-	if err := fw.Ground.Vault.Root.Sys().Revoke(cur.Status.Credential.LeaseID); err != nil {
+	if err := fw.Ground.Vault.Root.Sys().Revoke(cur.Status.Credential.Lease.LeaseID); err != nil {
 		t.Fatal(err)
 	}
 	revoked := time.Now()

@@ -23,7 +23,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/test/docblocks"
 	"github.com/keyroll/keyroll/test/framework"
 	"github.com/keyroll/keyroll/test/testground"
@@ -158,11 +158,11 @@ func TestInstallAndVaultAdministratorCommands(t *testing.T) {
 		docblocks.Run(t, b, root, env, 3*time.Minute)
 	}
 
-	rc := f.RedisCluster(t, "default", "orders", "vault", f.Path("orders"), func(rc *v1alpha1.RedisCluster) {
+	rc := f.RedisCluster(t, "default", "orders", "vault", f.Path("orders"), func(rc *v1beta1.RedisCluster) {
 		rc.Spec.Credentials.ACLRules = []string{"~orders:*", "&*", "+@all"}
 	})
 	cur := f.WaitReady(t, rc, time.Until(deadline))
-	user, lease := cur.Status.Credential.Username, cur.Status.Credential.LeaseID
+	user, lease := cur.Status.Credential.Username, cur.Status.Credential.Lease.LeaseID
 	if !strings.HasPrefix(lease, f.Path("orders")+"/") {
 		t.Errorf("lease %q is not of the orders role", lease)
 	}
@@ -182,23 +182,23 @@ func TestInstallAndVaultAdministratorCommands(t *testing.T) {
 			t.Errorf("the orders role's rules (~orders:*) are not enforced on %s: %v", where, err)
 		}
 	}
-	checkTokenKept(t, ctx, f, cur.Status.Credential.TokenAccessor)
+	checkTokenKept(t, ctx, f, cur.Status.Credential.VaultLease.TokenAccessor)
 	_ = f.Client.Delete(ctx, rc)
 	checkTenancy(t, ctx, f, env, time.Until(deadline))
 
 	// This cluster has no External Secrets Operator: a RedisCluster in ExternalSecret mode says
 	// so (docs/externalsecret-mode.md) instead of waiting silently.
-	es := f.RedisCluster(t, "default", "payments", "", "", func(rc *v1alpha1.RedisCluster) {
-		rc.Spec.Credentials = v1alpha1.CredentialsSpec{
-			Source: v1alpha1.SourceExternalSecret,
-			ExternalSecret: &v1alpha1.ExternalSecretSource{GeneratorRef: &v1alpha1.GeneratorReference{
+	es := f.RedisCluster(t, "default", "payments", "", "", func(rc *v1beta1.RedisCluster) {
+		rc.Spec.Credentials = v1beta1.CredentialsSpec{
+			Source: v1beta1.SourceExternalSecret,
+			ExternalSecret: &v1beta1.ExternalSecretSource{GeneratorRef: &v1beta1.GeneratorReference{
 				APIVersion: "generators.external-secrets.io/v1alpha1", Kind: "VaultDynamicSecret", Name: "redis-payments"}},
 		}
 	})
 	framework.Eventually(t, time.Until(deadline), func() string {
-		c := framework.Condition(f.Get(t, es), v1alpha1.ConditionCredentialsReady)
-		if c == nil || c.Reason != v1alpha1.ReasonExternalSecretsNotInstalled || !strings.Contains(c.Message, "install External Secrets Operator") {
-			return fmt.Sprintf("an ExternalSecret-mode RedisCluster without ESO does not report %s: %+v", v1alpha1.ReasonExternalSecretsNotInstalled, c)
+		c := framework.Condition(f.Get(t, es), v1beta1.ConditionCredentialsReady)
+		if c == nil || c.Reason != v1beta1.ReasonExternalSecretsNotInstalled || !strings.Contains(c.Message, "install External Secrets Operator") {
+			return fmt.Sprintf("an ExternalSecret-mode RedisCluster without ESO does not report %s: %+v", v1beta1.ReasonExternalSecretsNotInstalled, c)
 		}
 		return ""
 	})
@@ -219,7 +219,7 @@ func checkTenancy(t *testing.T, ctx context.Context, f *framework.Framework, env
 	}
 	own := f.RedisCluster(t, "team-a", "orders", "vault-teams", "database/creds/team-a.orders")
 	theirs := f.RedisCluster(t, "team-a", "stolen", "vault-teams", "database/creds/team-b.orders")
-	f.WaitCondition(t, theirs, v1alpha1.ConditionCredentialsReady, metav1.ConditionFalse, v1alpha1.ReasonPathNotAllowed, timeout)
+	f.WaitCondition(t, theirs, v1beta1.ConditionCredentialsReady, metav1.ConditionFalse, v1beta1.ReasonPathNotAllowed, timeout)
 	cur := f.WaitReady(t, own, timeout)
 	if user, pass, _ := f.Credentials(cur); !f.Authenticates(user, pass) {
 		t.Error("team-a's credential from its own role does not authenticate")

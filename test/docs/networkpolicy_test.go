@@ -18,7 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/controllers/render"
 	"github.com/keyroll/keyroll/test/framework"
 	"github.com/keyroll/keyroll/test/testground"
@@ -57,7 +57,7 @@ func TestOwnersGuideNetworkPolicyIsAcceptedAndAdmitsKeyroll(t *testing.T) {
 	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(obj.Object, np); err != nil {
 		t.Fatal(err)
 	}
-	rc := &v1alpha1.RedisCluster{ObjectMeta: metav1.ObjectMeta{Namespace: np.Namespace, Name: "orders"}, Spec: v1alpha1.RedisClusterSpec{Replicas: 3}}
+	rc := &v1beta1.RedisCluster{ObjectMeta: metav1.ObjectMeta{Namespace: np.Namespace, Name: "orders"}, Spec: v1beta1.RedisClusterSpec{Replicas: 3}}
 	redisPod := labels.Set(render.StatefulSet(rc, "", testground.ProbeImage).Spec.Template.Labels)
 	manager := labels.Set(managerPodLabels(t))
 	keyrollNS := labels.Set{corev1.LabelMetadataName: f.OperatorNS}

@@ -8,7 +8,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/test/framework"
 	"github.com/keyroll/keyroll/test/testground"
 )
@@ -33,7 +33,7 @@ func TestStatusWriteFailsAfterIssue(t *testing.T) {
 	for _, base := range bases {
 		ns := fw.Namespace(t, base)
 		namespaces[base], faults[ns] = ns, cases[base]
-		conns[base] = fw.VaultConnection(t, base, framework.Allow(ns), sweep(v1alpha1.OrphanLeasesRevoke)).Name
+		conns[base] = fw.VaultConnection(t, base, framework.Allow(ns), sweep(v1beta1.OrphanLeasesRevoke)).Name
 	}
 	var mu sync.Mutex
 	failed := map[string]bool{}

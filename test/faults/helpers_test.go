@@ -9,27 +9,27 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/test/framework"
 )
 
 // sweep turns a VaultConnection's orphan-lease sweep on with action: it takes for orphans the
 // leases older than 10 s that no ledger holds, every 10 s. Every connection of the matrix sweeps.
-func sweep(action v1alpha1.OrphanLeaseAction) framework.VaultConnectionOption {
-	return func(vc *v1alpha1.VaultConnection) {
-		vc.Spec.OrphanLeases = &v1alpha1.OrphanLeases{Action: action,
+func sweep(action v1beta1.OrphanLeaseAction) framework.VaultConnectionOption {
+	return func(vc *v1beta1.VaultConnection) {
+		vc.Spec.OrphanLeases = &v1beta1.OrphanLeases{Action: action,
 			GracePeriod: &metav1.Duration{Duration: 10 * time.Second}, Interval: &metav1.Duration{Duration: 10 * time.Second}}
 	}
 }
 
 // waitSettled waits until the cluster is Ready with no rollout in progress and no superseded
 // lease left, on a credential other than notVersion, and returns it.
-func waitSettled(t *testing.T, rc *v1alpha1.RedisCluster, notVersion string, timeout time.Duration) *v1alpha1.RedisCluster {
+func waitSettled(t *testing.T, rc *v1beta1.RedisCluster, notVersion string, timeout time.Duration) *v1beta1.RedisCluster {
 	t.Helper()
-	var cur *v1alpha1.RedisCluster
+	var cur *v1beta1.RedisCluster
 	framework.Eventually(t, timeout, func() string {
 		cur = fw.Get(t, rc)
-		c := framework.Condition(cur, v1alpha1.ConditionReady)
+		c := framework.Condition(cur, v1beta1.ConditionReady)
 		switch {
 		case c == nil || c.Status != metav1.ConditionTrue:
 			return fmt.Sprintf("%s: Ready is %+v", rc.Name, c)
@@ -52,7 +52,7 @@ func waitSettled(t *testing.T, rc *v1alpha1.RedisCluster, notVersion string, tim
 }
 
 // ledger lists the lease IDs in a RedisCluster's ledger.
-func ledger(rc *v1alpha1.RedisCluster) []string {
+func ledger(rc *v1beta1.RedisCluster) []string {
 	var ids []string
 	for _, l := range rc.Status.Leases {
 		ids = append(ids, l.LeaseID)
@@ -62,14 +62,14 @@ func ledger(rc *v1alpha1.RedisCluster) []string {
 }
 
 // credentialsUser is the username in the consumers' Secret ("" without one).
-func credentialsUser(rc *v1alpha1.RedisCluster) string {
+func credentialsUser(rc *v1beta1.RedisCluster) string {
 	u, _ := credentialsSecret(rc)
 	return u
 }
 
 // credentialsSecret is fw.Credentials that adds the password to the leak scan: the username and
 // password in the consumers' Secret ("" without one).
-func credentialsSecret(rc *v1alpha1.RedisCluster) (string, string) {
+func credentialsSecret(rc *v1beta1.RedisCluster) (string, string) {
 	user, pass, ok := fw.Credentials(rc)
 	if !ok {
 		return "", ""

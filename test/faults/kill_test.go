@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/controllers/stoppoint"
 	"github.com/keyroll/keyroll/test/framework"
 )
@@ -18,14 +18,14 @@ const settleTimeout = 2 * time.Minute
 // checkLeases fails unless Vault holds, under the credential path of role (a base name), exactly
 // the leases of rc's ledger, and the ledger holds the current credential's lease only; and unless
 // the consumers' Secret holds that credential's user.
-func checkLeases(t *testing.T, rc *v1alpha1.RedisCluster, role string) {
+func checkLeases(t *testing.T, rc *v1beta1.RedisCluster, role string) {
 	t.Helper()
 	cur := fw.Get(t, rc)
 	live, held := fw.VaultLeases(t, fw.Path(role)), ledger(cur)
 	if !slices.Equal(live, held) {
 		t.Errorf("Vault holds %v under %s, the ledger %v", live, fw.Path(role), held)
 	}
-	if c := cur.Status.Credential; c == nil || !slices.Equal(held, []string{c.LeaseID}) {
+	if c := cur.Status.Credential; c == nil || !slices.Equal(held, []string{c.Lease.LeaseID}) {
 		t.Errorf("the ledger %v is not the current credential's lease alone (%+v)", held, c)
 	} else if u, pass := credentialsSecret(rc); u != c.Username {
 		t.Errorf("the consumers' Secret holds user %q, the current credential is %q", u, c.Username)
@@ -42,7 +42,7 @@ func TestKillAfterIssue(t *testing.T) {
 		"the lease is found by the sweeper (Revoke mode: revoked); without the sweeper it expires at its TTL; one credential in use")
 	base := "f-issue"
 	ns := fw.Namespace(t, base)
-	vc := fw.VaultConnection(t, base, framework.Allow(ns), sweep(v1alpha1.OrphanLeasesRevoke))
+	vc := fw.VaultConnection(t, base, framework.Allow(ns), sweep(v1beta1.OrphanLeasesRevoke))
 	w := watchLeases(t, fw.Path(base))
 	op := startOperator(t, ns+"-1", stoppoint.AfterIssue, ns)
 	rc := fw.RedisCluster(t, ns, "orders", vc.Name, fw.Path(base))
@@ -76,8 +76,8 @@ func TestKillAfterIssue(t *testing.T) {
 		t.Errorf("the VaultConnection's sweep status %+v counts no revocation", st)
 	}
 	notes := strings.Join(framework.Notes(fw.Events(t, "", "", vc.Name)), "\n")
-	if n := framework.CountLines(notes, v1alpha1.EventOrphanLeaseRevoked, orphans[0]); n != 1 {
-		t.Errorf("%d %s events name the orphan, want 1", n, v1alpha1.EventOrphanLeaseRevoked)
+	if n := framework.CountLines(notes, v1beta1.EventOrphanLeaseRevoked, orphans[0]); n != 1 {
+		t.Errorf("%d %s events name the orphan, want 1", n, v1beta1.EventOrphanLeaseRevoked)
 	}
 	second.Kill() // the next operator must lead
 	report := killAfterIssueReported(t)
@@ -91,7 +91,7 @@ func killAfterIssueReported(t *testing.T) string {
 	t.Helper()
 	base := "f-issue-report"
 	ns := fw.Namespace(t, base)
-	vc := fw.VaultConnection(t, base, framework.Allow(ns), sweep(v1alpha1.OrphanLeasesReport))
+	vc := fw.VaultConnection(t, base, framework.Allow(ns), sweep(v1beta1.OrphanLeasesReport))
 	w := watchLeases(t, fw.Path(base))
 	op := startOperator(t, ns+"-1", stoppoint.AfterIssue, ns)
 	rc := fw.RedisCluster(t, ns, "orders", vc.Name, fw.Path(base))
@@ -111,8 +111,8 @@ func killAfterIssueReported(t *testing.T) string {
 	})
 	reported := time.Since(killed)
 	notes := strings.Join(framework.Notes(fw.Events(t, "", "", vc.Name)), "\n")
-	if n := framework.CountLines(notes, v1alpha1.EventOrphanLeasesFound, orphans[0]); n < 1 {
-		t.Errorf("no %s event names the orphan", v1alpha1.EventOrphanLeasesFound)
+	if n := framework.CountLines(notes, v1beta1.EventOrphanLeasesFound, orphans[0]); n < 1 {
+		t.Errorf("no %s event names the orphan", v1beta1.EventOrphanLeasesFound)
 	}
 	framework.Eventually(t, time.Minute, func() string {
 		if slices.Contains(fw.VaultLeases(t, fw.Path(base)), orphans[0]) {
@@ -138,7 +138,7 @@ func TestKillAfterLedgerWrite(t *testing.T) {
 		"one lease revoked as superseded after the next rollout, no extra lease live at the end")
 	base := "f-ledger"
 	ns := fw.Namespace(t, base)
-	vc := fw.VaultConnection(t, base, framework.Allow(ns), sweep(v1alpha1.OrphanLeasesRevoke))
+	vc := fw.VaultConnection(t, base, framework.Allow(ns), sweep(v1beta1.OrphanLeasesRevoke))
 	fw.StandInConsumer(t, ns, "app", 1)
 
 	op := startOperator(t, ns+"-1", stoppoint.AfterLedgerWrite, ns)
@@ -170,7 +170,7 @@ func TestKillAfterLedgerWrite(t *testing.T) {
 func killDuringRotation(t *testing.T, base string, point stoppoint.Point) string {
 	t.Helper()
 	ns := fw.Namespace(t, base)
-	vc := fw.VaultConnection(t, base, framework.Allow(ns), sweep(v1alpha1.OrphanLeasesRevoke))
+	vc := fw.VaultConnection(t, base, framework.Allow(ns), sweep(v1beta1.OrphanLeasesRevoke))
 	fw.StandInConsumer(t, ns, "app", 1)
 
 	op := startOperator(t, ns+"-1", point, ns)
@@ -188,16 +188,16 @@ func killDuringRotation(t *testing.T, base string, point stoppoint.Point) string
 	if issued != 2 {
 		t.Errorf("%d leases issued, want the first and exactly one new", issued)
 	}
-	revoked := operatorLog("Lease revoked", first.LeaseID)
+	revoked := operatorLog("Lease revoked", first.Lease.LeaseID)
 	if revoked != 1 {
-		t.Errorf("the superseded lease %s was revoked %d times (log), want 1", first.LeaseID, revoked)
+		t.Errorf("the superseded lease %s was revoked %d times (log), want 1", first.Lease.LeaseID, revoked)
 	}
 	notes := strings.Join(framework.Notes(fw.Events(t, ns, "", rc.Name)), "\n")
-	if n := framework.CountLines(notes, v1alpha1.EventLeaseRevoked, first.LeaseID); n != 1 {
-		t.Errorf("%d %s events name the superseded lease, want 1", n, v1alpha1.EventLeaseRevoked)
+	if n := framework.CountLines(notes, v1beta1.EventLeaseRevoked, first.Lease.LeaseID); n != 1 {
+		t.Errorf("%d %s events name the superseded lease, want 1", n, v1beta1.EventLeaseRevoked)
 	}
-	if final.Status.Credential.LeaseID == first.LeaseID {
-		t.Errorf("the rotation kept lease %s", first.LeaseID)
+	if final.Status.Credential.Lease.LeaseID == first.Lease.LeaseID {
+		t.Errorf("the rotation kept lease %s", first.Lease.LeaseID)
 	}
 	return fmt.Sprintf("%d leases issued (1 new); the superseded one revoked once (1 event); Vault holds the new one only; rotation done %s after it was asked for, the kill and restart included",
 		issued, took)
@@ -238,7 +238,7 @@ func TestLeaderKilledMidRollout(t *testing.T) {
 	r := newRow(t, 7, "leader SIGKILLed holding the Lease, mid-rollout", "the follower takes over after the lease duration and finishes; one rotation, not two")
 	base := "f-leader"
 	ns := fw.Namespace(t, base)
-	vc := fw.VaultConnection(t, base, framework.Allow(ns), sweep(v1alpha1.OrphanLeasesRevoke))
+	vc := fw.VaultConnection(t, base, framework.Allow(ns), sweep(v1beta1.OrphanLeasesRevoke))
 	fw.StandInConsumer(t, ns, "app", 1)
 
 	leader := startOperator(t, ns+"-a", stoppoint.MidRollout, ns)
@@ -271,7 +271,7 @@ func TestLeaderKilledMidRollout(t *testing.T) {
 	if issued != 2 {
 		t.Errorf("%d leases issued, want the first and one rotation's", issued)
 	}
-	if n := operatorLog("Lease revoked", first.LeaseID); n != 1 {
+	if n := operatorLog("Lease revoked", first.Lease.LeaseID); n != 1 {
 		t.Errorf("the superseded lease was revoked %d times, want 1", n)
 	}
 	r.measured = fmt.Sprintf("the follower led %s after the kill (lease duration 4 s) and finished the rotation %s after it; %d leases issued in all (1 rotation); the superseded one revoked once",

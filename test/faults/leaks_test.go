@@ -10,7 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 )
 
 // secretValues are the secret values the rows saw: every credential's password, whatever became
@@ -80,7 +80,7 @@ func scanLogs() (summary string, leaks []string) {
 // orphansLeft lists, across every role of the matrix, the leases Vault holds that no RedisCluster's
 // ledger holds, and says how many leases are live in all.
 func orphansLeft() (live int, orphans []string, err error) {
-	list := &v1alpha1.RedisClusterList{}
+	list := &v1beta1.RedisClusterList{}
 	if err := fw.Client.List(context.Background(), list); err != nil {
 		return 0, nil, err
 	}

@@ -12,7 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/test/framework"
 	"github.com/keyroll/keyroll/test/testground"
 )
@@ -26,8 +26,8 @@ func TestSourceChanged(t *testing.T) {
 	// The old and the new connection issue from Vault roles of their base names.
 	ns, oldBase, newBase := fw.Namespace(t, "f-source"), "f-source-a", "f-source-b"
 	p := vaultProxy(t)
-	oldConn := fw.VaultConnection(t, oldBase, framework.Address(p.URL()), framework.Allow(ns), sweep(v1alpha1.OrphanLeasesRevoke))
-	newConn := fw.VaultConnection(t, newBase, framework.Allow(ns), sweep(v1alpha1.OrphanLeasesRevoke))
+	oldConn := fw.VaultConnection(t, oldBase, framework.Address(p.URL()), framework.Allow(ns), sweep(v1beta1.OrphanLeasesRevoke))
+	newConn := fw.VaultConnection(t, newBase, framework.Allow(ns), sweep(v1beta1.OrphanLeasesRevoke))
 	fw.StandInConsumer(t, ns, "app", 1)
 	startOperator(t, ns+"-1", "", ns)
 	rc := fw.RedisCluster(t, ns, "orders", oldConn.Name, fw.Path(oldBase), framework.WithConsumers("app"))
@@ -46,25 +46,25 @@ func TestSourceChanged(t *testing.T) {
 	framework.Eventually(t, settleTimeout, func() string {
 		cur = fw.Get(t, rc)
 		c := cur.Status.Credential
-		if c == nil || c.Version == first.Version || c.Path != fw.Path(newBase) {
+		if c == nil || c.Version == first.Version || c.VaultLease.Path != fw.Path(newBase) {
 			return fmt.Sprintf("no credential from the new path yet: %+v", c)
 		}
 		if u := credentialsUser(rc); u != c.Username {
 			return "the consumers' Secret does not hold the new credential yet"
 		}
-		lr := framework.Condition(cur, v1alpha1.ConditionLeasesRevoked)
-		if lr == nil || lr.Reason != v1alpha1.ReasonRevocationPending {
+		lr := framework.Condition(cur, v1beta1.ConditionLeasesRevoked)
+		if lr == nil || lr.Reason != v1beta1.ReasonRevocationPending {
 			return fmt.Sprintf("LeasesRevoked is %+v, want RevocationPending while the old connection is cut off", lr)
 		}
-		if !slices.Contains(ledger(cur), first.LeaseID) {
+		if !slices.Contains(ledger(cur), first.Lease.LeaseID) {
 			return "the old lease left the ledger while its connection was cut off"
 		}
 		pending = lr.Message
 		return ""
 	})
 	rolledOut := time.Since(changed)
-	if ok, _ := fw.LeaseExists(first.LeaseID); !ok {
-		t.Fatalf("the old lease %s is gone while its connection was cut off: something else revoked it", first.LeaseID)
+	if ok, _ := fw.LeaseExists(first.Lease.LeaseID); !ok {
+		t.Fatalf("the old lease %s is gone while its connection was cut off: something else revoked it", first.Lease.LeaseID)
 	}
 	p.Restore()
 	restored := time.Now()
@@ -77,7 +77,7 @@ func TestSourceChanged(t *testing.T) {
 	revoked := time.Since(restored)
 	waitSettled(t, rc, first.Version, settleTimeout)
 	checkLeases(t, rc, newBase)
-	if n := operatorLog("Lease revoked", first.LeaseID); n != 1 {
+	if n := operatorLog("Lease revoked", first.Lease.LeaseID); n != 1 {
 		t.Errorf("the old lease was revoked %d times, want 1", n)
 	}
 	r.measured = fmt.Sprintf("new credential from %s rolled out %s after the change, while the old connection was cut off (LeasesRevoked=RevocationPending: %q); the old lease revoked through the old connection %s after it came back; Vault holds no lease under the old path",
@@ -109,31 +109,31 @@ func TestConsumerNeverAvailable(t *testing.T) {
 	r := newRow(t, 13, "consumer never available", "`RolloutStalled` naming it after `readinessTimeout`; superseded lease stays live; resumes when fixed")
 	base := "f-stalled"
 	ns := fw.Namespace(t, base)
-	vc := fw.VaultConnection(t, base, framework.Allow(ns), sweep(v1alpha1.OrphanLeasesRevoke))
+	vc := fw.VaultConnection(t, base, framework.Allow(ns), sweep(v1beta1.OrphanLeasesRevoke))
 	app := fw.StandInConsumer(t, ns, "app", 1)
 	startOperator(t, ns+"-1", "", ns)
 	timeout := 15 * time.Second
-	rc := fw.RedisCluster(t, ns, "orders", vc.Name, fw.Path(base), framework.WithConsumers("app"), func(rc *v1alpha1.RedisCluster) {
+	rc := fw.RedisCluster(t, ns, "orders", vc.Name, fw.Path(base), framework.WithConsumers("app"), func(rc *v1beta1.RedisCluster) {
 		rc.Spec.Rollout.ReadinessTimeout = &metav1.Duration{Duration: timeout}
 	})
 	first := waitSettled(t, rc, "", settleTimeout).Status.Credential
 	stallConsumer(t, app, true)
 	start := time.Now()
 	fw.RotateNow(t, rc)
-	cur := fw.WaitCondition(t, rc, v1alpha1.ConditionRolloutHealthy, metav1.ConditionFalse, v1alpha1.ReasonRolloutStalled, settleTimeout)
+	cur := fw.WaitCondition(t, rc, v1beta1.ConditionRolloutHealthy, metav1.ConditionFalse, v1beta1.ReasonRolloutStalled, settleTimeout)
 	stalledAfter := time.Since(start)
-	msg := framework.Condition(cur, v1alpha1.ConditionRolloutHealthy).Message
+	msg := framework.Condition(cur, v1beta1.ConditionRolloutHealthy).Message
 	if !strings.Contains(msg, "Deployment app") {
 		t.Errorf("RolloutStalled does not name the consumer: %q", msg)
 	}
-	if d := framework.Condition(cur, v1alpha1.ConditionDegraded); d == nil || d.Status != metav1.ConditionTrue {
+	if d := framework.Condition(cur, v1beta1.ConditionDegraded); d == nil || d.Status != metav1.ConditionTrue {
 		t.Errorf("Degraded is %+v during the stall, want True", d)
 	}
 	if stalledAfter < timeout {
 		t.Errorf("reported stalled %s after the rotation, before readinessTimeout %s", stalledAfter, timeout)
 	}
-	if ok, _ := fw.LeaseExists(first.LeaseID); !ok || !slices.Contains(ledger(cur), first.LeaseID) {
-		t.Errorf("the superseded lease %s is not live and in the ledger during the stall (live %v, ledger %v)", first.LeaseID, ok, ledger(cur))
+	if ok, _ := fw.LeaseExists(first.Lease.LeaseID); !ok || !slices.Contains(ledger(cur), first.Lease.LeaseID) {
+		t.Errorf("the superseded lease %s is not live and in the ledger during the stall (live %v, ledger %v)", first.Lease.LeaseID, ok, ledger(cur))
 	}
 	stallConsumer(t, app, false)
 	fixed := time.Now()
@@ -152,9 +152,9 @@ func TestDeleteMidRolloutAndWithVaultDown(t *testing.T) {
 	// The connections issue from Vault roles of their base names.
 	base, downBase := "f-delete", "f-delete-down"
 	ns := fw.Namespace(t, base)
-	vc := fw.VaultConnection(t, base, framework.Allow(ns), sweep(v1alpha1.OrphanLeasesRevoke))
+	vc := fw.VaultConnection(t, base, framework.Allow(ns), sweep(v1beta1.OrphanLeasesRevoke))
 	p := vaultProxy(t)
-	down := fw.VaultConnection(t, downBase, framework.Address(p.URL()), framework.Allow(ns), sweep(v1alpha1.OrphanLeasesRevoke))
+	down := fw.VaultConnection(t, downBase, framework.Address(p.URL()), framework.Allow(ns), sweep(v1beta1.OrphanLeasesRevoke))
 	app := fw.StandInConsumer(t, ns, "app", 1)
 	startOperator(t, ns+"-1", "", ns)
 	a := fw.RedisCluster(t, ns, "rolling", vc.Name, fw.Path(base), framework.WithConsumers("app"))
@@ -179,7 +179,7 @@ func TestDeleteMidRolloutAndWithVaultDown(t *testing.T) {
 	if err := fw.Client.Delete(context.Background(), b); err != nil {
 		t.Fatal(err)
 	}
-	cur := fw.WaitCondition(t, b, v1alpha1.ConditionLeasesRevoked, metav1.ConditionFalse, v1alpha1.ReasonRevocationPending, time.Minute)
+	cur := fw.WaitCondition(t, b, v1beta1.ConditionLeasesRevoked, metav1.ConditionFalse, v1beta1.ReasonRevocationPending, time.Minute)
 	if len(fw.VaultLeases(t, fw.Path(downBase))) != 1 || len(cur.Status.Leases) != 1 {
 		t.Fatalf("with Vault cut off: Vault holds %v, the ledger %v; want the lease in both", fw.VaultLeases(t, fw.Path(downBase)), ledger(cur))
 	}

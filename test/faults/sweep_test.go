@@ -12,7 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/controllers/stoppoint"
 	"github.com/keyroll/keyroll/test/framework"
 )
@@ -51,14 +51,14 @@ func TestSweepRevokesOnlyWhatThisInstallIssued(t *testing.T) {
 	fw.Create(t, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: other, Name: "vault-token"},
 		Data: map[string][]byte{"token": []byte(tok.Auth.ClientToken)}})
 	labels := map[string]string{secondInstall: "two"}
-	vc2 := &v1alpha1.VaultConnection{ObjectMeta: metav1.ObjectMeta{Name: fw.Name(base + "-two"), Labels: labels},
-		Spec: v1alpha1.VaultConnectionSpec{Address: fw.Ground.Vault.Addr, AllowedNamespaces: []string{other}, AllowedPaths: []string{path},
-			Auth:         v1alpha1.VaultAuth{Token: &v1alpha1.TokenAuth{SecretRef: v1alpha1.SecretKeyReference{Namespace: other, Name: "vault-token", Key: "token"}}},
-			OrphanLeases: &v1alpha1.OrphanLeases{Action: v1alpha1.OrphanLeasesOff}}}
-	rc2 := &v1alpha1.RedisCluster{ObjectMeta: metav1.ObjectMeta{Namespace: other, Name: "orders", Labels: labels},
-		Spec: v1alpha1.RedisClusterSpec{Replicas: 1, Version: framework.RedisVersion, Credentials: v1alpha1.CredentialsSpec{
-			Source: v1alpha1.SourceVaultLease, VaultLease: &v1alpha1.VaultLeaseSource{ConnectionRef: v1alpha1.ConnectionReference{Name: vc2.Name}, Path: path}}}}
-	for _, o := range []*v1alpha1.VaultConnection{vc2} {
+	vc2 := &v1beta1.VaultConnection{ObjectMeta: metav1.ObjectMeta{Name: fw.Name(base + "-two"), Labels: labels},
+		Spec: v1beta1.VaultConnectionSpec{Address: fw.Ground.Vault.Addr, AllowedNamespaces: []string{other}, AllowedPaths: []string{path},
+			Auth:         v1beta1.VaultAuth{Token: &v1beta1.TokenAuth{SecretRef: v1beta1.SecretKeyReference{Namespace: other, Name: "vault-token", Key: "token"}}},
+			OrphanLeases: &v1beta1.OrphanLeases{Action: v1beta1.OrphanLeasesOff}}}
+	rc2 := &v1beta1.RedisCluster{ObjectMeta: metav1.ObjectMeta{Namespace: other, Name: "orders", Labels: labels},
+		Spec: v1beta1.RedisClusterSpec{Replicas: 1, Version: framework.RedisVersion, Credentials: v1beta1.CredentialsSpec{
+			Source: v1beta1.SourceVaultLease, VaultLease: &v1beta1.VaultLeaseSource{ConnectionRef: v1beta1.ConnectionReference{Name: vc2.Name}, Path: path}}}}
+	for _, o := range []*v1beta1.VaultConnection{vc2} {
 		if err := fw.Client.Create(ctx, o); err != nil {
 			t.Fatal(err)
 		}
@@ -76,10 +76,10 @@ func TestSweepRevokesOnlyWhatThisInstallIssued(t *testing.T) {
 	}
 	second := &operator{name: "install-two", Process: p2}
 	t.Cleanup(second.Kill)
-	installTwoLease := waitSettled(t, rc2, "", settleTimeout).Status.Credential.LeaseID
+	installTwoLease := waitSettled(t, rc2, "", settleTimeout).Status.Credential.Lease.LeaseID
 
 	// This install: killed after Vault issued the first lease, before the ledger write.
-	vc := fw.VaultConnection(t, base, framework.Allow(ns), sweep(v1alpha1.OrphanLeasesRevoke))
+	vc := fw.VaultConnection(t, base, framework.Allow(ns), sweep(v1beta1.OrphanLeasesRevoke))
 	w := watchLeases(t, path)
 	rc, lost, swept := loseAndSweep(t, ns, vc.Name, path, w, handLease, installTwoLease)
 	// Two more sweeps: the others are old enough to count, and stay.
@@ -101,11 +101,11 @@ func TestSweepRevokesOnlyWhatThisInstallIssued(t *testing.T) {
 		t.Errorf("the sweep's status %+v: want the two leases reported as not this install's, and one revoked", st)
 	}
 	notes := strings.Join(framework.Notes(fw.Events(t, "", "", vc.Name)), "\n")
-	if n := framework.CountLines(notes, v1alpha1.EventOrphanLeaseRevoked, lost); n != 1 {
-		t.Errorf("%d %s events name the lost lease, want 1", n, v1alpha1.EventOrphanLeaseRevoked)
+	if n := framework.CountLines(notes, v1beta1.EventOrphanLeaseRevoked, lost); n != 1 {
+		t.Errorf("%d %s events name the lost lease, want 1", n, v1beta1.EventOrphanLeaseRevoked)
 	}
 	for _, id := range []string{handLease, installTwoLease} {
-		if n := framework.CountLines(notes, v1alpha1.EventOrphanLeaseRevoked, id); n != 0 {
+		if n := framework.CountLines(notes, v1beta1.EventOrphanLeaseRevoked, id); n != 0 {
 			t.Errorf("an event says %s was revoked", id)
 		}
 	}
@@ -123,7 +123,7 @@ func TestSweepRevokesOnlyWhatThisInstallIssued(t *testing.T) {
 
 // checkLeasesUnder: Vault holds, under path, the cluster's ledger lease and the others named, and
 // nothing else.
-func checkLeasesUnder(t *testing.T, rc *v1alpha1.RedisCluster, path string, others ...string) {
+func checkLeasesUnder(t *testing.T, rc *v1beta1.RedisCluster, path string, others ...string) {
 	t.Helper()
 	want := append(ledger(fw.Get(t, rc)), others...)
 	slices.Sort(want)
@@ -149,7 +149,7 @@ func TestSweepWithNamespaceIdentity(t *testing.T) {
 	}
 	handLease := s.LeaseID
 	vc := fw.VaultConnection(t, base, framework.Allow(ns), framework.Paths("database/creds/{namespace}.*"),
-		framework.NamespaceIdentityOption, sweep(v1alpha1.OrphanLeasesRevoke))
+		framework.NamespaceIdentityOption, sweep(v1beta1.OrphanLeasesRevoke))
 	w := watchLeases(t, path)
 	rc, _, swept := loseAndSweep(t, ns, vc.Name, path, w, handLease)
 	if ok, _ := fw.LeaseExists(handLease); !ok {
@@ -173,7 +173,7 @@ func TestSweepWithNamespaceIdentity(t *testing.T) {
 // the first lease of a new RedisCluster on path and before its ledger write, then another, and
 // waits until the connection's sweep has revoked the lost lease (the one the watch saw that is
 // not among others). It returns the cluster, the lost lease and how long after the kill it went.
-func loseAndSweep(t *testing.T, ns, connection, path string, w *leaseWatch, others ...string) (*v1alpha1.RedisCluster, string, time.Duration) {
+func loseAndSweep(t *testing.T, ns, connection, path string, w *leaseWatch, others ...string) (*v1beta1.RedisCluster, string, time.Duration) {
 	t.Helper()
 	op := startOperator(t, ns+"-1", stoppoint.AfterIssue, ns)
 	rc := fw.RedisCluster(t, ns, "orders", connection, path)

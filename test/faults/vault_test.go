@@ -9,7 +9,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/test/framework"
 	"github.com/keyroll/keyroll/test/testground"
 )
@@ -26,16 +26,16 @@ func vaultProxy(t *testing.T) *testground.Proxy {
 }
 
 // lastRenewal is when the cluster's current lease was last renewed, and that lease.
-func lastRenewal(t *testing.T, rc *v1alpha1.RedisCluster) (string, time.Time) {
+func lastRenewal(t *testing.T, rc *v1beta1.RedisCluster) (string, time.Time) {
 	t.Helper()
 	c := fw.Get(t, rc).Status.Credential
 	if c == nil {
 		return "", time.Time{}
 	}
-	if c.LastRenewal == nil {
-		return c.LeaseID, time.Time{}
+	if c.Lease.LastRenewal == nil {
+		return c.Lease.LeaseID, time.Time{}
 	}
-	return c.LeaseID, c.LastRenewal.Time
+	return c.Lease.LeaseID, c.Lease.LastRenewal.Time
 }
 
 // TestVaultStoppedForTwoRenewals cuts Vault off for twice the renewal interval of a cluster's
@@ -48,12 +48,12 @@ func TestVaultStoppedForTwoRenewals(t *testing.T) {
 	base := "f-outage"
 	ns := fw.Namespace(t, base)
 	p := vaultProxy(t)
-	vc := fw.VaultConnection(t, base, framework.Address(p.URL()), framework.Allow(ns), sweep(v1alpha1.OrphanLeasesRevoke))
+	vc := fw.VaultConnection(t, base, framework.Address(p.URL()), framework.Allow(ns), sweep(v1beta1.OrphanLeasesRevoke))
 	startOperator(t, ns+"-1", "", ns)
-	rc := fw.RedisCluster(t, ns, "orders", vc.Name, fw.Path(base), func(rc *v1alpha1.RedisCluster) { rc.Spec.Credentials.VaultLease.RenewalPercent = 20 })
+	rc := fw.RedisCluster(t, ns, "orders", vc.Name, fw.Path(base), func(rc *v1beta1.RedisCluster) { rc.Spec.Credentials.VaultLease.RenewalPercent = 20 })
 	cur := waitSettled(t, rc, "", settleTimeout)
-	lease := cur.Status.Credential.LeaseID
-	duration := cur.Status.Credential.LeaseDuration.Duration
+	lease := cur.Status.Credential.Lease.LeaseID
+	duration := cur.Status.Credential.Lease.Duration.Duration
 	interval := duration / 5
 	// Start the outage right after a renewal, as the worst case for the lease's remaining life
 	// is the end of an interval.
@@ -113,8 +113,8 @@ func TestVaultBlackholed(t *testing.T) {
 	sick, healthy := "f-blackhole", "f-healthy"
 	sickNS, healthyNS := fw.Namespace(t, sick), fw.Namespace(t, healthy)
 	p := vaultProxy(t)
-	sickVC := fw.VaultConnection(t, sick, framework.Address(p.URL()), framework.Allow(sickNS), sweep(v1alpha1.OrphanLeasesRevoke))
-	healthyVC := fw.VaultConnection(t, healthy, framework.Allow(healthyNS), sweep(v1alpha1.OrphanLeasesRevoke))
+	sickVC := fw.VaultConnection(t, sick, framework.Address(p.URL()), framework.Allow(sickNS), sweep(v1beta1.OrphanLeasesRevoke))
+	healthyVC := fw.VaultConnection(t, healthy, framework.Allow(healthyNS), sweep(v1beta1.OrphanLeasesRevoke))
 	startOperator(t, "blackhole-1", "", sickNS)
 	fw.StandInConsumer(t, healthyNS, "app", 1)
 	a := fw.RedisCluster(t, sickNS, "orders", sickVC.Name, fw.Path(sick))
@@ -134,7 +134,7 @@ func TestVaultBlackholed(t *testing.T) {
 	fw.RotateNow(t, a) // its issue hangs in the blackhole until the deadline
 	time.Sleep(time.Second)
 	during := rotate()
-	cur := fw.WaitCondition(t, a, v1alpha1.ConditionCredentialsReady, metav1.ConditionFalse, v1alpha1.ReasonVaultUnavailable, 30*time.Second)
+	cur := fw.WaitCondition(t, a, v1beta1.ConditionCredentialsReady, metav1.ConditionFalse, v1beta1.ReasonVaultUnavailable, 30*time.Second)
 	ended := time.Since(start)
 	if ended > 25*time.Second {
 		t.Errorf("the blackholed issue was reported %s after it began, past its 10 s deadline and a retry", ended)
@@ -156,7 +156,7 @@ func TestVaultSealedDuringIssue(t *testing.T) {
 	r := newRow(t, 10, "Vault sealed during issue", "condition says sealed; issue succeeds after unseal; one lease")
 	base := "f-sealed"
 	ns := fw.Namespace(t, base)
-	vc := fw.VaultConnection(t, base, framework.Allow(ns), sweep(v1alpha1.OrphanLeasesRevoke))
+	vc := fw.VaultConnection(t, base, framework.Allow(ns), sweep(v1beta1.OrphanLeasesRevoke))
 	startOperator(t, ns+"-1", "", ns)
 	fw.WaitConnectionReady(t, vc.Name, time.Minute)
 	ctx := context.Background()
@@ -170,8 +170,8 @@ func TestVaultSealedDuringIssue(t *testing.T) {
 		}
 	})
 	rc := fw.RedisCluster(t, ns, "orders", vc.Name, fw.Path(base))
-	cur := fw.WaitCondition(t, rc, v1alpha1.ConditionCredentialsReady, metav1.ConditionFalse, v1alpha1.ReasonVaultSealed, time.Minute)
-	msg := framework.Condition(cur, v1alpha1.ConditionCredentialsReady).Message
+	cur := fw.WaitCondition(t, rc, v1beta1.ConditionCredentialsReady, metav1.ConditionFalse, v1beta1.ReasonVaultSealed, time.Minute)
+	msg := framework.Condition(cur, v1beta1.ConditionCredentialsReady).Message
 	if err := fw.Ground.Vault.Unseal(ctx); err != nil {
 		t.Fatal(err)
 	}

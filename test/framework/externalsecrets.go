@@ -8,7 +8,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 )
 
 // External Secrets Operator's side of a test: its Vault access, its generator and a RedisCluster
@@ -57,13 +57,13 @@ func (f *Framework) VaultDynamicSecret(t testing.TB, ns, name, role string, raw 
 
 // ExternalSecretCluster creates a RedisCluster in ExternalSecret mode, with one Redis node of Redis 7.0 (as
 // f.RedisCluster does in VaultLease mode), deleted when the test ends.
-func (f *Framework) ExternalSecretCluster(t testing.TB, ns, name string, src v1alpha1.ExternalSecretSource, opts ...ClusterOption) *v1alpha1.RedisCluster {
+func (f *Framework) ExternalSecretCluster(t testing.TB, ns, name string, src v1beta1.ExternalSecretSource, opts ...ClusterOption) *v1beta1.RedisCluster {
 	t.Helper()
-	rc := &v1alpha1.RedisCluster{
+	rc := &v1beta1.RedisCluster{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
-		Spec: v1alpha1.RedisClusterSpec{
+		Spec: v1beta1.RedisClusterSpec{
 			Replicas: 1, Version: RedisVersion,
-			Credentials: v1alpha1.CredentialsSpec{Source: v1alpha1.SourceExternalSecret, ExternalSecret: &src},
+			Credentials: v1beta1.CredentialsSpec{Source: v1beta1.SourceExternalSecret, ExternalSecret: &src},
 		},
 	}
 	for _, o := range opts {

@@ -11,7 +11,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/test/testground"
 )
 
@@ -30,7 +30,7 @@ func (f *Framework) Namespace(t testing.TB, base string) string {
 	}
 	t.Cleanup(func() {
 		ctx, in := context.Background(), client.InNamespace(name)
-		for _, obj := range []client.Object{&v1alpha1.RedisCluster{}, &appsv1.Deployment{}, &appsv1.StatefulSet{}, &corev1.Pod{}} {
+		for _, obj := range []client.Object{&v1beta1.RedisCluster{}, &appsv1.Deployment{}, &appsv1.StatefulSet{}, &corev1.Pod{}} {
 			if err := f.Client.DeleteAllOf(ctx, obj, in, client.PropagationPolicy(metav1.DeletePropagationBackground)); err != nil {
 				t.Logf("cleaning up namespace %s: %v", name, err)
 			}
@@ -40,42 +40,42 @@ func (f *Framework) Namespace(t testing.TB, base string) string {
 }
 
 // VaultConnectionOption changes a VaultConnection before it is created.
-type VaultConnectionOption func(*v1alpha1.VaultConnection)
+type VaultConnectionOption func(*v1beta1.VaultConnection)
 
 // Allow lets the namespaces use the connection.
 func Allow(namespaces ...string) VaultConnectionOption {
-	return func(vc *v1alpha1.VaultConnection) {
+	return func(vc *v1beta1.VaultConnection) {
 		vc.Spec.AllowedNamespaces = append(vc.Spec.AllowedNamespaces, namespaces...)
 	}
 }
 
 // Paths sets the connection's spec.allowedPaths, in place of the package's own roles.
 func Paths(paths ...string) VaultConnectionOption {
-	return func(vc *v1alpha1.VaultConnection) { vc.Spec.AllowedPaths = paths }
+	return func(vc *v1beta1.VaultConnection) { vc.Spec.AllowedPaths = paths }
 }
 
 // Address points the connection at another address than the ground's Vault (a proxy, say).
 func Address(addr string) VaultConnectionOption {
-	return func(vc *v1alpha1.VaultConnection) { vc.Spec.Address = addr }
+	return func(vc *v1beta1.VaultConnection) { vc.Spec.Address = addr }
 }
 
 // AuthRole logs the operator in with another Kubernetes auth role than its own.
 func AuthRole(role string) VaultConnectionOption {
-	return func(vc *v1alpha1.VaultConnection) {
-		vc.Spec.Auth = v1alpha1.VaultAuth{Kubernetes: &v1alpha1.KubernetesAuth{Role: role}}
+	return func(vc *v1beta1.VaultConnection) {
+		vc.Spec.Auth = v1beta1.VaultAuth{Kubernetes: &v1beta1.KubernetesAuth{Role: role}}
 	}
 }
 
 // VaultConnection creates the package's VaultConnection base (named by Name) to the ground's
 // Vault, logging in with the operator's Kubernetes auth role, and deletes it when the test ends.
 // It allows the paths of the package's own roles (Path), unless Paths says otherwise.
-func (f *Framework) VaultConnection(t testing.TB, base string, opts ...VaultConnectionOption) *v1alpha1.VaultConnection {
+func (f *Framework) VaultConnection(t testing.TB, base string, opts ...VaultConnectionOption) *v1beta1.VaultConnection {
 	t.Helper()
-	vc := &v1alpha1.VaultConnection{
+	vc := &v1beta1.VaultConnection{
 		ObjectMeta: metav1.ObjectMeta{Name: f.Name(base)},
-		Spec: v1alpha1.VaultConnectionSpec{
+		Spec: v1beta1.VaultConnectionSpec{
 			Address:      f.Ground.Vault.Addr,
-			Auth:         v1alpha1.VaultAuth{Kubernetes: &v1alpha1.KubernetesAuth{Role: f.OperatorRole}},
+			Auth:         v1beta1.VaultAuth{Kubernetes: &v1beta1.KubernetesAuth{Role: f.OperatorRole}},
 			AllowedPaths: []string{f.Path("") + "*"},
 		},
 	}
@@ -91,9 +91,9 @@ func (f *Framework) VaultConnection(t testing.TB, base string, opts ...VaultConn
 }
 
 // GetConnection reads a VaultConnection by its full name.
-func (f *Framework) GetConnection(t testing.TB, name string) *v1alpha1.VaultConnection {
+func (f *Framework) GetConnection(t testing.TB, name string) *v1beta1.VaultConnection {
 	t.Helper()
-	vc := &v1alpha1.VaultConnection{}
+	vc := &v1beta1.VaultConnection{}
 	if err := f.Client.Get(context.Background(), client.ObjectKey{Name: name}, vc); err != nil {
 		t.Fatal(err)
 	}
@@ -101,18 +101,18 @@ func (f *Framework) GetConnection(t testing.TB, name string) *v1alpha1.VaultConn
 }
 
 // ClusterOption changes a RedisCluster before it is created.
-type ClusterOption func(*v1alpha1.RedisCluster)
+type ClusterOption func(*v1beta1.RedisCluster)
 
 // Replicas sets the number of Redis nodes.
 func Replicas(n int32) ClusterOption {
-	return func(rc *v1alpha1.RedisCluster) { rc.Spec.Replicas = n }
+	return func(rc *v1beta1.RedisCluster) { rc.Spec.Replicas = n }
 }
 
 // WithConsumers lists Deployments as the cluster's consumers.
 func WithConsumers(deployments ...string) ClusterOption {
-	return func(rc *v1alpha1.RedisCluster) {
+	return func(rc *v1beta1.RedisCluster) {
 		for _, d := range deployments {
-			rc.Spec.Rollout.Consumers = append(rc.Spec.Rollout.Consumers, v1alpha1.ConsumerReference{Kind: "Deployment", Name: d})
+			rc.Spec.Rollout.Consumers = append(rc.Spec.Rollout.Consumers, v1beta1.ConsumerReference{Kind: "Deployment", Name: d})
 		}
 	}
 }
@@ -120,15 +120,15 @@ func WithConsumers(deployments ...string) ClusterOption {
 // RedisCluster creates a RedisCluster of one Redis 7.0 node (options change it) that takes its
 // credential straight from Vault (VaultLease) at path through connection, and deletes it when the
 // test ends.
-func (f *Framework) RedisCluster(t testing.TB, ns, name, connection, path string, opts ...ClusterOption) *v1alpha1.RedisCluster {
+func (f *Framework) RedisCluster(t testing.TB, ns, name, connection, path string, opts ...ClusterOption) *v1beta1.RedisCluster {
 	t.Helper()
-	rc := &v1alpha1.RedisCluster{
+	rc := &v1beta1.RedisCluster{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
-		Spec: v1alpha1.RedisClusterSpec{
+		Spec: v1beta1.RedisClusterSpec{
 			Replicas: 1, Version: RedisVersion,
-			Credentials: v1alpha1.CredentialsSpec{
-				Source:     v1alpha1.SourceVaultLease,
-				VaultLease: &v1alpha1.VaultLeaseSource{ConnectionRef: v1alpha1.ConnectionReference{Name: connection}, Path: path},
+			Credentials: v1beta1.CredentialsSpec{
+				Source:     v1beta1.SourceVaultLease,
+				VaultLease: &v1beta1.VaultLeaseSource{ConnectionRef: v1beta1.ConnectionReference{Name: connection}, Path: path},
 			},
 		},
 	}
@@ -144,7 +144,7 @@ func (f *Framework) RedisCluster(t testing.TB, ns, name, connection, path string
 func (f *Framework) Create(t testing.TB, obj client.Object) {
 	t.Helper()
 	switch obj.(type) {
-	case *v1alpha1.RedisCluster, *v1alpha1.VaultConnection:
+	case *v1beta1.RedisCluster, *v1beta1.VaultConnection:
 		f.Label(obj)
 	}
 	if err := f.Client.Create(context.Background(), obj); err != nil {
@@ -154,9 +154,9 @@ func (f *Framework) Create(t testing.TB, obj client.Object) {
 }
 
 // Get reads a RedisCluster again.
-func (f *Framework) Get(t testing.TB, rc *v1alpha1.RedisCluster) *v1alpha1.RedisCluster {
+func (f *Framework) Get(t testing.TB, rc *v1beta1.RedisCluster) *v1beta1.RedisCluster {
 	t.Helper()
-	out := &v1alpha1.RedisCluster{}
+	out := &v1beta1.RedisCluster{}
 	if err := f.Client.Get(context.Background(), client.ObjectKeyFromObject(rc), out); err != nil {
 		t.Fatal(err)
 	}
@@ -165,15 +165,15 @@ func (f *Framework) Get(t testing.TB, rc *v1alpha1.RedisCluster) *v1alpha1.Redis
 
 // RotateNow asks for one rotation now (the annotation keyroll.dev/rotate-now, with the time as its
 // value) and returns the value.
-func (f *Framework) RotateNow(t testing.TB, rc *v1alpha1.RedisCluster) string {
+func (f *Framework) RotateNow(t testing.TB, rc *v1beta1.RedisCluster) string {
 	t.Helper()
 	value := time.Now().UTC().Format(time.RFC3339Nano)
-	f.Annotate(t, rc, v1alpha1.AnnotationRotateNow, value)
+	f.Annotate(t, rc, v1beta1.AnnotationRotateNow, value)
 	return value
 }
 
 // Annotate sets an annotation of a RedisCluster.
-func (f *Framework) Annotate(t testing.TB, rc *v1alpha1.RedisCluster, key, value string) {
+func (f *Framework) Annotate(t testing.TB, rc *v1beta1.RedisCluster, key, value string) {
 	t.Helper()
 	cur := f.Get(t, rc)
 	patch := client.MergeFrom(cur.DeepCopy())
@@ -188,13 +188,13 @@ func (f *Framework) Annotate(t testing.TB, rc *v1alpha1.RedisCluster, key, value
 
 // DeleteAndWait deletes a RedisCluster and waits up to timeout until it is gone (its finalizer
 // revokes its leases first).
-func (f *Framework) DeleteAndWait(t testing.TB, rc *v1alpha1.RedisCluster, timeout time.Duration) {
+func (f *Framework) DeleteAndWait(t testing.TB, rc *v1beta1.RedisCluster, timeout time.Duration) {
 	t.Helper()
 	if err := f.Client.Delete(context.Background(), rc); client.IgnoreNotFound(err) != nil {
 		t.Fatal(err)
 	}
 	Eventually(t, timeout, func() string {
-		if err := f.Client.Get(context.Background(), client.ObjectKeyFromObject(rc), &v1alpha1.RedisCluster{}); err == nil {
+		if err := f.Client.Get(context.Background(), client.ObjectKeyFromObject(rc), &v1beta1.RedisCluster{}); err == nil {
 			return "RedisCluster " + rc.Name + " still exists"
 		}
 		return ""

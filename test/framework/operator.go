@@ -20,7 +20,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/config"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/controllers"
 	"github.com/keyroll/keyroll/controllers/rediscluster"
 	"github.com/keyroll/keyroll/test/testground"
@@ -30,7 +30,7 @@ import (
 func Scheme() *runtime.Scheme {
 	s := runtime.NewScheme()
 	_ = clientgoscheme.AddToScheme(s)
-	_ = v1alpha1.AddToScheme(s)
+	_ = v1beta1.AddToScheme(s)
 	_ = esv1.AddToScheme(s)
 	return s
 }

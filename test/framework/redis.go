@@ -13,7 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/test/testground"
 )
 
@@ -28,7 +28,7 @@ func (f *Framework) SecretData(ns, name, key string) string {
 
 // Credentials reads the consumers' Secret of a RedisCluster (<name>-credentials); ok is false
 // while there is none.
-func (f *Framework) Credentials(rc *v1alpha1.RedisCluster) (user, pass string, ok bool) {
+func (f *Framework) Credentials(rc *v1beta1.RedisCluster) (user, pass string, ok bool) {
 	s := &corev1.Secret{}
 	if err := f.Client.Get(context.Background(), client.ObjectKey{Namespace: rc.Namespace, Name: rc.Name + "-credentials"}, s); err != nil {
 		return "", "", false
@@ -44,13 +44,13 @@ func (f *Framework) Authenticates(user, pass string) bool {
 }
 
 // AdminPassword is keyroll's admin password of a cluster, from its state Secret (<name>-keyroll).
-func (f *Framework) AdminPassword(rc *v1alpha1.RedisCluster) string {
+func (f *Framework) AdminPassword(rc *v1beta1.RedisCluster) string {
 	return f.SecretData(rc.Namespace, rc.Name+"-keyroll", "admin-password")
 }
 
 // InternalPasswords are the passwords of keyroll's own users of a cluster: the admin's from its
 // state Secret, the replication and probe users' from the ACL Secret the pods mount.
-func (f *Framework) InternalPasswords(t testing.TB, rc *v1alpha1.RedisCluster) map[string]string {
+func (f *Framework) InternalPasswords(t testing.TB, rc *v1beta1.RedisCluster) map[string]string {
 	t.Helper()
 	out := map[string]string{}
 	for secret, keys := range map[string][]string{rc.Name + "-keyroll": {"admin-password"}, rc.Name + "-acl": {"replication-password", "probe-password"}} {
@@ -66,9 +66,9 @@ func (f *Framework) InternalPasswords(t testing.TB, rc *v1alpha1.RedisCluster) m
 }
 
 // ListRedisPods lists the Redis pods of a cluster, by name.
-func (f *Framework) ListRedisPods(rc *v1alpha1.RedisCluster) ([]corev1.Pod, error) {
+func (f *Framework) ListRedisPods(rc *v1beta1.RedisCluster) ([]corev1.Pod, error) {
 	list := &corev1.PodList{}
-	if err := f.Client.List(context.Background(), list, client.InNamespace(rc.Namespace), client.MatchingLabels{v1alpha1.LabelCluster: rc.Name}); err != nil {
+	if err := f.Client.List(context.Background(), list, client.InNamespace(rc.Namespace), client.MatchingLabels{v1beta1.LabelCluster: rc.Name}); err != nil {
 		return nil, err
 	}
 	slices.SortFunc(list.Items, func(a, b corev1.Pod) int { return strings.Compare(a.Name, b.Name) })
@@ -76,7 +76,7 @@ func (f *Framework) ListRedisPods(rc *v1alpha1.RedisCluster) ([]corev1.Pod, erro
 }
 
 // RedisPods is ListRedisPods in the test's goroutine.
-func (f *Framework) RedisPods(t testing.TB, rc *v1alpha1.RedisCluster) []corev1.Pod {
+func (f *Framework) RedisPods(t testing.TB, rc *v1beta1.RedisCluster) []corev1.Pod {
 	t.Helper()
 	pods, err := f.ListRedisPods(rc)
 	if err != nil {
@@ -118,8 +118,8 @@ func (f *Framework) PodSummary(ns string) string {
 // NodeLogins logs in as user on every Redis pod of rc (pods 0 to spec.replicas-1, by pod IP) and
 // sorts the pods by the outcome: accepted (ACL WHOAMI names user), refused (WRONGPASS) and failed
 // (anything else: no pod, no IP, no answer), each with the pod's name and, for failed, why.
-func (f *Framework) NodeLogins(rc *v1alpha1.RedisCluster, user, pass string) (accepted, refused, failed []string, err error) {
-	cur := &v1alpha1.RedisCluster{}
+func (f *Framework) NodeLogins(rc *v1beta1.RedisCluster, user, pass string) (accepted, refused, failed []string, err error) {
+	cur := &v1beta1.RedisCluster{}
 	if err := f.Client.Get(context.Background(), client.ObjectKeyFromObject(rc), cur); err != nil {
 		return nil, nil, nil, err
 	}
@@ -153,7 +153,7 @@ func (f *Framework) NodeLogins(rc *v1alpha1.RedisCluster, user, pass string) (ac
 // OnEveryPod checks a credential on each of the cluster's Redis pods: with accept, it must log in
 // as user on every one; without, be refused (WRONGPASS) on every one. It returns "" or what went
 // otherwise.
-func (f *Framework) OnEveryPod(rc *v1alpha1.RedisCluster, user, pass string, accept bool) string {
+func (f *Framework) OnEveryPod(rc *v1beta1.RedisCluster, user, pass string, accept bool) string {
 	accepted, refused, failed, err := f.NodeLogins(rc, user, pass)
 	switch {
 	case err != nil:

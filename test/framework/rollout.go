@@ -9,7 +9,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 )
 
 // ConsumerVersion is the credential version on a consumer Deployment's pod template.
@@ -19,14 +19,14 @@ func (f *Framework) ConsumerVersion(t testing.TB, ns, name string) string {
 	if err := f.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, d); err != nil {
 		t.Fatal(err)
 	}
-	return d.Spec.Template.Annotations[v1alpha1.AnnotationCredentialVersion]
+	return d.Spec.Template.Annotations[v1beta1.AnnotationCredentialVersion]
 }
 
 // CheckRetired checks that a rotation away from the old credential is complete: the consumer and
 // the consumers' Secret have the current one, which works in Vault's Redis and on every Redis
 // node, while the old user logs in nowhere and its lease is gone from Vault. It returns the
 // cluster as read then.
-func (f *Framework) CheckRetired(t testing.TB, rc *v1alpha1.RedisCluster, consumer, oldUser, oldPass, oldLease string) *v1alpha1.RedisCluster {
+func (f *Framework) CheckRetired(t testing.TB, rc *v1beta1.RedisCluster, consumer, oldUser, oldPass, oldLease string) *v1beta1.RedisCluster {
 	t.Helper()
 	cur := f.Get(t, rc)
 	if v := f.ConsumerVersion(t, rc.Namespace, consumer); v != cur.Status.Credential.Version {
@@ -56,9 +56,9 @@ func (f *Framework) CheckRetired(t testing.TB, rc *v1alpha1.RedisCluster, consum
 
 // WaitRolledOut waits until rc's rollout is over and its ledger holds only the current lease,
 // which is not oldLease, and returns the cluster as read then.
-func (f *Framework) WaitRolledOut(t testing.TB, rc *v1alpha1.RedisCluster, oldLease string, timeout time.Duration) *v1alpha1.RedisCluster {
+func (f *Framework) WaitRolledOut(t testing.TB, rc *v1beta1.RedisCluster, oldLease string, timeout time.Duration) *v1beta1.RedisCluster {
 	t.Helper()
-	var cur *v1alpha1.RedisCluster
+	var cur *v1beta1.RedisCluster
 	Eventually(t, timeout, func() string {
 		cur = f.Get(t, rc)
 		if cur.Status.Rollout != nil || len(cur.Status.Leases) != 1 || cur.Status.Leases[0].LeaseID == oldLease {

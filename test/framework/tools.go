@@ -20,7 +20,7 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/test/render"
 	"github.com/keyroll/keyroll/test/testground"
 )
@@ -106,14 +106,14 @@ func ApplySamples(ctx context.Context, c client.Client, vaultAddr, fieldOwner st
 }
 
 // WaitConnectionReady waits until the VaultConnection named name is Ready and returns it.
-func (f *Framework) WaitConnectionReady(t testing.TB, name string, timeout time.Duration) *v1alpha1.VaultConnection {
+func (f *Framework) WaitConnectionReady(t testing.TB, name string, timeout time.Duration) *v1beta1.VaultConnection {
 	t.Helper()
-	vc := &v1alpha1.VaultConnection{}
+	vc := &v1beta1.VaultConnection{}
 	Eventually(t, timeout, func() string {
 		if err := f.Client.Get(context.Background(), client.ObjectKey{Name: name}, vc); err != nil {
 			return err.Error()
 		}
-		if c := meta.FindStatusCondition(vc.Status.Conditions, v1alpha1.ConditionReady); c == nil || c.Status != metav1.ConditionTrue {
+		if c := meta.FindStatusCondition(vc.Status.Conditions, v1beta1.ConditionReady); c == nil || c.Status != metav1.ConditionTrue {
 			return fmt.Sprintf("VaultConnection %s: Ready is %+v", name, c)
 		}
 		return ""

@@ -14,7 +14,7 @@ import (
 
 	vaultapi "github.com/hashicorp/vault/api"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/test/testground"
 )
 
@@ -286,7 +286,7 @@ path "auth/token/lookup-self" { capabilities = ["read"] }
 
 // NamespaceIdentityOption makes a VaultConnection log in per namespace (identity Namespace), to
 // the Vault role named after the namespace (NamespaceIdentity).
-func NamespaceIdentityOption(vc *v1alpha1.VaultConnection) {
-	vc.Spec.Identity = v1alpha1.IdentityNamespace
-	vc.Spec.Auth = v1alpha1.VaultAuth{Kubernetes: &v1alpha1.KubernetesAuth{Role: v1alpha1.NamespacePlaceholder, ServiceAccountName: NamespaceServiceAccount}}
+func NamespaceIdentityOption(vc *v1beta1.VaultConnection) {
+	vc.Spec.Identity = v1beta1.IdentityNamespace
+	vc.Spec.Auth = v1beta1.VaultAuth{Kubernetes: &v1beta1.KubernetesAuth{Role: v1beta1.NamespacePlaceholder, ServiceAccountName: NamespaceServiceAccount}}
 }

@@ -9,7 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/test/framework"
 )
 
@@ -25,8 +25,8 @@ func BenchmarkRolloutOverheadPerPod(b *testing.B) {
 	base := fmt.Sprintf("bench-%d", time.Now().UnixNano()%100000)
 	ns := fw.Namespace(b, base)
 	vc := fw.VaultConnection(b, "vault-"+base, framework.Allow(ns))
-	rc := fw.RedisCluster(b, ns, "orders", vc.Name, fw.Path("orders"), framework.Replicas(3), func(rc *v1alpha1.RedisCluster) {
-		rc.Spec.Rollout.RedisPods = v1alpha1.RedisPodsRestart
+	rc := fw.RedisCluster(b, ns, "orders", vc.Name, fw.Path("orders"), framework.Replicas(3), func(rc *v1beta1.RedisCluster) {
+		rc.Spec.Rollout.RedisPods = v1beta1.RedisPodsRestart
 	})
 	benchRolledOut(b, rc, "")
 	var overhead, total time.Duration
@@ -46,10 +46,10 @@ func BenchmarkRolloutOverheadPerPod(b *testing.B) {
 // benchRolledOut waits until the rotate-now value is acknowledged, the rollout is over and only
 // one lease is left. It polls every 5 ms, not every 100 ms as framework.Eventually does: the wait
 // is part of what the benchmark measures.
-func benchRolledOut(b *testing.B, rc *v1alpha1.RedisCluster, ack string) {
+func benchRolledOut(b *testing.B, rc *v1beta1.RedisCluster, ack string) {
 	deadline := time.Now().Add(2 * time.Minute)
 	for time.Now().Before(deadline) {
-		cur := &v1alpha1.RedisCluster{}
+		cur := &v1beta1.RedisCluster{}
 		if err := fw.Client.Get(context.Background(), client.ObjectKeyFromObject(rc), cur); err != nil {
 			b.Fatal(err)
 		}
@@ -63,7 +63,7 @@ func benchRolledOut(b *testing.B, rc *v1alpha1.RedisCluster, ack string) {
 }
 
 // podReadiness sums, over the Redis pods, the time from creation to Ready.
-func podReadiness(b *testing.B, rc *v1alpha1.RedisCluster) time.Duration {
+func podReadiness(b *testing.B, rc *v1beta1.RedisCluster) time.Duration {
 	var sum time.Duration
 	for _, p := range fw.RedisPods(b, rc) {
 		for _, c := range p.Status.Conditions {

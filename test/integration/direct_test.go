@@ -17,7 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/test/framework"
 	"github.com/keyroll/keyroll/test/testground"
 )
@@ -30,7 +30,7 @@ func TestIssueGivesAWorkingCredentialAndASteadyStateWritesNothing(t *testing.T) 
 	vc := fw.VaultConnection(t, "vault-issue", framework.Allow(ns))
 	rc := fw.RedisCluster(t, ns, "orders", vc.Name, fw.Path("orders"), framework.Replicas(3))
 	start := time.Now()
-	cur := fw.WaitCondition(t, rc, v1alpha1.ConditionReady, metav1.ConditionTrue, v1alpha1.ReasonAvailable, 90*time.Second)
+	cur := fw.WaitCondition(t, rc, v1beta1.ConditionReady, metav1.ConditionTrue, v1beta1.ReasonAvailable, 90*time.Second)
 	t.Logf("Ready %s after create", time.Since(start).Round(time.Millisecond))
 
 	user, pass, ok := fw.Credentials(rc)
@@ -50,26 +50,26 @@ func TestIssueGivesAWorkingCredentialAndASteadyStateWritesNothing(t *testing.T) 
 			}
 		}
 	}
-	if c := framework.Condition(cur, v1alpha1.ConditionUsersApplied); c == nil || c.Reason != v1alpha1.ReasonApplied {
+	if c := framework.Condition(cur, v1beta1.ConditionUsersApplied); c == nil || c.Reason != v1beta1.ReasonApplied {
 		t.Errorf("UsersApplied %+v", c)
 	}
 	if len(cur.Status.Nodes) != 3 {
 		t.Errorf("status.nodes records %d nodes, want 3: %+v", len(cur.Status.Nodes), cur.Status.Nodes)
 	}
 	c := cur.Status.Credential
-	if c == nil || c.LeaseID == "" || c.ExpiresAt == nil || !c.Renewable || c.Username != user {
+	if c == nil || c.Lease.LeaseID == "" || c.Lease.ExpiresAt == nil || !c.Lease.Renewable || c.Username != user {
 		t.Fatalf("status.credential incomplete: %+v", c)
 	}
-	if len(cur.Status.Leases) != 1 || cur.Status.Leases[0].State != v1alpha1.LeaseActive || cur.Status.Leases[0].LeaseID != c.LeaseID {
+	if len(cur.Status.Leases) != 1 || cur.Status.Leases[0].State != v1beta1.LeaseActive || cur.Status.Leases[0].LeaseID != c.Lease.LeaseID {
 		t.Fatalf("ledger: %+v", cur.Status.Leases)
 	}
-	if cur.Status.Phase != v1alpha1.PhaseReady || cur.Status.ReadyReplicas != 3 || cur.Status.ObservedGeneration != cur.Generation {
+	if cur.Status.Phase != v1beta1.PhaseReady || cur.Status.ReadyReplicas != 3 || cur.Status.ObservedGeneration != cur.Generation {
 		t.Fatalf("phase %s, ready %d, observedGeneration %d", cur.Status.Phase, cur.Status.ReadyReplicas, cur.Status.ObservedGeneration)
 	}
-	if exists, _ := fw.LeaseExists(c.LeaseID); !exists {
+	if exists, _ := fw.LeaseExists(c.Lease.LeaseID); !exists {
 		t.Fatal("Vault does not know the lease in status")
 	}
-	for _, want := range []string{v1alpha1.EventCredentialsIssued, v1alpha1.EventUsersApplied} {
+	for _, want := range []string{v1beta1.EventCredentialsIssued, v1beta1.EventUsersApplied} {
 		if !fw.HasEvent(t, ns, "orders", want) {
 			t.Errorf("no %s event", want)
 		}
@@ -83,8 +83,8 @@ func TestIssueGivesAWorkingCredentialAndASteadyStateWritesNothing(t *testing.T) 
 	// (more than fw.WaitConnectionReady checks).
 	framework.Eventually(t, 30*time.Second, func() string {
 		st := fw.GetConnection(t, vc.Name).Status
-		ready := apimeta.FindStatusCondition(st.Conditions, v1alpha1.ConditionReady)
-		if ready == nil || ready.Status != metav1.ConditionTrue || ready.Reason != v1alpha1.ReasonLoggedIn ||
+		ready := apimeta.FindStatusCondition(st.Conditions, v1beta1.ConditionReady)
+		if ready == nil || ready.Status != metav1.ConditionTrue || ready.Reason != v1beta1.ReasonLoggedIn ||
 			st.VaultVersion == "" || st.Sealed == nil || *st.Sealed || st.TokenExpiresAt == nil || !st.TokenExpiresAt.After(time.Now()) {
 			return fmt.Sprintf("VaultConnection %s status: %+v", vc.Name, st)
 		}
@@ -97,7 +97,7 @@ func TestIssueGivesAWorkingCredentialAndASteadyStateWritesNothing(t *testing.T) 
 
 // aclCommands reads, on every Redis pod of rc, how often each ACL subcommand ran (INFO
 // commandstats, as keyroll's admin user), keyed "pod acl|subcommand".
-func aclCommands(t *testing.T, rc *v1alpha1.RedisCluster) map[string]string {
+func aclCommands(t *testing.T, rc *v1beta1.RedisCluster) map[string]string {
 	t.Helper()
 	admin := fw.InternalPasswords(t, rc)["admin-password"]
 	out := map[string]string{}
@@ -127,7 +127,7 @@ func TestLeaseIsRenewedBeforeExpiryAndReissuedWhenRevokedOutside(t *testing.T) {
 	cur := fw.WaitReady(t, rc, 60*time.Second)
 	first := cur.Status.Credential
 	user, pass, _ := fw.Credentials(rc)
-	firstExpiry := first.ExpiresAt.Time
+	firstExpiry := first.Lease.ExpiresAt.Time
 
 	// The 20 s lease is renewed before it expires, and Vault shows the extended expiry; the
 	// credential keeps working for a minute, in Vault's Redis and on the cluster's.
@@ -140,7 +140,7 @@ func TestLeaseIsRenewedBeforeExpiryAndReissuedWhenRevokedOutside(t *testing.T) {
 		if msg := fw.OnEveryPod(rc, user, pass, true); msg != "" {
 			t.Fatalf("%s into the minute: %s", 60*time.Second-time.Until(deadline), msg)
 		}
-		if exists, exp := fw.LeaseExists(first.LeaseID); !exists {
+		if exists, exp := fw.LeaseExists(first.Lease.LeaseID); !exists {
 			t.Fatal("the lease disappeared from Vault")
 		} else if exp.After(firstExpiry.Add(2 * time.Second)) {
 			renewed = true
@@ -148,18 +148,18 @@ func TestLeaseIsRenewedBeforeExpiryAndReissuedWhenRevokedOutside(t *testing.T) {
 		time.Sleep(2 * time.Second)
 	}
 	cur = fw.Get(t, rc)
-	if !renewed || cur.Status.Credential.LastRenewal == nil || cur.Status.Credential.LeaseID != first.LeaseID {
+	if !renewed || cur.Status.Credential.Lease.LastRenewal == nil || cur.Status.Credential.Lease.LeaseID != first.Lease.LeaseID {
 		t.Fatalf("lease not renewed in a minute: renewed in Vault %v, status %+v", renewed, cur.Status.Credential)
 	}
 
 	// Revoked directly in Vault: keyroll notices at the next renewal, cuts the revoked user off
 	// on every node (onRevokedOutside CutOff, the default) and issues a new credential.
-	if err := fw.Ground.Vault.Root.Sys().Revoke(first.LeaseID); err != nil {
+	if err := fw.Ground.Vault.Root.Sys().Revoke(first.Lease.LeaseID); err != nil {
 		t.Fatal(err)
 	}
 	framework.Eventually(t, 40*time.Second, func() string {
 		cur = fw.Get(t, rc)
-		if cur.Status.Credential.LeaseID == first.LeaseID {
+		if cur.Status.Credential.Lease.LeaseID == first.Lease.LeaseID {
 			return "still on the revoked lease"
 		}
 		return ""
@@ -173,7 +173,7 @@ func TestLeaseIsRenewedBeforeExpiryAndReissuedWhenRevokedOutside(t *testing.T) {
 	})
 	framework.Eventually(t, 10*time.Second, func() string { return fw.OnEveryPod(rc, user, pass, false) })
 	for _, l := range cur.Status.Leases {
-		if l.LeaseID == first.LeaseID {
+		if l.LeaseID == first.Lease.LeaseID {
 			t.Errorf("the revoked lease is still in the ledger: %+v", l)
 		}
 	}
@@ -185,7 +185,7 @@ func TestDeleteRevokesTheLeaseThenLetsGo(t *testing.T) {
 	rc := fw.RedisCluster(t, ns, "orders", vc.Name, fw.Path("orders"))
 	cur := fw.WaitReady(t, rc, 60*time.Second)
 	user, pass, _ := fw.Credentials(rc)
-	lease := cur.Status.Credential.LeaseID
+	lease := cur.Status.Credential.Lease.LeaseID
 	if !fw.Authenticates(user, pass) {
 		t.Fatal("credential does not work before delete")
 	}
@@ -209,26 +209,26 @@ func TestDeleteWhileVaultIsUnreachableKeepsTheFinalizerUntilRevoked(t *testing.T
 	rc := fw.RedisCluster(t, ns, "orders", vc.Name, fw.Path("orders"))
 	cur := fw.WaitReady(t, rc, 60*time.Second)
 	user, pass, _ := fw.Credentials(rc)
-	lease := cur.Status.Credential.LeaseID
+	lease := cur.Status.Credential.Lease.LeaseID
 
 	proxy.Cut()
 	if err := fw.Client.Delete(context.Background(), rc); err != nil {
 		t.Fatal(err)
 	}
-	cur = fw.WaitCondition(t, rc, v1alpha1.ConditionDegraded, metav1.ConditionTrue, v1alpha1.ReasonRevocationPending, 90*time.Second)
-	t.Logf("while Vault is cut off: %s", conditionText(cur, v1alpha1.ConditionDegraded))
+	cur = fw.WaitCondition(t, rc, v1beta1.ConditionDegraded, metav1.ConditionTrue, v1beta1.ReasonRevocationPending, 90*time.Second)
+	t.Logf("while Vault is cut off: %s", conditionText(cur, v1beta1.ConditionDegraded))
 	time.Sleep(3 * time.Second)
 	cur = fw.Get(t, rc)
 	if len(cur.Finalizers) == 0 || len(cur.Status.Leases) != 1 || !fw.Authenticates(user, pass) {
 		t.Fatalf("with Vault unreachable the object must stay with its finalizer and lease: finalizers %v, leases %+v", cur.Finalizers, cur.Status.Leases)
 	}
-	if !fw.HasEvent(t, ns, "orders", v1alpha1.EventRevocationFailed) {
+	if !fw.HasEvent(t, ns, "orders", v1beta1.EventRevocationFailed) {
 		t.Error("no RevocationFailed event")
 	}
 
 	proxy.Restore()
 	framework.Eventually(t, 90*time.Second, func() string {
-		err := fw.Client.Get(context.Background(), client.ObjectKeyFromObject(rc), &v1alpha1.RedisCluster{})
+		err := fw.Client.Get(context.Background(), client.ObjectKeyFromObject(rc), &v1beta1.RedisCluster{})
 		if !apierrors.IsNotFound(err) {
 			return "the RedisCluster is still there after Vault came back"
 		}
@@ -242,7 +242,7 @@ func TestDeleteWhileVaultIsUnreachableKeepsTheFinalizerUntilRevoked(t *testing.T
 	}
 }
 
-func conditionText(rc *v1alpha1.RedisCluster, condType string) string {
+func conditionText(rc *v1beta1.RedisCluster, condType string) string {
 	for _, c := range rc.Status.Conditions {
 		if c.Type == condType {
 			return c.Reason + ": " + c.Message
@@ -256,28 +256,28 @@ func TestRefusedClustersGetAConditionAnEventAndNoSecret(t *testing.T) {
 	elsewhere := fw.VaultConnection(t, "vault-elsewhere", framework.Allow(fw.Name("elsewhere")))
 	// kv/creds/orders passes keyroll's guard (allowedPaths), and Vault's policy refuses it.
 	refused := fw.VaultConnection(t, "vault-refused", framework.Allow(ns), framework.Paths(fw.Path("")+"*", "kv/creds/*"))
-	for _, vc := range []*v1alpha1.VaultConnection{elsewhere, refused} {
+	for _, vc := range []*v1beta1.VaultConnection{elsewhere, refused} {
 		fw.WaitConnectionReady(t, vc.Name, 30*time.Second)
 	}
 	cases := map[string]struct {
 		connection, path, reason string
 	}{
-		"not-allowed": {elsewhere.Name, fw.Path("orders"), v1alpha1.ReasonNamespaceNotAllowed},
-		"no-conn":     {fw.Name("missing"), fw.Path("orders"), v1alpha1.ReasonConnectionNotFound},
-		"forbidden":   {refused.Name, "kv/creds/orders", v1alpha1.ReasonPermissionDenied},
+		"not-allowed": {elsewhere.Name, fw.Path("orders"), v1beta1.ReasonNamespaceNotAllowed},
+		"no-conn":     {fw.Name("missing"), fw.Path("orders"), v1beta1.ReasonConnectionNotFound},
+		"forbidden":   {refused.Name, "kv/creds/orders", v1beta1.ReasonPermissionDenied},
 	}
 	for name, tc := range cases {
 		calls := vaultCalls.of(tc.connection)
 		rc := fw.RedisCluster(t, ns, name, tc.connection, tc.path) // t: no-conn lives on past its subtest
 		t.Run(name, func(t *testing.T) {
-			cur := fw.WaitCondition(t, rc, v1alpha1.ConditionCredentialsReady, metav1.ConditionFalse, tc.reason, 30*time.Second)
+			cur := fw.WaitCondition(t, rc, v1beta1.ConditionCredentialsReady, metav1.ConditionFalse, tc.reason, 30*time.Second)
 			if !fw.HasEvent(t, ns, name, "") {
 				t.Error("no event")
 			}
 			if _, _, ok := fw.Credentials(rc); ok || len(cur.Status.Leases) != 0 {
 				t.Errorf("a refused RedisCluster got a credentials Secret or a lease: %+v", cur.Status.Leases)
 			}
-			if tc.reason == v1alpha1.ReasonNamespaceNotAllowed && vaultCalls.of(tc.connection) != calls {
+			if tc.reason == v1beta1.ReasonNamespaceNotAllowed && vaultCalls.of(tc.connection) != calls {
 				t.Errorf("a namespace the VaultConnection does not allow caused %d Vault calls", vaultCalls.of(tc.connection)-calls)
 			}
 		})
@@ -287,8 +287,8 @@ func TestRefusedClustersGetAConditionAnEventAndNoSecret(t *testing.T) {
 	// one-minute retry.
 	fw.VaultConnection(t, "missing", framework.Allow(ns))
 	start := time.Now()
-	fw.WaitCondition(t, &v1alpha1.RedisCluster{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "no-conn"}},
-		v1alpha1.ConditionCredentialsReady, metav1.ConditionTrue, "", 20*time.Second)
+	fw.WaitCondition(t, &v1beta1.RedisCluster{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "no-conn"}},
+		v1beta1.ConditionCredentialsReady, metav1.ConditionTrue, "", 20*time.Second)
 	t.Logf("credential issued %s after the VaultConnection appeared", time.Since(start).Round(time.Millisecond))
 }
 
@@ -303,7 +303,7 @@ func TestForeignSecretIsLeftUntouched(t *testing.T) {
 		t.Fatal(err)
 	}
 	rc := fw.RedisCluster(t, ns, "taken", vc.Name, fw.Path("orders"))
-	cur := fw.WaitCondition(t, rc, v1alpha1.ConditionCredentialsReady, metav1.ConditionFalse, v1alpha1.ReasonSecretConflict, 30*time.Second)
+	cur := fw.WaitCondition(t, rc, v1beta1.ConditionCredentialsReady, metav1.ConditionFalse, v1beta1.ReasonSecretConflict, 30*time.Second)
 	after := &corev1.Secret{}
 	if err := fw.Client.Get(context.Background(), client.ObjectKeyFromObject(foreign), after); err != nil {
 		t.Fatal(err)
@@ -314,7 +314,7 @@ func TestForeignSecretIsLeftUntouched(t *testing.T) {
 	if len(cur.Status.Leases) != 0 {
 		t.Fatalf("a credential was issued although it could not be written: %+v", cur.Status.Leases)
 	}
-	if !fw.HasEvent(t, ns, "taken", v1alpha1.EventSecretConflict) {
+	if !fw.HasEvent(t, ns, "taken", v1beta1.EventSecretConflict) {
 		t.Error("no SecretConflict event")
 	}
 }
@@ -332,7 +332,7 @@ func (withoutWatch) Watch(context.Context, client.ObjectList, ...client.ListOpti
 func TestACLRulesOfTheSpecHoldOnEveryRedisPod(t *testing.T) {
 	ns := fw.Namespace(t, "acl")
 	vc := fw.VaultConnection(t, "vault-acl", framework.Allow(ns))
-	rc := fw.RedisCluster(t, ns, "orders", vc.Name, fw.Path("orders"), framework.Replicas(2), func(rc *v1alpha1.RedisCluster) {
+	rc := fw.RedisCluster(t, ns, "orders", vc.Name, fw.Path("orders"), framework.Replicas(2), func(rc *v1beta1.RedisCluster) {
 		rc.Spec.Credentials.ACLRules = []string{"~orders:*", "+@read", "+@write", "+@connection"}
 	})
 	fw.WaitReady(t, rc, 90*time.Second)
@@ -377,12 +377,12 @@ func TestACLRulesOfTheSpecHoldOnEveryRedisPod(t *testing.T) {
 func TestInvalidScheduleIsReportedAndWithdrawnWhenFixed(t *testing.T) {
 	ns := fw.Namespace(t, "schedule")
 	vc := fw.VaultConnection(t, "vault-schedule", framework.Allow(ns))
-	rc := fw.RedisCluster(t, ns, "orders", vc.Name, fw.Path("orders"), func(rc *v1alpha1.RedisCluster) {
+	rc := fw.RedisCluster(t, ns, "orders", vc.Name, fw.Path("orders"), func(rc *v1beta1.RedisCluster) {
 		rc.Spec.Rotation.Schedule = "61 * * * *"
 	})
-	cur := fw.WaitCondition(t, rc, v1alpha1.ConditionDegraded, metav1.ConditionTrue, v1alpha1.ReasonInvalidSchedule, 30*time.Second)
-	fw.WaitCondition(t, rc, v1alpha1.ConditionCredentialsReady, metav1.ConditionTrue, "", 30*time.Second)
-	if !fw.HasEvent(t, ns, "orders", v1alpha1.ReasonInvalidSchedule) {
+	cur := fw.WaitCondition(t, rc, v1beta1.ConditionDegraded, metav1.ConditionTrue, v1beta1.ReasonInvalidSchedule, 30*time.Second)
+	fw.WaitCondition(t, rc, v1beta1.ConditionCredentialsReady, metav1.ConditionTrue, "", 30*time.Second)
+	if !fw.HasEvent(t, ns, "orders", v1beta1.ReasonInvalidSchedule) {
 		t.Error("no InvalidSchedule event")
 	}
 	patch := client.MergeFrom(cur.DeepCopy())
@@ -390,7 +390,7 @@ func TestInvalidScheduleIsReportedAndWithdrawnWhenFixed(t *testing.T) {
 	if err := fw.Client.Patch(context.Background(), cur, patch); err != nil {
 		t.Fatal(err)
 	}
-	fw.WaitCondition(t, rc, v1alpha1.ConditionDegraded, metav1.ConditionFalse, "", 30*time.Second)
+	fw.WaitCondition(t, rc, v1beta1.ConditionDegraded, metav1.ConditionFalse, "", 30*time.Second)
 	if cur = fw.Get(t, rc); cur.Status.Credential.NextRotation == nil {
 		t.Error("no next rotation once the schedule is valid")
 	}
@@ -402,13 +402,13 @@ func TestInvalidScheduleIsReportedAndWithdrawnWhenFixed(t *testing.T) {
 func TestCappedRenewalIsReplacedBeforeTheCredentialLapses(t *testing.T) {
 	ns := fw.Namespace(t, "capped")
 	vc := fw.VaultConnection(t, "vault-capped", framework.Allow(ns))
-	rc := fw.RedisCluster(t, ns, "orders", vc.Name, fw.Path("capped"), func(rc *v1alpha1.RedisCluster) {
+	rc := fw.RedisCluster(t, ns, "orders", vc.Name, fw.Path("capped"), func(rc *v1beta1.RedisCluster) {
 		rc.Spec.Credentials.VaultLease.MinTTL = &metav1.Duration{Duration: 5 * time.Second}
 	})
 	cur := fw.WaitReady(t, rc, 60*time.Second)
 	first := cur.Status.Credential
 	maxExpiry := first.IssuedAt.Add(35 * time.Second)
-	var replaced *v1alpha1.CredentialStatus
+	var replaced *v1beta1.CredentialStatus
 	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(500 * time.Millisecond) {
 		user, pass, ok := fw.Credentials(rc)
 		if !ok || !fw.Authenticates(user, pass) {
@@ -417,7 +417,7 @@ func TestCappedRenewalIsReplacedBeforeTheCredentialLapses(t *testing.T) {
 		if msg := fw.OnEveryPod(rc, user, pass, true); msg != "" {
 			t.Fatalf("%s after the first issue, the credentials Secret held a credential the Redis pods refuse: %s", time.Since(first.IssuedAt.Time).Round(time.Second), msg)
 		}
-		if c := fw.Get(t, rc).Status.Credential; c.LeaseID != first.LeaseID {
+		if c := fw.Get(t, rc).Status.Credential; c.Lease.LeaseID != first.Lease.LeaseID {
 			replaced = c
 			break
 		}
@@ -430,7 +430,7 @@ func TestCappedRenewalIsReplacedBeforeTheCredentialLapses(t *testing.T) {
 	}
 	t.Logf("replaced %s after the first issue; the first lease could live %s", replaced.IssuedAt.Sub(first.IssuedAt.Time), 35*time.Second)
 	framework.Eventually(t, 30*time.Second, func() string {
-		if exists, _ := fw.LeaseExists(first.LeaseID); exists {
+		if exists, _ := fw.LeaseExists(first.Lease.LeaseID); exists {
 			return "the capped lease is still live in Vault after the replacement rolled out"
 		}
 		return ""

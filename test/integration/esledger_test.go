@@ -11,22 +11,22 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/test/framework"
 )
 
 // esLedgerCluster is a RedisCluster of two nodes in ExternalSecret mode whose lease keyroll
 // tracks through the VaultConnection conn, with the stand-in consumer "api" (held by the tests
 // where they need a rollout that does not end).
-func esLedgerCluster(t *testing.T, ns, conn, role string, refresh time.Duration, opts ...framework.ClusterOption) *v1alpha1.RedisCluster {
+func esLedgerCluster(t *testing.T, ns, conn, role string, refresh time.Duration, opts ...framework.ClusterOption) *v1beta1.RedisCluster {
 	t.Helper()
 	fw.VaultDynamicSecret(t, ns, "redis-orders", role, true)
 	fw.StandInConsumer(t, ns, "api", 1)
 	opts = append([]framework.ClusterOption{framework.Replicas(2), framework.WithConsumers("api")}, opts...)
-	return fw.ExternalSecretCluster(t, ns, "orders", v1alpha1.ExternalSecretSource{
-		GeneratorRef:    &v1alpha1.GeneratorReference{APIVersion: "generators.external-secrets.io/v1alpha1", Kind: "VaultDynamicSecret", Name: "redis-orders"},
+	return fw.ExternalSecretCluster(t, ns, "orders", v1beta1.ExternalSecretSource{
+		GeneratorRef:    &v1beta1.GeneratorReference{APIVersion: "generators.external-secrets.io/v1alpha1", Kind: "VaultDynamicSecret", Name: "redis-orders"},
 		RefreshInterval: &metav1.Duration{Duration: refresh},
-		ConnectionRef:   &v1alpha1.ConnectionReference{Name: conn},
+		ConnectionRef:   &v1beta1.ConnectionReference{Name: conn},
 	}, opts...)
 }
 
@@ -38,7 +38,7 @@ func esLedgerCluster(t *testing.T, ns, conn, role string, refresh time.Duration,
 // afterwards the revoked user is gone everywhere.
 func TestExternalSecretRevokedOutsideIsCutOff(t *testing.T) {
 	t.Parallel()
-	for _, policy := range []v1alpha1.RevokedOutsidePolicy{v1alpha1.RevokedOutsideCutOff, v1alpha1.RevokedOutsideRollOver} {
+	for _, policy := range []v1beta1.RevokedOutsidePolicy{v1beta1.RevokedOutsideCutOff, v1beta1.RevokedOutsideRollOver} {
 		t.Run(string(policy), func(t *testing.T) {
 			t.Parallel()
 			esRevokedOutside(t, policy)
@@ -46,14 +46,14 @@ func TestExternalSecretRevokedOutsideIsCutOff(t *testing.T) {
 	}
 }
 
-func esRevokedOutside(t *testing.T, policy v1alpha1.RevokedOutsidePolicy) {
+func esRevokedOutside(t *testing.T, policy v1beta1.RevokedOutsidePolicy) {
 	base := "es-revoked-" + strings.ToLower(string(policy))
 	ns := fw.Namespace(t, base)
 	vc := fw.VaultConnection(t, "vault-"+base, framework.Allow(ns))
 	rc := esLedgerCluster(t, ns, vc.Name, "es-long", time.Hour,
-		func(rc *v1alpha1.RedisCluster) { rc.Spec.Credentials.OnRevokedOutside = policy })
+		func(rc *v1beta1.RedisCluster) { rc.Spec.Credentials.OnRevokedOutside = policy })
 	cur := fw.WaitReady(t, rc, 2*time.Minute)
-	lease := cur.Status.Credential.LeaseID
+	lease := cur.Status.Credential.Lease.LeaseID
 	oldUser, oldPass, _ := fw.Credentials(rc)
 	if msg := fw.OnEveryPod(rc, oldUser, oldPass, true); lease == "" || msg != "" {
 		t.Fatalf("before the revocation: lease %q, %s", lease, msg)
@@ -67,9 +67,9 @@ func esRevokedOutside(t *testing.T, policy v1alpha1.RevokedOutsidePolicy) {
 	var newUser, newPass string
 	var replaced time.Duration
 	framework.ReliabilityRow(t, "rollouts", "ExternalSecret mode: a tracked lease revoked outside keyroll, onRevokedOutside "+string(policy),
-		map[v1alpha1.RevokedOutsidePolicy]string{
-			v1alpha1.RevokedOutsideCutOff:   "its user is refused on every node at once, while the new credential's rollout is held",
-			v1alpha1.RevokedOutsideRollOver: "its user keeps working until the new credential has rolled out, then leaves every node",
+		map[v1beta1.RevokedOutsidePolicy]string{
+			v1beta1.RevokedOutsideCutOff:   "its user is refused on every node at once, while the new credential's rollout is held",
+			v1beta1.RevokedOutsideRollOver: "its user keeps working until the new credential has rolled out, then leaves every node",
 		}[policy],
 		func() string {
 			return fmt.Sprintf("External Secrets Operator's new credential on every node %s after the revocation; the revoked user checked on both nodes while the rollout was held, then gone everywhere after it; the lease out of the ledger", replaced.Round(100*time.Millisecond))
@@ -88,17 +88,17 @@ func esRevokedOutside(t *testing.T, policy v1alpha1.RevokedOutsidePolicy) {
 		if fw.Get(t, rc).Status.Rollout == nil {
 			return "no rollout in progress although the consumer is paused"
 		}
-		if !fw.HasEvent(t, ns, "orders", v1alpha1.EventLeaseRevokedOutside) {
-			return "no " + v1alpha1.EventLeaseRevokedOutside + " event"
+		if !fw.HasEvent(t, ns, "orders", v1beta1.EventLeaseRevokedOutside) {
+			return "no " + v1beta1.EventLeaseRevokedOutside + " event"
 		}
 		return ""
 	})
 	switch policy {
-	case v1alpha1.RevokedOutsideCutOff:
+	case v1beta1.RevokedOutsideCutOff:
 		if msg := fw.OnEveryPod(rc, oldUser, oldPass, false); msg != "" {
 			t.Errorf("CutOff: the revoked user is not cut off on every Redis node while the rollout is held: %s", msg)
 		}
-	case v1alpha1.RevokedOutsideRollOver:
+	case v1beta1.RevokedOutsideRollOver:
 		if msg := fw.OnEveryPod(rc, oldUser, oldPass, true); msg != "" {
 			t.Errorf("RollOver: the revoked user was cut off before the new credential rolled out: %s", msg)
 		}
@@ -109,9 +109,9 @@ func esRevokedOutside(t *testing.T, policy v1alpha1.RevokedOutsidePolicy) {
 	fw.PauseDeployment(t, client.ObjectKey{Namespace: ns, Name: "api"}, false)
 	framework.Eventually(t, 90*time.Second, func() string {
 		cur := fw.Get(t, rc)
-		if cur.Status.Rollout != nil || len(cur.Status.Credential.SupersededUsers) > 0 || len(cur.Status.RetiringUsers) > 0 || cur.Status.Credential.CutOff {
+		if cur.Status.Rollout != nil || len(cur.Status.Credential.SupersededUsers) > 0 || len(cur.Status.RetiringUsers) > 0 || cur.Status.Credential.ExternalSecret.CutOff {
 			return fmt.Sprintf("rollout %+v, superseded users %q, retiring users %q, cutOff %v", cur.Status.Rollout,
-				cur.Status.Credential.SupersededUsers, cur.Status.RetiringUsers, cur.Status.Credential.CutOff)
+				cur.Status.Credential.SupersededUsers, cur.Status.RetiringUsers, cur.Status.Credential.ExternalSecret.CutOff)
 		}
 		return fw.OnEveryPod(rc, oldUser, oldPass, false)
 	})
@@ -124,7 +124,7 @@ func esRevokedOutside(t *testing.T, policy v1alpha1.RevokedOutsidePolicy) {
 }
 
 // editSpec changes rc's spec through a merge patch from the object as the API server has it.
-func editSpec(t *testing.T, rc *v1alpha1.RedisCluster, edit func(*v1alpha1.RedisCluster)) {
+func editSpec(t *testing.T, rc *v1beta1.RedisCluster, edit func(*v1beta1.RedisCluster)) {
 	t.Helper()
 	cur := fw.Get(t, rc)
 	patch := client.MergeFrom(cur.DeepCopy())
@@ -148,7 +148,7 @@ func TestExternalSecretLedgerStaysWithinBounds(t *testing.T) {
 	fw.WaitReady(t, rc, 2*time.Minute)
 	fw.PauseDeployment(t, client.ObjectKey{Namespace: ns, Name: "api"}, true)
 	logStart := len(fw.Logs.String())
-	editSpec(t, rc, func(rc *v1alpha1.RedisCluster) {
+	editSpec(t, rc, func(rc *v1beta1.RedisCluster) {
 		rc.Spec.Credentials.ExternalSecret.RefreshInterval = &metav1.Duration{Duration: time.Second}
 	})
 	start := time.Now()
@@ -164,7 +164,7 @@ func TestExternalSecretLedgerStaysWithinBounds(t *testing.T) {
 		cur := fw.Get(t, rc)
 		most = max(most, len(cur.Status.Leases))
 		versions[cur.Status.Credential.Version] = true
-		if c := framework.Condition(cur, v1alpha1.ConditionSourceHealthy); pausedAt == 0 && c != nil && c.Reason == v1alpha1.ReasonLedgerFull {
+		if c := framework.Condition(cur, v1beta1.ConditionSourceHealthy); pausedAt == 0 && c != nil && c.Reason == v1beta1.ReasonLedgerFull {
 			pausedAt = time.Since(start)
 			t.Logf("LedgerFull %s after the refreshes began, with %d leases: %s", pausedAt.Round(time.Second), len(cur.Status.Leases), c.Message)
 		}
@@ -175,8 +175,8 @@ func TestExternalSecretLedgerStaysWithinBounds(t *testing.T) {
 	if pausedAt == 0 {
 		t.Errorf("no LedgerFull reported in %s of one-second refreshes with the rollout held (at most %d leases)", stimulus, most)
 	}
-	if !fw.HasEvent(t, ns, "orders", v1alpha1.ReasonLedgerFull) {
-		t.Errorf("no %s event", v1alpha1.ReasonLedgerFull)
+	if !fw.HasEvent(t, ns, "orders", v1beta1.ReasonLedgerFull) {
+		t.Errorf("no %s event", v1beta1.ReasonLedgerFull)
 	}
 	if logs := fw.Logs.String()[logStart:]; strings.Contains(logs, "must have at most") {
 		t.Errorf("the API server refused a status write as too long:\n%s", firstLineWith(logs, "must have at most"))
@@ -193,14 +193,14 @@ func TestExternalSecretLedgerStaysWithinBounds(t *testing.T) {
 	}
 
 	// The rollout ends: the superseded leases are revoked, the pause is lifted.
-	editSpec(t, rc, func(rc *v1alpha1.RedisCluster) {
+	editSpec(t, rc, func(rc *v1beta1.RedisCluster) {
 		rc.Spec.Credentials.ExternalSecret.RefreshInterval = &metav1.Duration{Duration: time.Hour}
 	})
 	fw.PauseDeployment(t, client.ObjectKey{Namespace: ns, Name: "api"}, false)
 	framework.Eventually(t, 3*time.Minute, func() string {
 		cur := fw.Get(t, rc)
-		c := framework.Condition(cur, v1alpha1.ConditionSourceHealthy)
-		if cur.Status.Rollout != nil || len(cur.Status.Leases) > 2 || c == nil || c.Reason == v1alpha1.ReasonLedgerFull {
+		c := framework.Condition(cur, v1beta1.ConditionSourceHealthy)
+		if cur.Status.Rollout != nil || len(cur.Status.Leases) > 2 || c == nil || c.Reason == v1beta1.ReasonLedgerFull {
 			return fmt.Sprintf("rollout %v, %d leases, SourceHealthy %+v", cur.Status.Rollout != nil, len(cur.Status.Leases), c)
 		}
 		return ""
@@ -254,7 +254,7 @@ func TestExternalSecretConnectionChangeRevokesThroughTheOld(t *testing.T) {
 	vcB := fw.VaultConnection(t, "vault-es-conn-b", framework.AuthRole(second.Name), framework.Allow(ns))
 	rc := esLedgerCluster(t, ns, vcA.Name, "es-conn", time.Hour)
 	cur := fw.WaitReady(t, rc, 2*time.Minute)
-	first := cur.Status.Credential.LeaseID
+	first := cur.Status.Credential.Lease.LeaseID
 	if rec := leaseOf(cur, first); rec == nil || rec.Connection != vcA.Name {
 		t.Fatalf("the first lease's record %+v: want connection %s", rec, vcA.Name)
 	}
@@ -265,20 +265,20 @@ func TestExternalSecretConnectionChangeRevokesThroughTheOld(t *testing.T) {
 		func() string {
 			return fmt.Sprintf("Vault's audit log: %d requests naming the first lease, all through the old connection's identity, its revocation among them; none through the new one's; the second lease revoked through the connection it came through once connectionRef was removed", len(throughA))
 		})
-	editSpec(t, rc, func(rc *v1alpha1.RedisCluster) {
-		rc.Spec.Credentials.ExternalSecret.ConnectionRef = &v1alpha1.ConnectionReference{Name: vcB.Name}
+	editSpec(t, rc, func(rc *v1beta1.RedisCluster) {
+		rc.Spec.Credentials.ExternalSecret.ConnectionRef = &v1beta1.ConnectionReference{Name: vcB.Name}
 	})
 	var secondLease string
 	framework.Eventually(t, 2*time.Minute, func() string {
 		cur := fw.Get(t, rc)
 		c := cur.Status.Credential
-		if c.LeaseID == first || cur.Status.Rollout != nil || hasLeaseID(cur, first) {
-			return fmt.Sprintf("lease %s, rollout %v, first lease in the ledger %v", c.LeaseID, cur.Status.Rollout != nil, hasLeaseID(cur, first))
+		if c.Lease.LeaseID == first || cur.Status.Rollout != nil || hasLeaseID(cur, first) {
+			return fmt.Sprintf("lease %s, rollout %v, first lease in the ledger %v", c.Lease.LeaseID, cur.Status.Rollout != nil, hasLeaseID(cur, first))
 		}
-		if rec := leaseOf(cur, c.LeaseID); rec == nil || rec.Connection != vcB.Name {
+		if rec := leaseOf(cur, c.Lease.LeaseID); rec == nil || rec.Connection != vcB.Name {
 			return fmt.Sprintf("the new lease's record %+v: want connection %s", rec, vcB.Name)
 		}
-		secondLease = c.LeaseID
+		secondLease = c.Lease.LeaseID
 		return ""
 	})
 	if live, _ := fw.LeaseExists(first); live {
@@ -292,10 +292,10 @@ func TestExternalSecretConnectionChangeRevokesThroughTheOld(t *testing.T) {
 	}
 	t.Logf("the first lease, revoked through the old connection:%s", describeRequests(throughA))
 
-	editSpec(t, rc, func(rc *v1alpha1.RedisCluster) { rc.Spec.Credentials.ExternalSecret.ConnectionRef = nil })
+	editSpec(t, rc, func(rc *v1beta1.RedisCluster) { rc.Spec.Credentials.ExternalSecret.ConnectionRef = nil })
 	framework.Eventually(t, 2*time.Minute, func() string {
 		cur := fw.Get(t, rc)
-		if cur.Status.Rollout != nil || len(cur.Status.Leases) > 0 || cur.Status.Credential.LeaseID == secondLease {
+		if cur.Status.Rollout != nil || len(cur.Status.Leases) > 0 || cur.Status.Credential.Lease.LeaseID == secondLease {
 			return fmt.Sprintf("rollout %v, ledger %+v", cur.Status.Rollout != nil, cur.Status.Leases)
 		}
 		return ""
@@ -324,7 +324,7 @@ func leaseRequests(t *testing.T, id, role string) []framework.AuditEntry {
 
 func isRevoke(e framework.AuditEntry) bool { return strings.Contains(e.Request.Path, "leases/revoke") }
 
-func leaseOf(rc *v1alpha1.RedisCluster, id string) *v1alpha1.LeaseRecord {
+func leaseOf(rc *v1beta1.RedisCluster, id string) *v1beta1.LeaseRecord {
 	for i := range rc.Status.Leases {
 		if rc.Status.Leases[i].LeaseID == id {
 			return &rc.Status.Leases[i]

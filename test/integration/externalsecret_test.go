@@ -21,7 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/test/framework"
 )
 
@@ -32,7 +32,7 @@ import (
 // which it owns through the ExternalSecret and no consumer reads, while the consumers' Secret,
 // owned by the RedisCluster, holds the same credential (keyroll wrote it once every node
 // accepted it).
-func checkSyncedSecret(t *testing.T, rc *v1alpha1.RedisCluster) {
+func checkSyncedSecret(t *testing.T, rc *v1beta1.RedisCluster) {
 	t.Helper()
 	synced := &corev1.Secret{}
 	if err := fw.Client.Get(context.Background(), client.ObjectKey{Namespace: rc.Namespace, Name: rc.Name + "-eso"}, synced); err != nil {
@@ -53,7 +53,7 @@ func checkSyncedSecret(t *testing.T, rc *v1alpha1.RedisCluster) {
 	}
 }
 
-func externalSecret(t *testing.T, rc *v1alpha1.RedisCluster) (*esv1.ExternalSecret, error) {
+func externalSecret(t *testing.T, rc *v1beta1.RedisCluster) (*esv1.ExternalSecret, error) {
 	t.Helper()
 	es := &esv1.ExternalSecret{}
 	err := fw.Client.Get(context.Background(), client.ObjectKey{Namespace: rc.Namespace, Name: rc.Name}, es)
@@ -62,13 +62,13 @@ func externalSecret(t *testing.T, rc *v1alpha1.RedisCluster) (*esv1.ExternalSecr
 
 // deleteAndWait deletes a RedisCluster and waits until it, its ExternalSecret and every object of
 // the cluster are gone (fw.DeleteAndWait waits for the RedisCluster alone).
-func deleteAndWait(t *testing.T, rc *v1alpha1.RedisCluster) {
+func deleteAndWait(t *testing.T, rc *v1beta1.RedisCluster) {
 	t.Helper()
 	if err := fw.Client.Delete(context.Background(), rc); err != nil {
 		t.Fatal(err)
 	}
 	framework.Eventually(t, 60*time.Second, func() string {
-		if err := fw.Client.Get(context.Background(), client.ObjectKeyFromObject(rc), &v1alpha1.RedisCluster{}); !apierrors.IsNotFound(err) {
+		if err := fw.Client.Get(context.Background(), client.ObjectKeyFromObject(rc), &v1beta1.RedisCluster{}); !apierrors.IsNotFound(err) {
 			return fmt.Sprintf("RedisCluster still there (%v)", err)
 		}
 		if _, err := externalSecret(t, rc); !apierrors.IsNotFound(err) {
@@ -76,7 +76,7 @@ func deleteAndWait(t *testing.T, rc *v1alpha1.RedisCluster) {
 		}
 		// Nothing of the cluster is left: its Secrets (the one ESO wrote included), ConfigMap,
 		// Services and StatefulSet are collected through their owner references.
-		selector := client.MatchingLabels{v1alpha1.LabelCluster: rc.Name}
+		selector := client.MatchingLabels{v1beta1.LabelCluster: rc.Name}
 		for _, list := range []client.ObjectList{&corev1.SecretList{}, &corev1.ConfigMapList{}, &corev1.ServiceList{}, &appsv1.StatefulSetList{}} {
 			if err := fw.Client.List(context.Background(), list, client.InNamespace(rc.Namespace), selector); err != nil {
 				return err.Error()
@@ -113,39 +113,39 @@ func TestExternalSecretFromClusterSecretStoreSyncsAWorkingCredentialWithoutLease
 			"auth": map[string]any{"tokenSecretRef": map[string]any{"name": "eso-vault-token", "key": "token", "namespace": ns}},
 		}}},
 	}})
-	rc := fw.ExternalSecretCluster(t, ns, "orders", v1alpha1.ExternalSecretSource{
-		StoreRef:           &v1alpha1.StoreReference{Kind: "ClusterSecretStore", Name: store},
+	rc := fw.ExternalSecretCluster(t, ns, "orders", v1beta1.ExternalSecretSource{
+		StoreRef:           &v1beta1.StoreReference{Kind: "ClusterSecretStore", Name: store},
 		RemoteKey:          fw.Path("es-store"),
 		RefreshInterval:    &metav1.Duration{Duration: 5 * time.Minute},
 		CredentialLifetime: &metav1.Duration{Duration: 10 * time.Minute},
 	})
 	// A cluster-scoped store is the whole cluster's: refused without a connection that allows it.
-	refused := fw.WaitCondition(t, rc, v1alpha1.ConditionCredentialsReady, metav1.ConditionFalse, v1alpha1.ReasonSourceNotAllowed, 30*time.Second)
-	if msg := framework.Condition(refused, v1alpha1.ConditionCredentialsReady).Message; !strings.Contains(msg, "credentials.externalSecret.storeRef") || !strings.Contains(msg, store) {
+	refused := fw.WaitCondition(t, rc, v1beta1.ConditionCredentialsReady, metav1.ConditionFalse, v1beta1.ReasonSourceNotAllowed, 30*time.Second)
+	if msg := framework.Condition(refused, v1beta1.ConditionCredentialsReady).Message; !strings.Contains(msg, "credentials.externalSecret.storeRef") || !strings.Contains(msg, store) {
 		t.Errorf("the refusal %q names neither the field nor the store", msg)
 	}
 	if _, err := externalSecret(t, rc); !apierrors.IsNotFound(err) {
 		t.Fatalf("an ExternalSecret was written for a store the RedisCluster may not use (%v)", err)
 	}
-	vc := fw.VaultConnection(t, "vault-es-store", framework.Allow(ns), func(vc *v1alpha1.VaultConnection) {
-		vc.Spec.ExternalSecrets = &v1alpha1.ExternalSecretsAccess{ClusterSecretStores: []string{store}}
+	vc := fw.VaultConnection(t, "vault-es-store", framework.Allow(ns), func(vc *v1beta1.VaultConnection) {
+		vc.Spec.ExternalSecrets = &v1beta1.ExternalSecretsAccess{ClusterSecretStores: []string{store}}
 	})
 	framework.Eventually(t, 30*time.Second, func() string {
 		cur := fw.Get(t, rc)
-		cur.Spec.Credentials.ExternalSecret.ConnectionRef = &v1alpha1.ConnectionReference{Name: vc.Name}
+		cur.Spec.Credentials.ExternalSecret.ConnectionRef = &v1beta1.ConnectionReference{Name: vc.Name}
 		if err := fw.Client.Update(ctx, cur); err != nil {
 			return err.Error()
 		}
 		return ""
 	})
 	cur := fw.WaitReady(t, rc, 90*time.Second)
-	if c := framework.Condition(cur, v1alpha1.ConditionCredentialsReady); c == nil || c.Reason != v1alpha1.ReasonLeasesNotTracked {
-		t.Errorf("CredentialsReady %+v, want reason %s", c, v1alpha1.ReasonLeasesNotTracked)
+	if c := framework.Condition(cur, v1beta1.ConditionCredentialsReady); c == nil || c.Reason != v1beta1.ReasonLeasesNotTracked {
+		t.Errorf("CredentialsReady %+v, want reason %s", c, v1beta1.ReasonLeasesNotTracked)
 	}
-	if lt := cur.Status.Credential.LeasesTracked; lt == nil || *lt {
-		t.Errorf("status.credential.leasesTracked %v, want false", lt)
+	if lt := cur.Status.Credential.ExternalSecret.LeasesTracked; lt == nil || *lt {
+		t.Errorf("status.credential.externalSecret.leasesTracked %v, want false", lt)
 	}
-	if len(cur.Status.Leases) != 0 || cur.Status.Credential.Source != v1alpha1.SourceExternalSecret {
+	if len(cur.Status.Leases) != 0 || cur.Status.Credential.Source != v1beta1.SourceExternalSecret {
 		t.Errorf("ledger %v, source %s: want no lease, source ExternalSecret", cur.Status.Leases, cur.Status.Credential.Source)
 	}
 	user, pass, _ := fw.Credentials(rc)
@@ -218,7 +218,7 @@ func TestExternalSecretFromClusterSecretStoreSyncsAWorkingCredentialWithoutLease
 		}
 		return ""
 	})
-	if !fw.HasEvent(t, ns, "orders", v1alpha1.EventRevocationSkipped) {
+	if !fw.HasEvent(t, ns, "orders", v1beta1.EventRevocationSkipped) {
 		t.Error("no RevocationSkipped event saying that the leases were not tracked")
 	}
 }
@@ -234,25 +234,25 @@ func TestExternalSecretRawLeaseIsTrackedRenewedRolledOutAndRevoked(t *testing.T)
 	vc := fw.VaultConnection(t, "vault-es-raw", framework.Allow(ns))
 	fw.VaultDynamicSecret(t, ns, "redis-orders", "es-raw", true)
 	fw.StandInConsumer(t, ns, "orders-api", 2)
-	rc := fw.ExternalSecretCluster(t, ns, "orders", v1alpha1.ExternalSecretSource{
-		GeneratorRef:    &v1alpha1.GeneratorReference{APIVersion: "generators.external-secrets.io/v1alpha1", Kind: "VaultDynamicSecret", Name: "redis-orders"},
+	rc := fw.ExternalSecretCluster(t, ns, "orders", v1beta1.ExternalSecretSource{
+		GeneratorRef:    &v1beta1.GeneratorReference{APIVersion: "generators.external-secrets.io/v1alpha1", Kind: "VaultDynamicSecret", Name: "redis-orders"},
 		RefreshInterval: &metav1.Duration{Duration: time.Hour},
-		ConnectionRef:   &v1alpha1.ConnectionReference{Name: vc.Name},
+		ConnectionRef:   &v1beta1.ConnectionReference{Name: vc.Name},
 	}, framework.WithConsumers("orders-api"))
 	start := time.Now()
 	cur := fw.WaitReady(t, rc, 90*time.Second)
 	t.Logf("Ready %s after create", time.Since(start).Round(time.Millisecond))
-	if c := framework.Condition(cur, v1alpha1.ConditionCredentialsReady); c == nil || c.Reason != v1alpha1.ReasonLeasesTracked {
-		t.Errorf("CredentialsReady %+v, want reason %s", c, v1alpha1.ReasonLeasesTracked)
+	if c := framework.Condition(cur, v1beta1.ConditionCredentialsReady); c == nil || c.Reason != v1beta1.ReasonLeasesTracked {
+		t.Errorf("CredentialsReady %+v, want reason %s", c, v1beta1.ReasonLeasesTracked)
 	}
 	c := cur.Status.Credential
-	if c.LeaseID == "" || c.LeasesTracked == nil || !*c.LeasesTracked {
+	if c.Lease.LeaseID == "" || c.ExternalSecret.LeasesTracked == nil || !*c.ExternalSecret.LeasesTracked {
 		t.Fatalf("status.credential %+v: want a tracked lease", c)
 	}
-	firstLease, firstExpiry := c.LeaseID, c.ExpiresAt.Time
+	firstLease, firstExpiry := c.Lease.LeaseID, c.Lease.ExpiresAt.Time
 	active := 0
 	for _, l := range cur.Status.Leases {
-		if l.State == v1alpha1.LeaseActive {
+		if l.State == v1beta1.LeaseActive {
 			active++
 			if l.LeaseID != firstLease {
 				t.Errorf("active ledger lease %s, want %s", l.LeaseID, firstLease)
@@ -280,7 +280,7 @@ func TestExternalSecretRawLeaseIsTrackedRenewedRolledOutAndRevoked(t *testing.T)
 		t.Fatalf("lease in Vault: exists %v, expires %s; want it renewed past %s", exists, exp, firstExpiry)
 	}
 	cur = fw.Get(t, rc)
-	if cur.Status.Credential.LastRenewal == nil || cur.Status.Credential.LeaseID != firstLease {
+	if cur.Status.Credential.Lease.LastRenewal == nil || cur.Status.Credential.Lease.LeaseID != firstLease {
 		t.Errorf("status after renewal: %+v", cur.Status.Credential)
 	}
 
@@ -311,17 +311,17 @@ func TestExternalSecretRawLeaseIsTrackedRenewedRolledOutAndRevoked(t *testing.T)
 	checkSyncedSecret(t, rc)
 	newUser, newPass, _ := fw.Credentials(rc)
 	es, err := externalSecret(t, rc)
-	if err != nil || es.Annotations[v1alpha1.AnnotationRefreshRequested] == "" {
-		t.Errorf("ExternalSecret has no %s annotation (%v)", v1alpha1.AnnotationRefreshRequested, err)
+	if err != nil || es.Annotations[v1beta1.AnnotationRefreshRequested] == "" {
+		t.Errorf("ExternalSecret has no %s annotation (%v)", v1beta1.AnnotationRefreshRequested, err)
 	}
 	reasons := framework.NewReasons(before, framework.Reasons(fw.ClusterEvents(t, ns, "orders")))
-	for _, want := range []string{v1alpha1.EventRefreshRequested, v1alpha1.EventUsersApplied, v1alpha1.EventConsumerRestarted,
-		v1alpha1.EventUsersRetired, v1alpha1.EventLeaseRevoked} {
+	for _, want := range []string{v1beta1.EventRefreshRequested, v1beta1.EventUsersApplied, v1beta1.EventConsumerRestarted,
+		v1beta1.EventUsersRetired, v1beta1.EventLeaseRevoked} {
 		if !slices.Contains(reasons, want) {
 			t.Errorf("no %s event (the rotation's events: %v)", want, reasons)
 		}
 	}
-	if slices.Contains(reasons, v1alpha1.EventPodRestarted) {
+	if slices.Contains(reasons, v1beta1.EventPodRestarted) {
 		t.Errorf("a Live rotation recorded PodRestarted: %v", reasons)
 	}
 
@@ -368,15 +368,15 @@ func TestExternalSecretLeaseEndingWithESOsTokenIsReplacedAndReported(t *testing.
 		ns := fw.Namespace(t, "es-short-token")
 		vc := fw.VaultConnection(t, "vault-es-short-token", framework.Allow(ns))
 		fw.VaultDynamicSecret(t, ns, "redis-orders", "es-long", true, 20*time.Second)
-		rc := fw.ExternalSecretCluster(t, ns, "orders", v1alpha1.ExternalSecretSource{
-			GeneratorRef:    &v1alpha1.GeneratorReference{APIVersion: "generators.external-secrets.io/v1alpha1", Kind: "VaultDynamicSecret", Name: "redis-orders"},
+		rc := fw.ExternalSecretCluster(t, ns, "orders", v1beta1.ExternalSecretSource{
+			GeneratorRef:    &v1beta1.GeneratorReference{APIVersion: "generators.external-secrets.io/v1alpha1", Kind: "VaultDynamicSecret", Name: "redis-orders"},
 			RefreshInterval: &metav1.Duration{Duration: time.Hour},
-			ConnectionRef:   &v1alpha1.ConnectionReference{Name: vc.Name},
+			ConnectionRef:   &v1beta1.ConnectionReference{Name: vc.Name},
 		})
 		cur := fw.WaitReady(t, rc, 90*time.Second)
-		first := cur.Status.Credential.LeaseID
-		cur = fw.WaitCondition(t, rc, v1alpha1.ConditionDegraded, metav1.ConditionTrue, v1alpha1.ReasonLeaseEndedEarly, 100*time.Second)
-		c := framework.Condition(cur, v1alpha1.ConditionDegraded)
+		first := cur.Status.Credential.Lease.LeaseID
+		cur = fw.WaitCondition(t, rc, v1beta1.ConditionDegraded, metav1.ConditionTrue, v1beta1.ReasonLeaseEndedEarly, 100*time.Second)
+		c := framework.Condition(cur, v1beta1.ConditionDegraded)
 		if !strings.Contains(c.Message, "token TTL well above") {
 			t.Errorf("Degraded message does not say what to change: %s", c.Message)
 		}
@@ -385,13 +385,13 @@ func TestExternalSecretLeaseEndingWithESOsTokenIsReplacedAndReported(t *testing.
 		}
 		framework.Eventually(t, 30*time.Second, func() string {
 			u, p, ok := fw.Credentials(rc)
-			if cur := fw.Get(t, rc); !ok || cur.Status.Credential.LeaseID == first || !fw.Authenticates(u, p) {
-				return fmt.Sprintf("no new working credential yet (lease %s)", cur.Status.Credential.LeaseID)
+			if cur := fw.Get(t, rc); !ok || cur.Status.Credential.Lease.LeaseID == first || !fw.Authenticates(u, p) {
+				return fmt.Sprintf("no new working credential yet (lease %s)", cur.Status.Credential.Lease.LeaseID)
 			}
 			return fw.OnEveryPod(rc, u, p, true)
 		})
-		if !fw.HasEvent(t, ns, "orders", v1alpha1.EventLeaseRevokedOutside) {
-			t.Errorf("no %s event", v1alpha1.EventLeaseRevokedOutside)
+		if !fw.HasEvent(t, ns, "orders", v1beta1.EventLeaseRevokedOutside) {
+			t.Errorf("no %s event", v1beta1.EventLeaseRevokedOutside)
 		}
 		t.Logf("Degraded: %s", c.Message)
 	})
@@ -399,10 +399,10 @@ func TestExternalSecretLeaseEndingWithESOsTokenIsReplacedAndReported(t *testing.
 		ns := fw.Namespace(t, "es-long-token")
 		vc := fw.VaultConnection(t, "vault-es-long-token", framework.Allow(ns))
 		fw.VaultDynamicSecret(t, ns, "redis-orders", "es-long", true, time.Minute)
-		rc := fw.ExternalSecretCluster(t, ns, "orders", v1alpha1.ExternalSecretSource{
-			GeneratorRef:    &v1alpha1.GeneratorReference{APIVersion: "generators.external-secrets.io/v1alpha1", Kind: "VaultDynamicSecret", Name: "redis-orders"},
+		rc := fw.ExternalSecretCluster(t, ns, "orders", v1beta1.ExternalSecretSource{
+			GeneratorRef:    &v1beta1.GeneratorReference{APIVersion: "generators.external-secrets.io/v1alpha1", Kind: "VaultDynamicSecret", Name: "redis-orders"},
 			RefreshInterval: &metav1.Duration{Duration: 15 * time.Second},
-			ConnectionRef:   &v1alpha1.ConnectionReference{Name: vc.Name},
+			ConnectionRef:   &v1beta1.ConnectionReference{Name: vc.Name},
 		})
 		fw.WaitReady(t, rc, 90*time.Second)
 		seen := map[string]bool{}
@@ -410,7 +410,7 @@ func TestExternalSecretLeaseEndingWithESOsTokenIsReplacedAndReported(t *testing.
 			cur := fw.Get(t, rc)
 			for _, l := range cur.Status.Leases {
 				seen[l.LeaseID] = true
-				if exists, _ := fw.LeaseExists(l.LeaseID); !exists && l.State == v1alpha1.LeaseActive {
+				if exists, _ := fw.LeaseExists(l.LeaseID); !exists && l.State == v1beta1.LeaseActive {
 					t.Fatalf("the active lease %s died before keyroll replaced it", l.LeaseID)
 				}
 			}
@@ -421,7 +421,7 @@ func TestExternalSecretLeaseEndingWithESOsTokenIsReplacedAndReported(t *testing.
 		if len(seen) < 3 {
 			t.Errorf("%d leases in 90 s of 15 s refreshes, want at least 3", len(seen))
 		}
-		if slices.Contains(framework.Reasons(fw.ClusterEvents(t, ns, "orders")), v1alpha1.EventLeaseRevokedOutside) {
+		if slices.Contains(framework.Reasons(fw.ClusterEvents(t, ns, "orders")), v1beta1.EventLeaseRevokedOutside) {
 			t.Errorf("a lease died before it was replaced")
 		}
 	})
@@ -430,24 +430,24 @@ func TestExternalSecretLeaseEndingWithESOsTokenIsReplacedAndReported(t *testing.
 func TestExternalSecretUntrackedLeaseWithLongRefreshIntervalIsReported(t *testing.T) {
 	ns := fw.Namespace(t, "es-warn")
 	fw.VaultDynamicSecret(t, ns, "redis-orders", "es-warn", true)
-	rc := fw.ExternalSecretCluster(t, ns, "orders", v1alpha1.ExternalSecretSource{
-		GeneratorRef:    &v1alpha1.GeneratorReference{APIVersion: "generators.external-secrets.io/v1alpha1", Kind: "VaultDynamicSecret", Name: "redis-orders"},
+	rc := fw.ExternalSecretCluster(t, ns, "orders", v1beta1.ExternalSecretSource{
+		GeneratorRef:    &v1beta1.GeneratorReference{APIVersion: "generators.external-secrets.io/v1alpha1", Kind: "VaultDynamicSecret", Name: "redis-orders"},
 		RefreshInterval: &metav1.Duration{Duration: time.Hour},
 	})
-	cur := fw.WaitCondition(t, rc, v1alpha1.ConditionDegraded, metav1.ConditionTrue, v1alpha1.ReasonRefreshIntervalTooLong, 90*time.Second)
-	if c := framework.Condition(cur, v1alpha1.ConditionCredentialsReady); c == nil || c.Reason != v1alpha1.ReasonLeasesNotTracked {
-		t.Errorf("CredentialsReady %+v, want reason %s", c, v1alpha1.ReasonLeasesNotTracked)
+	cur := fw.WaitCondition(t, rc, v1beta1.ConditionDegraded, metav1.ConditionTrue, v1beta1.ReasonRefreshIntervalTooLong, 90*time.Second)
+	if c := framework.Condition(cur, v1beta1.ConditionCredentialsReady); c == nil || c.Reason != v1beta1.ReasonLeasesNotTracked {
+		t.Errorf("CredentialsReady %+v, want reason %s", c, v1beta1.ReasonLeasesNotTracked)
 	}
-	if lt := cur.Status.Credential.LeasesTracked; lt == nil || *lt {
+	if lt := cur.Status.Credential.ExternalSecret.LeasesTracked; lt == nil || *lt {
 		t.Errorf("leasesTracked %v, want false", lt)
 	}
-	if !fw.HasEvent(t, ns, "orders", v1alpha1.ReasonRefreshIntervalTooLong) {
+	if !fw.HasEvent(t, ns, "orders", v1beta1.ReasonRefreshIntervalTooLong) {
 		t.Error("no RefreshIntervalTooLong warning event")
 	}
 	deleteAndWait(t, rc)
 }
 
-func hasLeaseID(rc *v1alpha1.RedisCluster, id string) bool {
+func hasLeaseID(rc *v1beta1.RedisCluster, id string) bool {
 	for _, l := range rc.Status.Leases {
 		if l.LeaseID == id {
 			return true
@@ -462,13 +462,13 @@ func hasLeaseID(rc *v1alpha1.RedisCluster, id string) bool {
 func TestExternalSecretThatESOCannotSyncIsReportedWithESOsReason(t *testing.T) {
 	ns := fw.Namespace(t, "es-broken")
 	fw.VaultDynamicSecret(t, ns, "redis-missing", "no-such-role", false)
-	rc := fw.ExternalSecretCluster(t, ns, "orders", v1alpha1.ExternalSecretSource{
-		GeneratorRef: &v1alpha1.GeneratorReference{APIVersion: "generators.external-secrets.io/v1alpha1", Kind: "VaultDynamicSecret", Name: "redis-missing"},
+	rc := fw.ExternalSecretCluster(t, ns, "orders", v1beta1.ExternalSecretSource{
+		GeneratorRef: &v1beta1.GeneratorReference{APIVersion: "generators.external-secrets.io/v1alpha1", Kind: "VaultDynamicSecret", Name: "redis-missing"},
 	})
 	var cond *metav1.Condition
 	framework.Eventually(t, 60*time.Second, func() string {
-		cond = framework.Condition(fw.Get(t, rc), v1alpha1.ConditionCredentialsReady)
-		if cond == nil || cond.Reason != v1alpha1.ReasonExternalSecretNotReady || !strings.Contains(cond.Message, "is not Ready") {
+		cond = framework.Condition(fw.Get(t, rc), v1beta1.ConditionCredentialsReady)
+		if cond == nil || cond.Reason != v1beta1.ReasonExternalSecretNotReady || !strings.Contains(cond.Message, "is not Ready") {
 			return fmt.Sprintf("CredentialsReady %+v, want ExternalSecretNotReady with ESO's reason", cond)
 		}
 		return ""

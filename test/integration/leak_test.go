@@ -14,7 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/test/framework"
 )
 
@@ -33,8 +33,8 @@ func TestNoSecretReachesLogsEventsOrStatus(t *testing.T) {
 	token := tok.Auth.ClientToken
 	fw.Create(t, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: fw.OperatorNS, Name: "vault-token-leak"},
 		Data: map[string][]byte{"token": []byte(token)}})
-	vc := fw.VaultConnection(t, "vault-leak", framework.Allow(ns), func(vc *v1alpha1.VaultConnection) {
-		vc.Spec.Auth = v1alpha1.VaultAuth{Token: &v1alpha1.TokenAuth{SecretRef: v1alpha1.SecretKeyReference{
+	vc := fw.VaultConnection(t, "vault-leak", framework.Allow(ns), func(vc *v1beta1.VaultConnection) {
+		vc.Spec.Auth = v1beta1.VaultAuth{Token: &v1beta1.TokenAuth{SecretRef: v1beta1.SecretKeyReference{
 			Namespace: fw.OperatorNS, Name: "vault-token-leak", Key: "token"}}}
 	})
 	rc := fw.RedisCluster(t, ns, "orders", vc.Name, fw.Path("orders"), framework.Replicas(2))
@@ -43,7 +43,7 @@ func TestNoSecretReachesLogsEventsOrStatus(t *testing.T) {
 	snapshot := func() {
 		b, _ := json.Marshal(fw.Get(t, rc).Status)
 		statuses = append(statuses, string(b))
-		v := &v1alpha1.VaultConnection{}
+		v := &v1beta1.VaultConnection{}
 		if err := fw.Client.Get(ctx, client.ObjectKey{Name: vc.Name}, v); err == nil {
 			b, _ = json.Marshal(v.Status)
 			statuses = append(statuses, string(b))

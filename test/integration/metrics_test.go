@@ -68,7 +68,7 @@ func TestMetricsAreServedAndMoveWithTheLease(t *testing.T) {
 	}
 	cluster := map[string]string{"namespace": ns, "name": "orders"}
 	expiry, ok := value(fams, "keyroll_lease_expiry_seconds", cluster)
-	want := time.Until(cur.Status.Credential.ExpiresAt.Time).Seconds()
+	want := time.Until(cur.Status.Credential.Lease.ExpiresAt.Time).Seconds()
 	if !ok || math.Abs(expiry-want) > 3 || expiry > 20 {
 		t.Errorf("keyroll_lease_expiry_seconds %v (found %v), want about %.1f", expiry, ok, want)
 	}
@@ -81,7 +81,7 @@ func TestMetricsAreServedAndMoveWithTheLease(t *testing.T) {
 	for name := range fams {
 		for _, m := range fams[name].Metric {
 			for _, l := range m.Label {
-				if l.GetName() == "lease" || l.GetValue() == cur.Status.Credential.LeaseID {
+				if l.GetName() == "lease" || l.GetValue() == cur.Status.Credential.Lease.LeaseID {
 					t.Errorf("metric %s carries a lease id", name)
 				}
 			}
@@ -91,7 +91,7 @@ func TestMetricsAreServedAndMoveWithTheLease(t *testing.T) {
 	// The 20 s lease is renewed: the renewal counter moves and the expiry gauge follows the lease.
 	renewed, _ := value(fams, "keyroll_lease_renewals_total", map[string]string{"result": "success"})
 	framework.Eventually(t, 30*time.Second, func() string {
-		if fw.Get(t, rc).Status.Credential.LastRenewal == nil {
+		if fw.Get(t, rc).Status.Credential.Lease.LastRenewal == nil {
 			return "not renewed yet"
 		}
 		return ""
@@ -104,7 +104,7 @@ func TestMetricsAreServedAndMoveWithTheLease(t *testing.T) {
 		t.Errorf("keyroll_lease_renewals_total{result=success} %v after a renewal, was %v", v, renewed)
 	}
 	expiry, _ = value(fams, "keyroll_lease_expiry_seconds", cluster)
-	if want := time.Until(cur.Status.Credential.ExpiresAt.Time).Seconds(); math.Abs(expiry-want) > 3 {
+	if want := time.Until(cur.Status.Credential.Lease.ExpiresAt.Time).Seconds(); math.Abs(expiry-want) > 3 {
 		t.Errorf("after the renewal keyroll_lease_expiry_seconds is %v, want about %.1f", expiry, want)
 	}
 	t.Logf("lease expires in %.1f s after the renewal", expiry)

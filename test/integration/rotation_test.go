@@ -14,7 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/test/framework"
 )
 
@@ -22,7 +22,7 @@ import (
 // for deletion) with the state of the other pods then.
 func recordPods(t *testing.T, ns, cluster string) *podRecorder {
 	t.Helper()
-	return &podRecorder{fw.WatchPods(t, ns, v1alpha1.LabelCluster+"="+cluster)}
+	return &podRecorder{fw.WatchPods(t, ns, v1beta1.LabelCluster+"="+cluster)}
 }
 
 type podRecorder struct{ *framework.PodWatch }
@@ -35,7 +35,7 @@ func (r *podRecorder) checkOneAtATime(t *testing.T, newVersion string, order ...
 	t.Helper()
 	var got, details []string
 	for _, rs := range r.Terminations() {
-		version := rs.Annotations[v1alpha1.AnnotationCredentialVersion]
+		version := rs.Annotations[v1beta1.AnnotationCredentialVersion]
 		details = append(details, fmt.Sprintf("%s (credential %s) at %s", rs.Pod, version, rs.At.Format("15:04:05.000")))
 		if version == newVersion {
 			t.Logf("pod %s was deleted while it already ran the new credential, not by keyroll", rs.Pod)
@@ -60,7 +60,7 @@ func isReady(p *corev1.Pod) bool {
 
 // podRuns describes each Redis pod's run (uid, restarts, container start), to tell whether any
 // restarted.
-func podRuns(t *testing.T, rc *v1alpha1.RedisCluster) map[string]string {
+func podRuns(t *testing.T, rc *v1beta1.RedisCluster) map[string]string {
 	t.Helper()
 	out := map[string]string{}
 	for _, p := range fw.RedisPods(t, rc) {
@@ -80,7 +80,7 @@ func podRuns(t *testing.T, rc *v1alpha1.RedisCluster) map[string]string {
 // time each shows a credential version other than oldVersion, the credential in the Secret must
 // already log in on every Redis node. The returned function lists what went otherwise (a
 // publication not seen included).
-func watchPublication(t *testing.T, rc *v1alpha1.RedisCluster, consumer, oldVersion string) func() []string {
+func watchPublication(t *testing.T, rc *v1beta1.RedisCluster, consumer, oldVersion string) func() []string {
 	t.Helper()
 	ctx := context.Background()
 	var mu sync.Mutex
@@ -98,7 +98,7 @@ func watchPublication(t *testing.T, rc *v1alpha1.RedisCluster, consumer, oldVers
 		msg := ""
 		if err := fw.Client.Get(ctx, client.ObjectKey{Namespace: rc.Namespace, Name: rc.Name + "-credentials"}, sec); err != nil {
 			msg = err.Error()
-		} else if v := sec.Annotations[v1alpha1.AnnotationCredentialVersion]; v != version {
+		} else if v := sec.Annotations[v1beta1.AnnotationCredentialVersion]; v != version {
 			msg = fmt.Sprintf("the consumers' Secret holds version %s", v)
 		} else {
 			msg = fw.OnEveryPod(rc, string(sec.Data["username"]), string(sec.Data["password"]), true)
@@ -122,7 +122,7 @@ func watchPublication(t *testing.T, rc *v1alpha1.RedisCluster, consumer, oldVers
 	go func() {
 		for ev := range sw.ResultChan() {
 			if s, ok := ev.Object.(*corev1.Secret); ok {
-				if v := s.Annotations[v1alpha1.AnnotationCredentialVersion]; v != "" && v != oldVersion {
+				if v := s.Annotations[v1beta1.AnnotationCredentialVersion]; v != "" && v != oldVersion {
 					check("the consumers' Secret", v)
 				}
 			}
@@ -131,7 +131,7 @@ func watchPublication(t *testing.T, rc *v1alpha1.RedisCluster, consumer, oldVers
 	go func() {
 		for ev := range dw.ResultChan() {
 			if d, ok := ev.Object.(*appsv1.Deployment); ok {
-				if v := d.Spec.Template.Annotations[v1alpha1.AnnotationCredentialVersion]; v != "" && v != oldVersion {
+				if v := d.Spec.Template.Annotations[v1beta1.AnnotationCredentialVersion]; v != "" && v != oldVersion {
 					check("the consumer", v)
 				}
 			}
@@ -161,7 +161,7 @@ func TestLiveRotationMovesUsersNotPodsAndConsumersOnlyOnceEveryNodeAcceptsThenRe
 	fw.StandInConsumer(t, ns, "orders-api", 2)
 	rc := fw.RedisCluster(t, ns, "orders", vc.Name, fw.Path("orders"), framework.Replicas(3), framework.WithConsumers("orders-api"))
 	cur := fw.WaitReady(t, rc, 90*time.Second)
-	oldLease, oldVersion := cur.Status.Credential.LeaseID, cur.Status.Credential.Version
+	oldLease, oldVersion := cur.Status.Credential.Lease.LeaseID, cur.Status.Credential.Version
 	oldUser, oldPass, _ := fw.Credentials(rc)
 	if msg := fw.OnEveryPod(rc, oldUser, oldPass, true); msg != "" {
 		t.Fatal(msg)
@@ -171,7 +171,7 @@ func TestLiveRotationMovesUsersNotPodsAndConsumersOnlyOnceEveryNodeAcceptsThenRe
 	if err := fw.Client.Get(context.Background(), client.ObjectKeyFromObject(rc), sts); err != nil {
 		t.Fatal(err)
 	}
-	if v, ok := sts.Spec.Template.Annotations[v1alpha1.AnnotationCredentialVersion]; ok {
+	if v, ok := sts.Spec.Template.Annotations[v1beta1.AnnotationCredentialVersion]; ok {
 		t.Errorf("in Live mode the StatefulSet's template names credential %s", v)
 	}
 	warningsBefore := framework.Reasons(framework.Warnings(fw.ClusterEvents(t, ns, "orders")))
@@ -218,13 +218,13 @@ func TestLiveRotationMovesUsersNotPodsAndConsumersOnlyOnceEveryNodeAcceptsThenRe
 	// retirement of the old user or the lease it revoked (an event of the cluster's creation
 	// repeated in a series may reach the API server only now, and names the old user too).
 	got := framework.Reasons(framework.Naming(fw.ClusterEvents(t, ns, "orders"), cur.Status.Credential.Version, "Users "+oldUser+" removed", oldLease))
-	for _, once := range []string{v1alpha1.EventCredentialsIssued, v1alpha1.EventRotationStarted, v1alpha1.EventUsersApplied,
-		v1alpha1.EventConsumerRestarted, v1alpha1.EventRotationFinished, v1alpha1.EventUsersRetired, v1alpha1.EventLeaseRevoked} {
+	for _, once := range []string{v1beta1.EventCredentialsIssued, v1beta1.EventRotationStarted, v1beta1.EventUsersApplied,
+		v1beta1.EventConsumerRestarted, v1beta1.EventRotationFinished, v1beta1.EventUsersRetired, v1beta1.EventLeaseRevoked} {
 		if n := countOf(got, once); n != 1 {
 			t.Errorf("%d %s events for one rotation, want 1 (the rotation's events: %v)", n, once, got)
 		}
 	}
-	if countOf(got, v1alpha1.EventPodRestarted) != 0 {
+	if countOf(got, v1beta1.EventPodRestarted) != 0 {
 		t.Errorf("a Live rotation recorded PodRestarted: %v", got)
 	}
 	warnings := framework.Warnings(fw.ClusterEvents(t, ns, "orders"))
@@ -241,18 +241,18 @@ func TestRestartRotationRestartsRedisPodsOneAtATimeThenConsumersAndRevokesTheOld
 	ns := fw.Namespace(t, "rotate-restart")
 	vc := fw.VaultConnection(t, "vault-rotate-restart", framework.Allow(ns))
 	fw.StandInConsumer(t, ns, "orders-api", 2)
-	rc := fw.RedisCluster(t, ns, "orders", vc.Name, fw.Path("orders"), framework.Replicas(3), framework.WithConsumers("orders-api"), func(rc *v1alpha1.RedisCluster) {
-		rc.Spec.Rollout.RedisPods = v1alpha1.RedisPodsRestart
+	rc := fw.RedisCluster(t, ns, "orders", vc.Name, fw.Path("orders"), framework.Replicas(3), framework.WithConsumers("orders-api"), func(rc *v1beta1.RedisCluster) {
+		rc.Spec.Rollout.RedisPods = v1beta1.RedisPodsRestart
 	})
 	cur := fw.WaitReady(t, rc, 90*time.Second)
-	oldLease, oldVersion := cur.Status.Credential.LeaseID, cur.Status.Credential.Version
+	oldLease, oldVersion := cur.Status.Credential.Lease.LeaseID, cur.Status.Credential.Version
 	oldUser, oldPass, _ := fw.Credentials(rc)
 	pods := recordPods(t, ns, "orders")
 	events := fw.ClusterEvents(t, ns, "orders")
 	before, warningsBefore := framework.Reasons(events), framework.Reasons(framework.Warnings(events))
 	// The first credential replaced none: the pods, which started before it, got its user live
 	// and are not restarted for it.
-	for _, r := range []string{v1alpha1.EventRotationStarted, v1alpha1.EventPodRestarted} {
+	for _, r := range []string{v1beta1.EventRotationStarted, v1beta1.EventPodRestarted} {
 		if slices.Contains(before, r) {
 			t.Errorf("a %s event before any rotation: %v", r, before)
 		}
@@ -273,7 +273,7 @@ func TestRestartRotationRestartsRedisPodsOneAtATimeThenConsumersAndRevokesTheOld
 			d, ok := ev.Object.(*appsv1.Deployment)
 			v := ""
 			if ok {
-				v = d.Spec.Template.Annotations[v1alpha1.AnnotationCredentialVersion]
+				v = d.Spec.Template.Annotations[v1beta1.AnnotationCredentialVersion]
 			}
 			if seen || v == "" || v == oldVersion {
 				continue
@@ -282,7 +282,7 @@ func TestRestartRotationRestartsRedisPodsOneAtATimeThenConsumersAndRevokesTheOld
 			now := pods.Pods()
 			consumerMu.Lock()
 			for name, p := range now {
-				if p.Annotations[v1alpha1.AnnotationCredentialVersion] != v || !isReady(p) {
+				if p.Annotations[v1beta1.AnnotationCredentialVersion] != v || !isReady(p) {
 					consumerEarly = append(consumerEarly, name)
 				}
 			}
@@ -322,13 +322,13 @@ func TestRestartRotationRestartsRedisPodsOneAtATimeThenConsumersAndRevokesTheOld
 	fw.CheckRetired(t, rc, "orders-api", oldUser, oldPass, oldLease)
 	events = fw.ClusterEvents(t, ns, "orders")
 	got := framework.NewReasons(before, framework.Reasons(events))
-	for _, want := range []string{v1alpha1.EventPodRestarted, v1alpha1.EventUsersApplied} {
+	for _, want := range []string{v1beta1.EventPodRestarted, v1beta1.EventUsersApplied} {
 		if !slices.Contains(got, want) {
 			t.Errorf("no %s event (the rotation's events: %v)", want, got)
 		}
 	}
-	for _, once := range []string{v1alpha1.EventRotationStarted, v1alpha1.EventConsumerRestarted, v1alpha1.EventRotationFinished,
-		v1alpha1.EventUsersRetired, v1alpha1.EventLeaseRevoked} {
+	for _, once := range []string{v1beta1.EventRotationStarted, v1beta1.EventConsumerRestarted, v1beta1.EventRotationFinished,
+		v1beta1.EventUsersRetired, v1beta1.EventLeaseRevoked} {
 		if n := countOf(got, once); n != 1 {
 			t.Errorf("%d %s events for one rotation, want 1 (the rotation's events: %v)", n, once, got)
 		}
@@ -349,14 +349,14 @@ func TestMissingConsumerIsReportedAndPausedConsumerIsWaitedFor(t *testing.T) {
 	key := fw.StandInConsumer(t, ns, "paused-api", 2)
 	rc := fw.RedisCluster(t, ns, "orders", vc.Name, fw.Path("orders"), framework.WithConsumers("ghost", "paused-api"))
 	cur := fw.WaitReady(t, rc, 60*time.Second)
-	oldLease := cur.Status.Credential.LeaseID
+	oldLease := cur.Status.Credential.Lease.LeaseID
 	oldUser, oldPass, _ := fw.Credentials(rc)
 	fw.PauseDeployment(t, key, true)
 
 	fw.RotateNow(t, rc)
-	cur = fw.WaitCondition(t, rc, v1alpha1.ConditionDegraded, metav1.ConditionTrue, v1alpha1.ReasonConsumerPaused, 60*time.Second)
-	reasons := framework.Reasons(fw.WaitClusterEvents(t, ns, "orders", 10*time.Second, v1alpha1.ReasonConsumerMissing, v1alpha1.ReasonConsumerPaused))
-	if !slices.Contains(reasons, v1alpha1.ReasonConsumerMissing) || !slices.Contains(reasons, v1alpha1.ReasonConsumerPaused) {
+	cur = fw.WaitCondition(t, rc, v1beta1.ConditionDegraded, metav1.ConditionTrue, v1beta1.ReasonConsumerPaused, 60*time.Second)
+	reasons := framework.Reasons(fw.WaitClusterEvents(t, ns, "orders", 10*time.Second, v1beta1.ReasonConsumerMissing, v1beta1.ReasonConsumerPaused))
+	if !slices.Contains(reasons, v1beta1.ReasonConsumerMissing) || !slices.Contains(reasons, v1beta1.ReasonConsumerPaused) {
 		t.Errorf("events %v: want ConsumerMissing and ConsumerPaused", reasons)
 	}
 	if cur.Status.Rollout == nil {
@@ -384,7 +384,7 @@ func TestMissingConsumerIsReportedAndPausedConsumerIsWaitedFor(t *testing.T) {
 	fw.PauseDeployment(t, key, false)
 	fw.WaitRolledOut(t, rc, oldLease, 60*time.Second)
 	fw.CheckRetired(t, rc, "paused-api", oldUser, oldPass, oldLease)
-	fw.WaitCondition(t, rc, v1alpha1.ConditionDegraded, metav1.ConditionFalse, "", 10*time.Second)
+	fw.WaitCondition(t, rc, v1beta1.ConditionDegraded, metav1.ConditionFalse, "", 10*time.Second)
 }
 
 func countOf(list []string, v string) int {

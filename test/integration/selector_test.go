@@ -9,7 +9,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/test/framework"
 )
 
@@ -20,11 +20,11 @@ func TestWatchSelectorLeavesOtherClustersAlone(t *testing.T) {
 	ns := fw.Namespace(t, "selector")
 	vc := fw.VaultConnection(t, "vault-selector", framework.Allow(ns))
 	fw.WaitConnectionReady(t, vc.Name, 30*time.Second)
-	rc := &v1alpha1.RedisCluster{
+	rc := &v1beta1.RedisCluster{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "foreign"},
-		Spec: v1alpha1.RedisClusterSpec{Replicas: 1, Version: framework.RedisVersion, Credentials: v1alpha1.CredentialsSpec{
-			Source:     v1alpha1.SourceVaultLease,
-			VaultLease: &v1alpha1.VaultLeaseSource{ConnectionRef: v1alpha1.ConnectionReference{Name: vc.Name}, Path: fw.Path("orders")},
+		Spec: v1beta1.RedisClusterSpec{Replicas: 1, Version: framework.RedisVersion, Credentials: v1beta1.CredentialsSpec{
+			Source:     v1beta1.SourceVaultLease,
+			VaultLease: &v1beta1.VaultLeaseSource{ConnectionRef: v1beta1.ConnectionReference{Name: vc.Name}, Path: fw.Path("orders")},
 		}},
 	}
 	// Created without the package's label (not through fw.Create, which adds it).
@@ -50,7 +50,7 @@ func TestWatchSelectorLeavesOtherClustersAlone(t *testing.T) {
 	if err := fw.Client.Patch(context.Background(), cur, patch); err != nil {
 		t.Fatal(err)
 	}
-	cur = fw.WaitCondition(t, rc, v1alpha1.ConditionCredentialsReady, metav1.ConditionTrue, "", 60*time.Second)
+	cur = fw.WaitCondition(t, rc, v1beta1.ConditionCredentialsReady, metav1.ConditionTrue, "", 60*time.Second)
 	if len(cur.Finalizers) == 0 {
 		t.Error("the labelled RedisCluster has no finalizer")
 	}

@@ -16,14 +16,14 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/test/framework"
 )
 
 // steadyStateWritesNothing reconciles rc twice more with nothing changed, through a client that
 // counts the operator's writes: none is made to the API server, no call to Vault (through the
 // VaultConnection connection), no ACL command to a Redis node.
-func steadyStateWritesNothing(t *testing.T, rc *v1alpha1.RedisCluster, connection string) {
+func steadyStateWritesNothing(t *testing.T, rc *v1beta1.RedisCluster, connection string) {
 	t.Helper()
 	var writes atomic.Int64
 	var written []string
@@ -95,10 +95,10 @@ func TestSteadyStateWritesNothingWithEveryOptionalObject(t *testing.T) {
 		ns := fw.Namespace(t, "steady-all")
 		vc := fw.VaultConnection(t, "vault-steady-all", framework.Allow(ns))
 		class := localVolumes(t, ns, 2)
-		rc := fw.RedisCluster(t, ns, "orders", vc.Name, fw.Path("orders"), framework.Replicas(2), func(rc *v1alpha1.RedisCluster) {
-			rc.Spec.NetworkPolicy = &v1alpha1.NetworkPolicySpec{Enabled: true}
-			rc.Spec.Storage = &v1alpha1.StorageSpec{Size: resource.MustParse("64Mi"), StorageClassName: &class}
-			rc.Spec.VaultPlugin = &v1alpha1.VaultPluginSpec{Username: "vault-plugin"}
+		rc := fw.RedisCluster(t, ns, "orders", vc.Name, fw.Path("orders"), framework.Replicas(2), func(rc *v1beta1.RedisCluster) {
+			rc.Spec.NetworkPolicy = &v1beta1.NetworkPolicySpec{Enabled: true}
+			rc.Spec.Storage = &v1beta1.StorageSpec{Size: resource.MustParse("64Mi"), StorageClassName: &class}
+			rc.Spec.VaultPlugin = &v1beta1.VaultPluginSpec{Username: "vault-plugin"}
 		})
 		fw.WaitReady(t, rc, 3*time.Minute)
 		steadyStateWritesNothing(t, rc, vc.Name)
@@ -108,10 +108,10 @@ func TestSteadyStateWritesNothingWithEveryOptionalObject(t *testing.T) {
 		ns := fw.Namespace(t, "steady-es")
 		vc := fw.VaultConnection(t, "vault-steady-es", framework.Allow(ns))
 		fw.VaultDynamicSecret(t, ns, "redis-orders", "es-long", true)
-		rc := fw.ExternalSecretCluster(t, ns, "orders", v1alpha1.ExternalSecretSource{
-			GeneratorRef:    &v1alpha1.GeneratorReference{APIVersion: "generators.external-secrets.io/v1alpha1", Kind: "VaultDynamicSecret", Name: "redis-orders"},
+		rc := fw.ExternalSecretCluster(t, ns, "orders", v1beta1.ExternalSecretSource{
+			GeneratorRef:    &v1beta1.GeneratorReference{APIVersion: "generators.external-secrets.io/v1alpha1", Kind: "VaultDynamicSecret", Name: "redis-orders"},
 			RefreshInterval: &metav1.Duration{Duration: time.Hour},
-			ConnectionRef:   &v1alpha1.ConnectionReference{Name: vc.Name},
+			ConnectionRef:   &v1beta1.ConnectionReference{Name: vc.Name},
 		})
 		fw.WaitReady(t, rc, 2*time.Minute)
 		steadyStateWritesNothing(t, rc, vc.Name)

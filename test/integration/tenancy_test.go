@@ -17,7 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/test/framework"
 )
 
@@ -94,14 +94,14 @@ func untouched(t *testing.T, leases map[string]string) {
 // identity modes: the operator's own login, and a login per namespace (identity Namespace), where
 // Vault's role and policy for each namespace decide as well.
 func TestTenantCannotReadAnotherTenantsRole(t *testing.T) {
-	t.Run("Operator", func(t *testing.T) { tenantsApart(t, v1alpha1.IdentityOperator, "ten") })
-	t.Run("Namespace", func(t *testing.T) { tenantsApart(t, v1alpha1.IdentityNamespace, "nsid") })
+	t.Run("Operator", func(t *testing.T) { tenantsApart(t, v1beta1.IdentityOperator, "ten") })
+	t.Run("Namespace", func(t *testing.T) { tenantsApart(t, v1beta1.IdentityNamespace, "nsid") })
 }
 
-func tenantsApart(t *testing.T, identity v1alpha1.VaultIdentity, prefix string) {
+func tenantsApart(t *testing.T, identity v1beta1.VaultIdentity, prefix string) {
 	a, b := fw.Namespace(t, prefix+"-a"), fw.Namespace(t, prefix+"-b")
 	opts := []framework.VaultConnectionOption{framework.Allow(a, b), tenantPaths}
-	if identity == v1alpha1.IdentityNamespace {
+	if identity == v1beta1.IdentityNamespace {
 		fw.NamespaceIdentity(t, a)
 		fw.NamespaceIdentity(t, b)
 		opts = append(opts, framework.NamespaceIdentityOption)
@@ -111,15 +111,15 @@ func tenantsApart(t *testing.T, identity v1alpha1.VaultIdentity, prefix string) 
 	theirs := fw.Path(prefix + "-b.orders")
 
 	thief := fw.RedisCluster(t, a, "stolen", vc.Name, theirs)
-	cur := fw.WaitCondition(t, thief, v1alpha1.ConditionCredentialsReady, metav1.ConditionFalse, v1alpha1.ReasonPathNotAllowed, 30*time.Second)
-	msg := framework.Condition(cur, v1alpha1.ConditionCredentialsReady).Message
+	cur := fw.WaitCondition(t, thief, v1beta1.ConditionCredentialsReady, metav1.ConditionFalse, v1beta1.ReasonPathNotAllowed, 30*time.Second)
+	msg := framework.Condition(cur, v1beta1.ConditionCredentialsReady).Message
 	for _, want := range []string{"credentials.vaultLease.path", theirs, "spec.allowedPaths"} {
 		if !strings.Contains(msg, want) {
 			t.Errorf("the refusal %q does not name %q", msg, want)
 		}
 	}
-	if !fw.HasEvent(t, a, "stolen", v1alpha1.EventAccessDenied) {
-		t.Errorf("no Warning event %s for the refused path", v1alpha1.EventAccessDenied)
+	if !fw.HasEvent(t, a, "stolen", v1beta1.EventAccessDenied) {
+		t.Errorf("no Warning event %s for the refused path", v1beta1.EventAccessDenied)
 	}
 
 	own := fw.RedisCluster(t, a, "orders", vc.Name, fw.Path(prefix+"-a.orders"))
@@ -127,7 +127,7 @@ func tenantsApart(t *testing.T, identity v1alpha1.VaultIdentity, prefix string) 
 	if user, pass, _ := fw.Credentials(own); !fw.Authenticates(user, pass) {
 		t.Error("a's credential from its own role does not authenticate")
 	}
-	if id := cur.Status.Credential.LeaseID; !strings.HasPrefix(id, fw.Path(prefix+"-a.orders")+"/") {
+	if id := cur.Status.Credential.Lease.LeaseID; !strings.HasPrefix(id, fw.Path(prefix+"-a.orders")+"/") {
 		t.Errorf("a's lease %q is not of a's role", id)
 	}
 	if cur := fw.Get(t, thief); cur.Status.Credential != nil || len(cur.Status.Leases) > 0 {
@@ -139,7 +139,7 @@ func tenantsApart(t *testing.T, identity v1alpha1.VaultIdentity, prefix string) 
 			t.Errorf("keyroll sent Vault %d request(s) for b's path as %s:%s", len(es), role, describeRequests(es))
 		}
 	}
-	if identity == v1alpha1.IdentityNamespace {
+	if identity == v1beta1.IdentityNamespace {
 		vaultDecides(t, a, vc.Name, cur, prefix)
 	}
 	fw.DeleteAndWait(t, own, 30*time.Second)
@@ -149,10 +149,10 @@ func tenantsApart(t *testing.T, identity v1alpha1.VaultIdentity, prefix string) 
 // kept apart from other namespaces' (keyroll-tokens-<connection>.<namespace>); after an operator
 // restart a rotation revokes the old lease through that login; and with keyroll's guard opened
 // wide (allowedPaths database/creds/*), Vault itself refuses a's login b's path.
-func vaultDecides(t *testing.T, a, conn string, rc *v1alpha1.RedisCluster, prefix string) {
+func vaultDecides(t *testing.T, a, conn string, rc *v1beta1.RedisCluster, prefix string) {
 	t.Helper()
 	ctx := context.Background()
-	lease := rc.Status.Credential.LeaseID
+	lease := rc.Status.Credential.Lease.LeaseID
 	issued := requestsOf(t, a, func(e framework.AuditEntry) bool { return e.Request.Path == fw.Path(prefix+"-a.orders") })
 	if len(issued) == 0 {
 		t.Errorf("no issue of a's credential by a's own Vault login (role %s) in the audit log", a)
@@ -164,7 +164,7 @@ func vaultDecides(t *testing.T, a, conn string, rc *v1alpha1.RedisCluster, prefi
 	if err := fw.Client.Get(ctx, client.ObjectKey{Namespace: fw.OperatorNS, Name: "keyroll-tokens-" + conn + "." + a}, sec); err != nil {
 		t.Fatalf("a's token Secret: %v", err)
 	}
-	if _, ok := sec.Data[rc.Status.Credential.TokenAccessor]; !ok {
+	if _, ok := sec.Data[rc.Status.Credential.VaultLease.TokenAccessor]; !ok {
 		t.Errorf("the token that created a's lease is not in a's token Secret")
 	}
 	fw.RestartOperator(t)
@@ -189,7 +189,7 @@ func vaultDecides(t *testing.T, a, conn string, rc *v1alpha1.RedisCluster, prefi
 	wide := fw.VaultConnection(t, "vault-tenants-wide", framework.Allow(a), framework.Paths("database/creds/*"), framework.NamespaceIdentityOption)
 	theirs := fw.Path(prefix + "-b.orders")
 	thief := fw.RedisCluster(t, a, "wide", wide.Name, theirs)
-	cur := fw.WaitCondition(t, thief, v1alpha1.ConditionCredentialsReady, metav1.ConditionFalse, v1alpha1.ReasonPermissionDenied, 60*time.Second)
+	cur := fw.WaitCondition(t, thief, v1beta1.ConditionCredentialsReady, metav1.ConditionFalse, v1beta1.ReasonPermissionDenied, 60*time.Second)
 	if cur.Status.Credential != nil {
 		t.Errorf("a got a credential from b's role through its own login")
 	}
@@ -221,7 +221,7 @@ func TestForgedLeaseIDIsNeverRenewedOrRevoked(t *testing.T) {
 	forged := leases["the lease in the hand-written ledger"]
 	framework.Eventually(t, 30*time.Second, func() string {
 		cur := fw.Get(t, rc)
-		cur.Status.Leases = append(cur.Status.Leases, v1alpha1.LeaseRecord{LeaseID: forged, State: v1alpha1.LeaseSuperseded, Version: "forged"})
+		cur.Status.Leases = append(cur.Status.Leases, v1beta1.LeaseRecord{LeaseID: forged, State: v1beta1.LeaseSuperseded, Version: "forged"})
 		if err := fw.Client.Status().Update(ctx, cur); err != nil {
 			return err.Error()
 		}
@@ -230,7 +230,7 @@ func TestForgedLeaseIDIsNeverRenewedOrRevoked(t *testing.T) {
 	fw.RotateNow(t, rc)
 	framework.Eventually(t, 60*time.Second, func() string {
 		for _, n := range framework.Notes(fw.ClusterEvents(t, ns, "orders")) {
-			if strings.HasPrefix(n, v1alpha1.EventLeaseDisowned+": ") && strings.Contains(n, forged) {
+			if strings.HasPrefix(n, v1beta1.EventLeaseDisowned+": ") && strings.Contains(n, forged) {
 				return ""
 			}
 		}
@@ -241,10 +241,10 @@ func TestForgedLeaseIDIsNeverRenewedOrRevoked(t *testing.T) {
 	// by hand, and a look-alike Secret (the cluster's labels, "controlled" by an ExternalSecret of
 	// the cluster's name that is not keyroll's) holds another.
 	fw.VaultDynamicSecret(t, ns, "redis-cache", "forged.es", true)
-	es := fw.ExternalSecretCluster(t, ns, "cache", v1alpha1.ExternalSecretSource{
-		GeneratorRef:    &v1alpha1.GeneratorReference{APIVersion: "generators.external-secrets.io/v1alpha1", Kind: "VaultDynamicSecret", Name: "redis-cache"},
+	es := fw.ExternalSecretCluster(t, ns, "cache", v1beta1.ExternalSecretSource{
+		GeneratorRef:    &v1beta1.GeneratorReference{APIVersion: "generators.external-secrets.io/v1alpha1", Kind: "VaultDynamicSecret", Name: "redis-cache"},
 		RefreshInterval: &metav1.Duration{Duration: time.Hour},
-		ConnectionRef:   &v1alpha1.ConnectionReference{Name: vc.Name},
+		ConnectionRef:   &v1beta1.ConnectionReference{Name: vc.Name},
 	})
 	fw.WaitReady(t, es, 90*time.Second)
 	synced := &corev1.Secret{}
@@ -268,7 +268,7 @@ func TestForgedLeaseIDIsNeverRenewedOrRevoked(t *testing.T) {
 	}
 	framework.Eventually(t, 60*time.Second, func() string {
 		for _, n := range framework.Notes(fw.ClusterEvents(t, ns, "cache")) {
-			if strings.HasPrefix(n, v1alpha1.EventLeaseDisowned+": ") && strings.Contains(n, edited) {
+			if strings.HasPrefix(n, v1beta1.EventLeaseDisowned+": ") && strings.Contains(n, edited) {
 				return ""
 			}
 		}
@@ -287,7 +287,7 @@ func TestForgedLeaseIDIsNeverRenewedOrRevoked(t *testing.T) {
 	untouched(t, leases)
 }
 
-func ledgerHas(rc *v1alpha1.RedisCluster, id string) bool {
+func ledgerHas(rc *v1beta1.RedisCluster, id string) bool {
 	for _, l := range rc.Status.Leases {
 		if l.LeaseID == id {
 			return true
@@ -303,13 +303,13 @@ func ptrTo[T any](v T) *T { return &v }
 // the operator sends Vault no request for it (its path, its leases, a sweep of its path).
 func TestDisallowedNamespaceMakesNoVaultCall(t *testing.T) {
 	ns, other := fw.Namespace(t, "nocall"), fw.Namespace(t, "nocall-ok")
-	vc := fw.VaultConnection(t, "vault-nocall", framework.Allow(other), tenantPaths, func(vc *v1alpha1.VaultConnection) {
-		vc.Spec.OrphanLeases = &v1alpha1.OrphanLeases{Action: v1alpha1.OrphanLeasesRevoke,
+	vc := fw.VaultConnection(t, "vault-nocall", framework.Allow(other), tenantPaths, func(vc *v1beta1.VaultConnection) {
+		vc.Spec.OrphanLeases = &v1beta1.OrphanLeases{Action: v1beta1.OrphanLeasesRevoke,
 			GracePeriod: &metav1.Duration{Duration: 10 * time.Second}, Interval: &metav1.Duration{Duration: 10 * time.Second}}
 	})
 	path := fw.Path("nocall.orders")
 	rc := fw.RedisCluster(t, ns, "orders", vc.Name, path)
-	fw.WaitCondition(t, rc, v1alpha1.ConditionCredentialsReady, metav1.ConditionFalse, v1alpha1.ReasonNamespaceNotAllowed, 30*time.Second)
+	fw.WaitCondition(t, rc, v1beta1.ConditionCredentialsReady, metav1.ConditionFalse, v1beta1.ReasonNamespaceNotAllowed, 30*time.Second)
 	fw.RotateNow(t, rc)
 	// Two sweeps at least, with the cluster there.
 	created := time.Now()
@@ -388,19 +388,19 @@ func TestVaultConnectionCannotExfiltrateTokens(t *testing.T) {
 	sink := listen(t)
 	addr := framework.Address("http://" + sink.ln.Addr().String())
 
-	aud := fw.VaultConnection(t, "vault-exfil-aud", framework.Allow(ns), addr, func(vc *v1alpha1.VaultConnection) {
-		vc.Spec.Auth = v1alpha1.VaultAuth{Kubernetes: &v1alpha1.KubernetesAuth{Role: fw.OperatorRole, Audiences: []string{apiAudience(t)}}}
+	aud := fw.VaultConnection(t, "vault-exfil-aud", framework.Allow(ns), addr, func(vc *v1beta1.VaultConnection) {
+		vc.Spec.Auth = v1beta1.VaultAuth{Kubernetes: &v1beta1.KubernetesAuth{Role: fw.OperatorRole, Audiences: []string{apiAudience(t)}}}
 	})
 	fw.Create(t, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: elsewhere, Name: "app-token"},
 		Data: map[string][]byte{"token": []byte("a-secret-of-another-namespace")}})
-	ref := fw.VaultConnection(t, "vault-exfil-ref", framework.Allow(ns), addr, func(vc *v1alpha1.VaultConnection) {
-		vc.Spec.Auth = v1alpha1.VaultAuth{Token: &v1alpha1.TokenAuth{SecretRef: v1alpha1.SecretKeyReference{Namespace: elsewhere, Name: "app-token", Key: "token"}}}
+	ref := fw.VaultConnection(t, "vault-exfil-ref", framework.Allow(ns), addr, func(vc *v1beta1.VaultConnection) {
+		vc.Spec.Auth = v1beta1.VaultAuth{Token: &v1beta1.TokenAuth{SecretRef: v1beta1.SecretKeyReference{Namespace: elsewhere, Name: "app-token", Key: "token"}}}
 	})
 	for vc, field := range map[string]string{aud.Name: "auth.kubernetes.audiences", ref.Name: "auth.token.secretRef"} {
 		framework.Eventually(t, 30*time.Second, func() string {
-			c := apimeta.FindStatusCondition(fw.GetConnection(t, vc).Status.Conditions, v1alpha1.ConditionReady)
-			if c == nil || c.Status != metav1.ConditionFalse || c.Reason != v1alpha1.ReasonSettingsRefused || !strings.Contains(c.Message, field) {
-				return fmt.Sprintf("VaultConnection %s: Ready %+v, want False/%s naming %s", vc, c, v1alpha1.ReasonSettingsRefused, field)
+			c := apimeta.FindStatusCondition(fw.GetConnection(t, vc).Status.Conditions, v1beta1.ConditionReady)
+			if c == nil || c.Status != metav1.ConditionFalse || c.Reason != v1beta1.ReasonSettingsRefused || !strings.Contains(c.Message, field) {
+				return fmt.Sprintf("VaultConnection %s: Ready %+v, want False/%s naming %s", vc, c, v1beta1.ReasonSettingsRefused, field)
 			}
 			return ""
 		})
@@ -408,7 +408,7 @@ func TestVaultConnectionCannotExfiltrateTokens(t *testing.T) {
 	// RedisClusters that use them ask for credentials, which would log in.
 	for _, vc := range []string{aud.Name, ref.Name} {
 		rc := fw.RedisCluster(t, ns, vc, vc, fw.Path("orders"))
-		fw.WaitCondition(t, rc, v1alpha1.ConditionCredentialsReady, metav1.ConditionFalse, "", 30*time.Second)
+		fw.WaitCondition(t, rc, v1beta1.ConditionCredentialsReady, metav1.ConditionFalse, "", 30*time.Second)
 		time.Sleep(2 * time.Second) // a retry or two
 		if cur := fw.Get(t, rc); cur.Status.Credential != nil {
 			t.Errorf("RedisCluster %s got a credential through a refused connection", vc)

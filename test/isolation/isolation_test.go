@@ -13,7 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/test/framework"
 )
 
@@ -43,7 +43,7 @@ func TestFailingClustersDoNotDelayOthers(t *testing.T) {
 	ns := fw.Namespace(t, "iso")
 	vc := fw.VaultConnection(t, "vault", framework.Allow(ns))
 	serveRedisNodes(t, ns)
-	var healthy []*v1alpha1.RedisCluster
+	var healthy []*v1beta1.RedisCluster
 	for i := range healthyN {
 		healthy = append(healthy, fw.RedisCluster(t, ns, fmt.Sprintf("%s%02d", healthyPrefix, i), vc.Name, fw.Path("healthy")))
 	}
@@ -109,11 +109,11 @@ func TestFailingClustersDoNotDelayOthers(t *testing.T) {
 func createMany(t *testing.T, ns, prefix string, n int, connection, path string) {
 	t.Helper()
 	framework.Parallel(t, n, 16, func(i int) error {
-		rc := &v1alpha1.RedisCluster{
+		rc := &v1beta1.RedisCluster{
 			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("%s%03d", prefix, i)},
-			Spec: v1alpha1.RedisClusterSpec{Replicas: 1, Version: framework.RedisVersion, Credentials: v1alpha1.CredentialsSpec{
-				Source:     v1alpha1.SourceVaultLease,
-				VaultLease: &v1alpha1.VaultLeaseSource{ConnectionRef: v1alpha1.ConnectionReference{Name: connection}, Path: path},
+			Spec: v1beta1.RedisClusterSpec{Replicas: 1, Version: framework.RedisVersion, Credentials: v1beta1.CredentialsSpec{
+				Source:     v1beta1.SourceVaultLease,
+				VaultLease: &v1beta1.VaultLeaseSource{ConnectionRef: v1beta1.ConnectionReference{Name: connection}, Path: path},
 			}},
 		}
 		fw.Label(rc)
@@ -127,16 +127,16 @@ func faultsReported(t *testing.T, ns string, timeout time.Duration) (hanging, re
 	t.Helper()
 	for end := time.Now().Add(timeout); ; time.Sleep(2 * time.Second) {
 		hanging, refused = 0, 0
-		list := &v1alpha1.RedisClusterList{}
+		list := &v1beta1.RedisClusterList{}
 		if err := fw.Client.List(context.Background(), list, client.InNamespace(ns)); err != nil {
 			t.Fatal(err)
 		}
 		for i := range list.Items {
 			rc := &list.Items[i]
 			switch {
-			case strings.HasPrefix(rc.Name, hangingPrefix) && hasReason(rc, v1alpha1.ReasonNodeUnreachable):
+			case strings.HasPrefix(rc.Name, hangingPrefix) && hasReason(rc, v1beta1.ReasonNodeUnreachable):
 				hanging++
-			case strings.HasPrefix(rc.Name, refusedPrefix) && rc.Status.Credential == nil && conditionFalse(rc, v1alpha1.ConditionCredentialsReady):
+			case strings.HasPrefix(rc.Name, refusedPrefix) && rc.Status.Credential == nil && conditionFalse(rc, v1beta1.ConditionCredentialsReady):
 				refused++
 			}
 		}
@@ -146,11 +146,11 @@ func faultsReported(t *testing.T, ns string, timeout time.Duration) (hanging, re
 	}
 }
 
-func hasReason(rc *v1alpha1.RedisCluster, reason string) bool {
+func hasReason(rc *v1beta1.RedisCluster, reason string) bool {
 	return slices.ContainsFunc(rc.Status.Conditions, func(c metav1.Condition) bool { return c.Reason == reason })
 }
 
-func conditionFalse(rc *v1alpha1.RedisCluster, typ string) bool {
+func conditionFalse(rc *v1beta1.RedisCluster, typ string) bool {
 	c := framework.Condition(rc, typ)
 	return c != nil && c.Status == metav1.ConditionFalse
 }
@@ -176,7 +176,7 @@ func watchUpkeep(t *testing.T, ns string, window time.Duration) upkeep {
 	rotated := map[string]bool{}
 	var askedAt time.Time
 	for start := time.Now(); time.Since(start) < window; time.Sleep(time.Second) {
-		list := &v1alpha1.RedisClusterList{}
+		list := &v1beta1.RedisClusterList{}
 		if err := fw.Client.List(context.Background(), list, client.InNamespace(ns)); err != nil {
 			t.Error(err)
 			return u
@@ -196,18 +196,18 @@ func watchUpkeep(t *testing.T, ns string, window time.Duration) upkeep {
 			if !strings.HasPrefix(rc.Name, healthyPrefix) || c == nil {
 				continue
 			}
-			if !askedAt.IsZero() && !rotated[rc.Name] && c.Version != version[rc.Name] && conditionTrue(rc, v1alpha1.ConditionReady) {
+			if !askedAt.IsZero() && !rotated[rc.Name] && c.Version != version[rc.Name] && conditionTrue(rc, v1beta1.ConditionReady) {
 				rotated[rc.Name] = true
 				u.rotations = append(u.rotations, time.Since(askedAt))
 			}
-			if last := statusTime(c.LastRenewal); !last.IsZero() && !last.Equal(renewedAt[rc.Name]) {
+			if last := statusTime(c.Lease.LastRenewal); !last.IsZero() && !last.Equal(renewedAt[rc.Name]) {
 				if p, ok := planned[rc.Name]; ok && !renewedAt[rc.Name].IsZero() {
 					u.waits = append(u.waits, max(0, last.Sub(p)))
 					u.renewed[rc.Name]++
 				}
 				renewedAt[rc.Name] = last
 			}
-			if next := statusTime(c.NextRenewal); !next.IsZero() {
+			if next := statusTime(c.Lease.NextRenewal); !next.IsZero() {
 				planned[rc.Name] = next
 			}
 		}
@@ -217,18 +217,18 @@ func watchUpkeep(t *testing.T, ns string, window time.Duration) upkeep {
 
 // rotateNow asks for a rotation as fw.RotateNow does, from a goroutine of the test: it reports a
 // failure without stopping the test.
-func rotateNow(t *testing.T, rc *v1alpha1.RedisCluster) {
+func rotateNow(t *testing.T, rc *v1beta1.RedisCluster) {
 	patch := client.MergeFrom(rc.DeepCopy())
 	if rc.Annotations == nil {
 		rc.Annotations = map[string]string{}
 	}
-	rc.Annotations[v1alpha1.AnnotationRotateNow] = time.Now().UTC().Format(time.RFC3339Nano)
+	rc.Annotations[v1beta1.AnnotationRotateNow] = time.Now().UTC().Format(time.RFC3339Nano)
 	if err := fw.Client.Patch(context.Background(), rc, patch); err != nil {
 		t.Errorf("asking %s for a rotation: %v", rc.Name, err)
 	}
 }
 
-func conditionTrue(rc *v1alpha1.RedisCluster, typ string) bool {
+func conditionTrue(rc *v1beta1.RedisCluster, typ string) bool {
 	c := framework.Condition(rc, typ)
 	return c != nil && c.Status == metav1.ConditionTrue
 }

@@ -14,7 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/controllers/render"
 	"github.com/keyroll/keyroll/test/testground"
 )
@@ -66,11 +66,11 @@ func serveRedisNodes(t *testing.T, ns string) *redisNodes {
 // serve starts what the pods that got their IP since the last look need.
 func (n *redisNodes) serve(ctx context.Context, t *testing.T, ns string) {
 	pods := &corev1.PodList{}
-	if err := fw.Client.List(ctx, pods, client.InNamespace(ns), client.HasLabels{v1alpha1.LabelCluster}); err != nil {
+	if err := fw.Client.List(ctx, pods, client.InNamespace(ns), client.HasLabels{v1beta1.LabelCluster}); err != nil {
 		return
 	}
 	for _, p := range pods.Items {
-		ip, cluster := p.Status.PodIP, p.Labels[v1alpha1.LabelCluster]
+		ip, cluster := p.Status.PodIP, p.Labels[v1beta1.LabelCluster]
 		if ip == "" || n.isServed(ip) {
 			continue
 		}
@@ -104,7 +104,7 @@ func (n *redisNodes) markServed(ip string) {
 // startRedis starts a redis-server at ip:6379 with the cluster's aclfile, once keyroll wrote it.
 func (n *redisNodes) startRedis(ctx context.Context, ns, cluster, ip string) error {
 	acl := &corev1.Secret{}
-	if err := fw.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: render.ACLSecretName(&v1alpha1.RedisCluster{ObjectMeta: metav1.ObjectMeta{Name: cluster}})}, acl); err != nil {
+	if err := fw.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: render.ACLSecretName(&v1beta1.RedisCluster{ObjectMeta: metav1.ObjectMeta{Name: cluster}})}, acl); err != nil {
 		return client.IgnoreNotFound(err) // not written yet: the pod's container would wait for it too
 	}
 	file := filepath.Join(n.dir, ip+".acl")

@@ -11,7 +11,7 @@ import (
 
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/test/framework"
 	"github.com/keyroll/keyroll/test/testground"
 )
@@ -66,7 +66,7 @@ func TestOnlyTheLeaderRotatesAndTheFollowerTakesOver(t *testing.T) {
 
 	ns := fw.Namespace(t, "sched")
 	vc := fw.VaultConnection(t, "vault", framework.Allow(ns))
-	rc := fw.RedisCluster(t, ns, "sched", vc.Name, fw.Path("sched"), func(rc *v1alpha1.RedisCluster) {
+	rc := fw.RedisCluster(t, ns, "sched", vc.Name, fw.Path("sched"), func(rc *v1beta1.RedisCluster) {
 		rc.Spec.Rotation.Schedule = "@every 8s"
 	})
 	key := client.ObjectKeyFromObject(rc)
@@ -97,7 +97,7 @@ func TestOnlyTheLeaderRotatesAndTheFollowerTakesOver(t *testing.T) {
 	if err := fw.Client.Get(ctx, key, rc); err != nil {
 		t.Fatal(err)
 	}
-	lease := rc.Status.Credential.LeaseID
+	lease := rc.Status.Credential.Lease.LeaseID
 	stopped := time.Now()
 	if err := a.Stop(); err != nil {
 		t.Fatal(err)
@@ -132,7 +132,7 @@ func issuedAt(t *testing.T, ns, name string) []time.Time {
 	t.Helper()
 	var out []time.Time
 	for _, e := range fw.ClusterEvents(t, ns, name) {
-		if e.Reason == v1alpha1.EventCredentialsIssued {
+		if e.Reason == v1beta1.EventCredentialsIssued {
 			out = append(out, e.EventTime.Time)
 		}
 	}

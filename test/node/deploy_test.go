@@ -22,7 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/test/framework"
 	"github.com/keyroll/keyroll/test/testground"
 )
@@ -65,7 +65,7 @@ func TestManagerRunsAsAPodFromDeployDefault(t *testing.T) {
 
 // checkProbeSidecar: the deployed manager, given no --redis-probe-image, runs the Redis pods'
 // probe sidecar from its own image (read from its pod), and the sidecar answers the kubelet.
-func checkProbeSidecar(t *testing.T, rc *v1alpha1.RedisCluster) {
+func checkProbeSidecar(t *testing.T, rc *v1beta1.RedisCluster) {
 	t.Helper()
 	pods := fw.RedisPods(t, rc)
 	if len(pods) == 0 {
@@ -179,10 +179,10 @@ func waitLeaderIn(t *testing.T, ctx context.Context, ns string, pods []corev1.Po
 // namespace base (the samples' is default), a VaultConnection vault-<base>, the operator's
 // Kubernetes auth role and the package's Vault role orders (the samples name keyroll and orders).
 // Every other field is the samples'.
-func applySamples(t *testing.T, ctx context.Context, base string) *v1alpha1.RedisCluster {
+func applySamples(t *testing.T, ctx context.Context, base string) *v1beta1.RedisCluster {
 	t.Helper()
 	ns, connection := fw.Namespace(t, base), fw.Name("vault-"+base)
-	rc := &v1alpha1.RedisCluster{}
+	rc := &v1beta1.RedisCluster{}
 	for _, f := range []string{"vaultconnection.yaml", "rediscluster-vaultlease.yaml", "consumer-deployment.yaml"} {
 		b, err := os.ReadFile(filepath.Join(testground.RepoRoot(), "deploy", "samples", f))
 		if err != nil {

@@ -16,7 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/test/framework"
 	"github.com/keyroll/keyroll/test/render"
 	"github.com/keyroll/keyroll/test/testground"
@@ -78,7 +78,7 @@ func removePreviousTree() {
 // each with consumers in pods, both rotated once.
 type upgradeScene struct {
 	ns       string
-	clusters []*v1alpha1.RedisCluster
+	clusters []*v1beta1.RedisCluster
 	apps     []*framework.Consumers
 	role     string
 }
@@ -98,12 +98,12 @@ func startScene(t *testing.T, base string) *upgradeScene {
 	vc := fw.VaultConnection(t, "vault-"+base, framework.Allow(ns), framework.Address(fw.Ground.Vault.PodAddr))
 	lease := fw.RedisCluster(t, ns, "lease", vc.Name, fw.Path(sc.role), framework.Replicas(3), framework.WithConsumers("lease-app"))
 	fw.VaultDynamicSecret(t, ns, "redis-eso", sc.role, true)
-	eso := fw.ExternalSecretCluster(t, ns, "eso", v1alpha1.ExternalSecretSource{
-		GeneratorRef:    &v1alpha1.GeneratorReference{APIVersion: "generators.external-secrets.io/v1alpha1", Kind: "VaultDynamicSecret", Name: "redis-eso"},
+	eso := fw.ExternalSecretCluster(t, ns, "eso", v1beta1.ExternalSecretSource{
+		GeneratorRef:    &v1beta1.GeneratorReference{APIVersion: "generators.external-secrets.io/v1alpha1", Kind: "VaultDynamicSecret", Name: "redis-eso"},
 		RefreshInterval: &metav1.Duration{Duration: time.Hour},
-		ConnectionRef:   &v1alpha1.ConnectionReference{Name: vc.Name},
+		ConnectionRef:   &v1beta1.ConnectionReference{Name: vc.Name},
 	}, framework.Replicas(2), framework.WithConsumers("eso-app"))
-	for _, rc := range []*v1alpha1.RedisCluster{lease, eso} {
+	for _, rc := range []*v1beta1.RedisCluster{lease, eso} {
 		fw.WaitReady(t, rc, 4*time.Minute)
 		sc.clusters = append(sc.clusters, rc)
 		sc.apps = append(sc.apps, fw.StartConsumers(t, ns, rc.Name+"-app", 2, rc.Name+":6379", rc.Name+"-credentials"))
@@ -120,7 +120,7 @@ func (sc *upgradeScene) rotate(t *testing.T, why string) {
 		cur := fw.Get(t, rc)
 		before[rc.Name] = cur.Status.Credential.Version
 		patch := client.MergeFrom(cur.DeepCopy())
-		cur.Annotations = map[string]string{v1alpha1.AnnotationRotateNow: why}
+		cur.Annotations = map[string]string{v1beta1.AnnotationRotateNow: why}
 		if err := fw.Client.Patch(context.Background(), cur, patch); err != nil {
 			t.Fatal(err)
 		}
@@ -148,7 +148,7 @@ func (sc *upgradeScene) state(t *testing.T) sceneState {
 		}
 		cur := fw.Get(t, rc)
 		c := cur.Status.Credential
-		s := fmt.Sprintf("credential %s %s %s lease %s issued %v; primary %s; rotateNow %s;", c.Version, c.Username, c.Source, c.LeaseID, c.IssuedAt, cur.Status.Primary, cur.Status.RotateNowAcknowledged)
+		s := fmt.Sprintf("credential %s %s %s lease %s issued %v; primary %s; rotateNow %s;", c.Version, c.Username, c.Source, c.Lease.LeaseID, c.IssuedAt, cur.Status.Primary, cur.Status.RotateNowAcknowledged)
 		for _, l := range cur.Status.Leases {
 			s += fmt.Sprintf(" lease %s %s %s %s %s %v;", l.LeaseID, l.State, l.Username, l.Connection, l.TokenAccessor, l.IssuedAt)
 			st.leases = append(st.leases, l.LeaseID)

@@ -12,7 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/controllers/render"
 	"github.com/keyroll/keyroll/redisnode"
 	"github.com/keyroll/keyroll/test/framework"
@@ -24,7 +24,7 @@ import (
 // create pods but not read Secrets could run to be sent keyroll's passwords. Redis itself records
 // every connection and command it receives (INFO stats and commandstats) and every failed AUTH
 // (ACL LOG).
-func lookAlike(rc *v1alpha1.RedisCluster, name string) *corev1.Pod {
+func lookAlike(rc *v1beta1.RedisCluster, name string) *corev1.Pod {
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Namespace: rc.Namespace, Name: name, Labels: maps.Clone(render.SelectorLabels(rc))},
 		Spec: corev1.PodSpec{
@@ -91,7 +91,7 @@ func TestLookAlikePodGetsNothing(t *testing.T) {
 	if len(got.Status.Nodes) != 2 || got.Status.Primary == "" || strings.Contains(got.Status.Primary, "fake") {
 		t.Errorf("status.nodes %+v, primary %q: want the two nodes only, and one of them the primary", got.Status.Nodes, got.Status.Primary)
 	}
-	if u := framework.Condition(got, v1alpha1.ConditionUsersApplied); u == nil || u.Status != metav1.ConditionTrue || !strings.Contains(u.Message, "All 2 Redis nodes") {
+	if u := framework.Condition(got, v1beta1.ConditionUsersApplied); u == nil || u.Status != metav1.ConditionTrue || !strings.Contains(u.Message, "All 2 Redis nodes") {
 		t.Errorf("UsersApplied %+v", u)
 	}
 	for name, addr := range running {
@@ -118,8 +118,8 @@ func TestLookAlikePodGetsNothing(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if role, ok := p.Labels[v1alpha1.LabelRole]; ok {
-			t.Errorf("look-alike %s was labelled %s=%s", name, v1alpha1.LabelRole, role)
+		if role, ok := p.Labels[v1beta1.LabelRole]; ok {
+			t.Errorf("look-alike %s was labelled %s=%s", name, v1beta1.LabelRole, role)
 		}
 	}
 	framework.Eventually(t, 10*time.Second, func() string {

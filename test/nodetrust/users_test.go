@@ -15,7 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/redisnode"
 	"github.com/keyroll/keyroll/test/framework"
 )
@@ -41,7 +41,7 @@ func TestApplicationUserCannotTouchKeyrollsUsers(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			ns := fw.Namespace(t, "takeover-"+strings.Trim(strings.ReplaceAll(name, " ", "-"), "+@"))
 			vc := fw.VaultConnection(t, "vault-"+ns, framework.Allow(ns))
-			rc := fw.RedisCluster(t, ns, "cache", vc.Name, fw.Path("orders"), framework.Replicas(2), func(rc *v1alpha1.RedisCluster) {
+			rc := fw.RedisCluster(t, ns, "cache", vc.Name, fw.Path("orders"), framework.Replicas(2), func(rc *v1beta1.RedisCluster) {
 				rc.Spec.Credentials.ACLRules = rules
 			})
 			cur := fw.WaitReady(t, rc, 3*time.Minute)
@@ -95,7 +95,7 @@ func TestApplicationUserCannotTouchKeyrollsUsers(t *testing.T) {
 					t.Errorf("%s has users %v", p.Name, users)
 				}
 			}
-			if u := framework.Condition(fw.Get(t, rc), v1alpha1.ConditionUsersApplied); u == nil || u.Status != metav1.ConditionTrue {
+			if u := framework.Condition(fw.Get(t, rc), v1beta1.ConditionUsersApplied); u == nil || u.Status != metav1.ConditionTrue {
 				t.Errorf("UsersApplied %+v", u)
 			}
 		})
@@ -104,13 +104,13 @@ func TestApplicationUserCannotTouchKeyrollsUsers(t *testing.T) {
 
 // conditionSeen watches a cluster and records every UsersApplied reason it passes through, until
 // stop is called.
-func conditionSeen(t *testing.T, rc *v1alpha1.RedisCluster) (stop func() []string) {
+func conditionSeen(t *testing.T, rc *v1beta1.RedisCluster) (stop func() []string) {
 	t.Helper()
 	wc, err := client.NewWithWatch(fw.Ground.CP.Config, client.Options{Scheme: framework.Scheme()})
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, err := wc.Watch(context.Background(), &v1alpha1.RedisClusterList{}, client.InNamespace(rc.Namespace))
+	w, err := wc.Watch(context.Background(), &v1beta1.RedisClusterList{}, client.InNamespace(rc.Namespace))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -120,8 +120,8 @@ func conditionSeen(t *testing.T, rc *v1alpha1.RedisCluster) (stop func() []strin
 	go func() {
 		defer close(done)
 		for ev := range w.ResultChan() {
-			if got, ok := ev.Object.(*v1alpha1.RedisCluster); ok && got.Name == rc.Name {
-				if c := framework.Condition(got, v1alpha1.ConditionUsersApplied); c != nil {
+			if got, ok := ev.Object.(*v1beta1.RedisCluster); ok && got.Name == rc.Name {
+				if c := framework.Condition(got, v1beta1.ConditionUsersApplied); c != nil {
 					mu.Lock()
 					if len(seen) == 0 || seen[len(seen)-1] != c.Reason {
 						seen = append(seen, c.Reason)
@@ -194,7 +194,7 @@ func TestUnknownUserIsRemovedFromEveryNode(t *testing.T) {
 	framework.Eventually(t, 10*time.Second, func() string {
 		evs := fw.ClusterEvents(t, ns, rc.Name)
 		for _, p := range pods {
-			if !slices.Contains(framework.Reasons(framework.Naming(evs, "backdoor from pod "+p.Name)), v1alpha1.EventUnknownUserRemoved) {
+			if !slices.Contains(framework.Reasons(framework.Naming(evs, "backdoor from pod "+p.Name)), v1beta1.EventUnknownUserRemoved) {
 				return fmt.Sprintf("no UnknownUserRemoved event naming backdoor and %s: %v", p.Name, framework.Notes(evs))
 			}
 		}
@@ -204,12 +204,12 @@ func TestUnknownUserIsRemovedFromEveryNode(t *testing.T) {
 		t.Errorf("keyroll_redis_unknown_users_removed_total rose by %v, want 2", d)
 	}
 	framework.Eventually(t, 10*time.Second, func() string {
-		if u := framework.Condition(fw.Get(t, rc), v1alpha1.ConditionUsersApplied); u.Reason != v1alpha1.ReasonApplied {
+		if u := framework.Condition(fw.Get(t, rc), v1beta1.ConditionUsersApplied); u.Reason != v1beta1.ReasonApplied {
 			return fmt.Sprintf("UsersApplied %+v", u)
 		}
 		return ""
 	})
-	if seen := stop(); !slices.Contains(seen, v1alpha1.ReasonUsersChanged) {
+	if seen := stop(); !slices.Contains(seen, v1beta1.ReasonUsersChanged) {
 		t.Errorf("UsersApplied went through %v: want UsersChanged while the nodes had the user", seen)
 	}
 
@@ -232,7 +232,7 @@ func TestUnknownUserIsRemovedFromEveryNode(t *testing.T) {
 		}
 		return ""
 	})
-	if !fw.HasEvent(t, ns, rc.Name, v1alpha1.EventUserRestored) ||
+	if !fw.HasEvent(t, ns, rc.Name, v1beta1.EventUserRestored) ||
 		len(framework.Naming(fw.ClusterEvents(t, ns, rc.Name), "keyroll-admin on pod "+replica.Name+" (logged in as keyroll-recovery)")) == 0 {
 		t.Errorf("no UserRestored event naming keyroll-admin, %s and keyroll-recovery: %v", replica.Name, framework.Notes(fw.ClusterEvents(t, ns, rc.Name)))
 	}

@@ -28,7 +28,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/test/framework"
 	"github.com/keyroll/keyroll/test/testground"
 )
@@ -184,7 +184,7 @@ func writeEnv(path, kubeconfig string, g *testground.Ground) error {
 // role orders on it. Then orders is nudged to ask again at once.
 func pointVaultAtOrders(ctx context.Context, f *framework.Framework) error {
 	c := f.Client
-	orders := &v1alpha1.RedisCluster{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "orders"}}
+	orders := &v1beta1.RedisCluster{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "orders"}}
 	key := client.ObjectKeyFromObject(orders)
 	say("waiting for the Redis pods of orders, to point Vault's database engine at them")
 	var host, user, password string
@@ -213,7 +213,7 @@ func pointVaultAtOrders(ctx context.Context, f *framework.Framework) error {
 		return err
 	}
 	say("Vault's database engine issues the users of orders on orders itself (its Service %s)", host)
-	rc := &v1alpha1.RedisCluster{}
+	rc := &v1beta1.RedisCluster{}
 	if err := c.Get(ctx, key, rc); err != nil {
 		return err
 	}
@@ -270,7 +270,7 @@ In another terminal, in this directory:
   source %[1]s      # KUBECONFIG, VAULT_ADDR, VAULT_TOKEN; kubectl, kubectl keyroll and vault on PATH
   kubectl get redisclusters -w                     # phase, ready pods, credential expiry, next rotation
   kubectl get rediscluster orders -o yaml          # conditions, the current credential, the lease ledger
-  vault lease lookup "$(kubectl get rediscluster orders -o jsonpath='{.status.credential.leaseID}')"
+  vault lease lookup "$(kubectl get rediscluster orders -o jsonpath='{.status.credential.lease.leaseID}')"
 
 The Redis pods are real, and mount no credential: keyroll put the issued user on each of them.
 Log in inside one as that user (its password goes on stdin, never on a command line):

@@ -23,7 +23,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/test/docblocks"
 	"github.com/keyroll/keyroll/test/framework"
 	"github.com/keyroll/keyroll/test/testground"
@@ -58,18 +58,18 @@ func TestPlaygroundRunsTheSamplesAndCleansUp(t *testing.T) {
 
 	state := waitState(t, stateFile, logFile.Name(), exited, showLog)
 	c := clientFor(t, state.Kubeconfig)
-	orders, payments := &v1alpha1.RedisCluster{}, &v1alpha1.RedisCluster{}
+	orders, payments := &v1beta1.RedisCluster{}, &v1beta1.RedisCluster{}
 	key := client.ObjectKey{Namespace: "default", Name: "orders"}
 	for _, rc := range []struct {
 		name string
-		obj  *v1alpha1.RedisCluster
+		obj  *v1beta1.RedisCluster
 	}{{"orders", orders}, {"payments", payments}} {
 		waitFor(t, 3*time.Minute, showLog, func() bool {
 			return c.Get(context.Background(), client.ObjectKey{Namespace: "default", Name: rc.name}, rc.obj) == nil &&
-				meta.IsStatusConditionTrue(rc.obj.Status.Conditions, v1alpha1.ConditionReady)
+				meta.IsStatusConditionTrue(rc.obj.Status.Conditions, v1beta1.ConditionReady)
 		})
 	}
-	if lt := payments.Status.Credential.LeasesTracked; lt == nil || !*lt {
+	if lt := payments.Status.Credential.ExternalSecret.LeasesTracked; lt == nil || !*lt {
 		t.Errorf("payments (ExternalSecret mode, Raw generator) does not track its lease: %+v", payments.Status.Credential)
 	}
 	// Vault's database engine issues the users of orders on orders itself: the user is on every
@@ -92,8 +92,8 @@ func TestPlaygroundRunsTheSamplesAndCleansUp(t *testing.T) {
 		delete(tour, name)
 		return docblocks.Run(t, b, dir, env, 2*time.Minute)
 	}
-	if out := run("look"); !strings.Contains(out, orders.Status.Credential.LeaseID) {
-		t.Errorf("the tour's first look does not show the lease %s:\n%s", orders.Status.Credential.LeaseID, out)
+	if out := run("look"); !strings.Contains(out, orders.Status.Credential.Lease.LeaseID) {
+		t.Errorf("the tour's first look does not show the lease %s:\n%s", orders.Status.Credential.Lease.LeaseID, out)
 	}
 	if out := run("login"); !strings.Contains(out, "OK\n"+user+"\n") || !strings.Contains(out, "NOPERM") {
 		t.Errorf("the tour's login (inside orders-0) printed %q, want OK, the user %s read back, and NOPERM for ACL LIST", out, user)
@@ -112,7 +112,7 @@ func TestPlaygroundRunsTheSamplesAndCleansUp(t *testing.T) {
 	}
 	run("renew")
 	run("explain")
-	oldVersion, oldLease := orders.Status.Credential.Version, orders.Status.Credential.LeaseID
+	oldVersion, oldLease := orders.Status.Credential.Version, orders.Status.Credential.Lease.LeaseID
 	// The plugin's rotate waits until keyroll has issued the new credential; its status then shows
 	// the ledger with the lease states and the rollout.
 	out = run("rotate")
@@ -140,12 +140,12 @@ func TestPlaygroundRunsTheSamplesAndCleansUp(t *testing.T) {
 	}
 	// The ledger's lines are "<lease>  <state>"; the events may name the old lease (revoked).
 	out = run("rotated")
-	if strings.Contains(out, oldLease+"  ") || !strings.Contains(out, orders.Status.Credential.LeaseID+"  Active") ||
+	if strings.Contains(out, oldLease+"  ") || !strings.Contains(out, orders.Status.Credential.Lease.LeaseID+"  Active") ||
 		!strings.Contains(out, "ConsumerRestarted") {
-		t.Errorf("after the rotation the tour shows:\n%s\nwant a ConsumerRestarted event, the new lease %s in the ledger and not the old %s", out, orders.Status.Credential.LeaseID, oldLease)
+		t.Errorf("after the rotation the tour shows:\n%s\nwant a ConsumerRestarted event, the new lease %s in the ledger and not the old %s", out, orders.Status.Credential.Lease.LeaseID, oldLease)
 	}
-	if !regexp.MustCompile(`(?m)^orders\s+` + regexp.QuoteMeta(orders.Status.Credential.LeaseID) + `\s+Active`).MatchString(out) {
-		t.Errorf("kubectl keyroll leases in the tour does not list the new lease %s as Active:\n%s", orders.Status.Credential.LeaseID, out)
+	if !regexp.MustCompile(`(?m)^orders\s+` + regexp.QuoteMeta(orders.Status.Credential.Lease.LeaseID) + `\s+Active`).MatchString(out) {
+		t.Errorf("kubectl keyroll leases in the tour does not list the new lease %s as Active:\n%s", orders.Status.Credential.Lease.LeaseID, out)
 	}
 	// The block's status line, not the pause command's own report, shows the rotations paused.
 	if out := run("pause"); !regexp.MustCompile(`(?m)^Rotation:.*\bpaused \(renewals go on\)`).MatchString(out) {
@@ -154,10 +154,10 @@ func TestPlaygroundRunsTheSamplesAndCleansUp(t *testing.T) {
 	if err := c.Get(context.Background(), key, orders); err != nil || orders.Spec.Rotation.Paused {
 		t.Errorf("after the tour's resume: %v, paused %v", err, orders.Spec.Rotation.Paused)
 	}
-	if out := run("external"); !strings.Contains(out, "true "+payments.Status.Credential.LeaseID) {
-		t.Errorf("the tour's ExternalSecret look printed:\n%s\nwant leasesTracked true and the lease %s", out, payments.Status.Credential.LeaseID)
+	if out := run("external"); !strings.Contains(out, "true "+payments.Status.Credential.Lease.LeaseID) {
+		t.Errorf("the tour's ExternalSecret look printed:\n%s\nwant leasesTracked true and the lease %s", out, payments.Status.Credential.Lease.LeaseID)
 	}
-	currentLease := orders.Status.Credential.LeaseID
+	currentLease := orders.Status.Credential.Lease.LeaseID
 	if out := run("delete"); !strings.Contains(out, "lease "+currentLease+" is revoked") {
 		t.Errorf("the tour's delete printed:\n%s\nwant the lease reported revoked", out)
 	}
@@ -378,7 +378,7 @@ func clientFor(t *testing.T, kubeconfig string) client.Client {
 func onEveryOrdersPod(t *testing.T, c client.Client, user, pass string) {
 	t.Helper()
 	pods := &corev1.PodList{}
-	if err := c.List(context.Background(), pods, client.InNamespace("default"), client.MatchingLabels{v1alpha1.LabelCluster: "orders"}); err != nil {
+	if err := c.List(context.Background(), pods, client.InNamespace("default"), client.MatchingLabels{v1beta1.LabelCluster: "orders"}); err != nil {
 		t.Fatal(err)
 	}
 	if len(pods.Items) != 3 {

@@ -19,7 +19,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/test/framework"
 	"github.com/keyroll/keyroll/test/testground"
 )
@@ -77,40 +77,41 @@ func kubeconfigIn(t *testing.T, ns string) string {
 // cluster creates a RedisCluster in namespace (one of fw.Namespace) and writes its status as
 // keyroll would during a rollout: an Active lease, a Superseded one, one pod of three updated. No
 // operator or Vault runs here: its VaultConnection and Vault paths are names in the status only.
-func cluster(t *testing.T, namespace, name string) *v1alpha1.RedisCluster {
+func cluster(t *testing.T, namespace, name string) *v1beta1.RedisCluster {
 	t.Helper()
 	ctx := context.Background()
-	rc := &v1alpha1.RedisCluster{
+	rc := &v1beta1.RedisCluster{
 		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name},
-		Spec: v1alpha1.RedisClusterSpec{
+		Spec: v1beta1.RedisClusterSpec{
 			Replicas: 3,
-			Credentials: v1alpha1.CredentialsSpec{Source: v1alpha1.SourceVaultLease, VaultLease: &v1alpha1.VaultLeaseSource{
-				ConnectionRef: v1alpha1.ConnectionReference{Name: "vault"}, Path: "database/creds/" + name}},
-			Rotation: v1alpha1.RotationSpec{Schedule: "0 3 * * *"},
-			Rollout: v1alpha1.RolloutSpec{RedisPods: v1alpha1.RedisPodsRestart,
-				Consumers: []v1alpha1.ConsumerReference{{Kind: "Deployment", Name: name + "-api"}}},
+			Credentials: v1beta1.CredentialsSpec{Source: v1beta1.SourceVaultLease, VaultLease: &v1beta1.VaultLeaseSource{
+				ConnectionRef: v1beta1.ConnectionReference{Name: "vault"}, Path: "database/creds/" + name}},
+			Rotation: v1beta1.RotationSpec{Schedule: "0 3 * * *"},
+			Rollout: v1beta1.RolloutSpec{RedisPods: v1beta1.RedisPodsRestart,
+				Consumers: []v1beta1.ConsumerReference{{Kind: "Deployment", Name: name + "-api"}}},
 		},
 	}
 	fw.Create(t, rc)
 	now := time.Now().Truncate(time.Second)
 	at := func(d time.Duration) *metav1.Time { return ptr.To(metav1.NewTime(now.Add(d))) }
-	rc.Status = v1alpha1.RedisClusterStatus{
-		ObservedGeneration: rc.Generation, Phase: v1alpha1.PhaseRolling, ReadyReplicas: 3,
+	rc.Status = v1beta1.RedisClusterStatus{
+		ObservedGeneration: rc.Generation, Phase: v1beta1.PhaseRolling, ReadyReplicas: 3,
 		Conditions: []metav1.Condition{
-			{Type: v1alpha1.ConditionReady, Status: metav1.ConditionTrue, Reason: v1alpha1.ReasonAvailable, Message: "serving", LastTransitionTime: *at(-10 * time.Minute)},
-			{Type: v1alpha1.ConditionRolloutProgressing, Status: metav1.ConditionTrue, Reason: v1alpha1.ReasonRolloutInProgress, Message: "1/3 pods", LastTransitionTime: *at(-time.Minute)},
+			{Type: v1beta1.ConditionReady, Status: metav1.ConditionTrue, Reason: v1beta1.ReasonAvailable, Message: "serving", LastTransitionTime: *at(-10 * time.Minute)},
+			{Type: v1beta1.ConditionRolloutProgressing, Status: metav1.ConditionTrue, Reason: v1beta1.ReasonRolloutInProgress, Message: "1/3 pods", LastTransitionTime: *at(-time.Minute)},
 		},
-		Credential: &v1alpha1.CredentialStatus{
-			Version: "new" + name, Source: v1alpha1.SourceVaultLease, Username: "V_TOKEN_" + strings.ToUpper(name),
-			LeaseID: "database/creds/" + name + "/new", IssuedAt: at(-time.Minute), ExpiresAt: at(9 * time.Minute),
-			Renewable: true, TokenAccessor: "accessor-new", NextRenewal: at(5 * time.Minute),
+		Credential: &v1beta1.CredentialStatus{
+			Version: "new" + name, Source: v1beta1.SourceVaultLease, Username: "V_TOKEN_" + strings.ToUpper(name),
+			IssuedAt:     at(-time.Minute),
+			Lease:        v1beta1.CredentialLease{LeaseID: "database/creds/" + name + "/new", ExpiresAt: at(9 * time.Minute), Renewable: true, NextRenewal: at(5 * time.Minute)},
+			VaultLease:   v1beta1.VaultLeaseCredential{TokenAccessor: "accessor-new"},
 			LastRotation: at(-time.Minute), NextRotation: at(12 * time.Hour),
 		},
-		Leases: []v1alpha1.LeaseRecord{
-			{LeaseID: "database/creds/" + name + "/new", State: v1alpha1.LeaseActive, Version: "new" + name, Connection: "vault", TokenAccessor: "accessor-new", ExpiresAt: at(9 * time.Minute)},
-			{LeaseID: "database/creds/" + name + "/old", State: v1alpha1.LeaseSuperseded, Version: "old" + name, Connection: "vault", TokenAccessor: "accessor-old", ExpiresAt: at(3 * time.Minute)},
+		Leases: []v1beta1.LeaseRecord{
+			{LeaseID: "database/creds/" + name + "/new", State: v1beta1.LeaseActive, Version: "new" + name, Connection: "vault", TokenAccessor: "accessor-new", ExpiresAt: at(9 * time.Minute)},
+			{LeaseID: "database/creds/" + name + "/old", State: v1beta1.LeaseSuperseded, Version: "old" + name, Connection: "vault", TokenAccessor: "accessor-old", ExpiresAt: at(3 * time.Minute)},
 		},
-		Rollout: &v1alpha1.RolloutStatus{TargetVersion: "new" + name, PodsUpdated: 1, PodInFlight: name + "-1", PodRestartedAt: at(-20 * time.Second), StartedAt: at(-time.Minute)},
+		Rollout: &v1beta1.RolloutStatus{TargetVersion: "new" + name, PodsUpdated: 1, PodInFlight: name + "-1", PodRestartedAt: at(-20 * time.Second), StartedAt: at(-time.Minute)},
 	}
 	if err := fw.Client.Status().Update(ctx, rc); err != nil {
 		t.Fatalf("writing the status: %v", err)
@@ -139,12 +140,12 @@ func TestKubectlKeyrollAgainstTheAPIServer(t *testing.T) {
 
 	// rotate: a new rotate-now value each time, shown as pending until keyroll acts on it.
 	out = fw.MustKubectl(t, env, "keyroll", "rotate", "orders")
-	first := fw.Get(t, orders).Annotations[v1alpha1.AnnotationRotateNow]
+	first := fw.Get(t, orders).Annotations[v1beta1.AnnotationRotateNow]
 	if first == "" || !strings.Contains(out, first) {
 		t.Fatalf("rotate set %q and said:\n%s", first, out)
 	}
 	fw.MustKubectl(t, env, "keyroll", "rotate", "orders")
-	second := fw.Get(t, orders).Annotations[v1alpha1.AnnotationRotateNow]
+	second := fw.Get(t, orders).Annotations[v1beta1.AnnotationRotateNow]
 	if second == first {
 		t.Errorf("a second rotate reused the value %q", second)
 	}
@@ -204,14 +205,14 @@ func TestKubectlKeyrollAgainstTheAPIServer(t *testing.T) {
 
 // acknowledge waits until the rotate-now annotation differs from before and records it as acted
 // upon, with a new credential version, as keyroll's controller does.
-func acknowledge(rc *v1alpha1.RedisCluster, before string) error {
+func acknowledge(rc *v1beta1.RedisCluster, before string) error {
 	ctx := context.Background()
 	for range 200 {
-		cur := &v1alpha1.RedisCluster{}
+		cur := &v1beta1.RedisCluster{}
 		if err := fw.Client.Get(ctx, client.ObjectKeyFromObject(rc), cur); err != nil {
 			return err
 		}
-		if v := cur.Annotations[v1alpha1.AnnotationRotateNow]; v != before {
+		if v := cur.Annotations[v1beta1.AnnotationRotateNow]; v != before {
 			cur.Status.RotateNowAcknowledged = v
 			cur.Status.Credential.Version = "rotated"
 			return fw.Client.Status().Update(ctx, cur)

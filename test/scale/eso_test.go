@@ -14,7 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/controllers/render"
 	"github.com/keyroll/keyroll/test/framework"
 	"github.com/keyroll/keyroll/test/testground"
@@ -161,8 +161,8 @@ func sideESO(b *testing.B, n int, name string, flags []string) variant {
 
 // cluster is the i-th RedisCluster of createAll with prefix "c"; ESO's ExternalSecrets take the
 // same names, and their target Secrets the consumers' Secrets' names.
-func cluster(i int) *v1alpha1.RedisCluster {
-	return &v1alpha1.RedisCluster{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("c%04d", i)}}
+func cluster(i int) *v1beta1.RedisCluster {
+	return &v1beta1.RedisCluster{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("c%04d", i)}}
 }
 
 // esoSetup gives ESO what framework's ESOKubernetesAuth gives it: Kubernetes auth as the

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/test/framework"
 	"github.com/keyroll/keyroll/test/testground"
 )
@@ -72,7 +72,7 @@ func BenchmarkIsolation(b *testing.B) {
 			hole = isolate(b, n, true)
 		}
 		b.ReportMetric(hole.healthy.Seconds(), "s-healthy-half-CredentialsReady")
-		b.ReportMetric(float64(hole.reasons[v1alpha1.ReasonVaultUnavailable]), "blackholed-VaultUnavailable")
+		b.ReportMetric(float64(hole.reasons[v1beta1.ReasonVaultUnavailable]), "blackholed-VaultUnavailable")
 		b.ReportMetric(float64(hole.attempts), "blackholed-connections")
 		fmt.Printf("isolation: N=%d, other Vault blackholed: the healthy half all CredentialsReady in %.1f s; the blackholed half: %s (%s); %d connections to the blackholed Vault\n",
 			n, hole.healthy.Seconds(), reasonList(hole.reasons), reportedIn(hole.reported), hole.attempts)

@@ -15,7 +15,7 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/test/framework"
 	"github.com/keyroll/keyroll/test/testground"
 )
@@ -131,8 +131,8 @@ func startRun(b *testing.B, name string, o runOptions) *run {
 // benchmark's rate limit.
 func (r *run) connection(b *testing.B, name, addr string) {
 	b.Helper()
-	r.fw.VaultConnection(b, name, framework.Allow(r.ns), framework.Address(addr), func(vc *v1alpha1.VaultConnection) {
-		vc.Spec.RateLimit = &v1alpha1.VaultRateLimit{QPS: vaultQPS, Burst: vaultBurst}
+	r.fw.VaultConnection(b, name, framework.Allow(r.ns), framework.Address(addr), func(vc *v1beta1.VaultConnection) {
+		vc.Spec.RateLimit = &v1beta1.VaultRateLimit{QPS: vaultQPS, Burst: vaultBurst}
 	})
 }
 

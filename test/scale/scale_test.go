@@ -25,7 +25,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/test/framework"
 )
 
@@ -174,12 +174,12 @@ func issueAtScale(b *testing.B, n int) result {
 func createAll(b *testing.B, c client.Client, ns, prefix string, n int, connection string) {
 	b.Helper()
 	createParallel(b, n, func(i int) error {
-		return c.Create(context.Background(), &v1alpha1.RedisCluster{
+		return c.Create(context.Background(), &v1beta1.RedisCluster{
 			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("%s%04d", prefix, i)},
-			Spec: v1alpha1.RedisClusterSpec{Replicas: 1, Credentials: v1alpha1.CredentialsSpec{
-				Source: v1alpha1.SourceVaultLease,
-				VaultLease: &v1alpha1.VaultLeaseSource{
-					ConnectionRef: v1alpha1.ConnectionReference{Name: connection}, Path: credPath,
+			Spec: v1beta1.RedisClusterSpec{Replicas: 1, Credentials: v1beta1.CredentialsSpec{
+				Source: v1beta1.SourceVaultLease,
+				VaultLease: &v1beta1.VaultLeaseSource{
+					ConnectionRef: v1beta1.ConnectionReference{Name: connection}, Path: credPath,
 				},
 			}},
 		})

@@ -13,7 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/test/framework"
 )
 
@@ -93,8 +93,8 @@ func (w *seenWatch) wait(b *testing.B, start time.Time, n int, timeout time.Dura
 
 // watchReady watches the run's RedisClusters for CredentialsReady.
 func watchReady(b *testing.B, r *run) *seenWatch {
-	return watchSeen(b, r, &v1alpha1.RedisCluster{}, func(o client.Object) bool {
-		return meta.IsStatusConditionTrue(o.(*v1alpha1.RedisCluster).Status.Conditions, v1alpha1.ConditionCredentialsReady)
+	return watchSeen(b, r, &v1beta1.RedisCluster{}, func(o client.Object) bool {
+		return meta.IsStatusConditionTrue(o.(*v1beta1.RedisCluster).Status.Conditions, v1beta1.ConditionCredentialsReady)
 	})
 }
 
@@ -112,7 +112,7 @@ func (w *seenWatch) tallies() map[string]tally {
 	defer w.mu.Unlock()
 	out := map[string]tally{}
 	for name, o := range w.last {
-		rc, ok := o.(*v1alpha1.RedisCluster)
+		rc, ok := o.(*v1beta1.RedisCluster)
 		if !ok {
 			continue
 		}
@@ -121,7 +121,7 @@ func (w *seenWatch) tallies() map[string]tally {
 		if t.reasons == nil {
 			t.reasons = map[string]int{}
 		}
-		switch cond := meta.FindStatusCondition(rc.Status.Conditions, v1alpha1.ConditionCredentialsReady); {
+		switch cond := meta.FindStatusCondition(rc.Status.Conditions, v1beta1.ConditionCredentialsReady); {
 		case cond == nil:
 			t.reasons[""]++
 		case cond.Status == metav1.ConditionTrue:

@@ -12,7 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/test/framework"
 )
 
@@ -27,12 +27,12 @@ func TestStalledRolloutTouchesNoFurtherPodAndResumesWhenReady(t *testing.T) {
 	vc := fw.VaultConnection(t, "vault-stall", framework.Allow(ns))
 	fw.StandInConsumer(t, ns, "orders-api", 2)
 	const timeout = 10 * time.Second
-	rc := fw.RedisCluster(t, ns, "orders", vc.Name, fw.Path("orders"), framework.Replicas(3), framework.WithConsumers("orders-api"), func(rc *v1alpha1.RedisCluster) {
-		rc.Spec.Rollout.RedisPods = v1alpha1.RedisPodsRestart
+	rc := fw.RedisCluster(t, ns, "orders", vc.Name, fw.Path("orders"), framework.Replicas(3), framework.WithConsumers("orders-api"), func(rc *v1beta1.RedisCluster) {
+		rc.Spec.Rollout.RedisPods = v1beta1.RedisPodsRestart
 		rc.Spec.Rollout.ReadinessTimeout = &metav1.Duration{Duration: timeout}
 	})
 	cur := fw.WaitReady(t, rc, 90*time.Second)
-	oldLease, oldVersion := cur.Status.Credential.LeaseID, cur.Status.Credential.Version
+	oldLease, oldVersion := cur.Status.Credential.Lease.LeaseID, cur.Status.Credential.Version
 	oldUser, oldPass, _ := fw.Credentials(rc)
 	before := map[string]string{}
 	for _, name := range []string{"orders-0", "orders-1"} {
@@ -61,15 +61,15 @@ func TestStalledRolloutTouchesNoFurtherPodAndResumesWhenReady(t *testing.T) {
 		restarted = ro.PodRestartedAt.Time
 		return ""
 	})
-	cur = fw.WaitCondition(t, rc, v1alpha1.ConditionDegraded, metav1.ConditionTrue, "", 60*time.Second)
-	degraded := framework.Condition(cur, v1alpha1.ConditionDegraded)
+	cur = fw.WaitCondition(t, rc, v1beta1.ConditionDegraded, metav1.ConditionTrue, "", 60*time.Second)
+	degraded := framework.Condition(cur, v1beta1.ConditionDegraded)
 	t.Logf("while orders-2 is held: Degraded %s: %s", degraded.Reason, degraded.Message)
 	// Both times are whole seconds, the restart's rounded down.
 	if after := degraded.LastTransitionTime.Sub(restarted); after < timeout-time.Second {
 		t.Errorf("Degraded %s after orders-2 was restarted, before its readinessTimeout (%s) was over: %s", after, timeout, degraded.Message)
 	}
-	if degraded.Reason != v1alpha1.ReasonNodeNotReady || !strings.Contains(degraded.Message, "orders-2") {
-		t.Errorf("Degraded %s: %s; want %s naming orders-2", degraded.Reason, degraded.Message, v1alpha1.ReasonNodeNotReady)
+	if degraded.Reason != v1beta1.ReasonNodeNotReady || !strings.Contains(degraded.Message, "orders-2") {
+		t.Errorf("Degraded %s: %s; want %s naming orders-2", degraded.Reason, degraded.Message, v1beta1.ReasonNodeNotReady)
 	}
 	if cur.Status.Rollout == nil || cur.Status.Rollout.PodInFlight != "orders-2" {
 		t.Fatalf("rollout status while stalled: %+v", cur.Status.Rollout)
@@ -107,7 +107,7 @@ func TestStalledRolloutTouchesNoFurtherPodAndResumesWhenReady(t *testing.T) {
 	start := time.Now()
 	fw.WaitRolledOut(t, rc, oldLease, 120*time.Second)
 	t.Logf("the rollout finished %s after the kubelet went on", time.Since(start).Round(time.Millisecond))
-	fw.WaitCondition(t, rc, v1alpha1.ConditionDegraded, metav1.ConditionFalse, "", 10*time.Second)
+	fw.WaitCondition(t, rc, v1beta1.ConditionDegraded, metav1.ConditionFalse, "", 10*time.Second)
 	fw.CheckRetired(t, rc, "orders-api", oldUser, oldPass, oldLease)
 }
 
@@ -120,7 +120,7 @@ func TestOperatorRestartMidRolloutResumesWithOneNewLeaseAndOneRevoked(t *testing
 	fw.StandInConsumer(t, ns, "orders-api", 2)
 	rc := fw.RedisCluster(t, ns, "orders", vc.Name, fw.Path("restart"), framework.WithConsumers("orders-api"))
 	cur := fw.WaitReady(t, rc, 60*time.Second)
-	oldLease := cur.Status.Credential.LeaseID
+	oldLease := cur.Status.Credential.Lease.LeaseID
 	oldUser, oldPass, _ := fw.Credentials(rc)
 	if leases := fw.VaultLeases(t, fw.Path("restart")); !slices.Equal(leases, []string{oldLease}) {
 		t.Fatalf("Vault leases before the rotation: %v", leases)
@@ -135,7 +135,7 @@ func TestOperatorRestartMidRolloutResumesWithOneNewLeaseAndOneRevoked(t *testing
 		if ro == nil || fw.ConsumerVersion(t, ns, "orders-api") != ro.TargetVersion {
 			return fmt.Sprintf("the consumer is not restarted yet: rollout %+v", ro)
 		}
-		newLease = cur.Status.Credential.LeaseID
+		newLease = cur.Status.Credential.Lease.LeaseID
 		return ""
 	})
 	if leases := fw.VaultLeases(t, fw.Path("restart")); len(leases) != 2 || !slices.Contains(leases, oldLease) || !slices.Contains(leases, newLease) {
@@ -144,8 +144,8 @@ func TestOperatorRestartMidRolloutResumesWithOneNewLeaseAndOneRevoked(t *testing
 	fw.RestartOperator(t)
 	resume()
 	cur = fw.WaitRolledOut(t, rc, oldLease, 90*time.Second)
-	if cur.Status.Credential.LeaseID != newLease {
-		t.Errorf("the rotation ended on lease %s, not on %s it began with", cur.Status.Credential.LeaseID, newLease)
+	if cur.Status.Credential.Lease.LeaseID != newLease {
+		t.Errorf("the rotation ended on lease %s, not on %s it began with", cur.Status.Credential.Lease.LeaseID, newLease)
 	}
 	if leases := fw.VaultLeases(t, fw.Path("restart")); !slices.Equal(leases, []string{newLease}) {
 		t.Fatalf("after the resumed rollout Vault holds %v for the role, want exactly the one new lease %s", leases, newLease)

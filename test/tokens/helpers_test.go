@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 )
 
 // leaseLife is what the watch learned of one lease of a ledger.
@@ -27,7 +27,7 @@ type leaseLife struct {
 // issued for, and the ends of the connection's tokens.
 type ledgerWatch struct {
 	t          *testing.T
-	clusters   []*v1alpha1.RedisCluster
+	clusters   []*v1beta1.RedisCluster
 	connection string
 
 	mu       sync.Mutex
@@ -40,7 +40,7 @@ type ledgerWatch struct {
 	samples   int
 }
 
-func watchLedgers(t *testing.T, connection string, clusters ...*v1alpha1.RedisCluster) *ledgerWatch {
+func watchLedgers(t *testing.T, connection string, clusters ...*v1beta1.RedisCluster) *ledgerWatch {
 	return &ledgerWatch{t: t, clusters: clusters, connection: connection, leases: map[string]*leaseLife{},
 		versions: map[string][]string{}, reasons: map[string]string{}, tokenEnds: map[string]time.Time{}}
 }
@@ -87,7 +87,7 @@ func (w *ledgerWatch) sample(revokeWindow time.Duration) {
 			if life.missingSince.IsZero() {
 				life.missingSince = now
 			}
-			if l.State == v1alpha1.LeaseActive || now.Sub(life.missingSince) > revokeWindow {
+			if l.State == v1beta1.LeaseActive || now.Sub(life.missingSince) > revokeWindow {
 				w.fail("%s: lease %s (%s) is in the ledger but Vault no longer knows it", rc.Name, l.LeaseID, l.State)
 			}
 		}
@@ -119,7 +119,7 @@ func (w *ledgerWatch) sample(revokeWindow time.Duration) {
 
 // credentialProblem says why the credential of rc's credentials Secret does not work ("" when it
 // does): on the Redis Vault created its user on, and on every Redis pod of rc.
-func credentialProblem(rc *v1alpha1.RedisCluster, user, pass string, ok bool) string {
+func credentialProblem(rc *v1beta1.RedisCluster, user, pass string, ok bool) string {
 	switch {
 	case !ok:
 		return "no credentials Secret"

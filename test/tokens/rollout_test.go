@@ -11,7 +11,7 @@ import (
 	eventsv1 "k8s.io/api/events/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/controllers/credential"
 	"github.com/keyroll/keyroll/rotation"
 	"github.com/keyroll/keyroll/test/framework"
@@ -44,9 +44,9 @@ func TestTokenEndingDuringRolloutReplacesInTime(t *testing.T) {
 	ns := fw.Namespace(t, "rollout")
 	conn := fw.VaultConnection(t, "vault-rollout", framework.AuthRole(roleBounded), framework.Allow(ns)).Name
 	rc := fw.RedisCluster(t, ns, "orders", conn, leasePath, framework.Replicas(2), framework.WithConsumers("app"),
-		func(rc *v1alpha1.RedisCluster) {
+		func(rc *v1beta1.RedisCluster) {
 			rc.Spec.Rollout.ReadinessTimeout = &metav1.Duration{Duration: 10 * time.Minute}
-			rc.Spec.Credentials.OnRevokedOutside = v1alpha1.RevokedOutsideRollOver
+			rc.Spec.Credentials.OnRevokedOutside = v1beta1.RevokedOutsideRollOver
 		})
 	fw.WaitReady(t, rc, readyTimeout)
 	app := fw.StartConsumers(t, ns, "app", 1, "orders:6379", "orders-credentials", func(d *appsv1.Deployment) {
@@ -115,7 +115,7 @@ type leaseSeen struct {
 	user string
 	// state is its state at the last sample that found it in the ledger; inRollout whether a
 	// rollout was in progress then.
-	state     v1alpha1.LeaseState
+	state     v1beta1.LeaseState
 	inRollout bool
 	// capped is the first sample that found it renewalCapped.
 	capped time.Time
@@ -127,7 +127,7 @@ type leaseSeen struct {
 // sample reads the RedisCluster once, after the ledgerWatch's sample: what became of each lease
 // in its ledger, whether the current credential's lease is live in Vault, and the credential and
 // the rollout it was issued during.
-func (r *rolloutWatch) sample(t *testing.T, w *ledgerWatch, rc *v1alpha1.RedisCluster) {
+func (r *rolloutWatch) sample(t *testing.T, w *ledgerWatch, rc *v1beta1.RedisCluster) {
 	cur := fw.Get(t, rc)
 	r.last = time.Now()
 	ro := cur.Status.Rollout
@@ -141,7 +141,7 @@ func (r *rolloutWatch) sample(t *testing.T, w *ledgerWatch, rc *v1alpha1.RedisCl
 		if l.RenewalCapped && s.capped.IsZero() {
 			s.capped = time.Now()
 		}
-		if life := w.leases[l.LeaseID]; life != nil && !life.missingSince.IsZero() && l.State != v1alpha1.LeaseRevoking && s.vanished.IsZero() {
+		if life := w.leases[l.LeaseID]; life != nil && !life.missingSince.IsZero() && l.State != v1beta1.LeaseRevoking && s.vanished.IsZero() {
 			s.vanished = life.missingSince
 		}
 	}
@@ -149,17 +149,17 @@ func (r *rolloutWatch) sample(t *testing.T, w *ledgerWatch, rc *v1alpha1.RedisCl
 	if c == nil || c.IssuedAt == nil {
 		return
 	}
-	if live, _ := fw.LeaseExists(c.LeaseID); !live {
+	if live, _ := fw.LeaseExists(c.Lease.LeaseID); !live {
 		r.failures = append(r.failures, fmt.Sprintf("%s: the current credential's (%s) lease %s is not live in Vault",
-			time.Now().Format("15:04:05.000"), c.Version, c.LeaseID))
+			time.Now().Format("15:04:05.000"), c.Version, c.Lease.LeaseID))
 	}
 	s := r.credentials[c.Version]
 	if s == nil {
 		s = &credentialSeen{reason: c.RotationReason, issuedAt: c.IssuedAt.Time}
 		r.credentials[c.Version] = s
 	}
-	if c.TokenEndsAt != nil {
-		s.tokenEnds = c.TokenEndsAt.Time
+	if c.VaultLease.TokenEndsAt != nil {
+		s.tokenEnds = c.VaultLease.TokenEndsAt.Time
 	}
 	if ro != nil && ro.StartedAt != nil && c.IssuedAt.After(ro.StartedAt.Time) && s.rolloutStarted.IsZero() {
 		s.rolloutStarted = ro.StartedAt.Time
@@ -174,7 +174,7 @@ func (r *rolloutWatch) sample(t *testing.T, w *ledgerWatch, rc *v1alpha1.RedisCl
 // SupersededLeaseEnded: it ended with its token, as announced; none was revoked outside keyroll),
 // and every lease that Vault lost while the ledger held it, or that keyroll found gone, ended as
 // ended wants. It logs each ended lease and returns how many there were.
-func (r *rolloutWatch) account(t *testing.T, w *ledgerWatch, rc *v1alpha1.RedisCluster, leaveWindow time.Duration) int {
+func (r *rolloutWatch) account(t *testing.T, w *ledgerWatch, rc *v1beta1.RedisCluster, leaveWindow time.Duration) int {
 	t.Helper()
 	var events []eventsv1.Event
 	// The recorder sends events asynchronously, after the status write that carries their change.
@@ -182,13 +182,13 @@ func (r *rolloutWatch) account(t *testing.T, w *ledgerWatch, rc *v1alpha1.RedisC
 		events = fw.ClusterEvents(t, rc.Namespace, rc.Name)
 		var unaccounted []string
 		for id, life := range w.leases {
-			if !life.leftLedger.IsZero() && firstNaming(events, v1alpha1.EventLeaseRevoked, id) == nil &&
-				firstNaming(events, v1alpha1.EventSupersededLeaseEnded, id) == nil {
+			if !life.leftLedger.IsZero() && firstNaming(events, v1beta1.EventLeaseRevoked, id) == nil &&
+				firstNaming(events, v1beta1.EventSupersededLeaseEnded, id) == nil {
 				unaccounted = append(unaccounted, id)
 			}
 		}
 		if len(unaccounted) > 0 {
-			return fmt.Sprintf("leases %q left the ledger, but no %s or %s event names them", unaccounted, v1alpha1.EventLeaseRevoked, v1alpha1.EventSupersededLeaseEnded)
+			return fmt.Sprintf("leases %q left the ledger, but no %s or %s event names them", unaccounted, v1beta1.EventLeaseRevoked, v1beta1.EventSupersededLeaseEnded)
 		}
 		return ""
 	})
@@ -202,18 +202,18 @@ func (r *rolloutWatch) account(t *testing.T, w *ledgerWatch, rc *v1alpha1.RedisC
 	}
 	slices.Sort(ids)
 	for _, e := range events {
-		if e.Reason == v1alpha1.EventLeaseRevokedOutside {
+		if e.Reason == v1beta1.EventLeaseRevokedOutside {
 			t.Errorf("a %s event, although nobody revoked a lease: a lease that ends with its token is no revocation: %q", e.Reason, e.Note)
 		}
-		if e.Reason == v1alpha1.EventSupersededLeaseEnded && len(framework.Naming([]eventsv1.Event{e}, ids...)) == 0 {
+		if e.Reason == v1beta1.EventSupersededLeaseEnded && len(framework.Naming([]eventsv1.Event{e}, ids...)) == 0 {
 			t.Errorf("a %s event names no lease the samples found in the ledger: %q", e.Reason, e.Note)
 		}
 	}
 	ended := 0
 	for _, id := range ids {
 		s := r.leases[id]
-		if s == nil || firstNaming(events, v1alpha1.EventLeaseRevoked, id) != nil ||
-			(s.vanished.IsZero() && firstNaming(events, v1alpha1.EventSupersededLeaseEnded, id) == nil) {
+		if s == nil || firstNaming(events, v1beta1.EventLeaseRevoked, id) != nil ||
+			(s.vanished.IsZero() && firstNaming(events, v1beta1.EventSupersededLeaseEnded, id) == nil) {
 			continue // keyroll revoked it (the ledger watch saw it no longer than leaveWindow gone), or it lives
 		}
 		ended++
@@ -233,7 +233,7 @@ func (r *rolloutWatch) ended(t *testing.T, w *ledgerWatch, events []eventsv1.Eve
 		t.Errorf("lease %s: the end of its token %s was never reported", id, life.accessor)
 		return
 	}
-	if s.state != v1alpha1.LeaseSuperseded {
+	if s.state != v1beta1.LeaseSuperseded {
 		t.Errorf("lease %s (user %s) ended as %s, not as a superseded lease: the current lease died", id, s.user, s.state)
 	}
 	// Vault loses a lease with its token (the watch sees it gone a moment later, if keyroll has
@@ -243,7 +243,7 @@ func (r *rolloutWatch) ended(t *testing.T, w *ledgerWatch, events []eventsv1.Eve
 		how = "seen gone from Vault at " + s.vanished.Format(time.TimeOnly)
 	}
 	announced := s.capped
-	if e := firstNaming(events, v1alpha1.EventSupersededLeaseEnding, id); e != nil {
+	if e := firstNaming(events, v1beta1.EventSupersededLeaseEnding, id); e != nil {
 		announced = credential.Earliest(announced, e.EventTime.Time)
 		if end := tokenEnds.UTC().Format(time.RFC3339); !strings.Contains(e.Note, end) {
 			t.Errorf("lease %s: the %s event does not name its token's end %s: %q", id, e.Reason, end, e.Note)
@@ -252,7 +252,7 @@ func (r *rolloutWatch) ended(t *testing.T, w *ledgerWatch, events []eventsv1.Eve
 	switch {
 	case announced.IsZero():
 		t.Errorf("lease %s (user %s) ended at %s (%s) unannounced: never renewalCapped, no %s event names it",
-			id, s.user, lost.Format(time.TimeOnly), how, v1alpha1.EventSupersededLeaseEnding)
+			id, s.user, lost.Format(time.TimeOnly), how, v1beta1.EventSupersededLeaseEnding)
 	case !announced.Before(lost):
 		t.Errorf("lease %s (user %s) was announced at %s, not before it ended at %s (%s)",
 			id, s.user, announced.Format(time.TimeOnly), lost.Format(time.TimeOnly), how)
@@ -286,7 +286,7 @@ func firstNaming(events []eventsv1.Event, reason, id string) *eventsv1.Event {
 
 // rotations describes each credential after the first: its reason, how long before the end of the
 // replaced lease's token it was issued, and the rollout it was issued during.
-func (r *rolloutWatch) rotations(w *ledgerWatch, rc *v1alpha1.RedisCluster) []string {
+func (r *rolloutWatch) rotations(w *ledgerWatch, rc *v1beta1.RedisCluster) []string {
 	var out []string
 	versions := w.versions[rc.Name]
 	for i := 1; i < len(versions); i++ {

@@ -25,7 +25,7 @@ import (
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/keyroll/keyroll/apis/v1alpha1"
+	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/controllers/metrics"
 	"github.com/keyroll/keyroll/rotation"
 	"github.com/keyroll/keyroll/test/framework"
@@ -43,7 +43,7 @@ func TestLeasesOutliveTheirTokens(t *testing.T) {
 	conn := fw.VaultConnection(t, "vault-periodic", framework.AuthRole(rolePeriodic), framework.Allow(ns)).Name
 	a := fw.RedisCluster(t, ns, "orders", conn, leasePath)
 	b := fw.RedisCluster(t, ns, "carts", conn, leasePath)
-	for _, rc := range []*v1alpha1.RedisCluster{a, b} {
+	for _, rc := range []*v1beta1.RedisCluster{a, b} {
 		fw.WaitReady(t, rc, readyTimeout)
 	}
 
@@ -51,19 +51,19 @@ func TestLeasesOutliveTheirTokens(t *testing.T) {
 	w.run(3 * time.Minute)
 
 	w.check()
-	for _, rc := range []*v1alpha1.RedisCluster{a, b} {
+	for _, rc := range []*v1beta1.RedisCluster{a, b} {
 		if vs := w.versions[rc.Name]; len(vs) != 1 {
 			t.Errorf("%s: credential versions %q over three minutes, want the one issued first", rc.Name, vs)
 		}
 		if n := len(fw.Get(t, rc).Status.Leases); n != 1 {
 			t.Errorf("%s: %d leases in the ledger, want 1", rc.Name, n)
 		}
-		if slices.Contains(framework.Reasons(fw.Events(t, ns, "", rc.Name)), v1alpha1.EventLeaseRevokedOutside) {
+		if slices.Contains(framework.Reasons(fw.Events(t, ns, "", rc.Name)), v1beta1.EventLeaseRevokedOutside) {
 			t.Errorf("%s: a lease was found gone", rc.Name)
 		}
 	}
 	vc := fw.GetConnection(t, conn)
-	if c := meta.FindStatusCondition(vc.Status.Conditions, v1alpha1.ConditionDegraded); c == nil || c.Status != metav1.ConditionFalse {
+	if c := meta.FindStatusCondition(vc.Status.Conditions, v1beta1.ConditionDegraded); c == nil || c.Status != metav1.ConditionFalse {
 		t.Errorf("VaultConnection Degraded = %+v, want False: periodic tokens outlive their leases", c)
 	}
 	t.Logf("%d samples, %d token periods: every lease alive, every credential working; tokens %+v", w.samples, int(3*time.Minute/tokenPeriod), vc.Status.Tokens)
@@ -109,8 +109,8 @@ func TestCredentialsRotateBeforeTheirTokenEnds(t *testing.T) {
 	if retired > 8 {
 		t.Errorf("%d leases were replaced in three minutes of one-minute tokens: rotations follow each other instead of once per token", retired)
 	}
-	if !slices.Contains(framework.Reasons(fw.Events(t, ns, "", "orders")), v1alpha1.EventTokenEnding) {
-		t.Errorf("no %s event", v1alpha1.EventTokenEnding)
+	if !slices.Contains(framework.Reasons(fw.Events(t, ns, "", "orders")), v1beta1.EventTokenEnding) {
+		t.Errorf("no %s event", v1beta1.EventTokenEnding)
 	}
 	// The status says so too: each credential after the first replaced one whose token was ending.
 	var reasons []string
@@ -127,9 +127,9 @@ func TestCredentialsRotateBeforeTheirTokenEnds(t *testing.T) {
 	}
 	t.Logf("credential versions and their status.credential.rotationReason: %s", strings.Join(reasons, ", "))
 	vc := fw.GetConnection(t, conn)
-	c := meta.FindStatusCondition(vc.Status.Conditions, v1alpha1.ConditionDegraded)
-	if c == nil || c.Status != metav1.ConditionTrue || c.Reason != v1alpha1.ReasonTokenMaxTTLTooShort || !strings.Contains(c.Message, "token_period") {
-		t.Errorf("VaultConnection Degraded = %+v, want True/%s naming token_period", c, v1alpha1.ReasonTokenMaxTTLTooShort)
+	c := meta.FindStatusCondition(vc.Status.Conditions, v1beta1.ConditionDegraded)
+	if c == nil || c.Status != metav1.ConditionTrue || c.Reason != v1beta1.ReasonTokenMaxTTLTooShort || !strings.Contains(c.Message, "token_period") {
+		t.Errorf("VaultConnection Degraded = %+v, want True/%s naming token_period", c, v1beta1.ReasonTokenMaxTTLTooShort)
 	} else {
 		t.Logf("VaultConnection says: %s", c.Message)
 	}
@@ -225,16 +225,16 @@ func editKubernetesConnection(t *testing.T) {
 	before := takeOvers(conn)
 
 	w.run(tokenPeriod)
-	editConnection(t, conn, func(vc *v1alpha1.VaultConnection) {
-		vc.Spec.RateLimit = &v1alpha1.VaultRateLimit{QPS: 7, Burst: 9}
+	editConnection(t, conn, func(vc *v1beta1.VaultConnection) {
+		vc.Spec.RateLimit = &v1beta1.VaultRateLimit{QPS: 7, Burst: 9}
 	})
 	w.run(2 * tokenPeriod)
-	editConnection(t, conn, func(vc *v1alpha1.VaultConnection) {
-		vc.Spec.TLS = &v1alpha1.VaultTLS{CABundle: selfSignedCA(t)}
+	editConnection(t, conn, func(vc *v1beta1.VaultConnection) {
+		vc.Spec.TLS = &v1beta1.VaultTLS{CABundle: selfSignedCA(t)}
 	})
 	w.run(2 * tokenPeriod)
-	editConnection(t, conn, func(vc *v1alpha1.VaultConnection) {
-		vc.Spec.TLS = &v1alpha1.VaultTLS{CASecretRef: &v1alpha1.SecretKeyReference{Namespace: fw.OperatorNS, Name: "vault-ca", Key: "ca.crt"}}
+	editConnection(t, conn, func(vc *v1beta1.VaultConnection) {
+		vc.Spec.TLS = &v1beta1.VaultTLS{CASecretRef: &v1beta1.SecretKeyReference{Namespace: fw.OperatorNS, Name: "vault-ca", Key: "ca.crt"}}
 	})
 	w.run(3 * tokenPeriod)
 
@@ -271,9 +271,9 @@ func editAppRoleConnection(t *testing.T) {
 		}
 		secretWith(t, fw.OperatorNS, name, "secret-id", secretIDs[name])
 	}
-	conn := fw.VaultConnection(t, "vault-edit-approle", framework.Allow(ns), func(vc *v1alpha1.VaultConnection) {
-		vc.Spec.Auth = v1alpha1.VaultAuth{AppRole: &v1alpha1.AppRoleAuth{RoleID: roleID,
-			SecretIDRef: v1alpha1.SecretKeyReference{Namespace: fw.OperatorNS, Name: "approle-first", Key: "secret-id"}}}
+	conn := fw.VaultConnection(t, "vault-edit-approle", framework.Allow(ns), func(vc *v1beta1.VaultConnection) {
+		vc.Spec.Auth = v1beta1.VaultAuth{AppRole: &v1beta1.AppRoleAuth{RoleID: roleID,
+			SecretIDRef: v1beta1.SecretKeyReference{Namespace: fw.OperatorNS, Name: "approle-first", Key: "secret-id"}}}
 	}).Name
 	rc := fw.RedisCluster(t, ns, "orders", conn, leasePath)
 	fw.WaitReady(t, rc, readyTimeout)
@@ -281,7 +281,7 @@ func editAppRoleConnection(t *testing.T) {
 	before := takeOvers(conn)
 
 	w.run(tokenPeriod)
-	editConnection(t, conn, func(vc *v1alpha1.VaultConnection) { vc.Spec.Auth.AppRole.SecretIDRef.Name = "approle-second" })
+	editConnection(t, conn, func(vc *v1beta1.VaultConnection) { vc.Spec.Auth.AppRole.SecretIDRef.Name = "approle-second" })
 	w.run(tokenPeriod)
 	// The rotation of secret ids ends as an administrator ends it: the first one is destroyed.
 	// Tokens it logged in are not revoked with it, and keyroll goes on renewing them.
@@ -311,12 +311,12 @@ func takeOvers(conn string) int {
 // connectionStayedReady checks that the VaultConnection is Ready and never failed to log in.
 func connectionStayedReady(t *testing.T, conn string) {
 	t.Helper()
-	c := meta.FindStatusCondition(fw.GetConnection(t, conn).Status.Conditions, v1alpha1.ConditionReady)
+	c := meta.FindStatusCondition(fw.GetConnection(t, conn).Status.Conditions, v1beta1.ConditionReady)
 	if c == nil || c.Status != metav1.ConditionTrue {
 		t.Errorf("VaultConnection %s Ready = %+v, want True", conn, c)
 	}
 	// A cluster-scoped object's events land in the default namespace.
-	if reasons := framework.Reasons(fw.Events(t, metav1.NamespaceDefault, "", conn)); slices.Contains(reasons, v1alpha1.ReasonLoginFailed) {
+	if reasons := framework.Reasons(fw.Events(t, metav1.NamespaceDefault, "", conn)); slices.Contains(reasons, v1beta1.ReasonLoginFailed) {
 		t.Errorf("VaultConnection %s events %q: a login failed", conn, reasons)
 	}
 }
@@ -345,8 +345,8 @@ func TestVaultConnectionInUseIsNotDeleted(t *testing.T) {
 	orders := fw.RedisCluster(t, ns, "orders", vc.Name, leasePath)
 	carts := fw.RedisCluster(t, ns, "carts", vc.Name, leasePath)
 	leases := map[string]string{}
-	for _, rc := range []*v1alpha1.RedisCluster{orders, carts} {
-		leases[rc.Name] = fw.WaitReady(t, rc, readyTimeout).Status.Credential.LeaseID
+	for _, rc := range []*v1beta1.RedisCluster{orders, carts} {
+		leases[rc.Name] = fw.WaitReady(t, rc, readyTimeout).Status.Credential.Lease.LeaseID
 	}
 
 	if err := fw.Client.Delete(ctx, vc); err != nil {
@@ -365,13 +365,13 @@ func TestVaultConnectionInUseIsNotDeleted(t *testing.T) {
 	w = watchLedgers(t, vc.Name, carts)
 	w.run(2 * tokenPeriod)
 	w.check()
-	if err := fw.Client.Get(ctx, client.ObjectKey{Name: vc.Name}, &v1alpha1.VaultConnection{}); err != nil {
+	if err := fw.Client.Get(ctx, client.ObjectKey{Name: vc.Name}, &v1beta1.VaultConnection{}); err != nil {
 		t.Fatalf("the VaultConnection went while carts still uses it: %v", err)
 	}
 
 	fw.DeleteAndWait(t, carts, 60*time.Second)
 	framework.Eventually(t, 60*time.Second, func() string {
-		if err := fw.Client.Get(ctx, client.ObjectKey{Name: vc.Name}, &v1alpha1.VaultConnection{}); !apierrors.IsNotFound(err) {
+		if err := fw.Client.Get(ctx, client.ObjectKey{Name: vc.Name}, &v1beta1.VaultConnection{}); !apierrors.IsNotFound(err) {
 			return fmt.Sprintf("VaultConnection still there (%v)", err)
 		}
 		return ""
@@ -395,8 +395,8 @@ func TestVaultConnectionInUseIsNotDeleted(t *testing.T) {
 func waitBlocked(t *testing.T, name string, want, gone []string) {
 	t.Helper()
 	framework.Eventually(t, 30*time.Second, func() string {
-		c := meta.FindStatusCondition(fw.GetConnection(t, name).Status.Conditions, v1alpha1.ConditionDeletionBlocked)
-		if c == nil || c.Status != metav1.ConditionTrue || c.Reason != v1alpha1.ReasonInUse {
+		c := meta.FindStatusCondition(fw.GetConnection(t, name).Status.Conditions, v1beta1.ConditionDeletionBlocked)
+		if c == nil || c.Status != metav1.ConditionTrue || c.Reason != v1beta1.ReasonInUse {
 			return fmt.Sprintf("DeletionBlocked = %+v, want True/InUse", c)
 		}
 		for _, rc := range want {
@@ -425,7 +425,7 @@ func TestLeaseRevokedOutsideIsCutOffAndReplaced(t *testing.T) {
 	// it is read before and after both policies' runs, which go on in parallel. This test is not
 	// parallel itself, so no other test revokes a lease meanwhile.
 	counted := testutil.ToFloat64(operatorMetrics().RevokedOutside)
-	policies := []v1alpha1.RevokedOutsidePolicy{v1alpha1.RevokedOutsideCutOff, v1alpha1.RevokedOutsideRollOver}
+	policies := []v1beta1.RevokedOutsidePolicy{v1beta1.RevokedOutsideCutOff, v1beta1.RevokedOutsideRollOver}
 	t.Run("policies", func(t *testing.T) {
 		for _, policy := range policies {
 			t.Run(string(policy), func(t *testing.T) {
@@ -441,7 +441,7 @@ func TestLeaseRevokedOutsideIsCutOffAndReplaced(t *testing.T) {
 	t.Logf("keyroll_leases_revoked_outside_total went from %v to %v over %d revocations", counted, got, len(policies))
 }
 
-func revokedOutside(t *testing.T, policy v1alpha1.RevokedOutsidePolicy) {
+func revokedOutside(t *testing.T, policy v1beta1.RevokedOutsidePolicy) {
 	ctx := context.Background()
 	base := "revoked-" + strings.ToLower(string(policy))
 	ns := fw.Namespace(t, base)
@@ -450,7 +450,7 @@ func revokedOutside(t *testing.T, policy v1alpha1.RevokedOutsidePolicy) {
 	rc := fw.RedisCluster(t, ns, "orders", conn, leasePath,
 		framework.Replicas(2), // "every node" is more than one
 		framework.WithConsumers("api"),
-		func(rc *v1alpha1.RedisCluster) { rc.Spec.Credentials.OnRevokedOutside = policy })
+		func(rc *v1beta1.RedisCluster) { rc.Spec.Credentials.OnRevokedOutside = policy })
 	cur := fw.WaitReady(t, rc, readyTimeout)
 	oldUser, oldPass, _ := fw.Credentials(rc)
 	if msg := fw.OnEveryPod(rc, oldUser, oldPass, true); msg != "" {
@@ -458,7 +458,7 @@ func revokedOutside(t *testing.T, policy v1alpha1.RevokedOutsidePolicy) {
 	}
 	fw.PauseDeployment(t, consumer, true) // hold the new credential's rollout at the consumer
 
-	if err := fw.Ground.Vault.Root.Sys().RevokeWithContext(ctx, cur.Status.Credential.LeaseID); err != nil {
+	if err := fw.Ground.Vault.Root.Sys().RevokeWithContext(ctx, cur.Status.Credential.Lease.LeaseID); err != nil {
 		t.Fatal(err)
 	}
 	revoked := time.Now()
@@ -480,12 +480,12 @@ func revokedOutside(t *testing.T, policy v1alpha1.RevokedOutsidePolicy) {
 	framework.Eventually(t, 15*time.Second, func() string {
 		var types []string
 		for _, e := range fw.Events(t, ns, "", "orders") {
-			if e.Reason == v1alpha1.EventLeaseRevokedOutside {
+			if e.Reason == v1beta1.EventLeaseRevokedOutside {
 				types = append(types, e.Type)
 			}
 		}
 		if len(types) == 0 || slices.ContainsFunc(types, func(typ string) bool { return typ != corev1.EventTypeWarning }) {
-			return fmt.Sprintf("%s events of types %q, want Warning ones", v1alpha1.EventLeaseRevokedOutside, types)
+			return fmt.Sprintf("%s events of types %q, want Warning ones", v1beta1.EventLeaseRevokedOutside, types)
 		}
 		return ""
 	})
@@ -502,11 +502,11 @@ func revokedOutside(t *testing.T, policy v1alpha1.RevokedOutsidePolicy) {
 	framework.Eventually(t, 15*time.Second, held)
 
 	switch policy {
-	case v1alpha1.RevokedOutsideCutOff:
+	case v1beta1.RevokedOutsideCutOff:
 		if msg := fw.OnEveryPod(rc, oldUser, oldPass, false); msg != "" {
 			t.Errorf("CutOff: the revoked user is not cut off on every Redis pod while the rollout is held: %s", msg)
 		}
-	case v1alpha1.RevokedOutsideRollOver:
+	case v1beta1.RevokedOutsideRollOver:
 		if msg := fw.OnEveryPod(rc, oldUser, oldPass, true); msg != "" {
 			t.Errorf("RollOver: the revoked user was cut off before the new credential rolled out: %s", msg)
 		}
@@ -548,14 +548,14 @@ func TestTokenSecretHoldsTokensOnlyInData(t *testing.T) {
 		t.Fatal("the token Secret holds no token")
 	}
 	vc := fw.GetConnection(t, conn)
-	if got := sec.Labels[v1alpha1.LabelManagedBy]; got != v1alpha1.ManagedByValue {
-		t.Errorf("token Secret label %s = %q, want %q (labels %v)", v1alpha1.LabelManagedBy, got, v1alpha1.ManagedByValue, sec.Labels)
+	if got := sec.Labels[v1beta1.LabelManagedBy]; got != v1beta1.ManagedByValue {
+		t.Errorf("token Secret label %s = %q, want %q (labels %v)", v1beta1.LabelManagedBy, got, v1beta1.ManagedByValue, sec.Labels)
 	}
 	owner := metav1.OwnerReference{}
 	if len(sec.OwnerReferences) == 1 {
 		owner = sec.OwnerReferences[0]
 	}
-	if len(sec.OwnerReferences) != 1 || owner.APIVersion != v1alpha1.GroupVersion.String() || owner.Kind != "VaultConnection" ||
+	if len(sec.OwnerReferences) != 1 || owner.APIVersion != v1beta1.GroupVersion.String() || owner.Kind != "VaultConnection" ||
 		owner.Name != vc.Name || owner.UID != vc.UID || metav1.GetControllerOfNoCopy(sec) != nil {
 		t.Errorf("owner references %+v, want the VaultConnection %s (uid %s), not as controller", sec.OwnerReferences, vc.Name, vc.UID)
 	}
@@ -567,7 +567,7 @@ func TestTokenSecretHoldsTokensOnlyInData(t *testing.T) {
 		if !strings.HasPrefix(string(token), "hvs.") {
 			t.Errorf("data %s does not hold a Vault token", accessor)
 		}
-		if !slices.ContainsFunc(vc.Status.Tokens, func(s v1alpha1.TokenStatus) bool { return s.Accessor == accessor }) {
+		if !slices.ContainsFunc(vc.Status.Tokens, func(s v1beta1.TokenStatus) bool { return s.Accessor == accessor }) {
 			t.Errorf("data key %s is not the accessor of a token in the VaultConnection's status %+v", accessor, vc.Status.Tokens)
 		}
 		for where, text := range texts {
@@ -632,7 +632,7 @@ func mapStrings(m map[string]string) []string {
 // operatorMetrics are the metrics of the operator running in this process.
 func operatorMetrics() *metrics.Metrics { return metrics.For(clock.RealClock{}) }
 
-func editConnection(t *testing.T, name string, mutate func(*v1alpha1.VaultConnection)) {
+func editConnection(t *testing.T, name string, mutate func(*v1beta1.VaultConnection)) {
 	t.Helper()
 	vc := fw.GetConnection(t, name)
 	patch := client.MergeFrom(vc.DeepCopy())

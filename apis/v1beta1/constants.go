@@ -1,4 +1,4 @@
-package v1alpha1
+package v1beta1
 
 // Finalizer is set on every RedisCluster before anything is created in Vault; it is removed only
 // once every lease in the ledger is revoked (or deletionPolicy is Retain).

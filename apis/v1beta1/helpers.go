@@ -1,4 +1,4 @@
-package v1alpha1
+package v1beta1
 
 import (
 	"slices"
@@ -185,7 +185,7 @@ func (rc *RedisCluster) RotationAsked() bool {
 
 // SupersededUsernames are the Redis users of the credentials the current one replaced and that are
 // not retired yet: those of the superseded leases, then those of superseded credentials without a
-// tracked lease (status.credential.supersededUsers), each once.
+// tracked lease (status.credential.externalSecret.supersededUsers), each once.
 func (rc *RedisCluster) SupersededUsernames() []string {
 	var out []string
 	add := func(name string) {

@@ -1,0 +1,282 @@
+package v1alpha1
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/runtime"
+	"sigs.k8s.io/controller-runtime/pkg/conversion"
+
+	"github.com/keyroll/keyroll/apis/v1beta1"
+)
+
+// Conversion to and from v1beta1, the hub. The two versions hold the same values; only some live
+// at other paths, listed in the moves below (v1alpha1's path, then v1beta1's). A conversion
+// moves them on the object's JSON and decodes the result strictly, so a field that one version
+// has and the other lacks cannot be dropped unnoticed: converting from v1beta1 keeps such
+// fields in the annotation FieldsAnnotation, and converting back puts them in place again.
+
+// FieldsAnnotation holds, on a v1alpha1 object converted from v1beta1, the v1beta1 fields that
+// v1alpha1 has no place for, as a JSON object from JSON pointer to value.
+const FieldsAnnotation = "keyroll.dev/v1beta1-fields"
+
+// move is one field at a path in v1alpha1 and at another in v1beta1.
+type move struct{ alpha, beta string }
+
+// redisClusterMoves: v1beta1 splits status.credential into what every source reports, lease (the
+// credential's Vault lease, whatever the source), vaultLease and externalSecret.
+var redisClusterMoves = []move{
+	{"/status/credential/leaseID", "/status/credential/lease/leaseID"},
+	{"/status/credential/expiresAt", "/status/credential/lease/expiresAt"},
+	{"/status/credential/renewable", "/status/credential/lease/renewable"},
+	{"/status/credential/leaseDuration", "/status/credential/lease/duration"},
+	{"/status/credential/renewalCapped", "/status/credential/lease/renewalCapped"},
+	{"/status/credential/lastRenewal", "/status/credential/lease/lastRenewal"},
+	{"/status/credential/nextRenewal", "/status/credential/lease/nextRenewal"},
+	{"/status/credential/path", "/status/credential/vaultLease/path"},
+	{"/status/credential/tokenAccessor", "/status/credential/vaultLease/tokenAccessor"},
+	{"/status/credential/tokenEndsAt", "/status/credential/vaultLease/tokenEndsAt"},
+	{"/status/credential/refreshRequestedAt", "/status/credential/externalSecret/refreshRequestedAt"},
+	{"/status/credential/leasesTracked", "/status/credential/externalSecret/leasesTracked"},
+	{"/status/credential/leaseEndedEarlyAfter", "/status/credential/externalSecret/leaseEndedEarlyAfter"},
+	{"/status/credential/cutOff", "/status/credential/externalSecret/cutOff"},
+}
+
+// vaultConnectionMoves: v1beta1 names the TLS server name spec.tls.serverName.
+var vaultConnectionMoves = []move{
+	{"/spec/tls/tlsServerName", "/spec/tls/serverName"},
+}
+
+// ConvertTo converts this RedisCluster to the hub version, v1beta1.
+func (src *RedisCluster) ConvertTo(dst conversion.Hub) error {
+	return toHub(src, dst, redisClusterMoves)
+}
+
+// ConvertFrom converts a v1beta1 RedisCluster to this version.
+func (dst *RedisCluster) ConvertFrom(src conversion.Hub) error {
+	return fromHub(src, dst, redisClusterMoves)
+}
+
+// ConvertTo converts this VaultConnection to the hub version, v1beta1.
+func (src *VaultConnection) ConvertTo(dst conversion.Hub) error {
+	return toHub(src, dst, vaultConnectionMoves)
+}
+
+// ConvertFrom converts a v1beta1 VaultConnection to this version.
+func (dst *VaultConnection) ConvertFrom(src conversion.Hub) error {
+	return fromHub(src, dst, vaultConnectionMoves)
+}
+
+// toHub moves src's fields to their v1beta1 paths, puts back the fields FieldsAnnotation kept,
+// and decodes the result into dst, refusing a field v1beta1 has no place for.
+func toHub(src runtime.Object, dst conversion.Hub, moves []move) error {
+	obj, err := toMap(src)
+	if err != nil {
+		return err
+	}
+	kept, err := takeKeptFields(obj)
+	if err != nil {
+		return err
+	}
+	// The kept fields are where fromHub found them missing: at v1alpha1's paths.
+	for _, p := range sortedKeys(kept) {
+		setPath(obj, p, kept[p])
+	}
+	for _, m := range moves {
+		relocate(obj, m.alpha, m.beta)
+	}
+	setAPIVersion(obj, v1beta1.GroupVersion.String())
+	return decodeStrict(obj, dst)
+}
+
+// fromHub moves src's fields to their v1alpha1 paths and decodes the result into dst; whatever
+// v1alpha1 has no place for goes into FieldsAnnotation.
+func fromHub(src conversion.Hub, dst runtime.Object, moves []move) error {
+	obj, err := toMap(src)
+	if err != nil {
+		return err
+	}
+	for _, m := range moves {
+		relocate(obj, m.beta, m.alpha)
+	}
+	setAPIVersion(obj, GroupVersion.String())
+	if err := decodeLenient(obj, dst); err != nil {
+		return err
+	}
+	back, err := toMap(dst)
+	if err != nil {
+		return err
+	}
+	extra := map[string]any{}
+	missing(obj, back, "", extra)
+	if len(extra) == 0 {
+		return nil
+	}
+	raw, err := json.Marshal(extra)
+	if err != nil {
+		return err
+	}
+	acc, ok := dst.(interface {
+		GetAnnotations() map[string]string
+		SetAnnotations(map[string]string)
+	})
+	if !ok {
+		return fmt.Errorf("converting to %T: no annotations to keep the fields %v in", dst, sortedKeys(extra))
+	}
+	ann := acc.GetAnnotations()
+	if ann == nil {
+		ann = map[string]string{}
+	}
+	ann[FieldsAnnotation] = string(raw)
+	acc.SetAnnotations(ann)
+	return nil
+}
+
+// setAPIVersion names the version converted to when the object names its kind; an object without
+// type information (as a typed client holds it) gets none, and dst keeps what it was given.
+func setAPIVersion(obj map[string]any, version string) {
+	if _, ok := obj["kind"]; ok {
+		obj["apiVersion"] = version
+	} else {
+		delete(obj, "apiVersion")
+	}
+}
+
+// takeKeptFields removes FieldsAnnotation from the object's metadata and returns what it held.
+func takeKeptFields(obj map[string]any) (map[string]any, error) {
+	meta, _ := obj["metadata"].(map[string]any)
+	ann, _ := meta["annotations"].(map[string]any)
+	raw, ok := ann[FieldsAnnotation].(string)
+	if !ok {
+		return nil, nil
+	}
+	delete(ann, FieldsAnnotation)
+	if len(ann) == 0 {
+		delete(meta, "annotations")
+	}
+	kept := map[string]any{}
+	if err := json.Unmarshal([]byte(raw), &kept); err != nil {
+		return nil, fmt.Errorf("metadata.annotations[%s]: not a JSON object of fields: %w", FieldsAnnotation, err)
+	}
+	for p := range kept {
+		if !strings.HasPrefix(p, "/spec/") && !strings.HasPrefix(p, "/status/") {
+			return nil, fmt.Errorf("metadata.annotations[%s]: %q is not a field of spec or status", FieldsAnnotation, p)
+		}
+	}
+	return kept, nil
+}
+
+// missing adds to extra, by JSON pointer, every value of want that got has not (maps are
+// compared key by key, anything else as a whole).
+func missing(want, got map[string]any, at string, extra map[string]any) {
+	for k, w := range want {
+		p := at + "/" + k
+		g, ok := got[k]
+		if !ok {
+			if p != "/metadata" && !strings.HasPrefix(p, "/metadata/") {
+				extra[p] = w
+			}
+			continue
+		}
+		wm, wok := w.(map[string]any)
+		gm, gok := g.(map[string]any)
+		if wok && gok {
+			missing(wm, gm, p, extra)
+		}
+	}
+}
+
+// relocate moves the value at from to to, creating to's parents, and removes the parents of from
+// that the move leaves empty.
+func relocate(obj map[string]any, from, to string) {
+	v, ok := takePath(obj, from)
+	if ok {
+		setPath(obj, to, v)
+	}
+}
+
+func takePath(obj map[string]any, p string) (any, bool) {
+	keys := strings.Split(strings.TrimPrefix(p, "/"), "/")
+	parents := []map[string]any{obj}
+	cur := obj
+	for _, k := range keys[:len(keys)-1] {
+		next, ok := cur[k].(map[string]any)
+		if !ok {
+			return nil, false
+		}
+		parents = append(parents, next)
+		cur = next
+	}
+	last := keys[len(keys)-1]
+	v, ok := cur[last]
+	if !ok {
+		return nil, false
+	}
+	delete(cur, last)
+	for i := len(parents) - 1; i > 0 && len(parents[i]) == 0; i-- {
+		delete(parents[i-1], keys[i-1])
+	}
+	return v, true
+}
+
+func setPath(obj map[string]any, p string, v any) {
+	keys := strings.Split(strings.TrimPrefix(p, "/"), "/")
+	cur := obj
+	for _, k := range keys[:len(keys)-1] {
+		next, ok := cur[k].(map[string]any)
+		if !ok {
+			next = map[string]any{}
+			cur[k] = next
+		}
+		cur = next
+	}
+	cur[keys[len(keys)-1]] = v
+}
+
+func toMap(obj runtime.Object) (map[string]any, error) {
+	raw, err := json.Marshal(obj)
+	if err != nil {
+		return nil, err
+	}
+	// Numbers stay as written: a float64 would round an int64 beyond 2^53.
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	m := map[string]any{}
+	return m, dec.Decode(&m)
+}
+
+func decodeStrict(obj map[string]any, dst runtime.Object) error {
+	raw, err := json.Marshal(obj)
+	if err != nil {
+		return err
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(dst); err != nil {
+		return fmt.Errorf("converting to %s: %w", v1beta1.GroupVersion, err)
+	}
+	return nil
+}
+
+func decodeLenient(obj map[string]any, dst runtime.Object) error {
+	raw, err := json.Marshal(obj)
+	if err != nil {
+		return err
+	}
+	if err := json.Unmarshal(raw, dst); err != nil {
+		return fmt.Errorf("converting to %s: %w", GroupVersion, err)
+	}
+	return nil
+}
+
+func sortedKeys(m map[string]any) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}

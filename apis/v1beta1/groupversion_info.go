@@ -1,0 +1,23 @@
+// Package v1beta1 holds the keyroll.dev/v1beta1 API, the storage version: RedisCluster (namespaced), for owners of Redis
+// clusters whose credentials come from Vault, and VaultConnection (cluster-scoped), for Vault
+// administrators. It imports nothing else of keyroll's.
+//
+// +kubebuilder:object:generate=true
+// +groupName=keyroll.dev
+package v1beta1
+
+import (
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"sigs.k8s.io/controller-runtime/pkg/scheme"
+)
+
+var (
+	// GroupVersion is the group and version of this API.
+	GroupVersion = schema.GroupVersion{Group: "keyroll.dev", Version: "v1beta1"}
+
+	// SchemeBuilder registers the types of this API with a runtime.Scheme.
+	SchemeBuilder = &scheme.Builder{GroupVersion: GroupVersion}
+
+	// AddToScheme adds the types of this API to a runtime.Scheme.
+	AddToScheme = SchemeBuilder.AddToScheme
+)
