@@ -39,6 +39,7 @@ HELM_CHART := deploy/helm/keyroll
 .PHONY: manifests
 manifests: ## Generate the CRDs (deploy/crd) and RBAC (deploy/rbac) from the markers, copy them, with the alerts, into the Helm chart, and write the OLM bundle.
 	$(CONTROLLER_GEN) crd paths=./apis/... output:crd:artifacts:config=deploy/crd
+	test/tools/crd-conversion.sh deploy/crd/keyroll.dev_*.yaml
 	$(CONTROLLER_GEN) rbac:roleName=keyroll-manager "paths={./controllers/...,./}" output:rbac:artifacts:config=deploy/rbac
 	rm -f $(HELM_CHART)/crds/*.yaml
 	cp deploy/crd/keyroll.dev_*.yaml $(HELM_CHART)/crds/

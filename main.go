@@ -4,6 +4,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/go-logr/logr"
 	uzap "go.uber.org/zap"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -23,35 +25,44 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	esv1 "github.com/external-secrets/external-secrets/apis/externalsecrets/v1"
 
+	"github.com/keyroll/keyroll/apis/v1alpha1"
 	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/controllers"
+	"github.com/keyroll/keyroll/controllers/conversion"
 	"github.com/keyroll/keyroll/controllers/rediscluster"
 	"github.com/keyroll/keyroll/internal/consolelog"
 )
 
 func main() {
 	var (
-		metricsAddr   = flag.String("metrics-bind-address", ":8443", "Address the metrics endpoint binds to; 0 disables it.")
-		metricsSecure = flag.Bool("metrics-secure", true, "Serve metrics over HTTPS to scrapers whose token the API server authenticates and authorises (get on /metrics); false serves plain HTTP to anyone, for local use only.")
-		metricsCerts  = flag.String("metrics-cert-dir", "", "Directory with tls.crt and tls.key for the metrics endpoint, reloaded when they change; empty: a self-signed certificate made at start.")
-		probeAddr     = flag.String("health-probe-bind-address", ":8081", "Address the /healthz and /readyz endpoints bind to.")
-		pprofAddr     = flag.String("pprof-bind-address", "0", "Address Go's pprof endpoints (/debug/pprof/) bind to, for profiling; 0 (the default) disables them. Bind it to a loopback address only.")
-		leaderElect   = flag.Bool("leader-elect", true, "Elect one active manager through a Lease, so that only one replica renews, rotates and revokes.")
-		leaderNS      = flag.String("leader-election-namespace", "", "Namespace of the leader-election Lease; defaults to the pod's namespace.")
-		leaseDuration = flag.Duration("leader-elect-lease-duration", 15*time.Second, "How long non-leaders wait before they may take over an unrenewed leadership.")
-		renewDeadline = flag.Duration("leader-elect-renew-deadline", 10*time.Second, "How long the leader keeps retrying to renew its leadership before it gives up.")
-		retryPeriod   = flag.Duration("leader-elect-retry-period", 2*time.Second, "How long candidates wait between tries to acquire or renew leadership.")
-		saNamespace   = flag.String("service-account-namespace", os.Getenv("POD_NAMESPACE"), "Namespace of the operator's service account, which logs in to Vault with Kubernetes auth.")
-		saName        = flag.String("service-account-name", "keyroll-manager", "Name of the operator's service account.")
-		workers       = flag.Int("max-concurrent-reconciles", rediscluster.DefaultWorkers, "How many RedisClusters are reconciled at once.")
-		probeImage    = flag.String("redis-probe-image", "", "Image of the Redis pods' probe sidecar (keyroll-probe, in the manager's image); empty: the image of the manager's own pod (container manager, pod POD_NAME in POD_NAMESPACE).")
-		watchSelector = flag.String("watch-selector", "", "Label selector of the RedisClusters and VaultConnections this manager handles (e.g. keyroll.dev/install=canary); empty: all. Others, and what belongs to them, it leaves alone: for two installs side by side on one cluster.")
-		secretsNS     = flag.String("vault-secrets-namespace", "", "The only namespace whose Secrets a VaultConnection may name (auth.token.secretRef, auth.appRole.secretIDRef, tls.caSecretRef); empty: the operator's own (--service-account-namespace).")
-		usersCheck    = flag.Duration("redis-users-check-interval", controllers.DefaultUsersCheckInterval, "How often keyroll compares every Redis node's ACL (ACL LIST) with what it confirmed there, and removes users that are not the cluster's; negative turns the comparison off.")
-		leaseCheck    = flag.Duration("lease-check-interval", controllers.DefaultLeaseCheckInterval, "How often a live lease is looked up in Vault besides its renewals, so that a lease revoked outside keyroll is noticed within about that long; negative turns the lookups off.")
+		metricsAddr    = flag.String("metrics-bind-address", ":8443", "Address the metrics endpoint binds to; 0 disables it.")
+		metricsSecure  = flag.Bool("metrics-secure", true, "Serve metrics over HTTPS to scrapers whose token the API server authenticates and authorises (get on /metrics); false serves plain HTTP to anyone, for local use only.")
+		metricsCerts   = flag.String("metrics-cert-dir", "", "Directory with tls.crt and tls.key for the metrics endpoint, reloaded when they change; empty: a self-signed certificate made at start.")
+		probeAddr      = flag.String("health-probe-bind-address", ":8081", "Address the /healthz and /readyz endpoints bind to.")
+		pprofAddr      = flag.String("pprof-bind-address", "0", "Address Go's pprof endpoints (/debug/pprof/) bind to, for profiling; 0 (the default) disables them. Bind it to a loopback address only.")
+		leaderElect    = flag.Bool("leader-elect", true, "Elect one active manager through a Lease, so that only one replica renews, rotates and revokes.")
+		leaderNS       = flag.String("leader-election-namespace", "", "Namespace of the leader-election Lease; defaults to the pod's namespace.")
+		leaseDuration  = flag.Duration("leader-elect-lease-duration", 15*time.Second, "How long non-leaders wait before they may take over an unrenewed leadership.")
+		renewDeadline  = flag.Duration("leader-elect-renew-deadline", 10*time.Second, "How long the leader keeps retrying to renew its leadership before it gives up.")
+		retryPeriod    = flag.Duration("leader-elect-retry-period", 2*time.Second, "How long candidates wait between tries to acquire or renew leadership.")
+		saNamespace    = flag.String("service-account-namespace", os.Getenv("POD_NAMESPACE"), "Namespace of the operator's service account, which logs in to Vault with Kubernetes auth.")
+		saName         = flag.String("service-account-name", "keyroll-manager", "Name of the operator's service account.")
+		workers        = flag.Int("max-concurrent-reconciles", rediscluster.DefaultWorkers, "How many RedisClusters are reconciled at once.")
+		probeImage     = flag.String("redis-probe-image", "", "Image of the Redis pods' probe sidecar (keyroll-probe, in the manager's image); empty: the image of the manager's own pod (container manager, pod POD_NAME in POD_NAMESPACE).")
+		watchSelector  = flag.String("watch-selector", "", "Label selector of the RedisClusters and VaultConnections this manager handles (e.g. keyroll.dev/install=canary); empty: all. Others, and what belongs to them, it leaves alone: for two installs side by side on one cluster.")
+		secretsNS      = flag.String("vault-secrets-namespace", "", "The only namespace whose Secrets a VaultConnection may name (auth.token.secretRef, auth.appRole.secretIDRef, tls.caSecretRef); empty: the operator's own (--service-account-namespace).")
+		usersCheck     = flag.Duration("redis-users-check-interval", controllers.DefaultUsersCheckInterval, "How often keyroll compares every Redis node's ACL (ACL LIST) with what it confirmed there, and removes users that are not the cluster's; negative turns the comparison off.")
+		webhookPort    = flag.Int("webhook-port", 9443, "Port of the conversion webhook, served by every replica.")
+		webhookService = flag.String("webhook-service", "keyroll-webhook", "Service (in --service-account-namespace) through which the API server reaches the conversion webhook; keyroll points its CRDs at it.")
+		webhookURL     = flag.String("webhook-url", "", "Where the API server reaches the conversion webhook instead of --webhook-service, for a manager outside the cluster (https://host:port/convert).")
+		webhookSecret  = flag.String("webhook-secret", "keyroll-webhook-certificate", "Secret (in --service-account-namespace) where keyroll keeps the conversion webhook's CA and certificate.")
+		webhookCert    = flag.Duration("webhook-cert-validity", conversion.DefaultCertValidity, "How long a conversion webhook certificate is valid; it is replaced after two thirds of it.")
+		webhookCA      = flag.Duration("webhook-ca-validity", conversion.DefaultCAValidity, "How long the conversion webhook's CA is valid; it is replaced after two thirds of it, and trusted until it expires.")
+		leaseCheck     = flag.Duration("lease-check-interval", controllers.DefaultLeaseCheckInterval, "How often a live lease is looked up in Vault besides its renewals, so that a lease revoked outside keyroll is noticed within about that long; negative turns the lookups off.")
 	)
 	zapOpts := zap.Options{}
 	zapOpts.BindFlags(flag.CommandLine)
@@ -71,6 +82,13 @@ func main() {
 		serviceAccount:     types.NamespacedName{Namespace: *saNamespace, Name: *saName},
 		leaseCheckInterval: *leaseCheck, usersCheckInterval: *usersCheck, workers: *workers, probeImage: *probeImage, watchSelector: selector,
 		vaultSecretsNamespace: *secretsNS,
+		webhookPort:           *webhookPort,
+		conversion: conversion.Options{
+			Secret:       types.NamespacedName{Namespace: *saNamespace, Name: *webhookSecret},
+			Service:      types.NamespacedName{Namespace: *saNamespace, Name: *webhookService},
+			URL:          *webhookURL,
+			CertValidity: *webhookCert, CAValidity: *webhookCA,
+		},
 	}); err != nil {
 		log.Error(err, "Manager stopped with an error")
 		os.Exit(1)
@@ -100,12 +118,16 @@ type managerOptions struct {
 	probeImage                                string
 	watchSelector                             labels.Selector
 	vaultSecretsNamespace                     string
+	webhookPort                               int
+	conversion                                conversion.Options
 }
 
 func newScheme() *runtime.Scheme {
 	s := runtime.NewScheme()
 	must(clientgoscheme.AddToScheme(s))
 	must(v1beta1.AddToScheme(s))
+	must(v1alpha1.AddToScheme(s)) // for the conversion webhook
+	must(apiextensionsv1.AddToScheme(s))
 	must(esv1.AddToScheme(s))
 	return s
 }
@@ -113,7 +135,9 @@ func newScheme() *runtime.Scheme {
 func run(ctx context.Context, o managerOptions) error {
 	cfg := ctrl.GetConfigOrDie()
 	scheme := newScheme()
+	converter := conversion.New(o.conversion)
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+		WebhookServer:                 webhook.NewServer(webhook.Options{Port: o.webhookPort, TLSOpts: []func(*tls.Config){converter.TLS}}),
 		Scheme:                        scheme,
 		Metrics:                       o.metrics,
 		HealthProbeBindAddress:        o.probeAddr,
@@ -141,6 +165,9 @@ func run(ctx context.Context, o managerOptions) error {
 	}
 	recorder, err := eventRecorder(ctx, cs, scheme)
 	if err != nil {
+		return err
+	}
+	if err := converter.Setup(mgr); err != nil {
 		return err
 	}
 	if _, err := controllers.Setup(mgr, controllers.Options{

@@ -30,6 +30,7 @@ var allowed = map[string][]string{
 	"controllers/upkeep":     {},
 	"controllers/apply":      {"apis/v1beta1"},
 	"controllers/render":     {"apis/v1beta1"},
+	"controllers/conversion": {"apis/v1beta1"},
 	"controllers/connection": {"apis/v1beta1", "vault"},
 	"controllers/credential": {"apis/v1beta1", "controllers/apply", "controllers/conditions", "controllers/connection", "controllers/metrics",
 		"controllers/render", "controllers/statustime", "controllers/stoppoint", "rotation", "vault"},

@@ -1,0 +1,181 @@
+package conversion
+
+import (
+	"bytes"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"math/big"
+	"time"
+)
+
+// The keys of the webhook's certificate Secret.
+const (
+	// KeyCABundle holds the CAs the API server is to trust, newest first: after a CA is replaced,
+	// the previous one stays until it expires, so that the certificate it signed is trusted while
+	// some replica still serves it.
+	KeyCABundle = "ca.crt"
+	// KeyCAKey is the newest CA's private key.
+	KeyCAKey = "ca.key"
+	// KeyCert and KeyKey are the serving certificate and its key.
+	KeyCert = "tls.crt"
+	KeyKey  = "tls.key"
+)
+
+// authority is a CA that signs the serving certificates.
+type authority struct {
+	cert *x509.Certificate
+	key  *ecdsa.PrivateKey
+}
+
+// newAuthority makes a CA valid for validity from now.
+func newAuthority(now time.Time, validity time.Duration) (*authority, []byte, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, err
+	}
+	serial, err := serialNumber()
+	if err != nil {
+		return nil, nil, err
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber:          serial,
+		Subject:               pkix.Name{CommonName: fmt.Sprintf("keyroll conversion webhook CA %s", now.UTC().Format(time.RFC3339))},
+		NotBefore:             now.Add(-time.Minute),
+		NotAfter:              now.Add(validity),
+		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign,
+		BasicConstraintsValid: true,
+		IsCA:                  true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		return nil, nil, err
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		return nil, nil, err
+	}
+	return &authority{cert: cert, key: key}, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), nil
+}
+
+// sign makes a serving certificate for the DNS names (or IP addresses), valid for validity from
+// now but never beyond the CA.
+func (a *authority) sign(now time.Time, validity time.Duration, hosts []string) (certPEM, keyPEM []byte, err error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, err
+	}
+	serial, err := serialNumber()
+	if err != nil {
+		return nil, nil, err
+	}
+	notAfter := now.Add(validity)
+	if notAfter.After(a.cert.NotAfter) {
+		notAfter = a.cert.NotAfter
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: serial,
+		Subject:      pkix.Name{CommonName: hosts[0]},
+		NotBefore:    now.Add(-time.Minute),
+		NotAfter:     notAfter,
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	for _, h := range hosts {
+		if ip := parseIP(h); ip != nil {
+			tmpl.IPAddresses = append(tmpl.IPAddresses, ip)
+		} else {
+			tmpl.DNSNames = append(tmpl.DNSNames, h)
+		}
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, a.cert, &key.PublicKey, a.key)
+	if err != nil {
+		return nil, nil, err
+	}
+	keyDER, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return nil, nil, err
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}), nil
+}
+
+func serialNumber() (*big.Int, error) {
+	return rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 127))
+}
+
+// parseAuthority reads the newest CA (the first of the bundle) and its key.
+func parseAuthority(bundle, keyPEM []byte) (*authority, error) {
+	certs, err := parseCertificates(bundle)
+	if err != nil {
+		return nil, err
+	}
+	block, _ := pem.Decode(keyPEM)
+	if block == nil {
+		return nil, errors.New("no PEM key")
+	}
+	key, err := x509.ParseECPrivateKey(block.Bytes)
+	if err != nil {
+		return nil, err
+	}
+	if !key.PublicKey.Equal(certs[0].PublicKey) {
+		return nil, errors.New("the CA key does not belong to the bundle's first CA")
+	}
+	return &authority{cert: certs[0], key: key}, nil
+}
+
+// parseCertificates reads every certificate of a PEM bundle, in order.
+func parseCertificates(bundle []byte) ([]*x509.Certificate, error) {
+	var out []*x509.Certificate
+	for rest := bundle; ; {
+		var block *pem.Block
+		block, rest = pem.Decode(rest)
+		if block == nil {
+			break
+		}
+		c, err := x509.ParseCertificate(block.Bytes)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, c)
+	}
+	if len(out) == 0 {
+		return nil, errors.New("no PEM certificate")
+	}
+	return out, nil
+}
+
+// joinPEM is the bundle of the certificates, in order.
+func joinPEM(certs []*x509.Certificate) []byte {
+	var b bytes.Buffer
+	for _, c := range certs {
+		_ = pem.Encode(&b, &pem.Block{Type: "CERTIFICATE", Bytes: c.Raw})
+	}
+	return b.Bytes()
+}
+
+// servingCertificate parses the serving certificate and key.
+func servingCertificate(certPEM, keyPEM []byte) (*tls.Certificate, *x509.Certificate, error) {
+	pair, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		return nil, nil, err
+	}
+	leaf, err := x509.ParseCertificate(pair.Certificate[0])
+	if err != nil {
+		return nil, nil, err
+	}
+	pair.Leaf = leaf
+	return &pair, leaf, nil
+}
+
+// due says whether a certificate valid from notBefore to notAfter has passed two thirds of its
+// life at now: it is replaced then, leaving a third for every replica to load its successor.
+func due(now time.Time, c *x509.Certificate) bool {
+	life := c.NotAfter.Sub(c.NotBefore)
+	return now.After(c.NotBefore.Add(life * 2 / 3))
+}

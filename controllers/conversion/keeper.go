@@ -1,0 +1,237 @@
+package conversion
+
+import (
+	"context"
+	"crypto/x509"
+	"encoding/pem"
+	"fmt"
+	"slices"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+// keeper runs on the leader: it keeps the Secret's CA and serving certificate valid, the CRDs'
+// conversion settings pointing at the webhook with the CA bundle, and, once the webhook converts,
+// the stored objects at the storage version.
+type keeper struct {
+	w        *Webhook
+	migrated bool
+}
+
+// NeedLeaderElection: one replica writes the Secret and the CRDs.
+func (*keeper) NeedLeaderElection() bool { return true }
+
+// Start keeps the certificates and the CRDs until ctx ends.
+func (k *keeper) Start(ctx context.Context) error {
+	log := ctrl.LoggerFrom(ctx).WithName("conversion-webhook")
+	o := k.w.o
+	every := min(time.Minute, o.CertValidity/20)
+	for {
+		if err := k.keep(ctx); err != nil {
+			log.Error(err, "Conversion webhook not in order; trying again", "in", every.String())
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-o.Clock.After(every):
+		}
+	}
+}
+
+func (k *keeper) keep(ctx context.Context) error {
+	bundle, err := k.certificates(ctx)
+	if err != nil {
+		return fmt.Errorf("certificate Secret %s: %w", k.w.o.Secret, err)
+	}
+	for _, name := range CRDs {
+		if err := k.inject(ctx, name, bundle); err != nil {
+			return fmt.Errorf("CustomResourceDefinition %s: %w", name, err)
+		}
+	}
+	if k.migrated {
+		return nil
+	}
+	// The webhook converts once this replica serves the certificate the CRDs trust.
+	if err := k.w.load(ctx); err != nil {
+		return err
+	}
+	for _, name := range CRDs {
+		if err := k.migrate(ctx, name); err != nil {
+			return fmt.Errorf("migrating the stored %s: %w", name, err)
+		}
+	}
+	k.migrated = true
+	return nil
+}
+
+// certificates makes, renews and returns the CA bundle the Secret holds, and its serving
+// certificate, and writes the Secret when something changed.
+func (k *keeper) certificates(ctx context.Context) ([]byte, error) {
+	o := k.w.o
+	log := ctrl.LoggerFrom(ctx).WithName("conversion-webhook")
+	now := o.Clock.Now()
+	var s corev1.Secret
+	err := o.Reader.Get(ctx, o.Secret, &s)
+	exists := err == nil
+	if err != nil && !apierrors.IsNotFound(err) {
+		return nil, err
+	}
+	data := map[string][]byte{}
+	for key, v := range s.Data {
+		data[key] = v
+	}
+	cas, _ := parseCertificates(data[KeyCABundle])
+	ca, err := parseAuthority(data[KeyCABundle], data[KeyCAKey])
+	if err != nil || due(now, ca.cert) {
+		next, _, err := newAuthority(now, o.CAValidity)
+		if err != nil {
+			return nil, err
+		}
+		ca, cas = next, append([]*x509.Certificate{next.cert}, cas...)
+		key, err := x509.MarshalECPrivateKey(next.key)
+		if err != nil {
+			return nil, err
+		}
+		data[KeyCAKey] = pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: key})
+		log.Info("Made a conversion webhook CA", "notAfter", next.cert.NotAfter.UTC().Format(time.RFC3339))
+	}
+	// A CA stays in the bundle until it expires: a certificate it signed may still be served.
+	cas = slices.DeleteFunc(cas, func(c *x509.Certificate) bool { return now.After(c.NotAfter) })
+	data[KeyCABundle] = joinPEM(cas)
+
+	hosts, err := k.w.hosts()
+	if err != nil {
+		return nil, err
+	}
+	_, leaf, err := servingCertificate(data[KeyCert], data[KeyKey])
+	// A new CA signs only once the API server has had time to trust it: the CRDs got the bundle
+	// with it in an earlier round, and every replica reads the Secret within Reload.
+	young := now.Sub(ca.cert.NotBefore) <= time.Minute+3*o.Reload
+	var renew bool
+	switch {
+	case err != nil, !inBundle(leaf, cas), now.After(leaf.NotAfter.Add(-3 * o.Reload)):
+		renew = true // none, signed by a CA no longer trusted, or about to expire
+	case young:
+		renew = false
+	default:
+		renew = due(now, leaf) || !covers(leaf, hosts) || leaf.CheckSignatureFrom(ca.cert) != nil
+	}
+	if renew {
+		certPEM, keyPEM, err := ca.sign(now, o.CertValidity, hosts)
+		if err != nil {
+			return nil, err
+		}
+		data[KeyCert], data[KeyKey] = certPEM, keyPEM
+		log.Info("Made a conversion webhook certificate", "hosts", hosts)
+	}
+	if exists && equality.Semantic.DeepEqual(data, s.Data) {
+		return data[KeyCABundle], nil
+	}
+	s.Data, s.Type = data, corev1.SecretTypeOpaque
+	if exists {
+		return data[KeyCABundle], o.Writer.Update(ctx, &s)
+	}
+	s.ObjectMeta = metav1.ObjectMeta{Namespace: o.Secret.Namespace, Name: o.Secret.Name,
+		Labels: map[string]string{"app.kubernetes.io/name": "keyroll", "app.kubernetes.io/component": "conversion-webhook"}}
+	return data[KeyCABundle], o.Writer.Create(ctx, &s)
+}
+
+// inject points the CRD's conversion at the webhook, with the CA bundle.
+func (k *keeper) inject(ctx context.Context, name string, bundle []byte) error {
+	var crd apiextensionsv1.CustomResourceDefinition
+	if err := k.w.o.Reader.Get(ctx, client.ObjectKey{Name: name}, &crd); err != nil {
+		return err
+	}
+	want := &apiextensionsv1.CustomResourceConversion{
+		Strategy: apiextensionsv1.WebhookConverter,
+		Webhook: &apiextensionsv1.WebhookConversion{
+			ClientConfig:             k.w.clientConfig(bundle),
+			ConversionReviewVersions: []string{"v1"},
+		},
+	}
+	if equality.Semantic.DeepEqual(crd.Spec.Conversion, want) {
+		return nil
+	}
+	crd.Spec.Conversion = want
+	if err := k.w.o.Writer.Update(ctx, &crd); err != nil {
+		return err
+	}
+	ctrl.LoggerFrom(ctx).WithName("conversion-webhook").Info("Pointed the CRD's conversion at the webhook", "crd", name)
+	return nil
+}
+
+// migrate rewrites every stored object of the CRD at the storage version (a write of the object
+// as read, which the API server stores in the storage version), then leaves only the storage
+// version in status.storedVersions, so that a later release may stop serving the others.
+func (k *keeper) migrate(ctx context.Context, name string) error {
+	o := k.w.o
+	var crd apiextensionsv1.CustomResourceDefinition
+	if err := o.Reader.Get(ctx, client.ObjectKey{Name: name}, &crd); err != nil {
+		return err
+	}
+	version := ""
+	for _, v := range crd.Spec.Versions {
+		if v.Storage {
+			version = v.Name
+		}
+	}
+	if slices.Equal(crd.Status.StoredVersions, []string{version}) {
+		return nil
+	}
+	newList, ok := storage[name]
+	if !ok {
+		return fmt.Errorf("no list type for %s", name)
+	}
+	list := newList()
+	if err := o.Reader.List(ctx, list); err != nil {
+		return err
+	}
+	items, err := meta.ExtractList(list)
+	if err != nil {
+		return err
+	}
+	for _, item := range items {
+		obj, ok := item.(client.Object)
+		if !ok {
+			return fmt.Errorf("%T is not an object", item)
+		}
+		// An empty merge patch changes nothing but is stored anew, at the storage version.
+		if err := o.Writer.Patch(ctx, obj, client.RawPatch("application/merge-patch+json", []byte("{}"))); err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("%s: %w", client.ObjectKeyFromObject(obj), err)
+		}
+	}
+	crd.Status.StoredVersions = []string{version}
+	if err := o.Writer.Status().Update(ctx, &crd); err != nil {
+		return err
+	}
+	ctrl.LoggerFrom(ctx).WithName("conversion-webhook").Info("Stored objects rewritten at the storage version", "crd", name, "version", version, "objects", len(items))
+	return nil
+}
+
+// covers says whether the certificate names every host.
+func covers(c *x509.Certificate, hosts []string) bool {
+	for _, h := range hosts {
+		if c.VerifyHostname(h) != nil {
+			return false
+		}
+	}
+	return true
+}
+
+// inBundle says whether one of the CAs signed the certificate.
+func inBundle(c *x509.Certificate, cas []*x509.Certificate) bool {
+	for _, ca := range cas {
+		if c.CheckSignatureFrom(ca) == nil {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,151 @@
+package conversion
+
+import (
+	"context"
+	"crypto/x509"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	clocktesting "k8s.io/utils/clock/testing"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+)
+
+type keeperHarness struct {
+	clock *clocktesting.FakeClock
+	c     client.Client
+	w     *Webhook
+	k     *keeper
+}
+
+func newKeeperHarness(t *testing.T) *keeperHarness {
+	t.Helper()
+	scheme := runtime.NewScheme()
+	if err := corev1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	if err := apiextensionsv1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	var objs []client.Object
+	for _, name := range CRDs {
+		objs = append(objs, &apiextensionsv1.CustomResourceDefinition{ObjectMeta: metav1.ObjectMeta{Name: name}})
+	}
+	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(objs...).Build()
+	clk := clocktesting.NewFakeClock(time.Date(2026, 12, 5, 12, 0, 0, 0, time.UTC))
+	w := New(Options{
+		Secret:  types.NamespacedName{Namespace: "keyroll-system", Name: "keyroll-webhook-certificate"},
+		Service: types.NamespacedName{Namespace: "keyroll-system", Name: "keyroll-webhook"},
+		CertValidity: 30 * time.Minute, CAValidity: 3 * time.Hour, Reload: 10 * time.Second,
+		Clock: clk, Reader: c, Writer: c,
+	})
+	return &keeperHarness{clock: clk, c: c, w: w, k: &keeper{w: w}}
+}
+
+// round runs the keeper once and returns the Secret's CAs and serving certificate.
+func (h *keeperHarness) round(t *testing.T) ([]*x509.Certificate, *x509.Certificate) {
+	t.Helper()
+	if _, err := h.k.certificates(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	var s corev1.Secret
+	if err := h.c.Get(context.Background(), h.w.o.Secret, &s); err != nil {
+		t.Fatal(err)
+	}
+	cas, err := parseCertificates(s.Data[KeyCABundle])
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, leaf, err := servingCertificate(s.Data[KeyCert], s.Data[KeyKey])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !inBundle(leaf, cas) {
+		t.Fatalf("at %s the serving certificate is signed by no CA of the bundle", h.clock.Now())
+	}
+	if err := leaf.VerifyHostname("keyroll-webhook.keyroll-system.svc"); err != nil {
+		t.Fatal(err)
+	}
+	if h.clock.Now().After(leaf.NotAfter) {
+		t.Fatalf("at %s the serving certificate expired (%s)", h.clock.Now(), leaf.NotAfter)
+	}
+	return cas, leaf
+}
+
+// TestCertificateIsReplacedBeforeExpiry: the serving certificate is replaced after two thirds of
+// its life, the CA after two thirds of its, and a new CA signs only once it has been in the
+// bundle for a while; an old CA stays in the bundle until it expires.
+func TestCertificateIsReplacedBeforeExpiry(t *testing.T) {
+	h := newKeeperHarness(t)
+	cas, leaf := h.round(t)
+	if len(cas) != 1 {
+		t.Fatalf("%d CAs at first", len(cas))
+	}
+	first := leaf.SerialNumber
+
+	h.clock.Step(19 * time.Minute)
+	if _, l := h.round(t); l.SerialNumber.Cmp(first) != 0 {
+		t.Fatal("the certificate was replaced before two thirds of its life")
+	}
+	h.clock.Step(2 * time.Minute) // 21 min of 30
+	if _, l := h.round(t); l.SerialNumber.Cmp(first) == 0 {
+		t.Fatal("the certificate was not replaced after two thirds of its life")
+	}
+
+	// Walk on, a minute at a time, through two replacements of the CA (each after 2 h of 3).
+	newest, since, replaced := cas[0], h.clock.Now(), 0
+	for step := 0; step < 5*60; step++ {
+		h.clock.Step(time.Minute)
+		cas, leaf := h.round(t)
+		if !cas[0].Equal(newest) {
+			newest, since, replaced = cas[0], h.clock.Now(), replaced+1
+			if len(cas) != 2 {
+				t.Fatalf("a new CA came with %d in the bundle, want the old one kept beside it", len(cas))
+			}
+			if leaf.CheckSignatureFrom(newest) == nil {
+				t.Fatal("the new CA signed the serving certificate at once, before the API server could trust it")
+			}
+		}
+		if h.clock.Now().Sub(since) > 5*time.Minute && leaf.CheckSignatureFrom(newest) != nil {
+			t.Fatal("five minutes after a new CA, the serving certificate is still signed by the old one")
+		}
+	}
+	if replaced != 2 {
+		t.Fatalf("the CA was replaced %d times in five hours, want 2", replaced)
+	}
+	cas, _ = h.round(t)
+	for _, ca := range cas {
+		if h.clock.Now().After(ca.NotAfter) {
+			t.Fatalf("an expired CA is still in the bundle: %s", ca.NotAfter)
+		}
+	}
+}
+
+// TestCRDsPointAtTheWebhook: both CRDs convert through the webhook, with the Secret's bundle.
+func TestCRDsPointAtTheWebhook(t *testing.T) {
+	h := newKeeperHarness(t)
+	bundle, err := h.k.certificates(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range CRDs {
+		if err := h.k.inject(context.Background(), name, bundle); err != nil {
+			t.Fatal(err)
+		}
+		var crd apiextensionsv1.CustomResourceDefinition
+		if err := h.c.Get(context.Background(), client.ObjectKey{Name: name}, &crd); err != nil {
+			t.Fatal(err)
+		}
+		cv := crd.Spec.Conversion
+		if cv == nil || cv.Strategy != apiextensionsv1.WebhookConverter || cv.Webhook == nil || cv.Webhook.ClientConfig.Service == nil ||
+			cv.Webhook.ClientConfig.Service.Name != "keyroll-webhook" || *cv.Webhook.ClientConfig.Service.Path != Path ||
+			string(cv.Webhook.ClientConfig.CABundle) != string(bundle) {
+			t.Fatalf("%s conversion: %+v", name, cv)
+		}
+	}
+}

@@ -1,0 +1,200 @@
+// Package conversion serves the conversion webhook between keyroll's API versions on every manager
+// replica, not only the leader: the certificate it serves, made and rotated by keyroll from a CA
+// of its own and kept in a Secret; the CRDs' conversion settings (the webhook's Service or URL and
+// the CA bundle); and, once per start of the leader, every stored object rewritten at the storage
+// version, with the CRDs' status.storedVersions set to it alone.
+package conversion
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/clock"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	convwebhook "sigs.k8s.io/controller-runtime/pkg/webhook/conversion"
+
+	"github.com/keyroll/keyroll/apis/v1beta1"
+)
+
+// +kubebuilder:rbac:groups=apiextensions.k8s.io,resources=customresourcedefinitions,verbs=get;update,resourceNames=redisclusters.keyroll.dev;vaultconnections.keyroll.dev
+// +kubebuilder:rbac:groups=apiextensions.k8s.io,resources=customresourcedefinitions/status,verbs=update,resourceNames=redisclusters.keyroll.dev;vaultconnections.keyroll.dev
+// +kubebuilder:rbac:groups="",resources=secrets,verbs=get;create;update,namespace=keyroll-system
+
+// Path is where the webhook answers conversion reviews.
+const Path = "/convert"
+
+// CRDs are keyroll's CustomResourceDefinitions, whose versions the webhook converts.
+var CRDs = []string{"redisclusters.keyroll.dev", "vaultconnections.keyroll.dev"}
+
+// Options configure the webhook.
+type Options struct {
+	// Secret is the Secret that keeps the CA and the serving certificate.
+	Secret types.NamespacedName
+	// Service is the Service in front of the replicas' webhook servers (port 443); the API server
+	// reaches the webhook through it, and the certificate names it.
+	Service types.NamespacedName
+	// URL, when set, is where the API server reaches the webhook instead of Service: for a manager
+	// outside the cluster (development, tests). Its host is in the certificate.
+	URL string
+	// CertValidity and CAValidity are how long a serving certificate and a CA are valid; each is
+	// replaced after two thirds of it.
+	CertValidity, CAValidity time.Duration
+	// Reload is how often each replica reads the Secret for a replaced certificate.
+	Reload time.Duration
+	// Clock tells the time.
+	Clock clock.Clock
+	// Reader reads the Secret and the CRDs from the API server, not from a cache (default: the
+	// manager's API reader), and Writer writes them (default: the manager's client).
+	Reader client.Reader
+	Writer client.Client
+}
+
+// storage lists the storage version's objects of each CRD, to rewrite them.
+var storage = map[string]func() client.ObjectList{
+	"redisclusters.keyroll.dev":    func() client.ObjectList { return &v1beta1.RedisClusterList{} },
+	"vaultconnections.keyroll.dev": func() client.ObjectList { return &v1beta1.VaultConnectionList{} },
+}
+
+// Defaults for Options.
+const (
+	DefaultCertValidity = 90 * 24 * time.Hour
+	DefaultCAValidity   = 5 * 365 * 24 * time.Hour
+	DefaultReload       = 10 * time.Second
+)
+
+func (o *Options) defaults() {
+	if o.CertValidity == 0 {
+		o.CertValidity = DefaultCertValidity
+	}
+	if o.CAValidity == 0 {
+		o.CAValidity = DefaultCAValidity
+	}
+	if o.Reload == 0 {
+		o.Reload = DefaultReload
+	}
+	if o.Clock == nil {
+		o.Clock = clock.RealClock{}
+	}
+}
+
+// Webhook is the conversion webhook of one replica.
+type Webhook struct {
+	o       Options
+	current atomic.Pointer[tls.Certificate]
+}
+
+// New makes the webhook of one replica; TLS is the webhook server's option that serves its
+// certificate (pass it to webhook.Options.TLSOpts), and Setup starts the rest.
+func New(o Options) *Webhook {
+	o.defaults()
+	return &Webhook{o: o}
+}
+
+// TLS makes the webhook server serve the certificate the Secret holds, as last read.
+func (w *Webhook) TLS(c *tls.Config) {
+	c.GetCertificate = func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+		if cert := w.current.Load(); cert != nil {
+			return cert, nil
+		}
+		return nil, errors.New("no conversion webhook certificate yet")
+	}
+}
+
+// Setup registers the conversion handler with the manager's webhook server, the reload of the
+// certificate on every replica, and the keeping of the certificate, the CRDs and the stored
+// objects on the leader.
+func (w *Webhook) Setup(mgr ctrl.Manager) error {
+	if w.o.Reader == nil {
+		w.o.Reader = mgr.GetAPIReader()
+	}
+	if w.o.Writer == nil {
+		w.o.Writer = mgr.GetClient()
+	}
+	mgr.GetWebhookServer().Register(Path, convwebhook.NewWebhookHandler(mgr.GetScheme()))
+	if err := mgr.Add(manager.RunnableFunc(w.reload)); err != nil { // every replica (a webhook runnable needs no leader)
+		return err
+	}
+	return mgr.Add(&keeper{w: w})
+}
+
+// reload reads the Secret now and every Reload, and serves the certificate it holds.
+func (w *Webhook) reload(ctx context.Context) error {
+	log := ctrl.LoggerFrom(ctx).WithName("conversion-webhook")
+	for {
+		if err := w.load(ctx); err != nil {
+			log.V(1).Info("Conversion webhook certificate not read", "secret", w.o.Secret, "reason", err.Error())
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-w.o.Clock.After(w.o.Reload):
+		}
+	}
+}
+
+func (w *Webhook) load(ctx context.Context) error {
+	var s corev1.Secret
+	if err := w.o.Reader.Get(ctx, w.o.Secret, &s); err != nil {
+		return err
+	}
+	cert, leaf, err := servingCertificate(s.Data[KeyCert], s.Data[KeyKey])
+	if err != nil {
+		return fmt.Errorf("%s/%s: %w", KeyCert, KeyKey, err)
+	}
+	if old := w.current.Load(); old == nil || !old.Leaf.Equal(leaf) {
+		w.current.Store(cert)
+		ctrl.LoggerFrom(ctx).WithName("conversion-webhook").Info("Serving a conversion webhook certificate",
+			"serial", leaf.SerialNumber.Text(16), "notAfter", leaf.NotAfter.UTC().Format(time.RFC3339))
+	}
+	return nil
+}
+
+// Serving is the certificate this replica serves now (nil before the first read).
+func (w *Webhook) Serving() *tls.Certificate { return w.current.Load() }
+
+// hosts are the names the serving certificate is for.
+func (w *Webhook) hosts() ([]string, error) {
+	if w.o.URL != "" {
+		req, err := http.NewRequest(http.MethodPost, w.o.URL, nil)
+		if err != nil {
+			return nil, fmt.Errorf("webhook URL: %w", err)
+		}
+		host := req.URL.Hostname()
+		if host == "" {
+			return nil, fmt.Errorf("webhook URL %q has no host", w.o.URL)
+		}
+		return []string{host}, nil
+	}
+	svc := w.o.Service
+	return []string{
+		fmt.Sprintf("%s.%s.svc", svc.Name, svc.Namespace),
+		fmt.Sprintf("%s.%s.svc.cluster.local", svc.Name, svc.Namespace),
+		fmt.Sprintf("%s.%s", svc.Name, svc.Namespace), svc.Name,
+	}, nil
+}
+
+// clientConfig is how the API server reaches the webhook.
+func (w *Webhook) clientConfig(caBundle []byte) *apiextensionsv1.WebhookClientConfig {
+	cc := &apiextensionsv1.WebhookClientConfig{CABundle: caBundle}
+	if w.o.URL != "" {
+		u := w.o.URL
+		cc.URL = &u
+		return cc
+	}
+	path, port := Path, int32(443)
+	cc.Service = &apiextensionsv1.ServiceReference{Namespace: w.o.Service.Namespace, Name: w.o.Service.Name, Path: &path, Port: &port}
+	return cc
+}
+
+func parseIP(h string) net.IP { return net.ParseIP(h) }
