@@ -167,7 +167,7 @@ func run(ctx context.Context, o managerOptions) error {
 	if err != nil {
 		return err
 	}
-	if err := converter.Setup(mgr); err != nil {
+	if err := converter.Setup(ctx, mgr); err != nil {
 		return err
 	}
 	if _, err := controllers.Setup(mgr, controllers.Options{

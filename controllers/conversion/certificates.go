@@ -47,7 +47,7 @@ func newAuthority(now time.Time, validity time.Duration) (*authority, []byte, er
 	tmpl := &x509.Certificate{
 		SerialNumber:          serial,
 		Subject:               pkix.Name{CommonName: fmt.Sprintf("keyroll conversion webhook CA %s", now.UTC().Format(time.RFC3339))},
-		NotBefore:             now.Add(-time.Minute),
+		NotBefore:             now.Add(-backdate),
 		NotAfter:              now.Add(validity),
 		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign,
 		BasicConstraintsValid: true,
@@ -82,7 +82,7 @@ func (a *authority) sign(now time.Time, validity time.Duration, hosts []string) 
 	tmpl := &x509.Certificate{
 		SerialNumber: serial,
 		Subject:      pkix.Name{CommonName: hosts[0]},
-		NotBefore:    now.Add(-time.Minute),
+		NotBefore:    now.Add(-backdate),
 		NotAfter:     notAfter,
 		KeyUsage:     x509.KeyUsageDigitalSignature,
 		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
@@ -173,9 +173,12 @@ func servingCertificate(certPEM, keyPEM []byte) (*tls.Certificate, *x509.Certifi
 	return &pair, leaf, nil
 }
 
-// due says whether a certificate valid from notBefore to notAfter has passed two thirds of its
-// life at now: it is replaced then, leaving a third for every replica to load its successor.
+// backdate is how far before its making a certificate is valid from, for clocks a little behind.
+const backdate = time.Minute
+
+// due says whether a certificate has passed two thirds of its life (from when it was made) at
+// now: it is replaced then, leaving a third for every replica to load its successor.
 func due(now time.Time, c *x509.Certificate) bool {
-	life := c.NotAfter.Sub(c.NotBefore)
-	return now.After(c.NotBefore.Add(life * 2 / 3))
+	made := c.NotBefore.Add(backdate)
+	return now.After(made.Add(c.NotAfter.Sub(made) * 2 / 3))
 }

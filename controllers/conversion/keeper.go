@@ -47,14 +47,8 @@ func (k *keeper) Start(ctx context.Context) error {
 }
 
 func (k *keeper) keep(ctx context.Context) error {
-	bundle, err := k.certificates(ctx)
-	if err != nil {
-		return fmt.Errorf("certificate Secret %s: %w", k.w.o.Secret, err)
-	}
-	for _, name := range CRDs {
-		if err := k.inject(ctx, name, bundle); err != nil {
-			return fmt.Errorf("CustomResourceDefinition %s: %w", name, err)
-		}
+	if err := k.trust(ctx); err != nil {
+		return err
 	}
 	if k.migrated {
 		return nil
@@ -69,6 +63,20 @@ func (k *keeper) keep(ctx context.Context) error {
 		}
 	}
 	k.migrated = true
+	return nil
+}
+
+// trust keeps the certificates valid and the CRDs pointed at the webhook with their CA bundle.
+func (k *keeper) trust(ctx context.Context) error {
+	bundle, err := k.certificates(ctx)
+	if err != nil {
+		return fmt.Errorf("certificate Secret %s: %w", k.w.o.Secret, err)
+	}
+	for _, name := range CRDs {
+		if err := k.inject(ctx, name, bundle); err != nil {
+			return fmt.Errorf("CustomResourceDefinition %s: %w", name, err)
+		}
+	}
 	return nil
 }
 
@@ -114,7 +122,7 @@ func (k *keeper) certificates(ctx context.Context) ([]byte, error) {
 	_, leaf, err := servingCertificate(data[KeyCert], data[KeyKey])
 	// A new CA signs only once the API server has had time to trust it: the CRDs got the bundle
 	// with it in an earlier round, and every replica reads the Secret within Reload.
-	young := now.Sub(ca.cert.NotBefore) <= time.Minute+3*o.Reload
+	young := now.Sub(ca.cert.NotBefore) <= backdate+3*o.Reload
 	var renew bool
 	switch {
 	case err != nil, !inBundle(leaf, cas), now.After(leaf.NotAfter.Add(-3 * o.Reload)):

@@ -99,9 +99,11 @@ func TestCertificateIsReplacedBeforeExpiry(t *testing.T) {
 
 	// Walk on, a minute at a time, through two replacements of the CA (each after 2 h of 3).
 	newest, since, replaced := cas[0], h.clock.Now(), 0
+	serials := map[string]bool{}
 	for step := 0; step < 5*60; step++ {
 		h.clock.Step(time.Minute)
 		cas, leaf := h.round(t)
+		serials[leaf.SerialNumber.String()] = true
 		if !cas[0].Equal(newest) {
 			newest, since, replaced = cas[0], h.clock.Now(), replaced+1
 			if len(cas) != 2 {
@@ -117,6 +119,10 @@ func TestCertificateIsReplacedBeforeExpiry(t *testing.T) {
 	}
 	if replaced != 2 {
 		t.Fatalf("the CA was replaced %d times in five hours, want 2", replaced)
+	}
+	// One every 20 minutes, and one with each new CA.
+	if n := len(serials); n < 15 || n > 19 {
+		t.Fatalf("%d serving certificates in five hours, want 15 to 19", n)
 	}
 	cas, _ = h.round(t)
 	for _, ca := range cas {

@@ -16,12 +16,12 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/manager"
 	convwebhook "sigs.k8s.io/controller-runtime/pkg/webhook/conversion"
 
 	"github.com/keyroll/keyroll/apis/v1beta1"
@@ -111,10 +111,12 @@ func (w *Webhook) TLS(c *tls.Config) {
 	}
 }
 
-// Setup registers the conversion handler with the manager's webhook server, the reload of the
-// certificate on every replica, and the keeping of the certificate, the CRDs and the stored
-// objects on the leader.
-func (w *Webhook) Setup(mgr ctrl.Manager) error {
+// Setup registers the conversion handler with the manager's webhook server, makes sure now,
+// before the manager starts, that the Secret holds a certificate, that the CRDs trust it and that
+// this replica serves it (the manager's caches list RedisClusters and VaultConnections, which
+// may need converting, before any leader runs), then has every replica reload the certificate
+// and the leader keep it, the CRDs and the stored objects.
+func (w *Webhook) Setup(ctx context.Context, mgr ctrl.Manager) error {
 	if w.o.Reader == nil {
 		w.o.Reader = mgr.GetAPIReader()
 	}
@@ -122,11 +124,32 @@ func (w *Webhook) Setup(mgr ctrl.Manager) error {
 		w.o.Writer = mgr.GetClient()
 	}
 	mgr.GetWebhookServer().Register(Path, convwebhook.NewWebhookHandler(mgr.GetScheme()))
-	if err := mgr.Add(manager.RunnableFunc(w.reload)); err != nil { // every replica (a webhook runnable needs no leader)
+	k := &keeper{w: w}
+	var err error
+	for range 5 { // replicas starting together race to write the Secret and the CRDs: one wins
+		if err = k.trust(ctx); err == nil {
+			err = w.load(ctx)
+		}
+		if err == nil || !(apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err)) {
+			break
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("conversion webhook: %w", err)
+	}
+	if err := mgr.Add(replicaRunnable(w.reload)); err != nil {
 		return err
 	}
-	return mgr.Add(&keeper{w: w})
+	return mgr.Add(k)
 }
+
+// replicaRunnable runs on every replica, leader or not.
+type replicaRunnable func(context.Context) error
+
+func (r replicaRunnable) Start(ctx context.Context) error { return r(ctx) }
+
+// NeedLeaderElection: every replica serves the webhook.
+func (replicaRunnable) NeedLeaderElection() bool { return false }
 
 // reload reads the Secret now and every Reload, and serves the certificate it holds.
 func (w *Webhook) reload(ctx context.Context) error {

@@ -3,11 +3,13 @@ package framework
 import (
 	"cmp"
 	"context"
+	"crypto/tls"
 	"fmt"
 	"testing"
 	"time"
 
 	esv1 "github.com/external-secrets/external-secrets/apis/externalsecrets/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
@@ -19,9 +21,12 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/config"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
+	"github.com/keyroll/keyroll/apis/v1alpha1"
 	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/controllers"
+	"github.com/keyroll/keyroll/controllers/conversion"
 	"github.com/keyroll/keyroll/controllers/rediscluster"
 	"github.com/keyroll/keyroll/test/testground"
 )
@@ -31,6 +36,8 @@ func Scheme() *runtime.Scheme {
 	s := runtime.NewScheme()
 	_ = clientgoscheme.AddToScheme(s)
 	_ = v1beta1.AddToScheme(s)
+	_ = v1alpha1.AddToScheme(s)
+	_ = apiextensionsv1.AddToScheme(s)
 	_ = esv1.AddToScheme(s)
 	return s
 }
@@ -53,6 +60,10 @@ type OperatorOptions struct {
 	AsServiceAccount bool
 	// ProbeImage is the operator's --redis-probe-image (empty: testground.ProbeImage).
 	ProbeImage string
+	// Conversion, when set, has the operator serve the conversion webhook as main.go does, on a
+	// free loopback port that the CRDs reach by URL (Options.URL and Secret are set here; the
+	// Secret is keyroll-webhook-certificate in the operator's namespace). Operator.Conversion is it.
+	Conversion *conversion.Options
 }
 
 // Election is a leader election quick enough for tests (a 4 s Lease).
@@ -65,9 +76,11 @@ type Operator struct {
 	// MetricsURL and ProbesURL are its metrics endpoint and the base of /healthz and /readyz, with
 	// OperatorOptions.Endpoints.
 	MetricsURL, ProbesURL string
-	cancel                context.CancelFunc
-	done                  chan error
-	broadcast             events.EventBroadcaster
+	// Conversion is the conversion webhook it serves, with OperatorOptions.Conversion.
+	Conversion *conversion.Webhook
+	cancel     context.CancelFunc
+	done       chan error
+	broadcast  events.EventBroadcaster
 }
 
 // NewOperator runs another keyroll manager in the test process until its Stop, as the package's
@@ -110,11 +123,27 @@ func (f *Framework) NewOperator(ctx context.Context, o OperatorOptions) (*Operat
 		mo.LeaseDuration, mo.RenewDeadline, mo.RetryPeriod = &o.LeaseDuration, &o.RenewDeadline, &o.RetryPeriod
 		mo.LeaderElectionReleaseOnCancel = true
 	}
+	if o.Conversion != nil {
+		port, err := testground.FreePort()
+		if err != nil {
+			return nil, err
+		}
+		co := *o.Conversion
+		co.URL = fmt.Sprintf("https://127.0.0.1:%d%s", port, conversion.Path)
+		co.Secret = types.NamespacedName{Namespace: f.OperatorNS, Name: "keyroll-webhook-certificate"}
+		op.Conversion = conversion.New(co)
+		mo.WebhookServer = webhook.NewServer(webhook.Options{Host: "127.0.0.1", Port: port, TLSOpts: []func(*tls.Config){op.Conversion.TLS}})
+	}
 	mgr, err := ctrl.NewManager(cfg, mo)
 	if err != nil {
 		return nil, err
 	}
 	op.Manager = mgr
+	if op.Conversion != nil {
+		if err := op.Conversion.Setup(ctx, mgr); err != nil {
+			return nil, err
+		}
+	}
 	ctx, op.cancel = context.WithCancel(ctx)
 	op.broadcast = events.NewBroadcaster(&events.EventSinkImpl{Interface: tokens.EventsV1()})
 	if err := op.broadcast.StartRecordingToSinkWithContext(ctx); err != nil {
