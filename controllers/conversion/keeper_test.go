@@ -39,8 +39,8 @@ func newKeeperHarness(t *testing.T) *keeperHarness {
 	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(objs...).Build()
 	clk := clocktesting.NewFakeClock(time.Date(2026, 12, 5, 12, 0, 0, 0, time.UTC))
 	w := New(Options{
-		Secret:  types.NamespacedName{Namespace: "keyroll-system", Name: "keyroll-webhook-certificate"},
-		Service: types.NamespacedName{Namespace: "keyroll-system", Name: "keyroll-webhook"},
+		Secret:       types.NamespacedName{Namespace: "keyroll-system", Name: "keyroll-webhook-certificate"},
+		Service:      types.NamespacedName{Namespace: "keyroll-system", Name: "keyroll-webhook"},
 		CertValidity: 30 * time.Minute, CAValidity: 3 * time.Hour, Reload: 10 * time.Second,
 		Clock: clk, Reader: c, Writer: c,
 	})

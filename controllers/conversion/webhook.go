@@ -16,8 +16,8 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -130,7 +130,7 @@ func (w *Webhook) Setup(ctx context.Context, mgr ctrl.Manager) error {
 		if err = k.trust(ctx); err == nil {
 			err = w.load(ctx)
 		}
-		if err == nil || !(apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err)) {
+		if err == nil || (!apierrors.IsConflict(err) && !apierrors.IsAlreadyExists(err)) {
 			break
 		}
 	}

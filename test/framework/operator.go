@@ -64,6 +64,9 @@ type OperatorOptions struct {
 	// free loopback port that the CRDs reach by URL (Options.URL and Secret are set here; the
 	// Secret is keyroll-webhook-certificate in the operator's namespace). Operator.Conversion is it.
 	Conversion *conversion.Options
+	// ConversionOnly runs the conversion webhook alone, without the controllers: for a manager of
+	// an earlier release, which reads and writes v1alpha1, to run beside.
+	ConversionOnly bool
 }
 
 // Election is a leader election quick enough for tests (a 4 s Lease).
@@ -149,6 +152,10 @@ func (f *Framework) NewOperator(ctx context.Context, o OperatorOptions) (*Operat
 	if err := op.broadcast.StartRecordingToSinkWithContext(ctx); err != nil {
 		op.cancel()
 		return nil, err
+	}
+	if o.ConversionOnly {
+		go func() { op.done <- mgr.Start(ctx) }()
+		return op, nil
 	}
 	op.Reconciler, err = controllers.Setup(mgr, controllers.Options{
 		Recorder: op.broadcast.NewRecorder(scheme, "keyroll"), Clock: clock.RealClock{}, Tokens: tokens,

@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/keyroll/keyroll/apis/v1beta1"
+	"github.com/keyroll/keyroll/controllers/conversion"
 	"github.com/keyroll/keyroll/test/framework"
 	"github.com/keyroll/keyroll/test/render"
 	"github.com/keyroll/keyroll/test/testground"
@@ -65,6 +66,22 @@ func previousTree(t *testing.T) string {
 		t.Fatal(previousErr)
 	}
 	return previousDir
+}
+
+// serveConversion runs keyroll's conversion webhook in the test process, until stop or the end of
+// the test: the previous release's manager reads and writes v1alpha1, which this release's CRDs
+// (the ground's from its start) convert to and from v1beta1, the storage version, through the
+// webhook. The manager of the code under test, once deployed, points the CRDs at its own.
+func serveConversion(t *testing.T) (stop func()) {
+	t.Helper()
+	op, err := fw.NewOperator(context.Background(), framework.OperatorOptions{Conversion: &conversion.Options{}, ConversionOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	stop = func() { once.Do(func() { _ = op.Stop() }) }
+	t.Cleanup(stop)
+	return stop
 }
 
 // removePreviousTree removes the worktree once the package's tests are done.
@@ -275,6 +292,7 @@ func TestUpgradeFromPreviousReleaseRestartsNothing(t *testing.T) {
 			uninstallChart(t, release, namespace)
 			fw.RestartOperator(t)
 		})
+		stopConversion := serveConversion(t)
 		repo, tag, _ := strings.Cut(previousImage, ":")
 		helm := func(chart, repo, tag, verb string, extra ...string) {
 			t.Helper()
@@ -287,6 +305,7 @@ func TestUpgradeFromPreviousReleaseRestartsNothing(t *testing.T) {
 		}
 		helm(filepath.Join(prev, "deploy", "helm", "keyroll"), repo, tag, "install")
 		upgradeScenario(t, "helm", func() {
+			stopConversion()
 			fw.MustKubectl(t, nil, "apply", "--server-side", "--force-conflicts", "-k", filepath.Join(testground.RepoRoot(), "deploy", "crd"))
 			repo, tag, _ := strings.Cut(testground.ManagerImage, ":")
 			helm(render.Chart(), repo, tag, "upgrade")
@@ -298,9 +317,11 @@ func TestUpgradeFromPreviousReleaseRestartsNothing(t *testing.T) {
 			undeployManager(t)
 			fw.RestartOperator(t)
 		})
+		stopConversion := serveConversion(t)
 		fw.MustKubectl(t, nil, "apply", "-k", managerOverlay(t, prev, previousImage))
 		waitManagerReady(t, context.Background(), previousImage, 2)
 		upgradeScenario(t, "kustomize", func() {
+			stopConversion()
 			fw.MustKubectl(t, nil, "apply", "-k", managerOverlay(t, testground.RepoRoot(), testground.ManagerImage))
 			waitManagerReady(t, context.Background(), testground.ManagerImage, 2)
 		})
@@ -346,6 +367,7 @@ func TestTwoManagerVersionsDoNotFight(t *testing.T) {
 		undeployManager(t)
 		fw.RestartOperator(t)
 	})
+	serveConversion(t)
 	fw.MustKubectl(t, nil, "apply", "-k", managerOverlay(t, prev, previousImage))
 	waitManagerReady(t, context.Background(), previousImage, 2)
 	ns := fw.Namespace(t, "two-versions")
