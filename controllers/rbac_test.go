@@ -84,12 +84,15 @@ var reviewed = map[string]string{
 	"ClusterRole events.k8s.io/events patch":                       "events (a series)",
 	"ClusterRole authentication.k8s.io/tokenreviews create":        "a token minted for Vault is reviewed, and refused if the API server accepts it; the metrics endpoint's authentication",
 	"ClusterRole authorization.k8s.io/subjectaccessreviews create": "the metrics endpoint's authorization",
-	"Role /events create":                                          "leader election's events",
-	"Role /events patch":                                           "leader election's events",
-	"Role coordination.k8s.io/leases get":                          "leader election",
-	"Role coordination.k8s.io/leases create":                       "leader election",
-	"Role coordination.k8s.io/leases update":                       "leader election",
-	"Role /serviceaccounts/token create [keyroll-manager]":         "Vault's Kubernetes auth: a token of the operator's own service account, and of no other",
+	"ClusterRole apiextensions.k8s.io/customresourcedefinitions get [redisclusters.keyroll.dev,vaultconnections.keyroll.dev]":           "the conversion webhook: the CRDs' conversion settings and storedVersions (conversion/keeper.go)",
+	"ClusterRole apiextensions.k8s.io/customresourcedefinitions update [redisclusters.keyroll.dev,vaultconnections.keyroll.dev]":        "the conversion webhook: its address and CA bundle in the CRDs (conversion/keeper.go inject)",
+	"ClusterRole apiextensions.k8s.io/customresourcedefinitions/status update [redisclusters.keyroll.dev,vaultconnections.keyroll.dev]": "storedVersions set to the storage version once every object is rewritten (conversion/keeper.go migrate)",
+	"Role /events create":                                  "leader election's events",
+	"Role /events patch":                                   "leader election's events",
+	"Role coordination.k8s.io/leases get":                  "leader election",
+	"Role coordination.k8s.io/leases create":               "leader election",
+	"Role coordination.k8s.io/leases update":               "leader election",
+	"Role /serviceaccounts/token create [keyroll-manager]": "Vault's Kubernetes auth: a token of the operator's own service account, and of no other",
 }
 
 // TestManagerRBACIsLeastPrivilege: the manager's permissions are exactly the reviewed ones: no

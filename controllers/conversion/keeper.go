@@ -143,10 +143,13 @@ func (k *keeper) certificates(ctx context.Context) ([]byte, error) {
 	if exists && equality.Semantic.DeepEqual(data, s.Data) {
 		return data[KeyCABundle], nil
 	}
-	s.Data, s.Type = data, corev1.SecretTypeOpaque
 	if exists {
-		return data[KeyCABundle], o.Writer.Update(ctx, &s)
+		// A patch that fails if another replica wrote the Secret since it was read.
+		base := s.DeepCopy()
+		s.Data = data
+		return data[KeyCABundle], o.Writer.Patch(ctx, &s, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{}))
 	}
+	s.Data, s.Type = data, corev1.SecretTypeOpaque
 	s.ObjectMeta = metav1.ObjectMeta{Namespace: o.Secret.Namespace, Name: o.Secret.Name,
 		Labels: map[string]string{"app.kubernetes.io/name": "keyroll", "app.kubernetes.io/component": "conversion-webhook"}}
 	return data[KeyCABundle], o.Writer.Create(ctx, &s)

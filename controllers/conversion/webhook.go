@@ -29,7 +29,7 @@ import (
 
 // +kubebuilder:rbac:groups=apiextensions.k8s.io,resources=customresourcedefinitions,verbs=get;update,resourceNames=redisclusters.keyroll.dev;vaultconnections.keyroll.dev
 // +kubebuilder:rbac:groups=apiextensions.k8s.io,resources=customresourcedefinitions/status,verbs=update,resourceNames=redisclusters.keyroll.dev;vaultconnections.keyroll.dev
-// +kubebuilder:rbac:groups="",resources=secrets,verbs=get;create;update,namespace=keyroll-system
+// The Secret is read, created and patched with the manager's rights on Secrets (controllers/rbac.go).
 
 // Path is where the webhook answers conversion reviews.
 const Path = "/convert"
