@@ -56,7 +56,7 @@ func main() {
 		watchSelector  = flag.String("watch-selector", "", "Label selector of the RedisClusters and VaultConnections this manager handles (e.g. keyroll.dev/install=canary); empty: all. Others, and what belongs to them, it leaves alone: for two installs side by side on one cluster.")
 		secretsNS      = flag.String("vault-secrets-namespace", "", "The only namespace whose Secrets a VaultConnection may name (auth.token.secretRef, auth.appRole.secretIDRef, tls.caSecretRef); empty: the operator's own (--service-account-namespace).")
 		usersCheck     = flag.Duration("redis-users-check-interval", controllers.DefaultUsersCheckInterval, "How often keyroll compares every Redis node's ACL (ACL LIST) with what it confirmed there, and removes users that are not the cluster's; negative turns the comparison off.")
-		webhookPort    = flag.Int("webhook-port", 9443, "Port of the conversion webhook, served by every replica.")
+		webhookPort    = flag.Int("webhook-port", 9443, "Port of the conversion webhook, served by every replica; 0 serves none and leaves the CRDs alone (a manager that is not the install's, say one run for development beside it): requests in keyroll.dev/v1alpha1 then fail unless another manager serves them.")
 		webhookService = flag.String("webhook-service", "keyroll-webhook", "Service (in --service-account-namespace) through which the API server reaches the conversion webhook; keyroll points its CRDs at it.")
 		webhookURL     = flag.String("webhook-url", "", "Where the API server reaches the conversion webhook instead of --webhook-service, for a manager outside the cluster (https://host:port/convert).")
 		webhookSecret  = flag.String("webhook-secret", "keyroll-webhook-certificate", "Secret (in --service-account-namespace) where keyroll keeps the conversion webhook's CA and certificate.")
@@ -135,9 +135,14 @@ func newScheme() *runtime.Scheme {
 func run(ctx context.Context, o managerOptions) error {
 	cfg := ctrl.GetConfigOrDie()
 	scheme := newScheme()
-	converter := conversion.New(o.conversion)
+	var converter *conversion.Webhook
+	var webhookServer webhook.Server
+	if o.webhookPort != 0 {
+		converter = conversion.New(o.conversion)
+		webhookServer = webhook.NewServer(webhook.Options{Port: o.webhookPort, TLSOpts: []func(*tls.Config){converter.TLS}})
+	}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
-		WebhookServer:                 webhook.NewServer(webhook.Options{Port: o.webhookPort, TLSOpts: []func(*tls.Config){converter.TLS}}),
+		WebhookServer:                 webhookServer,
 		Scheme:                        scheme,
 		Metrics:                       o.metrics,
 		HealthProbeBindAddress:        o.probeAddr,
@@ -167,8 +172,10 @@ func run(ctx context.Context, o managerOptions) error {
 	if err != nil {
 		return err
 	}
-	if err := converter.Setup(ctx, mgr); err != nil {
-		return err
+	if converter != nil {
+		if err := converter.Setup(ctx, mgr); err != nil {
+			return err
+		}
 	}
 	if _, err := controllers.Setup(mgr, controllers.Options{
 		Recorder: recorder, Clock: clock.RealClock{}, Tokens: cs, ServiceAccount: o.serviceAccount,

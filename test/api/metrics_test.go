@@ -153,6 +153,7 @@ func startManager(t *testing.T, dir, name, bin, kubeconfig string, metricsPort i
 	args := append([]string{"--kubeconfig=" + kubeconfig, "--leader-elect=false",
 		fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", metricsPort), "--health-probe-bind-address=127.0.0.1:0",
 		"--service-account-namespace=" + fw.OperatorNS, "--zap-log-level=debug", "--redis-probe-image=" + testground.ProbeImage,
+		"--webhook-port=0", // no conversion webhook: not what these tests are about
 		// On a shared ground, the RedisClusters and VaultConnections of this package alone.
 		"--watch-selector=" + fw.Selector().String()}, extra...)
 	p, err := testground.StartProcess(dir, name, bin, args, nil)

@@ -75,7 +75,9 @@ func (f *Framework) StartProcess(bin string, o ProcessOptions) (*Process, error)
 	args := append([]string{"--kubeconfig=" + kubeconfig, "--watch-selector=" + selector, "--zap-devel", metrics, "--metrics-secure=false",
 		"--health-probe-bind-address=127.0.0.1:0", "--redis-probe-image=" + testground.ProbeImage,
 		"--leader-election-namespace=" + f.OperatorNS, "--service-account-namespace=" + f.OperatorNS, "--service-account-name=" + OperatorSA,
-		"--leader-elect-lease-duration=4s", "--leader-elect-renew-deadline=3s", "--leader-elect-retry-period=500ms"}, o.Args...)
+		"--leader-elect-lease-duration=4s", "--leader-elect-renew-deadline=3s", "--leader-elect-retry-period=500ms",
+		// No conversion webhook: the package's managers share the ground's CRDs (test/apiversions tests it).
+		"--webhook-port=0"}, o.Args...)
 	cmd := exec.Command(bin, args...)
 	cmd.Env = append(os.Environ(), o.Env...)
 	if o.StopAt != "" {

@@ -142,9 +142,14 @@ func testValues(t *testing.T, variants map[string][]string) {
 		a.PodAntiAffinity.PreferredDuringSchedulingIgnoredDuringExecution[0].PodAffinityTerm.TopologyKey != "kubernetes.io/hostname" {
 		t.Errorf("defaults: the managers do not prefer separate nodes: %+v", a)
 	}
-	for _, kind := range []string{"Service", "PodDisruptionBudget", "NetworkPolicy"} {
+	for _, kind := range []string{"PodDisruptionBudget", "NetworkPolicy"} {
 		one(t, rendered["defaults"], kind, "")
 	}
+	// The metrics and the conversion webhook.
+	if n := len(render.Find(rendered["defaults"], "Service", "")); n != 2 {
+		t.Errorf("defaults render %d Services, want 2 (metrics, conversion webhook)", n)
+	}
+	wantArgs(t, "defaults", c.Args, "--webhook-service=keyroll-webhook", "--webhook-secret=keyroll-webhook-certificate")
 	for _, kind := range []string{"ServiceMonitor", "PrometheusRule"} {
 		if len(render.Find(rendered["defaults"], kind, "")) != 0 {
 			t.Errorf("defaults render a %s (it needs the Prometheus Operator; off by default)", kind)
@@ -192,7 +197,8 @@ func testValues(t *testing.T, variants map[string][]string) {
 	}
 	np := &networkingv1.NetworkPolicy{}
 	convert(t, one(t, rendered["everything on"], "NetworkPolicy", "keyroll-manager"), np)
-	if len(np.Spec.Ingress) != 2 || len(np.Spec.Ingress[0].From) != 1 || len(np.Spec.Ingress[1].From) != 0 {
+	// The metrics from metricsFrom; the probes and the conversion webhook (the API server) from anywhere.
+	if len(np.Spec.Ingress) != 3 || len(np.Spec.Ingress[0].From) != 1 || len(np.Spec.Ingress[1].From) != 0 || len(np.Spec.Ingress[2].From) != 0 {
 		t.Errorf("everything on: the metrics port is not limited to metricsFrom: %+v", np.Spec.Ingress)
 	}
 
@@ -205,7 +211,7 @@ func testValues(t *testing.T, variants map[string][]string) {
 
 	_, c = mgr("no metrics")
 	wantArgs(t, "no metrics", c.Args, "--metrics-bind-address=0")
-	if len(render.Find(rendered["no metrics"], "Service", "")) != 0 || slices.ContainsFunc(c.Ports, func(p corev1.ContainerPort) bool { return p.Name == "metrics" }) {
+	if len(render.Find(rendered["no metrics"], "Service", "keyroll-metrics")) != 0 || slices.ContainsFunc(c.Ports, func(p corev1.ContainerPort) bool { return p.Name == "metrics" }) {
 		t.Error("no metrics: a metrics Service or port is rendered")
 	}
 
