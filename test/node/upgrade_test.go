@@ -13,7 +13,9 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/keyroll/keyroll/apis/v1beta1"
@@ -79,7 +81,21 @@ func serveConversion(t *testing.T) (stop func()) {
 		t.Fatal(err)
 	}
 	var once sync.Once
-	stop = func() { once.Do(func() { _ = op.Stop() }) }
+	stop = func() {
+		once.Do(func() {
+			_ = op.Stop()
+			// The CRDs as this release ships them name the webhook's Service, not this URL: an
+			// apply of them would merge the Service into the URL, which the API server refuses.
+			patch := []byte(`{"spec":{"conversion":{"webhook":{"clientConfig":{"url":null,"caBundle":null,` +
+				`"service":{"name":"keyroll-webhook","namespace":"keyroll-system","path":"/convert","port":443}}}}}}`)
+			for _, name := range conversion.CRDs {
+				crd := &apiextensionsv1.CustomResourceDefinition{ObjectMeta: metav1.ObjectMeta{Name: name}}
+				if err := fw.Client.Patch(context.Background(), crd, client.RawPatch(types.MergePatchType, patch)); err != nil {
+					t.Errorf("pointing %s back at the shipped Service: %v", name, err)
+				}
+			}
+		})
+	}
 	t.Cleanup(stop)
 	return stop
 }
