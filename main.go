@@ -57,6 +57,7 @@ func main() {
 		secretsNS      = flag.String("vault-secrets-namespace", "", "The only namespace whose Secrets a VaultConnection may name (auth.token.secretRef, auth.appRole.secretIDRef, tls.caSecretRef); empty: the operator's own (--service-account-namespace).")
 		usersCheck     = flag.Duration("redis-users-check-interval", controllers.DefaultUsersCheckInterval, "How often keyroll compares every Redis node's ACL (ACL LIST) with what it confirmed there, and removes users that are not the cluster's; negative turns the comparison off.")
 		webhookPort    = flag.Int("webhook-port", 9443, "Port of the conversion webhook, served by every replica; 0 serves none and leaves the CRDs alone (a manager that is not the install's, say one run for development beside it): requests in keyroll.dev/v1alpha1 then fail unless another manager serves them.")
+		webhookHost    = flag.String("webhook-host", "", "Address the conversion webhook binds to; empty: every address of the pod.")
 		webhookService = flag.String("webhook-service", "keyroll-webhook", "Service (in --service-account-namespace) through which the API server reaches the conversion webhook; keyroll points its CRDs at it.")
 		webhookURL     = flag.String("webhook-url", "", "Where the API server reaches the conversion webhook instead of --webhook-service, for a manager outside the cluster (https://host:port/convert).")
 		webhookSecret  = flag.String("webhook-secret", "keyroll-webhook-certificate", "Secret (in --service-account-namespace) where keyroll keeps the conversion webhook's CA and certificate.")
@@ -83,6 +84,7 @@ func main() {
 		leaseCheckInterval: *leaseCheck, usersCheckInterval: *usersCheck, workers: *workers, probeImage: *probeImage, watchSelector: selector,
 		vaultSecretsNamespace: *secretsNS,
 		webhookPort:           *webhookPort,
+		webhookHost:           *webhookHost,
 		conversion: conversion.Options{
 			Secret:       types.NamespacedName{Namespace: *saNamespace, Name: *webhookSecret},
 			Service:      types.NamespacedName{Namespace: *saNamespace, Name: *webhookService},
@@ -119,6 +121,7 @@ type managerOptions struct {
 	watchSelector                             labels.Selector
 	vaultSecretsNamespace                     string
 	webhookPort                               int
+	webhookHost                               string
 	conversion                                conversion.Options
 }
 
@@ -139,7 +142,7 @@ func run(ctx context.Context, o managerOptions) error {
 	var webhookServer webhook.Server
 	if o.webhookPort != 0 {
 		converter = conversion.New(o.conversion)
-		webhookServer = webhook.NewServer(webhook.Options{Port: o.webhookPort, TLSOpts: []func(*tls.Config){converter.TLS}})
+		webhookServer = webhook.NewServer(webhook.Options{Host: o.webhookHost, Port: o.webhookPort, TLSOpts: []func(*tls.Config){converter.TLS}})
 	}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		WebhookServer:                 webhookServer,

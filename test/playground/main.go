@@ -245,7 +245,7 @@ func startOperator(f *framework.Framework) (*operator, error) {
 	cmd := exec.Command(bin, "--kubeconfig="+g.CP.Kubeconfig, "--zap-devel",
 		"--metrics-bind-address=127.0.0.1:0", "--metrics-secure=false", "--health-probe-bind-address=127.0.0.1:0",
 		"--redis-probe-image="+testground.ProbeImage, "--leader-election-namespace="+f.OperatorNS, "--service-account-namespace="+f.OperatorNS,
-		fmt.Sprintf("--webhook-port=%d", port), fmt.Sprintf("--webhook-url=https://127.0.0.1:%d/convert", port))
+		"--webhook-host=127.0.0.1", fmt.Sprintf("--webhook-port=%d", port), fmt.Sprintf("--webhook-url=https://127.0.0.1:%d/convert", port))
 	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
