@@ -103,8 +103,9 @@ func TestApplicationUserCannotTouchKeyrollsUsers(t *testing.T) {
 }
 
 // conditionSeen watches a cluster and records every UsersApplied reason it passes through, until
-// stop is called.
-func conditionSeen(t *testing.T, rc *v1beta1.RedisCluster) (stop func() []string) {
+// stop is called; trail is every version of the cluster it saw (resource version, reason, and each
+// node's users version and digest), for a failure message.
+func conditionSeen(t *testing.T, rc *v1beta1.RedisCluster) (stop func() (seen, trail []string)) {
 	t.Helper()
 	wc, err := client.NewWithWatch(fw.Ground.CP.Config, client.Options{Scheme: framework.Scheme()})
 	if err != nil {
@@ -115,29 +116,69 @@ func conditionSeen(t *testing.T, rc *v1beta1.RedisCluster) (stop func() []string
 		t.Fatal(err)
 	}
 	var mu sync.Mutex
-	var seen []string
+	var seen, trail []string
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		for ev := range w.ResultChan() {
-			if got, ok := ev.Object.(*v1beta1.RedisCluster); ok && got.Name == rc.Name {
-				if c := framework.Condition(got, v1beta1.ConditionUsersApplied); c != nil {
-					mu.Lock()
-					if len(seen) == 0 || seen[len(seen)-1] != c.Reason {
-						seen = append(seen, c.Reason)
-					}
-					mu.Unlock()
-				}
+			got, ok := ev.Object.(*v1beta1.RedisCluster)
+			if !ok || got.Name != rc.Name {
+				continue
 			}
+			c := framework.Condition(got, v1beta1.ConditionUsersApplied)
+			if c == nil {
+				continue
+			}
+			mu.Lock()
+			if len(seen) == 0 || seen[len(seen)-1] != c.Reason {
+				seen = append(seen, c.Reason)
+			}
+			trail = append(trail, fmt.Sprintf("%s %s %s", got.ResourceVersion, c.Reason, nodesOf(got)))
+			mu.Unlock()
 		}
 	}()
-	return func() []string {
+	return func() ([]string, []string) {
 		w.Stop()
 		<-done
 		mu.Lock()
 		defer mu.Unlock()
-		return seen
+		return seen, trail
 	}
+}
+
+// nodesOf is each node's record as the cluster's status has it.
+func nodesOf(rc *v1beta1.RedisCluster) string {
+	var b strings.Builder
+	for _, n := range rc.Status.Nodes {
+		fmt.Fprintf(&b, "[%s %s %.8s] ", n.Pod, n.UsersVersion, n.ACLDigest)
+	}
+	return b.String()
+}
+
+// waitSteady waits until every node of the cluster is confirmed on one users version with a
+// digest of its ACL, and the cluster's status has not changed for a few seconds: the writes that
+// follow Ready are done, and a change on a node can only be found by the periodic comparison.
+func waitSteady(t *testing.T, rc *v1beta1.RedisCluster) {
+	t.Helper()
+	last, since := "", time.Now()
+	framework.Eventually(t, time.Minute, func() string {
+		cur := fw.Get(t, rc)
+		if len(cur.Status.Nodes) != int(cur.Spec.Replicas) {
+			return "nodes " + nodesOf(cur)
+		}
+		for _, n := range cur.Status.Nodes {
+			if n.ACLDigest == "" || n.UsersVersion != cur.Status.Nodes[0].UsersVersion {
+				return "nodes " + nodesOf(cur)
+			}
+		}
+		if cur.ResourceVersion != last {
+			last, since = cur.ResourceVersion, time.Now()
+		}
+		if time.Since(since) < 3*time.Second {
+			return "the status changed less than 3s ago: " + nodesOf(cur)
+		}
+		return ""
+	})
 }
 
 // removedTotal is keyroll_redis_unknown_users_removed_total as the operator serves it.
@@ -167,6 +208,7 @@ func TestUnknownUserIsRemovedFromEveryNode(t *testing.T) {
 	admin := fw.AdminPassword(rc)
 	pods := fw.RedisPods(t, rc)
 	ctx := context.Background()
+	waitSteady(t, rc)
 	before := removedTotal(t)
 	stop := conditionSeen(t, rc)
 
@@ -209,8 +251,8 @@ func TestUnknownUserIsRemovedFromEveryNode(t *testing.T) {
 		}
 		return ""
 	})
-	if seen := stop(); !slices.Contains(seen, v1beta1.ReasonUsersChanged) {
-		t.Errorf("UsersApplied went through %v: want UsersChanged while the nodes had the user", seen)
+	if seen, trail := stop(); !slices.Contains(seen, v1beta1.ReasonUsersChanged) {
+		t.Errorf("UsersApplied went through %v: want UsersChanged while the nodes had the user; the cluster's versions:\n%s", seen, strings.Join(trail, "\n"))
 	}
 
 	// keyroll's admin user locked out on the replica: set back through keyroll-recovery.
