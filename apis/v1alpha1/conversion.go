@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"reflect"
 	"slices"
 	"strings"
 
@@ -81,8 +82,13 @@ func toHub(src runtime.Object, dst conversion.Hub, moves []move) error {
 	if err != nil {
 		return err
 	}
-	// The kept fields are where fromHub found them missing: at v1alpha1's paths.
+	// The kept fields are where fromHub found them missing: at v1alpha1's paths, which v1alpha1's
+	// type has no field for. One that it has would override the value v1alpha1's schema validated
+	// with one no schema has seen: refused.
 	for _, p := range sortedKeys(kept) {
+		if hasField(reflect.TypeOf(src), strings.Split(strings.TrimPrefix(p, "/"), "/")) {
+			return fmt.Errorf("metadata.annotations[%s]: %q is a field of %s: set it there", FieldsAnnotation, p, GroupVersion)
+		}
 		setPath(obj, p, kept[p])
 	}
 	for _, m := range moves {
@@ -167,6 +173,52 @@ func takeKeptFields(obj map[string]any) (map[string]any, error) {
 		}
 	}
 	return kept, nil
+}
+
+// hasField says whether values of type t have a field at the JSON path keys (any key of a map).
+func hasField(t reflect.Type, keys []string) bool {
+	for _, k := range keys {
+		for t.Kind() == reflect.Pointer {
+			t = t.Elem()
+		}
+		switch t.Kind() {
+		case reflect.Map:
+			t = t.Elem()
+		case reflect.Struct:
+			f, ok := jsonField(t, k)
+			if !ok {
+				return false
+			}
+			t = f.Type
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// jsonField is the field of struct type t that JSON names name, looking into inlined structs.
+func jsonField(t reflect.Type, name string) (reflect.StructField, bool) {
+	for i := range t.NumField() {
+		f := t.Field(i)
+		tag, opts, _ := strings.Cut(f.Tag.Get("json"), ",")
+		switch {
+		case tag == "-":
+		case tag == "" && (f.Anonymous || opts == "inline"):
+			inner := f.Type
+			for inner.Kind() == reflect.Pointer {
+				inner = inner.Elem()
+			}
+			if inner.Kind() == reflect.Struct {
+				if sf, ok := jsonField(inner, name); ok {
+					return sf, true
+				}
+			}
+		case tag == name, tag == "" && f.Name == name:
+			return f, true
+		}
+	}
+	return reflect.StructField{}, false
 }
 
 // missing adds to extra, by JSON pointer, every value of want that got has not (maps are

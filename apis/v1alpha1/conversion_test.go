@@ -2,6 +2,7 @@ package v1alpha1
 
 import (
 	"math/rand"
+	"strings"
 	"testing"
 
 	"k8s.io/apimachinery/pkg/api/apitesting/fuzzer"
@@ -151,5 +152,44 @@ func TestFieldsWithoutCounterpartAreKeptInTheAnnotation(t *testing.T) {
 	bad.Annotations = map[string]string{FieldsAnnotation: `{"/metadata/name":"x"}`}
 	if err := toHub(bad, &out, nil); err == nil {
 		t.Fatal("the annotation was allowed to set metadata")
+	}
+	// A field v1alpha1 has is refused too: the annotation would override the value v1alpha1's
+	// schema and CEL rules validated with one that no schema has seen.
+	for _, f := range []string{`{"/spec/replicas":1000}`, `{"/spec/credentials/vaultLease/path":"database/creds/other-team"}`,
+		`{"/spec/credentials":{"source":"VaultLease"}}`, `{"/status/phase":"Ready"}`} {
+		bad := &RedisCluster{Spec: RedisClusterSpec{Replicas: 3}}
+		bad.Annotations = map[string]string{FieldsAnnotation: f}
+		if err := toHub(bad, &out, redisClusterMoves); err == nil || !strings.Contains(err.Error(), "is a field of keyroll.dev/v1alpha1") {
+			t.Errorf("annotation %s: %v; want it refused as a field of v1alpha1", f, err)
+		}
+	}
+	vc := &VaultConnection{}
+	vc.Annotations = map[string]string{FieldsAnnotation: `{"/spec/tls":{"tlsServerName":"vault.evil"}}`}
+	if err := toHub(vc, &v1beta1.VaultConnection{}, vaultConnectionMoves); err == nil {
+		t.Error("the annotation was allowed to set a VaultConnection's spec.tls")
+	}
+}
+
+// TestNoSpecFieldNeedsTheAnnotation: no v1beta1 spec field lacks a place in v1alpha1, so no v1beta1
+// object's spec travels in FieldsAnnotation. A spec field that did could be set through a v1alpha1
+// write without v1beta1's schema and CEL rules ever seeing its value (the API server validates a
+// write at the version it was made in): this test fails when one is added, so that it comes with
+// a check of its own in the conversion, or v1alpha1 is no longer served.
+func TestNoSpecFieldNeedsTheAnnotation(t *testing.T) {
+	f := apiFuzzer(3)
+	for i := range roundTrips {
+		for _, in := range []conversion.Hub{&v1beta1.RedisCluster{}, &v1beta1.VaultConnection{}} {
+			f.Fill(in)
+			var spoke conversion.Convertible = &RedisCluster{}
+			if _, ok := in.(*v1beta1.VaultConnection); ok {
+				spoke = &VaultConnection{}
+			}
+			if err := spoke.ConvertFrom(in); err != nil {
+				t.Fatalf("object %d: %v", i, err)
+			}
+			if kept := spoke.(interface{ GetAnnotations() map[string]string }).GetAnnotations()[FieldsAnnotation]; strings.Contains(kept, `"/spec`) {
+				t.Fatalf("object %d: v1beta1 spec fields without a place in v1alpha1: %s", i, kept)
+			}
+		}
 	}
 }

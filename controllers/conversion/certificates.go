@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"math/big"
+	"net"
 	"time"
 )
 
@@ -88,7 +89,7 @@ func (a *authority) sign(now time.Time, validity time.Duration, hosts []string) 
 		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 	}
 	for _, h := range hosts {
-		if ip := parseIP(h); ip != nil {
+		if ip := net.ParseIP(h); ip != nil {
 			tmpl.IPAddresses = append(tmpl.IPAddresses, ip)
 		} else {
 			tmpl.DNSNames = append(tmpl.DNSNames, h)
@@ -109,11 +110,11 @@ func serialNumber() (*big.Int, error) {
 	return rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 127))
 }
 
-// parseAuthority reads the newest CA (the first of the bundle) and its key.
-func parseAuthority(bundle, keyPEM []byte) (*authority, error) {
-	certs, err := parseCertificates(bundle)
-	if err != nil {
-		return nil, err
+// parseAuthority reads the key of the newest CA, the first of certs (a bundle as parseCertificates
+// reads it).
+func parseAuthority(certs []*x509.Certificate, keyPEM []byte) (*authority, error) {
+	if len(certs) == 0 {
+		return nil, errors.New("no CA certificate")
 	}
 	block, _ := pem.Decode(keyPEM)
 	if block == nil {

@@ -97,7 +97,7 @@ func (k *keeper) certificates(ctx context.Context) ([]byte, error) {
 		data[key] = v
 	}
 	cas, _ := parseCertificates(data[KeyCABundle])
-	ca, err := parseAuthority(data[KeyCABundle], data[KeyCAKey])
+	ca, err := parseAuthority(cas, data[KeyCAKey])
 	if err != nil || due(now, ca.cert) {
 		next, _, err := newAuthority(now, o.CAValidity)
 		if err != nil {

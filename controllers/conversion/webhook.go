@@ -10,7 +10,6 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"sync/atomic"
 	"time"
@@ -219,5 +218,3 @@ func (w *Webhook) clientConfig(caBundle []byte) *apiextensionsv1.WebhookClientCo
 	cc.Service = &apiextensionsv1.ServiceReference{Namespace: w.o.Service.Namespace, Name: w.o.Service.Name, Path: &path, Port: &port}
 	return cc
 }
-
-func parseIP(h string) net.IP { return net.ParseIP(h) }

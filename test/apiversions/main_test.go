@@ -19,6 +19,8 @@ import (
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
@@ -29,8 +31,30 @@ import (
 
 var fw *framework.Framework
 
+// auditLog is the package's Vault audit log (framework.EnableAudit).
+var auditLog string
+
 func TestMain(m *testing.M) {
-	fw = framework.New(framework.Config{Name: "apiversions", Ground: testground.Options{}})
+	fw = framework.New(framework.Config{
+		Name: "apiversions",
+		// A ground of its own: the package replaces keyroll's CRDs, which packages sharing a
+		// ground use. The real node, Vault, Redis and External Secrets Operator run the previous
+		// release's clusters across the upgrade.
+		OwnGround: true,
+		Ground:    testground.Options{Node: true, Redis: true, Vault: true, ExternalSecrets: true},
+		Roles:     []testground.RedisRole{{Name: "node", DefaultTTL: 10 * time.Minute, MaxTTL: time.Hour}},
+		// Vault's audit log (what the upgrade issues and revokes) and ESO's Vault policy.
+		Setup: func(ctx context.Context, f *framework.Framework) error {
+			var err error
+			if auditLog, err = f.EnableAudit(ctx); err != nil {
+				return err
+			}
+			return f.WriteExternalSecretsPolicy(ctx, f.Name("eso"))
+		},
+	})
+	// The operators in this process have the deployed manager's identity: its service account,
+	// which the operator's Kubernetes auth role in Vault binds, in the manifests' namespace.
+	fw.OperatorNS = framework.ManagerNS
 	os.Exit(fw.Run(m))
 }
 
@@ -52,6 +76,7 @@ func installCRDs(t *testing.T, dir string, fresh bool) {
 		err = fw.Client.Get(ctx, client.ObjectKey{Name: name}, &cur)
 		switch {
 		case err == nil && fresh:
+			releaseObjects(t, &cur)
 			if err := fw.Client.Delete(ctx, &cur); err != nil {
 				t.Fatal(err)
 			}
@@ -90,6 +115,32 @@ func installCRDs(t *testing.T, dir string, fresh bool) {
 	}
 	// The API server's discovery and storage follow a CRD change within a moment.
 	time.Sleep(2 * time.Second)
+}
+
+// releaseObjects removes the finalizers of the CRD's objects before the CRD is deleted with them:
+// a test that failed can leave objects behind with no manager to run their finalizers.
+func releaseObjects(t *testing.T, crd *apiextensionsv1.CustomResourceDefinition) {
+	t.Helper()
+	ctx := context.Background()
+	// Each served version in turn: a list fails at a version that some object would need the
+	// conversion webhook for, when it is down.
+	for _, v := range crd.Spec.Versions {
+		res := dynamicClient(t).Resource(schema.GroupVersionResource{Group: crd.Spec.Group, Version: v.Name, Resource: crd.Spec.Names.Plural})
+		list, err := res.List(ctx, metav1.ListOptions{})
+		if err != nil {
+			t.Logf("listing %s at %s: %v", crd.Name, v.Name, err)
+			continue
+		}
+		for _, o := range list.Items {
+			if len(o.GetFinalizers()) == 0 {
+				continue
+			}
+			patch := []byte(`{"metadata":{"finalizers":null}}`)
+			if _, err := res.Namespace(o.GetNamespace()).Patch(ctx, o.GetName(), types.MergePatchType, patch, metav1.PatchOptions{}); err != nil && !apierrors.IsNotFound(err) {
+				t.Fatalf("removing the finalizers of %s %s/%s: %v", crd.Spec.Names.Kind, o.GetNamespace(), o.GetName(), err)
+			}
+		}
+	}
 }
 
 // currentCRDs is the directory of the CRDs this release ships.

@@ -83,12 +83,13 @@ func previousStatus(conn string) map[string]any {
 	}
 }
 
-// TestV1alpha1ObjectsSurviveTheUpgrade (control plane): RedisClusters and a VaultConnection stored
-// by the previous release (v1alpha1 alone) read as v1beta1 with every value once this release's
+// TestStoredV1alpha1ReadsAsV1beta1: RedisClusters and a VaultConnection stored as the last
+// v1alpha1-only release wrote them, with a status that has every kind of entry (a superseded
+// lease, a rollout under way), read as v1beta1 with every value once this release's
 // CRDs are applied and the manager serves the conversion webhook; the manager rewrites them at
 // v1beta1 and sets storedVersions to [v1beta1]; read as v1alpha1 they are what the previous
 // release wrote.
-func TestV1alpha1ObjectsSurviveTheUpgrade(t *testing.T) {
+func TestStoredV1alpha1ReadsAsV1beta1(t *testing.T) {
 	ctx := context.Background()
 	dyn := dynamicClient(t)
 	ns := fw.Name("orders")
@@ -189,6 +190,26 @@ func TestV1alpha1ObjectsSurviveTheUpgrade(t *testing.T) {
 			t.Errorf("%s carries %s, though v1alpha1 has a place for every field", name, v1alpha1.FieldsAnnotation)
 		}
 	}
+
+	// The annotation cannot carry a spec field past the schema: the API server validates a
+	// v1alpha1 write against v1alpha1's schema, and the value in the annotation would reach
+	// v1beta1 unseen. replicas 100 is refused at v1beta1 (at most 15), and so is a v1alpha1 write
+	// of a valid replicas with 100 in the annotation.
+	over := previousSample(t, "rediscluster-vaultlease.yaml", "too-many", ns)
+	over.SetAPIVersion(v1beta1.GroupVersion.String())
+	if err := unstructured.SetNestedField(over.Object, int64(100), "spec", "replicas"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := dyn.Resource(betaClusters).Namespace(ns).Create(ctx, over, metav1.CreateOptions{}); err == nil || !strings.Contains(err.Error(), "spec.replicas") {
+		t.Fatalf("a v1beta1 RedisCluster with 100 replicas: %v; want refused, naming spec.replicas", err)
+	}
+	smuggled := previousSample(t, "rediscluster-vaultlease.yaml", "too-many", ns)
+	smuggled.SetAnnotations(map[string]string{v1alpha1.FieldsAnnotation: `{"/spec/replicas":100}`})
+	_, err := dyn.Resource(alphaClusters).Namespace(ns).Create(ctx, smuggled, metav1.CreateOptions{})
+	if err == nil || !strings.Contains(err.Error(), v1alpha1.FieldsAnnotation) {
+		t.Fatalf("a v1alpha1 RedisCluster with replicas 100 in %s: %v; want refused, naming the annotation", v1alpha1.FieldsAnnotation, err)
+	}
+	t.Logf("a v1alpha1 write with a spec field in the annotation: %v", err)
 
 	// Stored at v1beta1: with the webhook down, both kinds still list at v1beta1, which an object
 	// stored as v1alpha1 would fail (it would need converting).

@@ -86,6 +86,10 @@ type Framework struct {
 	operatorMu sync.Mutex // guards operator, which tests stop and start again
 	operator   *Operator
 	ownVault   *testground.Vault
+
+	previousOnce sync.Once // Previous
+	previousDir  string
+	previousErr  error
 }
 
 // New returns a Framework for a package; Run starts it.
@@ -154,6 +158,7 @@ func (f *Framework) Run(m *testing.M) int {
 	}
 	fmt.Fprintf(os.Stderr, "%s: test ground %s in %s\n", f.label(), how, time.Since(start).Round(time.Millisecond))
 	defer f.stop()
+	defer f.removePrevious()
 	code := m.Run()
 	if f.Config.Teardown != nil {
 		code = f.Config.Teardown(context.Background(), f, code)

@@ -13,13 +13,11 @@ import (
 	"testing"
 	"time"
 
-	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/utils/ptr"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
 	"github.com/keyroll/keyroll/apis/v1beta1"
@@ -46,13 +44,13 @@ func TestManagerRunsAsAPodFromDeployDefault(t *testing.T) {
 	start = time.Now()
 	fw.StopOperator() // the in-process manager releases the Lease; the deployed one takes over
 	t.Cleanup(func() {
-		undeployManager(t)
+		fw.UndeployManager(t)
 		fw.RestartOperator(t)
 	})
-	fw.MustKubectl(t, nil, "apply", "-k", managerOverlay(t, testground.RepoRoot(), testground.ManagerImage))
-	pods := waitManagerReady(t, ctx, testground.ManagerImage, 2)
-	checkRestricted(t, ctx, managerNS)
-	leader := waitLeaderIn(t, ctx, managerNS, pods)
+	fw.MustKubectl(t, nil, "apply", "-k", fw.ManagerOverlay(t, testground.RepoRoot(), testground.ManagerImage, true))
+	pods := fw.WaitManagerReady(t, ctx, testground.ManagerImage, 2)
+	checkRestricted(t, ctx, framework.ManagerNS)
+	leader := waitLeaderIn(t, ctx, framework.ManagerNS, pods)
 	t.Logf("manager pods Ready and %s leads, %s after apply", leader.Name, time.Since(start).Round(time.Millisecond))
 
 	rc := applySamples(t, ctx, "samples")
@@ -79,56 +77,6 @@ func checkProbeSidecar(t *testing.T, rc *v1beta1.RedisCluster) {
 			t.Errorf("Redis pod %s is not Ready", p.Name)
 		}
 	}
-}
-
-// managerOverlay writes a kustomization that takes deploy/default of the tree root and sets the
-// manager's image, and, since the ground may be shared with other packages, has the manager
-// handle this package's RedisClusters and VaultConnections alone (--watch-selector). For an
-// earlier release (root is not this tree) it leaves its CRDs out: the ground's, this tree's, are a
-// superset of an earlier release's, and the other packages on a shared ground use their new fields
-// (an older CRD would have the API server prune them).
-func managerOverlay(t *testing.T, root, image string) string {
-	t.Helper()
-	dir := t.TempDir()
-	base, err := filepath.Rel(dir, filepath.Join(root, "deploy", "default"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	name, tag, _ := strings.Cut(image, ":")
-	k := fmt.Sprintf("resources:\n- %s\nimages:\n- name: keyroll\n  newName: %s\n  newTag: %s\n", base, name, tag) +
-		fmt.Sprintf("patches:\n- target: {kind: Deployment}\n  patch: |-\n    - op: add\n      path: /spec/template/spec/containers/0/args/-\n      value: %q\n",
-			"--watch-selector="+fw.Selector().String())
-	if root != testground.RepoRoot() {
-		k += "- target: {kind: CustomResourceDefinition}\n  patch: |-\n    $patch: delete\n    apiVersion: apiextensions.k8s.io/v1\n    kind: CustomResourceDefinition\n    metadata:\n      name: any\n"
-	}
-	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(k), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	return dir
-}
-
-// waitManagerReady waits until want replicas of the manager are Ready, on the real node, running
-// image.
-func waitManagerReady(t *testing.T, ctx context.Context, image string, want int) []corev1.Pod {
-	t.Helper()
-	var pods []corev1.Pod
-	framework.Eventually(t, 3*time.Minute, func() string {
-		list, err := fw.Clientset.CoreV1().Pods(managerNS).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=manager"})
-		if err != nil {
-			return err.Error()
-		}
-		pods = nil
-		for _, p := range list.Items {
-			if framework.PodReady(&p) && p.Spec.NodeName == testground.RealNodeName && p.DeletionTimestamp == nil && p.Spec.Containers[0].Image == image {
-				pods = append(pods, p)
-			}
-		}
-		if len(pods) < want {
-			return fmt.Sprintf("%d of %d manager pods of %s Ready:%s", len(pods), want, image, fw.PodSummary(managerNS))
-		}
-		return ""
-	})
-	return pods
 }
 
 // checkRestricted asserts that namespace ns enforces the restricted Pod Security Standard: it
@@ -247,27 +195,4 @@ func checkMetrics(t *testing.T, leader corev1.Pod, ns string) {
 	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), `controller_runtime_reconcile_total{controller="rediscluster"`) {
 		t.Errorf("the manager's /metrics answered %s without RedisCluster reconcile counts:\n%.2000s", resp.Status, body)
 	}
-}
-
-// undeployManager scales the deployed manager to zero and waits until its pods are gone (their
-// Lease is released), so that the in-process operator can lead again.
-func undeployManager(t *testing.T) {
-	ctx := context.Background()
-	d := &appsv1.Deployment{}
-	key := client.ObjectKey{Namespace: managerNS, Name: "keyroll-manager"}
-	if err := fw.Client.Get(ctx, key, d); err != nil {
-		return
-	}
-	d.Spec.Replicas = ptr.To[int32](0)
-	if err := fw.Client.Update(ctx, d); err != nil {
-		t.Errorf("scaling the manager down: %v", err)
-		return
-	}
-	framework.Eventually(t, time.Minute, func() string {
-		list, err := fw.Clientset.CoreV1().Pods(managerNS).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=manager"})
-		if err != nil || len(list.Items) > 0 {
-			return fmt.Sprintf("manager pods still there: %s", fw.PodSummary(managerNS))
-		}
-		return ""
-	})
 }

@@ -20,11 +20,6 @@ var fw *framework.Framework
 // auditLog is the package's Vault audit log (framework.EnableAudit).
 var auditLog string
 
-// managerNS is the namespace deploy/default installs the manager in: its kustomization fixes it,
-// so that it cannot carry the package's prefix. The deployed manager's service account and
-// leader-election Lease are there.
-const managerNS = "keyroll-system"
-
 // The Vault roles of this package: orders for the sample RedisCluster, node for the others.
 var roles = []testground.RedisRole{
 	{Name: "orders", DefaultTTL: 10 * time.Minute, MaxTTL: time.Hour},
@@ -54,8 +49,6 @@ func TestMain(m *testing.M) {
 	// The operator in this process is the deployed manager's identity: the same service account
 	// (keyroll-manager, which the operator's Kubernetes auth role in Vault binds) and the same
 	// leader-election Lease, both in the manifests' namespace rather than a prefixed one.
-	fw.OperatorNS = managerNS
-	code := fw.Run(m)
-	removePreviousTree()
-	os.Exit(code)
+	fw.OperatorNS = framework.ManagerNS
+	os.Exit(fw.Run(m))
 }
