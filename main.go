@@ -63,6 +63,7 @@ func main() {
 		webhookSecret  = flag.String("webhook-secret", "keyroll-webhook-certificate", "Secret (in --service-account-namespace) where keyroll keeps the conversion webhook's CA and certificate.")
 		webhookCert    = flag.Duration("webhook-cert-validity", conversion.DefaultCertValidity, "How long a conversion webhook certificate is valid; it is replaced after two thirds of it.")
 		webhookCA      = flag.Duration("webhook-ca-validity", conversion.DefaultCAValidity, "How long the conversion webhook's CA is valid; it is replaced after two thirds of it, and trusted until it expires.")
+		webhookCertBy  = flag.String("webhook-certificate", "keyroll", "Who keeps the conversion webhook's certificate in --webhook-secret: keyroll (it makes a CA of its own and renews both) or cert-manager (a cert-manager Certificate writes tls.crt, tls.key and ca.crt there; keyroll waits for it, serves it and puts its ca.crt in the CRDs; --webhook-cert-validity and --webhook-ca-validity are unused).")
 		leaseCheck     = flag.Duration("lease-check-interval", controllers.DefaultLeaseCheckInterval, "How often a live lease is looked up in Vault besides its renewals, so that a lease revoked outside keyroll is noticed within about that long; negative turns the lookups off.")
 	)
 	zapOpts := zap.Options{}
@@ -73,6 +74,10 @@ func main() {
 	selector, err := labels.Parse(*watchSelector)
 	if err != nil {
 		log.Error(err, "Invalid --watch-selector")
+		os.Exit(1)
+	}
+	if *webhookCertBy != "keyroll" && *webhookCertBy != "cert-manager" {
+		log.Error(nil, "Invalid --webhook-certificate: want keyroll or cert-manager", "value", *webhookCertBy)
 		os.Exit(1)
 	}
 
@@ -90,6 +95,7 @@ func main() {
 			Service:      types.NamespacedName{Namespace: *saNamespace, Name: *webhookService},
 			URL:          *webhookURL,
 			CertValidity: *webhookCert, CAValidity: *webhookCA,
+			CertManager: *webhookCertBy == "cert-manager",
 		},
 	}); err != nil {
 		log.Error(err, "Manager stopped with an error")

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/x509"
 	"encoding/pem"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -80,10 +81,17 @@ func (k *keeper) trust(ctx context.Context) error {
 	return nil
 }
 
+// errNoSecretYet: cert-manager has not written the Secret yet.
+var errNoSecretYet = errors.New("not written by cert-manager yet")
+
 // certificates makes, renews and returns the CA bundle the Secret holds, and its serving
-// certificate, and writes the Secret when something changed.
+// certificate, and writes the Secret when something changed. With cert-manager it only reads
+// them.
 func (k *keeper) certificates(ctx context.Context) ([]byte, error) {
 	o := k.w.o
+	if o.CertManager {
+		return k.certManagers(ctx)
+	}
 	log := ctrl.LoggerFrom(ctx).WithName("conversion-webhook")
 	now := o.Clock.Now()
 	var s corev1.Secret
@@ -153,6 +161,40 @@ func (k *keeper) certificates(ctx context.Context) ([]byte, error) {
 	s.ObjectMeta = metav1.ObjectMeta{Namespace: o.Secret.Namespace, Name: o.Secret.Name,
 		Labels: map[string]string{"app.kubernetes.io/name": "keyroll", "app.kubernetes.io/component": "conversion-webhook"}}
 	return data[KeyCABundle], o.Writer.Create(ctx, &s)
+}
+
+// certManagers returns the CA bundle of the Secret that cert-manager keeps, once it holds a
+// serving certificate that names the webhook and that one of the bundle's CAs signed: the API
+// server would refuse any other.
+func (k *keeper) certManagers(ctx context.Context) ([]byte, error) {
+	o := k.w.o
+	var s corev1.Secret
+	if err := o.Reader.Get(ctx, o.Secret, &s); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, errNoSecretYet
+		}
+		return nil, err
+	}
+	cas, err := parseCertificates(s.Data[KeyCABundle])
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w (the Certificate's issuer must give its CA: a CA or self-signed issuer does)", KeyCABundle, err)
+	}
+	_, leaf, err := servingCertificate(s.Data[KeyCert], s.Data[KeyKey])
+	if err != nil {
+		return nil, fmt.Errorf("%s/%s: %w", KeyCert, KeyKey, err)
+	}
+	if !inBundle(leaf, cas) {
+		return nil, fmt.Errorf("%s is not signed by a CA of %s", KeyCert, KeyCABundle)
+	}
+	hosts, err := k.w.hosts()
+	if err != nil {
+		return nil, err
+	}
+	// The API server checks the first: the URL's host, or <service>.<namespace>.svc.
+	if err := leaf.VerifyHostname(hosts[0]); err != nil {
+		return nil, fmt.Errorf("%s is not for %s, the name the API server checks (the Certificate's dnsNames): %w", KeyCert, hosts[0], err)
+	}
+	return s.Data[KeyCABundle], nil
 }
 
 // inject points the CRD's conversion at the webhook, with the CA bundle.

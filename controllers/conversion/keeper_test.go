@@ -3,6 +3,8 @@ package conversion
 import (
 	"context"
 	"crypto/x509"
+	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -152,6 +154,109 @@ func TestCRDsPointAtTheWebhook(t *testing.T) {
 			cv.Webhook.ClientConfig.Service.Name != "keyroll-webhook" || *cv.Webhook.ClientConfig.Service.Path != Path ||
 			string(cv.Webhook.ClientConfig.CABundle) != string(bundle) {
 			t.Fatalf("%s conversion: %+v", name, cv)
+		}
+	}
+}
+
+// certManagerSecret writes the Secret as a cert-manager Certificate of a CA issuer does: tls.crt
+// and tls.key signed by the CA, ca.crt the CA.
+func (h *keeperHarness) certManagerSecret(t *testing.T, ca *authority, hosts ...string) {
+	t.Helper()
+	certPEM, keyPEM, err := ca.sign(h.clock.Now(), time.Hour, hosts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: h.w.o.Secret.Namespace, Name: h.w.o.Secret.Name}, Type: corev1.SecretTypeTLS,
+		Data: map[string][]byte{KeyCert: certPEM, KeyKey: keyPEM, KeyCABundle: joinPEM([]*x509.Certificate{ca.cert})}}
+	var cur corev1.Secret
+	if err := h.c.Get(context.Background(), h.w.o.Secret, &cur); err == nil {
+		cur.Data = s.Data
+		err = h.c.Update(context.Background(), &cur)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	if err := h.c.Create(context.Background(), s); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestCertManagerKeepsTheCertificate: with CertManager, keyroll writes no Secret: it waits for
+// cert-manager's, refuses one the API server would not accept (a certificate its ca.crt did not
+// sign, or one for another name), serves what the Secret holds and puts its ca.crt in the CRDs,
+// and follows it when cert-manager renews the certificate or replaces the CA.
+func TestCertManagerKeepsTheCertificate(t *testing.T) {
+	h := newKeeperHarness(t)
+	h.w.o.CertManager = true
+	ctx := context.Background()
+	if err := h.k.trust(ctx); !errors.Is(err, errNoSecretYet) {
+		t.Fatalf("no Secret yet: %v, want errNoSecretYet", err)
+	}
+	var s corev1.Secret
+	if err := h.c.Get(ctx, h.w.o.Secret, &s); err == nil {
+		t.Fatal("keyroll wrote the Secret that cert-manager keeps")
+	}
+
+	ca, _, err := newAuthority(h.clock.Now(), 24*time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, _, err := newAuthority(h.clock.Now(), 24*time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.certManagerSecret(t, ca, "keyroll-webhook.other-namespace.svc")
+	if err := h.k.trust(ctx); err == nil || !strings.Contains(err.Error(), "keyroll-webhook.keyroll-system.svc") {
+		t.Fatalf("a certificate for another name: %v; want refused, naming the name the API server checks", err)
+	}
+	h.certManagerSecret(t, other, "keyroll-webhook.keyroll-system.svc")
+	if err := h.c.Get(ctx, h.w.o.Secret, &s); err != nil {
+		t.Fatal(err)
+	}
+	s.Data[KeyCABundle] = joinPEM([]*x509.Certificate{ca.cert})
+	if err := h.c.Update(ctx, &s); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.k.trust(ctx); err == nil || !strings.Contains(err.Error(), "not signed by a CA of ca.crt") {
+		t.Fatalf("a certificate its ca.crt did not sign: %v; want refused", err)
+	}
+
+	crdBundle := func() string {
+		var crd apiextensionsv1.CustomResourceDefinition
+		if err := h.c.Get(ctx, client.ObjectKey{Name: CRDs[0]}, &crd); err != nil {
+			t.Fatal(err)
+		}
+		if crd.Spec.Conversion == nil || crd.Spec.Conversion.Webhook == nil {
+			return ""
+		}
+		return string(crd.Spec.Conversion.Webhook.ClientConfig.CABundle)
+	}
+	for i, issuer := range []*authority{ca, ca, other} { // issued, renewed, a new CA
+		h.clock.Step(time.Minute)
+		h.certManagerSecret(t, issuer, "keyroll-webhook.keyroll-system.svc")
+		if err := h.c.Get(ctx, h.w.o.Secret, &s); err != nil {
+			t.Fatal(err)
+		}
+		written := s.ResourceVersion
+		if err := h.k.trust(ctx); err != nil {
+			t.Fatalf("round %d: %v", i, err)
+		}
+		if err := h.w.load(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if got := crdBundle(); got != string(s.Data[KeyCABundle]) {
+			t.Fatalf("round %d: the CRD's CA bundle is not the Secret's ca.crt", i)
+		}
+		_, leaf, err := servingCertificate(s.Data[KeyCert], s.Data[KeyKey])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !h.w.Serving().Leaf.Equal(leaf) {
+			t.Fatalf("round %d: the webhook does not serve the Secret's certificate", i)
+		}
+		if err := h.c.Get(ctx, h.w.o.Secret, &s); err != nil || s.ResourceVersion != written {
+			t.Fatalf("round %d: keyroll wrote the Secret that cert-manager keeps (%v)", i, err)
 		}
 	}
 }

@@ -1,6 +1,6 @@
 // Package conversion serves the conversion webhook between keyroll's API versions on every manager
 // replica, not only the leader: the certificate it serves, made and rotated by keyroll from a CA
-// of its own and kept in a Secret; the CRDs' conversion settings (the webhook's Service or URL and
+// of its own and kept in a Secret (or kept in that Secret by cert-manager); the CRDs' conversion settings (the webhook's Service or URL and
 // the CA bundle); and, once per start of the leader, every stored object rewritten at the storage
 // version, with the CRDs' status.storedVersions set to it alone.
 package conversion
@@ -51,6 +51,13 @@ type Options struct {
 	CertValidity, CAValidity time.Duration
 	// Reload is how often each replica reads the Secret for a replaced certificate.
 	Reload time.Duration
+	// CertManager says that a cert-manager Certificate keeps the Secret (tls.crt, tls.key, and
+	// ca.crt, its issuer's CA): keyroll makes and renews nothing, reads the Secret, serves its
+	// certificate and puts its ca.crt in the CRDs. CertValidity and CAValidity are then unused.
+	CertManager bool
+	// CertManagerWait is how long Setup waits for cert-manager to write the Secret (default 2
+	// minutes) before the manager gives up starting.
+	CertManagerWait time.Duration
 	// Clock tells the time.
 	Clock clock.Clock
 	// Reader reads the Secret and the CRDs from the API server, not from a cache (default: the
@@ -81,6 +88,9 @@ func (o *Options) defaults() {
 	}
 	if o.Reload == 0 {
 		o.Reload = DefaultReload
+	}
+	if o.CertManagerWait == 0 {
+		o.CertManagerWait = 2 * time.Minute
 	}
 	if o.Clock == nil {
 		o.Clock = clock.RealClock{}
@@ -125,12 +135,25 @@ func (w *Webhook) Setup(ctx context.Context, mgr ctrl.Manager) error {
 	mgr.GetWebhookServer().Register(Path, convwebhook.NewWebhookHandler(mgr.GetScheme()))
 	k := &keeper{w: w}
 	var err error
-	for range 5 { // replicas starting together race to write the Secret and the CRDs: one wins
+	waitUntil := w.o.Clock.Now().Add(w.o.CertManagerWait)
+	for tries := 0; ; tries++ {
 		if err = k.trust(ctx); err == nil {
 			err = w.load(ctx)
 		}
-		if err == nil || (!apierrors.IsConflict(err) && !apierrors.IsAlreadyExists(err)) {
+		// Replicas starting together race to write the Secret and the CRDs: one wins, the others
+		// try again; with cert-manager, the Secret may not be written yet.
+		race := (apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err)) && tries < 5
+		waiting := w.o.CertManager && errors.Is(err, errNoSecretYet) && w.o.Clock.Now().Before(waitUntil)
+		if err == nil || (!race && !waiting) {
 			break
+		}
+		if waiting {
+			ctrl.LoggerFrom(ctx).WithName("conversion-webhook").Info("Waiting for cert-manager to write the webhook certificate", "secret", w.o.Secret)
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-w.o.Clock.After(2 * time.Second):
+			}
 		}
 	}
 	if err != nil {

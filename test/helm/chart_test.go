@@ -80,6 +80,9 @@ func TestHelmChartRendersAndLints(t *testing.T) {
 		"no metrics":    {"--set", "metrics.enabled=false"},
 		"one replica": {"--set", "replicas=1", "--set", "leaderElection.enabled=false",
 			"--set", "podDisruptionBudget.enabled=false", "--set", "networkPolicy.enabled=false", "--set", "log.format=console"},
+		"cert-manager": {"--set", "webhook.certManager.enabled=true"},
+		"cert-manager, own issuer": {"--set", "webhook.certManager.enabled=true",
+			"--set-json", `webhook.certManager.issuerRef={"name":"corp-ca","kind":"ClusterIssuer","group":"cert-manager.io"}`},
 	}
 	t.Run("lint", func(t *testing.T) {
 		for name, args := range variants {
@@ -90,10 +93,11 @@ func TestHelmChartRendersAndLints(t *testing.T) {
 		}
 		// values.schema.json refuses wrong values, naming them, in lint as in install and template.
 		for name, args := range map[string][]string{
-			"/leaderElection/enabled": {"--set", "leaderElection.enabled=false"},
-			"/log/format":             {"--set", "log.format=text"},
-			"'replica'":               {"--set", "replica=3"},
-			"/metrics/port":           {"--set", "metrics.port=0"},
+			"/leaderElection/enabled":       {"--set", "leaderElection.enabled=false"},
+			"/log/format":                   {"--set", "log.format=text"},
+			"'replica'":                     {"--set", "replica=3"},
+			"/metrics/port":                 {"--set", "metrics.port=0"},
+			"/webhook/certManager/duration": {"--set", "webhook.certManager.duration=90 days"},
 		} {
 			for _, cmd := range [][]string{{"lint", "--strict", render.Chart()}, {"template", "keyroll", render.Chart()}} {
 				if out, err := render.Helm(t, nil, append(cmd, args...)...); err == nil {
@@ -214,6 +218,43 @@ func testValues(t *testing.T, variants map[string][]string) {
 	if len(render.Find(rendered["no metrics"], "Service", "keyroll-metrics")) != 0 || slices.ContainsFunc(c.Ports, func(p corev1.ContainerPort) bool { return p.Name == "metrics" }) {
 		t.Error("no metrics: a metrics Service or port is rendered")
 	}
+
+	if n := len(render.Find(rendered["defaults"], "Certificate", "")); n != 0 {
+		t.Errorf("defaults render %d cert-manager Certificates; keyroll keeps the webhook's certificate itself", n)
+	}
+	if slices.ContainsFunc(c.Args, func(a string) bool { return strings.HasPrefix(a, "--webhook-certificate") }) {
+		t.Errorf("defaults: %v", c.Args)
+	}
+	_, c = mgr("cert-manager")
+	wantArgs(t, "cert-manager", c.Args, "--webhook-certificate=cert-manager", "--webhook-secret=keyroll-webhook-certificate")
+	cert := one(t, rendered["cert-manager"], "Certificate", "keyroll-webhook")
+	spec, _, _ := unstructured.NestedMap(cert.Object, "spec")
+	if spec["secretName"] != "keyroll-webhook-certificate" || !reflect.DeepEqual(spec["dnsNames"],
+		[]any{"keyroll-webhook.keyroll-system.svc", "keyroll-webhook.keyroll-system.svc.cluster.local"}) ||
+		!reflect.DeepEqual(spec["issuerRef"], map[string]any{"name": "keyroll-webhook-ca", "kind": "Issuer"}) {
+		t.Errorf("cert-manager: the webhook's Certificate is %v", spec)
+	}
+	one(t, rendered["cert-manager"], "Certificate", "keyroll-webhook-ca")
+	if n := len(render.Find(rendered["cert-manager"], "Issuer", "")); n != 2 {
+		t.Errorf("cert-manager: %d Issuers, want 2 (self-signed, and the CA's)", n)
+	}
+	cert = one(t, rendered["cert-manager, own issuer"], "Certificate", "")
+	if ref, _, _ := unstructured.NestedMap(cert.Object, "spec", "issuerRef"); ref["name"] != "corp-ca" || ref["kind"] != "ClusterIssuer" {
+		t.Errorf("cert-manager, own issuer: issuerRef %v", ref)
+	}
+	if n := len(render.Find(rendered["cert-manager, own issuer"], "Issuer", "")); n != 0 {
+		t.Errorf("cert-manager, own issuer: the chart made %d Issuers of its own", n)
+	}
+	kust, err := render.Kustomize("cert-manager")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range append(render.Find(kust, "Certificate", ""), render.Find(kust, "Issuer", "")...) {
+		same(t, "deploy/cert-manager's "+k.GetKind()+" "+k.GetName(), one(t, rendered["cert-manager"], k.GetKind(), k.GetName()).Object["spec"], k.Object["spec"])
+	}
+	var kd appsv1.Deployment
+	convert(t, one(t, kust, "Deployment", "keyroll-manager"), &kd)
+	wantArgs(t, "deploy/cert-manager", kd.Spec.Template.Spec.Containers[0].Args, "--webhook-certificate=cert-manager")
 
 	d, c = mgr("one replica")
 	wantArgs(t, "one replica", c.Args, "--leader-elect=false", "--zap-encoder=console")
