@@ -63,7 +63,8 @@ func main() {
 		webhookSecret  = flag.String("webhook-secret", "keyroll-webhook-certificate", "Secret (in --service-account-namespace) where keyroll keeps the conversion webhook's CA and certificate.")
 		webhookCert    = flag.Duration("webhook-cert-validity", conversion.DefaultCertValidity, "How long a conversion webhook certificate is valid; it is replaced after two thirds of it.")
 		webhookCA      = flag.Duration("webhook-ca-validity", conversion.DefaultCAValidity, "How long the conversion webhook's CA is valid; it is replaced after two thirds of it, and trusted until it expires.")
-		webhookCertBy  = flag.String("webhook-certificate", "keyroll", "Who keeps the conversion webhook's certificate in --webhook-secret: keyroll (it makes a CA of its own and renews both) or cert-manager (a cert-manager Certificate writes tls.crt, tls.key and ca.crt there; keyroll waits for it, serves it and puts its ca.crt in the CRDs; --webhook-cert-validity and --webhook-ca-validity are unused).")
+		webhookCertBy  = flag.String("webhook-certificate", "keyroll", "Who keeps the conversion webhook's certificate: keyroll (in --webhook-secret, from a CA of its own; it renews both), cert-manager (a cert-manager Certificate writes tls.crt, tls.key and ca.crt in --webhook-secret; keyroll waits for it, serves it and puts its ca.crt in the CRDs) or olm (Operator Lifecycle Manager mounts tls.crt and tls.key in --webhook-cert-dir and sets the CRDs' conversion itself; keyroll serves the files). --webhook-cert-validity and --webhook-ca-validity are for keyroll's own.")
+		webhookCertDir = flag.String("webhook-cert-dir", "/tmp/k8s-webhook-server/serving-certs", "Where Operator Lifecycle Manager mounts the conversion webhook's certificate, with --webhook-certificate=olm.")
 		leaseCheck     = flag.Duration("lease-check-interval", controllers.DefaultLeaseCheckInterval, "How often a live lease is looked up in Vault besides its renewals, so that a lease revoked outside keyroll is noticed within about that long; negative turns the lookups off.")
 	)
 	zapOpts := zap.Options{}
@@ -76,8 +77,8 @@ func main() {
 		log.Error(err, "Invalid --watch-selector")
 		os.Exit(1)
 	}
-	if *webhookCertBy != "keyroll" && *webhookCertBy != "cert-manager" {
-		log.Error(nil, "Invalid --webhook-certificate: want keyroll or cert-manager", "value", *webhookCertBy)
+	if *webhookCertBy != "keyroll" && *webhookCertBy != "cert-manager" && *webhookCertBy != "olm" {
+		log.Error(nil, "Invalid --webhook-certificate: want keyroll, cert-manager or olm", "value", *webhookCertBy)
 		os.Exit(1)
 	}
 
@@ -96,11 +97,20 @@ func main() {
 			URL:          *webhookURL,
 			CertValidity: *webhookCert, CAValidity: *webhookCA,
 			CertManager: *webhookCertBy == "cert-manager",
+			CertDir:     olmCertDir(*webhookCertBy, *webhookCertDir),
 		},
 	}); err != nil {
 		log.Error(err, "Manager stopped with an error")
 		os.Exit(1)
 	}
+}
+
+// olmCertDir is where OLM mounts the webhook's certificate, when it keeps it.
+func olmCertDir(by, dir string) string {
+	if by == "olm" {
+		return dir
+	}
+	return ""
 }
 
 // newLogger is zap as the flags say; console lines leave out the reconcile context fields

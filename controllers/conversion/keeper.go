@@ -48,8 +48,10 @@ func (k *keeper) Start(ctx context.Context) error {
 }
 
 func (k *keeper) keep(ctx context.Context) error {
-	if err := k.trust(ctx); err != nil {
-		return err
+	if k.w.o.CertDir == "" { // OLM keeps the certificate and the CRDs' conversion settings
+		if err := k.trust(ctx); err != nil {
+			return err
+		}
 	}
 	if k.migrated {
 		return nil
@@ -81,8 +83,8 @@ func (k *keeper) trust(ctx context.Context) error {
 	return nil
 }
 
-// errNoSecretYet: cert-manager has not written the Secret yet.
-var errNoSecretYet = errors.New("not written by cert-manager yet")
+// errNoSecretYet: cert-manager has not written the Secret yet, or OLM has not mounted the files.
+var errNoSecretYet = errors.New("the webhook certificate is not there yet")
 
 // certificates makes, renews and returns the CA bundle the Secret holds, and its serving
 // certificate, and writes the Secret when something changed. With cert-manager it only reads

@@ -4,6 +4,8 @@ import (
 	"context"
 	"crypto/x509"
 	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -16,6 +18,8 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+
+	"github.com/keyroll/keyroll/apis/v1beta1"
 )
 
 type keeperHarness struct {
@@ -32,6 +36,9 @@ func newKeeperHarness(t *testing.T) *keeperHarness {
 		t.Fatal(err)
 	}
 	if err := apiextensionsv1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	if err := v1beta1.AddToScheme(scheme); err != nil {
 		t.Fatal(err)
 	}
 	var objs []client.Object
@@ -257,6 +264,59 @@ func TestCertManagerKeepsTheCertificate(t *testing.T) {
 		}
 		if err := h.c.Get(ctx, h.w.o.Secret, &s); err != nil || s.ResourceVersion != written {
 			t.Fatalf("round %d: keyroll wrote the Secret that cert-manager keeps (%v)", i, err)
+		}
+	}
+}
+
+// TestOLMMountsTheCertificate: with CertDir (Operator Lifecycle Manager's install), the webhook
+// serves the files there and follows their renewal; it writes no Secret and leaves the CRDs'
+// conversion settings to OLM, and still migrates.
+func TestOLMMountsTheCertificate(t *testing.T) {
+	h := newKeeperHarness(t)
+	dir := t.TempDir()
+	h.w.o.CertDir = dir
+	ctx := context.Background()
+	if err := h.w.load(ctx); !errors.Is(err, errNoSecretYet) {
+		t.Fatalf("no files yet: %v, want errNoSecretYet", err)
+	}
+	ca, _, err := newAuthority(h.clock.Now(), 24*time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for round := range 2 { // mounted, then renewed by OLM
+		certPEM, keyPEM, err := ca.sign(h.clock.Now(), time.Hour, []string{"keyroll-manager-service.operators.svc"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, KeyCert), certPEM, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, KeyKey), keyPEM, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := h.k.keep(ctx); err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
+		_, leaf, err := servingCertificate(certPEM, keyPEM)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s := h.w.Serving(); s == nil || !s.Leaf.Equal(leaf) {
+			t.Fatalf("round %d: the webhook does not serve the mounted certificate", round)
+		}
+		h.k.migrated = false
+	}
+	var s corev1.Secret
+	if err := h.c.Get(ctx, h.w.o.Secret, &s); err == nil {
+		t.Fatal("keyroll wrote a certificate Secret under OLM")
+	}
+	for _, name := range CRDs {
+		var crd apiextensionsv1.CustomResourceDefinition
+		if err := h.c.Get(ctx, client.ObjectKey{Name: name}, &crd); err != nil {
+			t.Fatal(err)
+		}
+		if crd.Spec.Conversion != nil {
+			t.Fatalf("%s: keyroll set the conversion OLM keeps: %+v", name, crd.Spec.Conversion)
 		}
 	}
 }

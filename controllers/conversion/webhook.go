@@ -1,8 +1,9 @@
 // Package conversion serves the conversion webhook between keyroll's API versions on every manager
-// replica, not only the leader: the certificate it serves, made and rotated by keyroll from a CA
-// of its own and kept in a Secret (or kept in that Secret by cert-manager); the CRDs' conversion settings (the webhook's Service or URL and
-// the CA bundle); and, once per start of the leader, every stored object rewritten at the storage
-// version, with the CRDs' status.storedVersions set to it alone.
+// replica, not only the leader: the certificate it serves (made and rotated by keyroll from a CA of
+// its own and kept in a Secret; or kept in that Secret by cert-manager; or mounted by Operator
+// Lifecycle Manager); the CRDs' conversion settings (the webhook's Service or URL and the CA
+// bundle; OLM writes its own); and, once per start of the leader, every stored object rewritten at
+// the storage version, with the CRDs' status.storedVersions set to it alone.
 package conversion
 
 import (
@@ -10,7 +11,10 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net/http"
+	"os"
+	"path/filepath"
 	"sync/atomic"
 	"time"
 
@@ -55,9 +59,14 @@ type Options struct {
 	// ca.crt, its issuer's CA): keyroll makes and renews nothing, reads the Secret, serves its
 	// certificate and puts its ca.crt in the CRDs. CertValidity and CAValidity are then unused.
 	CertManager bool
-	// CertManagerWait is how long Setup waits for cert-manager to write the Secret (default 2
-	// minutes) before the manager gives up starting.
+	// CertManagerWait is how long Setup waits for cert-manager to write the Secret, or for the
+	// files in CertDir (default 2 minutes), before the manager gives up starting.
 	CertManagerWait time.Duration
+	// CertDir, when set, says that Operator Lifecycle Manager keeps the certificate and the CRDs'
+	// conversion settings: it mounts tls.crt and tls.key in CertDir and writes its CA into the
+	// CRDs. keyroll serves the files, reloading them, and touches neither a Secret nor the CRDs'
+	// conversion settings; its leader still migrates the stored objects.
+	CertDir string
 	// Clock tells the time.
 	Clock clock.Clock
 	// Reader reads the Secret and the CRDs from the API server, not from a cache (default: the
@@ -137,18 +146,21 @@ func (w *Webhook) Setup(ctx context.Context, mgr ctrl.Manager) error {
 	var err error
 	waitUntil := w.o.Clock.Now().Add(w.o.CertManagerWait)
 	for tries := 0; ; tries++ {
-		if err = k.trust(ctx); err == nil {
+		if w.o.CertDir == "" {
+			err = k.trust(ctx)
+		}
+		if err == nil {
 			err = w.load(ctx)
 		}
 		// Replicas starting together race to write the Secret and the CRDs: one wins, the others
 		// try again; with cert-manager, the Secret may not be written yet.
 		race := (apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err)) && tries < 5
-		waiting := w.o.CertManager && errors.Is(err, errNoSecretYet) && w.o.Clock.Now().Before(waitUntil)
+		waiting := (w.o.CertManager || w.o.CertDir != "") && errors.Is(err, errNoSecretYet) && w.o.Clock.Now().Before(waitUntil)
 		if err == nil || (!race && !waiting) {
 			break
 		}
 		if waiting {
-			ctrl.LoggerFrom(ctx).WithName("conversion-webhook").Info("Waiting for cert-manager to write the webhook certificate", "secret", w.o.Secret)
+			ctrl.LoggerFrom(ctx).WithName("conversion-webhook").Info("Waiting for the webhook certificate", "from", w.source())
 			select {
 			case <-ctx.Done():
 				return ctx.Err()
@@ -189,11 +201,11 @@ func (w *Webhook) reload(ctx context.Context) error {
 }
 
 func (w *Webhook) load(ctx context.Context) error {
-	var s corev1.Secret
-	if err := w.o.Reader.Get(ctx, w.o.Secret, &s); err != nil {
+	certPEM, keyPEM, err := w.read(ctx)
+	if err != nil {
 		return err
 	}
-	cert, leaf, err := servingCertificate(s.Data[KeyCert], s.Data[KeyKey])
+	cert, leaf, err := servingCertificate(certPEM, keyPEM)
 	if err != nil {
 		return fmt.Errorf("%s/%s: %w", KeyCert, KeyKey, err)
 	}
@@ -203,6 +215,36 @@ func (w *Webhook) load(ctx context.Context) error {
 			"serial", leaf.SerialNumber.Text(16), "notAfter", leaf.NotAfter.UTC().Format(time.RFC3339))
 	}
 	return nil
+}
+
+// read returns the serving certificate and its key: from CertDir, or from the Secret.
+func (w *Webhook) read(ctx context.Context) (certPEM, keyPEM []byte, err error) {
+	if dir := w.o.CertDir; dir != "" {
+		certPEM, err = os.ReadFile(filepath.Join(dir, KeyCert))
+		if err == nil {
+			keyPEM, err = os.ReadFile(filepath.Join(dir, KeyKey))
+		}
+		if errors.Is(err, fs.ErrNotExist) {
+			err = fmt.Errorf("%w: %w", errNoSecretYet, err)
+		}
+		return certPEM, keyPEM, err
+	}
+	var s corev1.Secret
+	if err := w.o.Reader.Get(ctx, w.o.Secret, &s); err != nil {
+		if w.o.CertManager && apierrors.IsNotFound(err) {
+			return nil, nil, errNoSecretYet
+		}
+		return nil, nil, err
+	}
+	return s.Data[KeyCert], s.Data[KeyKey], nil
+}
+
+// source names where the certificate comes from, for the log.
+func (w *Webhook) source() string {
+	if w.o.CertDir != "" {
+		return w.o.CertDir
+	}
+	return "Secret " + w.o.Secret.String()
 }
 
 // Serving is the certificate this replica serves now (nil before the first read).

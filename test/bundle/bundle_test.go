@@ -28,7 +28,8 @@ func TestBundleValidates(t *testing.T) {
 	}
 }
 
-// The generated CSV carries the manager's Deployment, its permissions and the samples.
+// The generated CSV carries the manager's Deployment, its permissions, the samples and the
+// conversion webhook, whose certificate OLM keeps (the bundle has no webhook Service of its own).
 func TestClusterServiceVersionCarriesTheInstall(t *testing.T) {
 	files, err := Generate()
 	if err != nil {
@@ -36,9 +37,13 @@ func TestClusterServiceVersionCarriesTheInstall(t *testing.T) {
 	}
 	csv := string(files["bundle/manifests/"+Package+".clusterserviceversion.yaml"])
 	for _, want := range []string{"name: keyroll-manager", "serviceAccountName: keyroll-manager", "clusterPermissions:", "permissions:",
-		"redisclusters", "vaultconnections", `"kind": "RedisCluster"`, `"kind": "VaultConnection"`, "minKubeVersion: 1.30.0", "AllNamespaces"} {
+		"redisclusters", "vaultconnections", `"kind": "RedisCluster"`, `"kind": "VaultConnection"`, "minKubeVersion: 1.30.0", "AllNamespaces",
+		"webhookdefinitions:", "type: ConversionWebhook", "webhookPath: /convert", "- redisclusters.keyroll.dev", "--webhook-certificate=olm"} {
 		if !strings.Contains(csv, want) {
 			t.Errorf("the CSV lacks %q", want)
 		}
+	}
+	if _, ok := files["bundle/manifests/keyroll-service-keyroll-webhook.yaml"]; ok {
+		t.Error("the bundle has keyroll's webhook Service; OLM makes its own")
 	}
 }

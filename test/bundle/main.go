@@ -109,6 +109,9 @@ func Generate() (map[string][]byte, error) {
 				return nil, err
 			}
 		case "Service", "PodDisruptionBudget":
+			if o.GetName() == "keyroll-webhook" {
+				continue // OLM makes the conversion webhook's Service (webhookdefinitions)
+			}
 			// Installed beside the operator, in the namespace OLM installs it into.
 			o.SetNamespace("")
 			if files["bundle/manifests/keyroll-"+strings.ToLower(o.GetKind())+"-"+o.GetName()+".yaml"], err = yaml.Marshal(o.Object); err != nil {
@@ -204,6 +207,9 @@ func clusterServiceVersion(ch chart, image string, objs, crds, samples []*unstru
 	for _, c := range containers {
 		if m, ok := c.(map[string]any); ok && m["name"] == "manager" {
 			m["image"] = image
+			// OLM keeps the conversion webhook's certificate and the CRDs' conversion settings.
+			args, _ := m["args"].([]any)
+			m["args"] = append(args, "--webhook-certificate=olm")
 		}
 	}
 	sa, _ := get(spec, "template", "spec", "serviceAccountName").(string)
@@ -265,6 +271,14 @@ func clusterServiceVersion(ch chart, image string, objs, crds, samples []*unstru
 				map[string]any{"type": "AllNamespaces", "supported": true},
 			},
 			"customresourcedefinitions": map[string]any{"owned": owned},
+			// The conversion webhook between v1alpha1 and v1beta1: OLM makes its Service and
+			// certificate, mounts the certificate in the manager's pods and points the CRDs at it.
+			"webhookdefinitions": []any{map[string]any{
+				"type": "ConversionWebhook", "generateName": "ckeyroll.keyroll.dev", "deploymentName": dep.GetName(),
+				"containerPort": 443, "targetPort": 9443, "webhookPath": "/convert",
+				"conversionCRDs":          crdNames(crds),
+				"admissionReviewVersions": []any{"v1"}, "sideEffects": "None",
+			}},
 			"install": map[string]any{
 				"strategy": "deployment",
 				"spec": map[string]any{
@@ -275,6 +289,15 @@ func clusterServiceVersion(ch chart, image string, objs, crds, samples []*unstru
 			},
 		},
 	}, nil
+}
+
+// crdNames are the names of the CRDs.
+func crdNames(crds []*unstructured.Unstructured) []any {
+	var out []any
+	for _, c := range crds {
+		out = append(out, c.GetName())
+	}
+	return out
 }
 
 // minKube is the lowest Kubernetes version of the chart's kubeVersion (">=1.30.0-0": 1.30.0).
