@@ -34,12 +34,7 @@ import (
 // conversion by the webhook) go on without pause; none fails, and what the webhook serves on the
 // wire changes with the Secret.
 func TestWebhookCertificateRotates(t *testing.T) {
-	ctx := context.Background()
-	dyn := dynamicClient(t)
-	ns := fw.Name("rotate")
-	ensureNamespace(t, ns)
-	ensureNamespace(t, fw.OperatorNS)
-	installCRDs(t, currentCRDs(), false)
+	ctx, dyn, ns := onCurrentCRDs(t, "rotate")
 	// A certificate from an earlier test's manager would be reused: start from none.
 	_ = fw.Client.Delete(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: fw.OperatorNS, Name: "keyroll-webhook-certificate"}})
 
@@ -206,12 +201,7 @@ func (i *testIssuer) secretData(t *testing.T, ip string) (map[string][]byte, str
 // ground has no cert-manager), puts its ca.crt in the CRDs, and serves a renewed certificate
 // within a few seconds of its renewal, without a failed conversion; it never writes the Secret.
 func TestCertManagerKeepsTheWebhookCertificate(t *testing.T) {
-	ctx := context.Background()
-	dyn := dynamicClient(t)
-	ns := fw.Name("cert-manager")
-	ensureNamespace(t, ns)
-	ensureNamespace(t, fw.OperatorNS)
-	installCRDs(t, currentCRDs(), false)
+	ctx, dyn, ns := onCurrentCRDs(t, "cert-manager")
 	key := client.ObjectKey{Namespace: fw.OperatorNS, Name: "keyroll-webhook-certificate"}
 	_ = fw.Client.Delete(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name}})
 	issuer := newTestIssuer(t)

@@ -21,6 +21,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/dynamic"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
@@ -158,6 +159,17 @@ func storedVersions(t *testing.T, name string) []string {
 		t.Fatal(err)
 	}
 	return crd.Status.StoredVersions
+}
+
+// onCurrentCRDs is the start of a test on this release's CRDs: they are installed, and the test's
+// namespace (base) and the operator's exist.
+func onCurrentCRDs(t *testing.T, base string) (context.Context, dynamic.Interface, string) {
+	t.Helper()
+	ns := fw.Name(base)
+	ensureNamespace(t, ns)
+	ensureNamespace(t, fw.OperatorNS)
+	installCRDs(t, currentCRDs(), false)
+	return context.Background(), dynamicClient(t), ns
 }
 
 func ensureNamespace(t *testing.T, name string) {

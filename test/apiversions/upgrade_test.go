@@ -231,12 +231,7 @@ func TestStoredV1alpha1ReadsAsV1beta1(t *testing.T) {
 // created, listed, watched and patched at the storage version (no conversion is needed), and a
 // v1alpha1 request fails with a message that names the conversion webhook.
 func TestWebhookDownKeepsListAndWatch(t *testing.T) {
-	ctx := context.Background()
-	dyn := dynamicClient(t)
-	ns := fw.Name("down")
-	ensureNamespace(t, ns)
-	ensureNamespace(t, fw.OperatorNS)
-	installCRDs(t, currentCRDs(), false)
+	ctx, dyn, ns := onCurrentCRDs(t, "down")
 	// The manager points the CRDs at its webhook, then goes away.
 	if err := fw.StartOperator(framework.OperatorOptions{Conversion: &conversion.Options{}}); err != nil {
 		t.Fatal(err)
