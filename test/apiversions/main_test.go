@@ -43,7 +43,8 @@ func TestMain(m *testing.M) {
 		// release's clusters across the upgrade.
 		OwnGround: true,
 		Ground:    testground.Options{Node: true, Redis: true, Vault: true, ExternalSecrets: true},
-		Roles:     []testground.RedisRole{{Name: "node", DefaultTTL: 10 * time.Minute, MaxTTL: time.Hour}},
+		// Leases of 2 minutes: the upgrade's quiet time sees each renewed.
+		Roles: []testground.RedisRole{{Name: "node", DefaultTTL: 2 * time.Minute, MaxTTL: time.Hour}},
 		// Vault's audit log (what the upgrade issues and revokes) and ESO's Vault policy.
 		Setup: func(ctx context.Context, f *framework.Framework) error {
 			var err error

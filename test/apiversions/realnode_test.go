@@ -93,7 +93,8 @@ func (c alphaClient) Patch(ctx context.Context, obj client.Object, patch client.
 // credential, the nodes); across the upgrade and three minutes after it no Redis container or
 // consumer pod restarts, no consumer command fails, no lease is issued or revoked (Vault's audit
 // log); the manager rewrites every object at v1beta1 and sets both CRDs' storedVersions to
-// [v1beta1]; and a rotation then works end to end.
+// [v1beta1]; the new manager renews the leases (they last 2 minutes); and a rotation then works
+// end to end.
 func TestV1alpha1ObjectsSurviveTheUpgrade(t *testing.T) {
 	ctx := context.Background()
 	prev := fw.Previous(t)
@@ -129,5 +130,15 @@ func TestV1alpha1ObjectsSurviveTheUpgrade(t *testing.T) {
 			}
 			return ""
 		})
+	}, func(sc *framework.UpgradeScene, upgraded time.Time) {
+		// The role's leases last 2 minutes: the new manager renewed each in the quiet time.
+		for _, rc := range sc.Clusters() {
+			cur := fw.Get(t, rc)
+			c := cur.Status.Credential
+			t.Logf("%s: lease %s last renewed %v (upgraded at %s)", rc.Name, c.Lease.LeaseID, c.Lease.LastRenewal, upgraded.UTC().Format(time.RFC3339))
+			if cur.Spec.Credentials.Source == v1beta1.SourceVaultLease && (c.Lease.LastRenewal == nil || c.Lease.LastRenewal.Time.Before(upgraded)) {
+				t.Errorf("%s: the lease was not renewed after the upgrade (last renewal %v)", rc.Name, c.Lease.LastRenewal)
+			}
+		}
 	})
 }

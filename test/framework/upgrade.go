@@ -201,9 +201,10 @@ func (sc *UpgradeScene) CheckQuiet(t *testing.T, before UpgradeState, failedBefo
 }
 
 // UpgradeScenario runs the scene under the release installed, rotates it once, upgrades it with
-// upgrade, and holds the scene against what it was for QuietAfterUpgrade; then a rotation works end
-// to end under the new release, and the clusters are deleted.
-func (f *Framework) UpgradeScenario(t *testing.T, base, role, auditLog string, upgrade func()) {
+// upgrade, and holds the scene against what it was for QuietAfterUpgrade; then quiet (when not
+// nil) looks at the scene once more, and a rotation works end to end under the new release, and
+// the clusters are deleted.
+func (f *Framework) UpgradeScenario(t *testing.T, base, role, auditLog string, upgrade func(), quiet func(*UpgradeScene, time.Time)) {
 	t.Helper()
 	start := time.Now()
 	sc := f.StartUpgradeScene(t, "upgrade-"+base, role, auditLog)
@@ -216,6 +217,9 @@ func (f *Framework) UpgradeScenario(t *testing.T, base, role, auditLog string, u
 	upgrade()
 	t.Logf("upgraded to the code under test in %s; holding the scene for %s", time.Since(upgraded).Round(time.Second), QuietAfterUpgrade)
 	sc.CheckQuiet(t, before, failedBefore, upgraded)
+	if quiet != nil && !t.Failed() {
+		quiet(sc, upgraded)
+	}
 	if t.Failed() {
 		return
 	}

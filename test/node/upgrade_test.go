@@ -94,7 +94,7 @@ func TestUpgradeFromPreviousReleaseRestartsNothing(t *testing.T) {
 			fw.MustKubectl(t, nil, "apply", "--server-side", "--force-conflicts", "-k", filepath.Join(testground.RepoRoot(), "deploy", "crd"))
 			repo, tag, _ := strings.Cut(testground.ManagerImage, ":")
 			helm(render.Chart(), repo, tag, "upgrade")
-		})
+		}, nil)
 	})
 }
 
