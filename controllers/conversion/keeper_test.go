@@ -320,3 +320,49 @@ func TestOLMMountsTheCertificate(t *testing.T) {
 		}
 	}
 }
+
+// TestStartWaitsForTheMountedCertificate: a manager started before OLM mounted the certificate
+// (or before cert-manager wrote its Secret) waits for it, and gives up with the reason after
+// CertManagerWait.
+func TestStartWaitsForTheMountedCertificate(t *testing.T) {
+	h := newKeeperHarness(t)
+	dir := t.TempDir()
+	h.w.o.CertDir, h.w.o.CertManagerWait = dir, 10*time.Second
+	ctx := context.Background()
+	done := make(chan error, 1)
+	go func() { done <- h.w.ready(ctx, h.k) }()
+	for !h.clock.HasWaiters() {
+		time.Sleep(time.Millisecond)
+	}
+	ca, _, err := newAuthority(h.clock.Now(), time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	certPEM, keyPEM, err := ca.sign(h.clock.Now(), time.Hour, []string{"keyroll-manager-service.operators.svc"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, KeyCert), certPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, KeyKey), keyPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	h.clock.Step(2 * time.Second)
+	if err := <-done; err != nil || h.w.Serving() == nil {
+		t.Fatalf("after the files came: %v, serving %v", err, h.w.Serving())
+	}
+
+	empty := newKeeperHarness(t)
+	empty.w.o.CertDir, empty.w.o.CertManagerWait = t.TempDir(), 5*time.Second
+	go func() { done <- empty.w.ready(ctx, empty.k) }()
+	for range 3 {
+		for !empty.clock.HasWaiters() {
+			time.Sleep(time.Millisecond)
+		}
+		empty.clock.Step(2 * time.Second)
+	}
+	if err := <-done; !errors.Is(err, errNoSecretYet) {
+		t.Fatalf("no files after the wait: %v, want errNoSecretYet", err)
+	}
+}

@@ -143,21 +143,33 @@ func (w *Webhook) Setup(ctx context.Context, mgr ctrl.Manager) error {
 	}
 	mgr.GetWebhookServer().Register(Path, convwebhook.NewWebhookHandler(mgr.GetScheme()))
 	k := &keeper{w: w}
-	var err error
+	if err := w.ready(ctx, k); err != nil {
+		return fmt.Errorf("conversion webhook: %w", err)
+	}
+	if err := mgr.Add(replicaRunnable(w.reload)); err != nil {
+		return err
+	}
+	return mgr.Add(k)
+}
+
+// ready puts the certificate and the CRDs in order (unless OLM keeps them) and loads the
+// certificate. Replicas starting together race to write the Secret and the CRDs: one wins, the
+// others try again. A certificate kept by cert-manager or OLM may not be there yet: it is waited
+// for, up to CertManagerWait.
+func (w *Webhook) ready(ctx context.Context, k *keeper) error {
 	waitUntil := w.o.Clock.Now().Add(w.o.CertManagerWait)
 	for tries := 0; ; tries++ {
+		var err error
 		if w.o.CertDir == "" {
 			err = k.trust(ctx)
 		}
 		if err == nil {
 			err = w.load(ctx)
 		}
-		// Replicas starting together race to write the Secret and the CRDs: one wins, the others
-		// try again; with cert-manager, the Secret may not be written yet.
 		race := (apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err)) && tries < 5
 		waiting := (w.o.CertManager || w.o.CertDir != "") && errors.Is(err, errNoSecretYet) && w.o.Clock.Now().Before(waitUntil)
 		if err == nil || (!race && !waiting) {
-			break
+			return err
 		}
 		if waiting {
 			ctrl.LoggerFrom(ctx).WithName("conversion-webhook").Info("Waiting for the webhook certificate", "from", w.source())
@@ -168,13 +180,6 @@ func (w *Webhook) Setup(ctx context.Context, mgr ctrl.Manager) error {
 			}
 		}
 	}
-	if err != nil {
-		return fmt.Errorf("conversion webhook: %w", err)
-	}
-	if err := mgr.Add(replicaRunnable(w.reload)); err != nil {
-		return err
-	}
-	return mgr.Add(k)
 }
 
 // replicaRunnable runs on every replica, leader or not.

@@ -135,8 +135,9 @@ func TestCredentialsRotateBeforeTheirTokenEnds(t *testing.T) {
 	}
 }
 
-// TestLeasesSurviveOperatorRestartAndLeaderChange: the operator is stopped for less than a token
-// period, and separately leadership moves to a second manager; afterwards, for three more token
+// TestLeasesSurviveOperatorRestartAndLeaderChange: the operator is stopped, just after its token
+// was renewed, for less than the token's remaining life, and separately leadership moves to a
+// second manager; afterwards, for three more token
 // periods, no lease is revoked by Vault and none is issued again.
 func TestLeasesSurviveOperatorRestartAndLeaderChange(t *testing.T) {
 	ns := fw.Namespace(t, "restart")
@@ -146,6 +147,7 @@ func TestLeasesSurviveOperatorRestartAndLeaderChange(t *testing.T) {
 	w := watchLedgers(t, conn, rc)
 	w.run(2 * tokenPeriod) // steady, its token renewed
 
+	justRenewed(t, conn)
 	fw.StopOperator()
 	down := time.Now()
 	w.run(tokenPeriod / 4)
@@ -155,6 +157,7 @@ func TestLeasesSurviveOperatorRestartAndLeaderChange(t *testing.T) {
 	t.Logf("operator down for %s", time.Since(down).Round(100*time.Millisecond))
 	w.run(3*tokenPeriod + 5*time.Second)
 
+	justRenewed(t, conn)
 	fw.StopOperator()
 	first, err := fw.NewOperator(context.Background(), framework.Election)
 	if err != nil {
@@ -170,6 +173,7 @@ func TestLeasesSurviveOperatorRestartAndLeaderChange(t *testing.T) {
 		t.Fatal(err)
 	}
 	w.run(tokenPeriod)
+	justRenewed(t, conn)
 	handover := time.Now()
 	_ = first.Stop() // releases leadership
 	select {
@@ -194,6 +198,36 @@ func TestLeasesSurviveOperatorRestartAndLeaderChange(t *testing.T) {
 	if n := strings.Count(fw.Logs.String(), "Took over persisted Vault tokens"); n < 2 {
 		t.Errorf("%d take-overs of persisted tokens logged, want one per new manager (at least 2)", n)
 	}
+}
+
+// justRenewed waits until the connection's current token was renewed a moment ago (Vault gives it
+// more than 12 s of its 15-second period): a manager stopped then has that long to come back before
+// the token, and its leases with it, end. The test promises survival of a stop shorter than the
+// token's remaining life; stopping just before a renewal would leave it a third of the period.
+func justRenewed(t *testing.T, connection string) {
+	t.Helper()
+	ctx := context.Background()
+	framework.Eventually(t, 2*tokenPeriod, func() string {
+		vc := fw.GetConnection(t, connection)
+		for _, tok := range vc.Status.Tokens {
+			if !tok.Current {
+				continue
+			}
+			sec, err := fw.Ground.Vault.Root.Auth().Token().LookupAccessorWithContext(ctx, tok.Accessor)
+			if err != nil {
+				return "looking up the current token: " + err.Error()
+			}
+			ttl, err := sec.TokenTTL()
+			if err != nil {
+				return err.Error()
+			}
+			if ttl > tokenPeriod*4/5 {
+				return ""
+			}
+			return fmt.Sprintf("the current token has %s left", ttl)
+		}
+		return "no current token in the VaultConnection's status"
+	})
 }
 
 // TestLeasesSurviveVaultConnectionEdit: every edit of a VaultConnection that changes its client
