@@ -50,7 +50,7 @@ func TestBudgetBoundsEveryExchangeOfAReconcile(t *testing.T) {
 	ctx := budgetUntil(context.Background(), time.Now().Add(budget))
 	start := time.Now()
 	for i := range 4 { // four nodes' worth of exchanges: 4 × Timeout without the budget
-		n := New(addr, "keyroll-admin", "x")
+		n := New(addr, "keyroll-admin", "x", nil)
 		_, err := n.ACLList(ctx)
 		n.Close()
 		if err == nil || !Unreachable(err) {
@@ -60,7 +60,7 @@ func TestBudgetBoundsEveryExchangeOfAReconcile(t *testing.T) {
 	if took := time.Since(start); took > budget+time.Second {
 		t.Errorf("four exchanges took %s, want them ended by the budget of %s", took, budget)
 	}
-	n := New(addr, "keyroll-admin", "x")
+	n := New(addr, "keyroll-admin", "x", nil)
 	defer n.Close()
 	begun := time.Now()
 	if _, err := n.ACLList(ctx); err == nil || time.Since(begun) > 100*time.Millisecond {

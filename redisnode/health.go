@@ -2,6 +2,7 @@ package redisnode
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 )
@@ -14,8 +15,8 @@ import (
 // snapshot); a primary is ready once it has loaded; a replica only once its link to the primary is
 // up and its first sync is done, so that a rollout never takes a replica for ready while it has no
 // data.
-func Ready(ctx context.Context, addr, username, password string) error {
-	c := newClient(options(addr, username, password))
+func Ready(ctx context.Context, addr, username, password string, tlsConf *tls.Config) error {
+	c := newClient(options(addr, username, password, tlsConf))
 	defer func() { _ = c.Close() }()
 	info, err := c.Info(ctx).Result() // the default sections: server, replication, persistence...
 	if err != nil {
@@ -43,8 +44,8 @@ func readiness(info string) error {
 // Alive says whether the node at addr runs: nil on any answer of a Redis that runs, PONG, LOADING
 // (it loads its dataset, from disk or from its primary) or MASTERDOWN, which a restart would only
 // start again; an error on no answer (a hung Redis: ctx's deadline) or no Redis to answer.
-func Alive(ctx context.Context, addr, username, password string) error {
-	c := newClient(options(addr, username, password))
+func Alive(ctx context.Context, addr, username, password string, tlsConf *tls.Config) error {
+	c := newClient(options(addr, username, password, tlsConf))
 	defer func() { _ = c.Close() }()
 	err := c.Ping(ctx).Err()
 	if err == nil || isReply(err, "LOADING") || isReply(err, "MASTERDOWN") {

@@ -6,6 +6,7 @@ package redisnode
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -63,16 +64,22 @@ type Node interface {
 	// Clients are the node's client connections (CLIENT LIST): who each is logged in as, and
 	// where it comes from.
 	Clients(ctx context.Context) ([]Conn, error)
+	// ReloadCertificate sets the node's TLS file settings (CONFIG SET, pairs of name and path):
+	// Redis reads the files again, for new connections; open ones stay as they are.
+	ReloadCertificate(ctx context.Context, settings []string) error
 	// Close ends the connection.
 	Close() error
 }
 
-// Dialer opens a Node at addr (host:port) as the given user. Connections are made when first
+// Dialer opens a Node at addr (host:port) as the given user, over TLS when tlsConf is set (which
+// then says what the node's certificate is checked against). Connections are made when first
 // needed.
-type Dialer func(addr, username, password string) Node
+type Dialer func(addr, username, password string, tlsConf *tls.Config) Node
 
 // Dial is the Dialer of real nodes.
-func Dial(addr, username, password string) Node { return New(addr, username, password) }
+func Dial(addr, username, password string, tlsConf *tls.Config) Node {
+	return New(addr, username, password, tlsConf)
+}
 
 func init() { redis.SetLogger(quiet{}) }
 
@@ -85,22 +92,28 @@ func (quiet) Printf(context.Context, string, ...any) {}
 // Client is a connection to one Redis node.
 type Client struct {
 	addr string
+	tls  *tls.Config
 	c    *redis.Client
 }
 
 var _ Node = (*Client)(nil)
 
-// New returns a client of the node at addr that authenticates as username.
-func New(addr, username, password string) *Client {
-	return &Client{addr: addr, c: newClient(options(addr, username, password))}
+// New returns a client of the node at addr that authenticates as username, over TLS when
+// tlsConf is set.
+func New(addr, username, password string, tlsConf *tls.Config) *Client {
+	return &Client{addr: addr, tls: tlsConf, c: newClient(options(addr, username, password, tlsConf))}
 }
 
 // options are go-redis's settings for keyroll's short exchanges: one connection, no retries (the
 // reconciler retries), RESP2 with a plain AUTH (Redis 7.0 has no CLIENT SETINFO), and no
-// maintenance notifications.
-func options(addr, username, password string) *redis.Options {
+// maintenance notifications; TLS when tlsConf is set.
+func options(addr, username, password string, tlsConf *tls.Config) *redis.Options {
+	if tlsConf != nil {
+		tlsConf = tlsConf.Clone()
+	}
 	return &redis.Options{
-		Addr: addr, Username: username, Password: password,
+		TLSConfig: tlsConf,
+		Addr:      addr, Username: username, Password: password,
 		Protocol: 2, DisableIdentity: true,
 		MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
 		DialTimeout:              Timeout, ReadTimeout: Timeout, WriteTimeout: Timeout, ContextTimeoutEnabled: true,
@@ -191,7 +204,7 @@ func (n *Client) CheckRules(ctx context.Context, rules []string) error {
 
 // Accepts authenticates as username with password on a connection of its own.
 func (n *Client) Accepts(ctx context.Context, username, password string) (bool, error) {
-	c := newClient(options(n.addr, username, password))
+	c := newClient(options(n.addr, username, password, n.tls))
 	defer func() { _ = c.Close() }()
 	err := c.Ping(ctx).Err()
 	switch {
@@ -368,4 +381,16 @@ func Unreachable(err error) bool {
 	var ne net.Error
 	var re redis.Error
 	return errors.As(err, &ne) || (!errors.As(err, &re) && errors.Is(err, context.DeadlineExceeded))
+}
+
+// ReloadCertificate sets the node's TLS file settings (CONFIG SET name path ...).
+func (n *Client) ReloadCertificate(ctx context.Context, settings []string) error {
+	args := []any{"CONFIG", "SET"}
+	for _, s := range settings {
+		args = append(args, s)
+	}
+	if err := n.c.Do(ctx, args...).Err(); err != nil {
+		return n.wrap("reloading the TLS certificate", err)
+	}
+	return nil
 }

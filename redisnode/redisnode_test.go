@@ -28,7 +28,7 @@ func startRedis(t *testing.T) (*testground.Redis, *redisnode.Client) {
 		t.Fatalf("starting redis-server (apt-get install redis-server): %v", err)
 	}
 	t.Cleanup(r.Stop)
-	n := redisnode.New(r.Addr(), r.AdminUser, r.AdminPassword)
+	n := redisnode.New(r.Addr(), r.AdminUser, r.AdminPassword, nil)
 	t.Cleanup(func() { _ = n.Close() })
 	return r, n
 }
@@ -138,7 +138,7 @@ func TestReplicationStateOfAPrimaryAndItsReplica(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(replica.Stop)
-	rn := redisnode.New(replica.Addr(), replica.AdminUser, replica.AdminPassword)
+	rn := redisnode.New(replica.Addr(), replica.AdminUser, replica.AdminPassword, nil)
 	defer rn.Close()
 	deadline := time.Now().Add(20 * time.Second)
 	var st redisnode.Replication
@@ -164,7 +164,7 @@ func TestUnreachableNode(t *testing.T) {
 	}
 	addr := l.Addr().String()
 	_ = l.Close()
-	n := redisnode.New(addr, "admin", "x")
+	n := redisnode.New(addr, "admin", "x", nil)
 	defer n.Close()
 	_, err = n.Users(ctx(t))
 	if err == nil || !redisnode.Unreachable(err) {
@@ -196,7 +196,7 @@ func (a authed) get(key string) error { return a.c.Get(context.Background(), key
 func TestLoginRefusedAndTheACL(t *testing.T) {
 	r, n := startRedis(t)
 	c := ctx(t)
-	wrong := redisnode.New(r.Addr(), r.AdminUser, "not-the-password")
+	wrong := redisnode.New(r.Addr(), r.AdminUser, "not-the-password", nil)
 	defer wrong.Close()
 	_, err := wrong.ACLList(c)
 	if !redisnode.LoginRefused(err) {
@@ -205,12 +205,12 @@ func TestLoginRefusedAndTheACL(t *testing.T) {
 	if err := n.SetUser(c, redisnode.User{Name: "app", PasswordHash: hash("p"), Rules: []string{"~*", "+get"}}); err != nil {
 		t.Fatal(err)
 	}
-	app := redisnode.New(r.Addr(), "app", "p")
+	app := redisnode.New(r.Addr(), "app", "p", nil)
 	defer app.Close()
 	if _, err := app.ACLList(c); !redisnode.LoginRefused(err) {
 		t.Errorf("a command the user may not run: LoginRefused(%v) false", err)
 	}
-	gone := redisnode.New("127.0.0.1:1", "x", "y")
+	gone := redisnode.New("127.0.0.1:1", "x", "y", nil)
 	defer gone.Close()
 	if _, err := gone.ACLList(c); err == nil || redisnode.LoginRefused(err) {
 		t.Errorf("an unreachable node: LoginRefused(%v) true", err)

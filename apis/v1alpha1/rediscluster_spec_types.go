@@ -48,6 +48,7 @@ const (
 )
 
 // RedisClusterSpec is the desired state of a RedisCluster.
+// +kubebuilder:validation:XValidation:rule="has(self.tls) == has(oldSelf.tls)",message="spec.tls cannot be added or removed after creation: every client would lose the cluster at once; create a new RedisCluster",fieldPath=".tls"
 // +kubebuilder:validation:XValidation:rule="has(self.storage) == has(oldSelf.storage) && (!has(self.storage) || self.storage == oldSelf.storage)",message="spec.storage cannot be added, removed or changed after creation: a StatefulSet cannot change its volume claims; create a new RedisCluster",fieldPath=".storage"
 type RedisClusterSpec struct {
 	// replicas is the number of Redis pods: one primary, the rest its replicas.
@@ -123,6 +124,37 @@ type RedisClusterSpec struct {
 	// every node.
 	// +optional
 	VaultPlugin *VaultPluginSpec `json:"vaultPlugin,omitempty"`
+
+	// tls makes Redis speak TLS only, with the certificate of a Secret the owner keeps: clients,
+	// replication, keyroll and the probes all connect with TLS, and a plaintext connection is
+	// refused. It is set when the RedisCluster is created and cannot be added or removed
+	// afterwards (clients would lose the cluster at once); the Secret it names may change, and a
+	// renewed certificate is taken by every node without a restart.
+	// +optional
+	TLS *TLSSpec `json:"tls,omitempty"`
+}
+
+// TLSSpec is the certificate the Redis nodes serve.
+type TLSSpec struct {
+	// certificateSecretRef names a Secret in the RedisCluster's namespace with tls.crt (the
+	// serving certificate, intermediates after it), tls.key (its private key) and ca.crt (the
+	// CA that signed it), as cert-manager writes a Certificate's Secret. The Secret must carry
+	// the label keyroll.dev/tls-certificate=<RedisCluster's name>: keyroll uses no other Secret
+	// of the namespace. The certificate must name <name>.<namespace>.svc (the client Service;
+	// keyroll and the probes verify this name) and *.<name>-headless.<namespace>.svc (each node).
+	// keyroll checks it and copies it into Secret <name>-tls, which the Redis pods mount.
+	// +required
+	CertificateSecretRef LocalSecretReference `json:"certificateSecretRef"`
+}
+
+// LocalSecretReference names a Secret in the object's own namespace.
+type LocalSecretReference struct {
+	// name of the Secret.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
+	Name string `json:"name"`
 }
 
 // VaultPluginSpec is the Redis user of Vault's database plugin.

@@ -55,6 +55,10 @@ const (
 	// meant for that use; its value is the RedisCluster's name. keyroll uses no other Secret there.
 	LabelVaultPluginPassword = "keyroll.dev/vault-plugin-password"
 
+	// LabelTLSCertificate marks the Secret that spec.tls.certificateSecretRef names as meant for
+	// that use; its value is the RedisCluster's name. keyroll uses no other Secret there.
+	LabelTLSCertificate = "keyroll.dev/tls-certificate"
+
 	// LabelVaultConnection names the VaultConnection a token Secret belongs to.
 	LabelVaultConnection = "keyroll.dev/vault-connection"
 
@@ -101,6 +105,9 @@ const (
 	// False (RestartPending), the pods that do not are restarted in the maintenance window or when
 	// asked (keyroll.dev/upgrade-data-plane), never by an upgrade of keyroll alone.
 	ConditionDataPlaneCurrent = "DataPlaneCurrent"
+	// ConditionTLSReady (spec.tls only): the owner's certificate is valid for the cluster, copied
+	// into <name>-tls, and served by every Redis node that runs.
+	ConditionTLSReady = "TLSReady"
 )
 
 // Condition reasons.
@@ -168,6 +175,11 @@ const (
 	ReasonAdminLockedOut    = "AdminLockedOut"
 	ReasonSecretNotFound    = "SecretNotFound"
 	ReasonSecretNotLabelled = "SecretNotLabelled"
+	// TLSReady's reasons: the certificate cannot be used (InvalidCertificate, with why), is
+	// written and waits for a node to serve it (CertificatePending), or is served everywhere.
+	ReasonInvalidCertificate = "InvalidCertificate"
+	ReasonCertificatePending = "CertificatePending"
+	ReasonCertificateServed  = "CertificateServed"
 )
 
 // Event reasons (UpperCamelCase; events fire on transitions only).

@@ -19,6 +19,8 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
@@ -49,10 +51,12 @@ func main() {
 		passFile = flag.String("password-file", "/etc/keyroll/acl/probe-password", "File holding the user's password, read at each check.")
 		timeout  = flag.Duration("timeout", 2*time.Second, "How long one check waits for Redis; keep it below the kubelet's probe timeout.")
 		fresh    = flag.Duration("verdict-ttl", time.Second, "How long a check's verdict answers further requests; keep it well below the probes' period.")
+		caFile   = flag.String("tls-ca-file", "", "With TLS: file holding the CA bundle the node's certificate is checked against, read at each check; empty: no TLS.")
+		tlsName  = flag.String("tls-server-name", "", "With TLS: the name the node's certificate must carry.")
 	)
 	flag.Parse()
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	p := &prober{redis: *redis, user: *user, passwordFile: *passFile, timeout: *timeout, fresh: *fresh, log: log,
+	p := &prober{redis: *redis, user: *user, passwordFile: *passFile, caFile: *caFile, serverName: *tlsName, timeout: *timeout, fresh: *fresh, log: log,
 		ready: redisnode.Ready, live: redisnode.Alive}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
@@ -92,6 +96,9 @@ func (p *prober) server() *http.Server {
 // prober checks one Redis node and logs when a verdict changes.
 type prober struct {
 	redis, user, passwordFile string
+	// caFile, when set, makes each check connect with TLS, checking the certificate against the
+	// file's CA bundle (read at each check: the kubelet replaces it in place) for serverName.
+	caFile, serverName string
 	// timeout bounds one check; fresh is how long its verdict answers further requests.
 	timeout, fresh time.Duration
 	log            *slog.Logger
@@ -109,7 +116,7 @@ type verdict struct {
 	at  time.Time
 }
 
-type check func(ctx context.Context, addr, username, password string) error
+type check func(ctx context.Context, addr, username, password string, tlsConf *tls.Config) error
 
 func (p *prober) handler() http.Handler {
 	mux := http.NewServeMux()
@@ -161,9 +168,29 @@ func (p *prober) run(c check) error {
 	if err != nil {
 		return fmt.Errorf("reading the probe user's password: %w", err)
 	}
+	tlsConf, err := p.tls()
+	if err != nil {
+		return err
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), p.timeout)
 	defer cancel()
-	return c(ctx, p.redis, p.user, strings.TrimRight(string(pw), "\n"))
+	return c(ctx, p.redis, p.user, strings.TrimRight(string(pw), "\n"), tlsConf)
+}
+
+// tls is the TLS configuration of a check: nil without a CA file.
+func (p *prober) tls() (*tls.Config, error) {
+	if p.caFile == "" {
+		return nil, nil
+	}
+	pem, err := os.ReadFile(p.caFile)
+	if err != nil {
+		return nil, fmt.Errorf("reading the CA bundle: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("the CA bundle %s holds no certificate", p.caFile)
+	}
+	return &tls.Config{RootCAs: pool, ServerName: p.serverName, MinVersion: tls.VersionTLS12}, nil
 }
 
 // note keeps a check's verdict, and logs it when it changed (the first one too, when it fails).

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"io"
 	"log/slog"
 	"net"
@@ -82,7 +83,7 @@ func TestAFloodRunsOneCheckAtATime(t *testing.T) {
 	}
 	var running, most, checks atomic.Int32
 	hang := make(chan struct{})
-	slow := func(ctx context.Context, _, _, _ string) error {
+	slow := func(ctx context.Context, _, _, _ string, _ *tls.Config) error {
 		defer running.Add(-1)
 		if n := running.Add(1); n > most.Load() {
 			most.Store(n)

@@ -10,6 +10,7 @@ package rediscluster
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -47,7 +48,9 @@ type usersSyncer struct {
 	// (nil: the cache is trusted).
 	APIReader client.Reader
 	Dial      redisnode.Dialer
-	Clock     clock.Clock
+	// TLS says how the nodes of a TLS cluster are checked.
+	TLS   *nodeTLS
+	Clock clock.Clock
 	// CheckInterval is how often every node's ACL is compared with what keyroll confirmed there
 	// (zero or negative: never).
 	CheckInterval time.Duration
@@ -80,6 +83,8 @@ type usersWant struct {
 	Confirm *render.Credential
 	// AdminPassword is the password of render.AdminUser.
 	AdminPassword string
+	// tls checks the nodes' certificates (a TLS cluster's); Sync sets it.
+	tls *tls.Config
 }
 
 // Sync brings the cluster's nodes to want, one after the other, and records each in
@@ -89,6 +94,7 @@ type usersWant struct {
 // keyroll is reported (UsersApplied False, UsersChanged) and put back by the next reconcile, at
 // once. The UsersApplied condition says how far it got, and why it stopped.
 func (s *usersSyncer) Sync(ctx context.Context, rc *v1beta1.RedisCluster, conds conditions.Setter, want usersWant) (done bool, wait time.Duration, err error) {
+	want.tls = s.TLS.For(rc)
 	m, err := listMembers(ctx, s.Client, rc)
 	if err != nil {
 		return false, 0, err
@@ -351,7 +357,7 @@ func (s *usersSyncer) CheckRules(ctx context.Context, rc *v1beta1.RedisCluster, 
 		if !ok {
 			continue
 		}
-		n := s.Dial(run.addr, render.AdminUser, adminPassword)
+		n := s.Dial(run.addr, render.AdminUser, adminPassword, s.TLS.For(rc))
 		err := n.CheckRules(ctx, rules)
 		_ = n.Close()
 		if err != nil && redisnode.Unreachable(err) && !podIsReady(p) {

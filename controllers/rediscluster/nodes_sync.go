@@ -42,7 +42,7 @@ type found struct {
 // it. It returns the digest of the node's ACL as it left it, and what it found changed outside
 // keyroll.
 func (s *usersSyncer) syncNode(ctx context.Context, nd node, want usersWant) (string, found, error) {
-	n, via, before, err := s.login(ctx, nd.addr, want.AdminPassword)
+	n, via, before, err := s.login(ctx, nd.addr, want)
 	if err != nil {
 		return "", found{}, err
 	}
@@ -135,7 +135,7 @@ func (s *usersSyncer) report(conds conditions.Setter, all []found) {
 // nothing (""), users that are not the cluster's, application users gone (appGone), the
 // cluster's users changed, or keyroll's admin user refused.
 func (s *usersSyncer) compare(ctx context.Context, addr string, want usersWant, confirmed string) (what string, appGone bool, err error) {
-	n, via, lines, err := s.login(ctx, addr, want.AdminPassword)
+	n, via, lines, err := s.login(ctx, addr, want)
 	if err != nil {
 		return "", false, err
 	}
@@ -173,12 +173,13 @@ func (s *usersSyncer) compare(ctx context.Context, addr string, want usersWant, 
 // login opens a session on the node at addr as keyroll's admin user, or, when the node refuses
 // it (its password or rules changed), as the recovery user. It returns the user it logged in as
 // and the node's ACL as it found it.
-func (s *usersSyncer) login(ctx context.Context, addr, adminPassword string) (redisnode.Node, string, []string, error) {
+func (s *usersSyncer) login(ctx context.Context, addr string, want usersWant) (redisnode.Node, string, []string, error) {
+	adminPassword := want.AdminPassword
 	var refused []error
 	for _, id := range []struct{ user, password string }{
 		{render.AdminUser, adminPassword}, {render.RecoveryUser, render.RecoveryPassword(adminPassword)},
 	} {
-		n := s.Dial(addr, id.user, id.password)
+		n := s.Dial(addr, id.user, id.password, want.tls)
 		lines, err := n.ACLList(ctx)
 		if err == nil {
 			return n, id.user, lines, nil

@@ -144,7 +144,7 @@ func TestUnknownUsersAreRemovedAtTheNextCheck(t *testing.T) {
 		if slices.Contains(g.redis.Users(addr(i)), "backdoor") {
 			t.Errorf("orders-%d still has backdoor", i)
 		}
-		if lines, _ := g.redis.Dial(addr(i), render.AdminUser, g.in.Admin).ACLList(context.Background()); !strings.HasPrefix(lines[0], "user default off") {
+		if lines, _ := g.redis.Dial(addr(i), render.AdminUser, g.in.Admin, nil).ACLList(context.Background()); !strings.HasPrefix(lines[0], "user default off") {
 			t.Errorf("orders-%d: %s", i, lines[0])
 		}
 	}
@@ -256,7 +256,7 @@ func TestAnApplicationUserGoneAsksForALeaseCheckFirst(t *testing.T) {
 	if done, _ := g.sync(t, want); !done {
 		t.Fatalf("first sync: %+v", g.usersApplied())
 	}
-	if err := g.redis.Dial(addr(0), render.AdminUser, g.in.Admin).DelUsers(context.Background(), "V_APP"); err != nil {
+	if err := g.redis.Dial(addr(0), render.AdminUser, g.in.Admin, nil).DelUsers(context.Background(), "V_APP"); err != nil {
 		t.Fatal(err)
 	}
 	g.clock.Step(time.Minute)

@@ -146,7 +146,7 @@ func (r *deps) oldUserClients(ctx context.Context, rc *v1beta1.RedisCluster, adm
 		if p.Status.PodIP == "" || !p.DeletionTimestamp.IsZero() {
 			continue
 		}
-		n := r.nodes.Dial(net.JoinHostPort(p.Status.PodIP, fmt.Sprint(render.RedisPort)), render.AdminUser, admin)
+		n := r.nodes.Dial(net.JoinHostPort(p.Status.PodIP, fmt.Sprint(render.RedisPort)), render.AdminUser, admin, r.tls.For(rc))
 		conns, err := n.Clients(ctx)
 		_ = n.Close()
 		if err != nil {

@@ -47,6 +47,7 @@ type primaryKeeper struct {
 	// Client reads the Redis pods (from the cache) and writes their role labels.
 	Client     client.Client
 	Dial       redisnode.Dialer
+	TLS        *nodeTLS
 	Clock      clock.Clock
 	lookAlikes seenPods
 }
@@ -135,7 +136,7 @@ func (k *primaryKeeper) recordLabelled(ctx context.Context, c *primaryView) {
 		if p.Name == c.RC.Status.Primary || p.Labels[v1beta1.LabelRole] != v1beta1.RolePrimary || !podReady(p) {
 			continue
 		}
-		if st, err := k.node(p, c.Admin).Replication(ctx); err == nil && st.Role == "master" {
+		if st, err := k.node(c, p).Replication(ctx); err == nil && st.Role == "master" {
 			log.FromContext(ctx).Info("The primary role had moved already; recorded", "from", c.RC.Status.Primary, "to", p.Name)
 			c.RC.Status.Primary = p.Name
 			return
@@ -153,7 +154,7 @@ func (k *primaryKeeper) answersAsPrimary(ctx context.Context, c *primaryView, p 
 	if p == nil || !redisRunning(p) {
 		return false
 	}
-	st, err := k.node(p, c.Admin).Replication(ctx)
+	st, err := k.node(c, p).Replication(ctx)
 	if err != nil || st.Role != "master" {
 		return false
 	}
@@ -172,7 +173,7 @@ func (k *primaryKeeper) promote(ctx context.Context, c *primaryView) error {
 		if p.Name == rc.Status.Primary || !redisRunning(p) {
 			continue
 		}
-		st, err := k.node(p, c.Admin).Replication(ctx)
+		st, err := k.node(c, p).Replication(ctx)
 		if err != nil {
 			continue // it cannot be the primary
 		}
@@ -188,7 +189,7 @@ func (k *primaryKeeper) promote(ctx context.Context, c *primaryView) error {
 		return fmt.Errorf("primary %s is lost and no replica answers to take its place", rc.Status.Primary)
 	}
 	if bestRepl.Role != "master" {
-		if err := k.node(best, c.Admin).ReplicaOf(ctx, "", 0); err != nil {
+		if err := k.node(c, best).ReplicaOf(ctx, "", 0); err != nil {
 			return err
 		}
 	}
@@ -209,7 +210,7 @@ func (k *primaryKeeper) follow(ctx context.Context, c *primaryView, p *corev1.Po
 		if o == p || o.Name == skip || !redisRunning(o) {
 			continue
 		}
-		if err := k.node(o, c.Admin).ReplicaOf(ctx, p.Status.PodIP, render.RedisPort); err != nil {
+		if err := k.node(c, o).ReplicaOf(ctx, p.Status.PodIP, render.RedisPort); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -236,12 +237,12 @@ func (k *primaryKeeper) demoteStarted(ctx context.Context, c *primaryView) error
 		if p == primary || !up || (ok && rec.PodUID == p.UID && statustime.Of(rec.StartedAt).Equal(run.startedAt)) || !ok && len(rc.Status.Nodes) == 0 {
 			continue
 		}
-		st, err := k.node(p, c.Admin).Replication(ctx)
+		st, err := k.node(c, p).Replication(ctx)
 		if err != nil || st.Role != "master" {
 			continue
 		}
 		log.FromContext(ctx).Info("A Redis node started as a second primary; making it a replica", "pod", p.Name, "primary", primary.Name)
-		errs = append(errs, k.node(p, c.Admin).ReplicaOf(ctx, primary.Status.PodIP, render.RedisPort))
+		errs = append(errs, k.node(c, p).ReplicaOf(ctx, primary.Status.PodIP, render.RedisPort))
 	}
 	return errors.Join(errs...)
 }
@@ -272,8 +273,8 @@ func (k *primaryKeeper) label(ctx context.Context, c *primaryView) error {
 	return errors.Join(errs...)
 }
 
-func (k *primaryKeeper) node(p *corev1.Pod, admin string) redisnode.Node {
-	return k.Dial(net.JoinHostPort(p.Status.PodIP, strconv.Itoa(render.RedisPort)), render.AdminUser, admin)
+func (k *primaryKeeper) node(c *primaryView, p *corev1.Pod) redisnode.Node {
+	return k.Dial(net.JoinHostPort(p.Status.PodIP, strconv.Itoa(render.RedisPort)), render.AdminUser, c.Admin, k.TLS.For(c.RC))
 }
 
 func (c *primaryView) pod(name string) *corev1.Pod {

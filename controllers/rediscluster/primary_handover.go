@@ -27,7 +27,7 @@ func (k *primaryKeeper) HandOver(ctx context.Context, c *primaryView, eligible, 
 	if old == nil || !redisRunning(old) {
 		return false, "the primary " + rc.Status.Primary + " is not running", nil
 	}
-	st, err := k.node(old, c.Admin).Replication(ctx)
+	st, err := k.node(c, old).Replication(ctx)
 	if err != nil {
 		return false, "", err
 	}
@@ -40,10 +40,10 @@ func (k *primaryKeeper) HandOver(ctx context.Context, c *primaryView, eligible, 
 	if target == nil {
 		return false, fmt.Sprintf("no replica of %s is Ready and in sync (within %d bytes) to take its primary role", old.Name, maxLag), nil
 	}
-	if err := k.node(old, c.Admin).Failover(ctx, rep.IP, rep.Port, failoverTimeout); err != nil {
+	if err := k.node(c, old).Failover(ctx, rep.IP, rep.Port, failoverTimeout); err != nil {
 		return false, "", err
 	}
-	if err := k.awaitPrimary(ctx, target, c.Admin); err != nil {
+	if err := k.awaitPrimary(ctx, c, target); err != nil {
 		return false, "", err
 	}
 	rc.Status.Primary = target.Name
@@ -61,7 +61,7 @@ func (k *primaryKeeper) adopt(ctx context.Context, c *primaryView, old *corev1.P
 	if p == nil {
 		return false, "", fmt.Errorf("pod %s, the cluster's primary, is a replica of %s, which is no pod of the cluster", old.Name, st.MasterHost)
 	}
-	if pst, err := k.node(p, c.Admin).Replication(ctx); err != nil || pst.Role != "master" {
+	if pst, err := k.node(c, p).Replication(ctx); err != nil || pst.Role != "master" {
 		return false, "", errors.Join(err, fmt.Errorf("pod %s, the cluster's primary, is a replica of %s, which is no primary", old.Name, p.Name))
 	}
 	c.RC.Status.Primary = p.Name
@@ -97,7 +97,7 @@ func (k *primaryKeeper) InSync(ctx context.Context, c *primaryView, name string)
 	if p == primary {
 		return true, nil
 	}
-	st, err := k.node(primary, c.Admin).Replication(ctx)
+	st, err := k.node(c, primary).Replication(ctx)
 	if err != nil {
 		return false, err
 	}
@@ -112,8 +112,8 @@ func (k *primaryKeeper) InSync(ctx context.Context, c *primaryView, name string)
 // awaitPrimary waits until the node of p says it is the primary: FAILOVER returns before the
 // switch, which takes the replica's catching up (milliseconds, up to failoverTimeout). The wait
 // is on Redis, in real time, bounded by the context's deadline.
-func (k *primaryKeeper) awaitPrimary(ctx context.Context, p *corev1.Pod, admin string) error {
-	n := k.node(p, admin)
+func (k *primaryKeeper) awaitPrimary(ctx context.Context, c *primaryView, p *corev1.Pod) error {
+	n := k.node(c, p)
 	err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, failoverTimeout+2*time.Second, true, func(ctx context.Context) (bool, error) {
 		st, err := n.Replication(ctx)
 		return err == nil && st.Role == "master", nil

@@ -101,6 +101,11 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, s *credential.Cluster)
 	if in == nil || err != nil {
 		return result(waitForConnection, err)
 	}
+	var tlsReady bool
+	var tlsWait time.Duration
+	if in.ca, tlsReady, tlsWait, err = r.reconcileTLS(ctx, s); !tlsReady || err != nil {
+		return result(tlsWait, err)
+	}
 	d, err := r.credentialAndObjects(ctx, s, in)
 	if err == nil && d.cred == nil && d.pc != nil && credential.CutOff(rc) {
 		// A user cut off with no credential to replace it yet leaves every node now.
@@ -151,7 +156,12 @@ func (r *Reconciler) credentialAndObjects(ctx context.Context, s *credential.Clu
 		log.FromContext(ctx).Info("Keeping the primary failed; trying again", "error", err.Error())
 		keepWait = statustime.Soonest(keepWait, 5*time.Second)
 	}
-	d.pc, d.next = pc, statustime.Soonest(d.next, keepWait)
+	servedWait, err := r.certificateServed(ctx, s, in.Admin)
+	if err != nil {
+		log.FromContext(ctx).Info("Loading the renewed certificate failed; trying again", "error", err.Error())
+		servedWait = 5 * time.Second
+	}
+	d.pc, d.next = pc, statustime.Soonest(d.next, statustime.Soonest(keepWait, servedWait))
 	return d, credErr
 }
 
@@ -238,7 +248,7 @@ func (r *deps) retireSuperseded(ctx context.Context, s *credential.Cluster, in *
 
 // forget drops what the reconciler keeps of a deleted cluster: its lease checks, node checks and metrics.
 func (r *Reconciler) forget(key types.NamespacedName) {
-	for _, f := range []func(types.NamespacedName){r.Ledger.Checks.Forget, r.upkeep.Forget, r.nodes.Forget, r.primary.Forget, r.Metrics.Forget} {
+	for _, f := range []func(types.NamespacedName){r.Ledger.Checks.Forget, r.upkeep.Forget, r.nodes.Forget, r.primary.Forget, r.tls.Forget, r.Metrics.Forget} {
 		f(key)
 	}
 }

@@ -3,6 +3,8 @@ package rediscluster
 import (
 	"cmp"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"time"
 
 	"k8s.io/client-go/tools/events"
@@ -50,6 +52,10 @@ type deps struct {
 	nodes   *usersSyncer
 	primary *primaryKeeper
 	netpol  *netpolKeeper
+	// tls says how the nodes of each TLS cluster are checked; servedCertificate asks a node which
+	// certificate it serves.
+	tls               *nodeTLS
+	servedCertificate servedCertificate
 	// probeImage is the image of the Redis pods' probe sidecar.
 	probeImage string
 }
@@ -95,6 +101,9 @@ type Config struct {
 	UsersCheckInterval time.Duration
 	// DialRedis opens a connection to one Redis node (nil: redisnode.Dial, the real ones).
 	DialRedis redisnode.Dialer
+	// ServedCertificate asks a TLS node which certificate it serves (nil:
+	// redisnode.ServedCertificate, the real ones).
+	ServedCertificate func(ctx context.Context, addr string, conf *tls.Config) (*x509.Certificate, error)
 	// ProbeImage is the image of the Redis pods' probe sidecar (cmd/keyroll-probe): the manager's
 	// own.
 	ProbeImage string
@@ -114,12 +123,18 @@ func New(cfg Config) *Reconciler {
 		dial = redisnode.Dial
 	}
 	timers := upkeep.NewTimers(delayedExecution(cfg.Clock))
+	nodeTLS := &nodeTLS{}
+	if cfg.ServedCertificate == nil {
+		cfg.ServedCertificate = redisnode.ServedCertificate
+	}
 	checks := credential.NewLeaseChecks(interval)
 	d := &deps{Client: cfg.Client, APIReader: cfg.APIReader, Clock: cfg.Clock, Connector: cfg.Connector,
 		Metrics: cfg.Metrics, Ledger: &credential.Ledger{Clock: cfg.Clock, Metrics: cfg.Metrics, Checks: checks, Upkeep: timers, Connections: cfg.Connector, Reader: cfg.Client},
-		nodes: newUsersSyncer(cfg.Client, cfg.APIReader, dial, cfg.Clock, cfg.UsersCheckInterval, cfg.Metrics.UnknownUsersRemoved, checks.Now), primary: &primaryKeeper{Client: cfg.Client, Dial: dial, Clock: cfg.Clock},
+		nodes: newUsersSyncer(cfg.Client, cfg.APIReader, dial, cfg.Clock, cfg.UsersCheckInterval, cfg.Metrics.UnknownUsersRemoved, checks.Now), primary: &primaryKeeper{Client: cfg.Client, Dial: dial, TLS: nodeTLS, Clock: cfg.Clock},
+		tls: nodeTLS, servedCertificate: cfg.ServedCertificate,
 		netpol:     &netpolKeeper{Client: cfg.Client, APIReader: cfg.APIReader, OperatorNamespace: cmp.Or(cfg.OperatorNamespace, "keyroll-system")},
 		probeImage: cfg.ProbeImage}
+	d.nodes.TLS = nodeTLS
 	workers := cmp.Or(max(cfg.Workers, 0), DefaultWorkers)
 	vl := &credential.Issuer{Client: d.Client, APIReader: d.APIReader, Clock: d.Clock, Metrics: d.Metrics, Ledger: d.Ledger}
 	if cfg.Connector != nil && cfg.Connector.Intents != nil {

@@ -39,7 +39,7 @@ func (r *deps) reconcileUsers(ctx context.Context, s *credential.Cluster, in *in
 	if !done || err != nil || cred == nil {
 		return done, wait, err
 	}
-	return true, wait, apply.Owned(ctx, r.Client, r.APIReader, rc, render.CredentialsSecret(rc, cred.Username, cred.Password, cred.Version))
+	return true, wait, apply.Owned(ctx, r.Client, r.APIReader, rc, render.CredentialsSecret(rc, cred.Username, cred.Password, cred.Version, in.ca))
 }
 
 // writeACLSecret writes the aclfile of users, after the admin password whose hash it holds is in
@@ -67,6 +67,8 @@ type internal struct {
 	acl, state *corev1.Secret
 	// adminUnsaved says that the admin password was generated and is not in the state Secret yet.
 	adminUnsaved bool
+	// ca is the CA bundle of a TLS cluster's certificate, which the consumers' Secret carries.
+	ca []byte
 }
 
 // internalUsers reads the passwords of keyroll's own users, generating those that do not exist

@@ -62,6 +62,9 @@ var (
 	adminRules       = []string{"+@connection", "+acl", "+info", "+role", "+failover", "+replicaof"}
 	replicationRules = []string{"+psync", "+replconf", "+ping"}
 	probeRules       = []string{"+ping", "+info"}
+	// tlsAdminRules let the admin users of a TLS cluster make a node read its renewed certificate
+	// files (CONFIG SET tls-cert-file ...). They add no power: +acl could grant any command.
+	tlsAdminRules = []string{"+config|set"}
 	// VaultPluginRules are what Vault's Redis database plugin runs: it creates users (ACL SETUSER),
 	// deletes them (ACL DELUSER) and looks them up before a password change (ACL GETUSER).
 	VaultPluginRules = []string{"+ping", "+acl|setuser", "+acl|deluser", "+acl|getuser"}
@@ -162,9 +165,13 @@ type Users struct {
 // ClusterUsers is what every node of rc must have: keyroll's own users, the Vault plugin's user,
 // and app, the app users (AppUsers), minus the retiring ones.
 func ClusterUsers(rc *v1beta1.RedisCluster, in Internal, app []ACLUser) Users {
+	admin := adminRules
+	if TLSEnabled(rc) {
+		admin = append(slices.Clone(adminRules), tlsAdminRules...)
+	}
 	u := Users{All: []ACLUser{
-		{Username: AdminUser, PasswordHash: HashPassword(in.Admin), Rules: adminRules},
-		{Username: RecoveryUser, PasswordHash: HashPassword(RecoveryPassword(in.Admin)), Rules: adminRules},
+		{Username: AdminUser, PasswordHash: HashPassword(in.Admin), Rules: admin},
+		{Username: RecoveryUser, PasswordHash: HashPassword(RecoveryPassword(in.Admin)), Rules: admin},
 		{Username: ReplicationUser, PasswordHash: HashPassword(in.Replication), Rules: replicationRules},
 		{Username: ProbeUser, PasswordHash: HashPassword(in.Probe), Rules: probeRules},
 	}}

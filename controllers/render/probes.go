@@ -7,6 +7,8 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
+
+	"github.com/keyroll/keyroll/apis/v1beta1"
 )
 
 // The Redis pods' probes: the kubelet asks the probe sidecar over HTTP, and the sidecar asks Redis.
@@ -37,8 +39,8 @@ func httpProbe(path string, period, failures int32) *corev1.Probe {
 // ProbeContainerName is the probe sidecar's name in the Redis pods.
 const ProbeContainerName = "probe"
 
-func probeContainer(image string) corev1.Container {
-	return corev1.Container{
+func probeContainer(rc *v1beta1.RedisCluster, image string) corev1.Container {
+	c := corev1.Container{
 		Name:  ProbeContainerName,
 		Image: image,
 		// It listens on the pod's IP only: the kubelet probes that address; the pod's other
@@ -63,4 +65,9 @@ func probeContainer(image string) corev1.Container {
 		},
 		VolumeMounts: []corev1.VolumeMount{{Name: "acl", MountPath: aclMountDir, ReadOnly: true}},
 	}
+	if TLSEnabled(rc) {
+		c.Command = append(c.Command, probeTLSArgs(rc)...)
+		c.VolumeMounts = append(c.VolumeMounts, tlsMount())
+	}
+	return c
 }

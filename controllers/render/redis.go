@@ -121,15 +121,14 @@ func ConfigMap(rc *v1beta1.RedisCluster) *corev1.ConfigMap {
 	cm := &corev1.ConfigMap{ObjectMeta: objectMeta(rc, ConfigMapName(rc))}
 	cm.Data = map[string]string{
 		"redis.conf": fmt.Sprintf(`# Written by keyroll for RedisCluster %s/%s.
-port %d
-dir /data
+%sdir /data
 aclfile %s/%s
 protected-mode no
 appendonly no
 # Pods start one at a time: a replica's first sync need not wait for others to join it.
 repl-diskless-sync-delay 0
 include %s/runtime.conf
-`, rc.Namespace, rc.Name, RedisPort, aclMountDir, ACLFileKey, runDir),
+`, rc.Namespace, rc.Name, tlsConfig(rc), aclMountDir, ACLFileKey, runDir),
 		"start.sh": startScript(rc),
 		"peers":    peers(rc),
 	}
@@ -219,7 +218,8 @@ func RestartsPods(rc *v1beta1.RedisCluster) bool {
 }
 
 // CredentialsSecret is the Secret consumers read; its annotation names the credential version.
-func CredentialsSecret(rc *v1beta1.RedisCluster, username, password, version string) *corev1.Secret {
+// With TLS it also holds the CA bundle (CAKey) the consumers check the nodes against.
+func CredentialsSecret(rc *v1beta1.RedisCluster, username, password, version string, ca []byte) *corev1.Secret {
 	s := &corev1.Secret{
 		ObjectMeta: objectMeta(rc, CredentialsSecretName(rc)),
 		Type:       corev1.SecretTypeOpaque,
@@ -227,6 +227,9 @@ func CredentialsSecret(rc *v1beta1.RedisCluster, username, password, version str
 			rc.Spec.Credentials.UsernameKey: []byte(username),
 			rc.Spec.Credentials.PasswordKey: []byte(password),
 		},
+	}
+	if len(ca) > 0 {
+		s.Data[CAKey] = ca
 	}
 	s.Annotations = map[string]string{v1beta1.AnnotationCredentialVersion: version}
 	return s
@@ -299,7 +302,7 @@ func redisPodSpec(rc *v1beta1.RedisCluster, probeImage string) corev1.PodSpec {
 			RunAsNonRoot: ptr.To(true), RunAsUser: ptr.To[int64](redisUID), RunAsGroup: ptr.To[int64](redisUID),
 			FSGroup: ptr.To[int64](redisUID), SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
 		},
-		InitContainers: []corev1.Container{probeContainer(probeImage)},
+		InitContainers: []corev1.Container{probeContainer(rc, probeImage)},
 		Containers:     []corev1.Container{redisContainer(rc)},
 		Volumes: []corev1.Volume{
 			{Name: "config", VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{
@@ -308,6 +311,9 @@ func redisPodSpec(rc *v1beta1.RedisCluster, probeImage string) corev1.PodSpec {
 				SecretName: ACLSecretName(rc), DefaultMode: ptr.To[int32](0o440)}}},
 			{Name: "run", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{Medium: corev1.StorageMediumMemory}}},
 		},
+	}
+	if TLSEnabled(rc) {
+		spec.Volumes = append(spec.Volumes, tlsVolume(rc))
 	}
 	if rc.Spec.Storage == nil {
 		spec.Volumes = append(spec.Volumes, corev1.Volume{Name: "data", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}})
@@ -336,7 +342,7 @@ func podAntiAffinity(rc *v1beta1.RedisCluster) *corev1.Affinity {
 }
 
 func redisContainer(rc *v1beta1.RedisCluster) corev1.Container {
-	return corev1.Container{
+	c := corev1.Container{
 		Name:    "redis",
 		Image:   rc.Spec.Image + ":" + rc.Spec.Version,
 		Command: []string{"sh", configMountDir + "/start.sh"},
@@ -367,4 +373,8 @@ func redisContainer(rc *v1beta1.RedisCluster) corev1.Container {
 			{Name: "data", MountPath: "/data"},
 		},
 	}
+	if TLSEnabled(rc) {
+		c.VolumeMounts = append(c.VolumeMounts, tlsMount())
+	}
+	return c
 }

@@ -55,7 +55,7 @@ func TestStatefulSetIsOnDeleteAndMountsNoCredential(t *testing.T) {
 func TestOwnedObjectsCarryTheManagedLabel(t *testing.T) {
 	rc := testCluster()
 	for _, labels := range []map[string]string{
-		ACLSecret(rc, "x", Internal{}, "").Labels, CredentialsSecret(rc, "u", "p", "v").Labels,
+		ACLSecret(rc, "x", Internal{}, "").Labels, CredentialsSecret(rc, "u", "p", "v", nil).Labels,
 		StateSecret(rc, "a", nil).Labels, VaultPluginSecret(rc, "vault", "p").Labels,
 		ConfigMap(rc).Labels, HeadlessService(rc).Labels, ClientService(rc).Labels,
 		StatefulSet(rc, "v", testProbeImage).Labels, PodDisruptionBudget(rc).Labels,
@@ -64,7 +64,7 @@ func TestOwnedObjectsCarryTheManagedLabel(t *testing.T) {
 			t.Errorf("labels %v", labels)
 		}
 	}
-	s := CredentialsSecret(rc, "u", "p", "v9")
+	s := CredentialsSecret(rc, "u", "p", "v9", nil)
 	if string(s.Data["user"]) != "u" || string(s.Data["pass"]) != "p" || s.Annotations[v1beta1.AnnotationCredentialVersion] != "v9" {
 		t.Errorf("credentials Secret %+v", s)
 	}

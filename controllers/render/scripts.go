@@ -33,7 +33,7 @@ probe="$(cat %[2]s/%[9]s)"
 primary="" hint="" answered=""
 while read -r peer port; do
   [ "$peer" = "$me" ] && continue
-  info="$(REDISCLI_AUTH="$probe" timeout 3 redis-cli --no-auth-warning --user %[10]s -h "$peer" -p "$port" info replication 2>/dev/null < /dev/null | tr -d '\r')" || true
+  info="$(REDISCLI_AUTH="$probe" timeout 3 redis-cli --no-auth-warning%[11]s --user %[10]s -h "$peer" -p "$port" info replication 2>/dev/null < /dev/null | tr -d '\r')" || true
   case "$info" in *role:*) answered="$peer $port" ;; *) continue ;; esac
   case "$info" in *role:master*) primary="$peer $port"; break ;; esac
   host="$(printf '%%s\n' "$info" | sed -n 's/^master_host://p')"
@@ -74,5 +74,5 @@ if [ "$status" -gt 128 ]; then
   wait "$redis" || status=$?
 fi
 exit "$status"
-`, runDir, aclMountDir, ReplicationPasswordKey, rc.Name, HeadlessServiceName(rc), RedisPort, ReplicationUser, configMountDir, ProbePasswordKey, ProbeUser)
+`, runDir, aclMountDir, ReplicationPasswordKey, rc.Name, HeadlessServiceName(rc), RedisPort, ReplicationUser, configMountDir, ProbePasswordKey, ProbeUser, redisCLITLS(rc))
 }

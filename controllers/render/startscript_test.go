@@ -92,7 +92,7 @@ func startPodIn(t *testing.T, rc *v1beta1.RedisCluster, acl map[string][]byte, n
 	}
 	p.relocate = strings.NewReplacer(
 		fmt.Sprintf("%s-0.%s %d", rc.Name, HeadlessServiceName(rc), RedisPort), primaryAt,
-		configMountDir, filepath.Join(root, "config"), aclMountDir, filepath.Join(root, "acl"),
+		configMountDir, filepath.Join(root, "config"), aclMountDir, filepath.Join(root, "acl"), tlsMountDir, filepath.Join(root, "tls"),
 		runDir, filepath.Join(root, "run"), "dir /data", "dir "+filepath.Join(root, "data"),
 		strconv.Itoa(RedisPort), strconv.Itoa(port))
 	for _, d := range []string{"config", "acl", "run", "data"} {

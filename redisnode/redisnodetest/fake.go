@@ -6,6 +6,7 @@ package redisnodetest
 import (
 	"context"
 	"crypto/sha256"
+	"crypto/tls"
 	"encoding/hex"
 	"fmt"
 	"net"
@@ -85,6 +86,8 @@ type Node struct {
 	Users map[string]redisnode.User
 	// DefaultOn says the default user was turned on (without a password).
 	DefaultOn bool
+	// Reloads counts the node's certificate reloads (ReloadCertificate).
+	Reloads int
 }
 
 // AddUser adds or changes a user on the node at addr outside keyroll (by hand, or an
@@ -113,7 +116,7 @@ func New() *Fake {
 }
 
 // Dial is a redisnode.Dialer of the fake's nodes.
-func (f *Fake) Dial(addr, username, password string) redisnode.Node {
+func (f *Fake) Dial(addr, username, password string, _ *tls.Config) redisnode.Node {
 	return &conn{f: f, addr: addr, user: username, pass: password}
 }
 
@@ -373,3 +376,25 @@ func splitAddr(addr string) (string, int) {
 }
 
 func (c *conn) Close() error { return nil }
+
+// ReloadCertificate counts the reloads of the node (Reloads).
+func (c *conn) ReloadCertificate(context.Context, []string) error {
+	c.f.mu.Lock()
+	defer c.f.mu.Unlock()
+	n, err := c.node()
+	if err != nil {
+		return err
+	}
+	n.Reloads++
+	return nil
+}
+
+// Reloads is how many times the node at addr was told to read its certificate files again.
+func (f *Fake) Reloads(addr string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if n := f.nodes[addr]; n != nil {
+		return n.Reloads
+	}
+	return 0
+}

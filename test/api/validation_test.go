@@ -136,10 +136,16 @@ func TestInvalidObjectsAreRefusedNamingTheField(t *testing.T) {
 			set("metadata.name", "orders")(o)
 			set("spec.credentials.secretName", "orders-acl")(o)
 		}, "spec.credentials.secretName"},
-		"no auth method":               {vc, set("spec.auth", map[string]any{}), "spec.auth"},
-		"two auth methods":             {vc, set("spec.auth.token", map[string]any{"secretRef": map[string]any{"namespace": "a", "name": "b", "key": "c"}}), "spec.auth"},
-		"kubernetes auth without role": {vc, del("spec.auth.kubernetes.role"), "spec.auth.kubernetes.role"},
-		"token lifetime too short":     {vc, set("spec.auth.kubernetes.tokenExpirationSeconds", int64(60)), "spec.auth.kubernetes.tokenExpirationSeconds"},
+		"credentials Secret named as the TLS Secret": {rc, func(o map[string]any) {
+			set("metadata.name", "orders")(o)
+			set("spec.credentials.secretName", "orders-tls")(o)
+		}, "spec.credentials.secretName"},
+		"TLS without a certificate Secret":  {rc, set("spec.tls", map[string]any{}), "spec.tls.certificateSecretRef"},
+		"TLS certificate Secret not a name": {rc, set("spec.tls", map[string]any{"certificateSecretRef": map[string]any{"name": "Bad_Name"}}), "spec.tls.certificateSecretRef.name"},
+		"no auth method":                    {vc, set("spec.auth", map[string]any{}), "spec.auth"},
+		"two auth methods":                  {vc, set("spec.auth.token", map[string]any{"secretRef": map[string]any{"namespace": "a", "name": "b", "key": "c"}}), "spec.auth"},
+		"kubernetes auth without role":      {vc, del("spec.auth.kubernetes.role"), "spec.auth.kubernetes.role"},
+		"token lifetime too short":          {vc, set("spec.auth.kubernetes.tokenExpirationSeconds", int64(60)), "spec.auth.kubernetes.tokenExpirationSeconds"},
 		"appRole without secret id": {vc, func(o map[string]any) {
 			set("spec.auth", map[string]any{"appRole": map[string]any{"roleID": "r"}})(o)
 		}, "spec.auth.appRole.secretIDRef"},
@@ -246,6 +252,45 @@ func TestStorageChangeIsRefused(t *testing.T) {
 			}
 			t.Logf("refused: %v", err)
 		})
+	}
+}
+
+// Turning TLS on or off on a live cluster would cut every client off at once (they connect with
+// TLS or without, not both): it is refused, naming spec.tls; the certificate's Secret may change.
+func TestTLSCannotBeTurnedOnOrOff(t *testing.T) {
+	ctx := context.Background()
+	ns := fw.Namespace(t, "tls")
+	withTLS := set("spec.tls", map[string]any{"certificateSecretRef": map[string]any{"name": "orders-cert"}})
+	for name, tc := range map[string]struct{ create, change func(map[string]any) }{
+		"turned on":  {func(map[string]any) {}, withTLS},
+		"turned off": {withTLS, del("spec.tls")},
+	} {
+		t.Run(name, func(t *testing.T) {
+			obj := parse(t, validRedisCluster, ns)
+			obj.SetName("tls-" + strings.ReplaceAll(name, " ", "-"))
+			tc.create(obj.Object)
+			if err := fw.Client.Create(ctx, obj); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = fw.Client.Delete(ctx, obj) })
+			tc.change(obj.Object)
+			err := fw.Client.Update(ctx, obj)
+			if err == nil || !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "spec.tls") || !strings.Contains(err.Error(), "create a new RedisCluster") {
+				t.Fatalf("TLS %s: want Invalid naming spec.tls, got %v", name, err)
+			}
+			t.Logf("refused: %v", err)
+		})
+	}
+	obj := parse(t, validRedisCluster, ns)
+	obj.SetName("tls-new-secret")
+	withTLS(obj.Object)
+	if err := fw.Client.Create(ctx, obj); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = fw.Client.Delete(ctx, obj) })
+	set("spec.tls.certificateSecretRef.name", "orders-cert-2")(obj.Object)
+	if err := fw.Client.Update(ctx, obj); err != nil {
+		t.Fatalf("another certificate Secret was refused: %v", err)
 	}
 }
 

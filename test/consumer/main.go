@@ -15,13 +15,20 @@
 // -interval (default 100ms), -timeout (each command's, and the dial's; default 5s, as common
 // clients have it: a machine under load may stall a reply for a second or two), -key (default
 // consumer:$HOSTNAME), -final FILE (default /dev/termination-log; empty: none), -linger (how long
-// it goes on after SIGTERM, as an application that drains its work does; default 0).
+// it goes on after SIGTERM, as an application that drains its work does; default 0), -tls (connect
+// with TLS 1.2 or newer; the server certificate is always verified), -tls-ca FILE (the PEM CA
+// bundle that certificate must chain to, read again at each connection, so that a changed bundle
+// in the mounted Secret is taken at the next one; default ca.crt in -credentials, with
+// -credentials-env too), -tls-server-name (the name the certificate must carry; default the host
+// of -redis).
 package main
 
 import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -53,6 +60,10 @@ const (
 type consumer struct {
 	addr, dir, key    string
 	interval, timeout time.Duration
+	// useTLS connects with TLS, verifying the server certificate against the CA bundle caFile
+	// for serverName (empty: the host of addr).
+	useTLS             bool
+	caFile, serverName string
 
 	mu    sync.Mutex
 	stats stats.Stats
@@ -71,7 +82,10 @@ func main() {
 	host, _ := os.Hostname()
 	flag.StringVar(&c.addr, "redis", "", "Redis address host:port (required).")
 	flag.StringVar(&c.dir, "credentials", "/etc/consumer/credentials", "Directory with the files username and password.")
-	flag.BoolVar(&c.fromEnv, "credentials-env", false, "Take the credential from REDIS_USERNAME and REDIS_PASSWORD, once, as an application configured by env does (-credentials is not read).")
+	flag.BoolVar(&c.fromEnv, "credentials-env", false, "Take the credential from REDIS_USERNAME and REDIS_PASSWORD, once, as an application configured by env does (-credentials is read only for the default of -tls-ca).")
+	flag.BoolVar(&c.useTLS, "tls", false, "Connect with TLS (1.2 or newer), verifying the server certificate against -tls-ca.")
+	flag.StringVar(&c.caFile, "tls-ca", "", "PEM CA bundle the server certificate must chain to, read at each connection (default: ca.crt in -credentials).")
+	flag.StringVar(&c.serverName, "tls-server-name", "", "Name the server certificate must carry (default: the host of -redis).")
 	flag.StringVar(&c.key, "key", "consumer:"+host, "The key this consumer writes and reads.")
 	flag.DurationVar(&c.interval, "interval", 100*time.Millisecond, "Pause between two SET/GET rounds.")
 	flag.DurationVar(&c.timeout, "timeout", 5*time.Second, "How long a command (or a dial) may take.")
@@ -82,13 +96,16 @@ func main() {
 	if c.addr == "" {
 		log.Fatal("consumer: -redis is required")
 	}
+	if c.caFile == "" {
+		c.caFile = filepath.Join(c.dir, "ca.crt")
+	}
 	http.HandleFunc("/stats", c.serveStats)
 	ln, err := net.Listen("tcp", *listen)
 	if err != nil {
 		log.Fatalf("consumer: %v", err)
 	}
 	go func() { log.Fatal(http.Serve(ln, nil)) }()
-	log.Printf("consumer: SET/GET %s against %s every %s; stats on http://%s/stats", c.key, c.addr, c.interval, ln.Addr())
+	log.Printf("consumer: SET/GET %s against %s every %s (TLS: %t); stats on http://%s/stats", c.key, c.addr, c.interval, c.useTLS, ln.Addr())
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	if *linger > 0 {
@@ -257,7 +274,7 @@ func (c *consumer) ensureConnected() error {
 	if c.user == "" {
 		return errors.New("no credential yet")
 	}
-	conn, err := net.DialTimeout("tcp", c.addr, c.timeout)
+	conn, err := c.dial()
 	if err != nil {
 		return err
 	}
@@ -268,6 +285,35 @@ func (c *consumer) ensureConnected() error {
 	}
 	c.stats.Connects++
 	return nil
+}
+
+// dial connects to addr, with TLS when asked. The CA bundle is read at each connection, so that a
+// changed ca.crt in the mounted Secret (the kubelet updates it in place) is taken at the next one.
+func (c *consumer) dial() (net.Conn, error) {
+	d := &net.Dialer{Timeout: c.timeout}
+	if !c.useTLS {
+		return d.Dial("tcp", c.addr)
+	}
+	roots, err := readCABundle(c.caFile)
+	if err != nil {
+		return nil, err
+	}
+	// The timeout covers the handshake too; an empty ServerName is the host of addr.
+	td := &tls.Dialer{NetDialer: d, Config: &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: roots, ServerName: c.serverName}}
+	return td.Dial("tcp", c.addr)
+}
+
+// readCABundle reads a PEM CA bundle. Its errors name the file, never what it holds.
+func readCABundle(path string) (*x509.CertPool, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("reading the CA bundle: %w", err)
+	}
+	roots := x509.NewCertPool()
+	if !roots.AppendCertsFromPEM(b) {
+		return nil, fmt.Errorf("parsing the CA bundle %s: no PEM certificate in it", path)
+	}
+	return roots, nil
 }
 
 func (c *consumer) closeLocked() {

@@ -2,12 +2,23 @@ package main
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/json"
+	"encoding/pem"
 	"fmt"
+	"math/big"
+	"net"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -78,6 +89,174 @@ func TestConsumerCountsCommandsAndFollowsTheCredential(t *testing.T) {
 	if err := json.Unmarshal(b, &got); err != nil || !reflect.DeepEqual(got, c.stats) || got.OK < 40 {
 		t.Fatalf("final counters %s (%v), want %+v", b, err, c.stats)
 	}
+}
+
+// The consumer with -tls against a real redis-server that serves TLS only with a certificate for
+// redis.test: it connects when ca.crt holds the CA that signed that certificate and the server
+// name is redis.test, and otherwise counts a failure that says why (never the password).
+func TestConsumerConnectsWithTLS(t *testing.T) {
+	dir := t.TempDir()
+	ca, other := newTestCA(t, "redis CA"), newTestCA(t, "another CA")
+	certPEM, keyPEM := ca.issue(t, "redis.test")
+	files := map[string][]byte{"tls.crt": certPEM, "tls.key": keyPEM, "ca.crt": ca.certPEM}
+	for name, b := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	port, err := testground.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The plain port stays for the admin's commands; the consumer uses only the TLS one.
+	r, err := testground.StartRedis(dir, "--tls-port", strconv.Itoa(port), "--tls-auth-clients", "no",
+		"--tls-cert-file", filepath.Join(dir, "tls.crt"), "--tls-key-file", filepath.Join(dir, "tls.key"), "--tls-ca-cert-file", filepath.Join(dir, "ca.crt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Stop()
+	if _, err := r.Do(r.AdminUser, r.AdminPassword, "ACL", "SETUSER", "app-1", "on", ">pw-app-1", "~*", "+@all"); err != nil {
+		t.Fatal(err)
+	}
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+
+	for name, tc := range map[string]struct {
+		caPEM      []byte // nil: no ca.crt
+		serverName string
+		wantErr    string // empty: SET and GET succeed
+	}{
+		"the CA that signed the certificate":    {caPEM: ca.certPEM, serverName: "redis.test"},
+		"a bundle with that CA among others":    {caPEM: slices.Concat(other.certPEM, ca.certPEM), serverName: "redis.test"},
+		"another CA":                            {caPEM: other.certPEM, serverName: "redis.test", wantErr: "certificate signed by unknown authority"},
+		"another server name":                   {caPEM: ca.certPEM, serverName: "other.test", wantErr: "certificate is valid for redis.test, not other.test"},
+		"no server name: the host of -redis":    {caPEM: ca.certPEM, wantErr: "cannot validate certificate for 127.0.0.1"},
+		"no ca.crt":                             {serverName: "redis.test", wantErr: "reading the CA bundle"},
+		"a ca.crt that holds no certificate":    {caPEM: []byte("not PEM"), serverName: "redis.test", wantErr: "parsing the CA bundle"},
+		"a ca.crt that holds only a server key": {caPEM: keyPEM, serverName: "redis.test", wantErr: "parsing the CA bundle"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			c := tlsConsumer(t, addr, tc.serverName)
+			writeCA(t, c.caFile, tc.caPEM)
+			got, ok := setGet(c, "1")
+			s := c.snapshot()
+			if tc.wantErr == "" {
+				if !ok || got != "1" || s.OK != 2 || s.Failed != 0 || s.Connects != 1 {
+					t.Fatalf("GET %q, %+v; want SET and GET on one connection", got, s)
+				}
+				return
+			}
+			if ok || s.OK != 0 || s.Failed != 1 || s.Connects != 0 || !strings.Contains(s.LastError, tc.wantErr) {
+				t.Fatalf("%+v; want one failure with %q", s, tc.wantErr)
+			}
+			if strings.Contains(s.LastError, "pw-app-1") || strings.Contains(s.LastError, string(keyPEM)) {
+				t.Fatalf("the error tells a secret: %s", s.LastError)
+			}
+		})
+	}
+
+	// A ca.crt that changes (a renewed CA in the Secret) is taken at the next connection.
+	c := tlsConsumer(t, addr, "redis.test")
+	writeCA(t, c.caFile, other.certPEM)
+	if _, ok := setGet(c, "1"); ok {
+		t.Fatalf("connected with another CA: %+v", c.snapshot())
+	}
+	writeCA(t, c.caFile, ca.certPEM)
+	if got, ok := setGet(c, "2"); !ok || got != "2" {
+		t.Fatalf("the new ca.crt not taken: GET %q, %+v", got, c.snapshot())
+	}
+}
+
+// tlsConsumer is a consumer with -tls, the credential app-1 and ca.crt in its credentials directory
+// (written by writeCA).
+func tlsConsumer(t *testing.T, addr, serverName string) *consumer {
+	t.Helper()
+	creds := filepath.Join(t.TempDir(), "credentials")
+	writeCredential(t, creds, "app-1")
+	c := &consumer{addr: addr, dir: creds, key: "consumer:test", timeout: 2 * time.Second,
+		useTLS: true, caFile: filepath.Join(creds, "ca.crt"), serverName: serverName}
+	c.reloadCredentials()
+	return c
+}
+
+// writeCA writes the CA bundle file (nil: removes it).
+func writeCA(t *testing.T, path string, caPEM []byte) {
+	t.Helper()
+	if caPEM == nil {
+		if err := os.Remove(path); err != nil && !os.IsNotExist(err) {
+			t.Fatal(err)
+		}
+		return
+	}
+	if err := os.WriteFile(path, caPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// setGet runs one round of the consumer's loop, SET value then GET, and says whether both
+// succeeded.
+func setGet(c *consumer, value string) (string, bool) {
+	var got string
+	ok := c.do("SET", func() error {
+		_, err := c.command("SET", c.key, value)
+		return err
+	}) && c.do("GET", func() error {
+		var err error
+		got, err = c.command("GET", c.key)
+		return err
+	})
+	return got, ok
+}
+
+// testCA is a CA of the test's own (ECDSA P-256), valid for an hour.
+type testCA struct {
+	cert    *x509.Certificate
+	key     *ecdsa.PrivateKey
+	certPEM []byte
+}
+
+func newTestCA(t *testing.T, name string) *testCA {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: name},
+		NotBefore: time.Now().Add(-time.Minute), NotAfter: time.Now().Add(time.Hour),
+		KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true, IsCA: true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &testCA{cert: cert, key: key, certPEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}
+}
+
+// issue is a serving certificate for dnsName and its key, both PEM.
+func (ca *testCA) issue(t *testing.T, dnsName string) (certPEM, keyPEM []byte) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: dnsName}, DNSNames: []string{dnsName},
+		NotBefore: time.Now().Add(-time.Minute), NotAfter: time.Now().Add(time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER})
 }
 
 // writeCredential lays the files out as the kubelet does in a Secret volume: a new directory

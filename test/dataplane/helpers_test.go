@@ -51,7 +51,7 @@ func rotated(t testing.TB, rc *v1beta1.RedisCluster, from string) string {
 // accepts says whether the node at addr lets user log in with pass (one node, at once: the tests
 // time when each node starts or stops accepting a user; fw.OnEveryPod checks all of a cluster's).
 func accepts(addr, user, pass string) bool {
-	n := redisnode.New(addr, user, pass)
+	n := redisnode.New(addr, user, pass, nil)
 	defer n.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -61,7 +61,7 @@ func accepts(addr, user, pass string) bool {
 
 // node is a client of one Redis node as keyroll's admin user.
 func node(addr, adminPassword string) *redisnode.Client {
-	return redisnode.New(addr, "keyroll-admin", adminPassword)
+	return redisnode.New(addr, "keyroll-admin", adminPassword, nil)
 }
 
 // podRun identifies one run of a pod: a restart or a new pod changes it.

@@ -2,6 +2,7 @@ package framework
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"net"
 	"slices"
@@ -179,5 +180,10 @@ func (f *Framework) RedisCLI(ctx context.Context, ns, pod string, args ...string
 // RedisClient is a go-redis client of one Redis node (a pod's address) as user: RESP2 and no
 // client identity, as Redis 7.0 takes them; a pool of two connections.
 func RedisClient(addr, user, pass string) *redis.Client {
-	return redis.NewClient(&redis.Options{Addr: addr, Username: user, Password: pass, Protocol: 2, DisableIdentity: true, PoolSize: 2})
+	return RedisClientTLS(addr, user, pass, nil)
+}
+
+// RedisClientTLS is RedisClient over TLS when conf is set (a TLS cluster's node).
+func RedisClientTLS(addr, user, pass string, conf *tls.Config) *redis.Client {
+	return redis.NewClient(&redis.Options{Addr: addr, Username: user, Password: pass, Protocol: 2, DisableIdentity: true, PoolSize: 2, TLSConfig: conf})
 }

@@ -26,7 +26,7 @@ import (
 // usersOf lists a node's users as keyroll's admin user.
 func usersOf(t *testing.T, p *corev1.Pod, admin string) []string {
 	t.Helper()
-	n := redisnode.New(framework.PodAddr(p), "keyroll-admin", admin)
+	n := redisnode.New(framework.PodAddr(p), "keyroll-admin", admin, nil)
 	defer n.Close()
 	users, err := n.Users(context.Background())
 	if err != nil {
@@ -229,7 +229,7 @@ func TestUnknownUserIsRemovedFromEveryNode(t *testing.T) {
 
 	added := time.Now()
 	for _, p := range pods {
-		n := redisnode.New(framework.PodAddr(&p), "keyroll-admin", admin)
+		n := redisnode.New(framework.PodAddr(&p), "keyroll-admin", admin, nil)
 		if err := n.SetUser(ctx, redisnode.User{Name: "backdoor", PasswordHash: strings.Repeat("ab", 32), Rules: []string{"~*", "+@all"}}); err != nil {
 			t.Fatalf("adding a user on %s: %v", p.Name, err)
 		}
@@ -290,7 +290,7 @@ func TestUnknownUserIsRemovedFromEveryNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	framework.Eventually(t, usersCheckInterval+10*time.Second, func() string {
-		n := redisnode.New(framework.PodAddr(&replica), "keyroll-admin", admin)
+		n := redisnode.New(framework.PodAddr(&replica), "keyroll-admin", admin, nil)
 		defer n.Close()
 		if _, err := n.Users(ctx); err != nil {
 			return "keyroll-admin not set back yet: " + err.Error()

@@ -119,3 +119,35 @@ func serial() *big.Int {
 	n, _ := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 62))
 	return n
 }
+
+// TestCA is a CA of a test's own, for certificates a test gives keyroll (a TLS RedisCluster's, as
+// cert-manager's CA issuer would make them).
+type TestCA struct {
+	ca *certAuthority
+	// PEM is the CA's certificate.
+	PEM []byte
+}
+
+// NewTestCA makes a CA valid for a day.
+func NewTestCA(name string) (*TestCA, error) {
+	ca, err := newCA(name)
+	if err != nil {
+		return nil, err
+	}
+	return &TestCA{ca: ca, PEM: ca.CertPEM}, nil
+}
+
+// IssueServer is a serving certificate for dnsNames and ips, valid for a day, its key (both PEM)
+// and its serial number.
+func (c *TestCA) IssueServer(dnsNames []string, ips ...net.IP) (certPEM, keyPEM []byte, sn *big.Int, err error) {
+	certPEM, keyPEM, err = c.ca.issue(certRequest{CommonName: dnsNames[0], DNSNames: dnsNames, IPs: ips, Server: true})
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	block, _ := pem.Decode(certPEM)
+	cert, err := x509.ParseCertificate(block.Bytes)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	return certPEM, keyPEM, cert.SerialNumber, nil
+}

@@ -25,13 +25,25 @@ type (
 // ConsumerPort is where a consumer pod serves /stats, on its pod IP.
 const ConsumerPort = 8080
 
+// ConsumerOption changes a consumer pod's container.
+type ConsumerOption func(*corev1.Container)
+
+// ConsumerTLS makes the consumer connect with TLS, verifying the server certificate against the
+// ca.crt of its credentials Secret, for serverName.
+func ConsumerTLS(serverName string) ConsumerOption {
+	return func(c *corev1.Container) {
+		c.Args = append(c.Args, "-tls", "-tls-server-name="+serverName)
+	}
+}
+
 // ConsumerPod is a pod of ConsumerImage (restricted Pod Security Standard) that runs SET and GET
 // against redisAddr (host:port, e.g. a client Service's name and 6379) with the credential of
-// the Secret secretName (keys username and password, mounted; a change of the Secret reaches it
-// as the kubelet refreshes the volume), and serves its counters on ConsumerPort.
-func ConsumerPod(namespace, name, redisAddr, secretName string) *corev1.Pod {
+// the Secret secretName (keys username and password, and ca.crt with ConsumerTLS; mounted, so
+// that a change of the Secret reaches it as the kubelet refreshes the volume), and serves its
+// counters on ConsumerPort. opts change its container.
+func ConsumerPod(namespace, name, redisAddr, secretName string, opts ...ConsumerOption) *corev1.Pod {
 	const dir = "/etc/consumer/credentials"
-	return &corev1.Pod{
+	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace, Labels: map[string]string{"app": name}},
 		Spec: corev1.PodSpec{
 			TerminationGracePeriodSeconds: ptr.To[int64](1),
@@ -55,6 +67,10 @@ func ConsumerPod(namespace, name, redisAddr, secretName string) *corev1.Pod {
 				Secret: &corev1.SecretVolumeSource{SecretName: secretName}}}},
 		},
 	}
+	for _, opt := range opts {
+		opt(&pod.Spec.Containers[0])
+	}
+	return pod
 }
 
 // ReadConsumerStats asks a consumer pod (by its pod IP) for its counters.
@@ -73,8 +89,8 @@ func ReadConsumerStats(podIP string) (ConsumerStats, error) {
 }
 
 // ConsumerDeployment is a Deployment of replicas consumer pods (ConsumerPod), labelled app=name.
-func ConsumerDeployment(namespace, name string, replicas int32, redisAddr, secretName string) *appsv1.Deployment {
-	sel, tmpl := consumerTemplate(namespace, name, redisAddr, secretName)
+func ConsumerDeployment(namespace, name string, replicas int32, redisAddr, secretName string, opts ...ConsumerOption) *appsv1.Deployment {
+	sel, tmpl := consumerTemplate(namespace, name, redisAddr, secretName, opts...)
 	return &appsv1.Deployment{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
 		Spec:       appsv1.DeploymentSpec{Replicas: ptr.To(replicas), Selector: sel, Template: tmpl},
@@ -83,8 +99,8 @@ func ConsumerDeployment(namespace, name string, replicas int32, redisAddr, secre
 
 // ConsumerStatefulSet is a StatefulSet of replicas consumer pods (ConsumerPod), labelled app=name,
 // rolled one pod at a time (RollingUpdate, the default).
-func ConsumerStatefulSet(namespace, name string, replicas int32, redisAddr, secretName string) *appsv1.StatefulSet {
-	sel, tmpl := consumerTemplate(namespace, name, redisAddr, secretName)
+func ConsumerStatefulSet(namespace, name string, replicas int32, redisAddr, secretName string, opts ...ConsumerOption) *appsv1.StatefulSet {
+	sel, tmpl := consumerTemplate(namespace, name, redisAddr, secretName, opts...)
 	return &appsv1.StatefulSet{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
 		Spec:       appsv1.StatefulSetSpec{Replicas: ptr.To(replicas), Selector: sel, Template: tmpl},
@@ -92,8 +108,8 @@ func ConsumerStatefulSet(namespace, name string, replicas int32, redisAddr, secr
 }
 
 // consumerTemplate is ConsumerPod as a workload's selector and pod template.
-func consumerTemplate(namespace, name, redisAddr, secretName string) (*metav1.LabelSelector, corev1.PodTemplateSpec) {
-	pod := ConsumerPod(namespace, name, redisAddr, secretName)
+func consumerTemplate(namespace, name, redisAddr, secretName string, opts ...ConsumerOption) (*metav1.LabelSelector, corev1.PodTemplateSpec) {
+	pod := ConsumerPod(namespace, name, redisAddr, secretName, opts...)
 	return &metav1.LabelSelector{MatchLabels: pod.Labels}, corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: pod.Labels}, Spec: pod.Spec}
 }
 

@@ -1,0 +1,189 @@
+package rediscluster
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/keyroll/keyroll/apis/v1beta1"
+	"github.com/keyroll/keyroll/controllers/apply"
+	"github.com/keyroll/keyroll/controllers/credential"
+	"github.com/keyroll/keyroll/controllers/render"
+)
+
+// The TLS phase (spec.tls): the owner's certificate is checked and copied into <name>-tls, which
+// the Redis pods mount; keyroll's own connections to the nodes check their certificate against
+// its CA; a renewed certificate is loaded by every running node (CONFIG SET of the same files,
+// which the kubelet has replaced) without a restart.
+
+// certificateWait is how often a TLS cluster whose certificate cannot be used yet is looked at
+// again (the owner's Secret is not watched: keyroll's cache holds its own Secrets only).
+const certificateWait = 30 * time.Second
+
+// servedWait is how often a node is asked again for the certificate it serves while the kubelet
+// has not yet put the new files in its pod.
+const servedWait = 10 * time.Second
+
+// servedCertificate is the certificate a node serves to a new connection (redisnode.ServedCertificate).
+type servedCertificate func(ctx context.Context, addr string, conf *tls.Config) (*x509.Certificate, error)
+
+// nodeTLS keeps, for each TLS cluster, how keyroll checks its nodes' certificates, from the CA in
+// the cluster's <name>-tls Secret as last read.
+type nodeTLS struct {
+	mu sync.Mutex
+	m  map[types.NamespacedName]*tls.Config
+}
+
+// For is the TLS configuration of connections to rc's nodes: nil for a cluster without TLS; for a
+// TLS cluster whose CA keyroll has not read yet, one that trusts no certificate, so that no
+// connection to it is ever made in clear.
+func (t *nodeTLS) For(rc *v1beta1.RedisCluster) *tls.Config {
+	if !render.TLSEnabled(rc) {
+		return nil
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if c := t.m[client.ObjectKeyFromObject(rc)]; c != nil {
+		return c
+	}
+	return render.ClientTLS(rc, nil) // nil: trusts nothing
+}
+
+// Forget drops what is kept of a deleted cluster.
+func (t *nodeTLS) Forget(key types.NamespacedName) { t.set(key, nil) }
+
+func (t *nodeTLS) set(key types.NamespacedName, c *tls.Config) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.m == nil {
+		t.m = map[types.NamespacedName]*tls.Config{}
+	}
+	if c == nil {
+		delete(t.m, key)
+		return
+	}
+	t.m[key] = c
+}
+
+// reconcileTLS checks the owner's certificate and copies it into <name>-tls. It returns the CA
+// bundle the cluster's clients check the nodes against (nil without TLS), and false while the
+// cluster has no usable certificate at all (its pods could not start), with when to look again. A
+// certificate that stops being usable leaves the copy as it was: the nodes serve the last good one.
+func (r *deps) reconcileTLS(ctx context.Context, s *credential.Cluster) (ca []byte, ok bool, wait time.Duration, err error) {
+	rc := s.RC
+	if !render.TLSEnabled(rc) {
+		r.tls.set(client.ObjectKeyFromObject(rc), nil)
+		return nil, true, 0, nil
+	}
+	copied, err := r.ownedSecret(ctx, rc, render.TLSSecretName(rc))
+	if err != nil {
+		return nil, false, 0, err
+	}
+	desired, problem, err := r.ownersCertificate(ctx, rc)
+	if err != nil {
+		return nil, false, 0, err
+	}
+	if problem != "" {
+		if s.Conds.Set(v1beta1.ConditionTLSReady, metav1.ConditionFalse, v1beta1.ReasonInvalidCertificate, problem) {
+			s.Conds.Announce(true, v1beta1.ReasonInvalidCertificate, "CheckCertificate", "%s", problem)
+		}
+		if copied.Name == "" {
+			return nil, false, certificateWait, nil
+		}
+		r.tls.set(client.ObjectKeyFromObject(rc), render.ClientTLS(rc, copied.Data[render.CAKey]))
+		return copied.Data[render.CAKey], true, certificateWait, nil
+	}
+	if err := apply.Owned(ctx, r.Client, r.APIReader, rc, desired); err != nil {
+		return nil, false, 0, err
+	}
+	ca = desired.Data[render.CAKey]
+	r.tls.set(client.ObjectKeyFromObject(rc), render.ClientTLS(rc, ca))
+	return ca, true, 0, nil
+}
+
+// ownersCertificate reads the Secret spec.tls.certificateSecretRef names and returns keyroll's
+// copy of it, or what makes it unusable.
+func (r *deps) ownersCertificate(ctx context.Context, rc *v1beta1.RedisCluster) (*corev1.Secret, string, error) {
+	name := rc.Spec.TLS.CertificateSecretRef.Name
+	sec := &corev1.Secret{} // not in the cache, which holds keyroll's Secrets only
+	err := r.APIReader.Get(ctx, client.ObjectKey{Namespace: rc.Namespace, Name: name}, sec)
+	if client.IgnoreNotFound(err) != nil {
+		return nil, "", fmt.Errorf("reading Secret %s (spec.tls.certificateSecretRef): %w", name, err)
+	}
+	field := "spec.tls.certificateSecretRef: Secret " + name
+	switch {
+	case err != nil:
+		return nil, fmt.Sprintf("%s is not in namespace %s", field, rc.Namespace), nil
+	case sec.Labels[v1beta1.LabelTLSCertificate] != rc.Name:
+		// Only a Secret labelled for this cluster: not any certificate of the namespace.
+		return nil, fmt.Sprintf("%s is not labelled %s=%s; keyroll uses only a Secret labelled for this cluster", field, v1beta1.LabelTLSCertificate, rc.Name), nil
+	}
+	cert, key, ca := sec.Data[render.TLSCertKey], sec.Data[render.TLSKeyKey], sec.Data[render.CAKey]
+	if _, err := render.CheckCertificate(rc, cert, key, ca, r.Clock.Now()); err != nil {
+		return nil, field + ": " + err.Error(), nil
+	}
+	return render.TLSSecret(rc, cert, key, ca), "", nil
+}
+
+// certificateServed makes every running node of the cluster serve the certificate of <name>-tls:
+// a node that serves another one is told to read its files again (the kubelet may not have put the
+// new ones in its pod yet: then it is asked again a little later). TLSReady says how far it is.
+func (r *deps) certificateServed(ctx context.Context, s *credential.Cluster, admin string) (time.Duration, error) {
+	rc := s.RC
+	if !render.TLSEnabled(rc) {
+		return 0, nil
+	}
+	copied, err := r.ownedSecret(ctx, rc, render.TLSSecretName(rc))
+	if err != nil || copied.Name == "" {
+		return 0, err
+	}
+	want, err := render.CheckCertificate(rc, copied.Data[render.TLSCertKey], copied.Data[render.TLSKeyKey], copied.Data[render.CAKey], r.Clock.Now())
+	if err != nil {
+		return 0, fmt.Errorf("keyroll's copy of the certificate, Secret %s: %w", copied.Name, err)
+	}
+	m, err := listMembers(ctx, r.Client, rc)
+	if err != nil {
+		return 0, err
+	}
+	conf := r.tls.For(rc)
+	var pending []string
+	for _, p := range m.Pods {
+		run, ok := running(p)
+		if !ok || !podIsReady(p) {
+			continue
+		}
+		served, err := r.servedCertificate(ctx, run.addr, conf)
+		if err == nil && served.SerialNumber.Cmp(want.SerialNumber) == 0 {
+			continue
+		}
+		n := r.nodes.Dial(run.addr, render.AdminUser, admin, conf)
+		err = n.ReloadCertificate(ctx, render.TLSReloadArgs())
+		_ = n.Close()
+		if err != nil {
+			return 0, fmt.Errorf("reloading the certificate of %s: %w", p.Name, err)
+		}
+		if served, err = r.servedCertificate(ctx, run.addr, conf); err != nil || served.SerialNumber.Cmp(want.SerialNumber) != 0 {
+			pending = append(pending, p.Name)
+			continue
+		}
+		s.Conds.EventAbout(p, false, v1beta1.ReasonCertificateServed, "ReloadCertificate", "Pod %s serves certificate %x (until %s), without a restart", p.Name, want.SerialNumber, want.NotAfter.UTC().Format(time.RFC3339))
+	}
+	if len(pending) > 0 {
+		s.Conds.Set(v1beta1.ConditionTLSReady, metav1.ConditionFalse, v1beta1.ReasonCertificatePending,
+			fmt.Sprintf("certificate %x is written; pods %v do not serve it yet (the kubelet puts Secret changes in pods within a minute or two)", want.SerialNumber, pending))
+		return servedWait, nil
+	}
+	if s.Conds.Set(v1beta1.ConditionTLSReady, metav1.ConditionTrue, v1beta1.ReasonCertificateServed,
+		fmt.Sprintf("every running node serves certificate %x, valid until %s", want.SerialNumber, want.NotAfter.UTC().Format(time.RFC3339))) {
+		s.Conds.Announce(false, v1beta1.ReasonCertificateServed, "ReloadCertificate", "Every running node serves certificate %x", want.SerialNumber)
+	}
+	return 0, nil
+}

@@ -1,0 +1,156 @@
+package render
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/utils/ptr"
+
+	"github.com/keyroll/keyroll/apis/v1beta1"
+)
+
+// TLS (spec.tls): the Redis nodes listen with TLS only, on RedisPort, with the certificate keyroll
+// copies from the owner's Secret into TLSSecretName, which every Redis pod mounts.
+
+// Keys of a TLS Secret, as cert-manager writes them: the owner's and keyroll's copy alike.
+const (
+	TLSCertKey = corev1.TLSCertKey       // tls.crt: the serving certificate, intermediates after it
+	TLSKeyKey  = corev1.TLSPrivateKeyKey // tls.key
+	CAKey      = "ca.crt"                // the CA that signed it; also in the credentials Secret
+)
+
+const tlsMountDir = "/etc/keyroll/tls"
+
+// TLSSecretName is keyroll's copy of the cluster's certificate, which the Redis pods mount.
+func TLSSecretName(rc *v1beta1.RedisCluster) string { return rc.Name + "-tls" }
+
+// TLSEnabled says whether the cluster's Redis speaks TLS only.
+func TLSEnabled(rc *v1beta1.RedisCluster) bool { return rc.Spec.TLS != nil }
+
+// TLSServerName is the name keyroll, the probe sidecar and the start script verify every node's
+// certificate against: the client Service's, which every node's certificate names (the nodes share
+// one certificate).
+func TLSServerName(rc *v1beta1.RedisCluster) string {
+	return fmt.Sprintf("%s.%s.svc", rc.Name, rc.Namespace)
+}
+
+// TLSNodeNames are the DNS names a cluster's certificate must carry: the client Service's and each
+// node's, under the headless Service.
+func TLSNodeNames(rc *v1beta1.RedisCluster) []string {
+	return []string{TLSServerName(rc), fmt.Sprintf("*.%s.%s.svc", HeadlessServiceName(rc), rc.Namespace)}
+}
+
+// TLSSecret is keyroll's copy of the owner's certificate, key and CA.
+func TLSSecret(rc *v1beta1.RedisCluster, cert, key, ca []byte) *corev1.Secret {
+	return &corev1.Secret{
+		ObjectMeta: objectMeta(rc, TLSSecretName(rc)),
+		Type:       corev1.SecretTypeTLS,
+		Data:       map[string][]byte{TLSCertKey: cert, TLSKeyKey: key, CAKey: ca},
+	}
+}
+
+// tlsConfig is redis.conf's part for TLS: no plaintext port, the certificate files of the mounted
+// Secret (the kubelet replaces them in place; keyroll tells Redis to read them again), replication
+// over TLS, and no client certificate asked for (clients log in with their ACL user).
+func tlsConfig(rc *v1beta1.RedisCluster) string {
+	if !TLSEnabled(rc) {
+		return fmt.Sprintf("port %d\n", RedisPort)
+	}
+	return fmt.Sprintf(`port 0
+tls-port %d
+%s
+tls-auth-clients no
+tls-replication yes
+`, RedisPort, tlsFiles())
+}
+
+// tlsFiles are the certificate settings as redis.conf and CONFIG SET name them.
+func tlsFiles() string {
+	return fmt.Sprintf("tls-cert-file %[1]s/%[2]s\ntls-key-file %[1]s/%[3]s\ntls-ca-cert-file %[1]s/%[4]s", tlsMountDir, TLSCertKey, TLSKeyKey, CAKey)
+}
+
+// TLSReloadArgs are the arguments of CONFIG SET that make a node read its certificate files again
+// (the same paths: Redis reads the files whenever the setting is set).
+func TLSReloadArgs() []string {
+	return []string{
+		"tls-cert-file", tlsMountDir + "/" + TLSCertKey,
+		"tls-key-file", tlsMountDir + "/" + TLSKeyKey,
+		"tls-ca-cert-file", tlsMountDir + "/" + CAKey,
+	}
+}
+
+// redisCLITLS are redis-cli's options for the start script's peer queries: TLS, the peer's
+// certificate checked against the cluster's CA.
+func redisCLITLS(rc *v1beta1.RedisCluster) string {
+	if !TLSEnabled(rc) {
+		return ""
+	}
+	return fmt.Sprintf(" --tls --cacert %s/%s --sni %s", tlsMountDir, CAKey, TLSServerName(rc))
+}
+
+// tlsVolume and tlsMount put keyroll's copy of the certificate in a pod, readable by Redis's group.
+func tlsVolume(rc *v1beta1.RedisCluster) corev1.Volume {
+	return corev1.Volume{Name: "tls", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
+		SecretName: TLSSecretName(rc), DefaultMode: ptr.To[int32](0o440)}}}
+}
+
+func tlsMount() corev1.VolumeMount {
+	return corev1.VolumeMount{Name: "tls", MountPath: tlsMountDir, ReadOnly: true}
+}
+
+// probeTLSArgs are the probe sidecar's flags for a TLS cluster.
+func probeTLSArgs(rc *v1beta1.RedisCluster) []string {
+	return []string{"--tls-ca-file=" + tlsMountDir + "/" + CAKey, "--tls-server-name=" + TLSServerName(rc)}
+}
+
+// CheckCertificate says whether cert (PEM, the leaf first), key and ca (PEM) can serve rc: the key
+// is the certificate's, ca signed it (through the intermediates after the leaf), it is valid at
+// now, and it names every one of TLSNodeNames. It returns the leaf. Its errors name the key of the
+// Secret and what is wrong, never a byte of the key.
+func CheckCertificate(rc *v1beta1.RedisCluster, cert, key, ca []byte, now time.Time) (*x509.Certificate, error) {
+	pair, err := tls.X509KeyPair(cert, key)
+	if err != nil {
+		return nil, fmt.Errorf("%s and %s are not a certificate and its private key: %s", TLSCertKey, TLSKeyKey, strings.TrimPrefix(err.Error(), "tls: "))
+	}
+	leaf, err := x509.ParseCertificate(pair.Certificate[0])
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", TLSCertKey, err)
+	}
+	roots := x509.NewCertPool()
+	if !roots.AppendCertsFromPEM(ca) {
+		return nil, fmt.Errorf("%s holds no PEM certificate", CAKey)
+	}
+	between := x509.NewCertPool()
+	for _, der := range pair.Certificate[1:] {
+		c, err := x509.ParseCertificate(der)
+		if err != nil {
+			return nil, fmt.Errorf("%s: an intermediate certificate: %w", TLSCertKey, err)
+		}
+		between.AddCert(c)
+	}
+	for i, name := range TLSNodeNames(rc) {
+		if i == 1 {
+			name = strings.Replace(name, "*", rc.Name+"-0", 1) // a node's name, which the wildcard covers
+		}
+		_, err := leaf.Verify(x509.VerifyOptions{DNSName: name, Roots: roots, Intermediates: between, CurrentTime: now,
+			KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}})
+		if err != nil {
+			return nil, fmt.Errorf("%s (serial %x) cannot serve %s as %s: %w", TLSCertKey, leaf.SerialNumber, name, strings.Join(TLSNodeNames(rc), " and "), err)
+		}
+	}
+	return leaf, nil
+}
+
+// ClientTLS is how keyroll and the probes check a node of rc whose CA bundle is ca (PEM): nil when
+// ca holds no certificate.
+func ClientTLS(rc *v1beta1.RedisCluster, ca []byte) *tls.Config {
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(ca) {
+		return nil
+	}
+	return &tls.Config{RootCAs: pool, ServerName: TLSServerName(rc), MinVersion: tls.VersionTLS12}
+}
