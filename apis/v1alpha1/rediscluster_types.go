@@ -12,7 +12,7 @@ import (
 // +kubebuilder:deprecatedversion:warning="keyroll.dev/v1alpha1 RedisCluster is deprecated: use keyroll.dev/v1beta1 (docs/redis-cluster-owners.md, API versions)"
 // +kubebuilder:resource:scope=Namespaced,shortName=rdc,categories=keyroll
 // +kubebuilder:validation:XValidation:rule="size(self.metadata.name) <= 52",message="metadata.name must be at most 52 characters: the Redis pods' controller-revision-hash label is the name and 11 more characters, and must fit in 63"
-// +kubebuilder:validation:XValidation:rule="!has(self.spec.credentials.secretName) || !(self.spec.credentials.secretName in [self.metadata.name + '-acl', self.metadata.name + '-keyroll', self.metadata.name + '-eso', self.metadata.name + '-vault-plugin', self.metadata.name + '-tls'])",message="spec.credentials.secretName must not be <name>-acl, <name>-keyroll, <name>-eso, <name>-vault-plugin or <name>-tls: keyroll writes those Secrets itself",fieldPath=".spec.credentials.secretName"
+// +kubebuilder:validation:XValidation:rule="!has(self.spec.credentials.secretName) || !(self.spec.credentials.secretName in [self.metadata.name + '-acl', self.metadata.name + '-keyroll', self.metadata.name + '-eso', self.metadata.name + '-vault-plugin', self.metadata.name + '-tls', self.metadata.name + '-tls-ca'])",message="spec.credentials.secretName must not be <name>-acl, <name>-keyroll, <name>-eso, <name>-vault-plugin, <name>-tls or <name>-tls-ca: keyroll writes those Secrets itself",fieldPath=".spec.credentials.secretName"
 // +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
 // +kubebuilder:printcolumn:name="Ready",type=integer,JSONPath=`.status.readyReplicas`
 // +kubebuilder:printcolumn:name="Replicas",type=integer,JSONPath=`.spec.replicas`

@@ -79,7 +79,8 @@ const (
 	// ConditionRolloutProgressing: pods or consumers are being moved to a new credential.
 	ConditionRolloutProgressing = "RolloutProgressing"
 	// ConditionDegraded: something needs attention: on a RedisCluster, the summary of ScheduleValid,
-	// RolloutHealthy, LeasesRevoked and SourceHealthy (True when one of them is False), and of
+	// RolloutHealthy, LeasesRevoked, SourceHealthy and TLSReady (True when one of them is False
+	// for a problem), and of
 	// UsersApplied when a node cannot be brought to the users (unreachable, not Ready in time,
 	// refused rules).
 	ConditionDegraded = "Degraded"
@@ -180,6 +181,8 @@ const (
 	ReasonInvalidCertificate = "InvalidCertificate"
 	ReasonCertificatePending = "CertificatePending"
 	ReasonCertificateServed  = "CertificateServed"
+	// ReasonCertificateIssued (an event): keyroll made a cluster's own CA or nodes' certificate.
+	ReasonCertificateIssued = "CertificateIssued"
 )
 
 // Event reasons (UpperCamelCase; events fire on transitions only).

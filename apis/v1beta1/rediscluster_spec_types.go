@@ -125,16 +125,18 @@ type RedisClusterSpec struct {
 	// +optional
 	VaultPlugin *VaultPluginSpec `json:"vaultPlugin,omitempty"`
 
-	// tls makes Redis speak TLS only, with the certificate of a Secret the owner keeps: clients,
-	// replication, keyroll and the probes all connect with TLS, and a plaintext connection is
-	// refused. It is set when the RedisCluster is created and cannot be added or removed
-	// afterwards (clients would lose the cluster at once); the Secret it names may change, and a
-	// renewed certificate is taken by every node without a restart.
+	// tls makes Redis speak TLS only: clients, replication, keyroll and the probes all connect
+	// with TLS, and a plaintext connection is refused. The certificate is the owner's
+	// (certificateSecretRef) or, without one, made by keyroll from a CA of the cluster's own. It is
+	// set when the RedisCluster is created and cannot be added or removed afterwards (clients
+	// would lose the cluster at once); a renewed certificate is taken by every node without a
+	// restart.
 	// +optional
 	TLS *TLSSpec `json:"tls,omitempty"`
 }
 
 // TLSSpec is the certificate the Redis nodes serve.
+// +kubebuilder:validation:XValidation:rule="has(self.certificateSecretRef) == has(oldSelf.certificateSecretRef)",message="spec.tls.certificateSecretRef cannot be added or removed after creation: the clients trust the CA of the certificate they were given; create a new RedisCluster",fieldPath=".certificateSecretRef"
 type TLSSpec struct {
 	// certificateSecretRef names a Secret in the RedisCluster's namespace with tls.crt (the
 	// serving certificate, intermediates after it), tls.key (its private key) and ca.crt (the
@@ -142,9 +144,13 @@ type TLSSpec struct {
 	// the label keyroll.dev/tls-certificate=<RedisCluster's name>: keyroll uses no other Secret
 	// of the namespace. The certificate must name <name>.<namespace>.svc (the client Service;
 	// keyroll and the probes verify this name) and *.<name>-headless.<namespace>.svc (each node).
-	// keyroll checks it and copies it into Secret <name>-tls, which the Redis pods mount.
-	// +required
-	CertificateSecretRef LocalSecretReference `json:"certificateSecretRef"`
+	// keyroll checks it and copies it into Secret <name>-tls, which the Redis pods mount. Without
+	// it keyroll makes a CA for the cluster (Secret <name>-tls-ca, which no pod mounts) and signs
+	// the nodes' certificate with it: the certificate is replaced at two thirds of its 90 days,
+	// the CA at two thirds of its year, and a replaced CA stays trusted (in ca.crt) until it
+	// expires.
+	// +optional
+	CertificateSecretRef *LocalSecretReference `json:"certificateSecretRef,omitempty"`
 }
 
 // LocalSecretReference names a Secret in the object's own namespace.

@@ -2,8 +2,6 @@ package conversion
 
 import (
 	"context"
-	"crypto/x509"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"slices"
@@ -17,6 +15,18 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/keyroll/keyroll/controllers/certs"
+)
+
+// The keys of the webhook's certificate Secret (certs.Keep's; cert-manager's for the last three).
+const (
+	// KeyCABundle holds the CAs the API server is to trust, newest first.
+	KeyCABundle = certs.KeyCABundle
+	// KeyCAKey is the newest CA's private key (keyroll's own CA only).
+	KeyCAKey = certs.KeyCAKey
+	KeyCert  = certs.KeyCert
+	KeyKey   = certs.KeyKey
 )
 
 // keeper runs on the leader: it keeps the Secret's CA and serving certificate valid, the CRDs'
@@ -106,48 +116,22 @@ func (k *keeper) certificates(ctx context.Context) ([]byte, error) {
 	for key, v := range s.Data {
 		data[key] = v
 	}
-	cas, _ := parseCertificates(data[KeyCABundle])
-	ca, err := parseAuthority(cas, data[KeyCAKey])
-	if err != nil || due(now, ca.cert) {
-		next, _, err := newAuthority(now, o.CAValidity)
-		if err != nil {
-			return nil, err
-		}
-		ca, cas = next, append([]*x509.Certificate{next.cert}, cas...)
-		key, err := x509.MarshalECPrivateKey(next.key)
-		if err != nil {
-			return nil, err
-		}
-		data[KeyCAKey] = pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: key})
-		log.Info("Made a conversion webhook CA", "notAfter", next.cert.NotAfter.UTC().Format(time.RFC3339))
-	}
-	// A CA stays in the bundle until it expires: a certificate it signed may still be served.
-	cas = slices.DeleteFunc(cas, func(c *x509.Certificate) bool { return now.After(c.NotAfter) })
-	data[KeyCABundle] = joinPEM(cas)
-
 	hosts, err := k.w.hosts()
 	if err != nil {
 		return nil, err
 	}
-	_, leaf, err := servingCertificate(data[KeyCert], data[KeyKey])
 	// A new CA signs only once the API server has had time to trust it: the CRDs got the bundle
 	// with it in an earlier round, and every replica reads the Secret within Reload.
-	young := now.Sub(ca.cert.NotBefore) <= backdate+3*o.Reload
-	var renew bool
-	switch {
-	case err != nil, !inBundle(leaf, cas), now.After(leaf.NotAfter.Add(-3 * o.Reload)):
-		renew = true // none, signed by a CA no longer trusted, or about to expire
-	case young:
-		renew = false
-	default:
-		renew = due(now, leaf) || !covers(leaf, hosts) || leaf.CheckSignatureFrom(ca.cert) != nil
+	data, made, err := certs.Keep(now, data, hosts, certs.Policy{CAName: "keyroll conversion webhook CA",
+		CAValidity: o.CAValidity, CertValidity: o.CertValidity, Settle: 3 * o.Reload, Margin: 3 * o.Reload})
+	if err != nil {
+		return nil, err
 	}
-	if renew {
-		certPEM, keyPEM, err := ca.sign(now, o.CertValidity, hosts)
-		if err != nil {
-			return nil, err
-		}
-		data[KeyCert], data[KeyKey] = certPEM, keyPEM
+	if made.CA {
+		ca, _ := certs.ParseBundle(data[KeyCABundle])
+		log.Info("Made a conversion webhook CA", "notAfter", ca[0].NotAfter.UTC().Format(time.RFC3339))
+	}
+	if made.Certificate {
 		log.Info("Made a conversion webhook certificate", "hosts", hosts)
 	}
 	if exists && equality.Semantic.DeepEqual(data, s.Data) {
@@ -177,15 +161,15 @@ func (k *keeper) certManagers(ctx context.Context) ([]byte, error) {
 		}
 		return nil, err
 	}
-	cas, err := parseCertificates(s.Data[KeyCABundle])
+	cas, err := certs.ParseBundle(s.Data[KeyCABundle])
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w (the Certificate's issuer must give its CA: a CA or self-signed issuer does)", KeyCABundle, err)
 	}
-	_, leaf, err := servingCertificate(s.Data[KeyCert], s.Data[KeyKey])
+	_, leaf, err := certs.ServingCertificate(s.Data[KeyCert], s.Data[KeyKey])
 	if err != nil {
 		return nil, fmt.Errorf("%s/%s: %w", KeyCert, KeyKey, err)
 	}
-	if !inBundle(leaf, cas) {
+	if !certs.InBundle(leaf, cas) {
 		return nil, fmt.Errorf("%s is not signed by a CA of %s", KeyCert, KeyCABundle)
 	}
 	hosts, err := k.w.hosts()
@@ -269,24 +253,4 @@ func (k *keeper) migrate(ctx context.Context, name string) error {
 	}
 	ctrl.LoggerFrom(ctx).WithName("conversion-webhook").Info("Stored objects rewritten at the storage version", "crd", name, "version", version, "objects", len(items))
 	return nil
-}
-
-// covers says whether the certificate names every host.
-func covers(c *x509.Certificate, hosts []string) bool {
-	for _, h := range hosts {
-		if c.VerifyHostname(h) != nil {
-			return false
-		}
-	}
-	return true
-}
-
-// inBundle says whether one of the CAs signed the certificate.
-func inBundle(c *x509.Certificate, cas []*x509.Certificate) bool {
-	for _, ca := range cas {
-		if c.CheckSignatureFrom(ca) == nil {
-			return true
-		}
-	}
-	return false
 }

@@ -20,6 +20,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	"github.com/keyroll/keyroll/apis/v1beta1"
+	"github.com/keyroll/keyroll/controllers/certs"
 )
 
 type keeperHarness struct {
@@ -66,15 +67,15 @@ func (h *keeperHarness) round(t *testing.T) ([]*x509.Certificate, *x509.Certific
 	if err := h.c.Get(context.Background(), h.w.o.Secret, &s); err != nil {
 		t.Fatal(err)
 	}
-	cas, err := parseCertificates(s.Data[KeyCABundle])
+	cas, err := certs.ParseBundle(s.Data[KeyCABundle])
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, leaf, err := servingCertificate(s.Data[KeyCert], s.Data[KeyKey])
+	_, leaf, err := certs.ServingCertificate(s.Data[KeyCert], s.Data[KeyKey])
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !inBundle(leaf, cas) {
+	if !certs.InBundle(leaf, cas) {
 		t.Fatalf("at %s the serving certificate is signed by no CA of the bundle", h.clock.Now())
 	}
 	if err := leaf.VerifyHostname("keyroll-webhook.keyroll-system.svc"); err != nil {
@@ -167,14 +168,14 @@ func TestCRDsPointAtTheWebhook(t *testing.T) {
 
 // certManagerSecret writes the Secret as a cert-manager Certificate of a CA issuer does: tls.crt
 // and tls.key signed by the CA, ca.crt the CA.
-func (h *keeperHarness) certManagerSecret(t *testing.T, ca *authority, hosts ...string) {
+func (h *keeperHarness) certManagerSecret(t *testing.T, ca *certs.Authority, hosts ...string) {
 	t.Helper()
-	certPEM, keyPEM, err := ca.sign(h.clock.Now(), time.Hour, hosts)
+	certPEM, keyPEM, err := ca.Sign(h.clock.Now(), time.Hour, hosts)
 	if err != nil {
 		t.Fatal(err)
 	}
 	s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: h.w.o.Secret.Namespace, Name: h.w.o.Secret.Name}, Type: corev1.SecretTypeTLS,
-		Data: map[string][]byte{KeyCert: certPEM, KeyKey: keyPEM, KeyCABundle: joinPEM([]*x509.Certificate{ca.cert})}}
+		Data: map[string][]byte{KeyCert: certPEM, KeyKey: keyPEM, KeyCABundle: certs.JoinPEM([]*x509.Certificate{ca.Cert})}}
 	var cur corev1.Secret
 	if err := h.c.Get(context.Background(), h.w.o.Secret, &cur); err == nil {
 		cur.Data = s.Data
@@ -205,11 +206,11 @@ func TestCertManagerKeepsTheCertificate(t *testing.T) {
 		t.Fatal("keyroll wrote the Secret that cert-manager keeps")
 	}
 
-	ca, _, err := newAuthority(h.clock.Now(), 24*time.Hour)
+	ca, _, err := certs.NewAuthority(h.clock.Now(), 24*time.Hour, "test CA")
 	if err != nil {
 		t.Fatal(err)
 	}
-	other, _, err := newAuthority(h.clock.Now(), 24*time.Hour)
+	other, _, err := certs.NewAuthority(h.clock.Now(), 24*time.Hour, "test CA")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -221,7 +222,7 @@ func TestCertManagerKeepsTheCertificate(t *testing.T) {
 	if err := h.c.Get(ctx, h.w.o.Secret, &s); err != nil {
 		t.Fatal(err)
 	}
-	s.Data[KeyCABundle] = joinPEM([]*x509.Certificate{ca.cert})
+	s.Data[KeyCABundle] = certs.JoinPEM([]*x509.Certificate{ca.Cert})
 	if err := h.c.Update(ctx, &s); err != nil {
 		t.Fatal(err)
 	}
@@ -239,7 +240,7 @@ func TestCertManagerKeepsTheCertificate(t *testing.T) {
 		}
 		return string(crd.Spec.Conversion.Webhook.ClientConfig.CABundle)
 	}
-	for i, issuer := range []*authority{ca, ca, other} { // issued, renewed, a new CA
+	for i, issuer := range []*certs.Authority{ca, ca, other} { // issued, renewed, a new CA
 		h.clock.Step(time.Minute)
 		h.certManagerSecret(t, issuer, "keyroll-webhook.keyroll-system.svc")
 		if err := h.c.Get(ctx, h.w.o.Secret, &s); err != nil {
@@ -255,7 +256,7 @@ func TestCertManagerKeepsTheCertificate(t *testing.T) {
 		if got := crdBundle(); got != string(s.Data[KeyCABundle]) {
 			t.Fatalf("round %d: the CRD's CA bundle is not the Secret's ca.crt", i)
 		}
-		_, leaf, err := servingCertificate(s.Data[KeyCert], s.Data[KeyKey])
+		_, leaf, err := certs.ServingCertificate(s.Data[KeyCert], s.Data[KeyKey])
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -279,12 +280,12 @@ func TestOLMMountsTheCertificate(t *testing.T) {
 	if err := h.w.load(ctx); !errors.Is(err, errNoSecretYet) {
 		t.Fatalf("no files yet: %v, want errNoSecretYet", err)
 	}
-	ca, _, err := newAuthority(h.clock.Now(), 24*time.Hour)
+	ca, _, err := certs.NewAuthority(h.clock.Now(), 24*time.Hour, "test CA")
 	if err != nil {
 		t.Fatal(err)
 	}
 	for round := range 2 { // mounted, then renewed by OLM
-		certPEM, keyPEM, err := ca.sign(h.clock.Now(), time.Hour, []string{"keyroll-manager-service.operators.svc"})
+		certPEM, keyPEM, err := ca.Sign(h.clock.Now(), time.Hour, []string{"keyroll-manager-service.operators.svc"})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -297,7 +298,7 @@ func TestOLMMountsTheCertificate(t *testing.T) {
 		if err := h.k.keep(ctx); err != nil {
 			t.Fatalf("round %d: %v", round, err)
 		}
-		_, leaf, err := servingCertificate(certPEM, keyPEM)
+		_, leaf, err := certs.ServingCertificate(certPEM, keyPEM)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -334,11 +335,11 @@ func TestStartWaitsForTheMountedCertificate(t *testing.T) {
 	for !h.clock.HasWaiters() {
 		time.Sleep(time.Millisecond)
 	}
-	ca, _, err := newAuthority(h.clock.Now(), time.Hour)
+	ca, _, err := certs.NewAuthority(h.clock.Now(), time.Hour, "test CA")
 	if err != nil {
 		t.Fatal(err)
 	}
-	certPEM, keyPEM, err := ca.sign(h.clock.Now(), time.Hour, []string{"keyroll-manager-service.operators.svc"})
+	certPEM, keyPEM, err := ca.Sign(h.clock.Now(), time.Hour, []string{"keyroll-manager-service.operators.svc"})
 	if err != nil {
 		t.Fatal(err)
 	}

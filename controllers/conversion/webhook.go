@@ -28,6 +28,7 @@ import (
 	convwebhook "sigs.k8s.io/controller-runtime/pkg/webhook/conversion"
 
 	"github.com/keyroll/keyroll/apis/v1beta1"
+	"github.com/keyroll/keyroll/controllers/certs"
 )
 
 // +kubebuilder:rbac:groups=apiextensions.k8s.io,resources=customresourcedefinitions,verbs=get;update,resourceNames=redisclusters.keyroll.dev;vaultconnections.keyroll.dev
@@ -210,7 +211,7 @@ func (w *Webhook) load(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	cert, leaf, err := servingCertificate(certPEM, keyPEM)
+	cert, leaf, err := certs.ServingCertificate(certPEM, keyPEM)
 	if err != nil {
 		return fmt.Errorf("%s/%s: %w", KeyCert, KeyKey, err)
 	}

@@ -46,6 +46,9 @@ func (r *deps) checkSecretsFree(ctx context.Context, s *credential.Cluster) (boo
 	if render.TLSEnabled(s.RC) {
 		names = append(names, render.TLSSecretName(s.RC))
 	}
+	if render.OwnCertificate(s.RC) {
+		names = append(names, render.TLSCASecretName(s.RC))
+	}
 	err := apply.SecretsFree(ctx, r.Client, r.APIReader, s.RC, names, func(sec *corev1.Secret) bool { return render.SyncedByExternalSecret(sec, s.RC) })
 	var conflict *apply.ConflictError
 	if errors.As(err, &conflict) {

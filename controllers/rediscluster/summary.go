@@ -12,14 +12,16 @@ import (
 )
 
 // concerns are the conditions that Degraded sums up, the most pressing first: leases not revoked, nodes
-// without their users, a stuck rollout, a credential source that needs attention, a bad schedule.
+// without their users, a stuck rollout, a credential source that needs attention, a TLS certificate
+// that cannot be used, a bad schedule.
 var concerns = []string{
 	v1beta1.ConditionLeasesRevoked, v1beta1.ConditionUsersApplied, v1beta1.ConditionRolloutHealthy,
-	v1beta1.ConditionSourceHealthy, v1beta1.ConditionScheduleValid,
+	v1beta1.ConditionSourceHealthy, v1beta1.ConditionTLSReady, v1beta1.ConditionScheduleValid,
 }
 
-// inProgress are reasons of a False concern that are work going on (users being applied), not a problem.
-var inProgress = []string{v1beta1.ReasonApplying}
+// inProgress are reasons of a False concern that are work going on (users being applied, a new
+// certificate on its way to the nodes), not a problem.
+var inProgress = []string{v1beta1.ReasonApplying, v1beta1.ReasonCertificatePending}
 
 // summarize computes Ready and Degraded from the conditions of each concern, in this one place,
 // so that two problems never overwrite each other: Degraded is True while any concern is False

@@ -15,6 +15,7 @@ import (
 
 	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/controllers/apply"
+	"github.com/keyroll/keyroll/controllers/certs"
 	"github.com/keyroll/keyroll/controllers/credential"
 	"github.com/keyroll/keyroll/controllers/render"
 )
@@ -27,6 +28,15 @@ import (
 // certificateWait is how often a TLS cluster whose certificate cannot be used yet is looked at
 // again (the owner's Secret is not watched: keyroll's cache holds its own Secrets only).
 const certificateWait = 30 * time.Second
+
+// ownersCheck is how often a cluster with the owner's certificate is looked at, at most, to find
+// a renewed one: keyroll does not watch the owner's Secret (its cache holds its own Secrets only),
+// so each look is one read of it.
+const ownersCheck = time.Minute
+
+// ownCheck is how often, at most, a cluster with a certificate of keyroll's is looked at for one
+// that is due: a certificate is replaced within that of two thirds of its life.
+const ownCheck = time.Hour
 
 // servedWait is how often a node is asked again for the certificate it serves while the kubelet
 // has not yet put the new files in its pod.
@@ -87,6 +97,15 @@ func (r *deps) reconcileTLS(ctx context.Context, s *credential.Cluster) (ca []by
 	if err != nil {
 		return nil, false, 0, err
 	}
+	if render.OwnCertificate(rc) {
+		desired, err := r.ownCertificate(ctx, s, copied)
+		if err != nil {
+			return nil, false, 0, err
+		}
+		ca = desired.Data[render.CAKey]
+		r.tls.set(client.ObjectKeyFromObject(rc), render.ClientTLS(rc, ca))
+		return ca, true, 0, nil
+	}
 	desired, problem, err := r.ownersCertificate(ctx, rc)
 	if err != nil {
 		return nil, false, 0, err
@@ -107,6 +126,48 @@ func (r *deps) reconcileTLS(ctx context.Context, s *credential.Cluster) (ca []by
 	ca = desired.Data[render.CAKey]
 	r.tls.set(client.ObjectKeyFromObject(rc), render.ClientTLS(rc, ca))
 	return ca, true, 0, nil
+}
+
+// ownPolicy is how keyroll keeps a cluster's own CA and certificate: a CA of a year, replaced at
+// two thirds of it, which signs only after a week in the bundle (the consumers' Secret carries it:
+// a client that reads ca.crt only at its start takes it in at its next restart, which a rotation
+// brings), and certificates of 90 days, replaced at 60.
+func ownPolicy(rc *v1beta1.RedisCluster) certs.Policy {
+	return certs.Policy{CAName: fmt.Sprintf("keyroll Redis CA of %s/%s", rc.Namespace, rc.Name),
+		CAValidity: 365 * 24 * time.Hour, CertValidity: 90 * 24 * time.Hour, Settle: 7 * 24 * time.Hour, Margin: 24 * time.Hour}
+}
+
+// ownCertificate keeps the cluster's own CA (<name>-tls-ca) and the nodes' certificate it signs,
+// and returns keyroll's copy for the pods (<name>-tls), written after the CA. A new CA or
+// certificate is announced in an event (serials and dates only).
+func (r *deps) ownCertificate(ctx context.Context, s *credential.Cluster, copied *corev1.Secret) (*corev1.Secret, error) {
+	rc := s.RC
+	caSec, err := r.ownedSecret(ctx, rc, render.TLSCASecretName(rc))
+	if err != nil {
+		return nil, err
+	}
+	data := map[string][]byte{certs.KeyCABundle: caSec.Data[render.CAKey], certs.KeyCAKey: caSec.Data[render.TLSCAKeyKey],
+		certs.KeyCert: copied.Data[render.TLSCertKey], certs.KeyKey: copied.Data[render.TLSKeyKey]}
+	out, made, err := certs.Keep(r.Clock.Now(), data, render.TLSNodeNames(rc), ownPolicy(rc))
+	if err != nil {
+		return nil, fmt.Errorf("keeping the cluster's CA and certificate: %w", err)
+	}
+	if err := apply.Owned(ctx, r.Client, r.APIReader, rc, render.TLSCASecret(rc, out[certs.KeyCABundle], out[certs.KeyCAKey])); err != nil {
+		return nil, err
+	}
+	desired := render.TLSSecret(rc, out[certs.KeyCert], out[certs.KeyKey], out[certs.KeyCABundle])
+	if err := apply.Owned(ctx, r.Client, r.APIReader, rc, desired); err != nil {
+		return nil, err
+	}
+	if made.CA {
+		cas, _ := certs.ParseBundle(out[certs.KeyCABundle])
+		s.Conds.Event(false, v1beta1.ReasonCertificateIssued, "IssueCertificate", "Made the cluster's CA %x, valid until %s (in ca.crt of the consumers' Secret from now on)", cas[0].SerialNumber, cas[0].NotAfter.UTC().Format(time.RFC3339))
+	}
+	if made.Certificate {
+		_, leaf, _ := certs.ServingCertificate(out[certs.KeyCert], out[certs.KeyKey])
+		s.Conds.Event(false, v1beta1.ReasonCertificateIssued, "IssueCertificate", "Made the nodes' certificate %x, valid until %s", leaf.SerialNumber, leaf.NotAfter.UTC().Format(time.RFC3339))
+	}
+	return desired, nil
 }
 
 // ownersCertificate reads the Secret spec.tls.certificateSecretRef names and returns keyroll's
@@ -185,5 +246,8 @@ func (r *deps) certificateServed(ctx context.Context, s *credential.Cluster, adm
 		fmt.Sprintf("every running node serves certificate %x, valid until %s", want.SerialNumber, want.NotAfter.UTC().Format(time.RFC3339))) {
 		s.Conds.Announce(false, v1beta1.ReasonCertificateServed, "ReloadCertificate", "Every running node serves certificate %x", want.SerialNumber)
 	}
-	return 0, nil
+	if render.OwnCertificate(rc) {
+		return ownCheck, nil
+	}
+	return ownersCheck, nil
 }

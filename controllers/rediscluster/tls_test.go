@@ -21,7 +21,7 @@ import (
 )
 
 func withTLS(rc *v1beta1.RedisCluster) {
-	rc.Spec.TLS = &v1beta1.TLSSpec{CertificateSecretRef: v1beta1.LocalSecretReference{Name: "orders-cert"}}
+	rc.Spec.TLS = &v1beta1.TLSSpec{CertificateSecretRef: &v1beta1.LocalSecretReference{Name: "orders-cert"}}
 }
 
 // ownersSecret is the owner's certificate Secret for the test cluster, labelled for it.
@@ -194,5 +194,108 @@ func TestRenewedCertificateIsLoadedByEveryNode(t *testing.T) {
 	h.reconcile(t)
 	if a := h.redis.Reloads(nodeAddr(0)); a != 1 {
 		t.Errorf("orders-0 was told to reload %d times; once it serves the certificate, never again", a)
+	}
+}
+
+// servesTheCopy makes every fake node serve the certificate of keyroll's copy (<name>-tls) as it
+// is in the API server: the kubelet and a reload brought it there.
+func (h *harness) servesTheCopy(t *testing.T, rc *v1beta1.RedisCluster) {
+	h.r.servedCertificate = func(ctx context.Context, _ string, _ *tls.Config) (*x509.Certificate, error) {
+		sec := &corev1.Secret{}
+		if err := h.k8s.Get(ctx, client.ObjectKey{Namespace: rc.Namespace, Name: render.TLSSecretName(rc)}, sec); err != nil {
+			return nil, err
+		}
+		b, _ := pem.Decode(sec.Data[render.TLSCertKey])
+		return x509.ParseCertificate(b.Bytes)
+	}
+}
+
+// tlsState reads the cluster's own CA bundle and keyroll's copy of the nodes' certificate.
+func tlsState(t *testing.T, h *harness, rc *v1beta1.RedisCluster) (cas []*x509.Certificate, leaf *x509.Certificate, copied *corev1.Secret) {
+	t.Helper()
+	caSec, copied := &corev1.Secret{}, &corev1.Secret{}
+	for name, s := range map[string]*corev1.Secret{render.TLSCASecretName(rc): caSec, render.TLSSecretName(rc): copied} {
+		if err := h.k8s.Get(context.Background(), client.ObjectKey{Namespace: rc.Namespace, Name: name}, s); err != nil {
+			t.Fatalf("Secret %s: %v", name, err)
+		}
+	}
+	if string(copied.Data[render.CAKey]) != string(caSec.Data[render.CAKey]) || len(copied.Data[render.TLSCAKeyKey]) > 0 {
+		t.Fatalf("the pods' Secret holds another bundle than the CA's, or the CA's key")
+	}
+	rest := caSec.Data[render.CAKey]
+	for {
+		var b *pem.Block
+		if b, rest = pem.Decode(rest); b == nil {
+			break
+		}
+		c, err := x509.ParseCertificate(b.Bytes)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cas = append(cas, c)
+	}
+	leaf, err := render.CheckCertificate(rc, copied.Data[render.TLSCertKey], copied.Data[render.TLSKeyKey], copied.Data[render.CAKey], h.clock.Now())
+	if err != nil {
+		t.Fatalf("keyroll's certificate cannot serve the cluster: %v", err)
+	}
+	return cas, leaf, copied
+}
+
+// Without a certificate of the owner's, keyroll makes the cluster a CA (kept where no pod mounts
+// its key) and the nodes' certificate, and the consumers' Secret carries the CA. The certificate
+// is replaced at two thirds of its life; the CA at two thirds of its own, and the new CA signs
+// only a week later: until then the nodes keep a certificate of the old CA, which stays in the
+// bundle, so a client never meets a certificate of a CA it has not had a week to take in.
+func TestOwnCertificateIsRenewedAndItsCAReplacedWithoutAGap(t *testing.T) {
+	rc := cluster(func(rc *v1beta1.RedisCluster) { rc.Spec.TLS = &v1beta1.TLSSpec{} })
+	h := newHarness(t, rc)
+	h.servesTheCopy(t, rc)
+	h.settle(t)
+	cas, leaf, _ := tlsState(t, h, rc)
+	if len(cas) != 1 || leaf.CheckSignatureFrom(cas[0]) != nil {
+		t.Fatalf("%d CAs; the certificate signed by the first: %v", len(cas), leaf.CheckSignatureFrom(cas[0]))
+	}
+	creds := &corev1.Secret{}
+	if err := h.k8s.Get(context.Background(), client.ObjectKey{Namespace: "shop", Name: "orders-credentials"}, creds); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(creds.Data[render.CAKey]), "BEGIN CERTIFICATE") {
+		t.Error("the consumers' Secret carries no ca.crt")
+	}
+	if reasons := strings.Join(h.eventReasons(), " "); strings.Count(reasons, v1beta1.ReasonCertificateIssued) != 2 {
+		t.Errorf("events %s: want CertificateIssued for the CA and for the certificate", reasons)
+	}
+
+	h.clock.Step(61 * 24 * time.Hour) // past two thirds of the certificate's 90 days
+	h.settle(t)
+	cas2, leaf2, _ := tlsState(t, h, rc)
+	if leaf2.SerialNumber.Cmp(leaf.SerialNumber) == 0 || len(cas2) != 1 || !cas2[0].Equal(cas[0]) {
+		t.Fatalf("after 61 days: certificate %x (was %x), %d CAs: want a new certificate of the same CA", leaf2.SerialNumber, leaf.SerialNumber, len(cas2))
+	}
+	if c := condition(h.get(t), v1beta1.ConditionTLSReady); c == nil || c.Status != metav1.ConditionTrue || !strings.Contains(c.Message, leaf2.SerialNumber.Text(16)) {
+		t.Errorf("TLSReady %+v: want True naming %x", c, leaf2.SerialNumber)
+	}
+
+	for range 3 { // a certificate every 61 days, as keyroll's hourly look replaces each: day 244
+		h.clock.Step(61 * 24 * time.Hour)
+		h.settle(t)
+	} // past two thirds of the CA's year
+	cas3, leaf3, _ := tlsState(t, h, rc)
+	if len(cas3) != 2 || !cas3[1].Equal(cas[0]) {
+		t.Fatalf("after 244 days: %d CAs, want a new one first and the old one kept", len(cas3))
+	}
+	if leaf3.CheckSignatureFrom(cas[0]) != nil {
+		t.Fatalf("a certificate of the new CA is served the day it was made")
+	}
+	h.clock.Step(8 * 24 * time.Hour)
+	h.settle(t)
+	cas4, leaf4, _ := tlsState(t, h, rc)
+	if leaf4.CheckSignatureFrom(cas4[0]) != nil || len(cas4) != 2 {
+		t.Fatalf("a week after the new CA: the certificate is not of it (%d CAs)", len(cas4))
+	}
+	h.clock.Step(114 * 24 * time.Hour) // day 366: past the old CA's end
+	h.settle(t)
+	if cas5, _, _ := tlsState(t, h, rc); len(cas5) != 1 || !cas5[0].Equal(cas4[0]) {
+		t.Errorf("after the old CA's end: %d CAs, want the new one alone", len(cas5))
 	}
 }

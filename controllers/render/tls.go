@@ -154,3 +154,24 @@ func ClientTLS(rc *v1beta1.RedisCluster, ca []byte) *tls.Config {
 	}
 	return &tls.Config{RootCAs: pool, ServerName: TLSServerName(rc), MinVersion: tls.VersionTLS12}
 }
+
+// TLSCASecretName holds the CA keyroll makes for a TLS cluster whose owner names no certificate:
+// the CA bundle (CAKey) and the newest CA's private key (TLSCAKeyKey). No pod mounts it.
+func TLSCASecretName(rc *v1beta1.RedisCluster) string { return rc.Name + "-tls-ca" }
+
+// TLSCAKeyKey is the key of the CA's private key in TLSCASecretName.
+const TLSCAKeyKey = "ca.key"
+
+// TLSCASecret is the cluster's own CA: its bundle (newest first) and the newest CA's key.
+func TLSCASecret(rc *v1beta1.RedisCluster, bundle, key []byte) *corev1.Secret {
+	return &corev1.Secret{
+		ObjectMeta: objectMeta(rc, TLSCASecretName(rc)),
+		Type:       corev1.SecretTypeOpaque,
+		Data:       map[string][]byte{CAKey: bundle, TLSCAKeyKey: key},
+	}
+}
+
+// OwnCertificate says whether keyroll makes the cluster's certificate (TLS without the owner's).
+func OwnCertificate(rc *v1beta1.RedisCluster) bool {
+	return TLSEnabled(rc) && rc.Spec.TLS.CertificateSecretRef == nil
+}

@@ -20,7 +20,7 @@ import (
 
 func tlsTestCluster() *v1beta1.RedisCluster {
 	rc := &v1beta1.RedisCluster{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "orders"}}
-	rc.Spec.TLS = &v1beta1.TLSSpec{CertificateSecretRef: v1beta1.LocalSecretReference{Name: "orders-cert"}}
+	rc.Spec.TLS = &v1beta1.TLSSpec{CertificateSecretRef: &v1beta1.LocalSecretReference{Name: "orders-cert"}}
 	return rc
 }
 

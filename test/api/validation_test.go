@@ -140,7 +140,10 @@ func TestInvalidObjectsAreRefusedNamingTheField(t *testing.T) {
 			set("metadata.name", "orders")(o)
 			set("spec.credentials.secretName", "orders-tls")(o)
 		}, "spec.credentials.secretName"},
-		"TLS without a certificate Secret":  {rc, set("spec.tls", map[string]any{}), "spec.tls.certificateSecretRef"},
+		"credentials Secret named as the TLS CA's": {rc, func(o map[string]any) {
+			set("metadata.name", "orders")(o)
+			set("spec.credentials.secretName", "orders-tls-ca")(o)
+		}, "spec.credentials.secretName"},
 		"TLS certificate Secret not a name": {rc, set("spec.tls", map[string]any{"certificateSecretRef": map[string]any{"name": "Bad_Name"}}), "spec.tls.certificateSecretRef.name"},
 		"no auth method":                    {vc, set("spec.auth", map[string]any{}), "spec.auth"},
 		"two auth methods":                  {vc, set("spec.auth.token", map[string]any{"secretRef": map[string]any{"namespace": "a", "name": "b", "key": "c"}}), "spec.auth"},
@@ -262,12 +265,14 @@ func TestTLSCannotBeTurnedOnOrOff(t *testing.T) {
 	ns := fw.Namespace(t, "tls")
 	withTLS := set("spec.tls", map[string]any{"certificateSecretRef": map[string]any{"name": "orders-cert"}})
 	for name, tc := range map[string]struct{ create, change func(map[string]any) }{
-		"turned on":  {func(map[string]any) {}, withTLS},
-		"turned off": {withTLS, del("spec.tls")},
+		"turned on":             {func(map[string]any) {}, withTLS},
+		"turned off":            {withTLS, del("spec.tls")},
+		"own CA to the owner's": {set("spec.tls", map[string]any{}), withTLS},
+		"the owner's to own CA": {withTLS, set("spec.tls", map[string]any{})},
 	} {
 		t.Run(name, func(t *testing.T) {
 			obj := parse(t, validRedisCluster, ns)
-			obj.SetName("tls-" + strings.ReplaceAll(name, " ", "-"))
+			obj.SetName("tls-" + strings.NewReplacer(" ", "-", "'", "").Replace(strings.ToLower(name)))
 			tc.create(obj.Object)
 			if err := fw.Client.Create(ctx, obj); err != nil {
 				t.Fatal(err)
@@ -276,6 +281,7 @@ func TestTLSCannotBeTurnedOnOrOff(t *testing.T) {
 			tc.change(obj.Object)
 			err := fw.Client.Update(ctx, obj)
 			if err == nil || !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "spec.tls") || !strings.Contains(err.Error(), "create a new RedisCluster") {
+				t.Logf("object: %v", obj.Object["spec"])
 				t.Fatalf("TLS %s: want Invalid naming spec.tls, got %v", name, err)
 			}
 			t.Logf("refused: %v", err)

@@ -3,6 +3,7 @@ package dataplane
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"fmt"
 	"math/big"
 	"net"
@@ -65,7 +66,7 @@ func tlsCluster(t *testing.T, ns, name string, ca *testground.TestCA, opts ...fr
 	fw.Create(t, certificateSecret(rc, name+"-cert", cert, key, ca.PEM))
 	vc := fw.VaultConnection(t, "vault-"+name, framework.Allow(ns))
 	opts = append(opts, func(rc *v1beta1.RedisCluster) {
-		rc.Spec.TLS = &v1beta1.TLSSpec{CertificateSecretRef: v1beta1.LocalSecretReference{Name: name + "-cert"}}
+		rc.Spec.TLS = &v1beta1.TLSSpec{CertificateSecretRef: &v1beta1.LocalSecretReference{Name: name + "-cert"}}
 	})
 	return fw.RedisCluster(t, ns, name, vc.Name, fw.Path("orders"), opts...), sn
 }
@@ -94,8 +95,9 @@ func plaintextRefused(addr, marker string) error {
 	return fmt.Errorf("a plaintext PING to %s was answered %q", addr, strings.TrimSpace(line))
 }
 
-// TestTLSClusterRotatesWithoutPlaintext: a 3-pod cluster with TLS and two consumer pods that
-// connect with TLS and check the certificate against the credentials Secret's ca.crt: issue, a
+// TestTLSClusterRotatesWithoutPlaintext: a 3-pod cluster with TLS, its certificate from a CA
+// keyroll made for it, and two consumer pods that connect with TLS and check the certificate
+// against the credentials Secret's ca.crt: issue, a
 // rotation (no failed command), a restart of every pod onto a new template (replicas first, the
 // primary after FAILOVER), and delete. A capture on the node's bridge for the whole test finds no
 // password of any user, no AUTH and no ACL SETUSER in clear on port 6379; a plaintext client is
@@ -105,8 +107,9 @@ func plaintextRefused(addr, marker string) error {
 func TestTLSClusterRotatesWithoutPlaintext(t *testing.T) {
 	ns := fw.Namespace(t, "tls")
 	capture := framework.StartCapture(t, testground.NodeBridge, []int{render.RedisPort}, 12*time.Minute)
-	ca := newTestCA(t)
-	rc, _ := tlsCluster(t, ns, "cache", ca, framework.Replicas(3), framework.WithConsumers("app"))
+	vc := fw.VaultConnection(t, "vault-tls", framework.Allow(ns))
+	rc := fw.RedisCluster(t, ns, "cache", vc.Name, fw.Path("orders"), framework.Replicas(3), framework.WithConsumers("app"),
+		func(rc *v1beta1.RedisCluster) { rc.Spec.TLS = &v1beta1.TLSSpec{} })
 	rc = fw.WaitReady(t, rc, 4*time.Minute)
 	if c := framework.Condition(rc, v1beta1.ConditionTLSReady); c == nil || c.Status != metav1.ConditionTrue {
 		t.Fatalf("TLSReady %+v on a Ready TLS cluster", c)
@@ -115,8 +118,11 @@ func TestTLSClusterRotatesWithoutPlaintext(t *testing.T) {
 	if err := fw.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "cache-credentials"}, creds); err != nil {
 		t.Fatal(err)
 	}
-	if string(creds.Data["ca.crt"]) != string(ca.PEM) {
-		t.Fatalf("the credentials Secret's ca.crt is %q, want the CA of the owner's Secret", creds.Data["ca.crt"])
+	if ca := fw.SecretData(ns, "cache-tls-ca", "ca.crt"); ca == "" || string(creds.Data["ca.crt"]) != ca {
+		t.Fatalf("the credentials Secret's ca.crt is %q, want the cluster's CA %q", creds.Data["ca.crt"], ca)
+	}
+	if fw.SecretData(ns, "cache-tls", "ca.key") != "" {
+		t.Fatal("the Secret the Redis pods mount holds the CA's key")
 	}
 	passwords := map[string]string{}
 	for k, p := range fw.InternalPasswords(t, rc) {
@@ -284,4 +290,75 @@ func TestTLSCertificateRotatesWithoutRestart(t *testing.T) {
 		t.Errorf("containers restarted: before %v, after %v", before, after)
 	}
 	fw.WaitClusterEvents(t, ns, rc.Name, 10*time.Second, v1beta1.ReasonCertificateServed)
+}
+
+// withCertificate gives a RedisCluster TLS with the certificate of the owner's Secret secret.
+func withCertificate(secret string) framework.ClusterOption {
+	return func(rc *v1beta1.RedisCluster) {
+		rc.Spec.TLS = &v1beta1.TLSSpec{CertificateSecretRef: &v1beta1.LocalSecretReference{Name: secret}}
+	}
+}
+
+// acceptsTLS says whether the TLS node at addr lets user log in with pass.
+func acceptsTLS(addr string, conf *tls.Config, user, pass string) bool {
+	n := redisnode.New(addr, user, pass, conf)
+	defer n.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	ok, err := n.Accepts(ctx, user, pass)
+	return err == nil && ok
+}
+
+// TestVaultPluginOverTLS: Vault's database engine, pointed at a TLS cluster's client Service by
+// the Vault administrators' guide's TLS commands (tls=true and the cluster's CA), creates the
+// credential's user on the primary (keyroll carries it to the replica) and deletes it at `vault
+// lease revoke`, over TLS: the nodes take no other connection. Vault runs outside the cluster here
+// and reaches the Service by its ClusterIP, so the owner's certificate names that address too.
+func TestVaultPluginOverTLS(t *testing.T) {
+	ns := fw.Namespace(t, "plugintls")
+	vc := fw.VaultConnection(t, "vault-plugintls", framework.Allow(ns), framework.Paths("database/creds/{namespace}.*"))
+	ca := newTestCA(t)
+	rc := &v1beta1.RedisCluster{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "cache"}}
+	cert, key, _ := issue(t, ca, rc)
+	owners := certificateSecret(rc, "cache-cert", cert, key, ca.PEM)
+	fw.Create(t, owners)
+	rc = pluginCluster(t, ns, vc.Name, "database/creds/"+ns+".cache", framework.Replicas(2), withCertificate("cache-cert"))
+
+	svc := &corev1.Service{}
+	if err := fw.Client.Get(context.Background(), client.ObjectKeyFromObject(rc), svc); err != nil {
+		t.Fatal(err)
+	}
+	cert, key, sn := issue(t, ca, rc, net.ParseIP(svc.Spec.ClusterIP))
+	owners.Data[corev1.TLSCertKey], owners.Data[corev1.TLSPrivateKeyKey] = cert, key
+	if err := fw.Client.Update(context.Background(), owners); err != nil {
+		t.Fatal(err)
+	}
+	conf := render.ClientTLS(rc, ca.PEM)
+	pods := fw.RedisPods(t, rc)
+	framework.Eventually(t, 4*time.Minute, func() string {
+		for _, p := range pods {
+			served, err := redisnode.ServedCertificate(context.Background(), framework.PodAddr(&p), conf)
+			if err != nil || served.SerialNumber.Cmp(sn) != 0 {
+				return fmt.Sprintf("%s does not serve the certificate with the Service's address yet (%v)", p.Name, err)
+			}
+		}
+		return ""
+	})
+
+	pointVaultAt(t, rc, "vault-plugin-tls")
+	vaultConfigured(t, rc)
+	cur := fw.WaitReady(t, rc, 2*time.Minute)
+	user, pass, _ := fw.Credentials(cur)
+	for _, p := range pods {
+		if !acceptsTLS(framework.PodAddr(&p), conf, user, pass) {
+			t.Fatalf("pod %s does not accept the user Vault created on the primary over TLS", p.Name)
+		}
+	}
+	if err := fw.Ground.Vault.Root.Sys().Revoke(cur.Status.Credential.Lease.LeaseID); err != nil {
+		t.Fatal(err)
+	}
+	// Vault deletes the user on the primary as it revokes the lease, before keyroll looks.
+	if acceptsTLS(framework.PodAddr(&pods[0]), conf, user, pass) {
+		t.Error("the primary still accepts the user right after vault lease revoke: Vault did not delete it over TLS")
+	}
 }

@@ -17,10 +17,11 @@ import (
 )
 
 // pointVaultAt runs the Vault administrators' guide's commands for a RedisCluster's own primary
-// (its "vault-plugin" blocks), as written: a connection of Vault's database engine to the
-// cluster's client Service as the plugin user keyroll keeps on every node, with the password
-// keyroll generated, and a role <namespace>-<name> on it.
-func pointVaultAt(t *testing.T, rc *v1beta1.RedisCluster) {
+// (its blocks tagged tag: "vault-plugin", or "vault-plugin-tls" for a TLS cluster), as written: a
+// connection of Vault's database engine to the cluster's client Service as the plugin user
+// keyroll keeps on every node, with the password keyroll generated, and a role
+// <namespace>-<name> on it.
+func pointVaultAt(t *testing.T, rc *v1beta1.RedisCluster, tag string) {
 	t.Helper()
 	svc := &corev1.Service{}
 	if err := fw.Client.Get(context.Background(), client.ObjectKey{Namespace: rc.Namespace, Name: rc.Name}, svc); err != nil {
@@ -32,7 +33,7 @@ func pointVaultAt(t *testing.T, rc *v1beta1.RedisCluster) {
 		"CLUSTER_NS=" + rc.Namespace, "CLUSTER=" + rc.Name, "REDIS_SERVICE_HOST=" + svc.Spec.ClusterIP,
 	}
 	root := testground.RepoRoot()
-	blocks := docblocks.Tagged(t, root, "vault-plugin")
+	blocks := docblocks.Tagged(t, root, tag)
 	for _, b := range blocks {
 		docblocks.Run(t, b, root, env, time.Minute)
 	}
@@ -97,7 +98,7 @@ func TestVaultRevokeCutsTheCredentialOffEverywhere(t *testing.T) {
 	// each namespace the roles named after it, as the guide's tenancy section sets it up.
 	vc := fw.VaultConnection(t, "vault-plugin", framework.Allow(ns), framework.Paths("database/creds/{namespace}.*"))
 	rc := pluginCluster(t, ns, vc.Name, "database/creds/"+ns+".cache", framework.Replicas(3))
-	pointVaultAt(t, rc)
+	pointVaultAt(t, rc, "vault-plugin")
 	vaultConfigured(t, rc)
 	cur := fw.WaitReady(t, rc, 2*time.Minute)
 	pods := fw.RedisPods(t, rc)

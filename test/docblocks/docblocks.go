@@ -20,16 +20,17 @@ import (
 
 // Tags are the tags a shell block may carry, each with the test that runs its blocks.
 var Tags = map[string]string{
-	"two-commands":  "test/docs TestTheTwoCommandsAreWhatCIAndThePlaygroundTestRun (make test is .ci/run; make playground is run by test/playground)",
-	"install":       "test/docs TestInstallAndVaultAdministratorCommands",
-	"helm-install":  "test/helm TestHelmInstallCommands",
-	"vault-setup":   "test/docs TestInstallAndVaultAdministratorCommands",
-	"vault-tenancy": "test/docs TestInstallAndVaultAdministratorCommands",
-	"vault-plugin":  "test/dataplane TestVaultRevokeCutsTheCredentialOffEverywhere",
-	"tour":          "test/playground TestPlaygroundRunsTheSamplesAndCleansUp",
-	"watch":         "test/playground TestPlaygroundRunsTheSamplesAndCleansUp (each line runs until a timeout, and must print)",
-	"dev":           "test/docs TestDevelopmentCommands",
-	"needs-docker":  "not run: no Docker engine or image registry is reachable where the tests run",
+	"two-commands":     "test/docs TestTheTwoCommandsAreWhatCIAndThePlaygroundTestRun (make test is .ci/run; make playground is run by test/playground)",
+	"install":          "test/docs TestInstallAndVaultAdministratorCommands",
+	"helm-install":     "test/helm TestHelmInstallCommands",
+	"vault-setup":      "test/docs TestInstallAndVaultAdministratorCommands",
+	"vault-tenancy":    "test/docs TestInstallAndVaultAdministratorCommands",
+	"vault-plugin":     "test/dataplane TestVaultRevokeCutsTheCredentialOffEverywhere",
+	"vault-plugin-tls": "test/dataplane TestVaultPluginOverTLS",
+	"tour":             "test/playground TestPlaygroundRunsTheSamplesAndCleansUp",
+	"watch":            "test/playground TestPlaygroundRunsTheSamplesAndCleansUp (each line runs until a timeout, and must print)",
+	"dev":              "test/docs TestDevelopmentCommands",
+	"needs-docker":     "not run: no Docker engine or image registry is reachable where the tests run",
 }
 
 // Block is one shell block of a doc.

@@ -157,6 +157,9 @@ func TestPlaygroundRunsTheSamplesAndCleansUp(t *testing.T) {
 	if out := run("external"); !strings.Contains(out, "true "+payments.Status.Credential.Lease.LeaseID) {
 		t.Errorf("the tour's ExternalSecret look printed:\n%s\nwant leasesTracked true and the lease %s", out, payments.Status.Credential.Lease.LeaseID)
 	}
+	if out := run("tls"); !strings.Contains(out, "every running node serves certificate") || !strings.Contains(out, "-----BEGIN CERTIFICATE-----") {
+		t.Errorf("the tour's TLS look printed:\n%s\nwant TLSReady's message and the CA in the consumers' Secret", out)
+	}
 	currentLease := orders.Status.Credential.Lease.LeaseID
 	if out := run("delete"); !strings.Contains(out, "lease "+currentLease+" is revoked") {
 		t.Errorf("the tour's delete printed:\n%s\nwant the lease reported revoked", out)

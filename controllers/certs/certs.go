@@ -1,4 +1,10 @@
-package conversion
+// Package certs keeps a CA of keyroll's own and the serving certificate it signs, as the data of a
+// Secret: made when missing, the certificate replaced at two thirds of its life, the CA at two
+// thirds of its own with the old one trusted (in the bundle) until it expires, and a new CA
+// signing only once it has had time to be trusted. The conversion webhook's certificate and a TLS
+// RedisCluster's (without a certificate of the owner's) are kept this way. Plain values in and
+// out: time, Secret data and names; no client.
+package certs
 
 import (
 	"bytes"
@@ -16,7 +22,7 @@ import (
 	"time"
 )
 
-// The keys of the webhook's certificate Secret.
+// The keys of a certificate Secret's data.
 const (
 	// KeyCABundle holds the CAs the API server is to trust, newest first: after a CA is replaced,
 	// the previous one stays until it expires, so that the certificate it signed is trusted while
@@ -29,14 +35,14 @@ const (
 	KeyKey  = "tls.key"
 )
 
-// authority is a CA that signs the serving certificates.
-type authority struct {
-	cert *x509.Certificate
+// Authority is a CA that signs serving certificates.
+type Authority struct {
+	Cert *x509.Certificate
 	key  *ecdsa.PrivateKey
 }
 
-// newAuthority makes a CA valid for validity from now.
-func newAuthority(now time.Time, validity time.Duration) (*authority, []byte, error) {
+// NewAuthority makes a CA named name, valid for validity from now.
+func NewAuthority(now time.Time, validity time.Duration, name string) (*Authority, []byte, error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return nil, nil, err
@@ -47,8 +53,8 @@ func newAuthority(now time.Time, validity time.Duration) (*authority, []byte, er
 	}
 	tmpl := &x509.Certificate{
 		SerialNumber:          serial,
-		Subject:               pkix.Name{CommonName: fmt.Sprintf("keyroll conversion webhook CA %s", now.UTC().Format(time.RFC3339))},
-		NotBefore:             now.Add(-backdate),
+		Subject:               pkix.Name{CommonName: fmt.Sprintf("%s %s", name, now.UTC().Format(time.RFC3339))},
+		NotBefore:             now.Add(-Backdate),
 		NotAfter:              now.Add(validity),
 		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign,
 		BasicConstraintsValid: true,
@@ -62,12 +68,13 @@ func newAuthority(now time.Time, validity time.Duration) (*authority, []byte, er
 	if err != nil {
 		return nil, nil, err
 	}
-	return &authority{cert: cert, key: key}, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), nil
+	return &Authority{Cert: cert, key: key}, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), nil
 }
 
-// sign makes a serving certificate for the DNS names (or IP addresses), valid for validity from
-// now but never beyond the CA.
-func (a *authority) sign(now time.Time, validity time.Duration, hosts []string) (certPEM, keyPEM []byte, err error) {
+// Sign makes a serving certificate for the DNS names (or IP addresses), valid for validity from
+// now but never beyond the CA. It may serve as a client certificate too (a Redis replica shows
+// its node's certificate to its primary).
+func (a *Authority) Sign(now time.Time, validity time.Duration, hosts []string) (certPEM, keyPEM []byte, err error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return nil, nil, err
@@ -77,16 +84,16 @@ func (a *authority) sign(now time.Time, validity time.Duration, hosts []string) 
 		return nil, nil, err
 	}
 	notAfter := now.Add(validity)
-	if notAfter.After(a.cert.NotAfter) {
-		notAfter = a.cert.NotAfter
+	if notAfter.After(a.Cert.NotAfter) {
+		notAfter = a.Cert.NotAfter
 	}
 	tmpl := &x509.Certificate{
 		SerialNumber: serial,
 		Subject:      pkix.Name{CommonName: hosts[0]},
-		NotBefore:    now.Add(-backdate),
+		NotBefore:    now.Add(-Backdate),
 		NotAfter:     notAfter,
 		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
 	}
 	for _, h := range hosts {
 		if ip := net.ParseIP(h); ip != nil {
@@ -95,7 +102,7 @@ func (a *authority) sign(now time.Time, validity time.Duration, hosts []string) 
 			tmpl.DNSNames = append(tmpl.DNSNames, h)
 		}
 	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, a.cert, &key.PublicKey, a.key)
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, a.Cert, &key.PublicKey, a.key)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -110,9 +117,9 @@ func serialNumber() (*big.Int, error) {
 	return rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 127))
 }
 
-// parseAuthority reads the key of the newest CA, the first of certs (a bundle as parseCertificates
-// reads it).
-func parseAuthority(certs []*x509.Certificate, keyPEM []byte) (*authority, error) {
+// ParseAuthority reads the key of the newest CA, the first of certs (a bundle as ParseBundle reads
+// it).
+func ParseAuthority(certs []*x509.Certificate, keyPEM []byte) (*Authority, error) {
 	if len(certs) == 0 {
 		return nil, errors.New("no CA certificate")
 	}
@@ -127,11 +134,11 @@ func parseAuthority(certs []*x509.Certificate, keyPEM []byte) (*authority, error
 	if !key.PublicKey.Equal(certs[0].PublicKey) {
 		return nil, errors.New("the CA key does not belong to the bundle's first CA")
 	}
-	return &authority{cert: certs[0], key: key}, nil
+	return &Authority{Cert: certs[0], key: key}, nil
 }
 
-// parseCertificates reads every certificate of a PEM bundle, in order.
-func parseCertificates(bundle []byte) ([]*x509.Certificate, error) {
+// ParseBundle reads every certificate of a PEM bundle, in order.
+func ParseBundle(bundle []byte) ([]*x509.Certificate, error) {
 	var out []*x509.Certificate
 	for rest := bundle; ; {
 		var block *pem.Block
@@ -151,8 +158,8 @@ func parseCertificates(bundle []byte) ([]*x509.Certificate, error) {
 	return out, nil
 }
 
-// joinPEM is the bundle of the certificates, in order.
-func joinPEM(certs []*x509.Certificate) []byte {
+// JoinPEM is the bundle of the certificates, in order.
+func JoinPEM(certs []*x509.Certificate) []byte {
 	var b bytes.Buffer
 	for _, c := range certs {
 		_ = pem.Encode(&b, &pem.Block{Type: "CERTIFICATE", Bytes: c.Raw})
@@ -160,8 +167,8 @@ func joinPEM(certs []*x509.Certificate) []byte {
 	return b.Bytes()
 }
 
-// servingCertificate parses the serving certificate and key.
-func servingCertificate(certPEM, keyPEM []byte) (*tls.Certificate, *x509.Certificate, error) {
+// ServingCertificate parses the serving certificate and key.
+func ServingCertificate(certPEM, keyPEM []byte) (*tls.Certificate, *x509.Certificate, error) {
 	pair, err := tls.X509KeyPair(certPEM, keyPEM)
 	if err != nil {
 		return nil, nil, err
@@ -174,12 +181,32 @@ func servingCertificate(certPEM, keyPEM []byte) (*tls.Certificate, *x509.Certifi
 	return &pair, leaf, nil
 }
 
-// backdate is how far before its making a certificate is valid from, for clocks a little behind.
-const backdate = time.Minute
+// Backdate is how far before its making a certificate is valid from, for clocks a little behind.
+const Backdate = time.Minute
 
-// due says whether a certificate has passed two thirds of its life (from when it was made) at
-// now: it is replaced then, leaving a third for every replica to load its successor.
-func due(now time.Time, c *x509.Certificate) bool {
-	made := c.NotBefore.Add(backdate)
+// Due says whether a certificate has passed two thirds of its life (from when it was made) at
+// now: it is replaced then, leaving a third for whoever serves it to load its successor.
+func Due(now time.Time, c *x509.Certificate) bool {
+	made := c.NotBefore.Add(Backdate)
 	return now.After(made.Add(c.NotAfter.Sub(made) * 2 / 3))
+}
+
+// Covers says whether the certificate names every host.
+func Covers(c *x509.Certificate, hosts []string) bool {
+	for _, h := range hosts {
+		if c.VerifyHostname(h) != nil {
+			return false
+		}
+	}
+	return true
+}
+
+// InBundle says whether one of the CAs signed the certificate.
+func InBundle(c *x509.Certificate, cas []*x509.Certificate) bool {
+	for _, ca := range cas {
+		if c.CheckSignatureFrom(ca) == nil {
+			return true
+		}
+	}
+	return false
 }
