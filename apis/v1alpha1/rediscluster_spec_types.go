@@ -48,6 +48,7 @@ const (
 )
 
 // RedisClusterSpec is the desired state of a RedisCluster.
+// +kubebuilder:validation:XValidation:rule="!has(self.tls) || !has(self.tls.clientAuth) || self.tls.clientAuth != 'Required' || !has(self.vaultPlugin)",message="spec.tls.clientAuth Required cannot go with spec.vaultPlugin: Vault's Redis plugin shows no client certificate",fieldPath=".tls.clientAuth"
 // +kubebuilder:validation:XValidation:rule="has(self.tls) == has(oldSelf.tls)",message="spec.tls cannot be added or removed after creation: every client would lose the cluster at once; create a new RedisCluster",fieldPath=".tls"
 // +kubebuilder:validation:XValidation:rule="has(self.storage) == has(oldSelf.storage) && (!has(self.storage) || self.storage == oldSelf.storage)",message="spec.storage cannot be added, removed or changed after creation: a StatefulSet cannot change its volume claims; create a new RedisCluster",fieldPath=".storage"
 type RedisClusterSpec struct {
@@ -136,6 +137,7 @@ type RedisClusterSpec struct {
 }
 
 // TLSSpec is the certificate the Redis nodes serve.
+// +kubebuilder:validation:XValidation:rule="!has(self.clientAuth) || self.clientAuth != 'Required' || has(self.certificateSecretRef)",message="spec.tls.clientAuth Required needs certificateSecretRef: your clients' certificates come from your CA, which must sign the nodes' too",fieldPath=".clientAuth"
 // +kubebuilder:validation:XValidation:rule="has(self.certificateSecretRef) == has(oldSelf.certificateSecretRef)",message="spec.tls.certificateSecretRef cannot be added or removed after creation: the clients trust the CA of the certificate they were given; create a new RedisCluster",fieldPath=".certificateSecretRef"
 type TLSSpec struct {
 	// certificateSecretRef names a Secret in the RedisCluster's namespace with tls.crt (the
@@ -151,7 +153,28 @@ type TLSSpec struct {
 	// expires.
 	// +optional
 	CertificateSecretRef *LocalSecretReference `json:"certificateSecretRef,omitempty"`
+
+	// clientAuth Required makes every client show a certificate of the cluster's CA (Redis's
+	// tls-auth-clients yes) besides its user and password: keyroll, the probes and the replicas
+	// show the nodes' certificate; your clients need certificates of their own from your CA, so
+	// it needs certificateSecretRef, and it cannot go with vaultPlugin (Vault's Redis plugin shows
+	// none). None (the default) asks clients for no certificate. Set at creation.
+	// +optional
+	// +kubebuilder:default=None
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="spec.tls.clientAuth cannot change after creation: clients without a certificate would be cut off at once; create a new RedisCluster"
+	ClientAuth TLSClientAuth `json:"clientAuth,omitempty"`
 }
+
+// TLSClientAuth says whether Redis asks TLS clients for a certificate.
+// +kubebuilder:validation:Enum=None;Required
+type TLSClientAuth string
+
+const (
+	// TLSClientAuthNone asks clients for no certificate: they log in with their user and password.
+	TLSClientAuthNone TLSClientAuth = "None"
+	// TLSClientAuthRequired refuses a client without a certificate of the cluster's CA.
+	TLSClientAuthRequired TLSClientAuth = "Required"
+)
 
 // LocalSecretReference names a Secret in the object's own namespace.
 type LocalSecretReference struct {

@@ -53,10 +53,12 @@ func main() {
 		fresh    = flag.Duration("verdict-ttl", time.Second, "How long a check's verdict answers further requests; keep it well below the probes' period.")
 		caFile   = flag.String("tls-ca-file", "", "With TLS: file holding the CA bundle the node's certificate is checked against, read at each check; empty: no TLS.")
 		tlsName  = flag.String("tls-server-name", "", "With TLS: the name the node's certificate must carry.")
+		certFile = flag.String("tls-cert-file", "", "With TLS: a certificate to show the node when it asks for one (tls-auth-clients), read at each check.")
+		keyFile  = flag.String("tls-key-file", "", "With TLS: the key of --tls-cert-file.")
 	)
 	flag.Parse()
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	p := &prober{redis: *redis, user: *user, passwordFile: *passFile, caFile: *caFile, serverName: *tlsName, timeout: *timeout, fresh: *fresh, log: log,
+	p := &prober{redis: *redis, user: *user, passwordFile: *passFile, caFile: *caFile, serverName: *tlsName, certFile: *certFile, keyFile: *keyFile, timeout: *timeout, fresh: *fresh, log: log,
 		ready: redisnode.Ready, live: redisnode.Alive}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
@@ -99,6 +101,8 @@ type prober struct {
 	// caFile, when set, makes each check connect with TLS, checking the certificate against the
 	// file's CA bundle (read at each check: the kubelet replaces it in place) for serverName.
 	caFile, serverName string
+	// certFile and keyFile, when set, are the certificate each check shows the node.
+	certFile, keyFile string
 	// timeout bounds one check; fresh is how long its verdict answers further requests.
 	timeout, fresh time.Duration
 	log            *slog.Logger
@@ -190,7 +194,15 @@ func (p *prober) tls() (*tls.Config, error) {
 	if !pool.AppendCertsFromPEM(pem) {
 		return nil, fmt.Errorf("the CA bundle %s holds no certificate", p.caFile)
 	}
-	return &tls.Config{RootCAs: pool, ServerName: p.serverName, MinVersion: tls.VersionTLS12}, nil
+	c := &tls.Config{RootCAs: pool, ServerName: p.serverName, MinVersion: tls.VersionTLS12}
+	if p.certFile != "" {
+		pair, err := tls.LoadX509KeyPair(p.certFile, p.keyFile)
+		if err != nil {
+			return nil, fmt.Errorf("reading the client certificate: %w", err)
+		}
+		c.Certificates = []tls.Certificate{pair}
+	}
+	return c, nil
 }
 
 // note keeps a check's verdict, and logs it when it changed (the first one too, when it fails).

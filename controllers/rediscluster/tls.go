@@ -103,7 +103,7 @@ func (r *deps) reconcileTLS(ctx context.Context, s *credential.Cluster) (ca []by
 			return nil, false, 0, err
 		}
 		ca = desired.Data[render.CAKey]
-		r.tls.set(client.ObjectKeyFromObject(rc), render.ClientTLS(rc, ca))
+		r.tls.set(client.ObjectKeyFromObject(rc), render.NodeClientTLS(rc, desired.Data))
 		return ca, true, 0, nil
 	}
 	desired, problem, err := r.ownersCertificate(ctx, rc)
@@ -117,14 +117,14 @@ func (r *deps) reconcileTLS(ctx context.Context, s *credential.Cluster) (ca []by
 		if copied.Name == "" {
 			return nil, false, certificateWait, nil
 		}
-		r.tls.set(client.ObjectKeyFromObject(rc), render.ClientTLS(rc, copied.Data[render.CAKey]))
+		r.tls.set(client.ObjectKeyFromObject(rc), render.NodeClientTLS(rc, copied.Data))
 		return copied.Data[render.CAKey], true, certificateWait, nil
 	}
 	if err := apply.Owned(ctx, r.Client, r.APIReader, rc, desired); err != nil {
 		return nil, false, 0, err
 	}
 	ca = desired.Data[render.CAKey]
-	r.tls.set(client.ObjectKeyFromObject(rc), render.ClientTLS(rc, ca))
+	r.tls.set(client.ObjectKeyFromObject(rc), render.NodeClientTLS(rc, desired.Data))
 	return ca, true, 0, nil
 }
 

@@ -60,12 +60,21 @@ func tlsConfig(rc *v1beta1.RedisCluster) string {
 	if !TLSEnabled(rc) {
 		return fmt.Sprintf("port %d\n", RedisPort)
 	}
+	clientAuth := "no"
+	if ClientAuthRequired(rc) {
+		clientAuth = "yes"
+	}
 	return fmt.Sprintf(`port 0
 tls-port %d
 %s
-tls-auth-clients no
+tls-auth-clients %s
 tls-replication yes
-`, RedisPort, tlsFiles())
+`, RedisPort, tlsFiles(), clientAuth)
+}
+
+// ClientAuthRequired says whether the cluster's Redis asks every client for a certificate.
+func ClientAuthRequired(rc *v1beta1.RedisCluster) bool {
+	return TLSEnabled(rc) && rc.Spec.TLS.ClientAuth == v1beta1.TLSClientAuthRequired
 }
 
 // tlsFiles are the certificate settings as redis.conf and CONFIG SET name them.
@@ -84,12 +93,12 @@ func TLSReloadArgs() []string {
 }
 
 // redisCLITLS are redis-cli's options for the start script's peer queries: TLS, the peer's
-// certificate checked against the cluster's CA.
+// certificate checked against the cluster's CA, and the node's own shown when asked for one.
 func redisCLITLS(rc *v1beta1.RedisCluster) string {
 	if !TLSEnabled(rc) {
 		return ""
 	}
-	return fmt.Sprintf(" --tls --cacert %s/%s --sni %s", tlsMountDir, CAKey, TLSServerName(rc))
+	return fmt.Sprintf(" --tls --cacert %[1]s/%[2]s --cert %[1]s/%[3]s --key %[1]s/%[4]s --sni %[5]s", tlsMountDir, CAKey, TLSCertKey, TLSKeyKey, TLSServerName(rc))
 }
 
 // tlsVolume and tlsMount put keyroll's copy of the certificate in a pod, readable by Redis's group.
@@ -102,9 +111,11 @@ func tlsMount() corev1.VolumeMount {
 	return corev1.VolumeMount{Name: "tls", MountPath: tlsMountDir, ReadOnly: true}
 }
 
-// probeTLSArgs are the probe sidecar's flags for a TLS cluster.
+// probeTLSArgs are the probe sidecar's flags for a TLS cluster: the CA it checks the node with,
+// and the node's certificate, which it shows when asked for one.
 func probeTLSArgs(rc *v1beta1.RedisCluster) []string {
-	return []string{"--tls-ca-file=" + tlsMountDir + "/" + CAKey, "--tls-server-name=" + TLSServerName(rc)}
+	return []string{"--tls-ca-file=" + tlsMountDir + "/" + CAKey, "--tls-server-name=" + TLSServerName(rc),
+		"--tls-cert-file=" + tlsMountDir + "/" + TLSCertKey, "--tls-key-file=" + tlsMountDir + "/" + TLSKeyKey}
 }
 
 // CheckCertificate says whether cert (PEM, the leaf first), key and ca (PEM) can serve rc: the key
@@ -142,7 +153,28 @@ func CheckCertificate(rc *v1beta1.RedisCluster, cert, key, ca []byte, now time.T
 			return nil, fmt.Errorf("%s (serial %x) cannot serve %s as %s: %w", TLSCertKey, leaf.SerialNumber, name, strings.Join(TLSNodeNames(rc), " and "), err)
 		}
 	}
+	if ClientAuthRequired(rc) {
+		// keyroll, the probes and the replicas show it as their client certificate.
+		_, err := leaf.Verify(x509.VerifyOptions{Roots: roots, Intermediates: between, CurrentTime: now, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}})
+		if err != nil {
+			return nil, fmt.Errorf("%s (serial %x) cannot be the client certificate that clientAuth Required asks keyroll, the probes and the replicas for (usage client auth): %w", TLSCertKey, leaf.SerialNumber, err)
+		}
+	}
 	return leaf, nil
+}
+
+// NodeClientTLS is how keyroll connects to the nodes of rc with the data of a TLS Secret of the
+// cluster's (TLSSecret): their certificate checked against its CA, and its certificate shown when
+// the node asks for one (clientAuth Required). Nil when the CA holds no certificate.
+func NodeClientTLS(rc *v1beta1.RedisCluster, data map[string][]byte) *tls.Config {
+	c := ClientTLS(rc, data[CAKey])
+	if c == nil {
+		return nil
+	}
+	if pair, err := tls.X509KeyPair(data[TLSCertKey], data[TLSKeyKey]); err == nil {
+		c.Certificates = []tls.Certificate{pair}
+	}
+	return c
 }
 
 // ClientTLS is how keyroll and the probes check a node of rc whose CA bundle is ca (PEM): nil when

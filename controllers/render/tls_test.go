@@ -68,7 +68,17 @@ func writeTLS(t *testing.T, root string, cert, key, ca []byte) {
 // of the old files, is served to new connections once keyroll's admin user tells Redis to read
 // the files again, and a connection opened before goes on.
 func TestTLSPodsReplicateProbeAndReloadTheirCertificate(t *testing.T) {
+	for _, auth := range []v1beta1.TLSClientAuth{v1beta1.TLSClientAuthNone, v1beta1.TLSClientAuthRequired} {
+		t.Run("clientAuth "+string(auth), func(t *testing.T) { tlsPods(t, auth) })
+	}
+}
+
+// tlsPods is TestTLSPodsReplicateProbeAndReloadTheirCertificate with clientAuth auth: with
+// Required, the replica replicates, the start script asks and the probe checks with the node's
+// certificate as their client certificate, and a client without one is refused.
+func tlsPods(t *testing.T, auth v1beta1.TLSClientAuth) {
 	rc := tlsTestCluster()
+	rc.Spec.TLS.ClientAuth = auth
 	rc.Spec.Credentials.ACLRules = []string{"~app:*", "+@read", "+@write"}
 	ca := testCA(t)
 	cert, key, first := issueFor(t, ca, TLSNodeNames(rc)...)
@@ -92,7 +102,19 @@ func TestTLSPodsReplicateProbeAndReloadTheirCertificate(t *testing.T) {
 		}
 	}
 
-	conf := ClientTLS(rc, ca.PEM)
+	conf := NodeClientTLS(rc, map[string][]byte{CAKey: ca.PEM, TLSCertKey: cert, TLSKeyKey: key})
+	if auth == v1beta1.TLSClientAuthRequired {
+		bare := redisnode.New(primary.addr(), AdminUser, in.Admin, ClientTLS(rc, ca.PEM))
+		if _, err := bare.ACLList(context.Background()); err == nil {
+			t.Error("clientAuth Required: a client without a certificate was let in")
+		}
+		_ = bare.Close()
+		appCert, appKey, err := ca.IssueClient("orders-app")
+		if err != nil {
+			t.Fatal(err)
+		}
+		conf = NodeClientTLS(rc, map[string][]byte{CAKey: ca.PEM, TLSCertKey: appCert, TLSKeyKey: appKey})
+	}
 	client := func(p *pod) *redis.Client {
 		c := redis.NewClient(&redis.Options{Addr: p.addr(), Username: app.Username, Password: app.Password, Protocol: 2, DisableIdentity: true, TLSConfig: conf})
 		t.Cleanup(func() { _ = c.Close() })
@@ -120,7 +142,7 @@ func TestTLSPodsReplicateProbeAndReloadTheirCertificate(t *testing.T) {
 	if got := served(); got.Cmp(first) != 0 {
 		t.Fatalf("the primary serves %x before it was told to read its files, want %x", got, first)
 	}
-	admin := redisnode.New(primary.addr(), AdminUser, in.Admin, conf)
+	admin := redisnode.New(primary.addr(), AdminUser, in.Admin, NodeClientTLS(rc, map[string][]byte{CAKey: ca.PEM, TLSCertKey: cert2, TLSKeyKey: key2}))
 	defer admin.Close()
 	var files []string
 	for _, a := range TLSReloadArgs() {
@@ -154,19 +176,29 @@ func TestCheckCertificateRefusesWhatCannotServe(t *testing.T) {
 		t.Fatalf("a good certificate: %v, %v", leaf, err)
 	}
 	onlyService, onlyServiceKey, _ := issueFor(t, ca, TLSServerName(rc))
+	serverOnly, serverOnlyKey, _, err := ca.IssueServerOnly(TLSNodeNames(rc))
+	if err != nil {
+		t.Fatal(err)
+	}
 	_, otherKey, _ := issueFor(t, ca, TLSNodeNames(rc)...)
 	for name, c := range map[string]struct {
 		cert, key, ca []byte
 		at            time.Time
 		want          string
 	}{
-		"another CA":                    {cert, key, other.PEM, time.Now(), "unknown authority"},
-		"another key":                   {cert, otherKey, ca.PEM, time.Now(), "not a certificate and its private key"},
-		"no node name":                  {onlyService, onlyServiceKey, ca.PEM, time.Now(), "orders-0.orders-headless.shop.svc"},
-		"expired":                       {cert, key, ca.PEM, time.Now().Add(48 * time.Hour), "expired"},
-		"no CA":                         {cert, key, nil, time.Now(), "ca.crt holds no PEM certificate"},
-		"the key where the certificate": {key, key, ca.PEM, time.Now(), "not a certificate and its private key"},
+		"another CA":                       {cert, key, other.PEM, time.Now(), "unknown authority"},
+		"another key":                      {cert, otherKey, ca.PEM, time.Now(), "not a certificate and its private key"},
+		"no node name":                     {onlyService, onlyServiceKey, ca.PEM, time.Now(), "orders-0.orders-headless.shop.svc"},
+		"expired":                          {cert, key, ca.PEM, time.Now().Add(48 * time.Hour), "expired"},
+		"no CA":                            {cert, key, nil, time.Now(), "ca.crt holds no PEM certificate"},
+		"the key where the certificate":    {key, key, ca.PEM, time.Now(), "not a certificate and its private key"},
+		"server only, clientAuth Required": {serverOnly, serverOnlyKey, ca.PEM, time.Now(), "usage client auth"},
 	} {
+		rc := rc
+		if name == "server only, clientAuth Required" {
+			rc = tlsTestCluster()
+			rc.Spec.TLS.ClientAuth = v1beta1.TLSClientAuthRequired
+		}
 		_, err := CheckCertificate(rc, c.cert, c.key, c.ca, c.at)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: %v, want an error saying %q", name, err, c.want)
@@ -188,7 +220,7 @@ func TestTLSClusterRendersTLSOnly(t *testing.T) {
 			t.Errorf("redis.conf lacks %q:\n%s", want, conf)
 		}
 	}
-	if !strings.Contains(ConfigMap(rc).Data["start.sh"], "--tls --cacert /etc/keyroll/tls/ca.crt --sni orders.shop.svc") {
+	if !strings.Contains(ConfigMap(rc).Data["start.sh"], "--tls --cacert /etc/keyroll/tls/ca.crt --cert /etc/keyroll/tls/tls.crt --key /etc/keyroll/tls/tls.key --sni orders.shop.svc") {
 		t.Error("the start script's peer query does not use TLS")
 	}
 	spec := StatefulSet(rc, "v", testProbeImage).Spec.Template.Spec

@@ -140,6 +140,12 @@ func TestInvalidObjectsAreRefusedNamingTheField(t *testing.T) {
 			set("metadata.name", "orders")(o)
 			set("spec.credentials.secretName", "orders-tls")(o)
 		}, "spec.credentials.secretName"},
+		"client certificates with keyroll's CA": {rc, set("spec.tls", map[string]any{"clientAuth": "Required"}), "spec.tls.clientAuth"},
+		"client certificates with Vault's plugin": {rc, func(o map[string]any) {
+			set("spec.tls", map[string]any{"clientAuth": "Required", "certificateSecretRef": map[string]any{"name": "c"}})(o)
+			set("spec.vaultPlugin", map[string]any{"username": "vault"})(o)
+		}, "spec.tls.clientAuth"},
+		"client certificates asked for by another name": {rc, set("spec.tls", map[string]any{"clientAuth": "Optional", "certificateSecretRef": map[string]any{"name": "c"}}), "spec.tls.clientAuth"},
 		"credentials Secret named as the TLS CA's": {rc, func(o map[string]any) {
 			set("metadata.name", "orders")(o)
 			set("spec.credentials.secretName", "orders-tls-ca")(o)
@@ -265,10 +271,11 @@ func TestTLSCannotBeTurnedOnOrOff(t *testing.T) {
 	ns := fw.Namespace(t, "tls")
 	withTLS := set("spec.tls", map[string]any{"certificateSecretRef": map[string]any{"name": "orders-cert"}})
 	for name, tc := range map[string]struct{ create, change func(map[string]any) }{
-		"turned on":             {func(map[string]any) {}, withTLS},
-		"turned off":            {withTLS, del("spec.tls")},
-		"own CA to the owner's": {set("spec.tls", map[string]any{}), withTLS},
-		"the owner's to own CA": {withTLS, set("spec.tls", map[string]any{})},
+		"turned on":                           {func(map[string]any) {}, withTLS},
+		"turned off":                          {withTLS, del("spec.tls")},
+		"own CA to the owner's":               {set("spec.tls", map[string]any{}), withTLS},
+		"the owner's to own CA":               {withTLS, set("spec.tls", map[string]any{})},
+		"client certificates asked for later": {withTLS, set("spec.tls.clientAuth", "Required")},
 	} {
 		t.Run(name, func(t *testing.T) {
 			obj := parse(t, validRedisCluster, ns)

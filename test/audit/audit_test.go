@@ -275,8 +275,9 @@ func renderedForSamples(t *testing.T) []*unstructured.Unstructured {
 
 // checkMountsNoCredential fails the test unless the StatefulSet's pods take no Secret but the
 // cluster's ACL Secret (the aclfile, with password hashes, and the probe's and replication's own
-// passwords): not the consumers' credentials Secret, nor keyroll's state Secret, nor the Secret
-// External Secrets Operator writes.
+// passwords) and, with TLS, its <name>-tls (the nodes' certificate and key, and the CA, never the
+// CA's key): not the consumers' credentials Secret, nor keyroll's state Secret, nor the Secret
+// External Secrets Operator writes, nor the CA's Secret <name>-tls-ca.
 func checkMountsNoCredential(t *testing.T, sts *unstructured.Unstructured, cluster string) {
 	t.Helper()
 	spec, _, _ := unstructured.NestedMap(sts.Object, "spec", "template", "spec")
@@ -313,8 +314,8 @@ func checkMountsNoCredential(t *testing.T, sts *unstructured.Unstructured, clust
 		t.Errorf("sample %s: the StatefulSet takes no Secret; want its ACL Secret %s-acl (found none: is the walk wrong?)", cluster, cluster)
 	}
 	for _, name := range secrets {
-		if name != cluster+"-acl" {
-			t.Errorf("sample %s: the Redis pods take Secret %s; they may take only the ACL Secret %s-acl", cluster, name, cluster)
+		if name != cluster+"-acl" && name != cluster+"-tls" {
+			t.Errorf("sample %s: the Redis pods take Secret %s; they may take only the ACL Secret %s-acl and the TLS Secret %s-tls", cluster, name, cluster, cluster)
 		}
 	}
 }

@@ -65,9 +65,9 @@ func tlsCluster(t *testing.T, ns, name string, ca *testground.TestCA, opts ...fr
 	cert, key, sn := issue(t, ca, rc)
 	fw.Create(t, certificateSecret(rc, name+"-cert", cert, key, ca.PEM))
 	vc := fw.VaultConnection(t, "vault-"+name, framework.Allow(ns))
-	opts = append(opts, func(rc *v1beta1.RedisCluster) {
+	opts = append([]framework.ClusterOption{func(rc *v1beta1.RedisCluster) {
 		rc.Spec.TLS = &v1beta1.TLSSpec{CertificateSecretRef: &v1beta1.LocalSecretReference{Name: name + "-cert"}}
-	})
+	}}, opts...)
 	return fw.RedisCluster(t, ns, name, vc.Name, fw.Path("orders"), opts...), sn
 }
 
@@ -360,5 +360,39 @@ func TestVaultPluginOverTLS(t *testing.T) {
 	// Vault deletes the user on the primary as it revokes the lease, before keyroll looks.
 	if acceptsTLS(framework.PodAddr(&pods[0]), conf, user, pass) {
 		t.Error("the primary still accepts the user right after vault lease revoke: Vault did not delete it over TLS")
+	}
+}
+
+// TestTLSClientCertificatesRequired: with clientAuth Required, a cluster whose certificate is the
+// owner's runs with every client showing a certificate of the owner's CA: keyroll (its users on
+// every node, the checks), the probes and the replicas show the nodes' own and the cluster becomes
+// Ready; an application with a client certificate of that CA logs in as the credential's user and
+// writes; a TLS client without one is refused.
+func TestTLSClientCertificatesRequired(t *testing.T) {
+	ns := fw.Namespace(t, "tlsclients")
+	ca := newTestCA(t)
+	rc, _ := tlsCluster(t, ns, "cache", ca, framework.Replicas(2), func(rc *v1beta1.RedisCluster) {
+		rc.Spec.TLS = &v1beta1.TLSSpec{CertificateSecretRef: &v1beta1.LocalSecretReference{Name: "cache-cert"}, ClientAuth: v1beta1.TLSClientAuthRequired}
+	})
+	rc = fw.WaitReady(t, rc, 4*time.Minute)
+	user, pass, _ := fw.Credentials(rc)
+	pods := fw.RedisPods(t, rc)
+	appCert, appKey, err := ca.IssueClient("cache-app")
+	if err != nil {
+		t.Fatal(err)
+	}
+	withCert := render.NodeClientTLS(rc, map[string][]byte{"ca.crt": ca.PEM, corev1.TLSCertKey: appCert, corev1.TLSPrivateKeyKey: appKey})
+	primary := framework.RedisClientTLS(framework.PodAddr(&pods[0]), user, pass, withCert)
+	defer primary.Close()
+	if err := primary.Set(context.Background(), "tls:clients", "v", 0).Err(); err != nil {
+		t.Fatalf("an application with a certificate of the owner's CA: %v", err)
+	}
+	for _, p := range pods {
+		if acceptsTLS(framework.PodAddr(&p), render.ClientTLS(rc, ca.PEM), user, pass) {
+			t.Errorf("%s let in a TLS client without a certificate", p.Name)
+		}
+		if !acceptsTLS(framework.PodAddr(&p), withCert, user, pass) {
+			t.Errorf("%s refused the credential's user with a client certificate", p.Name)
+		}
 	}
 }

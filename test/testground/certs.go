@@ -56,6 +56,8 @@ type certRequest struct {
 	IPs           []net.IP
 	DNSNames      []string
 	Server        bool // serving certificate; otherwise a client certificate
+	// Both makes it a serving and a client certificate (a Redis node's, which its replicas show).
+	Both bool
 }
 
 // issue returns a certificate and its key, both PEM-encoded.
@@ -64,9 +66,12 @@ func (ca *certAuthority) issue(req certRequest) (certPEM, keyPEM []byte, err err
 	if err != nil {
 		return nil, nil, err
 	}
-	usage := x509.ExtKeyUsageClientAuth
-	if req.Server {
-		usage = x509.ExtKeyUsageServerAuth
+	usages := []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}
+	switch {
+	case req.Both:
+		usages = append(usages, x509.ExtKeyUsageServerAuth)
+	case req.Server:
+		usages = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
 	}
 	tmpl := &x509.Certificate{
 		SerialNumber: serial(),
@@ -74,7 +79,7 @@ func (ca *certAuthority) issue(req certRequest) (certPEM, keyPEM []byte, err err
 		NotBefore:    time.Now().Add(-time.Hour),
 		NotAfter:     time.Now().Add(24 * time.Hour),
 		KeyUsage:     x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment,
-		ExtKeyUsage:  []x509.ExtKeyUsage{usage},
+		ExtKeyUsage:  usages,
 		IPAddresses:  req.IPs,
 		DNSNames:     req.DNSNames,
 	}
@@ -137,17 +142,32 @@ func NewTestCA(name string) (*TestCA, error) {
 	return &TestCA{ca: ca, PEM: ca.CertPEM}, nil
 }
 
-// IssueServer is a serving certificate for dnsNames and ips, valid for a day, its key (both PEM)
-// and its serial number.
+// IssueServer is a serving (and client) certificate for dnsNames and ips, valid for a day, its key
+// (both PEM) and its serial number.
 func (c *TestCA) IssueServer(dnsNames []string, ips ...net.IP) (certPEM, keyPEM []byte, sn *big.Int, err error) {
-	certPEM, keyPEM, err = c.ca.issue(certRequest{CommonName: dnsNames[0], DNSNames: dnsNames, IPs: ips, Server: true})
+	certPEM, keyPEM, err = c.ca.issue(certRequest{CommonName: dnsNames[0], DNSNames: dnsNames, IPs: ips, Both: true})
 	if err != nil {
 		return nil, nil, nil, err
 	}
+	return certPEM, keyPEM, serialOf(certPEM), nil
+}
+
+// IssueClient is a client certificate for name, valid for a day, and its key (both PEM).
+func (c *TestCA) IssueClient(name string) (certPEM, keyPEM []byte, err error) {
+	return c.ca.issue(certRequest{CommonName: name})
+}
+
+func serialOf(certPEM []byte) *big.Int {
 	block, _ := pem.Decode(certPEM)
-	cert, err := x509.ParseCertificate(block.Bytes)
+	cert, _ := x509.ParseCertificate(block.Bytes)
+	return cert.SerialNumber
+}
+
+// IssueServerOnly is IssueServer's certificate without the client usage, and its key and serial.
+func (c *TestCA) IssueServerOnly(dnsNames []string) (certPEM, keyPEM []byte, sn *big.Int, err error) {
+	certPEM, keyPEM, err = c.ca.issue(certRequest{CommonName: dnsNames[0], DNSNames: dnsNames, Server: true})
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	return certPEM, keyPEM, cert.SerialNumber, nil
+	return certPEM, keyPEM, serialOf(certPEM), nil
 }
