@@ -2,15 +2,8 @@ package main
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/json"
-	"encoding/pem"
 	"fmt"
-	"math/big"
 	"net"
 	"net/http/httptest"
 	"os"
@@ -97,8 +90,11 @@ func TestConsumerCountsCommandsAndFollowsTheCredential(t *testing.T) {
 func TestConsumerConnectsWithTLS(t *testing.T) {
 	dir := t.TempDir()
 	ca, other := newTestCA(t, "redis CA"), newTestCA(t, "another CA")
-	certPEM, keyPEM := ca.issue(t, "redis.test")
-	files := map[string][]byte{"tls.crt": certPEM, "tls.key": keyPEM, "ca.crt": ca.certPEM}
+	certPEM, keyPEM, _, err := ca.IssueServer([]string{"redis.test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	files := map[string][]byte{"tls.crt": certPEM, "tls.key": keyPEM, "ca.crt": ca.PEM}
 	for name, b := range files {
 		if err := os.WriteFile(filepath.Join(dir, name), b, 0o600); err != nil {
 			t.Fatal(err)
@@ -125,11 +121,11 @@ func TestConsumerConnectsWithTLS(t *testing.T) {
 		serverName string
 		wantErr    string // empty: SET and GET succeed
 	}{
-		"the CA that signed the certificate":    {caPEM: ca.certPEM, serverName: "redis.test"},
-		"a bundle with that CA among others":    {caPEM: slices.Concat(other.certPEM, ca.certPEM), serverName: "redis.test"},
-		"another CA":                            {caPEM: other.certPEM, serverName: "redis.test", wantErr: "certificate signed by unknown authority"},
-		"another server name":                   {caPEM: ca.certPEM, serverName: "other.test", wantErr: "certificate is valid for redis.test, not other.test"},
-		"no server name: the host of -redis":    {caPEM: ca.certPEM, wantErr: "cannot validate certificate for 127.0.0.1"},
+		"the CA that signed the certificate":    {caPEM: ca.PEM, serverName: "redis.test"},
+		"a bundle with that CA among others":    {caPEM: slices.Concat(other.PEM, ca.PEM), serverName: "redis.test"},
+		"another CA":                            {caPEM: other.PEM, serverName: "redis.test", wantErr: "certificate signed by unknown authority"},
+		"another server name":                   {caPEM: ca.PEM, serverName: "other.test", wantErr: "certificate is valid for redis.test, not other.test"},
+		"no server name: the host of -redis":    {caPEM: ca.PEM, wantErr: "cannot validate certificate for 127.0.0.1"},
 		"no ca.crt":                             {serverName: "redis.test", wantErr: "reading the CA bundle"},
 		"a ca.crt that holds no certificate":    {caPEM: []byte("not PEM"), serverName: "redis.test", wantErr: "parsing the CA bundle"},
 		"a ca.crt that holds only a server key": {caPEM: keyPEM, serverName: "redis.test", wantErr: "parsing the CA bundle"},
@@ -156,11 +152,11 @@ func TestConsumerConnectsWithTLS(t *testing.T) {
 
 	// A ca.crt that changes (a renewed CA in the Secret) is taken at the next connection.
 	c := tlsConsumer(t, addr, "redis.test")
-	writeCA(t, c.caFile, other.certPEM)
+	writeCA(t, c.caFile, other.PEM)
 	if _, ok := setGet(c, "1"); ok {
 		t.Fatalf("connected with another CA: %+v", c.snapshot())
 	}
-	writeCA(t, c.caFile, ca.certPEM)
+	writeCA(t, c.caFile, ca.PEM)
 	if got, ok := setGet(c, "2"); !ok || got != "2" {
 		t.Fatalf("the new ca.crt not taken: GET %q, %+v", got, c.snapshot())
 	}
@@ -207,56 +203,14 @@ func setGet(c *consumer, value string) (string, bool) {
 	return got, ok
 }
 
-// testCA is a CA of the test's own (ECDSA P-256), valid for an hour.
-type testCA struct {
-	cert    *x509.Certificate
-	key     *ecdsa.PrivateKey
-	certPEM []byte
-}
-
-func newTestCA(t *testing.T, name string) *testCA {
+// newTestCA is a CA of the test's own.
+func newTestCA(t *testing.T, name string) *testground.TestCA {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	ca, err := testground.NewTestCA(name)
 	if err != nil {
 		t.Fatal(err)
 	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: name},
-		NotBefore: time.Now().Add(-time.Minute), NotAfter: time.Now().Add(time.Hour),
-		KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true, IsCA: true,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &testCA{cert: cert, key: key, certPEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}
-}
-
-// issue is a serving certificate for dnsName and its key, both PEM.
-func (ca *testCA) issue(t *testing.T, dnsName string) (certPEM, keyPEM []byte) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: dnsName}, DNSNames: []string{dnsName},
-		NotBefore: time.Now().Add(-time.Minute), NotAfter: time.Now().Add(time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER})
+	return ca
 }
 
 // writeCredential lays the files out as the kubelet does in a Secret volume: a new directory
