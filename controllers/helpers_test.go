@@ -15,7 +15,7 @@ import (
 
 // TestNoHelperDefinedTwice: no function body of more than one statement is written twice under
 // controllers/, whatever the functions and their parameters and variables are called: a helper
-// two packages need lives in the lower of them (or in statustime, render, nodes), and the other
+// two packages need lives in the lower of them (or in status, render, nodes), and the other
 // imports it.
 func TestNoHelperDefinedTwice(t *testing.T) {
 	bodies := map[string][]string{}

@@ -23,22 +23,21 @@ var allowed = map[string][]string{
 	"rotation":               {},
 	"vault":                  {},
 	"redisnode":              {},
-	"controllers/statustime": {},
+	"certs":                  {},
 	"controllers/stoppoint":  {},
-	"controllers/conditions": {},
+	"controllers/status":     {},
 	"controllers/metrics":    {},
 	"controllers/upkeep":     {},
-	"controllers/certs":      {},
 	"controllers/apply":      {"apis/v1beta1"},
 	"controllers/render":     {"apis/v1beta1"},
-	"controllers/conversion": {"apis/v1beta1", "controllers/certs"},
+	"controllers/conversion": {"apis/v1beta1", "certs"},
 	"controllers/connection": {"apis/v1beta1", "vault"},
-	"controllers/credential": {"apis/v1beta1", "controllers/apply", "controllers/conditions", "controllers/connection", "controllers/metrics",
-		"controllers/render", "controllers/statustime", "controllers/stoppoint", "rotation", "vault"},
-	"controllers/vaultconnection": {"apis/v1beta1", "controllers/apply", "controllers/conditions", "controllers/connection", "controllers/metrics",
-		"controllers/statustime", "vault"},
-	"controllers/rediscluster": {"apis/v1beta1", "controllers/apply", "controllers/certs", "controllers/conditions", "controllers/connection", "controllers/credential",
-		"controllers/metrics", "controllers/render", "controllers/statustime", "controllers/stoppoint", "controllers/upkeep", "redisnode", "rotation", "vault"},
+	"controllers/credential": {"apis/v1beta1", "controllers/apply", "controllers/connection", "controllers/metrics",
+		"controllers/render", "controllers/status", "controllers/stoppoint", "rotation", "vault"},
+	"controllers/vaultconnection": {"apis/v1beta1", "controllers/apply", "controllers/connection", "controllers/metrics",
+		"controllers/status", "vault"},
+	"controllers/rediscluster": {"apis/v1beta1", "certs", "controllers/apply", "controllers/connection", "controllers/credential",
+		"controllers/metrics", "controllers/render", "controllers/status", "controllers/stoppoint", "controllers/upkeep", "redisnode", "rotation", "vault"},
 	"controllers": {"apis/v1beta1", "controllers/apply", "controllers/connection", "controllers/metrics", "controllers/rediscluster",
 		"controllers/vaultconnection", "vault"},
 }
@@ -117,7 +116,7 @@ func TestEveryPackageSaysWhatItIsFor(t *testing.T) {
 
 func goList(t *testing.T) []listed {
 	t.Helper()
-	cmd := exec.Command("go", "list", "-json", "../apis/...", "../rotation/...", "../vault", "../redisnode", "./...")
+	cmd := exec.Command("go", "list", "-json", "../apis/...", "../rotation/...", "../vault", "../redisnode", "../certs", "./...")
 	out, err := cmd.Output()
 	if err != nil {
 		t.Fatalf("go list: %v", err)

@@ -16,7 +16,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/keyroll/keyroll/controllers/certs"
+	"github.com/keyroll/keyroll/certs"
 )
 
 // The keys of the webhook's certificate Secret (certs.Keep's; cert-manager's for the last three).

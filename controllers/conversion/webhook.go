@@ -28,7 +28,7 @@ import (
 	convwebhook "sigs.k8s.io/controller-runtime/pkg/webhook/conversion"
 
 	"github.com/keyroll/keyroll/apis/v1beta1"
-	"github.com/keyroll/keyroll/controllers/certs"
+	"github.com/keyroll/keyroll/certs"
 )
 
 // +kubebuilder:rbac:groups=apiextensions.k8s.io,resources=customresourcedefinitions,verbs=get;update,resourceNames=redisclusters.keyroll.dev;vaultconnections.keyroll.dev

@@ -17,7 +17,7 @@ import (
 	"github.com/keyroll/keyroll/controllers/apply"
 	"github.com/keyroll/keyroll/controllers/metrics"
 	"github.com/keyroll/keyroll/controllers/render"
-	"github.com/keyroll/keyroll/controllers/statustime"
+	"github.com/keyroll/keyroll/controllers/status"
 	"github.com/keyroll/keyroll/rotation"
 	"github.com/keyroll/keyroll/vault"
 )
@@ -78,7 +78,7 @@ func (r *Adopter) Credential(ctx context.Context, cl *Cluster, vcl vault.LeaseCl
 	if wait := r.settling(rc); wait > 0 {
 		return nil, wait, nil
 	}
-	when := statustime.RequeueAfter(r.Clock.Now(), Earliest(next.When, keep))
+	when := status.RequeueAfter(r.Clock.Now(), Earliest(next.When, keep))
 	if next.Action != rotation.ActionNothing {
 		when = syncSettle // a refresh is asked for: look again once ESO may have answered
 	}
@@ -218,7 +218,7 @@ func (r *Adopter) requestRefresh(ctx context.Context, cl *Cluster, d rotation.De
 	if (c.ExternalSecret.RefreshRequestedAt != nil && r.Clock.Since(c.ExternalSecret.RefreshRequestedAt.Time) < refreshRequestTimeout) || refreshesPaused(rc) {
 		return nil // pending, or refreshes are paused (LedgerFull): asked for once there is room
 	}
-	now := statustime.At(r.Clock.Now())
+	now := status.At(r.Clock.Now())
 	c.ExternalSecret.RefreshRequestedAt, c.RotationReason = now, string(d.Reason)
 	if d.Action == rotation.ActionRotate {
 		c.LastRotation = now
@@ -326,7 +326,7 @@ func (r *Adopter) Retire(ctx context.Context, cl *Cluster) (time.Duration, error
 				sighted = append(sighted, sc.LeaseID)
 			}
 		}
-		rc.Status.Leases = AddSighted(rc.Status.Leases, sighted, statustime.At(r.Clock.Now()), rc.VaultConnectionName())
+		rc.Status.Leases = AddSighted(rc.Status.Leases, sighted, status.At(r.Clock.Now()), rc.VaultConnectionName())
 		if err := cl.Persist(ctx); err != nil {
 			return 0, err
 		}

@@ -13,7 +13,7 @@ import (
 
 	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/controllers/render"
-	"github.com/keyroll/keyroll/controllers/statustime"
+	"github.com/keyroll/keyroll/controllers/status"
 	"github.com/keyroll/keyroll/vault"
 )
 
@@ -40,7 +40,7 @@ func (r *Adopter) adopt(ctx context.Context, cl *Cluster, sc *render.SyncedCrede
 	if !fits(rc, newLeases(rc, sighted, sc.LeaseID), tracked) {
 		return false, true, nil
 	}
-	now := statustime.At(r.Clock.Now())
+	now := status.At(r.Clock.Now())
 	if fresh || untrackedLease {
 		info := &vault.LeaseInfo{Exists: true}
 		if tracked {
@@ -127,12 +127,12 @@ func (r *Adopter) recordSynced(cl *Cluster, sc *render.SyncedCredential, tracked
 	}
 	if tracked {
 		cs.Lease.LeaseID, cs.Lease.Renewable = sc.LeaseID, info.Renewable
-		cs.Lease.ExpiresAt = statustime.At(info.ExpiresAt)
+		cs.Lease.ExpiresAt = status.At(info.ExpiresAt)
 		if !info.IssuedAt.IsZero() {
-			cs.IssuedAt = statustime.At(info.IssuedAt)
+			cs.IssuedAt = status.At(info.IssuedAt)
 		}
 		if !info.LastRenewal.IsZero() {
-			cs.Lease.LastRenewal = statustime.At(info.LastRenewal)
+			cs.Lease.LastRenewal = status.At(info.LastRenewal)
 		}
 		if info.Exists && !Has(rc.Status.Leases, sc.LeaseID) {
 			rc.Status.Leases = append(rc.Status.Leases, v1beta1.LeaseRecord{

@@ -9,7 +9,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/keyroll/keyroll/apis/v1beta1"
-	"github.com/keyroll/keyroll/controllers/statustime"
+	"github.com/keyroll/keyroll/controllers/status"
 )
 
 // A tracked lease of External Secrets Operator's that is gone from Vault before its expiry.
@@ -23,7 +23,7 @@ func (r *Adopter) endedEarly(cl *Cluster, tracked bool) bool {
 		return false
 	}
 	alive := c.Lease.LeaseID != "" && Has(cl.RC.Status.Leases, c.Lease.LeaseID) // not the lease that ended
-	if !tracked || (alive && r.Clock.Since(statustime.Of(c.IssuedAt)) > c.ExternalSecret.LeaseEndedEarlyAfter.Duration) {
+	if !tracked || (alive && r.Clock.Since(status.Of(c.IssuedAt)) > c.ExternalSecret.LeaseEndedEarlyAfter.Duration) {
 		c.ExternalSecret.LeaseEndedEarlyAfter = nil // the current lease lives longer: it was a one-off
 		return false
 	}

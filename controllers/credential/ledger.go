@@ -16,7 +16,7 @@ import (
 	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/controllers/connection"
 	"github.com/keyroll/keyroll/controllers/metrics"
-	"github.com/keyroll/keyroll/controllers/statustime"
+	"github.com/keyroll/keyroll/controllers/status"
 	"github.com/keyroll/keyroll/controllers/stoppoint"
 	"github.com/keyroll/keyroll/rotation"
 	"github.com/keyroll/keyroll/vault"
@@ -76,21 +76,21 @@ func (l *Ledger) Input(cl *Cluster, vcl vault.LeaseClient, hasCredential, leaseG
 	if c == nil {
 		return in
 	}
-	in.ExpiresAt, in.Renewable, in.RenewalCapped = statustime.Of(c.Lease.ExpiresAt), c.Lease.Renewable, c.Lease.RenewalCapped
-	in.IssuedAt, in.RenewedAt = statustime.Of(c.IssuedAt), statustime.Of(c.IssuedAt)
+	in.ExpiresAt, in.Renewable, in.RenewalCapped = status.Of(c.Lease.ExpiresAt), c.Lease.Renewable, c.Lease.RenewalCapped
+	in.IssuedAt, in.RenewedAt = status.Of(c.IssuedAt), status.Of(c.IssuedAt)
 	if c.Lease.LastRenewal != nil {
 		in.RenewedAt = c.Lease.LastRenewal.Time
 	}
 	in.LeaseDuration = in.ExpiresAt.Sub(in.RenewedAt)
 	in.CappedTTL = in.LeaseDuration
-	in.LastRotation = statustime.Of(c.LastRotation)
+	in.LastRotation = status.Of(c.LastRotation)
 	in.RenewalKey = string(rc.UID) + "/" + c.Lease.LeaseID
 	if vcl != nil && c.VaultLease.TokenAccessor != "" {
 		if t, ok := vcl.Token(c.VaultLease.TokenAccessor); ok && !t.EndsAt.IsZero() {
-			c.VaultLease.TokenEndsAt = statustime.At(t.EndsAt)
+			c.VaultLease.TokenEndsAt = status.At(t.EndsAt)
 		}
 	}
-	in.TokenEndsAt = statustime.Of(c.VaultLease.TokenEndsAt)
+	in.TokenEndsAt = status.Of(c.VaultLease.TokenEndsAt)
 	if c.Lease.LeaseID != "" {
 		in.NextLeaseCheck = l.Checks.Next(client.ObjectKeyFromObject(rc), c.Lease.LeaseID, in.RenewedAt)
 	}
@@ -139,8 +139,8 @@ func (l *Ledger) Renew(ctx context.Context, cl *Cluster, vcl vault.LeaseClient) 
 	if err != nil {
 		return false, fmt.Errorf("renewing lease: %w", err)
 	}
-	expires := statustime.At(ren.ExpiresAt)
-	c.Lease.LastRenewal, c.Lease.ExpiresAt, c.Lease.Renewable, c.Lease.RenewalCapped = statustime.At(l.Clock.Now()), expires, ren.Renewable, ren.Capped
+	expires := status.At(ren.ExpiresAt)
+	c.Lease.LastRenewal, c.Lease.ExpiresAt, c.Lease.Renewable, c.Lease.RenewalCapped = status.At(l.Clock.Now()), expires, ren.Renewable, ren.Capped
 	for i := range cl.RC.Status.Leases {
 		if cl.RC.Status.Leases[i].LeaseID == c.Lease.LeaseID {
 			cl.RC.Status.Leases[i].ExpiresAt, cl.RC.Status.Leases[i].LastRenewal = expires, c.Lease.LastRenewal
@@ -155,8 +155,8 @@ func (l *Ledger) Renew(ctx context.Context, cl *Cluster, vcl vault.LeaseClient) 
 // expiry for the metric.
 func (l *Ledger) Planned(cl *Cluster, d rotation.Decision) {
 	c := cl.RC.Status.Credential
-	l.Metrics.SetLeaseExpiry(client.ObjectKeyFromObject(cl.RC), statustime.Of(c.Lease.ExpiresAt))
-	c.Lease.NextRenewal, c.NextRotation = statustime.At(d.NextRenewal), statustime.At(d.NextRotation)
+	l.Metrics.SetLeaseExpiry(client.ObjectKeyFromObject(cl.RC), status.Of(c.Lease.ExpiresAt))
+	c.Lease.NextRenewal, c.NextRotation = status.At(d.NextRenewal), status.At(d.NextRotation)
 	l.Due(cl, d.When)
 }
 

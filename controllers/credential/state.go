@@ -6,7 +6,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/keyroll/keyroll/apis/v1beta1"
-	"github.com/keyroll/keyroll/controllers/conditions"
+	"github.com/keyroll/keyroll/controllers/status"
 	"github.com/keyroll/keyroll/rotation"
 )
 
@@ -18,7 +18,7 @@ type Cluster struct {
 	RC *v1beta1.RedisCluster
 	// Before is the RedisCluster as last written: the status patch is computed against it.
 	Before *v1beta1.RedisCluster
-	Conds  conditions.Setter
+	Conds  status.Setter
 	// Schedule and Window are the parsed spec.rotation (nil when unset or invalid).
 	Schedule rotation.Schedule
 	Window   *rotation.Window

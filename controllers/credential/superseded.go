@@ -12,7 +12,7 @@ import (
 
 	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/controllers/metrics"
-	"github.com/keyroll/keyroll/controllers/statustime"
+	"github.com/keyroll/keyroll/controllers/status"
 	"github.com/keyroll/keyroll/vault"
 )
 
@@ -67,9 +67,9 @@ func (l *Ledger) KeepSuperseded(ctx context.Context, cl *Cluster, vcl vault.Leas
 // not at its next renewal. gone says it left the ledger; check is when it is next due.
 func (l *Ledger) checkSuperseded(ctx context.Context, cl *Cluster, vcl vault.LeaseClient, rec v1beta1.LeaseRecord, now time.Time) (check time.Time, gone bool, err error) {
 	key := client.ObjectKeyFromObject(cl.RC)
-	confirmed := statustime.Of(rec.LastRenewal)
+	confirmed := status.Of(rec.LastRenewal)
 	if confirmed.IsZero() {
-		confirmed = statustime.Of(rec.IssuedAt)
+		confirmed = status.Of(rec.IssuedAt)
 	}
 	if due := l.Checks.Next(key, rec.LeaseID, confirmed); due.IsZero() || now.Before(due) {
 		return due, false, nil
@@ -107,7 +107,7 @@ func (l *Ledger) retainChecks(cl *Cluster) {
 // renewal saves it). The first time the token's end is found to come first, the lease is marked
 // renewalCapped and a Warning event says by when the rollout must be done.
 func (l *Ledger) supersededEnd(ctx context.Context, cl *Cluster, vcl vault.LeaseClient, rec v1beta1.LeaseRecord) time.Time {
-	expiry := statustime.Of(rec.ExpiresAt)
+	expiry := status.Of(rec.ExpiresAt)
 	if rec.TokenAccessor == "" {
 		return expiry
 	}
@@ -137,9 +137,9 @@ func renewalSpan(rec v1beta1.LeaseRecord) (from, end time.Time, ok bool) {
 	if rec.State != v1beta1.LeaseSuperseded || rec.RenewalCapped || rec.ExpiresAt == nil {
 		return time.Time{}, time.Time{}, false
 	}
-	from, end = statustime.Of(rec.LastRenewal), rec.ExpiresAt.Time
+	from, end = status.Of(rec.LastRenewal), rec.ExpiresAt.Time
 	if from.IsZero() {
-		from = statustime.Of(rec.IssuedAt)
+		from = status.Of(rec.IssuedAt)
 	}
 	return from, end, !from.IsZero() && end.After(from)
 }
@@ -172,7 +172,7 @@ func (l *Ledger) renewSuperseded(ctx context.Context, cl *Cluster, vcl vault.Lea
 		if r.LeaseID != rec.LeaseID {
 			continue
 		}
-		r.LastRenewal, r.ExpiresAt = statustime.At(l.Clock.Now()), statustime.At(ren.ExpiresAt)
+		r.LastRenewal, r.ExpiresAt = status.At(l.Clock.Now()), status.At(ren.ExpiresAt)
 		if ren.Capped || !ren.Renewable {
 			r.RenewalCapped = true
 			cl.Conds.Announce(true, v1beta1.EventSupersededLeaseEnding, "Renew",

@@ -13,8 +13,8 @@ import (
 	testclock "k8s.io/utils/clock/testing"
 
 	"github.com/keyroll/keyroll/apis/v1beta1"
-	"github.com/keyroll/keyroll/controllers/conditions"
 	"github.com/keyroll/keyroll/controllers/metrics"
+	"github.com/keyroll/keyroll/controllers/status"
 	"github.com/keyroll/keyroll/vault/vaulttest"
 )
 
@@ -38,7 +38,7 @@ func TestSupersededLeaseEndingWithItsTokenIsAnnouncedAndHonoured(t *testing.T) {
 		IssuedAt: &metav1.Time{Time: clk.Now()}, ExpiresAt: &metav1.Time{Time: old.ExpiresAt},
 	}}
 	rec := events.NewFakeRecorder(10)
-	cl := &Cluster{RC: rc, Conds: conditions.Setter{Obj: rc, Conditions: &rc.Status.Conditions, Recorder: rec}}
+	cl := &Cluster{RC: rc, Conds: status.Setter{Obj: rc, Conditions: &rc.Status.Conditions, Recorder: rec}}
 	l := &Ledger{Clock: clk, Metrics: metrics.For(clk), Checks: NewLeaseChecks(time.Minute)}
 
 	next, err := l.KeepSuperseded(ctx, cl, fake, DefaultRenewalPercent)
@@ -98,7 +98,7 @@ func TestSupersededLeaseIsLookedUpBetweenRenewals(t *testing.T) {
 		rc.Status.Leases = append(rc.Status.Leases, v1beta1.LeaseRecord{LeaseID: l.ID, State: v1beta1.LeaseSuperseded, Username: user,
 			IssuedAt: &metav1.Time{Time: clk.Now()}, ExpiresAt: &metav1.Time{Time: l.ExpiresAt}, Version: fmt.Sprintf("v%d", i+1)})
 	}
-	cl := &Cluster{RC: rc, Conds: conditions.Setter{Obj: rc, Conditions: &rc.Status.Conditions, Recorder: events.NewFakeRecorder(10)}}
+	cl := &Cluster{RC: rc, Conds: status.Setter{Obj: rc, Conditions: &rc.Status.Conditions, Recorder: events.NewFakeRecorder(10)}}
 	l := &Ledger{Clock: clk, Metrics: metrics.For(clk), Checks: NewLeaseChecks(time.Minute)}
 
 	next, err := l.KeepSuperseded(ctx, cl, fake, DefaultRenewalPercent)

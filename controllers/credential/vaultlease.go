@@ -16,7 +16,7 @@ import (
 	"github.com/keyroll/keyroll/controllers/apply"
 	"github.com/keyroll/keyroll/controllers/metrics"
 	"github.com/keyroll/keyroll/controllers/render"
-	"github.com/keyroll/keyroll/controllers/statustime"
+	"github.com/keyroll/keyroll/controllers/status"
 	"github.com/keyroll/keyroll/controllers/stoppoint"
 	"github.com/keyroll/keyroll/rotation"
 	"github.com/keyroll/keyroll/vault"
@@ -50,7 +50,7 @@ func (r *Issuer) Credential(ctx context.Context, cl *Cluster, vcl vault.LeaseCli
 			credentialsReady(cl)
 			keep, err := r.Ledger.KeepSuperseded(ctx, cl, vcl, in.RenewalPercent)
 			r.Ledger.Due(cl, keep)
-			return cur, statustime.RequeueAfter(r.Clock.Now(), Earliest(d.When, keep)), err
+			return cur, status.RequeueAfter(r.Clock.Now(), Earliest(d.When, keep)), err
 		case rotation.ActionRenew:
 			gone, err = r.Ledger.Renew(ctx, cl, lvcl)
 		case rotation.ActionCheck:
@@ -145,7 +145,7 @@ func (r *Issuer) tokenEnding(cl *Cluster, d rotation.Decision) {
 	c := cl.RC.Status.Credential
 	cl.Conds.Event(true, v1beta1.EventTokenEnding, "Rotate",
 		"The Vault token that created lease %s ends at %s (its max TTL), before the lease: rotating now, so that the new credential is rolled out and this lease revoked before Vault revokes it with its token. A periodic token on the auth role avoids this (see the VaultConnection's Degraded condition)",
-		c.Lease.LeaseID, statustime.Of(c.VaultLease.TokenEndsAt).UTC().Format(time.RFC3339))
+		c.Lease.LeaseID, status.Of(c.VaultLease.TokenEndsAt).UTC().Format(time.RFC3339))
 }
 
 // currentCredential reads the credential of status.credential from the state Secret, where it is
@@ -268,9 +268,9 @@ func (r *Issuer) countIssue(d rotation.Decision, err error) {
 // issued for (status.credential.rotationReason).
 func (r *Issuer) recordLease(cl *Cluster, lease *vault.Lease, cred *render.Credential, d rotation.Decision) {
 	rc := cl.RC
-	now := statustime.At(r.Clock.Now())
+	now := status.At(r.Clock.Now())
 	Supersede(rc, cred.Version)
-	expires := statustime.At(lease.ExpiresAt)
+	expires := status.At(lease.ExpiresAt)
 	if lease.ID != "" {
 		rc.Status.Leases = append(rc.Status.Leases, v1beta1.LeaseRecord{
 			LeaseID: lease.ID, State: v1beta1.LeaseActive, Version: cred.Version, Username: cred.Username,
@@ -289,7 +289,7 @@ func (r *Issuer) recordLease(cl *Cluster, lease *vault.Lease, cred *render.Crede
 			Duration: &metav1.Duration{Duration: lease.Duration},
 		},
 		VaultLease: v1beta1.VaultLeaseCredential{
-			Path: rc.Spec.Credentials.VaultLease.Path, TokenAccessor: lease.TokenAccessor, TokenEndsAt: statustime.At(lease.TokenDeadline),
+			Path: rc.Spec.Credentials.VaultLease.Path, TokenAccessor: lease.TokenAccessor, TokenEndsAt: status.At(lease.TokenDeadline),
 		},
 	}
 	if d.AcknowledgeRotateNow {

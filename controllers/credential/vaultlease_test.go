@@ -14,9 +14,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	"github.com/keyroll/keyroll/apis/v1beta1"
-	"github.com/keyroll/keyroll/controllers/conditions"
 	"github.com/keyroll/keyroll/controllers/metrics"
 	"github.com/keyroll/keyroll/controllers/render"
+	"github.com/keyroll/keyroll/controllers/status"
 	"github.com/keyroll/keyroll/rotation"
 	"github.com/keyroll/keyroll/vault/vaulttest"
 )
@@ -89,7 +89,7 @@ func (h *sourceHarness) credential(t *testing.T) *v1beta1.RedisCluster {
 	ctx := context.Background()
 	rc := h.get(t)
 	cl := &Cluster{RC: rc,
-		Conds:  conditions.Setter{Obj: rc, Conditions: &rc.Status.Conditions, Recorder: events.NewFakeRecorder(16)},
+		Conds:  status.Setter{Obj: rc, Conditions: &rc.Status.Conditions, Recorder: events.NewFakeRecorder(16)},
 		Status: statusUpdate{h.k8s},
 	}
 	cred, _, err := h.src.Credential(ctx, cl, h.vault)

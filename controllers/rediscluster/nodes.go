@@ -30,9 +30,8 @@ import (
 
 	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/controllers/apply"
-	"github.com/keyroll/keyroll/controllers/conditions"
 	"github.com/keyroll/keyroll/controllers/render"
-	"github.com/keyroll/keyroll/controllers/statustime"
+	"github.com/keyroll/keyroll/controllers/status"
 	"github.com/keyroll/keyroll/redisnode"
 )
 
@@ -93,7 +92,7 @@ type usersWant struct {
 // nodes' ACLs are next compared with what was confirmed. A node whose ACL changed outside
 // keyroll is reported (UsersApplied False, UsersChanged) and put back by the next reconcile, at
 // once. The UsersApplied condition says how far it got, and why it stopped.
-func (s *usersSyncer) Sync(ctx context.Context, rc *v1beta1.RedisCluster, conds conditions.Setter, want usersWant) (done bool, wait time.Duration, err error) {
+func (s *usersSyncer) Sync(ctx context.Context, rc *v1beta1.RedisCluster, conds status.Setter, want usersWant) (done bool, wait time.Duration, err error) {
 	want.tls = s.TLS.For(rc)
 	m, err := listMembers(ctx, s.Client, rc)
 	if err != nil {
@@ -118,7 +117,7 @@ func (s *usersSyncer) Sync(ctx context.Context, rc *v1beta1.RedisCluster, conds 
 			break
 		}
 		rec, seen := records[p.Name]
-		fresh := !seen || rec.PodUID != p.UID || !statustime.Of(rec.StartedAt).Equal(run.startedAt)
+		fresh := !seen || rec.PodUID != p.UID || !status.Of(rec.StartedAt).Equal(run.startedAt)
 		steady := !fresh && rec.UsersVersion == version && rec.ACLDigest != ""
 		if steady && check {
 			what, appGone, err := s.compare(ctx, run.addr, want, rec.ACLDigest)
@@ -155,8 +154,8 @@ func (s *usersSyncer) Sync(ctx context.Context, rc *v1beta1.RedisCluster, conds 
 				break
 			}
 			log.FromContext(ctx).V(1).Info("Redis node confirmed", "pod", p.Name, "usersVersion", version)
-			rec = v1beta1.NodeStatus{Pod: p.Name, PodUID: p.UID, StartedAt: statustime.At(run.startedAt),
-				UsersVersion: version, ACLDigest: digest, ConfirmedAt: statustime.At(s.Clock.Now())}
+			rec = v1beta1.NodeStatus{Pod: p.Name, PodUID: p.UID, StartedAt: status.At(run.startedAt),
+				UsersVersion: version, ACLDigest: digest, ConfirmedAt: status.At(s.Clock.Now())}
 		}
 		records[p.Name] = rec
 		confirmed++
@@ -185,7 +184,7 @@ func (s *usersSyncer) Forget(key types.NamespacedName) { s.checks.forget(key) }
 
 // applied records that every node has want: the retiring users are gone everywhere, and the
 // nodes have the set without them.
-func (s *usersSyncer) applied(rc *v1beta1.RedisCluster, conds conditions.Setter, want usersWant) {
+func (s *usersSyncer) applied(rc *v1beta1.RedisCluster, conds status.Setter, want usersWant) {
 	msg := fmt.Sprintf("All %d Redis nodes have the cluster's users", len(rc.Status.Nodes))
 	if c := want.Confirm; c != nil {
 		msg += fmt.Sprintf("; each accepts credential %s (user %s)", c.Version, c.Username)
@@ -215,7 +214,7 @@ type problem struct {
 	wait  time.Duration
 }
 
-func (p *problem) report(conds conditions.Setter, confirmed, replicas int) time.Duration {
+func (p *problem) report(conds status.Setter, confirmed, replicas int) time.Duration {
 	msg := fmt.Sprintf("%d of %d Redis nodes confirmed; %s", confirmed, replicas, p.msg)
 	if p.reason == v1beta1.ReasonInvalidACLRules {
 		msg = p.msg + "; nothing was applied (the pods run on, with the users they had)"
@@ -346,7 +345,7 @@ func recordsOf(pods []*corev1.Pod, records map[string]v1beta1.NodeStatus) []v1be
 // passed over, as one that does not run.
 // Unless one accepted them, the UsersApplied condition says why not (refused, with Redis's
 // words; no node running yet; unreachable) and wait says when to look again.
-func (s *usersSyncer) CheckRules(ctx context.Context, rc *v1beta1.RedisCluster, conds conditions.Setter, rules []string, adminPassword string) (accepted bool, wait time.Duration, err error) {
+func (s *usersSyncer) CheckRules(ctx context.Context, rc *v1beta1.RedisCluster, conds status.Setter, rules []string, adminPassword string) (accepted bool, wait time.Duration, err error) {
 	m, err := listMembers(ctx, s.Client, rc)
 	if err != nil {
 		return false, 0, err

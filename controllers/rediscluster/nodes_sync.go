@@ -14,8 +14,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/keyroll/keyroll/apis/v1beta1"
-	"github.com/keyroll/keyroll/controllers/conditions"
 	"github.com/keyroll/keyroll/controllers/render"
+	"github.com/keyroll/keyroll/controllers/status"
 	"github.com/keyroll/keyroll/redisnode"
 )
 
@@ -108,7 +108,7 @@ func changedUsers(nd node, want usersWant, before, after []string) []string {
 // report announces what a sync found changed outside keyroll: one event of each kind for all
 // nodes (the recorder folds events of one reason about one version of the cluster into one, and
 // would drop the later ones' notes), naming each user and node.
-func (s *usersSyncer) report(conds conditions.Setter, all []found) {
+func (s *usersSyncer) report(conds status.Setter, all []found) {
 	var removed, restored []string
 	for _, f := range all {
 		for _, name := range f.unknown {

@@ -23,8 +23,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	"github.com/keyroll/keyroll/apis/v1beta1"
-	"github.com/keyroll/keyroll/controllers/conditions"
 	"github.com/keyroll/keyroll/controllers/render"
+	"github.com/keyroll/keyroll/controllers/status"
 	"github.com/keyroll/keyroll/redisnode"
 	"github.com/keyroll/keyroll/redisnode/redisnodetest"
 )
@@ -36,7 +36,7 @@ type ground struct {
 	in     render.Internal
 	redis  *redisnodetest.Fake
 	syncer *usersSyncer
-	conds  conditions.Setter
+	conds  status.Setter
 	events *events.FakeRecorder
 	clock  *clocktesting.FakeClock
 	k8s    client.Client
@@ -60,7 +60,7 @@ func newGround(t *testing.T, n int, extra ...client.Object) *ground {
 	g.k8s = fake.NewClientBuilder().WithObjects(objs...).Build()
 	g.syncer = &usersSyncer{Client: g.k8s, Dial: g.redis.Dial, Clock: g.clock, CheckInterval: time.Minute,
 		Removed: prometheus.NewCounter(prometheus.CounterOpts{Name: "removed"})}
-	g.conds = conditions.Setter{Obj: rc, Conditions: &rc.Status.Conditions, Recorder: g.events}
+	g.conds = status.Setter{Obj: rc, Conditions: &rc.Status.Conditions, Recorder: g.events}
 	return g
 }
 

@@ -18,7 +18,7 @@ import (
 	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/controllers/credential"
 	"github.com/keyroll/keyroll/controllers/render"
-	"github.com/keyroll/keyroll/controllers/statustime"
+	"github.com/keyroll/keyroll/controllers/status"
 )
 
 // Before keyroll retires a superseded credential's user (the user leaves every node, which closes
@@ -58,7 +58,7 @@ func (r *deps) holdForOldUserClients(ctx context.Context, s *credential.Cluster,
 				found[i].Since = was.Since
 			}
 		}
-		held = credential.Earliest(held, statustime.Of(found[i].Since))
+		held = credential.Earliest(held, status.Of(found[i].Since))
 		conns += int(found[i].Connections)
 	}
 	r.Metrics.SetUnlistedClientConnections(key, conns)
@@ -171,7 +171,7 @@ func (r *deps) oldUserClients(ctx context.Context, rc *v1beta1.RedisCluster, adm
 		}
 		if !listed || listedToo {
 			out = append(out, v1beta1.OldUserClient{User: k[0], Address: k[1], Workload: workload, Connections: n,
-				Since: statustime.At(r.Clock.Now())})
+				Since: status.At(r.Clock.Now())})
 		}
 	}
 	slices.SortFunc(out, func(a, b v1beta1.OldUserClient) int {

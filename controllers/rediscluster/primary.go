@@ -24,9 +24,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/keyroll/keyroll/apis/v1beta1"
-	"github.com/keyroll/keyroll/controllers/conditions"
 	"github.com/keyroll/keyroll/controllers/render"
-	"github.com/keyroll/keyroll/controllers/statustime"
+	"github.com/keyroll/keyroll/controllers/status"
 	"github.com/keyroll/keyroll/redisnode"
 )
 
@@ -56,14 +55,14 @@ type primaryKeeper struct {
 // user's password.
 type primaryView struct {
 	RC    *v1beta1.RedisCluster
-	Conds conditions.Setter
+	Conds status.Setter
 	Pods  []*corev1.Pod
 	Admin string
 }
 
 // For lists rc's Redis pods (listMembers), and reports each pod that only looks like one
 // (a Warning event about the cluster and the pod, once per pod while keyroll runs).
-func (k *primaryKeeper) For(ctx context.Context, rc *v1beta1.RedisCluster, conds conditions.Setter, admin string) (*primaryView, error) {
+func (k *primaryKeeper) For(ctx context.Context, rc *v1beta1.RedisCluster, conds status.Setter, admin string) (*primaryView, error) {
 	m, err := listMembers(ctx, k.Client, rc)
 	if err != nil {
 		return nil, err
@@ -103,7 +102,7 @@ func (k *primaryKeeper) Keep(ctx context.Context, c *primaryView) (time.Duration
 	}
 	if moved, err := k.beforeScaleDown(ctx, c); err != nil || !moved {
 		errs = append(errs, err)
-		wait = statustime.Soonest(wait, 5*time.Second)
+		wait = status.Soonest(wait, 5*time.Second)
 	}
 	errs = append(errs, k.demoteStarted(ctx, c), k.label(ctx, c))
 	return wait, errors.Join(errs...)
@@ -234,7 +233,7 @@ func (k *primaryKeeper) demoteStarted(ctx context.Context, c *primaryView) error
 	for _, p := range c.Pods {
 		rec, ok := seen[p.Name]
 		run, up := running(p)
-		if p == primary || !up || (ok && rec.PodUID == p.UID && statustime.Of(rec.StartedAt).Equal(run.startedAt)) || !ok && len(rc.Status.Nodes) == 0 {
+		if p == primary || !up || (ok && rec.PodUID == p.UID && status.Of(rec.StartedAt).Equal(run.startedAt)) || !ok && len(rc.Status.Nodes) == 0 {
 			continue
 		}
 		st, err := k.node(c, p).Replication(ctx)

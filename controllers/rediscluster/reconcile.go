@@ -15,10 +15,9 @@ import (
 
 	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/controllers/apply"
-	"github.com/keyroll/keyroll/controllers/conditions"
 	"github.com/keyroll/keyroll/controllers/credential"
 	"github.com/keyroll/keyroll/controllers/render"
-	"github.com/keyroll/keyroll/controllers/statustime"
+	"github.com/keyroll/keyroll/controllers/status"
 	"github.com/keyroll/keyroll/redisnode"
 	"github.com/keyroll/keyroll/vault"
 )
@@ -36,7 +35,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	s := &credential.Cluster{RC: rc, Before: rc.DeepCopy(),
-		Conds:  conditions.Setter{Obj: rc, Conditions: &rc.Status.Conditions, Recorder: r.Recorder, Announced: &conditions.Announced{}},
+		Conds:  status.Setter{Obj: rc, Conditions: &rc.Status.Conditions, Recorder: r.Recorder, Announced: &status.Announced{}},
 		Status: r.deps}
 	defer func() {
 		if s.StatusLater && reterr == nil {
@@ -110,7 +109,7 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, s *credential.Cluster)
 	if err == nil && d.cred == nil && d.pc != nil && credential.CutOff(rc) {
 		// A user cut off with no credential to replace it yet leaves every node now.
 		_, wait, err := r.reconcileUsers(ctx, s, in, nil)
-		return result(statustime.Soonest(d.next, wait), err)
+		return result(status.Soonest(d.next, wait), err)
 	}
 	if err != nil || d.cred == nil {
 		return result(d.next, err)
@@ -154,14 +153,14 @@ func (r *Reconciler) credentialAndObjects(ctx context.Context, s *credential.Clu
 	keepWait, err := r.primary.Keep(ctx, pc)
 	if err != nil {
 		log.FromContext(ctx).Info("Keeping the primary failed; trying again", "error", err.Error())
-		keepWait = statustime.Soonest(keepWait, 5*time.Second)
+		keepWait = status.Soonest(keepWait, 5*time.Second)
 	}
 	servedWait, err := r.certificateServed(ctx, s, in.Admin)
 	if err != nil {
 		log.FromContext(ctx).Info("Loading the renewed certificate failed; trying again", "error", err.Error())
 		servedWait = 5 * time.Second
 	}
-	d.pc, d.next = pc, statustime.Soonest(d.next, statustime.Soonest(keepWait, servedWait))
+	d.pc, d.next = pc, status.Soonest(d.next, status.Soonest(keepWait, servedWait))
 	return d, credErr
 }
 
@@ -190,7 +189,7 @@ func (r *Reconciler) deliver(ctx context.Context, s *credential.Cluster, d deliv
 	// users step: the consumers still need the credential that replaced them.
 	pending := credential.Pending(s.RC) || credential.CutOff(s.RC)
 	applied, usersWait, err := r.reconcileUsers(ctx, s, d.in, d.cred)
-	if d.next = statustime.Soonest(d.next, usersWait); !applied || err != nil {
+	if d.next = status.Soonest(d.next, usersWait); !applied || err != nil {
 		r.readyReplicas(ctx, s)
 		return result(d.next, err)
 	}
@@ -205,7 +204,7 @@ func (r *Reconciler) deliver(ctx context.Context, s *credential.Cluster, d deliv
 	}
 	r.readyReplicas(ctx, s)
 	s.RC.Status.ObservedGeneration = s.RC.Generation
-	return result(statustime.Soonest(d.next, wait), nil)
+	return result(status.Soonest(d.next, wait), nil)
 }
 
 // stage keeps the current credential where only keyroll reads it (VaultLease mode: Vault hands

@@ -15,7 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/keyroll/keyroll/apis/v1beta1"
-	"github.com/keyroll/keyroll/controllers/statustime"
+	"github.com/keyroll/keyroll/controllers/status"
 	"github.com/keyroll/keyroll/controllers/stoppoint"
 )
 
@@ -56,7 +56,7 @@ func (r *Engine) rollConsumers(ctx context.Context, s *step, ro *v1beta1.Rollout
 			return false, time.Minute, nil
 		}
 		if w.template().Annotations[v1beta1.AnnotationCredentialVersion] != ro.TargetVersion {
-			ro.ConsumerRestartedAt = statustime.At(r.Clock.Now())
+			ro.ConsumerRestartedAt = status.At(r.Clock.Now())
 			return false, 0, r.restartConsumer(ctx, s, w, ref, ro.TargetVersion)
 		}
 		if !w.rolledOut() {
@@ -115,7 +115,7 @@ func (r *Engine) consumerStalled(s *step, ro *v1beta1.RolloutStatus, ref v1beta1
 	}
 	// A time read back from status has whole seconds: the timeout counts from the end of that
 	// second, never before the restart.
-	left := statustime.Of(since).Truncate(time.Second).Add(time.Second + readinessTimeout(s.rc)).Sub(r.Clock.Now())
+	left := status.Of(since).Truncate(time.Second).Add(time.Second + readinessTimeout(s.rc)).Sub(r.Clock.Now())
 	if left > 0 {
 		return min(left, consumerPoll) // a watch of the workload's metadata wakes the reconcile sooner
 	}

@@ -16,10 +16,9 @@ import (
 
 	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/controllers/apply"
-	"github.com/keyroll/keyroll/controllers/conditions"
 	"github.com/keyroll/keyroll/controllers/metrics"
 	"github.com/keyroll/keyroll/controllers/render"
-	"github.com/keyroll/keyroll/controllers/statustime"
+	"github.com/keyroll/keyroll/controllers/status"
 	"github.com/keyroll/keyroll/controllers/stoppoint"
 	"github.com/keyroll/keyroll/rotation"
 )
@@ -51,7 +50,7 @@ type Engine struct {
 // when it is up to date.
 type step struct {
 	rc      *v1beta1.RedisCluster
-	conds   conditions.Setter
+	conds   status.Setter
 	cluster *primaryView
 	want    podWant
 }
@@ -106,7 +105,7 @@ func (r *Engine) Roll(ctx context.Context, c *primaryView, version string, pendi
 	pods := kept(rc, c.Pods)
 	windowWait := r.reportDataPlane(s, pods, window)
 	done, wait, err = r.roll(ctx, s, pods, version, pending)
-	return done, statustime.Soonest(wait, windowWait), err
+	return done, status.Soonest(wait, windowWait), err
 }
 
 func (r *Engine) roll(ctx context.Context, s *step, pods []*corev1.Pod, version string, pending bool) (done bool, wait time.Duration, err error) {
@@ -153,7 +152,7 @@ func (r *Engine) roll(ctx context.Context, s *step, pods []*corev1.Pod, version 
 }
 
 func (r *Engine) startRollout(ctx context.Context, s *step, version string, pending bool) *v1beta1.RolloutStatus {
-	now := statustime.At(r.Clock.Now())
+	now := status.At(r.Clock.Now())
 	ro := &v1beta1.RolloutStatus{TargetVersion: version, StartedAt: now, Cause: v1beta1.RolloutForCredential}
 	if !pending {
 		ro.Cause = v1beta1.RolloutForPodTemplate
@@ -206,7 +205,7 @@ func (r *Engine) rollPods(ctx context.Context, s *step, pods []*corev1.Pod, ro *
 	if p := s.unreadyCurrent(pods); ro.PodInFlight == "" && p != nil {
 		// A restart whose record was lost (its status write conflicted): take it up again, timed
 		// from the new pod's creation, so that a pod that never becomes Ready still stalls the rollout.
-		ro.PodInFlight, ro.PodRestartedAt = p.Name, statustime.At(p.CreationTimestamp.Time)
+		ro.PodInFlight, ro.PodRestartedAt = p.Name, status.At(p.CreationTimestamp.Time)
 	}
 	if ro.PodInFlight != "" {
 		if settled, wait, err := r.podSettled(ctx, s, pods, ro); !settled || err != nil {
@@ -250,7 +249,7 @@ func (r *Engine) rollPods(ctx context.Context, s *step, pods []*corev1.Pod, ro *
 	if err := r.Client.Delete(ctx, next, client.Preconditions{UID: &next.UID}); client.IgnoreNotFound(err) != nil {
 		return false, 0, fmt.Errorf("restarting pod %s: %w", next.Name, err)
 	}
-	ro.PodInFlight, ro.PodRestartedAt = next.Name, statustime.At(r.Clock.Now())
+	ro.PodInFlight, ro.PodRestartedAt = next.Name, status.At(r.Clock.Now())
 	s.conds.Event(false, v1beta1.EventPodRestarted, "Rollout", "Restarted pod %s (%s)", next.Name, s.why(ro))
 	log.FromContext(ctx).Info("Pod restarted", "pod", next.Name, "version", ro.TargetVersion, "cause", ro.Cause)
 	stoppoint.Reached(stoppoint.MidRollout, s.rc.Namespace)
@@ -296,7 +295,7 @@ func (r *Engine) podSettled(ctx context.Context, s *step, pods []*corev1.Pod, ro
 		}
 		return true, 0, nil
 	}
-	deadline := statustime.Of(ro.PodRestartedAt).Add(readinessTimeout(s.rc))
+	deadline := status.Of(ro.PodRestartedAt).Add(readinessTimeout(s.rc))
 	if left := deadline.Sub(r.Clock.Now()); left > 0 {
 		return false, min(left, time.Second), nil // the replica's sync is not watched: look again soon
 	}

@@ -10,8 +10,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/keyroll/keyroll/apis/v1beta1"
-	"github.com/keyroll/keyroll/controllers/conditions"
 	"github.com/keyroll/keyroll/controllers/connection"
+	"github.com/keyroll/keyroll/controllers/status"
 	"github.com/keyroll/keyroll/vault"
 )
 
@@ -46,7 +46,7 @@ func (r *Reconciler) observeNamespaces(ctx context.Context, vc *v1beta1.VaultCon
 	vc.Status.Tokens = statuses[:min(len(statuses), 64)]
 	vc.Status.TokenExpiresAt = nil
 	r.Metrics.SetTokens(vc.Name, len(held))
-	conds := conditions.Setter{Obj: vc, Conditions: &vc.Status.Conditions, Recorder: r.Recorder}
+	conds := status.Setter{Obj: vc, Conditions: &vc.Status.Conditions, Recorder: r.Recorder}
 	if len(failed) > 0 {
 		msg := fmt.Sprintf("identity Namespace: the tokens of %d namespace(s) could not be kept: %s", len(failed), listSome(failed, 5))
 		if conds.Set(v1beta1.ConditionDegraded, metav1.ConditionTrue, v1beta1.ReasonNamespaceLoginFailed, msg) {

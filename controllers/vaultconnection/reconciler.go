@@ -23,10 +23,9 @@ import (
 
 	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/controllers/apply"
-	"github.com/keyroll/keyroll/controllers/conditions"
 	"github.com/keyroll/keyroll/controllers/connection"
 	"github.com/keyroll/keyroll/controllers/metrics"
-	"github.com/keyroll/keyroll/controllers/statustime"
+	"github.com/keyroll/keyroll/controllers/status"
 	"github.com/keyroll/keyroll/vault"
 )
 
@@ -128,7 +127,7 @@ func (r *Reconciler) users(ctx context.Context, vc *v1beta1.VaultConnection) ([]
 				continue
 			}
 			needs.leases[l.TokenAccessor]++
-			if exp := statustime.Of(l.ExpiresAt); exp.After(needs.until[l.TokenAccessor]) {
+			if exp := status.Of(l.ExpiresAt); exp.After(needs.until[l.TokenAccessor]) {
 				needs.until[l.TokenAccessor] = exp
 			}
 			if needs.byNamespace[rc.Namespace] == nil {
@@ -144,7 +143,7 @@ func (r *Reconciler) users(ctx context.Context, vc *v1beta1.VaultConnection) ([]
 // check reads Vault's health, keeps the tokens alive (logging in when there is no valid one) and
 // sets the status.
 func (r *Reconciler) check(ctx context.Context, vc *v1beta1.VaultConnection, needs tokenNeeds) (ctrl.Result, error) {
-	conds := conditions.Setter{Obj: vc, Conditions: &vc.Status.Conditions, Recorder: r.Recorder}
+	conds := status.Setter{Obj: vc, Conditions: &vc.Status.Conditions, Recorder: r.Recorder}
 	now := metav1.NewTime(r.Clock.Now())
 	vc.Status.LastCheckedAt = &now
 	err := r.Connector.CheckSettings(ctx, vc)
@@ -213,7 +212,7 @@ func (r *Reconciler) observe(ctx context.Context, vc *v1beta1.VaultConnection, v
 	r.Metrics.SetTokens(vc.Name, len(held))
 	ti := vcl.TokenInfo()
 	r.Metrics.SetTokenExpiry(vc.Name, ti.ExpiresAt)
-	vc.Status.TokenExpiresAt = statustime.At(ti.ExpiresAt)
+	vc.Status.TokenExpiresAt = status.At(ti.ExpiresAt)
 	return held, err
 }
 
@@ -226,7 +225,7 @@ func tokenStatuses(held []vault.TokenStatus, needs tokenNeeds) []v1beta1.TokenSt
 	for _, t := range held[:min(len(held), 64)] {
 		out = append(out, v1beta1.TokenStatus{
 			Accessor: t.Accessor, Current: t.Current, Leases: needs.leases[t.Accessor],
-			ExpiresAt: statustime.At(t.ExpiresAt), EndsAt: statustime.At(t.EndsAt),
+			ExpiresAt: status.At(t.ExpiresAt), EndsAt: status.At(t.EndsAt),
 		})
 	}
 	return out
@@ -235,7 +234,7 @@ func tokenStatuses(held []vault.TokenStatus, needs tokenNeeds) []v1beta1.TokenSt
 // reportTokenLifetime sets Degraded when the connection's tokens end (their max TTL) before the
 // leases they created: Vault would revoke those leases with them, so keyroll rotates the
 // credentials early, once per token lifetime. It names the auth role setting to change.
-func (r *Reconciler) reportTokenLifetime(vc *v1beta1.VaultConnection, conds conditions.Setter, ti vault.TokenInfo, held []vault.TokenStatus, needs tokenNeeds) {
+func (r *Reconciler) reportTokenLifetime(vc *v1beta1.VaultConnection, conds status.Setter, ti vault.TokenInfo, held []vault.TokenStatus, needs tokenNeeds) {
 	var short *vault.TokenStatus
 	for i, t := range held {
 		if !t.EndsAt.IsZero() && needs.until[t.Accessor].After(t.EndsAt) {
@@ -304,7 +303,7 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, vc *v1beta1.VaultConne
 	if !controllerutil.ContainsFinalizer(vc, v1beta1.ConnectionFinalizer) {
 		return res, nil
 	}
-	conds := conditions.Setter{Obj: vc, Conditions: &vc.Status.Conditions, Recorder: r.Recorder}
+	conds := status.Setter{Obj: vc, Conditions: &vc.Status.Conditions, Recorder: r.Recorder}
 	if len(users) > 0 {
 		msg := fmt.Sprintf("VaultConnection is used by %d RedisCluster(s) (%s): it is deleted once none uses it or holds a lease obtained through it",
 			len(users), listSome(users, 10))

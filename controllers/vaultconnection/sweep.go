@@ -15,8 +15,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/keyroll/keyroll/apis/v1beta1"
-	"github.com/keyroll/keyroll/controllers/conditions"
 	"github.com/keyroll/keyroll/controllers/connection"
+	"github.com/keyroll/keyroll/controllers/status"
 	"github.com/keyroll/keyroll/vault"
 )
 
@@ -110,7 +110,7 @@ func (r *Reconciler) sweepOrphans(ctx context.Context, vc *v1beta1.VaultConnecti
 	st.Orphans = orphans[:min(len(orphans), maxListedOrphans)]
 	st.Error = ""
 	r.Metrics.SetOrphanLeases(vc.Name, len(orphans))
-	conds := conditions.Setter{Obj: vc, Conditions: &vc.Status.Conditions, Recorder: r.Recorder}
+	conds := status.Setter{Obj: vc, Conditions: &vc.Status.Conditions, Recorder: r.Recorder}
 	if sweepErr != nil {
 		st.Error = sweepError(sweepErr)
 		if st.Error != prevError {
@@ -180,7 +180,7 @@ func (r *Reconciler) revokeOrphans(ctx context.Context, vc *v1beta1.VaultConnect
 	if err != nil {
 		return orphans, err
 	}
-	conds := conditions.Setter{Obj: vc, Conditions: &vc.Status.Conditions, Recorder: r.Recorder}
+	conds := status.Setter{Obj: vc, Conditions: &vc.Status.Conditions, Recorder: r.Recorder}
 	var left, done []string
 	for _, id := range orphans {
 		if known[id] {

@@ -1,5 +1,4 @@
-// Package statustime converts times for keyroll's status fields.
-package statustime
+package status
 
 import (
 	"time"
