@@ -64,7 +64,9 @@ func (t *nodeTLS) For(rc *v1beta1.RedisCluster) *tls.Config {
 	if c := t.m[client.ObjectKeyFromObject(rc)]; c != nil {
 		return c
 	}
-	return render.ClientTLS(rc, nil) // nil: trusts nothing
+	// An empty pool: every handshake fails before a byte of a login is sent (a nil configuration
+	// would have the client log in in clear).
+	return &tls.Config{RootCAs: x509.NewCertPool(), ServerName: render.TLSServerName(rc), MinVersion: tls.VersionTLS12}
 }
 
 // Forget drops what is kept of a deleted cluster.

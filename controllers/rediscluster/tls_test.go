@@ -299,3 +299,20 @@ func TestOwnCertificateIsRenewedAndItsCAReplacedWithoutAGap(t *testing.T) {
 		t.Errorf("after the old CA's end: %d CAs, want the new one alone", len(cas5))
 	}
 }
+
+// A TLS cluster whose CA keyroll has not read (after a restart, or with an unusable copy) is
+// dialled with TLS that trusts nothing, never in clear: a login would cross the network first.
+func TestTLSClusterIsNeverDialledInClear(t *testing.T) {
+	var n nodeTLS
+	if c := n.For(cluster()); c != nil {
+		t.Errorf("a cluster without TLS gets %+v", c)
+	}
+	c := n.For(cluster(withTLS))
+	if c == nil || c.RootCAs == nil || !c.RootCAs.Equal(x509.NewCertPool()) {
+		t.Fatalf("a TLS cluster whose CA is not known gets %+v; want TLS with an empty pool", c)
+	}
+	n.set(client.ObjectKeyFromObject(cluster(withTLS)), nil)
+	if c := n.For(cluster(withTLS)); c == nil {
+		t.Fatal("a TLS cluster whose copy holds no usable CA is dialled in clear")
+	}
+}
