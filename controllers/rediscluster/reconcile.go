@@ -100,10 +100,8 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, s *credential.Cluster)
 	if in == nil || err != nil {
 		return result(waitForConnection, err)
 	}
-	var tlsReady bool
-	var tlsWait time.Duration
-	if in.ca, tlsReady, tlsWait, err = r.reconcileTLS(ctx, s); !tlsReady || err != nil {
-		return result(tlsWait, err)
+	if ok, wait, err := r.reconcileTLS(ctx, s, in); !ok || err != nil {
+		return result(wait, err)
 	}
 	d, err := r.credentialAndObjects(ctx, s, in)
 	if err == nil && d.cred == nil && d.pc != nil && credential.CutOff(rc) {
@@ -155,7 +153,7 @@ func (r *Reconciler) credentialAndObjects(ctx context.Context, s *credential.Clu
 		log.FromContext(ctx).Info("Keeping the primary failed; trying again", "error", err.Error())
 		keepWait = status.Soonest(keepWait, 5*time.Second)
 	}
-	servedWait, err := r.certificateServed(ctx, s, in.Admin)
+	servedWait, err := r.certificateServed(ctx, s, in)
 	if err != nil {
 		log.FromContext(ctx).Info("Loading the renewed certificate failed; trying again", "error", err.Error())
 		servedWait = 5 * time.Second

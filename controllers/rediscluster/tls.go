@@ -85,49 +85,45 @@ func (t *nodeTLS) set(key types.NamespacedName, c *tls.Config) {
 	t.m[key] = c
 }
 
-// reconcileTLS checks the owner's certificate and copies it into <name>-tls. It returns the CA
-// bundle the cluster's clients check the nodes against (nil without TLS), and false while the
-// cluster has no usable certificate at all (its pods could not start), with when to look again. A
-// certificate that stops being usable leaves the copy as it was: the nodes serve the last good one.
-func (r *deps) reconcileTLS(ctx context.Context, s *credential.Cluster) (ca []byte, ok bool, wait time.Duration, err error) {
+// reconcileTLS keeps the cluster's certificate in <name>-tls (keyroll's own, or a checked copy of
+// the owner's) and puts its CA bundle in in.ca. It returns false while the cluster has no usable
+// certificate at all (its pods could not start), with when to look again. An owner's certificate
+// that stops being usable leaves the copy as it was (in.tlsProblem): the nodes serve the last good
+// one, and TLSReady says what is wrong.
+func (r *deps) reconcileTLS(ctx context.Context, s *credential.Cluster, in *internal) (ok bool, wait time.Duration, err error) {
 	rc := s.RC
+	key := client.ObjectKeyFromObject(rc)
 	if !render.TLSEnabled(rc) {
-		r.tls.set(client.ObjectKeyFromObject(rc), nil)
-		return nil, true, 0, nil
+		r.tls.set(key, nil)
+		return true, 0, nil
 	}
 	copied, err := r.ownedSecret(ctx, rc, render.TLSSecretName(rc))
 	if err != nil {
-		return nil, false, 0, err
+		return false, 0, err
 	}
+	desired, problem := copied, ""
 	if render.OwnCertificate(rc) {
-		desired, err := r.ownCertificate(ctx, s, copied)
-		if err != nil {
-			return nil, false, 0, err
-		}
-		ca = desired.Data[render.CAKey]
-		r.tls.set(client.ObjectKeyFromObject(rc), render.NodeClientTLS(rc, desired.Data))
-		return ca, true, 0, nil
+		desired, err = r.ownCertificate(ctx, s, copied)
+	} else {
+		desired, problem, err = r.ownersCertificate(ctx, rc)
 	}
-	desired, problem, err := r.ownersCertificate(ctx, rc)
 	if err != nil {
-		return nil, false, 0, err
+		return false, 0, err
 	}
-	if problem != "" {
+	if in.tlsProblem = problem != ""; in.tlsProblem {
 		if s.Conds.Set(v1beta1.ConditionTLSReady, metav1.ConditionFalse, v1beta1.ReasonInvalidCertificate, problem) {
 			s.Conds.Announce(true, v1beta1.ReasonInvalidCertificate, "CheckCertificate", "%s", problem)
 		}
 		if copied.Name == "" {
-			return nil, false, certificateWait, nil
+			return false, certificateWait, nil
 		}
-		r.tls.set(client.ObjectKeyFromObject(rc), render.NodeClientTLS(rc, copied.Data))
-		return copied.Data[render.CAKey], true, certificateWait, nil
+		desired = copied
+	} else if err := apply.Owned(ctx, r.Client, r.APIReader, rc, desired); err != nil {
+		return false, 0, err
 	}
-	if err := apply.Owned(ctx, r.Client, r.APIReader, rc, desired); err != nil {
-		return nil, false, 0, err
-	}
-	ca = desired.Data[render.CAKey]
-	r.tls.set(client.ObjectKeyFromObject(rc), render.NodeClientTLS(rc, desired.Data))
-	return ca, true, 0, nil
+	in.ca = desired.Data[render.CAKey]
+	r.tls.set(key, render.NodeClientTLS(rc, desired.Data))
+	return true, 0, nil
 }
 
 // ownPolicy is how keyroll keeps a cluster's own CA and certificate: a CA of a year, replaced at
@@ -140,8 +136,8 @@ func ownPolicy(rc *v1beta1.RedisCluster) certs.Policy {
 }
 
 // ownCertificate keeps the cluster's own CA (<name>-tls-ca) and the nodes' certificate it signs,
-// and returns keyroll's copy for the pods (<name>-tls), written after the CA. A new CA or
-// certificate is announced in an event (serials and dates only).
+// and returns the Secret for the pods (<name>-tls), which the caller writes after the CA's. A new
+// CA or certificate is announced in an event (serials and dates only).
 func (r *deps) ownCertificate(ctx context.Context, s *credential.Cluster, copied *corev1.Secret) (*corev1.Secret, error) {
 	rc := s.RC
 	caSec, err := r.ownedSecret(ctx, rc, render.TLSCASecretName(rc))
@@ -158,9 +154,6 @@ func (r *deps) ownCertificate(ctx context.Context, s *credential.Cluster, copied
 		return nil, err
 	}
 	desired := render.TLSSecret(rc, out[certs.KeyCert], out[certs.KeyKey], out[certs.KeyCABundle])
-	if err := apply.Owned(ctx, r.Client, r.APIReader, rc, desired); err != nil {
-		return nil, err
-	}
 	if made.CA {
 		cas, _ := certs.ParseBundle(out[certs.KeyCABundle])
 		s.Conds.Event(false, v1beta1.ReasonCertificateIssued, "IssueCertificate", "Made the cluster's CA %x, valid until %s (in ca.crt of the consumers' Secret from now on)", cas[0].SerialNumber, cas[0].NotAfter.UTC().Format(time.RFC3339))
@@ -199,7 +192,8 @@ func (r *deps) ownersCertificate(ctx context.Context, rc *v1beta1.RedisCluster) 
 // certificateServed makes every running node of the cluster serve the certificate of <name>-tls:
 // a node that serves another one is told to read its files again (the kubelet may not have put the
 // new ones in its pod yet: then it is asked again a little later). TLSReady says how far it is.
-func (r *deps) certificateServed(ctx context.Context, s *credential.Cluster, admin string) (time.Duration, error) {
+func (r *deps) certificateServed(ctx context.Context, s *credential.Cluster, in *internal) (time.Duration, error) {
+	admin := in.Admin
 	rc := s.RC
 	if !render.TLSEnabled(rc) {
 		return 0, nil
@@ -239,14 +233,17 @@ func (r *deps) certificateServed(ctx context.Context, s *credential.Cluster, adm
 		}
 		s.Conds.EventAbout(p, false, v1beta1.ReasonCertificateServed, "ReloadCertificate", "Pod %s serves certificate %x (until %s), without a restart", p.Name, want.SerialNumber, want.NotAfter.UTC().Format(time.RFC3339))
 	}
-	if len(pending) > 0 {
+	switch {
+	case in.tlsProblem: // TLSReady says what is wrong with the owner's certificate
+	case len(pending) > 0:
 		s.Conds.Set(v1beta1.ConditionTLSReady, metav1.ConditionFalse, v1beta1.ReasonCertificatePending,
 			fmt.Sprintf("certificate %x is written; pods %v do not serve it yet (the kubelet puts Secret changes in pods within a minute or two)", want.SerialNumber, pending))
-		return servedWait, nil
-	}
-	if s.Conds.Set(v1beta1.ConditionTLSReady, metav1.ConditionTrue, v1beta1.ReasonCertificateServed,
-		fmt.Sprintf("every running node serves certificate %x, valid until %s", want.SerialNumber, want.NotAfter.UTC().Format(time.RFC3339))) {
+	case s.Conds.Set(v1beta1.ConditionTLSReady, metav1.ConditionTrue, v1beta1.ReasonCertificateServed,
+		fmt.Sprintf("every running node serves certificate %x, valid until %s", want.SerialNumber, want.NotAfter.UTC().Format(time.RFC3339))):
 		s.Conds.Announce(false, v1beta1.ReasonCertificateServed, "ReloadCertificate", "Every running node serves certificate %x", want.SerialNumber)
+	}
+	if len(pending) > 0 {
+		return servedWait, nil
 	}
 	if render.OwnCertificate(rc) {
 		return ownCheck, nil

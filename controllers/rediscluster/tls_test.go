@@ -316,3 +316,56 @@ func TestTLSClusterIsNeverDialledInClear(t *testing.T) {
 		t.Fatal("a TLS cluster whose copy holds no usable CA is dialled in clear")
 	}
 }
+
+// An owner's certificate that stops being usable after a good one: TLSReady turns False
+// (InvalidCertificate) and stays so over later reconciles, with one Warning, while the nodes keep
+// serving the last good copy; it does not turn True again because the nodes serve that copy. Once
+// the Secret is good again, TLSReady is True.
+func TestUnusableOwnersCertificateStaysReported(t *testing.T) {
+	rc := cluster(withTLS)
+	ca, err := testground.NewTestCA("test CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sec, first := ownersSecret(t, ca, rc)
+	h := newHarness(t, rc, sec)
+	h.clock.SetTime(time.Now())
+	h.servedBy(t, first)
+	h.settle(t)
+	h.eventReasons()
+	other, err := testground.NewTestCA("another CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.k8s.Get(context.Background(), client.ObjectKeyFromObject(sec), sec); err != nil {
+		t.Fatal(err)
+	}
+	good := sec.DeepCopy()
+	sec.Data[render.CAKey] = other.PEM
+	if err := h.k8s.Update(context.Background(), sec); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		h.reconcile(t)
+		if c := condition(h.get(t), v1beta1.ConditionTLSReady); c == nil || c.Reason != v1beta1.ReasonInvalidCertificate {
+			t.Fatalf("TLSReady %+v while the owner's certificate is unusable", c)
+		}
+	}
+	if got := strings.Join(h.eventReasons(), " "); strings.Count(got, v1beta1.ReasonInvalidCertificate) != 1 || strings.Contains(got, v1beta1.ReasonCertificateServed) {
+		t.Errorf("events %q: want one InvalidCertificate and no CertificateServed", got)
+	}
+	copied := &corev1.Secret{}
+	if err := h.k8s.Get(context.Background(), client.ObjectKey{Namespace: "shop", Name: render.TLSSecretName(rc)}, copied); err != nil || string(copied.Data[render.CAKey]) != string(ca.PEM) {
+		t.Fatalf("the pods' copy changed to an unusable certificate (%v)", err)
+	}
+	if err := h.k8s.Get(context.Background(), client.ObjectKeyFromObject(sec), sec); err != nil {
+		t.Fatal(err)
+	}
+	sec.Data = good.Data
+	if err := h.k8s.Update(context.Background(), sec); err != nil {
+		t.Fatal(err)
+	}
+	if c := condition(h.settle(t), v1beta1.ConditionTLSReady); c == nil || c.Status != metav1.ConditionTrue {
+		t.Errorf("TLSReady %+v once the owner's Secret is good again", c)
+	}
+}

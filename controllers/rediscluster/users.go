@@ -67,8 +67,11 @@ type internal struct {
 	acl, state *corev1.Secret
 	// adminUnsaved says that the admin password was generated and is not in the state Secret yet.
 	adminUnsaved bool
-	// ca is the CA bundle of a TLS cluster's certificate, which the consumers' Secret carries.
-	ca []byte
+	// ca is the CA bundle of a TLS cluster's certificate, which the consumers' Secret carries;
+	// tlsProblem says that the owner's certificate cannot be used (TLSReady says why), and the
+	// nodes serve the last good one.
+	ca         []byte
+	tlsProblem bool
 }
 
 // internalUsers reads the passwords of keyroll's own users, generating those that do not exist
