@@ -122,6 +122,7 @@ func (r *deps) reconcileTLS(ctx context.Context, s *credential.Cluster, in *inte
 		return false, 0, err
 	}
 	in.ca = desired.Data[render.CAKey]
+	_, in.tlsLeaf, _ = certs.ServingCertificate(desired.Data[render.TLSCertKey], desired.Data[render.TLSKeyKey])
 	r.tls.set(key, render.NodeClientTLS(rc, desired.Data))
 	return true, 0, nil
 }
@@ -189,22 +190,14 @@ func (r *deps) ownersCertificate(ctx context.Context, rc *v1beta1.RedisCluster) 
 	return render.TLSSecret(rc, cert, key, ca), "", nil
 }
 
-// certificateServed makes every running node of the cluster serve the certificate of <name>-tls:
-// a node that serves another one is told to read its files again (the kubelet may not have put the
-// new ones in its pod yet: then it is asked again a little later). TLSReady says how far it is.
+// certificateServed makes every running node of the cluster serve the certificate of <name>-tls
+// (in.tlsLeaf, as reconcileTLS left it): a node that serves another one is told to read its files
+// again (the kubelet may not have put the new ones in its pod yet: then it is asked again a little
+// later). TLSReady says how far it is.
 func (r *deps) certificateServed(ctx context.Context, s *credential.Cluster, in *internal) (time.Duration, error) {
-	admin := in.Admin
-	rc := s.RC
-	if !render.TLSEnabled(rc) {
-		return 0, nil
-	}
-	copied, err := r.ownedSecret(ctx, rc, render.TLSSecretName(rc))
-	if err != nil || copied.Name == "" {
-		return 0, err
-	}
-	want, err := render.CheckCertificate(rc, copied.Data[render.TLSCertKey], copied.Data[render.TLSKeyKey], copied.Data[render.CAKey], r.Clock.Now())
-	if err != nil {
-		return 0, fmt.Errorf("keyroll's copy of the certificate, Secret %s: %w", copied.Name, err)
+	admin, rc, want := in.Admin, s.RC, in.tlsLeaf
+	if want == nil {
+		return 0, nil // no TLS, or a copy that holds no certificate
 	}
 	m, err := listMembers(ctx, r.Client, rc)
 	if err != nil {

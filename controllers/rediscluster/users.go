@@ -2,6 +2,7 @@ package rediscluster
 
 import (
 	"context"
+	"crypto/x509"
 	"fmt"
 	"time"
 
@@ -72,6 +73,8 @@ type internal struct {
 	// nodes serve the last good one.
 	ca         []byte
 	tlsProblem bool
+	// tlsLeaf is the certificate of <name>-tls, which every node is to serve (nil without TLS).
+	tlsLeaf *x509.Certificate
 }
 
 // internalUsers reads the passwords of keyroll's own users, generating those that do not exist
