@@ -79,7 +79,11 @@ func ClientAuthRequired(rc *v1beta1.RedisCluster) bool {
 
 // tlsFiles are the certificate settings as redis.conf and CONFIG SET name them.
 func tlsFiles() string {
-	return fmt.Sprintf("tls-cert-file %[1]s/%[2]s\ntls-key-file %[1]s/%[3]s\ntls-ca-cert-file %[1]s/%[4]s", tlsMountDir, TLSCertKey, TLSKeyKey, CAKey)
+	var lines []string
+	for a := TLSReloadArgs(); len(a) >= 2; a = a[2:] {
+		lines = append(lines, a[0]+" "+a[1])
+	}
+	return strings.Join(lines, "\n")
 }
 
 // TLSReloadArgs are the arguments of CONFIG SET that make a node read its certificate files again
