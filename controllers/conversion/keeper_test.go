@@ -285,16 +285,7 @@ func TestOLMMountsTheCertificate(t *testing.T) {
 		t.Fatal(err)
 	}
 	for round := range 2 { // mounted, then renewed by OLM
-		certPEM, keyPEM, err := ca.Sign(h.clock.Now(), time.Hour, []string{"keyroll-manager-service.operators.svc"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(dir, KeyCert), certPEM, 0o600); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(dir, KeyKey), keyPEM, 0o600); err != nil {
-			t.Fatal(err)
-		}
+		certPEM, keyPEM := mount(t, dir, ca, h.clock.Now())
 		if err := h.k.keep(ctx); err != nil {
 			t.Fatalf("round %d: %v", round, err)
 		}
@@ -339,16 +330,7 @@ func TestStartWaitsForTheMountedCertificate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	certPEM, keyPEM, err := ca.Sign(h.clock.Now(), time.Hour, []string{"keyroll-manager-service.operators.svc"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, KeyCert), certPEM, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, KeyKey), keyPEM, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	mount(t, dir, ca, h.clock.Now())
 	h.clock.Step(2 * time.Second)
 	if err := <-done; err != nil || h.w.Serving() == nil {
 		t.Fatalf("after the files came: %v, serving %v", err, h.w.Serving())
@@ -366,4 +348,20 @@ func TestStartWaitsForTheMountedCertificate(t *testing.T) {
 	if err := <-done; !errors.Is(err, errNoSecretYet) {
 		t.Fatalf("no files after the wait: %v, want errNoSecretYet", err)
 	}
+}
+
+// mount writes a serving certificate of ca and its key into dir, as OLM mounts them, and returns
+// both.
+func mount(t *testing.T, dir string, ca *certs.Authority, now time.Time) (certPEM, keyPEM []byte) {
+	t.Helper()
+	certPEM, keyPEM, err := ca.Sign(now, time.Hour, []string{"keyroll-manager-service.operators.svc"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, b := range map[string][]byte{KeyCert: certPEM, KeyKey: keyPEM} {
+		if err := os.WriteFile(filepath.Join(dir, name), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return certPEM, keyPEM
 }
