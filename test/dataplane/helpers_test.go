@@ -2,6 +2,7 @@ package dataplane
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"testing"
 	"time"
@@ -50,8 +51,11 @@ func rotated(t testing.TB, rc *v1beta1.RedisCluster, from string) string {
 
 // accepts says whether the node at addr lets user log in with pass (one node, at once: the tests
 // time when each node starts or stops accepting a user; fw.OnEveryPod checks all of a cluster's).
-func accepts(addr, user, pass string) bool {
-	n := redisnode.New(addr, user, pass, nil)
+func accepts(addr, user, pass string) bool { return acceptsTLS(addr, nil, user, pass) }
+
+// acceptsTLS says whether the node at addr lets user log in with pass, over TLS when conf is set.
+func acceptsTLS(addr string, conf *tls.Config, user, pass string) bool {
+	n := redisnode.New(addr, user, pass, conf)
 	defer n.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()

@@ -3,7 +3,6 @@ package dataplane
 import (
 	"bufio"
 	"context"
-	"crypto/tls"
 	"fmt"
 	"math/big"
 	"net"
@@ -297,16 +296,6 @@ func withCertificate(secret string) framework.ClusterOption {
 	return func(rc *v1beta1.RedisCluster) {
 		rc.Spec.TLS = &v1beta1.TLSSpec{CertificateSecretRef: &v1beta1.LocalSecretReference{Name: secret}}
 	}
-}
-
-// acceptsTLS says whether the TLS node at addr lets user log in with pass.
-func acceptsTLS(addr string, conf *tls.Config, user, pass string) bool {
-	n := redisnode.New(addr, user, pass, conf)
-	defer n.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	ok, err := n.Accepts(ctx, user, pass)
-	return err == nil && ok
 }
 
 // TestVaultPluginOverTLS: Vault's database engine, pointed at a TLS cluster's client Service by
