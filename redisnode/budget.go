@@ -41,7 +41,8 @@ func bounded(ctx context.Context) (context.Context, context.CancelFunc, error) {
 	return ctx, cancel, nil
 }
 
-// budgetHook applies the budget to every dial and command of a client.
+// budgetHook applies the budget to every dial and command of a client, and MaxReply to every
+// reply read on the connections it dials.
 type budgetHook struct{}
 
 func (budgetHook) DialHook(next redis.DialHook) redis.DialHook {
@@ -51,7 +52,11 @@ func (budgetHook) DialHook(next redis.DialHook) redis.DialHook {
 			return nil, err
 		}
 		defer cancel()
-		return next(ctx, network, addr)
+		c, err := next(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return bound(c, MaxReply), nil
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"slices"
@@ -234,5 +235,36 @@ func TestParseClientList(t *testing.T) {
 	want := []redisnode.Conn{{User: "app-1", Addr: "10.0.0.7:51234"}, {User: "keyroll-replication", Addr: "10.0.0.8:40000"}}
 	if !slices.Equal(got, want) {
 		t.Errorf("ParseClientList: %+v, want %+v", got, want)
+	}
+}
+
+// A client may name its connection with any number of bytes (CLIENT SETNAME, which the
+// application user may run), and CLIENT LIST repeats every name: keyroll reads such a reply only
+// up to its bound, refuses it with ErrReplyTooLarge, and the node and the next exchange are fine.
+func TestHugeClientNamesAreRefusedNotRead(t *testing.T) {
+	r, n := startRedis(t)
+	c := ctx(t)
+	if conns, err := n.Clients(c); err != nil || len(conns) == 0 {
+		t.Fatalf("CLIENT LIST before the names: %v, %v", conns, err)
+	}
+	name := strings.Repeat("n", 3<<20) // three of them are over the bound
+	for i := range 3 {
+		a := redis.NewClient(&redis.Options{Addr: r.Addr(), Username: r.AdminUser, Password: r.AdminPassword,
+			Protocol: 2, DisableIdentity: true, PoolSize: 1, MaxRetries: -1})
+		t.Cleanup(func() { _ = a.Close() })
+		if err := a.Do(c, "CLIENT", "SETNAME", name+fmt.Sprint(i)).Err(); err != nil {
+			t.Fatalf("CLIENT SETNAME of 3 MiB: %v", err)
+		}
+	}
+	start := time.Now()
+	_, err := n.Clients(c)
+	if !errors.Is(err, redisnode.ErrReplyTooLarge) {
+		t.Fatalf("CLIENT LIST with 9 MiB of names: %v, want ErrReplyTooLarge", err)
+	}
+	if d := time.Since(start); d > redisnode.Timeout {
+		t.Errorf("refused after %s", d)
+	}
+	if _, err := n.ACLList(c); err != nil {
+		t.Fatalf("the next exchange after a refused reply: %v", err)
 	}
 }
