@@ -10,11 +10,14 @@
 // A 503's body says why, in Redis's words; it never holds the password, which is read from its
 // file at each check.
 //
-// It holds under a flood of requests (any pod may reach it unless a NetworkPolicy keeps them
-// out): it listens on the pod's IP only (the address the kubelet probes), accepts a bounded number
-// of connections at once (the others wait in the kernel's accept queue), runs one Redis check of
-// each kind at a time, whose verdict answers every request for a second, and gives each request a
-// deadline.
+// It holds under a flood of connections (any pod may reach it unless a NetworkPolicy keeps them
+// out), and the kubelet's probes do not wait behind it: it listens on the pod's IP only (the
+// address the kubelet probes), accepts every connection at once and closes at once each one over
+// its caps (a few open at once from one remote address, a few hundred in all), so that a flood from
+// one address uses up that address's slots only and the kubelet, probing from the node's address,
+// never queues behind it. A connection that is slow to send its request is closed within seconds;
+// one Redis check of each kind runs at a time, whose verdict answers every request for a second;
+// each request has a deadline.
 package main
 
 import (
@@ -35,7 +38,6 @@ import (
 	"syscall"
 	"time"
 
-	"golang.org/x/net/netutil"
 	"golang.org/x/sync/singleflight"
 
 	"github.com/keyroll/keyroll/redisnode"
@@ -45,7 +47,8 @@ func main() {
 	var (
 		listenIP = flag.String("listen-ip", "", "IP address the /ready and /live endpoints bind to: the pod's IP, which the kubelet probes; empty: every address.")
 		port     = flag.Int("port", 8081, "Port of the /ready and /live endpoints.")
-		maxConns = flag.Int("max-connections", 32, "How many connections are served at once; more wait to be accepted.")
+		maxConns = flag.Int("max-connections", 256, "How many connections are served at once, from all addresses; one more is closed at once.")
+		perSrc   = flag.Int("max-connections-per-source", 4, "How many connections from one remote address are served at once; one more is closed at once. The kubelet probes from the node's address.")
 		redis    = flag.String("redis-address", "127.0.0.1:6379", "The Redis node to probe.")
 		user     = flag.String("user", "keyroll-probe", "The ACL user the probes authenticate as.")
 		passFile = flag.String("password-file", "/etc/keyroll/acl/probe-password", "File holding the user's password, read at each check.")
@@ -62,20 +65,19 @@ func main() {
 		ready: redisnode.Ready, live: redisnode.Alive}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	if err := serve(ctx, net.JoinHostPort(*listenIP, strconv.Itoa(*port)), *maxConns, p); err != nil {
+	l, err := net.Listen("tcp", net.JoinHostPort(*listenIP, strconv.Itoa(*port)))
+	if err == nil {
+		err = serve(ctx, admit(l, *maxConns, *perSrc, log), p)
+	}
+	if err != nil {
 		log.Error("Serving probes", "error", err)
 		os.Exit(1)
 	}
 }
 
-// serve answers on addr, at most maxConns connections at once, until ctx ends.
-func serve(ctx context.Context, addr string, maxConns int, p *prober) error {
-	l, err := net.Listen("tcp", addr)
-	if err != nil {
-		return err
-	}
+// serve answers on l until ctx ends.
+func serve(ctx context.Context, l net.Listener, p *prober) error {
 	srv := p.server()
-	l = netutil.LimitListener(l, maxConns)
 	go func() {
 		<-ctx.Done()
 		shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)

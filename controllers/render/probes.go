@@ -32,8 +32,9 @@ func httpProbe(path string, period, failures int32) *corev1.Probe {
 // probeContainer is the probe sidecar (cmd/keyroll-probe, in the manager's image): it answers the
 // Redis container's probes from Redis's own answers to the probe user, over the pod's loopback
 // (readiness: loaded, and a replica linked and synced; liveness: any answer), one check at a time
-// and at most 32 connections at once, so that a flood of requests cannot take it past its memory
-// limit (which would restart the pod's Redis with it). A sidecar in the
+// and at most 4 connections at once from each address, 256 in all, refusing the others at once:
+// a flood of requests from other pods neither takes it past its memory limit (which would restart
+// the pod's Redis with it) nor makes the kubelet's probes wait. A sidecar in the
 // Kubernetes sense (an init container that restarts always): it starts before Redis and stops
 // after it, so that it answers while Redis saves its data at a shutdown.
 // ProbeContainerName is the probe sidecar's name in the Redis pods.
