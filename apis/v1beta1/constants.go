@@ -62,6 +62,10 @@ const (
 	// LabelVaultConnection names the VaultConnection a token Secret belongs to.
 	LabelVaultConnection = "keyroll.dev/vault-connection"
 
+	// AnnotationVaultNamespaceIdentity on a token Secret names the namespace whose login's Vault
+	// tokens it holds (identity Namespace); empty: the VaultConnection's own tokens.
+	AnnotationVaultNamespaceIdentity = "keyroll.dev/vault-namespace-identity"
+
 	// LabelManagedBy marks the objects keyroll creates; the operator's Secret cache sees only these.
 	LabelManagedBy = "app.kubernetes.io/managed-by"
 

@@ -78,7 +78,7 @@ func TestNamespaceIdentityGivesEachNamespaceItsOwnLogin(t *testing.T) {
 	if tr := requestedTokens(c); len(tr) != 1 || tr[0] != "team-a/keyroll-vault" {
 		t.Errorf("tokens requested for %v, want team-a's keyroll-vault alone", tr)
 	}
-	if n := tokenSecretName("vault", "team-a"); n != "keyroll-tokens-vault.team-a" {
+	if n := TokenSecretName("vault", "team-a"); !strings.HasPrefix(n, "keyroll-tokens-vault.team-a-") {
 		t.Errorf("team-a's token Secret %q", n)
 	}
 

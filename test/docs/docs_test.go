@@ -24,6 +24,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/keyroll/keyroll/apis/v1beta1"
+	"github.com/keyroll/keyroll/controllers/connection"
 	"github.com/keyroll/keyroll/test/docblocks"
 	"github.com/keyroll/keyroll/test/framework"
 	"github.com/keyroll/keyroll/test/testground"
@@ -264,7 +265,7 @@ func checkTenancy(t *testing.T, ctx context.Context, f *framework.Framework, env
 func checkTokenKept(t *testing.T, ctx context.Context, f *framework.Framework, accessor string) {
 	t.Helper()
 	sec := &corev1.Secret{}
-	if err := f.Client.Get(ctx, client.ObjectKey{Namespace: f.OperatorNS, Name: "keyroll-tokens-vault"}, sec); err != nil {
+	if err := f.Client.Get(ctx, client.ObjectKey{Namespace: f.OperatorNS, Name: connection.TokenSecretName("vault", "")}, sec); err != nil {
 		t.Fatalf("the token Secret the guide describes: %v", err)
 	}
 	if _, ok := sec.Data[accessor]; !ok || accessor == "" {

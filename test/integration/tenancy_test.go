@@ -18,6 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/keyroll/keyroll/apis/v1beta1"
+	"github.com/keyroll/keyroll/controllers/connection"
 	"github.com/keyroll/keyroll/test/framework"
 )
 
@@ -146,7 +147,7 @@ func tenantsApart(t *testing.T, identity v1beta1.VaultIdentity, prefix string) {
 }
 
 // vaultDecides, with identity Namespace: a's credential came from a's own login, whose tokens are
-// kept apart from other namespaces' (keyroll-tokens-<connection>.<namespace>); after an operator
+// kept apart from other namespaces' (connection.TokenSecretName); after an operator
 // restart a rotation revokes the old lease through that login; and with keyroll's guard opened
 // wide (allowedPaths database/creds/*), Vault itself refuses a's login b's path.
 func vaultDecides(t *testing.T, a, conn string, rc *v1beta1.RedisCluster, prefix string) {
@@ -161,7 +162,7 @@ func vaultDecides(t *testing.T, a, conn string, rc *v1beta1.RedisCluster, prefix
 		t.Errorf("the operator's own login sent Vault %d request(s) for a's path:%s", len(es), describeRequests(es))
 	}
 	sec := &corev1.Secret{}
-	if err := fw.Client.Get(ctx, client.ObjectKey{Namespace: fw.OperatorNS, Name: "keyroll-tokens-" + conn + "." + a}, sec); err != nil {
+	if err := fw.Client.Get(ctx, client.ObjectKey{Namespace: fw.OperatorNS, Name: connection.TokenSecretName(conn, a)}, sec); err != nil {
 		t.Fatalf("a's token Secret: %v", err)
 	}
 	if _, ok := sec.Data[rc.Status.Credential.VaultLease.TokenAccessor]; !ok {

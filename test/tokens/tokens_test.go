@@ -26,6 +26,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/keyroll/keyroll/apis/v1beta1"
+	"github.com/keyroll/keyroll/controllers/connection"
 	"github.com/keyroll/keyroll/controllers/metrics"
 	"github.com/keyroll/keyroll/rotation"
 	"github.com/keyroll/keyroll/test/framework"
@@ -416,7 +417,7 @@ func TestVaultConnectionInUseIsNotDeleted(t *testing.T) {
 		}
 	}
 	framework.Eventually(t, 60*time.Second, func() string {
-		err := fw.Client.Get(ctx, client.ObjectKey{Namespace: fw.OperatorNS, Name: "keyroll-tokens-" + vc.Name}, &corev1.Secret{})
+		err := fw.Client.Get(ctx, client.ObjectKey{Namespace: fw.OperatorNS, Name: connection.TokenSecretName(vc.Name, "")}, &corev1.Secret{})
 		if !apierrors.IsNotFound(err) {
 			return fmt.Sprintf("token Secret still there (%v)", err)
 		}
@@ -575,7 +576,7 @@ func TestTokenSecretHoldsTokensOnlyInData(t *testing.T) {
 	rc := fw.RedisCluster(t, ns, "orders", conn, leasePath)
 	fw.WaitReady(t, rc, readyTimeout)
 	sec := &corev1.Secret{}
-	if err := fw.Client.Get(ctx, client.ObjectKey{Namespace: fw.OperatorNS, Name: "keyroll-tokens-" + conn}, sec); err != nil {
+	if err := fw.Client.Get(ctx, client.ObjectKey{Namespace: fw.OperatorNS, Name: connection.TokenSecretName(conn, "")}, sec); err != nil {
 		t.Fatal(err)
 	}
 	if len(sec.Data) == 0 {
