@@ -223,7 +223,10 @@ type OldUserClient struct {
 	User string `json:"user"`
 
 	// workload is what the client's pod belongs to (Deployment/api, CronJob/report, Pod/debug),
-	// with its namespace when it is not the cluster's; empty when the address is no pod's.
+	// of the cluster's namespace; "a client of another namespace" for a pod of another (which
+	// workload it is, is not this namespace's to know); empty when the address is no pod's; or
+	// "unknown: ..." when a Redis node's clients could not be read (its CLIENT LIST over
+	// keyroll's bound, or no answer), standing for whoever may be logged in there.
 	// +optional
 	// +kubebuilder:validation:MaxLength=512
 	Workload string `json:"workload,omitempty"`

@@ -327,12 +327,13 @@ type RolloutSpec struct {
 // credential that are not listed consumers.
 type UnlistedClientsSpec struct {
 	// action is Wait (the default): the user stays on every node, and its lease live, while such a
-	// client is logged in with it (at most until the lease can be renewed no longer); Proceed:
+	// client is logged in with it, for maxHold at most; Proceed:
 	// the retirement waits for grace, then the user leaves the nodes, which cuts those clients off,
 	// and an event says whom; or Restart: a client's Deployment, StatefulSet or DaemonSet in the
 	// cluster's namespace is restarted as a listed consumer is, one at a time, each only while
 	// the previous one is Ready (status.consumers lists it); any other client is reported and
-	// waited for, as with Wait.
+	// waited for, as with Wait. A user whose lease is gone from Vault (revoked outside keyroll,
+	// or ended) never waits for clients: it leaves the nodes once the rollout is done.
 	// +optional
 	// +kubebuilder:validation:Enum=Wait;Proceed;Restart
 	Action UnlistedClientsAction `json:"action,omitempty"`
@@ -343,6 +344,15 @@ type UnlistedClientsSpec struct {
 	// +kubebuilder:validation:XValidation:rule="self.matches('^(0|([0-9]+([.][0-9]*)?(ns|us|ms|s|m|h))+)$')",message="rollout.unlistedClients.grace must be a duration such as 30s, 10m or 1h"
 	// +kubebuilder:validation:XValidation:rule="!self.matches('^(0|([0-9]+([.][0-9]*)?(ns|us|ms|s|m|h))+)$') || duration(self) <= duration('24h')",message="rollout.unlistedClients.grace must be at most 24h"
 	Grace *metav1.Duration `json:"grace,omitempty"`
+
+	// maxHold is how long Wait and Restart keep a superseded user, and renew its lease, for
+	// clients that are not listed consumers, from when keyroll first saw them (default 6h); then
+	// the user is retired as Proceed retires it, cutting them off, and an event says whom. Each
+	// superseded user is held, and retired, on its own. Between 1m and 168h.
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]+([.][0-9]*)?(ns|us|ms|s|m|h))+$')",message="rollout.unlistedClients.maxHold must be a duration such as 30m or 6h"
+	// +kubebuilder:validation:XValidation:rule="!self.matches('^([0-9]+([.][0-9]*)?(ns|us|ms|s|m|h))+$') || (duration(self) >= duration('1m') && duration(self) <= duration('168h'))",message="rollout.unlistedClients.maxHold must be between 1m and 168h"
+	MaxHold *metav1.Duration `json:"maxHold,omitempty"`
 }
 
 // UnlistedClientsAction is what keyroll does about unlisted clients of a superseded credential.
@@ -357,6 +367,10 @@ const (
 
 // DefaultUnlistedClientsGrace is how long Proceed waits when rollout.unlistedClients.grace is not set.
 const DefaultUnlistedClientsGrace = 10 * time.Minute
+
+// DefaultUnlistedClientsMaxHold is how long Wait and Restart hold a superseded user for unlisted
+// clients when rollout.unlistedClients.maxHold is not set.
+const DefaultUnlistedClientsMaxHold = 6 * time.Hour
 
 // NetworkPolicySpec is the NetworkPolicy keyroll keeps for the Redis pods.
 type NetworkPolicySpec struct {

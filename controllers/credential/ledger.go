@@ -177,14 +177,14 @@ func Remove(leases []v1beta1.LeaseRecord, id string) []v1beta1.LeaseRecord {
 	return out
 }
 
-// RevokeSuperseded revokes the leases that a newer credential has replaced; it is called only once
-// that credential runs on every Redis pod and consumer. A failed revocation stays in the ledger as
+// RevokeSuperseded revokes the leases that a newer credential has replaced and Retire has let go
+// (Revoking); it is called only once that credential runs on every Redis pod and consumer. A failed revocation stays in the ledger as
 // Revoking and is retried with backoff.
 func (l *Ledger) RevokeSuperseded(ctx context.Context, cl *Cluster, vcl vault.LeaseClient) error {
 	var errs []error
 	for _, lease := range cl.RC.Status.Leases {
-		if lease.State == v1beta1.LeaseActive {
-			continue
+		if lease.State != v1beta1.LeaseRevoking {
+			continue // the current lease, or a superseded one whose user is still held (Retire)
 		}
 		errs = append(errs, l.Revoke(ctx, cl, vcl, lease.LeaseID))
 	}
@@ -310,6 +310,11 @@ func Superseded(rc *v1beta1.RedisCluster) []v1beta1.LeaseRecord {
 		}
 	}
 	return out
+}
+
+// ToRevoke says that a lease is to be revoked (Revoking).
+func ToRevoke(rc *v1beta1.RedisCluster) bool {
+	return slices.ContainsFunc(rc.Status.Leases, func(l v1beta1.LeaseRecord) bool { return l.State == v1beta1.LeaseRevoking })
 }
 
 // Pending says that a replaced credential may still be in use: a superseded lease whose user

@@ -3,6 +3,7 @@ package rediscluster
 import (
 	"context"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -183,5 +184,75 @@ func TestCutOffNamesWhoWasCutOff(t *testing.T) {
 	}
 	if !strings.Contains(named, "address 192.0.2.9 (no pod's) as "+old.Username) {
 		t.Errorf("the cut-off event %q does not name the client", named)
+	}
+}
+
+// A node whose CLIENT LIST keyroll cannot read (its reply is over the bound: clients named their
+// connections with megabytes) has unknown clients: with Wait they hold the retirement, named, and
+// the reconcile goes on without an error; with Proceed the grace runs from when keyroll first
+// could not read them, and then the user is retired all the same.
+func TestUnreadableClientListHoldsWithoutBlocking(t *testing.T) {
+	for _, action := range []v1beta1.UnlistedClientsAction{v1beta1.UnlistedClientsWait, v1beta1.UnlistedClientsProceed} {
+		t.Run(string(action), func(t *testing.T) {
+			h := newHarness(t, cluster(threeNodes, func(rc *v1beta1.RedisCluster) {
+				rc.Spec.Rollout.UnlistedClients = v1beta1.UnlistedClientsSpec{Action: action, Grace: &metav1.Duration{Duration: 30 * time.Second}}
+			}))
+			h.redis.ClientsErr = map[string]error{nodeAddr(1): redisnode.ErrReplyTooLarge}
+			rc, old := h.rotateHolding(t, "192.0.2.7:40001")
+			for i := range 3 {
+				h.redis.SetClients(nodeAddr(i)) // the known clients have gone
+			}
+			rc = h.settle(t)
+			if !slices.Contains(h.redis.Users(nodeAddr(0)), old) {
+				t.Fatal("the old user was retired while node 1's clients were unknown")
+			}
+			if len(rc.Status.OldUserClients) != 1 || !strings.Contains(rc.Status.OldUserClients[0].Workload, "over keyroll's bound") {
+				t.Fatalf("status.oldUserClients %+v, want node 1's unknown clients", rc.Status.OldUserClients)
+			}
+			if cond := condition(rc, v1beta1.ConditionLeasesRevoked); cond == nil || !strings.Contains(cond.Message, "could not be read") {
+				t.Errorf("LeasesRevoked %+v does not say the clients are unknown", cond)
+			}
+			h.clock.Step(31 * time.Second)
+			rc = h.settle(t)
+			retired := !slices.Contains(h.redis.Users(nodeAddr(0)), old)
+			if retired != (action == v1beta1.UnlistedClientsProceed) {
+				t.Errorf("after the grace, with %s: old user retired %v", action, retired)
+			}
+		})
+	}
+}
+
+// However many clients hold a retirement, the condition's message and the events name a bounded
+// number of them (a message over 32 KiB would make every status write of the cluster fail).
+func TestManyUnlistedClientsKeepTheStatusWritable(t *testing.T) {
+	h := newHarness(t, cluster(threeNodes))
+	rc := h.settle(t)
+	old := rc.Status.Credential.Username
+	var conns []redisnode.Conn
+	for i := range 2000 {
+		conns = append(conns, redisnode.Conn{User: old, Addr: "192.0." + strconv.Itoa(2+i/250) + "." + strconv.Itoa(i%250) + ":40000"})
+	}
+	for i := range 3 {
+		h.redis.SetClients(nodeAddr(i), conns...)
+	}
+	rc.Annotations = map[string]string{v1beta1.AnnotationRotateNow: "now"}
+	if err := h.k8s.Update(context.Background(), rc); err != nil {
+		t.Fatal(err)
+	}
+	rc = h.settle(t)
+	cond := condition(rc, v1beta1.ConditionLeasesRevoked)
+	if cond == nil || cond.Reason != v1beta1.ReasonClientsStillLoggedIn {
+		t.Fatalf("LeasesRevoked %+v", cond)
+	}
+	if len(cond.Message) > 4096 || !strings.Contains(cond.Message, "and 1990 more") {
+		t.Errorf("a message of %d bytes for 2,000 clients: %.300s", len(cond.Message), cond.Message)
+	}
+	if len(rc.Status.OldUserClients) != 16 {
+		t.Errorf("status.oldUserClients holds %d, want 16", len(rc.Status.OldUserClients))
+	}
+	for len(h.events.Events) > 0 {
+		if e := <-h.events.Events; len(e) > 4096 {
+			t.Errorf("an event of %d bytes", len(e))
+		}
 	}
 }

@@ -221,26 +221,27 @@ func (r *deps) stage(ctx context.Context, s *credential.Cluster, in *internal, c
 	return nil
 }
 
-// retireSuperseded retires what the current credential replaced, once it runs everywhere and no
-// client that is not a listed consumer holds the retirement (oldclients.go): the users of
+// retireSuperseded retires what the current credential replaced, once it runs everywhere, but for
+// the users that clients which are not listed consumers still hold (oldclients.go): the users of
 // superseded credentials leave every node (confirmed on each) and the aclfile, then their leases
 // are revoked. A revocation that fails is retried with backoff; the user stays removed. vcl is nil
 // when no lease is tracked.
 func (r *deps) retireSuperseded(ctx context.Context, s *credential.Cluster, in *internal, vcl vault.LeaseClient, cred *render.Credential) (bool, time.Duration, error) {
-	if held, wait, err := r.holdForOldUserClients(ctx, s, in); held || err != nil {
-		return false, wait, err
+	held, holdWait, err := r.holdForOldUserClients(ctx, s, in)
+	if err != nil || (len(held) > 0 && len(held) == len(credential.UsersToRetire(s.RC))) {
+		return false, holdWait, err
 	}
-	credential.Retire(s.RC)
+	credential.Retire(s.RC, held...) // the others retire now, each on its own
 	applied, wait, err := r.reconcileUsers(ctx, s, in, cred)
 	if !applied || err != nil {
 		return false, wait, err
 	}
-	if len(credential.Superseded(s.RC)) > 0 { // each through the connection it came through
+	if credential.ToRevoke(s.RC) { // each through the connection it came through
 		if err := r.Ledger.RevokeSuperseded(ctx, s, vcl); err != nil {
 			return false, 0, err
 		}
 	}
-	return true, 0, nil
+	return len(held) == 0, holdWait, nil
 }
 
 // forget drops what the reconciler keeps of a deleted cluster: its lease checks, node checks and metrics.

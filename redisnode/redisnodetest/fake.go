@@ -45,6 +45,8 @@ type Fake struct {
 	masterOf map[string]string
 	// clients are the client connections of each node, by address (SetClients).
 	clients map[string][]redisnode.Conn
+	// ClientsErr, by address, is the error of a node's CLIENT LIST (a reply over the bound).
+	ClientsErr map[string]error
 }
 
 // SetClients says which client connections the node at addr has (CLIENT LIST); a user it deletes
@@ -275,6 +277,9 @@ func (c *conn) Clients(context.Context) ([]redisnode.Conn, error) {
 	c.f.mu.Lock()
 	defer c.f.mu.Unlock()
 	if _, err := c.node(); err != nil {
+		return nil, err
+	}
+	if err := c.f.ClientsErr[c.addr]; err != nil {
 		return nil, err
 	}
 	return slices.Clone(c.f.clients[c.addr]), nil
