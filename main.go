@@ -158,7 +158,12 @@ func run(ctx context.Context, o managerOptions) error {
 	var webhookServer webhook.Server
 	if o.webhookPort != 0 {
 		converter = conversion.New(o.conversion)
-		webhookServer = webhook.NewServer(webhook.Options{Host: o.webhookHost, Port: o.webhookPort, TLSOpts: []func(*tls.Config){converter.TLS}})
+		// The port is open to every pod. controller-runtime makes the http.Server itself, and
+		// webhook.Options cannot set its timeouts (v0.22: ReadHeaderTimeout 32 s, MaxHeaderBytes
+		// 1 MiB, no ReadTimeout or WriteTimeout): the handler bounds each review's size and time
+		// (conversion.MaxReviewBytes). HTTP/2 is off, as on the metrics endpoint.
+		webhookServer = webhook.NewServer(webhook.Options{Host: o.webhookHost, Port: o.webhookPort,
+			TLSOpts: []func(*tls.Config){converter.TLS, http1Only}})
 	}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		WebhookServer:                 webhookServer,

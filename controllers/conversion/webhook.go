@@ -25,7 +25,6 @@ import (
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	convwebhook "sigs.k8s.io/controller-runtime/pkg/webhook/conversion"
 
 	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/certs"
@@ -142,7 +141,7 @@ func (w *Webhook) Setup(ctx context.Context, mgr ctrl.Manager) error {
 	if w.o.Writer == nil {
 		w.o.Writer = mgr.GetClient()
 	}
-	mgr.GetWebhookServer().Register(Path, convwebhook.NewWebhookHandler(mgr.GetScheme()))
+	mgr.GetWebhookServer().Register(Path, Handler(mgr.GetScheme()))
 	k := &keeper{w: w}
 	if err := w.ready(ctx, k); err != nil {
 		return fmt.Errorf("conversion webhook: %w", err)
