@@ -106,6 +106,8 @@ func TestInvalidObjectsAreRefusedNamingTheField(t *testing.T) {
 		"readiness timeout too short":         {rc, set("spec.rollout.readinessTimeout", "1s"), "spec.rollout.readinessTimeout"},
 		"readiness timeout too long":          {rc, set("spec.rollout.readinessTimeout", "2h"), "spec.rollout.readinessTimeout"},
 		"unlisted clients' grace too long":    {rc, set("spec.rollout.unlistedClients", map[string]any{"action": "Proceed", "grace": "25h"}), "spec.rollout.unlistedClients.grace"},
+		"unlisted clients held too long":      {rc, set("spec.rollout.unlistedClients", map[string]any{"maxHold": "169h"}), "spec.rollout.unlistedClients.maxHold"},
+		"unlisted clients held too briefly":   {rc, set("spec.rollout.unlistedClients", map[string]any{"maxHold": "30s"}), "spec.rollout.unlistedClients.maxHold"},
 		"unlisted clients' unknown action":    {rc, set("spec.rollout.unlistedClients", map[string]any{"action": "Kill"}), "spec.rollout.unlistedClients.action"},
 		"consumer of unknown kind":            {rc, set("spec.rollout.consumers", []any{map[string]any{"kind": "Job", "name": "x"}}), "spec.rollout.consumers[0].kind"},
 		"duplicate consumer": {rc, set("spec.rollout.consumers", []any{
@@ -496,6 +498,7 @@ func TestDurationEdgesEvaluate(t *testing.T) {
 		{validRedisCluster, "spec.credentials.vaultLease.minTTL", "90s"},
 		{validRedisCluster, "spec.rollout.readinessTimeout", "1m30s"},
 		{validRedisCluster, "spec.rollout.unlistedClients.grace", "30s"},
+		{validRedisCluster, "spec.rollout.unlistedClients.maxHold", "30m"},
 		{validExternalSecretCluster, "spec.credentials.externalSecret.refreshInterval", "1h"},
 		{validExternalSecretCluster, "spec.credentials.externalSecret.credentialLifetime", "2h"},
 		{validVaultConnection, "spec.orphanLeases.gracePeriod", "1m"},
