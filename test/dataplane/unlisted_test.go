@@ -80,6 +80,27 @@ func (sc *unlistedScene) waitHeld(t *testing.T) ([]v1beta1.OldUserClient, time.D
 	return clients, time.Since(sc.rotatedAt)
 }
 
+// waitRetired waits, within the given time, until the old user is refused on every pod, and
+// returns how long after its clients were first seen (their earliest since, or seen).
+func (sc *unlistedScene) waitRetired(t *testing.T, clients []v1beta1.OldUserClient, seen time.Time, within time.Duration) time.Duration {
+	t.Helper()
+	var cutAt time.Time
+	framework.Eventually(t, within, func() string {
+		if msg := fw.OnEveryPod(sc.rc, sc.oldUser, sc.oldPw, false); msg != "" {
+			return msg
+		}
+		cutAt = time.Now()
+		return ""
+	})
+	first := seen
+	for _, c := range clients {
+		if c.Since != nil && c.Since.Time.Before(first) {
+			first = c.Since.Time
+		}
+	}
+	return cutAt.Sub(first)
+}
+
 // TestUnlistedClientHoldsRetirement: after a rotation, a Deployment that is not a listed consumer
 // and a client on the host, both still logged in with the old user, hold its retirement
 // (rollout.unlistedClients Wait, the default): the old user stays on every node and its lease in
@@ -162,21 +183,8 @@ func TestProceedAfterGraceCutsOffAndSaysWhom(t *testing.T) {
 	if msg := fw.OnEveryPod(sc.rc, sc.oldUser, sc.oldPw, true); msg != "" {
 		t.Errorf("the old user during the grace: %s", msg)
 	}
-	var cutAt time.Time
-	framework.Eventually(t, 2*time.Minute, func() string {
-		if msg := fw.OnEveryPod(sc.rc, sc.oldUser, sc.oldPw, false); msg != "" {
-			return msg
-		}
-		cutAt = time.Now()
-		return ""
-	})
-	first := seen
-	for _, c := range clients {
-		if c.Since != nil && c.Since.Time.Before(first) {
-			first = c.Since.Time
-		}
-	}
-	if held := cutAt.Sub(first); held < 30*time.Second {
+	held := sc.waitRetired(t, clients, seen, 2*time.Minute)
+	if held < 30*time.Second {
 		t.Errorf("the old user was retired %s after the clients were first seen, before the 30 s grace", held.Round(time.Second))
 	}
 	events := fw.WaitClusterEvents(t, sc.ns, sc.rc.Name, 20*time.Second, v1beta1.EventUnlistedClientsCutOff)
@@ -185,7 +193,7 @@ func TestProceedAfterGraceCutsOffAndSaysWhom(t *testing.T) {
 			t.Errorf("the cut-off event does not name the workload and the host's address: %s", e.Note)
 		}
 	}
-	t.Logf("cut off %s after the clients were first seen (grace 30 s)", cutAt.Sub(first).Round(100*time.Millisecond))
+	t.Logf("cut off %s after the clients were first seen (grace 30 s)", held.Round(100*time.Millisecond))
 }
 
 // TestRestartActionRestartsTheLoggedInWorkload: with rollout.unlistedClients Restart, the unlisted
