@@ -92,6 +92,13 @@ func get(addr, path string) string {
 	return "malformed: " + resp
 }
 
+// refusal says whether get's outcome is a connection the sidecar closed without an answer (over
+// its caps): closed at once, or reset.
+func refusal(outcome string) bool {
+	return outcome == "malformed: " || (strings.HasPrefix(outcome, "error: ") &&
+		(strings.Contains(outcome, "connection reset") || strings.Contains(outcome, "broken pipe")))
+}
+
 // containers are a pod's containers' IDs and restart counts, the sidecar's included.
 func containers(p *corev1.Pod) string {
 	var out []string
@@ -103,8 +110,9 @@ func containers(p *corev1.Pod) string {
 
 // 3,000 concurrent requests, each on a connection of its own, to the probe sidecar beside a real
 // Redis: the sidecar's peak resident memory stays under its container's limit, every request is
-// answered 200 (Redis is alive) within the kubelet's probe timeout, and neither Redis nor the
-// sidecar restarts (same container IDs, same restart counts, the pod Ready throughout).
+// either answered 200 (Redis is alive) or, over the sidecar's 4 connections at once from one
+// address, refused at once (closed unanswered), none later than the kubelet's probe timeout, and
+// neither Redis nor the sidecar restarts (same container IDs, same restart counts, the pod Ready).
 func TestProbeSidecarHoldsUnderFlood(t *testing.T) {
 	ns := fw.Namespace(t, "flood")
 	vc := fw.VaultConnection(t, "vault-flood", framework.Allow(ns))
@@ -150,8 +158,14 @@ func TestProbeSidecarHoldsUnderFlood(t *testing.T) {
 	peak := peakRSS(t, pid)
 	t.Logf("%d concurrent requests in %s: answers %v, longest %s; sidecar peak RSS %d KiB of a %s limit",
 		requests, time.Since(began).Round(time.Millisecond), codes, longest.Round(time.Millisecond), peak>>10, limit.String())
-	if codes["200 ok"] != requests {
-		t.Errorf("answers %v: want %d times 200 ok", codes, requests)
+	refused := 0
+	for outcome, n := range codes {
+		if refusal(outcome) {
+			refused += n
+		}
+	}
+	if codes["200 ok"] == 0 || codes["200 ok"]+refused != requests {
+		t.Errorf("answers %v: want each 200 ok or refused unanswered, and some answered", codes)
 	}
 	if longest > deadline {
 		t.Errorf("an answer took %s, longer than the kubelet's probe timeout %s", longest, deadline)
