@@ -110,8 +110,8 @@ type tokenNeeds struct {
 	byNamespace map[string]map[string]time.Time
 }
 
-// users lists the RedisClusters that use vc or hold a lease obtained through it, and what their
-// leases need of vc's tokens.
+// users lists the RedisClusters of the namespaces vc allows that use it or hold a lease obtained
+// through it, and what every cluster's leases need of vc's tokens.
 func (r *Reconciler) users(ctx context.Context, vc *v1beta1.VaultConnection) ([]string, tokenNeeds, error) {
 	needs := tokenNeeds{until: map[string]time.Time{}, leases: map[string]int32{}, byNamespace: map[string]map[string]time.Time{}}
 	list := &v1beta1.RedisClusterList{}
@@ -121,7 +121,9 @@ func (r *Reconciler) users(ctx context.Context, vc *v1beta1.VaultConnection) ([]
 	users := make([]string, 0, len(list.Items))
 	for i := range list.Items {
 		rc := &list.Items[i]
-		users = append(users, rc.Namespace+"/"+rc.Name)
+		if vc.AllowsNamespace(rc.Namespace) { // a cluster the connection does not allow cannot hold its deletion up
+			users = append(users, rc.Namespace+"/"+rc.Name)
+		}
 		for _, l := range rc.Status.Leases {
 			if l.TokenAccessor == "" || rc.LeaseConnection(l) != vc.Name {
 				continue
