@@ -137,9 +137,9 @@ func answer(c net.Conn, reply []byte) {
 		case strings.EqualFold(cmd, "client"):
 			_, _ = w.Write(reply)
 		case strings.EqualFold(cmd, "hello"):
-			w.WriteString("-ERR unknown command 'HELLO'\r\n") // as Redis 5 would: AUTH follows
+			_, _ = w.WriteString("-ERR unknown command 'HELLO'\r\n") // as Redis 5 would: AUTH follows
 		default:
-			w.WriteString("+OK\r\n")
+			_, _ = w.WriteString("+OK\r\n")
 		}
 		if w.Flush() != nil {
 			return
