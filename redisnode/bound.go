@@ -62,7 +62,7 @@ func (c *boundedConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
 	if serr := c.scan.feed(p[:n]); serr != nil {
 		c.err = serr
-		_ = c.Conn.Close() // the node may still be sending: it is not read any further
+		_ = c.Close() // the node may still be sending: it is not read any further
 		return 0, serr
 	}
 	return n, err

@@ -74,7 +74,7 @@ func TestHeldUserRetiresAtMaxHold(t *testing.T) {
 	}
 	h.eventReasons()
 	h.clock.Step(61 * time.Second)
-	rc = h.settle(t)
+	h.settle(t)
 	if on := h.onEveryNode(old); slices.Contains(on, true) {
 		t.Fatalf("the held user is still on the nodes %v after maxHold", on)
 	}

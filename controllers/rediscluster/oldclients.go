@@ -144,10 +144,10 @@ func (r *deps) reportHeld(s *credential.Cluster, found []v1beta1.OldUserClient, 
 	rc.Status.OldUserClients = found[:min(len(found), maxOldUserClients)] // the message counts them all
 	end := until.UTC().Format(time.RFC3339)
 	what := fmt.Sprintf("they log in with the new credential or stop, or until %s (rollout.unlistedClients.maxHold), when they are cut off (rollout.unlistedClients Wait)", end)
-	switch {
-	case ucs.Action == v1beta1.UnlistedClientsRestart:
+	switch ucs.Action {
+	case v1beta1.UnlistedClientsRestart:
 		what = fmt.Sprintf("those that are Deployments, StatefulSets or DaemonSets of this namespace are restarted onto the new credential (status.consumers), and the others log in with it or stop, or until %s (rollout.unlistedClients.maxHold), when they are cut off (rollout.unlistedClients Restart)", end)
-	case ucs.Action == v1beta1.UnlistedClientsProceed:
+	case v1beta1.UnlistedClientsProceed:
 		what = fmt.Sprintf("they log in with the new credential, or until %s, when they are cut off (rollout.unlistedClients Proceed)", end)
 	}
 	msg := fmt.Sprintf("Still logged in with the superseded user %s, and not listed consumers: %s; the user and its lease are kept until %s",

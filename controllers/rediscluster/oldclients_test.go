@@ -198,11 +198,11 @@ func TestUnreadableClientListHoldsWithoutBlocking(t *testing.T) {
 				rc.Spec.Rollout.UnlistedClients = v1beta1.UnlistedClientsSpec{Action: action, Grace: &metav1.Duration{Duration: 30 * time.Second}}
 			}))
 			h.redis.ClientsErr = map[string]error{nodeAddr(1): redisnode.ErrReplyTooLarge}
-			rc, old := h.rotateHolding(t, "192.0.2.7:40001")
+			_, old := h.rotateHolding(t, "192.0.2.7:40001")
 			for i := range 3 {
 				h.redis.SetClients(nodeAddr(i)) // the known clients have gone
 			}
-			rc = h.settle(t)
+			rc := h.settle(t)
 			if !slices.Contains(h.redis.Users(nodeAddr(0)), old) {
 				t.Fatal("the old user was retired while node 1's clients were unknown")
 			}
@@ -213,7 +213,7 @@ func TestUnreadableClientListHoldsWithoutBlocking(t *testing.T) {
 				t.Errorf("LeasesRevoked %+v does not say the clients are unknown", cond)
 			}
 			h.clock.Step(31 * time.Second)
-			rc = h.settle(t)
+			h.settle(t)
 			retired := !slices.Contains(h.redis.Users(nodeAddr(0)), old)
 			if retired != (action == v1beta1.UnlistedClientsProceed) {
 				t.Errorf("after the grace, with %s: old user retired %v", action, retired)
