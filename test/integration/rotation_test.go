@@ -79,6 +79,29 @@ func podRuns(t *testing.T, rc *v1beta1.RedisCluster) map[string]string {
 // watchPublication watches the consumers' Secret of rc and its consumer Deployment: the first
 // time each shows a credential version other than oldVersion, the credential in the Secret must
 // already log in on every Redis node. The returned function lists what went otherwise (a
+// acceptedEverywhere says "" when every Redis pod lets user log in. A pod that does not answer is
+// asked again, every second for a minute at most, and must accept the user then: with
+// rollout.redisPods Restart the pods restart one at a time right after the credential is
+// published, and a check that comes late may find one restarting (it comes back with the user in
+// its aclfile). A pod that refuses the user fails at once.
+func acceptedEverywhere(rc *v1beta1.RedisCluster, user, pass string) string {
+	deadline := time.Now().Add(time.Minute)
+	for {
+		_, refused, failed, err := fw.NodeLogins(rc, user, pass)
+		switch {
+		case err != nil:
+			return err.Error()
+		case len(refused) > 0:
+			return fmt.Sprintf("user %s does not log in on %v", user, refused)
+		case len(failed) == 0:
+			return ""
+		case time.Now().After(deadline):
+			return fmt.Sprintf("user %s: no answer from %v for a minute", user, failed)
+		}
+		time.Sleep(time.Second)
+	}
+}
+
 // publication not seen included).
 func watchPublication(t *testing.T, rc *v1beta1.RedisCluster, consumer, oldVersion string) func() []string {
 	t.Helper()
@@ -101,7 +124,7 @@ func watchPublication(t *testing.T, rc *v1beta1.RedisCluster, consumer, oldVersi
 		} else if v := sec.Annotations[v1beta1.AnnotationCredentialVersion]; v != version {
 			msg = fmt.Sprintf("the consumers' Secret holds version %s", v)
 		} else {
-			msg = fw.OnEveryPod(rc, string(sec.Data["username"]), string(sec.Data["password"]), true)
+			msg = acceptedEverywhere(rc, string(sec.Data["username"]), string(sec.Data["password"]))
 		}
 		if msg != "" {
 			mu.Lock()
