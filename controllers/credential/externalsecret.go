@@ -304,6 +304,13 @@ const esDeletionGrace = 30 * time.Second
 // retireExternalSecret stops ESO before the leases are revoked: it takes the lease ESO wrote last
 // (and any seen before) into the ledger, deletes the ExternalSecret and waits until it is gone,
 // so that no lease is minted after the revocation. It returns how long to wait.
+//
+// Leases are taken from the Secret only while the connection allows the namespace: the Secret,
+// the ExternalSecret and its owner reference are all a tenant's to write, and at deletion a
+// revocation of a namespace the connection no longer allows is let through for the leases the
+// ledger recorded while it was allowed (connection.Use's Delete). A lease ID read there at that
+// point would be one nobody checked, and could be another team's under a path the connection
+// shares with every namespace it allows.
 func (r *Adopter) Retire(ctx context.Context, cl *Cluster) (time.Duration, error) {
 	rc := cl.RC
 	key := client.ObjectKeyFromObject(rc)
@@ -313,7 +320,11 @@ func (r *Adopter) Retire(ctx context.Context, cl *Cluster) (time.Duration, error
 		return 0, err
 	}
 	owned := err == nil && apply.OwnedBy(es, rc)
-	if rc.VaultConnectionName() == "" || !owned {
+	allowed, err := r.allowsNamespace(ctx, rc)
+	if err != nil {
+		return 0, err
+	}
+	if rc.VaultConnectionName() == "" || !owned || !allowed {
 		r.sightings.forget(key, nil)
 	} else {
 		sec, err := r.syncedSecret(ctx, rc, es.UID)
@@ -349,4 +360,18 @@ func (r *Adopter) Retire(ctx context.Context, cl *Cluster) (time.Duration, error
 		return time.Second, nil
 	}
 	return 0, nil
+}
+
+// allowsNamespace says whether the VaultConnection rc names allows rc's namespace now; a
+// connection that is gone allows nothing.
+func (r *Adopter) allowsNamespace(ctx context.Context, rc *v1beta1.RedisCluster) (bool, error) {
+	name := rc.VaultConnectionName()
+	if name == "" {
+		return false, nil
+	}
+	vc := &v1beta1.VaultConnection{}
+	if err := r.Client.Get(ctx, client.ObjectKey{Name: name}, vc); err != nil {
+		return false, client.IgnoreNotFound(err)
+	}
+	return vc.AllowsNamespace(rc.Namespace), nil
 }

@@ -47,6 +47,9 @@ func TestMain(m *testing.M) {
 		{Name: "nsid-b.orders", DefaultTTL: 10 * time.Minute, MaxTTL: time.Hour},
 		{Name: "forged.orders", DefaultTTL: 10 * time.Minute, MaxTTL: time.Hour},
 		{Name: "forged.es", DefaultTTL: 10 * time.Minute, MaxTTL: time.Hour},
+		// A role every allowed namespace shares (a plain allowedPaths entry, as the guide's
+		// example has one), for the test of a namespace the connection does not allow.
+		{Name: "shared.orders", DefaultTTL: 10 * time.Minute, MaxTTL: time.Hour},
 	}
 	fw = framework.New(framework.Config{
 		Name:   "integration",

@@ -15,6 +15,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/keyroll/keyroll/apis/v1beta1"
@@ -424,4 +425,63 @@ func TestVaultConnectionCannotExfiltrateTokens(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+}
+
+// TestDisallowedNamespaceCannotRevokeThroughAForgedSecret: a tenant of a namespace the connection
+// does not allow makes an ExternalSecret-mode RedisCluster naming it, an ExternalSecret controlled
+// by the cluster (an owner reference names its UID: nothing authenticates it) and the Secret
+// External Secrets Operator would write, holding another team's lease of a role the connection
+// shares with every namespace it allows (a plain allowedPaths entry). Deleting the cluster leaves
+// that lease alone: live in Vault, and never named in a request of the operator.
+func TestDisallowedNamespaceCannotRevokeThroughAForgedSecret(t *testing.T) {
+	ctx := context.Background()
+	ns, allowed := fw.Namespace(t, "plainrev"), fw.Namespace(t, "plainrev-ok")
+	shared := fw.Path("shared.orders")
+	vc := fw.VaultConnection(t, "vault-plainrev", framework.Allow(allowed), framework.Paths(shared))
+	victim := issueByHand(t, shared)
+
+	rc := fw.ExternalSecretCluster(t, ns, "cache", v1beta1.ExternalSecretSource{
+		GeneratorRef:    &v1beta1.GeneratorReference{APIVersion: "generators.external-secrets.io/v1alpha1", Kind: "VaultDynamicSecret", Name: "redis-cache"},
+		RefreshInterval: &metav1.Duration{Duration: time.Hour},
+		ConnectionRef:   &v1beta1.ConnectionReference{Name: vc.Name},
+	})
+	rc = fw.WaitCondition(t, rc, v1beta1.ConditionCredentialsReady, metav1.ConditionFalse, v1beta1.ReasonNamespaceNotAllowed, 30*time.Second)
+
+	// The ExternalSecret, made by hand unless keyroll made one, and the Secret ESO would write
+	// for it, with the other team's lease in the raw Vault response keyroll tracks leases from.
+	es, err := externalSecret(t, rc)
+	if apierrors.IsNotFound(err) {
+		fw.Create(t, &unstructured.Unstructured{Object: map[string]any{
+			"apiVersion": "external-secrets.io/v1", "kind": "ExternalSecret",
+			"metadata": map[string]any{"namespace": ns, "name": rc.Name,
+				"labels": map[string]any{v1beta1.LabelManagedBy: v1beta1.ManagedByValue, v1beta1.LabelCluster: rc.Name},
+				"ownerReferences": []any{map[string]any{
+					"apiVersion": v1beta1.GroupVersion.String(), "kind": "RedisCluster", "name": rc.Name, "uid": string(rc.UID), "controller": true}}},
+			"spec": map[string]any{
+				"refreshInterval": "1h",
+				"target":          map[string]any{"name": rc.Name + "-eso", "creationPolicy": "Orphan"},
+				"dataFrom": []any{map[string]any{"sourceRef": map[string]any{"generatorRef": map[string]any{
+					"apiVersion": "generators.external-secrets.io/v1alpha1", "kind": "VaultDynamicSecret", "name": "nothing-here"}}}},
+			},
+		}})
+		es, err = externalSecret(t, rc)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, _ := json.Marshal(map[string]string{"username": "V_FORGED_USER", "password": "forged-password"})
+	fw.Create(t, &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: rc.Name + "-eso", Labels: map[string]string{v1beta1.LabelManagedBy: v1beta1.ManagedByValue, v1beta1.LabelCluster: rc.Name},
+			OwnerReferences: []metav1.OwnerReference{{APIVersion: "external-secrets.io/v1", Kind: "ExternalSecret", Name: es.Name, UID: es.UID, Controller: ptrTo(true)}}},
+		Data: map[string][]byte{"data": data, "lease_id": []byte(victim), "lease_duration": []byte("600"), "renewable": []byte("true")},
+	})
+	// Let the manager see both (its informers record the lease the Secret holds) before the delete.
+	time.Sleep(3 * time.Second)
+
+	fw.DeleteAndWait(t, rc, 60*time.Second)
+
+	if err := fw.Client.Delete(ctx, es); client.IgnoreNotFound(err) != nil {
+		t.Fatal(err)
+	}
+	untouched(t, map[string]string{"the other team's lease in the forged Secret": victim})
 }
