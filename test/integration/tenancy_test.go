@@ -6,11 +6,16 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"net/http"
+	"net/http/httptest"
+	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	vaultapi "github.com/hashicorp/vault/api"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
@@ -484,4 +489,84 @@ func TestDisallowedNamespaceCannotRevokeThroughAForgedSecret(t *testing.T) {
 		t.Fatal(err)
 	}
 	untouched(t, map[string]string{"the other team's lease in the forged Secret": victim})
+}
+
+// tokenSink is an HTTP listener on loopback standing in for a Vault server: it answers every
+// request with 503 and keeps the Vault tokens the requests carried.
+type tokenSink struct {
+	srv    *httptest.Server
+	mu     sync.Mutex
+	tokens []string
+	hits   int
+}
+
+func newTokenSink(t *testing.T) *tokenSink {
+	s := &tokenSink{}
+	s.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s.mu.Lock()
+		s.hits++
+		if tok := r.Header.Get("X-Vault-Token"); tok != "" {
+			s.tokens = append(s.tokens, tok)
+		}
+		s.mu.Unlock()
+		http.Error(w, "sink", http.StatusServiceUnavailable)
+	}))
+	t.Cleanup(s.srv.Close)
+	return s
+}
+
+func (s *tokenSink) seen() (int, []string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.hits, slices.Clone(s.tokens)
+}
+
+// TestTokenStoresOfLookAlikeConnectionsStayApart: connection A keeps the Vault tokens of
+// namespace ns's login where an earlier keyroll kept them, keyroll-tokens-<A>.<ns>; a
+// VaultConnection named <A>.<ns>, whose own store an earlier keyroll named the same, is pointed at
+// a listener on loopback, and a RedisCluster uses it. It never reads A's tokens: the listener is
+// asked with none of them, the Secret keeps them, and the token stays valid in Vault.
+func TestTokenStoresOfLookAlikeConnectionsStayApart(t *testing.T) {
+	ctx := context.Background()
+	ns := fw.Namespace(t, "tokcoll")
+	a := fw.VaultConnection(t, "vault-tokcoll", framework.Allow(ns), tenantPaths)
+	tok, err := fw.Ground.Vault.Root.Auth().Token().Create(&vaultapi.TokenCreateRequest{Policies: []string{"default"}, TTL: "1h"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	legacy := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Namespace: fw.OperatorNS, Name: "keyroll-tokens-" + a.Name + "." + ns,
+			Annotations:     map[string]string{v1beta1.LabelVaultConnection: a.Name},
+			OwnerReferences: []metav1.OwnerReference{{APIVersion: v1beta1.GroupVersion.String(), Kind: "VaultConnection", Name: a.Name, UID: a.UID}}},
+		Data: map[string][]byte{tok.Auth.Accessor: []byte(tok.Auth.ClientToken)},
+	}
+	fw.Create(t, legacy)
+
+	sink := newTokenSink(t)
+	b := fw.VaultConnection(t, strings.TrimPrefix(a.Name+"."+ns, fw.Name("")), framework.Allow(ns), tenantPaths, framework.Address(sink.srv.URL))
+	if b.Name != legacy.Name[len("keyroll-tokens-"):] {
+		t.Fatalf("the look-alike connection is named %q, not %q", b.Name, legacy.Name[len("keyroll-tokens-"):])
+	}
+	// A RedisCluster using it makes keyroll take over the tokens of its store (and log in).
+	fw.RedisCluster(t, ns, "orders", b.Name, "database/creds/"+ns+".orders")
+	framework.Eventually(t, 60*time.Second, func() string {
+		if hits, _ := sink.seen(); hits < 2 {
+			return "the look-alike connection has not asked its address twice yet"
+		}
+		return ""
+	})
+	time.Sleep(5 * time.Second) // more attempts, after the backoff of a failed one
+	if hits, tokens := sink.seen(); slices.Contains(tokens, tok.Auth.ClientToken) {
+		t.Errorf("the look-alike connection sent connection %s's token to its address (%d request(s))", a.Name, hits)
+	}
+	cur := &corev1.Secret{}
+	if err := fw.Client.Get(ctx, client.ObjectKeyFromObject(legacy), cur); err != nil {
+		t.Fatal(err)
+	}
+	if string(cur.Data[tok.Auth.Accessor]) != tok.Auth.ClientToken {
+		t.Errorf("connection %s's token left its Secret %s", a.Name, legacy.Name)
+	}
+	if _, err := fw.Ground.Vault.Root.Auth().Token().Lookup(tok.Auth.ClientToken); err != nil {
+		t.Errorf("connection %s's token is no longer valid in Vault: %v", a.Name, err)
+	}
 }
