@@ -22,6 +22,14 @@ package controllers
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch;patch;delete
 // +kubebuilder:rbac:groups=apps,resources=deployments;daemonsets,verbs=get;list;watch;patch
 
+// A Redis pod is a node only if its revision is one of its StatefulSet's (nodes_members.go); the
+// ControllerRevisions are read through the cache, which holds only the Redis StatefulSets'.
+// +kubebuilder:rbac:groups=apps,resources=controllerrevisions,verbs=get;list;watch
+
+// rollout.unlistedClients: a client pod's owner is taken for its workload only if it exists and
+// selects the pod (podowner.go); a Deployment's pods name its ReplicaSet, read past the cache.
+// +kubebuilder:rbac:groups=apps,resources=replicasets,verbs=get
+
 // rollout.discoverConsumers: workloads that reference the credentials Secret and that keyroll
 // reports but never restarts.
 // +kubebuilder:rbac:groups=batch,resources=cronjobs;jobs,verbs=list

@@ -57,7 +57,8 @@ type Options struct {
 }
 
 // CacheOptions are the manager's cache settings: of Secrets, ConfigMaps, Services, StatefulSets,
-// PodDisruptionBudgets, NetworkPolicies and ExternalSecrets only those keyroll labels, of pods only the Redis pods;
+// PodDisruptionBudgets, NetworkPolicies and ExternalSecrets only those keyroll labels, of pods and
+// ControllerRevisions only the Redis pods' and their StatefulSets';
 // never every object of the cluster. (Consumer workloads are watched by their metadata only.)
 // With a selector (--watch-selector), only the RedisClusters and VaultConnections it matches are
 // seen: the manager leaves every other one, and what belongs to it, alone.
@@ -69,6 +70,9 @@ func CacheOptions(cfg *rest.Config, selector labels.Selector) cache.Options {
 		&appsv1.StatefulSet{}: managed, &policyv1.PodDisruptionBudget{}: managed, &networkingv1.NetworkPolicy{}: managed,
 		// Only the Redis pods keyroll restarts, not every pod of the cluster.
 		&corev1.Pod{}: {Label: redisPods},
+		// The StatefulSet controller labels its ControllerRevisions as the pod template: only the
+		// Redis StatefulSets' revisions, which say which pods the StatefulSet made (nodes_members.go).
+		&appsv1.ControllerRevision{}: {Label: redisPods},
 	}, DefaultTransform: apply.KeepOwnManagedFields}
 	if selector != nil && !selector.Empty() {
 		opts.ByObject[&v1beta1.RedisCluster{}] = cache.ByObject{Label: selector}

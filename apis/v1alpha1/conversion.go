@@ -17,11 +17,23 @@ import (
 // Conversion to and from v1beta1, the hub. The two versions hold the same values; only some live
 // at other paths, listed in the moves below (v1alpha1's path, then v1beta1's). A conversion
 // moves them on the object's JSON and decodes the result strictly, so a field that one version
-// has and the other lacks cannot be dropped unnoticed: converting from v1beta1 keeps such
+// has and the other lacks cannot be dropped unnoticed: converting from v1beta1 keeps such spec
 // fields in the annotation FieldsAnnotation, and converting back puts them in place again.
+//
+// Status fields never travel in the annotation. Whoever may update a RedisCluster may write its
+// annotations, but not its status: on an update of the main resource the API server puts back
+// the status the object had, and converts the result to v1beta1 only afterwards, annotations as
+// the writer sent them. A status field carried in the annotation would thus be set by a write
+// that may not set status (a forged lease, a credential that is not one). A conversion cannot
+// tell that write from a write of the status subresource, so it takes no status from the
+// annotation at all, and a v1beta1 status field without a place in v1alpha1 is left out of the
+// v1alpha1 object instead: a v1alpha1 reader does not know it, and a v1alpha1 write (of either
+// kind) stores the object without it. No such field exists (TestConversionRoundTrip fails when
+// one is added, as it would not come back): one must come with a place in v1alpha1's status,
+// where the API server keeps main-resource writes from it.
 
-// FieldsAnnotation holds, on a v1alpha1 object converted from v1beta1, the v1beta1 fields that
-// v1alpha1 has no place for, as a JSON object from JSON pointer to value.
+// FieldsAnnotation holds, on a v1alpha1 object converted from v1beta1, the v1beta1 spec fields
+// that v1alpha1 has no place for, as a JSON object from JSON pointer to value.
 const FieldsAnnotation = "keyroll.dev/v1beta1-fields"
 
 // move is one field at a path in v1alpha1 and at another in v1beta1.
@@ -85,8 +97,9 @@ func toHub(src runtime.Object, dst conversion.Hub, moves []move) error {
 	// The kept fields are where fromHub found them missing: at v1alpha1's paths, which v1alpha1's
 	// type has no field for. One that it has would override the value v1alpha1's schema validated
 	// with one no schema has seen: refused.
+	// So is one that v1alpha1 has at another path (a move's), or a part of one.
 	for _, p := range sortedKeys(kept) {
-		if hasField(reflect.TypeOf(src), strings.Split(strings.TrimPrefix(p, "/"), "/")) {
+		if hasField(reflect.TypeOf(src), strings.Split(strings.TrimPrefix(p, "/"), "/")) || movedHere(moves, p) {
 			return fmt.Errorf("metadata.annotations[%s]: %q is a field of %s: set it there", FieldsAnnotation, p, GroupVersion)
 		}
 		setPath(obj, p, kept[p])
@@ -98,8 +111,17 @@ func toHub(src runtime.Object, dst conversion.Hub, moves []move) error {
 	return decodeStrict(obj, dst)
 }
 
+// movedHere says whether v1beta1's path p holds, contains or is part of a field that v1alpha1
+// has at another path.
+func movedHere(moves []move, p string) bool {
+	return slices.ContainsFunc(moves, func(m move) bool {
+		return p == m.beta || strings.HasPrefix(p, m.beta+"/") || strings.HasPrefix(m.beta, p+"/")
+	})
+}
+
 // fromHub moves src's fields to their v1alpha1 paths and decodes the result into dst; whatever
-// v1alpha1 has no place for goes into FieldsAnnotation.
+// of spec v1alpha1 has no place for goes into FieldsAnnotation, whatever of status is left out
+// (see above).
 func fromHub(src conversion.Hub, dst runtime.Object, moves []move) error {
 	obj, err := toMap(src)
 	if err != nil {
@@ -118,6 +140,11 @@ func fromHub(src conversion.Hub, dst runtime.Object, moves []move) error {
 	}
 	extra := map[string]any{}
 	missing(obj, back, "", extra)
+	for p := range extra {
+		if p == "/status" || strings.HasPrefix(p, "/status/") {
+			delete(extra, p)
+		}
+	}
 	if len(extra) == 0 {
 		return nil
 	}
@@ -168,8 +195,8 @@ func takeKeptFields(obj map[string]any) (map[string]any, error) {
 		return nil, fmt.Errorf("metadata.annotations[%s]: not a JSON object of fields: %w", FieldsAnnotation, err)
 	}
 	for p := range kept {
-		if !strings.HasPrefix(p, "/spec/") && !strings.HasPrefix(p, "/status/") {
-			return nil, fmt.Errorf("metadata.annotations[%s]: %q is not a field of spec or status", FieldsAnnotation, p)
+		if !strings.HasPrefix(p, "/spec/") {
+			return nil, fmt.Errorf("metadata.annotations[%s]: %q is not a field of spec: the annotation carries no status, and a write of the object may not set it", FieldsAnnotation, p)
 		}
 	}
 	return kept, nil

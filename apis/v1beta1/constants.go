@@ -222,6 +222,9 @@ const (
 	// that reference the credentials Secret; the event names those restarted and those only
 	// reported (a CronJob).
 	EventConsumersDiscovered = "ConsumersDiscovered"
+	// EventConsumerDiscoveryBounded: at a rollout's start, rollout.discoverConsumers reached the
+	// number of workloads keyroll examines and left the rest of the namespace unexamined.
+	EventConsumerDiscoveryBounded = "ConsumerDiscoveryBounded"
 	// EventUnlistedClientRestarting: with rollout.unlistedClients Restart, a workload whose pods
 	// are logged in with a superseded user becomes a consumer and is restarted.
 	EventUnlistedClientRestarting = "UnlistedClientRestarting"

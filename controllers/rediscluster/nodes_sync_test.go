@@ -50,6 +50,8 @@ func newGround(t *testing.T, n int, extra ...client.Object) *ground {
 	sts := render.StatefulSet(rc, "", "probe:v1")
 	sts.UID = "sts-uid"
 	sts.OwnerReferences = []metav1.OwnerReference{{APIVersion: "keyroll.dev/v1beta1", Kind: "RedisCluster", Name: rc.Name, UID: rc.UID, Controller: ptr.To(true)}}
+	sts.Status.CurrentRevision, sts.Status.UpdateRevision = testRevision, testRevision
+	sts.CreationTimestamp = metav1.NewTime(stsCreated)
 	objs := append([]client.Object{sts}, extra...)
 	g := &ground{rc: rc, redis: redisnodetest.New(), events: events.NewFakeRecorder(100), clock: clocktesting.NewFakeClock(time.Now()),
 		in: render.Internal{Admin: "admin-password", Replication: "replication-password", Probe: "probe-password"}}
@@ -64,11 +66,20 @@ func newGround(t *testing.T, n int, extra ...client.Object) *ground {
 	return g
 }
 
-// redisPod is a pod with the cluster's labels, running Redis at the i-th address; owner, when
-// set, is its controller.
+// testRevision is the revision of the StatefulSet in these tests, as its status names it.
+const testRevision = "orders-5d8f7c9b6"
+
+// stsCreated is when the ground's StatefulSet was created; its pods came a minute later.
+var stsCreated = time.Date(2026, 3, 4, 5, 0, 0, 0, time.UTC)
+
+// redisPod is a pod with the cluster's labels and the StatefulSet's revision, created after
+// the StatefulSet and running Redis at the i-th address; owner, when set, is its controller.
 func redisPod(rc *v1beta1.RedisCluster, name string, i int, owner *appsv1.StatefulSet) *corev1.Pod {
+	labels := render.SelectorLabels(rc)
+	labels[appsv1.ControllerRevisionHashLabelKey] = testRevision
 	p := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Namespace: rc.Namespace, Name: name, UID: types.UID("uid-" + name), Labels: render.SelectorLabels(rc)},
+		ObjectMeta: metav1.ObjectMeta{Namespace: rc.Namespace, Name: name, UID: types.UID("uid-" + name), Labels: labels,
+			CreationTimestamp: metav1.NewTime(stsCreated.Add(time.Minute))},
 		Status: corev1.PodStatus{PodIP: fmt.Sprintf("10.0.0.%d", 10+i),
 			Conditions:        []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}},
 			ContainerStatuses: []corev1.ContainerStatus{{Name: "redis", State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}}}},

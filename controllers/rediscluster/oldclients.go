@@ -215,8 +215,9 @@ func (r *deps) oldUserClients(ctx context.Context, rc *v1beta1.RedisCluster, adm
 		}
 	}
 	var out []v1beta1.OldUserClient
+	owners := &podOwners{Reader: r.APIReader}
 	for k, n := range count {
-		workload, listed, err := r.clientAt(ctx, rc, k[1])
+		workload, listed, err := r.clientAt(ctx, rc, owners, k[1])
 		if err != nil {
 			return nil, err
 		}
@@ -252,7 +253,7 @@ func unknownClients(p *corev1.Pod, users []string, err error, now time.Time) []v
 // clientAt names what the client at ip is (a pod's workload, "" for an address that is no pod's)
 // and says whether it is a listed consumer of rc. The pod is looked up past the cache, which holds
 // keyroll's own pods only.
-func (r *deps) clientAt(ctx context.Context, rc *v1beta1.RedisCluster, ip string) (string, bool, error) {
+func (r *deps) clientAt(ctx context.Context, rc *v1beta1.RedisCluster, owners *podOwners, ip string) (string, bool, error) {
 	pods := &corev1.PodList{}
 	if err := r.APIReader.List(ctx, pods, client.MatchingFields{"status.podIP": ip}); err != nil {
 		return "", false, fmt.Errorf("finding the pod at %s: %w", ip, err)
@@ -261,27 +262,16 @@ func (r *deps) clientAt(ctx context.Context, rc *v1beta1.RedisCluster, ip string
 		if p.Spec.HostNetwork || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
 			continue
 		}
-		kind, name := workloadOf(&p)
-		listed := p.Namespace == rc.Namespace && slices.Contains(consumerRefs(rc), v1beta1.ConsumerReference{Kind: kind, Name: name})
 		if p.Namespace != rc.Namespace {
 			return otherNamespace, false, nil // whose it is is not this namespace's to know
 		}
-		return kind + "/" + name, listed, nil
+		kind, name, err := owners.workloadOf(ctx, &p)
+		if err != nil {
+			return "", false, err
+		}
+		return kind + "/" + name, slices.Contains(consumerRefs(rc), v1beta1.ConsumerReference{Kind: kind, Name: name}), nil
 	}
 	return "", false, nil
-}
-
-// workloadOf is the workload a pod belongs to: its controller (a ReplicaSet's Deployment, named
-// by the ReplicaSet's name less the pod-template hash), or the pod itself.
-func workloadOf(p *corev1.Pod) (kind, name string) {
-	ref := metav1.GetControllerOf(p)
-	if ref == nil {
-		return "Pod", p.Name
-	}
-	if h := p.Labels["pod-template-hash"]; ref.Kind == "ReplicaSet" && h != "" && strings.HasSuffix(ref.Name, "-"+h) {
-		return "Deployment", strings.TrimSuffix(ref.Name, "-"+h)
-	}
-	return ref.Kind, ref.Name
 }
 
 // otherNamespace is the workload of a client whose pod is in another namespace.

@@ -8,9 +8,7 @@ import (
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/utils/ptr"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"github.com/keyroll/keyroll/apis/v1beta1"
@@ -114,14 +112,10 @@ func unlistedConnections(t *testing.T, ns, name string) float64 {
 // A pod's client is named by its workload; with Proceed the retirement waits for the grace from
 // when keyroll first saw it, then goes on and an event says whom it cut off.
 func TestProceedAfterGraceCutsOffAndSaysWhom(t *testing.T) {
+	d, rs, report := deploymentPod("report", "10.0.9.9")
 	h := newHarness(t, cluster(func(rc *v1beta1.RedisCluster) {
 		rc.Spec.Rollout.UnlistedClients = v1beta1.UnlistedClientsSpec{Action: v1beta1.UnlistedClientsProceed, Grace: &metav1.Duration{Duration: 30 * time.Second}}
-	}))
-	report := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "report-7d9f-abcde", Labels: map[string]string{"pod-template-hash": "7d9f"},
-			OwnerReferences: []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: "report-7d9f", UID: "rs", Controller: ptr.To(true)}}},
-		Status: corev1.PodStatus{PodIP: "10.0.9.9", Phase: corev1.PodRunning},
-	}
+	}), d, rs)
 	if err := h.k8s.Create(context.Background(), report); err != nil {
 		t.Fatal(err)
 	}

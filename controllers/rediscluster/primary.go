@@ -69,7 +69,7 @@ func (k *primaryKeeper) For(ctx context.Context, rc *v1beta1.RedisCluster, conds
 	}
 	for _, p := range k.lookAlikes.fresh(client.ObjectKeyFromObject(rc), m.LookAlikes) {
 		conds.EventAbout(p, true, v1beta1.EventLookAlikePod, "ListNodes",
-			"Pod %s carries the labels of this cluster's Redis pods but is not one of StatefulSet %s's pods: keyroll sends it nothing and does not count it as a Redis node", p.Name, rc.Name)
+			"Pod %s carries the labels of this cluster's Redis pods but is not one of StatefulSet %s's pods (%s): keyroll sends it nothing and does not count it as a Redis node", p.Name, rc.Name, m.Why[p.Name])
 	}
 	return &primaryView{RC: rc, Conds: conds, Admin: admin, Pods: m.Pods}, nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"strings"
 	"testing"
 	"time"
@@ -128,11 +129,14 @@ func runningPods(rc *v1beta1.RedisCluster) []client.Object {
 	sts := render.StatefulSet(rc, version, testProbeImage)
 	sts.UID = "sts-uid"
 	sts.OwnerReferences = []metav1.OwnerReference{{APIVersion: "keyroll.dev/v1beta1", Kind: "RedisCluster", Name: rc.Name, UID: rc.UID, Controller: ptr.To(true)}}
+	sts.Status.CurrentRevision, sts.Status.UpdateRevision = testRevision, testRevision
+	labels := render.SelectorLabels(rc)
+	labels[appsv1.ControllerRevisionHashLabelKey] = testRevision
 	pods := []client.Object{sts}
 	for i := range rc.Spec.Replicas {
 		pods = append(pods, &corev1.Pod{
 			ObjectMeta: metav1.ObjectMeta{Namespace: rc.Namespace, Name: fmt.Sprintf("%s-%d", rc.Name, i), UID: types.UID(fmt.Sprintf("pod-%d", i)),
-				Labels: render.SelectorLabels(rc), Annotations: sts.Spec.Template.Annotations,
+				Labels: maps.Clone(labels), Annotations: sts.Spec.Template.Annotations,
 				OwnerReferences: []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "StatefulSet", Name: sts.Name, UID: sts.UID, Controller: ptr.To(true)}}},
 			Status: corev1.PodStatus{PodIP: podIP(int(i)),
 				Conditions:        []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}},

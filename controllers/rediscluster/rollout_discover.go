@@ -2,6 +2,7 @@ package rediscluster
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -9,7 +10,9 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/keyroll/keyroll/apis/v1beta1"
@@ -51,9 +54,14 @@ func (r *Engine) discoverConsumers(ctx context.Context, s *step) error {
 		return slices.ContainsFunc(out, func(c v1beta1.ConsumerInUse) bool { return c.Kind == kind && c.Name == name })
 	}
 	if rc.Spec.Rollout.DiscoverConsumers {
-		found, err := r.referencing(ctx, rc)
+		found, stopped, err := r.referencing(ctx, rc)
 		if err != nil {
 			return err
+		}
+		if stopped {
+			s.conds.Event(true, v1beta1.EventConsumerDiscoveryBounded, "Rollout",
+				"rollout.discoverConsumers stopped after examining %d workloads of namespace %s, keyroll's bound: those past it were not looked at, and one that references Secret %s is restarted only if spec.rollout.consumers lists it",
+				maxDiscoveryExamined, rc.Namespace, render.CredentialsSecretName(rc))
 		}
 		var restarted, reported []string
 		for _, c := range found {
@@ -93,60 +101,102 @@ func (r *Engine) discoverConsumers(ctx context.Context, s *step) error {
 	return nil
 }
 
+// maxDiscoveryExamined is how many workloads rollout.discoverConsumers examines at most, all
+// kinds together: a namespace may hold hundreds of thousands of Jobs, each read in full from the
+// API server (past the cache) at every rotation. Discovery stops there and says so; the
+// workloads it did not reach can be listed in spec.rollout.consumers.
+const maxDiscoveryExamined = 5000
+
+// discoveryPage is how many objects one list request of discovery asks for.
+const discoveryPage = 500
+
+// discovery lists workloads of one namespace past the cache, a page at a time, and counts them
+// against maxDiscoveryExamined.
+type discovery struct {
+	reader   client.Reader
+	ns       string
+	examined int
+	// stopped says discovery reached maxDiscoveryExamined with workloads left to examine.
+	stopped bool
+}
+
+// errDiscoveryBound ends the walk of a page at maxDiscoveryExamined.
+var errDiscoveryBound = errors.New("discovery bound reached")
+
+// each calls visit on every object of newList's kind until the bound, reading a page at a time.
+func (d *discovery) each(ctx context.Context, newList func() client.ObjectList, what string, visit func(runtime.Object)) error {
+	token := ""
+	for !d.stopped {
+		list := newList()
+		if err := d.reader.List(ctx, list, client.InNamespace(d.ns), client.Limit(discoveryPage), client.Continue(token)); err != nil {
+			return fmt.Errorf("listing %s for rollout.discoverConsumers: %w", what, err)
+		}
+		err := apimeta.EachListItem(list, func(o runtime.Object) error {
+			if d.examined == maxDiscoveryExamined {
+				d.stopped = true
+				return errDiscoveryBound
+			}
+			d.examined++
+			visit(o)
+			return nil
+		})
+		if err != nil && !errors.Is(err, errDiscoveryBound) {
+			return err
+		}
+		if token = list.GetContinue(); token == "" {
+			return nil
+		}
+	}
+	return nil
+}
+
 // referencing lists the workloads in rc's namespace whose pod template references its
 // credentials Secret: Deployments, StatefulSets and DaemonSets (restarted), CronJobs and the Jobs
 // no CronJob runs (reported). Workloads a RedisCluster controls (keyroll's own) are left out.
-// They are read past the cache, which holds no consumer.
-func (r *Engine) referencing(ctx context.Context, rc *v1beta1.RedisCluster) ([]v1beta1.ConsumerInUse, error) {
+// They are read past the cache, which holds no consumer, in pages, up to maxDiscoveryExamined
+// (stopped says the bound cut discovery short); Jobs, which pile up, come last.
+func (r *Engine) referencing(ctx context.Context, rc *v1beta1.RedisCluster) (found []v1beta1.ConsumerInUse, stopped bool, err error) {
 	secret := render.CredentialsSecretName(rc)
-	in := client.InNamespace(rc.Namespace)
-	var out []v1beta1.ConsumerInUse
 	add := func(kind string, meta metav1.Object, spec *corev1.PodSpec, restarted bool) {
 		if owner := metav1.GetControllerOf(meta); owner != nil && (owner.Kind == "RedisCluster" || owner.Kind == "CronJob") {
 			return
 		}
 		if refs := secretReferences(spec, secret); len(refs) > 0 {
-			out = append(out, v1beta1.ConsumerInUse{Kind: kind, Name: meta.GetName(), Via: v1beta1.ConsumerDiscovered, References: refs, Restarted: restarted})
+			found = append(found, v1beta1.ConsumerInUse{Kind: kind, Name: meta.GetName(), Via: v1beta1.ConsumerDiscovered, References: refs, Restarted: restarted})
 		}
 	}
-	deps := &appsv1.DeploymentList{}
-	if err := r.APIReader.List(ctx, deps, in); err != nil {
-		return nil, fmt.Errorf("listing Deployments for rollout.discoverConsumers: %w", err)
-	}
-	for i := range deps.Items {
-		add("Deployment", &deps.Items[i], &deps.Items[i].Spec.Template.Spec, true)
-	}
-	sts := &appsv1.StatefulSetList{}
-	if err := r.APIReader.List(ctx, sts, in); err != nil {
-		return nil, fmt.Errorf("listing StatefulSets for rollout.discoverConsumers: %w", err)
-	}
-	for i := range sts.Items {
-		add("StatefulSet", &sts.Items[i], &sts.Items[i].Spec.Template.Spec, true)
-	}
-	dss := &appsv1.DaemonSetList{}
-	if err := r.APIReader.List(ctx, dss, in); err != nil {
-		return nil, fmt.Errorf("listing DaemonSets for rollout.discoverConsumers: %w", err)
-	}
-	for i := range dss.Items {
-		add("DaemonSet", &dss.Items[i], &dss.Items[i].Spec.Template.Spec, true)
-	}
-	cjs := &batchv1.CronJobList{}
-	if err := r.APIReader.List(ctx, cjs, in); err != nil {
-		return nil, fmt.Errorf("listing CronJobs for rollout.discoverConsumers: %w", err)
-	}
-	for i := range cjs.Items {
-		add("CronJob", &cjs.Items[i], &cjs.Items[i].Spec.JobTemplate.Spec.Template.Spec, false)
-	}
-	jobs := &batchv1.JobList{}
-	if err := r.APIReader.List(ctx, jobs, in); err != nil {
-		return nil, fmt.Errorf("listing Jobs for rollout.discoverConsumers: %w", err)
-	}
-	for i := range jobs.Items {
-		if jobs.Items[i].Status.CompletionTime == nil {
-			add("Job", &jobs.Items[i], &jobs.Items[i].Spec.Template.Spec, false)
+	visit := func(o runtime.Object) {
+		switch w := o.(type) {
+		case *appsv1.Deployment:
+			add("Deployment", w, &w.Spec.Template.Spec, true)
+		case *appsv1.StatefulSet:
+			add("StatefulSet", w, &w.Spec.Template.Spec, true)
+		case *appsv1.DaemonSet:
+			add("DaemonSet", w, &w.Spec.Template.Spec, true)
+		case *batchv1.CronJob:
+			add("CronJob", w, &w.Spec.JobTemplate.Spec.Template.Spec, false)
+		case *batchv1.Job:
+			if w.Status.CompletionTime == nil {
+				add("Job", w, &w.Spec.Template.Spec, false)
+			}
 		}
 	}
-	return out, nil
+	d := &discovery{reader: r.APIReader, ns: rc.Namespace}
+	for _, k := range []struct {
+		what string
+		list func() client.ObjectList
+	}{
+		{"Deployments", func() client.ObjectList { return &appsv1.DeploymentList{} }},
+		{"StatefulSets", func() client.ObjectList { return &appsv1.StatefulSetList{} }},
+		{"DaemonSets", func() client.ObjectList { return &appsv1.DaemonSetList{} }},
+		{"CronJobs", func() client.ObjectList { return &batchv1.CronJobList{} }},
+		{"Jobs", func() client.ObjectList { return &batchv1.JobList{} }},
+	} {
+		if err := d.each(ctx, k.list, k.what, visit); err != nil {
+			return nil, false, err
+		}
+	}
+	return found, d.stopped, nil
 }
 
 // secretReferences says where a pod spec uses Secret name: each container's (init containers'

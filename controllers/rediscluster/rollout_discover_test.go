@@ -160,16 +160,10 @@ func TestDiscoveredConsumersAreRolledOneAtATime(t *testing.T) {
 // a client outside the pod network is waited for and never touched; once both are gone, the
 // retirement goes on.
 func TestRestartActionRestartsTheLoggedInWorkload(t *testing.T) {
-	sel := &metav1.LabelSelector{MatchLabels: map[string]string{"app": "report"}}
-	report := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "report"}, Spec: appsv1.DeploymentSpec{Selector: sel}}
+	report, rs, pod := deploymentPod("report", "10.0.9.9")
 	h := newHarness(t, cluster(func(rc *v1beta1.RedisCluster) {
 		rc.Spec.Rollout.UnlistedClients = v1beta1.UnlistedClientsSpec{Action: v1beta1.UnlistedClientsRestart}
-	}), report)
-	pod := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "report-7d9f-abcde", Labels: map[string]string{"pod-template-hash": "7d9f", "app": "report"},
-			OwnerReferences: []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: "report-7d9f", UID: "rs", Controller: ptr.To(true)}}},
-		Status: corev1.PodStatus{PodIP: "10.0.9.9", Phase: corev1.PodRunning},
-	}
+	}), report, rs)
 	if err := h.k8s.Create(context.Background(), pod); err != nil {
 		t.Fatal(err)
 	}
