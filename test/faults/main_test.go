@@ -36,6 +36,10 @@ var (
 // A row's namespace and VaultConnection have its role's base name.
 var roles = []testground.RedisRole{
 	{Name: "f-issue", DefaultTTL: 10 * time.Minute, MaxTTL: time.Hour},
+	// TestHugeClientNamesDoNotHurtTheManager: the cluster whose clients have huge names, and
+	// another whose short leases must go on being renewed meanwhile.
+	{Name: "f-hugenames", DefaultTTL: 10 * time.Minute, MaxTTL: time.Hour},
+	{Name: "f-hugenames-other", DefaultTTL: 30 * time.Second, MaxTTL: time.Hour},
 	{Name: "f-issue-report", DefaultTTL: 30 * time.Second, MaxTTL: time.Hour},
 	{Name: "f-intents", DefaultTTL: 10 * time.Minute, MaxTTL: time.Hour},
 	{Name: "f-nsid.orders", DefaultTTL: 10 * time.Minute, MaxTTL: time.Hour},
