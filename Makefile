@@ -37,13 +37,13 @@ help: ## List the targets.
 HELM_CHART := deploy/helm/keyroll
 
 .PHONY: manifests
-manifests: ## Generate the CRDs (deploy/crd) and RBAC (deploy/rbac) from the markers, copy them, with the alerts, into the Helm chart, and write the OLM bundle.
+manifests: ## Generate the CRDs (deploy/crd) and RBAC (deploy/rbac) from the markers, copy them, with the admission policies and the alerts, into the Helm chart, and write the OLM bundle.
 	$(CONTROLLER_GEN) crd paths=./apis/... output:crd:artifacts:config=deploy/crd
 	test/tools/crd-conversion.sh deploy/crd/keyroll.dev_*.yaml
 	$(CONTROLLER_GEN) rbac:roleName=keyroll-manager "paths={./controllers/...,./}" output:rbac:artifacts:config=deploy/rbac
 	rm -f $(HELM_CHART)/crds/*.yaml
 	cp deploy/crd/keyroll.dev_*.yaml $(HELM_CHART)/crds/
-	cp deploy/rbac/role.yaml deploy/rbac/metrics_reader_role.yaml $(HELM_CHART)/files/rbac/
+	cp deploy/rbac/role.yaml deploy/rbac/metrics_reader_role.yaml deploy/rbac/admission_policies.yaml $(HELM_CHART)/files/rbac/
 	cp deploy/monitoring/alerts.yaml $(HELM_CHART)/files/monitoring/
 	$(GO) run ./test/bundle
 

@@ -55,7 +55,8 @@ func TestDeployDefaultInstallsUnderRestrictedPodSecurity(t *testing.T) {
 	}
 	for kind, n := range map[string]int{"CustomResourceDefinition": 2, "Namespace": 1, "ServiceAccount": 1,
 		"ClusterRole": 3, "ClusterRoleBinding": 1, "Role": 1, "RoleBinding": 1, "Deployment": 1,
-		"Service": 2, "PodDisruptionBudget": 1, "NetworkPolicy": 1} {
+		"Service": 2, "PodDisruptionBudget": 1, "NetworkPolicy": 1,
+		"ValidatingAdmissionPolicy": 2, "ValidatingAdmissionPolicyBinding": 2} {
 		if kinds[kind] != n {
 			t.Errorf("deploy/default renders %d %s, want %d", kinds[kind], kind, n)
 		}

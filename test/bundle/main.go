@@ -117,6 +117,10 @@ func Generate() (map[string][]byte, error) {
 			if files["bundle/manifests/keyroll-"+strings.ToLower(o.GetKind())+"-"+o.GetName()+".yaml"], err = yaml.Marshal(o.Object); err != nil {
 				return nil, err
 			}
+		case "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding":
+			// OLM installs neither kind from a bundle: under OLM, a cluster administrator applies
+			// deploy/rbac/admission_policies.yaml, with the service account OLM gives the manager.
+			continue
 		case "ClusterRole":
 			if bound(objs, o.GetName()) {
 				continue // in the CSV's clusterPermissions

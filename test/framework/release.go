@@ -72,10 +72,14 @@ func (f *Framework) removePrevious() {
 
 // ManagerOverlay writes a kustomization that takes deploy/default of the tree root and sets the
 // manager's image, and returns its directory: `kubectl apply -k` of it installs keyroll as a user
-// does, with one change: the manager handles the package's RedisClusters and VaultConnections
-// alone (--watch-selector). With crds false it leaves the tree's CRDs out: on a shared ground the
-// ground's CRDs, this tree's, are a superset of an earlier release's, and the other packages use
-// their new fields (an older CRD would have the API server prune them).
+// does, with two changes: the manager handles the package's RedisClusters and VaultConnections
+// alone (--watch-selector), and the admission policy that keeps every RedisCluster's status to the
+// manager's service account is left out (the operators in the test processes write status as the
+// ground's administrator, on a shared ground those of every package; the policy that bounds the
+// manager's own writes stays, and holds the deployed manager). With crds false it leaves the
+// tree's CRDs out: on a shared ground the ground's CRDs, this tree's, are a superset of an earlier
+// release's, and the other packages use their new fields (an older CRD would have the API server
+// prune them).
 func (f *Framework) ManagerOverlay(t testing.TB, root, image string, crds bool) string {
 	t.Helper()
 	dir := t.TempDir()
@@ -86,7 +90,10 @@ func (f *Framework) ManagerOverlay(t testing.TB, root, image string, crds bool) 
 	name, tag, _ := strings.Cut(image, ":")
 	k := fmt.Sprintf("resources:\n- %s\nimages:\n- name: keyroll\n  newName: %s\n  newTag: %s\n", base, name, tag) +
 		fmt.Sprintf("patches:\n- target: {kind: Deployment}\n  patch: |-\n    - op: add\n      path: /spec/template/spec/containers/0/args/-\n      value: %q\n",
-			"--watch-selector="+f.Selector().String())
+			"--watch-selector="+f.Selector().String()) +
+		// The policy and its binding share the name; an earlier release has neither.
+		"- target: {group: admissionregistration.k8s.io, name: keyroll-redisclusters-status}\n  patch: |-\n    $patch: delete\n" +
+		"    apiVersion: admissionregistration.k8s.io/v1\n    kind: ValidatingAdmissionPolicy\n    metadata:\n      name: any\n"
 	if !crds {
 		k += "- target: {kind: CustomResourceDefinition}\n  patch: |-\n    $patch: delete\n    apiVersion: apiextensions.k8s.io/v1\n    kind: CustomResourceDefinition\n    metadata:\n      name: any\n"
 	}

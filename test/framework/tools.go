@@ -134,3 +134,16 @@ func (f *Framework) WarningClient(t testing.TB) (client.Client, *WarningRecorder
 	}
 	return c, warnings
 }
+
+// ClientAs is a client of the ground that makes every request as user, in groups (impersonated by
+// the ground's administrator): what RBAC and admission let that user do, and no more.
+func (f *Framework) ClientAs(t testing.TB, user string, groups ...string) client.Client {
+	t.Helper()
+	cfg := rest.CopyConfig(f.Ground.CP.Config)
+	cfg.Impersonate = rest.ImpersonationConfig{UserName: user, Groups: groups}
+	c, err := client.New(cfg, client.Options{Scheme: f.Client.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}

@@ -80,7 +80,10 @@ func TestHelmChartRendersAndLints(t *testing.T) {
 		"no metrics":    {"--set", "metrics.enabled=false"},
 		"one replica": {"--set", "replicas=1", "--set", "leaderElection.enabled=false",
 			"--set", "podDisruptionBudget.enabled=false", "--set", "networkPolicy.enabled=false", "--set", "log.format=console"},
-		"cert-manager": {"--set", "webhook.certManager.enabled=true"},
+		"cert-manager":          {"--set", "webhook.certManager.enabled=true"},
+		"no admission policies": {"--set", "admissionPolicies.enabled=false"},
+		"beside another install": {"--set", "serviceAccount.name=canary",
+			"--set-json", `admissionPolicies.redisClusterSelector={"matchLabels":{"keyroll.dev/install":"canary"}}`},
 		"cert-manager, own issuer": {"--set", "webhook.certManager.enabled=true",
 			"--set-json", `webhook.certManager.issuerRef={"name":"corp-ca","kind":"ClusterIssuer","group":"cert-manager.io"}`},
 	}
@@ -256,11 +259,48 @@ func testValues(t *testing.T, variants map[string][]string) {
 	convert(t, one(t, kust, "Deployment", "keyroll-manager"), &kd)
 	wantArgs(t, "deploy/cert-manager", kd.Spec.Template.Spec.Containers[0].Args, "--webhook-certificate=cert-manager")
 
+	checkAdmissionPolicies(t, rendered)
+
 	d, c = mgr("one replica")
 	wantArgs(t, "one replica", c.Args, "--leader-elect=false", "--zap-encoder=console")
 	if *d.Spec.Replicas != 1 || len(render.Find(rendered["one replica"], "PodDisruptionBudget", "")) != 0 ||
 		len(render.Find(rendered["one replica"], "NetworkPolicy", "")) != 0 {
 		t.Error("one replica: replicas, or a PodDisruptionBudget or NetworkPolicy that was turned off")
+	}
+}
+
+// checkAdmissionPolicies: the chart renders the admission policies of deploy/rbac with its own
+// manager's user, two policies and their bindings by default and none when turned off; beside
+// another install, the status policy covers the RedisClusters of the selector it is given.
+func checkAdmissionPolicies(t *testing.T, rendered map[string][]*unstructured.Unstructured) {
+	t.Helper()
+	count := func(variant string) int {
+		return len(render.Find(rendered[variant], "ValidatingAdmissionPolicy", "")) + len(render.Find(rendered[variant], "ValidatingAdmissionPolicyBinding", ""))
+	}
+	if n := count("defaults"); n != 4 {
+		t.Errorf("defaults render %d admission policies and bindings, want 4", n)
+	}
+	if n := count("no admission policies"); n != 0 {
+		t.Errorf("with admissionPolicies.enabled=false the chart renders %d admission policies and bindings", n)
+	}
+	for variant, user := range map[string]string{"defaults": "keyroll-system:keyroll-manager", "beside another install": "keyroll-system:canary"} {
+		for _, p := range render.Find(rendered[variant], "ValidatingAdmissionPolicy", "") {
+			b, err := json.Marshal(p.Object["spec"])
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n := strings.Count(string(b), "'system:serviceaccount:"); n == 0 || n != strings.Count(string(b), "'system:serviceaccount:"+user+"'") {
+				t.Errorf("%s: ValidatingAdmissionPolicy %s does not name the manager %s alone: %s", variant, p.GetName(), user, b)
+			}
+		}
+	}
+	binding := one(t, rendered["beside another install"], "ValidatingAdmissionPolicyBinding", "keyroll-redisclusters-status")
+	if sel, _, _ := unstructured.NestedStringMap(binding.Object, "spec", "matchResources", "objectSelector", "matchLabels"); sel["keyroll.dev/install"] != "canary" {
+		t.Errorf("beside another install: the status policy's binding does not select the install's RedisClusters: %v", binding.Object["spec"])
+	}
+	binding = one(t, rendered["defaults"], "ValidatingAdmissionPolicyBinding", "keyroll-redisclusters-status")
+	if _, found, _ := unstructured.NestedMap(binding.Object, "spec", "matchResources"); found {
+		t.Errorf("defaults: the status policy's binding selects some RedisClusters only: %v", binding.Object["spec"])
 	}
 }
 
@@ -281,7 +321,11 @@ func testSameAsDeploy(t *testing.T) {
 			continue
 		}
 		c := render.Find(chart, k.GetKind(), k.GetName())
-		if len(c) != 1 || c[0].GetNamespace() != k.GetNamespace() {
+		ns := k.GetNamespace()
+		if strings.HasPrefix(k.GetKind(), "ValidatingAdmissionPolicy") {
+			ns = "" // cluster-scoped: kustomize gives them deploy/default's namespace all the same (kustomize#6051)
+		}
+		if len(c) != 1 || c[0].GetNamespace() != ns {
 			t.Errorf("the chart does not render %s %s/%s of deploy/default", k.GetKind(), k.GetNamespace(), k.GetName())
 			continue
 		}
@@ -301,9 +345,11 @@ func testSameAsDeploy(t *testing.T) {
 			}
 		case "Deployment":
 			sameManager(t, c[0], k)
+		case "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding":
+			same(t, k.GetKind()+" "+k.GetName(), c[0].Object["spec"], k.Object["spec"])
 		}
 	}
-	for _, kind := range []string{"ClusterRole", "Role", "CustomResourceDefinition"} {
+	for _, kind := range []string{"ClusterRole", "Role", "CustomResourceDefinition", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"} {
 		if n, m := len(render.Find(chart, kind, "")), len(render.Find(kust, kind, "")); n != m {
 			t.Errorf("the chart renders %d %s, deploy/default %d", n, kind, m)
 		}
