@@ -18,7 +18,8 @@ import (
 
 // floodSource is a second address of this machine on the node's bridge, for connections that
 // must not come from the node's own address (the kubelet's): another pod, as the sidecar sees it.
-const floodSource = "10.212.0.250"
+// It lies below the pods' range (the CNI config's rangeStart, 10.212.0.10), so no pod has it.
+const floodSource = "10.212.0.9"
 
 // addBridgeAddress gives the node's bridge floodSource until the test ends.
 func addBridgeAddress(t *testing.T) {
