@@ -51,7 +51,12 @@ func TestMain(m *testing.M) {
 			if auditLog, err = f.EnableAudit(ctx); err != nil {
 				return err
 			}
-			return f.WriteExternalSecretsPolicy(ctx, f.Name("eso"))
+			if err := f.WriteExternalSecretsPolicy(ctx, f.Name("eso")); err != nil {
+				return err
+			}
+			// The manager's image (TestV1alpha1ObjectsSurviveTheUpgrade runs it) is built before
+			// any test's clock starts.
+			return f.Ground.Node.LoadManagerImage(ctx)
 		},
 	})
 	// The operators in this process have the deployed manager's identity: its service account,

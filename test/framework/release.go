@@ -46,7 +46,9 @@ func (f *Framework) Previous(t testing.TB) string {
 			return
 		}
 		f.previousDir = dir
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+		// A cold build of another tree's manager (its own dependencies, beside the suite's load)
+		// takes many minutes on a fresh machine; the bound is for a build that hangs.
+		ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
 		defer cancel()
 		archive := filepath.Join(dir, "keyroll-image.tar")
 		cmd := exec.CommandContext(ctx, "make", "--no-print-directory", "image", "IMG="+PreviousImage, "IMAGE_ARCHIVE="+archive)

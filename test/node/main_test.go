@@ -40,7 +40,12 @@ func TestMain(m *testing.M) {
 			if auditLog, err = f.EnableAudit(ctx); err != nil {
 				return err
 			}
-			return f.WriteExternalSecretsPolicy(ctx, f.Name("eso"))
+			if err := f.WriteExternalSecretsPolicy(ctx, f.Name("eso")); err != nil {
+				return err
+			}
+			// The manager's image, which most tests here run, is built before any test's clock
+			// starts: a cold build beside the suite's load takes longer than a test's deadline.
+			return f.Ground.Node.LoadManagerImage(ctx)
 		},
 		// keyroll's manager runs in this process, with leader election on the Lease the deployed
 		// manager uses, so that the two never act at once.

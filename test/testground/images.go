@@ -396,13 +396,25 @@ func copyFile(src, dst string) error {
 }
 
 // LoadManagerImage builds keyroll's manager image with `make image` (the static binary on an
-// empty base, as a user builds it) and imports it into the node as ManagerImage.
+// empty base, as a user builds it) and imports it into the node as ManagerImage, once per
+// process: the tree does not change while tests run, and a later call finds it loaded. A package
+// whose tests need it loads it in its setup, before any test's clock starts: a cold build of the
+// manager beside the suite's load takes minutes.
 func (n *Node) LoadManagerImage(ctx context.Context) error {
+	n.managerImage.Lock()
+	defer n.managerImage.Unlock()
+	if n.managerImage.loaded {
+		return nil
+	}
 	archive := filepath.Join(n.Dir, "keyroll-image.tar")
 	cmd := exec.CommandContext(ctx, "make", "--no-print-directory", "image", "IMG="+ManagerImage, "IMAGE_ARCHIVE="+archive)
 	cmd.Dir = RepoRoot()
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("make image: %w: %s", err, out)
 	}
-	return n.ImportImage(archive)
+	if err := n.ImportImage(archive); err != nil {
+		return err
+	}
+	n.managerImage.loaded = true
+	return nil
 }

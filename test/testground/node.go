@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync"
 	"syscall"
 	"time"
 
@@ -58,6 +59,11 @@ type Node struct {
 	// attached: the node runs in another process (Attach); kubeletPID is its kubelet's.
 	attached   bool
 	kubeletPID int
+	// managerImage says whether LoadManagerImage loaded the manager's image already.
+	managerImage struct {
+		sync.Mutex
+		loaded bool
+	}
 }
 
 // PrepareNode readies the machine for a real node before the control plane starts: it takes the
