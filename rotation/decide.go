@@ -57,6 +57,13 @@ const (
 	ReasonRolloutInProgress Reason = "RolloutInProgress"
 	// ReasonOutsideMaintenanceWindow: a scheduled rotation is due but waits for the window (Nothing).
 	ReasonOutsideMaintenanceWindow Reason = "OutsideMaintenanceWindow"
+	// ReasonNotDelivered: the schedule's activation has come, but the current credential has not
+	// reached every Redis node and consumer yet; the rotation waits for the first activation after
+	// it has (Nothing).
+	ReasonNotDelivered Reason = "NotDelivered"
+	// ReasonWaitingForTurn: a rotation asked for or scheduled waits for its turn for Vault
+	// (RotationsHeldUntil); renewals go on (Nothing).
+	ReasonWaitingForTurn Reason = "WaitingForTurn"
 	// ReasonUpToDate: nothing is due (Nothing).
 	ReasonUpToDate Reason = "UpToDate"
 )
@@ -102,6 +109,10 @@ type Input struct {
 	Schedule Schedule
 	// LastRotation is when the credential was last rotated or first issued.
 	LastRotation time.Time
+	// DeliveredAt is when the current credential had reached every Redis node and the consumers'
+	// Secret, and every consumer had rolled out onto it; zero while it has not. Scheduled rotations
+	// count from it (see Decide).
+	DeliveredAt time.Time
 	// Paused stops scheduled and requested rotations; renewals go on.
 	Paused bool
 	// RotateNow is the value of the rotate-now annotation, RotateNowAcknowledged the last value
@@ -115,6 +126,10 @@ type Input struct {
 	// SourceChanged: the owner pointed the cluster at another source (a VaultConnection or a
 	// Vault path other than the one the current lease came from); a credential from it is due.
 	SourceChanged bool
+	// RotationsHeldUntil holds the rotations that may wait (Decision.Deferrable) until then: their
+	// turn for Vault, whose rate the namespaces share, has not come. Whatever else is due (a
+	// renewal, a lookup, a replacement that saves the lease) goes on meanwhile.
+	RotationsHeldUntil time.Time
 }
 
 // Decision is what the controller should do and when to look again.
@@ -153,8 +168,17 @@ type Decision struct {
 //     source (VaultConnection or path): Rotate now, even when paused.
 //  4. Paused: no scheduled or requested rotation.
 //  5. Rotate-now requested: Rotate, maintenance window or not.
+//     Like the scheduled rotation below, it waits while RotationsHeldUntil is to come.
 //  6. Scheduled rotation due (NextRotation at or before Now): Rotate once, however many
 //     activations were missed; outside the maintenance window it waits for the window to open.
+//     The schedule counts from the later of LastRotation and DeliveredAt, and waits while the
+//     credential is not delivered: a credential is in use for at least one activation of the
+//     schedule before it is replaced. Rotating the moment a delivery ends because an activation
+//     fell while it went on (a one-minute schedule and a credential issued seconds before the
+//     minute; a rollout longer than the schedule's period) would replace a credential no one had
+//     used yet, and cost Vault an issue and every consumer a restart for nothing; waiting for the
+//     next activation keeps the schedule's rhythm, and a credential delivered long ago (the
+//     operator was down) is still rotated at once.
 //  7. Renewable lease past its NextRenewal: Renew.
 //  8. Lease past its NextLeaseCheck: Check.
 //  9. Otherwise Nothing until When.
@@ -207,7 +231,7 @@ type plan struct {
 
 // makePlan computes the next renewal, replacement and scheduled rotation.
 func makePlan(in Input) plan {
-	p := plan{rotation: NextRotation(in.Schedule, in.LastRotation), tokenReplace: tokenReplacement(in)}
+	p := plan{rotation: NextRotation(in.Schedule, rotationBasis(in)), tokenReplace: tokenReplacement(in)}
 	term := leaseTerm(in)
 	if term <= 0 || in.ExpiresAt.IsZero() {
 		return p
@@ -225,6 +249,23 @@ func makePlan(in Input) plan {
 	}
 	p.replace = at
 	return p
+}
+
+// rotationBasis is the time the schedule's next activation is counted from: the later of the last
+// rotation and the credential's delivery, or, while it is not delivered, now at the earliest (the
+// first activation after its delivery cannot come sooner than the next one from now).
+func rotationBasis(in Input) time.Time {
+	if in.LastRotation.IsZero() {
+		return time.Time{}
+	}
+	at := in.DeliveredAt
+	if at.IsZero() {
+		at = in.Now
+	}
+	if at.Before(in.LastRotation) {
+		return in.LastRotation
+	}
+	return at
 }
 
 // tokenReplacement is when a lease that would outlive the token that created it is replaced: at
@@ -292,7 +333,9 @@ func decideRotation(in Input, p plan) rotationOutcome {
 	case in.Paused:
 		return rotationOutcome{reason: ReasonPaused}
 	case rotateNowPending(in):
-		return rotationOutcome{rotate: true, reason: ReasonRotateNowRequested}
+		return heldBack(in, ReasonRotateNowRequested)
+	case in.DeliveredAt.IsZero() && due(NextRotation(in.Schedule, in.LastRotation), in.Now):
+		return rotationOutcome{reason: ReasonNotDelivered}
 	case !due(p.rotation, in.Now):
 		return rotationOutcome{reason: ReasonUpToDate}
 	case in.Window != nil && !in.Window.Contains(in.Now):
@@ -302,7 +345,31 @@ func decideRotation(in Input, p plan) rotationOutcome {
 	if due(in.Schedule.Next(p.rotation), in.Now) {
 		reason = ReasonMissedRotation
 	}
+	return heldBack(in, reason)
+}
+
+// heldBack is a rotation for reason, one that may wait, unless RotationsHeldUntil holds it back.
+func heldBack(in Input, reason Reason) rotationOutcome {
+	if in.RotationsHeldUntil.After(in.Now) {
+		return rotationOutcome{reason: ReasonWaitingForTurn, until: in.RotationsHeldUntil}
+	}
 	return rotationOutcome{rotate: true, reason: reason}
+}
+
+// Deferrable says whether the decision replaces a credential that stays good meanwhile: a rotation
+// asked for (rotate-now) or scheduled. Such a rotation may wait its turn for Vault (a share of the
+// connection's rate) without harm; an issue for a missing, gone or ending credential, a
+// replacement that saves a lease, and one for a changed source (the old one may be on its way
+// out) may not.
+func (d Decision) Deferrable() bool {
+	if d.Action != ActionRotate {
+		return false
+	}
+	switch d.Reason {
+	case ReasonRotateNowRequested, ReasonScheduledRotation, ReasonMissedRotation:
+		return true
+	}
+	return false
 }
 
 // rotateNowPending reports whether the rotate-now annotation asks for a rotation not yet acted on.

@@ -27,8 +27,21 @@ func TestDecide(t *testing.T) {
 	base := Input{
 		Now: now, HasCredential: true, ExpiresAt: issuedAt.Add(time.Hour), Renewable: true,
 		RenewedAt: issuedAt, LeaseDuration: time.Hour, MinTTL: time.Minute, RenewalPercent: 67,
-		RenewalKey: key, Schedule: daily, LastRotation: issuedAt,
+		RenewalKey: key, Schedule: daily, LastRotation: issuedAt, DeliveredAt: issuedAt.Add(time.Minute),
 	}
+	// rotated says the credential was rotated at at and delivered (on every node, rolled out)
+	// five minutes later.
+	rotated := func(in *Input, at time.Time) { in.LastRotation, in.DeliveredAt = at, at.Add(5*time.Minute) }
+	everyMinute := mustSchedule(t, "* * * * *")
+	// minute is the first full minute after now; firstIssue, eleven seconds before it, is when
+	// the first credential of a cluster on a one-minute schedule was issued.
+	minute := now.Add(time.Minute)
+	firstIssue := minute.Add(-11 * time.Second)
+	firstCredential := func(in *Input) {
+		in.Schedule, in.IssuedAt, in.LastRotation, in.RenewedAt = everyMinute, firstIssue, firstIssue, firstIssue
+		in.ExpiresAt, in.DeliveredAt = firstIssue.Add(time.Hour), time.Time{}
+	}
+	firstRenewAt := NextRenewal(firstIssue, time.Hour, 67, key)
 	capped := func(in *Input) {
 		in.RenewalCapped, in.CappedTTL, in.RenewedAt, in.ExpiresAt = true, 20*time.Minute, cappedAt, cappedAt.Add(20*time.Minute)
 	}
@@ -39,9 +52,10 @@ func TestDecide(t *testing.T) {
 		"nothing to do until the renewal": {
 			in: func(*Input) {}, want: Decision{Action: ActionNothing, Reason: ReasonUpToDate, When: renewAt},
 		},
+		// @every counts from the delivery, a minute after the issue.
 		"nothing to do until a rotation sooner than the renewal": {
 			in:   func(in *Input) { in.Schedule = every15m },
-			want: Decision{Action: ActionNothing, Reason: ReasonUpToDate, When: issuedAt.Add(15 * time.Minute)},
+			want: Decision{Action: ActionNothing, Reason: ReasonUpToDate, When: issuedAt.Add(16 * time.Minute)},
 		},
 		"no credential": {
 			in:   func(in *Input) { in.HasCredential, in.RotateNow = false, "1" },
@@ -105,15 +119,88 @@ func TestDecide(t *testing.T) {
 			want: Decision{Action: ActionNothing, Reason: ReasonUpToDate, When: now.Add(6 * time.Minute)},
 		},
 		"scheduled rotation due": {
-			in:   func(in *Input) { in.LastRotation = yesterday3am },
+			in:   func(in *Input) { rotated(in, yesterday3am) },
 			want: Decision{Action: ActionRotate, Reason: ReasonScheduledRotation, When: now},
 		},
 		"missed rotation is due once": {
-			in:   func(in *Input) { in.LastRotation = yesterday3am.Add(-5 * 24 * time.Hour) },
+			in:   func(in *Input) { rotated(in, yesterday3am.Add(-5*24*time.Hour)) },
 			want: Decision{Action: ActionRotate, Reason: ReasonMissedRotation, When: now},
 		},
+		"first credential, not delivered yet at the minute: the scheduled rotation waits": {
+			in:   func(in *Input) { firstCredential(in); in.Now = minute },
+			want: Decision{Action: ActionNothing, Reason: ReasonNotDelivered, When: minute.Add(time.Minute)},
+		},
+		"first credential, not delivered yet long after the minute: still waits, and nothing is planned in the past": {
+			in:   func(in *Input) { firstCredential(in); in.Now = minute.Add(90 * time.Second) },
+			want: Decision{Action: ActionNothing, Reason: ReasonNotDelivered, When: minute.Add(2 * time.Minute)},
+		},
+		"first credential delivered after the minute: rotated at the next minute, not at once": {
+			in: func(in *Input) {
+				firstCredential(in)
+				in.DeliveredAt, in.Now = minute.Add(20*time.Second), minute.Add(21*time.Second)
+			},
+			want: Decision{Action: ActionNothing, Reason: ReasonUpToDate, When: minute.Add(time.Minute)},
+		},
+		"first credential delivered after the minute: rotated at the next minute": {
+			in: func(in *Input) {
+				firstCredential(in)
+				in.DeliveredAt, in.Now = minute.Add(20*time.Second), minute.Add(time.Minute)
+			},
+			want: Decision{Action: ActionRotate, Reason: ReasonScheduledRotation, When: minute.Add(time.Minute)},
+		},
+		"first credential delivered before the minute: rotated at the minute": {
+			in: func(in *Input) {
+				firstCredential(in)
+				in.DeliveredAt, in.Now = minute.Add(-2*time.Second), minute
+			},
+			want: Decision{Action: ActionRotate, Reason: ReasonScheduledRotation, When: minute},
+		},
+		"a rollout longer than the schedule's period: the next rotation comes at the activation after it": {
+			in: func(in *Input) {
+				in.Schedule, in.LastRotation = everyMinute, now.Add(-150*time.Second)
+				in.DeliveredAt, in.Now = now.Add(20*time.Second), now.Add(21*time.Second)
+			},
+			want: Decision{Action: ActionNothing, Reason: ReasonUpToDate, When: minute},
+		},
+		"not delivered: rotate-now still rotates at once": {
+			in:   func(in *Input) { firstCredential(in); in.Now, in.RotateNow = minute, "1" },
+			want: Decision{Action: ActionRotate, Reason: ReasonRotateNowRequested, When: minute, AcknowledgeRotateNow: true},
+		},
+		"not delivered: a lease that cannot be renewed is still replaced before it ends": {
+			in: func(in *Input) {
+				firstCredential(in)
+				in.Renewable, in.Now = false, in.ExpiresAt.Add(-30*time.Second)
+			},
+			want: Decision{Action: ActionRotate, Reason: ReasonNotRenewable, When: firstIssue.Add(time.Hour - 30*time.Second)},
+		},
+		"not delivered: the lease is still renewed": {
+			in:   func(in *Input) { firstCredential(in); in.Now = firstRenewAt },
+			want: Decision{Action: ActionRenew, Reason: ReasonRenewalDue, When: firstRenewAt},
+		},
+		"rotate-now waiting for its turn: nothing until the turn": {
+			in:   func(in *Input) { in.RotateNow, in.RotationsHeldUntil = "1", now.Add(3*time.Second) },
+			want: Decision{Action: ActionNothing, Reason: ReasonWaitingForTurn, When: now.Add(3 * time.Second)},
+		},
+		"rotate-now at its turn": {
+			in:   func(in *Input) { in.RotateNow, in.RotationsHeldUntil = "1", now },
+			want: Decision{Action: ActionRotate, Reason: ReasonRotateNowRequested, When: now, AcknowledgeRotateNow: true},
+		},
+		"scheduled rotation waiting for its turn: the renewal due goes ahead": {
+			in: func(in *Input) {
+				in.Now, in.RotationsHeldUntil = renewAt, renewAt.Add(time.Second)
+				rotated(in, yesterday3am)
+			},
+			want: Decision{Action: ActionRenew, Reason: ReasonRenewalDue, When: renewAt},
+		},
+		"a replacement that saves the lease does not wait for a turn": {
+			in: func(in *Input) {
+				in.Renewable, in.Now = false, in.ExpiresAt.Add(-30*time.Second)
+				in.RotationsHeldUntil = in.Now.Add(time.Minute)
+			},
+			want: Decision{Action: ActionRotate, Reason: ReasonNotRenewable, When: issuedAt.Add(59*time.Minute + 30*time.Second)},
+		},
 		"rotation wins over a renewal due at the same time": {
-			in:   func(in *Input) { in.Now, in.LastRotation = renewAt, yesterday3am },
+			in:   func(in *Input) { in.Now = renewAt; rotated(in, yesterday3am) },
 			want: Decision{Action: ActionRotate, Reason: ReasonScheduledRotation, When: renewAt},
 		},
 		"paused holds a due rotation and ignores future ones": {
@@ -145,15 +232,15 @@ func TestDecide(t *testing.T) {
 			want: Decision{Action: ActionRotate, Reason: ReasonRotateNowRequested, When: now, AcknowledgeRotateNow: true},
 		},
 		"scheduled rotation waits for a closed window": {
-			in:   func(in *Input) { in.LastRotation, in.Window = yesterday3am, window("10:15", 30*time.Minute) },
+			in:   func(in *Input) { rotated(in, yesterday3am); in.Window = window("10:15", 30*time.Minute) },
 			want: Decision{Action: ActionNothing, Reason: ReasonOutsideMaintenanceWindow, When: now.Add(15 * time.Minute)},
 		},
 		"scheduled rotation in an open window": {
-			in:   func(in *Input) { in.LastRotation, in.Window = yesterday3am, window("09:30", time.Hour) },
+			in:   func(in *Input) { rotated(in, yesterday3am); in.Window = window("09:30", time.Hour) },
 			want: Decision{Action: ActionRotate, Reason: ReasonScheduledRotation, When: now},
 		},
 		"rollout in progress holds a due rotation": {
-			in:   func(in *Input) { in.LastRotation, in.RolloutInProgress, in.RotateNow = yesterday3am, true, "1" },
+			in:   func(in *Input) { rotated(in, yesterday3am); in.RolloutInProgress, in.RotateNow = true, "1" },
 			want: Decision{Action: ActionNothing, Reason: ReasonRolloutInProgress, When: renewAt},
 		},
 		"a replacement that saves the lease goes ahead of a rollout in progress": {
@@ -259,12 +346,13 @@ func TestMissedRotationOnce(t *testing.T) {
 		HasCredential: true,
 		Schedule:      mustSchedule(t, "0 3 * * *"),
 		LastRotation:  time.Date(2025, time.June, 1, 3, 0, 0, 0, time.UTC), // nine activations missed
+		DeliveredAt:   time.Date(2025, time.June, 1, 3, 2, 0, 0, time.UTC),
 	}
 	in.Now = clk.Now()
 	if d := Decide(in); d.Action != ActionRotate || d.Reason != ReasonMissedRotation {
 		t.Fatalf("after downtime: Decide = %s %s, want Rotate MissedRotation", d.Action, d.Reason)
 	}
-	in.LastRotation = clk.Now() // the controller rotated and recorded it
+	in.LastRotation, in.DeliveredAt = clk.Now(), clk.Now() // the controller rotated and delivered it
 	for clk.Now().Before(next) {
 		in.Now = clk.Now()
 		if d := Decide(in); d.Action != ActionNothing || !d.When.Equal(next) {
@@ -275,5 +363,65 @@ func TestMissedRotationOnce(t *testing.T) {
 	in.Now = clk.Now()
 	if d := Decide(in); d.Action != ActionRotate || d.Reason != ReasonScheduledRotation {
 		t.Errorf("at the next activation %s: Decide = %s %s, want Rotate ScheduledRotation", in.Now, d.Action, d.Reason)
+	}
+}
+
+// TestFirstCredentialIsUsedBeforeItIsRotated: on a one-minute schedule, a first credential issued
+// eleven seconds before the minute and delivered twenty seconds after it is not replaced at that
+// minute, nor the moment it is delivered, but at the minute after its delivery; a rotation asked
+// for meanwhile is not held back.
+func TestFirstCredentialIsUsedBeforeItIsRotated(t *testing.T) {
+	minute := time.Date(2025, time.June, 2, 10, 1, 0, 0, time.UTC)
+	issued, delivered := minute.Add(-11*time.Second), minute.Add(20*time.Second)
+	clk := testingclock.NewFakeClock(issued)
+	in := Input{HasCredential: true, Schedule: mustSchedule(t, "* * * * *"), IssuedAt: issued, LastRotation: issued}
+	for ; clk.Now().Before(delivered); clk.Step(time.Second) {
+		in.Now = clk.Now()
+		if d := Decide(in); d.Action != ActionNothing || !d.When.After(in.Now) {
+			t.Fatalf("at %s, not delivered: Decide = %s %s %s, want Nothing until later", in.Now, d.Action, d.Reason, d.When)
+		}
+		if pending := in; !clk.Now().Before(minute) {
+			pending.RotateNow = "1"
+			if d := Decide(pending); d.Action != ActionRotate || d.Reason != ReasonRotateNowRequested {
+				t.Fatalf("at %s, not delivered: rotate-now gives %s %s, want Rotate RotateNowRequested", in.Now, d.Action, d.Reason)
+			}
+		}
+	}
+	in.DeliveredAt = delivered
+	next := minute.Add(time.Minute)
+	for ; clk.Now().Before(next); clk.Step(time.Second) {
+		in.Now = clk.Now()
+		if d := Decide(in); d.Action != ActionNothing || !d.When.Equal(next) {
+			t.Fatalf("at %s, delivered at %s: Decide = %s %s %s, want Nothing until %s", in.Now, delivered, d.Action, d.Reason, d.When, next)
+		}
+	}
+	in.Now = clk.Now()
+	if d := Decide(in); d.Action != ActionRotate || d.Reason != ReasonScheduledRotation {
+		t.Errorf("at %s: Decide = %s %s, want Rotate ScheduledRotation", in.Now, d.Action, d.Reason)
+	}
+}
+
+func TestDeferrable(t *testing.T) {
+	for name, tc := range map[string]struct {
+		d    Decision
+		want bool
+	}{
+		"rotate-now":                         {Decision{Action: ActionRotate, Reason: ReasonRotateNowRequested}, true},
+		"scheduled":                          {Decision{Action: ActionRotate, Reason: ReasonScheduledRotation}, true},
+		"missed":                             {Decision{Action: ActionRotate, Reason: ReasonMissedRotation}, true},
+		"renewal capped":                     {Decision{Action: ActionRotate, Reason: ReasonRenewalCapped}, false},
+		"not renewable":                      {Decision{Action: ActionRotate, Reason: ReasonNotRenewable}, false},
+		"token ending":                       {Decision{Action: ActionRotate, Reason: ReasonTokenEnding}, false},
+		"source changed":                     {Decision{Action: ActionRotate, Reason: ReasonSourceChanged}, false},
+		"first issue":                        {Decision{Action: ActionIssue, Reason: ReasonNoCredential}, false},
+		"lease gone":                         {Decision{Action: ActionIssue, Reason: ReasonLeaseGone}, false},
+		"issue with rotate-now acknowledged": {Decision{Action: ActionIssue, Reason: ReasonLeaseExpired, AcknowledgeRotateNow: true}, false},
+		"renewal":                            {Decision{Action: ActionRenew, Reason: ReasonRenewalDue}, false},
+	} {
+		t.Run(name, func(t *testing.T) {
+			if got := tc.d.Deferrable(); got != tc.want {
+				t.Errorf("%s %s: Deferrable = %v, want %v", tc.d.Action, tc.d.Reason, got, tc.want)
+			}
+		})
 	}
 }

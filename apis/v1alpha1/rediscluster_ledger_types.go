@@ -98,6 +98,13 @@ type CredentialStatus struct {
 	// +optional
 	NextRotation *metav1.Time `json:"nextRotation,omitempty"`
 
+	// deliveredAt is when the credential had reached every Redis node and the consumers' Secret,
+	// and every consumer had rolled out onto it; unset until then. A scheduled rotation waits for
+	// it and comes at the schedule's first activation after it, so that no credential is replaced
+	// before anyone could use it.
+	// +optional
+	DeliveredAt *metav1.Time `json:"deliveredAt,omitempty"`
+
 	// rotationReason says why keyroll replaced the previous credential with this one, in
 	// keyroll's rotation reasons: NoCredential for the first, ScheduledRotation, MissedRotation,
 	// RotateNowRequested, TokenEnding (the Vault token that created the previous lease was to end before

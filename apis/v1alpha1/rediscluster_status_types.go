@@ -56,13 +56,17 @@ type RedisClusterStatus struct {
 	// +optional
 	Rollout *RolloutStatus `json:"rollout,omitempty"`
 
-	// rotateNowAcknowledged is the last value of the keyroll.dev/rotate-now annotation acted upon.
+	// rotateNowAcknowledged is the last value of the keyroll.dev/rotate-now annotation acted upon;
+	// a value over 256 characters is recorded as sha256:<its digest in hex>.
 	// +optional
+	// +kubebuilder:validation:MaxLength=256
 	RotateNowAcknowledged string `json:"rotateNowAcknowledged,omitempty"`
 
 	// dataPlaneUpgradeAcknowledged is the last value of the keyroll.dev/upgrade-data-plane
-	// annotation acted upon: every Redis pod was restarted onto this keyroll's data plane.
+	// annotation acted upon: every Redis pod was restarted onto this keyroll's data plane. A value
+	// over 256 characters is recorded as sha256:<its digest in hex>.
 	// +optional
+	// +kubebuilder:validation:MaxLength=256
 	DataPlaneUpgradeAcknowledged string `json:"dataPlaneUpgradeAcknowledged,omitempty"`
 
 	// primary is the Redis pod that is the cluster's primary: the client Service selects it.
@@ -122,7 +126,7 @@ type ConsumerInUse struct {
 	// (env, envFrom, volume, projected volume, with the container or volume named).
 	// +optional
 	// +kubebuilder:validation:MaxItems=8
-	// +kubebuilder:validation:items:MaxLength=512
+	// +kubebuilder:validation:items:MaxLength=256
 	References []string `json:"references,omitempty"`
 
 	// restarted says that keyroll restarts it at a rollout; false for a workload it only reports

@@ -93,6 +93,9 @@ type VaultConnectionSpec struct {
 	ExternalSecrets *ExternalSecretsAccess `json:"externalSecrets,omitempty"`
 
 	// rateLimit bounds the requests the operator sends to this Vault, for all RedisClusters together.
+	// Rotations that replace a credential still good (rotate-now, scheduled) wait their turn within
+	// a share of it: a quarter of qps and burst per namespace, half for all namespaces together, so
+	// that renewals and lookups, which keep leases alive, always find the other half.
 	// +optional
 	// +kubebuilder:default={qps: 20, burst: 40}
 	RateLimit *VaultRateLimit `json:"rateLimit,omitempty"`

@@ -116,6 +116,10 @@ func (in *CredentialStatus) DeepCopyInto(out *CredentialStatus) {
 		in, out := &in.NextRotation, &out.NextRotation
 		*out = (*in).DeepCopy()
 	}
+	if in.DeliveredAt != nil {
+		in, out := &in.DeliveredAt, &out.DeliveredAt
+		*out = (*in).DeepCopy()
+	}
 	if in.LeasesTracked != nil {
 		in, out := &in.LeasesTracked, &out.LeasesTracked
 		*out = new(bool)

@@ -1,6 +1,8 @@
 package v1beta1
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"slices"
 	"strings"
 	"time"
@@ -169,17 +171,45 @@ func (s *VaultConnectionStatus) TokenEnds() map[string]time.Time {
 	return out
 }
 
+// MaxAcknowledgement is the longest annotation value status records as it is
+// (status.rotateNowAcknowledged, dataPlaneUpgradeAcknowledged).
+const MaxAcknowledgement = 256
+
+// Acknowledgement is what status records of a request annotation's value: the value, or for one
+// over MaxAcknowledgement characters its SHA-256 digest (sha256:<hex>). An annotation may hold up
+// to 256 KiB, and copied whole into status it could take the object past what etcd stores, after
+// which no status write of the cluster would succeed; the digest still tells a new request from
+// the one acted upon.
+func Acknowledgement(value string) string {
+	if len(value) <= MaxAcknowledgement {
+		return value
+	}
+	sum := sha256.Sum256([]byte(value))
+	return "sha256:" + hex.EncodeToString(sum[:])
+}
+
+// RotateNowRequest is the rotate-now annotation's value as status acknowledges it (Acknowledgement).
+func (rc *RedisCluster) RotateNowRequest() string {
+	return Acknowledgement(rc.Annotations[AnnotationRotateNow])
+}
+
+// DataPlaneUpgradeRequest is the upgrade-data-plane annotation's value as status acknowledges it
+// (Acknowledgement).
+func (rc *RedisCluster) DataPlaneUpgradeRequest() string {
+	return Acknowledgement(rc.Annotations[AnnotationUpgradeDataPlane])
+}
+
 // DataPlaneUpgradeAsked says that the upgrade-data-plane annotation asks for a pending data-plane
 // change that keyroll has not yet acknowledged.
 func (rc *RedisCluster) DataPlaneUpgradeAsked() bool {
-	v := rc.Annotations[AnnotationUpgradeDataPlane]
+	v := rc.DataPlaneUpgradeRequest()
 	return v != "" && v != rc.Status.DataPlaneUpgradeAcknowledged
 }
 
 // RotationAsked says that the rotate-now annotation asks for a rotation keyroll has not yet
 // acknowledged, and rotations are not paused (a paused cluster's request waits for the pause to end).
 func (rc *RedisCluster) RotationAsked() bool {
-	v := rc.Annotations[AnnotationRotateNow]
+	v := rc.RotateNowRequest()
 	return v != "" && v != rc.Status.RotateNowAcknowledged && !rc.Spec.Rotation.Paused
 }
 

@@ -123,6 +123,10 @@ func (in *CredentialStatus) DeepCopyInto(out *CredentialStatus) {
 		in, out := &in.NextRotation, &out.NextRotation
 		*out = (*in).DeepCopy()
 	}
+	if in.DeliveredAt != nil {
+		in, out := &in.DeliveredAt, &out.DeliveredAt
+		*out = (*in).DeepCopy()
+	}
 	if in.SupersededUsers != nil {
 		in, out := &in.SupersededUsers, &out.SupersededUsers
 		*out = make([]string, len(*in))

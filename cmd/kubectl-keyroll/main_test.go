@@ -132,6 +132,7 @@ func TestStatusShowsLedgerRolloutAndSchedule(t *testing.T) {
 		"Ready", "True", "Available", "5m", "credential issued",
 		"v2hash", "V_TOKEN_ORDERS_NEW", "acc-new",
 		"Next renewal:", "2026-12-01T12:05:00Z (in 5m)", "Next rotation:", "2026-12-02T03:00:00Z (in 15h)",
+		"Delivered:", "not yet", // rolling out
 		"database/creds/orders/old", "Superseded", "acc-old", "2026-12-01T12:03:00Z (in 3m)",
 		"Active", "to version v2hash: 1/3 Redis pods updated, orders-1 in flight (restarted 20s ago), 0/1 consumers updated, started 60s ago",
 		"Redis nodes:", "orders-2", "u2hash", "30s ago",

@@ -44,7 +44,7 @@ func (o *options) rotate(ctx context.Context, name string, waitFor bool, timeout
 		return err
 	}
 	value := o.now().UTC().Format(time.RFC3339Nano)
-	if prev := rc.Annotations[v1beta1.AnnotationRotateNow]; prev == value || rc.Status.RotateNowAcknowledged == value {
+	if prev := rc.Annotations[v1beta1.AnnotationRotateNow]; prev == value || rc.Status.RotateNowAcknowledged == v1beta1.Acknowledgement(value) {
 		value += "-again"
 	}
 	before := rc.DeepCopy()

@@ -67,7 +67,7 @@ func viewOf(rc *v1beta1.RedisCluster) clusterView {
 		Rotation: rotationView{
 			Schedule: rc.Spec.Rotation.Schedule, Paused: rc.Spec.Rotation.Paused,
 			RotateNow: now, RotateNowAcknowledged: rc.Status.RotateNowAcknowledged,
-			Pending: now != "" && now != rc.Status.RotateNowAcknowledged,
+			Pending: now != "" && rc.RotateNowRequest() != rc.Status.RotateNowAcknowledged,
 		},
 		Conditions: rc.Status.Conditions, Credential: rc.Status.Credential,
 		Leases: leases, Rollout: rc.Status.Rollout, Consumers: len(rc.Spec.Rollout.Consumers),
@@ -206,6 +206,11 @@ func (o *options) printCredential(w io.Writer, cr *v1beta1.CredentialStatus) {
 	row("Last renewal:", o.when(cr.Lease.LastRenewal))
 	row("Next renewal:", o.when(cr.Lease.NextRenewal))
 	row("Last rotation:", o.when(cr.LastRotation))
+	delivered := o.when(cr.DeliveredAt)
+	if cr.DeliveredAt == nil {
+		delivered = "not yet (a scheduled rotation waits for it)"
+	}
+	row("Delivered:", delivered)
 	row("Next rotation:", o.when(cr.NextRotation))
 	if cr.ExternalSecret.RefreshRequestedAt != nil {
 		row("Refresh requested:", o.when(cr.ExternalSecret.RefreshRequestedAt))

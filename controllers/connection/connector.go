@@ -146,7 +146,16 @@ func (c *Connector) ClientFor(ctx context.Context, r client.Reader, u Use) (vaul
 	if err != nil {
 		return nil, &Refusal{v1beta1.ReasonConnectionNotReady, fmt.Sprintf("VaultConnection %q cannot be used: %v", u.Connection, err)}, nil
 	}
-	return ForNamespace(vcl, vc, u.Namespace), nil, nil
+	t := forNamespace(vcl, vc, u.Namespace)
+	t.turns = c.shared.rotationTurns(vc.Name, rateLimitOf(vc), c.clock())
+	return t, nil, nil
+}
+
+func (c *Connector) clock() clock.PassiveClock {
+	if c.Clock == nil {
+		return clock.RealClock{}
+	}
+	return c.Clock
 }
 
 // ClientOf is the Vault client of the VaultConnection name (read through r) for the leases of a
@@ -171,6 +180,14 @@ func (c *Connector) Forget(name string) {
 	}
 }
 
+// rateLimitOf is vc's spec.rateLimit (the zero value, the defaults, when unset).
+func rateLimitOf(vc *v1beta1.VaultConnection) vault.RateLimit {
+	if rl := vc.Spec.RateLimit; rl != nil {
+		return vault.RateLimit{QPS: float64(rl.QPS), Burst: int(rl.Burst)}
+	}
+	return vault.RateLimit{}
+}
+
 // config is the Vault client configuration of vc for namespace ("": the connection's own).
 func (c *Connector) config(ctx context.Context, vc *v1beta1.VaultConnection, namespace string) (vault.Config, error) {
 	spec := vc.Spec
@@ -188,9 +205,7 @@ func (c *Connector) config(ctx context.Context, vc *v1beta1.VaultConnection, nam
 	if c.TokenNamespace != "" && c.Writer != nil {
 		cfg.Tokens = newTokenStore(c.Writer, c.Reader, c.TokenNamespace, vc, namespace)
 	}
-	if spec.RateLimit != nil {
-		cfg.RateLimit = vault.RateLimit{QPS: float64(spec.RateLimit.QPS), Burst: int(spec.RateLimit.Burst)}
-	}
+	cfg.RateLimit = rateLimitOf(vc)
 	if vc.NamespaceIdentity() {
 		// One budget for the connection, however many namespaces log in through it.
 		cfg.Limiter = c.shared.limiter(vc.Name, cfg.RateLimit)

@@ -4,17 +4,20 @@ import (
 	"sync"
 
 	"golang.org/x/time/rate"
+	"k8s.io/utils/clock"
 
 	"github.com/keyroll/keyroll/vault"
 )
 
 // sharedLimits keeps, per VaultConnection, the keys of its clients in the cache (the connection's
-// own, and one per namespace with identity Namespace) and the rate limiter its namespaces' clients
-// share, so that spec.rateLimit bounds the connection as a whole.
+// own, and one per namespace with identity Namespace), the rate limiter its namespaces' clients
+// share, so that spec.rateLimit bounds the connection as a whole, and the turns its namespaces'
+// deferrable rotations take within that rate (turns.go).
 type sharedLimits struct {
 	mu       sync.Mutex
 	keys     map[string]map[string]bool
 	limiters map[string]limiterEntry
+	turns    map[string]*rotationTurns
 }
 
 type limiterEntry struct {
@@ -59,6 +62,21 @@ func (s *sharedLimits) limiter(connection string, settings vault.RateLimit) *rat
 	return l
 }
 
+// rotationTurns are the turns of connection's deferrable rotations, new when its settings change.
+func (s *sharedLimits) rotationTurns(connection string, settings vault.RateLimit, clk clock.PassiveClock) *rotationTurns {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if t, ok := s.turns[connection]; ok && t.settings == settings {
+		return t
+	}
+	if s.turns == nil {
+		s.turns = map[string]*rotationTurns{}
+	}
+	t := newRotationTurns(settings, clk)
+	s.turns[connection] = t
+	return t
+}
+
 // forget drops what is kept of connection and returns the cache keys of its clients.
 func (s *sharedLimits) forget(connection string) []string {
 	s.mu.Lock()
@@ -71,5 +89,6 @@ func (s *sharedLimits) forget(connection string) []string {
 	}
 	delete(s.keys, connection)
 	delete(s.limiters, connection)
+	delete(s.turns, connection)
 	return keys
 }

@@ -29,11 +29,27 @@ type tenantClient struct {
 	vault.LeaseClient
 	namespace string
 	vc        *v1beta1.VaultConnection
+	// turns, when set, ration the namespace's deferrable rotations within the connection's rate.
+	turns *rotationTurns
 }
 
 // ForNamespace confines vcl to what RedisClusters of namespace may do through vc.
 func ForNamespace(vcl vault.LeaseClient, vc *v1beta1.VaultConnection, namespace string) vault.LeaseClient {
+	return forNamespace(vcl, vc, namespace)
+}
+
+func forNamespace(vcl vault.LeaseClient, vc *v1beta1.VaultConnection, namespace string) *tenantClient {
 	return &tenantClient{LeaseClient: vcl, namespace: namespace, vc: vc.DeepCopy()}
+}
+
+// RotationTurn says how long a rotation of the namespace's RedisCluster cluster that may wait (a
+// rotation.Decision that is Deferrable) waits for its turn within the connection's rate (turns.go);
+// zero: it goes ahead now. Renewals, lookups and issues that may not wait take no turn.
+func (t *tenantClient) RotationTurn(cluster string) time.Duration {
+	if t.turns == nil {
+		return 0
+	}
+	return t.turns.take(t.namespace, cluster)
 }
 
 func (t *tenantClient) Issue(ctx context.Context, path string) (*vault.Lease, error) {

@@ -213,7 +213,7 @@ func (r *Adopter) requestRefresh(ctx context.Context, cl *Cluster, d rotation.De
 	rc := cl.RC
 	c := rc.Status.Credential
 	if d.AcknowledgeRotateNow {
-		rc.Status.RotateNowAcknowledged = rc.Annotations[v1beta1.AnnotationRotateNow]
+		rc.Status.RotateNowAcknowledged = rc.RotateNowRequest()
 	}
 	if (c.ExternalSecret.RefreshRequestedAt != nil && r.Clock.Since(c.ExternalSecret.RefreshRequestedAt.Time) < refreshRequestTimeout) || refreshesPaused(rc) {
 		return nil // pending, or refreshes are paused (LedgerFull): asked for once there is room

@@ -111,7 +111,8 @@ func (r *Adopter) recordSynced(cl *Cluster, sc *render.SyncedCredential, tracked
 			cs.RotationReason = prev.RotationReason
 		}
 		if !fresh {
-			cs.IssuedAt, cs.ExternalSecret.RefreshRequestedAt = prev.IssuedAt, prev.ExternalSecret.RefreshRequestedAt
+			// The same credential: where it has got to stays (a new one starts undelivered).
+			cs.IssuedAt, cs.ExternalSecret.RefreshRequestedAt, cs.DeliveredAt = prev.IssuedAt, prev.ExternalSecret.RefreshRequestedAt, prev.DeliveredAt
 		} else if !tracked && prev.Username != "" && !slices.Contains(cs.SupersededUsers, prev.Username) {
 			// No lease keeps the replaced user in the aclfile until the rollout is done: this does.
 			cs.SupersededUsers = append(slices.Clone(cs.SupersededUsers), prev.Username)

@@ -62,7 +62,7 @@ func (l *Ledger) Input(cl *Cluster, vcl vault.LeaseClient, hasCredential, leaseG
 	rc := cl.RC
 	in := rotation.Input{
 		Now: l.Clock.Now(), HasCredential: hasCredential, LeaseGone: leaseGone, RenewalPercent: DefaultRenewalPercent,
-		Paused: rc.Spec.Rotation.Paused, RotateNow: rc.Annotations[v1beta1.AnnotationRotateNow],
+		Paused: rc.Spec.Rotation.Paused, RotateNow: rc.RotateNowRequest(),
 		RotateNowAcknowledged: rc.Status.RotateNowAcknowledged, RolloutInProgress: rc.Status.Rollout != nil,
 	}
 	if vl := rc.Spec.Credentials.VaultLease; vl != nil {
@@ -83,7 +83,7 @@ func (l *Ledger) Input(cl *Cluster, vcl vault.LeaseClient, hasCredential, leaseG
 	}
 	in.LeaseDuration = in.ExpiresAt.Sub(in.RenewedAt)
 	in.CappedTTL = in.LeaseDuration
-	in.LastRotation = status.Of(c.LastRotation)
+	in.LastRotation, in.DeliveredAt = status.Of(c.LastRotation), status.Of(c.DeliveredAt)
 	in.RenewalKey = string(rc.UID) + "/" + c.Lease.LeaseID
 	if vcl != nil && c.VaultLease.TokenAccessor != "" {
 		if t, ok := vcl.Token(c.VaultLease.TokenAccessor); ok && !t.EndsAt.IsZero() {

@@ -33,6 +33,7 @@ func (r *Issuer) Credential(ctx context.Context, cl *Cluster, vcl vault.LeaseCli
 		return nil, 0, err
 	}
 	gone := false
+	var held time.Time // deferrable rotations wait until then for their turn (rotationTurn)
 	for range MaxSteps {
 		// The current lease is renewed and looked up through the connection it came from; a
 		// credential from another source than the spec's is replaced (issued through vcl).
@@ -41,16 +42,11 @@ func (r *Issuer) Credential(ctx context.Context, cl *Cluster, vcl vault.LeaseCli
 			return nil, 0, err
 		}
 		in := r.Ledger.Input(cl, lvcl, cur != nil, gone)
-		in.SourceChanged = changed
+		in.SourceChanged, in.RotationsHeldUntil = changed, held
 		d := rotation.Decide(in)
 		switch d.Action {
 		case rotation.ActionNothing:
-			r.Ledger.Planned(cl, d)
-			r.ledgerHasRoom(cl)
-			credentialsReady(cl)
-			keep, err := r.Ledger.KeepSuperseded(ctx, cl, vcl, in.RenewalPercent)
-			r.Ledger.Due(cl, keep)
-			return cur, status.RequeueAfter(r.Clock.Now(), Earliest(d.When, keep)), err
+			return r.upToDate(ctx, cl, vcl, cur, in, d)
 		case rotation.ActionRenew:
 			gone, err = r.Ledger.Renew(ctx, cl, lvcl)
 		case rotation.ActionCheck:
@@ -61,6 +57,13 @@ func (r *Issuer) Credential(ctx context.Context, cl *Cluster, vcl vault.LeaseCli
 				// revocations that make room are retried.
 				r.ledgerFull(cl)
 				return cur, time.Minute, nil
+			}
+			if wait := r.rotationTurn(ctx, cl, vcl, d); wait > 0 {
+				// Not its turn at the connection yet: decided again with the rotation held back,
+				// so that a renewal or lookup due meanwhile still goes ahead, and the credential
+				// in use goes on (a rotate-now request stays unacknowledged until the turn).
+				held = r.Clock.Now().Add(wait)
+				continue
 			}
 			if d.Reason == rotation.ReasonLeaseGone {
 				err = r.revokedOutside(ctx, cl)
@@ -85,6 +88,38 @@ func (r *Issuer) Credential(ctx context.Context, cl *Cluster, vcl vault.LeaseCli
 	}
 	r.Ledger.Due(cl, r.Clock.Now().Add(time.Second))
 	return cur, time.Second, nil // more is due: look again in a moment
+}
+
+// upToDate ends the steps when nothing more is due now: it records the plan (the next renewal and
+// rotation), keeps the superseded leases alive, and says when to look again.
+func (r *Issuer) upToDate(ctx context.Context, cl *Cluster, vcl vault.LeaseClient, cur *render.Credential, in rotation.Input, d rotation.Decision) (*render.Credential, time.Duration, error) {
+	r.Ledger.Planned(cl, d)
+	r.ledgerHasRoom(cl)
+	credentialsReady(cl)
+	keep, err := r.Ledger.KeepSuperseded(ctx, cl, vcl, in.RenewalPercent)
+	r.Ledger.Due(cl, keep)
+	return cur, status.RequeueAfter(r.Clock.Now(), Earliest(d.When, keep)), err
+}
+
+// turnTaker is a Vault client that rations the rotations which may wait, per namespace, within its
+// VaultConnection's rate (connection.Connector.ClientFor's clients).
+type turnTaker interface {
+	RotationTurn(cluster string) time.Duration
+}
+
+// rotationTurn says how long d, when it is a rotation that may wait (rotation.Decision.Deferrable),
+// waits for its turn at the VaultConnection: so that one namespace's rotate-now requests cannot
+// take the rate other namespaces' renewals need. Zero: it goes ahead now.
+func (r *Issuer) rotationTurn(ctx context.Context, cl *Cluster, vcl vault.LeaseClient, d rotation.Decision) time.Duration {
+	t, ok := vcl.(turnTaker)
+	if !ok || !d.Deferrable() {
+		return 0
+	}
+	wait := t.RotationTurn(cl.RC.Name)
+	if wait > 0 {
+		log.FromContext(ctx).V(1).Info("Rotation waits for its turn within the VaultConnection's rate", "reason", string(d.Reason), "wait", wait)
+	}
+	return wait
 }
 
 // ledgerFull reports that no new lease fits in the ledger (status.leases could not be written
@@ -293,7 +328,7 @@ func (r *Issuer) recordLease(cl *Cluster, lease *vault.Lease, cred *render.Crede
 		},
 	}
 	if d.AcknowledgeRotateNow {
-		rc.Status.RotateNowAcknowledged = rc.Annotations[v1beta1.AnnotationRotateNow]
+		rc.Status.RotateNowAcknowledged = rc.RotateNowRequest()
 	}
 }
 

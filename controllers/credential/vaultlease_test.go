@@ -92,6 +92,9 @@ func (h *sourceHarness) credential(t *testing.T) *v1beta1.RedisCluster {
 		Conds:  status.Setter{Obj: rc, Conditions: &rc.Status.Conditions, Recorder: events.NewFakeRecorder(16)},
 		Status: statusUpdate{h.k8s},
 	}
+	if rc.Spec.Rotation.Schedule != "" {
+		cl.ParseRotation()
+	}
 	cred, _, err := h.src.Credential(ctx, cl, h.vault)
 	if err != nil {
 		t.Fatalf("Credential: %v", err)

@@ -178,11 +178,13 @@ func (r *deps) credentialFirst(ctx context.Context, s *credential.Cluster, in *i
 const objectsAfterCredential = time.Millisecond
 
 // deliver puts the credential on every Redis node, then in the consumers' Secret and rolls the
-// consumers out, then retires the users and leases it superseded.
+// consumers out (and records when it got there: delivered.go), then retires the users and leases
+// it superseded.
 func (r *Reconciler) deliver(ctx context.Context, s *credential.Cluster, d delivery) (ctrl.Result, error) {
 	if err := r.stage(ctx, s, d.in, d.cred); err != nil {
 		return ctrl.Result{}, err
 	}
+	before := r.deliveredBefore(ctx, s.RC, d.cred)
 	// Users cut off ahead of their replacement's rollout leave the nodes (and status) in the
 	// users step: the consumers still need the credential that replaced them.
 	pending := credential.Pending(s.RC) || credential.CutOff(s.RC)
@@ -194,6 +196,9 @@ func (r *Reconciler) deliver(ctx context.Context, s *credential.Cluster, d deliv
 	rolledOut, wait, err := r.rollout.Roll(ctx, d.pc, d.cred.Version, pending, s.Window)
 	if err != nil {
 		return ctrl.Result{}, err
+	}
+	if rolledOut {
+		d.next = status.Soonest(d.next, r.delivered(s.RC, d.cred, before))
 	}
 	if rolledOut && credential.Retiring(s.RC) {
 		if done, wait, err := r.retireSuperseded(ctx, s, d.in, d.vcl, d.cred); !done || err != nil {

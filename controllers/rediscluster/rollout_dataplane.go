@@ -126,7 +126,7 @@ func (r *Engine) reportDataPlane(s *step, pods []*corev1.Pod, window *rotation.W
 	}
 	if n+newer == 0 {
 		if rc.DataPlaneUpgradeAsked() {
-			rc.Status.DataPlaneUpgradeAcknowledged = rc.Annotations[v1beta1.AnnotationUpgradeDataPlane]
+			rc.Status.DataPlaneUpgradeAcknowledged = rc.DataPlaneUpgradeRequest()
 		}
 		if c := meta.FindStatusCondition(rc.Status.Conditions, v1beta1.ConditionDataPlaneCurrent); c != nil {
 			s.conds.Set(v1beta1.ConditionDataPlaneCurrent, metav1.ConditionTrue, v1beta1.ReasonRolloutComplete,

@@ -237,7 +237,7 @@ func secretReferences(spec *corev1.PodSpec, name string) []string {
 }
 
 // maxReference is the length of a reference status.consumers holds.
-const maxReference = 512
+const maxReference = 256
 
 // adoptLoggedIn makes consumers (status.consumers, via LoggedIn) of the Deployments, StatefulSets
 // and DaemonSets in the cluster's namespace among the clients still logged in with a superseded
