@@ -173,7 +173,7 @@ func (ts *tenants) credential(ctx context.Context, key client.ObjectKey, limited
 // its deadline. Now a rotation that may wait takes its turn within its namespace's share of the
 // rate, and the renewal goes through at once.
 func TestRotateNowInOneNamespaceLeavesAnotherItsRenewals(t *testing.T) {
-	const many = 60
+	const many = 100
 	var names []string
 	for i := range many {
 		names = append(names, fmt.Sprintf("redis-%d", i))
@@ -210,8 +210,11 @@ func TestRotateNowInOneNamespaceLeavesAnotherItsRenewals(t *testing.T) {
 		}
 	}
 
-	// team-a's reconciles run at once, each until it has asked Vault or was told to wait.
-	actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	// team-a's reconciles run at once, each until it has asked Vault or was told to wait. The
+	// deadlines are generous: under the race detector beside other tests a reconcile on the fake
+	// client can take a while, and what is measured is who goes through, not how fast.
+	began := time.Now()
+	actx, cancel := context.WithTimeout(ctx, 90*time.Second)
 	var wg sync.WaitGroup
 	defer func() { cancel(); wg.Wait() }() // a failure below ends them rather than waiting
 	var returned atomic.Int32
@@ -223,7 +226,7 @@ func TestRotateNowInOneNamespaceLeavesAnotherItsRenewals(t *testing.T) {
 			_, waits[i], errs[i] = ts.credential(actx, client.ObjectKey{Namespace: "team-a", Name: n}, true)
 		})
 	}
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(60 * time.Second)
 	for returned.Load()+waiting(ts) < many {
 		if time.Now().After(deadline) {
 			t.Fatalf("team-a's reconciles neither returned nor reached the rate limiter: %d returned, %d waiting", returned.Load(), waiting(ts))
@@ -231,15 +234,17 @@ func TestRotateNowInOneNamespaceLeavesAnotherItsRenewals(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 
-	// team-b's renewal, with a second to go through.
-	bctx, bcancel := context.WithTimeout(ctx, time.Second)
+	// team-b's renewal, with two seconds to go through: behind team-a's requests at the
+	// connection's 20 a second after its burst of 40, it would wait three (rate.Limiter refuses
+	// at once a wait past the deadline).
+	bctx, bcancel := context.WithTimeout(ctx, 2*time.Second)
 	defer bcancel()
 	start := time.Now()
 	rc, _, err := ts.credential(bctx, client.ObjectKey{Namespace: "team-b", Name: "orders"}, true)
 	if err != nil {
 		t.Fatalf("team-b's renewal, behind %d of team-a's requests: %v", waiting(ts), err)
 	}
-	if rc.Status.Credential.Lease.LastRenewal == nil || time.Since(start) > time.Second {
+	if rc.Status.Credential.Lease.LastRenewal == nil || time.Since(start) > 2*time.Second {
 		t.Errorf("team-b's lease: lastRenewal %v after %s; want it renewed within its deadline", rc.Status.Credential.Lease.LastRenewal, time.Since(start))
 	}
 	// team-b's own rotate-now goes ahead too: team-a took its share, not every namespace's.
@@ -250,6 +255,8 @@ func TestRotateNowInOneNamespaceLeavesAnotherItsRenewals(t *testing.T) {
 
 	cancel()
 	wg.Wait()
+	// The namespace's share refills at 5 a second while the reconciles run.
+	most := 5 + int(5*time.Since(began).Seconds()+1)
 	rotated := 0
 	for i, n := range names {
 		rc := &v1beta1.RedisCluster{}
@@ -265,8 +272,8 @@ func TestRotateNowInOneNamespaceLeavesAnotherItsRenewals(t *testing.T) {
 			t.Errorf("team-a/%s: not rotated, and asked to look again in %s; want its turn within seconds", n, waits[i])
 		}
 	}
-	if rotated != 5 {
-		t.Errorf("team-a: %d rotations went ahead at once, want its burst of 5 (a quarter of 20)", rotated)
+	if rotated < 5 || rotated > most {
+		t.Errorf("team-a: %d rotations went ahead at once, want its burst of 5 (a quarter of 20) and at most %d with what its share refilled meanwhile", rotated, most)
 	}
 }
 
