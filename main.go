@@ -27,8 +27,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
-	esv1 "github.com/external-secrets/external-secrets/apis/externalsecrets/v1"
-
+	"github.com/keyroll/keyroll/apis/externalsecrets"
 	"github.com/keyroll/keyroll/apis/v1alpha1"
 	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/controllers"
@@ -147,7 +146,7 @@ func newScheme() *runtime.Scheme {
 	must(v1beta1.AddToScheme(s))
 	must(v1alpha1.AddToScheme(s)) // for the conversion webhook
 	must(apiextensionsv1.AddToScheme(s))
-	must(esv1.AddToScheme(s))
+	must(externalsecrets.AddToScheme(s))
 	return s
 }
 

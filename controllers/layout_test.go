@@ -20,6 +20,7 @@ const module = "github.com/keyroll/keyroll/"
 var allowed = map[string][]string{
 	"apis/v1beta1":           {},
 	"apis/v1alpha1":          {"apis/v1beta1"},
+	"apis/externalsecrets":   {},
 	"rotation":               {},
 	"vault":                  {},
 	"redisnode":              {},
@@ -29,16 +30,16 @@ var allowed = map[string][]string{
 	"controllers/metrics":    {},
 	"controllers/upkeep":     {},
 	"controllers/apply":      {"apis/v1beta1"},
-	"controllers/render":     {"apis/v1beta1"},
+	"controllers/render":     {"apis/externalsecrets", "apis/v1beta1"},
 	"controllers/conversion": {"apis/v1beta1", "certs"},
 	"controllers/connection": {"apis/v1beta1", "vault"},
-	"controllers/credential": {"apis/v1beta1", "controllers/apply", "controllers/connection", "controllers/metrics",
+	"controllers/credential": {"apis/externalsecrets", "apis/v1beta1", "controllers/apply", "controllers/connection", "controllers/metrics",
 		"controllers/render", "controllers/status", "controllers/stoppoint", "rotation", "vault"},
 	"controllers/vaultconnection": {"apis/v1beta1", "controllers/apply", "controllers/connection", "controllers/metrics",
 		"controllers/status", "vault"},
-	"controllers/rediscluster": {"apis/v1beta1", "certs", "controllers/apply", "controllers/connection", "controllers/credential",
+	"controllers/rediscluster": {"apis/externalsecrets", "apis/v1beta1", "certs", "controllers/apply", "controllers/connection", "controllers/credential",
 		"controllers/metrics", "controllers/render", "controllers/status", "controllers/stoppoint", "controllers/upkeep", "redisnode", "rotation", "vault"},
-	"controllers": {"apis/v1beta1", "controllers/apply", "controllers/connection", "controllers/metrics", "controllers/rediscluster",
+	"controllers": {"apis/externalsecrets", "apis/v1beta1", "controllers/apply", "controllers/connection", "controllers/metrics", "controllers/rediscluster",
 		"controllers/vaultconnection", "vault"},
 }
 

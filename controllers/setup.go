@@ -6,7 +6,6 @@ import (
 	"net/http"
 	"time"
 
-	esv1 "github.com/external-secrets/external-secrets/apis/externalsecrets/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -23,6 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 
+	"github.com/keyroll/keyroll/apis/externalsecrets"
 	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/controllers/apply"
 	"github.com/keyroll/keyroll/controllers/connection"
@@ -79,7 +79,7 @@ func CacheOptions(cfg *rest.Config, selector labels.Selector) cache.Options {
 		opts.ByObject[&v1beta1.VaultConnection{}] = cache.ByObject{Label: selector}
 	}
 	if ExternalSecretsServed(cfg) { // a cache setting for a kind the API server does not serve fails
-		opts.ByObject[&esv1.ExternalSecret{}] = managed
+		opts.ByObject[&externalsecrets.ExternalSecret{}] = managed
 	}
 	return opts
 }
@@ -91,12 +91,12 @@ func ExternalSecretsServed(cfg *rest.Config) bool {
 	if err != nil {
 		return false
 	}
-	list, err := dc.ServerResourcesForGroupVersion(esv1.SchemeGroupVersion.String())
+	list, err := dc.ServerResourcesForGroupVersion(externalsecrets.GroupVersion.String())
 	if err != nil {
 		return false
 	}
 	for _, r := range list.APIResources {
-		if r.Kind == esv1.ExtSecretKind {
+		if r.Kind == externalsecrets.Kind {
 			return true
 		}
 	}
@@ -154,7 +154,7 @@ func Setup(mgr ctrl.Manager, o Options) (*rediscluster.Reconciler, error) {
 // externalSecretModeAvailable says whether the API server serves external-secrets.io/v1 ExternalSecrets
 // and the manager's scheme knows them: ExternalSecret mode needs both.
 func externalSecretModeAvailable(mgr ctrl.Manager) bool {
-	gvk := esv1.SchemeGroupVersion.WithKind(esv1.ExtSecretKind)
+	gvk := externalsecrets.GroupVersion.WithKind(externalsecrets.Kind)
 	if !mgr.GetScheme().Recognizes(gvk) {
 		return false
 	}

@@ -6,13 +6,13 @@ import (
 	"fmt"
 	"time"
 
-	esv1 "github.com/external-secrets/external-secrets/apis/externalsecrets/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
+	"github.com/keyroll/keyroll/apis/externalsecrets"
 	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/controllers/apply"
 	"github.com/keyroll/keyroll/controllers/metrics"
@@ -156,7 +156,7 @@ func (r *Adopter) settling(rc *v1beta1.RedisCluster) time.Duration {
 }
 
 // ensureExternalSecret creates or repairs the ExternalSecret and returns it as the API has it.
-func (r *Adopter) ensureExternalSecret(ctx context.Context, cl *Cluster) (*esv1.ExternalSecret, error) {
+func (r *Adopter) ensureExternalSecret(ctx context.Context, cl *Cluster) (*externalsecrets.ExternalSecret, error) {
 	desired := render.ExternalSecret(cl.RC)
 	pauseRefreshes(cl.RC, desired)
 	err := apply.Owned(ctx, r.Client, r.APIReader, cl.RC, desired)
@@ -168,7 +168,7 @@ func (r *Adopter) ensureExternalSecret(ctx context.Context, cl *Cluster) (*esv1.
 	if err != nil {
 		return nil, err
 	}
-	es := &esv1.ExternalSecret{}
+	es := &externalsecrets.ExternalSecret{}
 	if err := r.Client.Get(ctx, client.ObjectKeyFromObject(desired), es); err != nil {
 		if !apierrors.IsNotFound(err) {
 			return nil, err
@@ -180,26 +180,17 @@ func (r *Adopter) ensureExternalSecret(ctx context.Context, cl *Cluster) (*esv1.
 
 // notSynced reports that there is no usable credential from ESO: none yet, or (invalid) a Secret
 // without one. ESO's own reason is added when its Ready condition is False.
-func (r *Adopter) notSynced(cl *Cluster, es *esv1.ExternalSecret, problem string, invalid bool) {
+func (r *Adopter) notSynced(cl *Cluster, es *externalsecrets.ExternalSecret, problem string, invalid bool) {
 	reason, event := v1beta1.ReasonExternalSecretNotReady, v1beta1.ReasonExternalSecretNotReady
 	if invalid {
 		reason, event = v1beta1.ReasonInvalidCredentialSecret, v1beta1.ReasonInvalidCredentialSecret
 	}
 	warn := invalid
-	if c := esReady(es); c != nil && c.Status == corev1.ConditionFalse {
+	if c := es.Ready(); c != nil && c.Status == corev1.ConditionFalse {
 		problem = fmt.Sprintf("%s; ExternalSecret %s is not Ready (%s): %s", problem, es.Name, c.Reason, c.Message)
 		warn = true
 	}
 	cl.NotReady(reason, event, "Sync", problem, warn)
-}
-
-func esReady(es *esv1.ExternalSecret) *esv1.ExternalSecretStatusCondition {
-	for i := range es.Status.Conditions {
-		if es.Status.Conditions[i].Type == esv1.ExternalSecretReady {
-			return &es.Status.Conditions[i]
-		}
-	}
-	return nil
 }
 
 // refreshRequestTimeout is how long a refresh request that ESO has not answered with a new
@@ -237,7 +228,7 @@ func (r *Adopter) requestRefresh(ctx context.Context, cl *Cluster, d rotation.De
 // is a merge patch of its own, not part of the applied spec, so that the annotation stays when
 // the request has been answered.
 func (r *Adopter) askForRefresh(ctx context.Context, rc *v1beta1.RedisCluster, at time.Time) error {
-	es := &esv1.ExternalSecret{}
+	es := &externalsecrets.ExternalSecret{}
 	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: rc.Namespace, Name: render.ExternalSecretName(rc)}, es); err != nil {
 		return fmt.Errorf("reading ExternalSecret %s: %w", render.ExternalSecretName(rc), err)
 	}
@@ -254,7 +245,7 @@ func (r *Adopter) askForRefresh(ctx context.Context, rc *v1beta1.RedisCluster, a
 
 // reportSynced sets CredentialsReady for a synced credential, says whether its lease is tracked,
 // and flags ESO trouble and a refresh interval that would leave an expired credential in place.
-func (r *Adopter) reportSynced(cl *Cluster, es *esv1.ExternalSecret, sc *render.SyncedCredential, tracked bool) {
+func (r *Adopter) reportSynced(cl *Cluster, es *externalsecrets.ExternalSecret, sc *render.SyncedCredential, tracked bool) {
 	rc := cl.RC
 	src := rc.Spec.Credentials.ExternalSecret
 	secret := render.SyncedSecretName(rc)
@@ -287,7 +278,7 @@ func (r *Adopter) reportSynced(cl *Cluster, es *esv1.ExternalSecret, sc *render.
 	if r.endedEarly(cl, tracked) {
 		return
 	}
-	if c := esReady(es); c != nil && c.Status == corev1.ConditionFalse {
+	if c := es.Ready(); c != nil && c.Status == corev1.ConditionFalse {
 		msg := fmt.Sprintf("ExternalSecret %s is not Ready (%s): %s", es.Name, c.Reason, c.Message)
 		if cl.Conds.Set(v1beta1.ConditionSourceHealthy, metav1.ConditionFalse, v1beta1.ReasonExternalSecretNotReady, msg) {
 			cl.Conds.Announce(true, v1beta1.ReasonExternalSecretNotReady, "Sync", "%s", msg)
@@ -314,7 +305,7 @@ const esDeletionGrace = 30 * time.Second
 func (r *Adopter) Retire(ctx context.Context, cl *Cluster) (time.Duration, error) {
 	rc := cl.RC
 	key := client.ObjectKeyFromObject(rc)
-	es := &esv1.ExternalSecret{}
+	es := &externalsecrets.ExternalSecret{}
 	err := r.Client.Get(ctx, client.ObjectKey{Namespace: rc.Namespace, Name: render.ExternalSecretName(rc)}, es)
 	if client.IgnoreNotFound(err) != nil {
 		return 0, err

@@ -3,10 +3,10 @@ package credential
 import (
 	"fmt"
 
-	esv1 "github.com/external-secrets/external-secrets/apis/externalsecrets/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/keyroll/keyroll/apis/externalsecrets"
 	"github.com/keyroll/keyroll/apis/v1beta1"
 )
 
@@ -34,9 +34,9 @@ func refreshesPaused(rc *v1beta1.RedisCluster) bool {
 }
 
 // pauseRefreshes makes the ExternalSecret as rendered refresh no more while refreshesPaused.
-func pauseRefreshes(rc *v1beta1.RedisCluster, es *esv1.ExternalSecret) {
+func pauseRefreshes(rc *v1beta1.RedisCluster, es *externalsecrets.ExternalSecret) {
 	if refreshesPaused(rc) {
-		es.Spec.RefreshPolicy = esv1.RefreshPolicyCreatedOnce
+		es.Spec.RefreshPolicy = externalsecrets.RefreshPolicyCreatedOnce
 	}
 }
 

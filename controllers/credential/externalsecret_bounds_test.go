@@ -4,8 +4,7 @@ import (
 	"fmt"
 	"testing"
 
-	esv1 "github.com/external-secrets/external-secrets/apis/externalsecrets/v1"
-
+	"github.com/keyroll/keyroll/apis/externalsecrets"
 	"github.com/keyroll/keyroll/apis/v1beta1"
 )
 
@@ -45,9 +44,9 @@ func TestRefreshesPauseBeforeTheStatusIsFull(t *testing.T) {
 			if got := refreshesPaused(tc.rc); got != tc.paused {
 				t.Errorf("refreshesPaused = %v, want %v", got, tc.paused)
 			}
-			es := &esv1.ExternalSecret{Spec: esv1.ExternalSecretSpec{RefreshPolicy: esv1.RefreshPolicyPeriodic}}
+			es := &externalsecrets.ExternalSecret{Spec: externalsecrets.ExternalSecretSpec{RefreshPolicy: externalsecrets.RefreshPolicyPeriodic}}
 			pauseRefreshes(tc.rc, es)
-			if paused := es.Spec.RefreshPolicy == esv1.RefreshPolicyCreatedOnce; paused != tc.paused {
+			if paused := es.Spec.RefreshPolicy == externalsecrets.RefreshPolicyCreatedOnce; paused != tc.paused {
 				t.Errorf("rendered refreshPolicy %q, want paused %v", es.Spec.RefreshPolicy, tc.paused)
 			}
 			if got := fits(tc.rc, tc.add, tc.tracked); got != tc.adopts {

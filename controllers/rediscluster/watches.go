@@ -4,7 +4,6 @@ import (
 	"context"
 	"time"
 
-	esv1 "github.com/external-secrets/external-secrets/apis/externalsecrets/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -18,6 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
+	"github.com/keyroll/keyroll/apis/externalsecrets"
 	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/controllers/connection"
 	"github.com/keyroll/keyroll/controllers/upkeep"
@@ -56,7 +56,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if r.ExternalSecrets {
 		// The ExternalSecret keyroll owns, and the Secret External Secrets Operator writes for it
 		// (controlled by the ExternalSecret, so it is watched by its label).
-		b = b.Owns(&esv1.ExternalSecret{}).
+		b = b.Owns(&externalsecrets.ExternalSecret{}).
 			Watches(&corev1.Secret{}, r.externalSecret.SecretEvents())
 	}
 	return b.Complete(r)

@@ -6,10 +6,10 @@ import (
 	"strconv"
 	"time"
 
-	esv1 "github.com/external-secrets/external-secrets/apis/externalsecrets/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/keyroll/keyroll/apis/externalsecrets"
 	"github.com/keyroll/keyroll/apis/v1beta1"
 )
 
@@ -43,20 +43,20 @@ func SyncedSecretName(rc *v1beta1.RedisCluster) string { return rc.Name + "-eso"
 // creates and owns, and which no consumer reads. The template adds the username and password keys (taken from the raw
 // response's data when the generator hands over the raw response) and keyroll's labels, so that
 // the operator's Secret cache sees the Secret.
-func ExternalSecret(rc *v1beta1.RedisCluster) *esv1.ExternalSecret {
+func ExternalSecret(rc *v1beta1.RedisCluster) *externalsecrets.ExternalSecret {
 	src := rc.Spec.Credentials.ExternalSecret
-	es := &esv1.ExternalSecret{
+	es := &externalsecrets.ExternalSecret{
 		ObjectMeta: objectMeta(rc, ExternalSecretName(rc)),
-		Spec: esv1.ExternalSecretSpec{
+		Spec: externalsecrets.ExternalSecretSpec{
 			RefreshInterval: src.RefreshInterval,
-			RefreshPolicy:   esv1.ExternalSecretRefreshPolicy(src.RefreshPolicy),
-			Target: esv1.ExternalSecretTarget{
+			RefreshPolicy:   src.RefreshPolicy,
+			Target: externalsecrets.Target{
 				Name:           SyncedSecretName(rc),
-				CreationPolicy: esv1.CreatePolicyOwner,
-				Template: &esv1.ExternalSecretTemplate{
-					EngineVersion: esv1.TemplateEngineV2,
-					MergePolicy:   esv1.MergePolicyMerge,
-					Metadata:      esv1.ExternalSecretTemplateMetadata{Labels: OwnedLabels(rc)},
+				CreationPolicy: externalsecrets.CreationPolicyOwner,
+				Template: &externalsecrets.Template{
+					EngineVersion: externalsecrets.TemplateEngineV2,
+					MergePolicy:   externalsecrets.MergePolicyMerge,
+					Metadata:      externalsecrets.TemplateMetadata{Labels: OwnedLabels(rc)},
 					Data: map[string]string{
 						rc.Spec.Credentials.UsernameKey: credentialField("username"),
 						rc.Spec.Credentials.PasswordKey: credentialField("password"),
@@ -65,14 +65,14 @@ func ExternalSecret(rc *v1beta1.RedisCluster) *esv1.ExternalSecret {
 			},
 		},
 	}
-	from := esv1.ExternalSecretDataFromRemoteRef{}
+	from := externalsecrets.DataFrom{}
 	if g := src.GeneratorRef; g != nil {
-		from.SourceRef = &esv1.StoreGeneratorSourceRef{GeneratorRef: &esv1.GeneratorRef{APIVersion: g.APIVersion, Kind: g.Kind, Name: g.Name}}
+		from.SourceRef = &externalsecrets.SourceRef{GeneratorRef: &externalsecrets.GeneratorRef{APIVersion: g.APIVersion, Kind: g.Kind, Name: g.Name}}
 	} else {
-		es.Spec.SecretStoreRef = esv1.SecretStoreRef{Name: src.StoreRef.Name, Kind: src.StoreRef.Kind}
-		from.Extract = &esv1.ExternalSecretDataRemoteRef{Key: src.RemoteKey}
+		es.Spec.SecretStoreRef = externalsecrets.SecretStoreRef{Name: src.StoreRef.Name, Kind: src.StoreRef.Kind}
+		from.Extract = &externalsecrets.RemoteRef{Key: src.RemoteKey}
 	}
-	es.Spec.DataFrom = []esv1.ExternalSecretDataFromRemoteRef{from}
+	es.Spec.DataFrom = []externalsecrets.DataFrom{from}
 	return es
 }
 

@@ -36,12 +36,18 @@ func (f *Framework) ESOKubernetesAuth(t testing.TB, ns string, tokenTTL ...time.
 // (default 1h).
 func (f *Framework) VaultDynamicSecret(t testing.TB, ns, name, role string, raw bool, tokenTTL ...time.Duration) {
 	t.Helper()
+	f.Create(t, f.VaultDynamicSecretObject(ns, name, role, f.ESOKubernetesAuth(t, ns, tokenTTL...), raw))
+}
+
+// VaultDynamicSecretObject is the VaultDynamicSecret VaultDynamicSecret creates, logging in with
+// the Kubernetes auth role authRole.
+func (f *Framework) VaultDynamicSecretObject(ns, name, role, authRole string, raw bool) *unstructured.Unstructured {
 	spec := map[string]any{
 		"path": f.Path(role), "method": "GET",
 		"provider": map[string]any{
 			"server": f.Ground.Vault.Addr,
 			"auth": map[string]any{"kubernetes": map[string]any{
-				"mountPath": "kubernetes", "role": f.ESOKubernetesAuth(t, ns, tokenTTL...),
+				"mountPath": "kubernetes", "role": authRole,
 				"serviceAccountRef": map[string]any{"name": "external-secrets", "audiences": []any{"vault"}},
 			}},
 		},
@@ -49,10 +55,10 @@ func (f *Framework) VaultDynamicSecret(t testing.TB, ns, name, role string, raw 
 	if raw {
 		spec["resultType"] = "Raw"
 	}
-	f.Create(t, &unstructured.Unstructured{Object: map[string]any{
+	return &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": "generators.external-secrets.io/v1alpha1", "kind": "VaultDynamicSecret",
 		"metadata": map[string]any{"name": name, "namespace": ns}, "spec": spec,
-	}})
+	}}
 }
 
 // ExternalSecretCluster creates a RedisCluster in ExternalSecret mode, with one Redis node of Redis 7.0 (as

@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	esv1 "github.com/external-secrets/external-secrets/apis/externalsecrets/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
@@ -23,6 +22,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
+	"github.com/keyroll/keyroll/apis/externalsecrets"
 	"github.com/keyroll/keyroll/apis/v1alpha1"
 	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/controllers"
@@ -38,7 +38,7 @@ func Scheme() *runtime.Scheme {
 	_ = v1beta1.AddToScheme(s)
 	_ = v1alpha1.AddToScheme(s)
 	_ = apiextensionsv1.AddToScheme(s)
-	_ = esv1.AddToScheme(s)
+	_ = externalsecrets.AddToScheme(s)
 	return s
 }
 

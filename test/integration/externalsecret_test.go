@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	esv1 "github.com/external-secrets/external-secrets/apis/externalsecrets/v1"
 	vaultapi "github.com/hashicorp/vault/api"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -21,6 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/keyroll/keyroll/apis/externalsecrets"
 	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/test/framework"
 )
@@ -53,9 +53,9 @@ func checkSyncedSecret(t *testing.T, rc *v1beta1.RedisCluster) {
 	}
 }
 
-func externalSecret(t *testing.T, rc *v1beta1.RedisCluster) (*esv1.ExternalSecret, error) {
+func externalSecret(t *testing.T, rc *v1beta1.RedisCluster) (*externalsecrets.ExternalSecret, error) {
 	t.Helper()
-	es := &esv1.ExternalSecret{}
+	es := &externalsecrets.ExternalSecret{}
 	err := fw.Client.Get(context.Background(), client.ObjectKey{Namespace: rc.Namespace, Name: rc.Name}, es)
 	return es, err
 }

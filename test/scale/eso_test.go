@@ -8,12 +8,12 @@ import (
 	"testing"
 	"time"
 
-	esv1 "github.com/external-secrets/external-secrets/apis/externalsecrets/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/keyroll/keyroll/apis/externalsecrets"
 	"github.com/keyroll/keyroll/apis/v1beta1"
 	"github.com/keyroll/keyroll/controllers/render"
 	"github.com/keyroll/keyroll/test/framework"
@@ -198,13 +198,13 @@ func esoSetup(b *testing.B, r *run) {
 
 // createExternalSecret creates the ExternalSecret name, whose target is <name>-credentials.
 func createExternalSecret(r *run, name string) error {
-	return r.c.Create(context.Background(), &esv1.ExternalSecret{
+	return r.c.Create(context.Background(), &externalsecrets.ExternalSecret{
 		ObjectMeta: metav1.ObjectMeta{Namespace: r.ns, Name: name},
-		Spec: esv1.ExternalSecretSpec{
+		Spec: externalsecrets.ExternalSecretSpec{
 			RefreshInterval: &metav1.Duration{Duration: time.Hour},
-			Target:          esv1.ExternalSecretTarget{Name: name + "-credentials"},
-			DataFrom: []esv1.ExternalSecretDataFromRemoteRef{{SourceRef: &esv1.StoreGeneratorSourceRef{
-				GeneratorRef: &esv1.GeneratorRef{APIVersion: "generators.external-secrets.io/v1alpha1", Kind: "VaultDynamicSecret", Name: generator},
+			Target:          externalsecrets.Target{Name: name + "-credentials"},
+			DataFrom: []externalsecrets.DataFrom{{SourceRef: &externalsecrets.SourceRef{
+				GeneratorRef: &externalsecrets.GeneratorRef{APIVersion: "generators.external-secrets.io/v1alpha1", Kind: "VaultDynamicSecret", Name: generator},
 			}}},
 		},
 	})

@@ -267,12 +267,15 @@ func (cp *ControlPlane) BindClusterRole(ctx context.Context, clusterRole, namesp
 	return err
 }
 
-// ExternalSecretsCRDDir is the directory of External Secrets Operator's CRDs in the Go module cache
-// (the module is a dependency of keyroll's, for its API types).
+// ExternalSecretsCRDDir is the directory of External Secrets Operator's CRDs in the Go module cache:
+// those of the release the test ground's controller is built from (the tool module test/tools/eso;
+// keyroll's own module does not require ESO's).
 func ExternalSecretsCRDDir() (string, error) {
-	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "github.com/external-secrets/external-secrets").Output()
+	cmd := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "github.com/external-secrets/external-secrets")
+	cmd.Dir = filepath.Join(RepoRoot(), "test", "tools", "eso")
+	out, err := cmd.Output()
 	if err != nil {
-		return "", fmt.Errorf("locating the external-secrets module (go mod download): %w", err)
+		return "", fmt.Errorf("locating the external-secrets module of test/tools/eso (cd test/tools/eso && go mod download): %w", err)
 	}
 	d := filepath.Join(strings.TrimSpace(string(out)), "config", "crds", "bases")
 	if _, err := os.Stat(d); err != nil {
