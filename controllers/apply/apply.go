@@ -12,6 +12,8 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/managedfields"
 	appsv1ac "k8s.io/client-go/applyconfigurations/apps/v1"
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
@@ -67,10 +69,26 @@ func Owned(ctx context.Context, c client.Client, rd client.Reader, owner *v1beta
 		}
 		log.FromContext(ctx).V(1).Info("Applying an owned object whose fields differ", "kind", gvk.Kind, "object", key.Name, "fields", diff)
 	}
-	if err := c.Patch(ctx, desired, client.Apply, client.FieldOwner(FieldOwner), client.ForceOwnership); err != nil {
+	if err := ServerSide(ctx, c, desired, FieldOwner); err != nil {
 		return fmt.Errorf("applying %s %s: %w", gvk.Kind, key.Name, err)
 	}
 	return nil
+}
+
+// ServerSide server-side-applies obj, a typed object with its kind set, as owner, taking over
+// fields another manager set (ForceOwnership), and reads the API server's answer back into obj.
+// controller-runtime applies apply configurations; keyroll builds typed objects, so obj goes as
+// the unstructured form of the same JSON, which is what the server receives either way.
+func ServerSide(ctx context.Context, c client.Client, obj client.Object, owner string) error {
+	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(obj)
+	if err != nil {
+		return err
+	}
+	u := &unstructured.Unstructured{Object: m}
+	if err := c.Apply(ctx, client.ApplyConfigurationFromUnstructured(u), client.FieldOwner(owner), client.ForceOwnership); err != nil {
+		return err
+	}
+	return runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, obj)
 }
 
 // applied says whether the fields FieldOwner owns in current hold exactly what desired sets; if

@@ -38,15 +38,17 @@ const MaxReviewBytes = 4 << 20
 // reviewTimeout bounds how long one review may wait, arrive and be answered: the API server gives
 // up on a conversion webhook call after 30 s (k8s.io/apiserver/pkg/util/webhook).
 // controller-runtime builds the webhook server's http.Server itself (webhook.Options has no field
-// for it; v0.22 sets ReadHeaderTimeout 32 s, IdleTimeout 90 s, MaxHeaderBytes 1 MiB, and no
+// for it; v0.25 sets ReadHeaderTimeout 32 s, IdleTimeout 90 s, MaxHeaderBytes 1 MiB, and no
 // ReadTimeout or WriteTimeout), so the handler sets the body's read and the answer's write
 // deadlines itself, through http.ResponseController.
 const reviewTimeout = 30 * time.Second
 
 // Handler is the conversion webhook as Setup registers it at Path: controller-runtime's handler
-// behind the bound on the reviews' size (MaxReviewBytes) and time (reviewTimeout).
+// behind the bound on the reviews' size (MaxReviewBytes) and time (reviewTimeout). Its registry of
+// converters is empty: the API types convert themselves (v1alpha1's ConvertTo and ConvertFrom,
+// v1beta1 the hub), which the handler falls back to for a kind with no converter registered.
 func Handler(scheme *runtime.Scheme) http.Handler {
-	return bounded(convwebhook.NewWebhookHandler(scheme), MaxReviewBytes)
+	return bounded(convwebhook.NewWebhookHandler(scheme, convwebhook.NewRegistry()), MaxReviewBytes)
 }
 
 // bounded serves with h the requests whose body is at most limit bytes, read in full before h

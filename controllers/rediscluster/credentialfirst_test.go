@@ -9,6 +9,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
@@ -27,9 +28,13 @@ type writeLog struct {
 }
 
 func (w *writeLog) add(o client.Object, suffix string) {
+	w.note(reflect.TypeOf(o).Elem().Name(), o.GetName(), suffix)
+}
+
+func (w *writeLog) note(kind, name, suffix string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.writes = append(w.writes, reflect.TypeOf(o).Elem().Name()+"/"+o.GetName()+suffix)
+	w.writes = append(w.writes, kind+"/"+name+suffix)
 }
 
 // list is the writes so far, and forgets them.
@@ -56,6 +61,16 @@ func (h *harness) logWrites() *writeLog {
 		Patch: func(ctx context.Context, c client.WithWatch, o client.Object, p client.Patch, opts ...client.PatchOption) error {
 			w.add(o, "")
 			return c.Patch(ctx, o, p, opts...)
+		},
+		// keyroll's server-side applies (apply.ServerSide) send the object's unstructured form.
+		Apply: func(ctx context.Context, c client.WithWatch, o runtime.ApplyConfiguration, opts ...client.ApplyOption) error {
+			if u, ok := o.(interface {
+				GetKind() string
+				GetName() string
+			}); ok {
+				w.note(u.GetKind(), u.GetName(), "")
+			}
+			return c.Apply(ctx, o, opts...)
 		},
 		Delete: func(ctx context.Context, c client.WithWatch, o client.Object, opts ...client.DeleteOption) error {
 			w.add(o, "")

@@ -18,6 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	"github.com/keyroll/keyroll/apis/v1beta1"
+	keyrollapply "github.com/keyroll/keyroll/controllers/apply"
 	"github.com/keyroll/keyroll/test/framework"
 	rendered "github.com/keyroll/keyroll/test/render"
 )
@@ -284,7 +285,7 @@ func applyAsKeyroll(c client.Client, obj client.Object) error {
 	obj.GetObjectKind().SetGroupVersionKind(gvk)
 	obj.SetManagedFields(nil)
 	obj.SetResourceVersion("")
-	return c.Patch(context.Background(), obj, client.Apply, client.FieldOwner("keyroll"), client.ForceOwnership)
+	return keyrollapply.ServerSide(context.Background(), c, obj, keyrollapply.FieldOwner)
 }
 
 func podTemplate(labels map[string]string) corev1.PodTemplateSpec {

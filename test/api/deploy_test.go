@@ -41,7 +41,7 @@ func render(t *testing.T, dir string) []*unstructured.Unstructured {
 func apply(t *testing.T, objs []*unstructured.Unstructured) {
 	t.Helper()
 	for _, o := range objs {
-		if err := fw.Client.Patch(context.Background(), o, client.Apply, client.FieldOwner("keyroll-test"), client.ForceOwnership); err != nil {
+		if err := fw.Client.Apply(context.Background(), client.ApplyConfigurationFromUnstructured(o), client.FieldOwner("keyroll-test"), client.ForceOwnership); err != nil {
 			t.Fatalf("applying %s %s: %v", o.GetKind(), o.GetName(), err)
 		}
 	}
@@ -75,7 +75,7 @@ func TestDeployDefaultInstallsUnderRestrictedPodSecurity(t *testing.T) {
 	// it would refuse.
 	c, warnings := fw.WarningClient(t)
 	for _, o := range objs {
-		if err := c.Patch(context.Background(), o, client.Apply, client.FieldOwner("keyroll-test"), client.ForceOwnership); err != nil {
+		if err := c.Apply(context.Background(), client.ApplyConfigurationFromUnstructured(o), client.FieldOwner("keyroll-test"), client.ForceOwnership); err != nil {
 			t.Fatalf("kubectl apply -k deploy/default: %s %s refused: %v", o.GetKind(), o.GetName(), err)
 		}
 	}

@@ -98,7 +98,7 @@ func ApplySamples(ctx context.Context, c client.Client, vaultAddr, fieldOwner st
 		case strings.HasPrefix(o.GetAPIVersion(), "generators.external-secrets.io"):
 			_ = unstructured.SetNestedField(o.Object, vaultAddr, "spec", "provider", "server")
 		}
-		if err := c.Patch(ctx, o, client.Apply, client.FieldOwner(fieldOwner), client.ForceOwnership); err != nil {
+		if err := c.Apply(ctx, client.ApplyConfigurationFromUnstructured(o), client.FieldOwner(fieldOwner), client.ForceOwnership); err != nil {
 			return nil, fmt.Errorf("%s %s: %w", o.GetKind(), o.GetName(), err)
 		}
 	}

@@ -502,7 +502,7 @@ func installRendered(t *testing.T, release, namespace string, args ...string) []
 		if strings.HasPrefix(o.GetAPIVersion(), "monitoring.coreos.com/") {
 			continue
 		}
-		if err := c.Patch(ctx, o, client.Apply, client.FieldOwner("keyroll-test"), client.ForceOwnership); err != nil {
+		if err := c.Apply(ctx, client.ApplyConfigurationFromUnstructured(o), client.FieldOwner("keyroll-test"), client.ForceOwnership); err != nil {
 			t.Fatalf("helm template | kubectl apply: %s %s refused: %v", o.GetKind(), o.GetName(), err)
 		}
 		applied = append(applied, o)
