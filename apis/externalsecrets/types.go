@@ -22,8 +22,8 @@ package externalsecrets
 import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"sigs.k8s.io/controller-runtime/pkg/scheme"
 )
 
 var (
@@ -31,7 +31,11 @@ var (
 	GroupVersion = schema.GroupVersion{Group: "external-secrets.io", Version: "v1"}
 
 	// SchemeBuilder registers ExternalSecret under ESO's group, version and kind.
-	SchemeBuilder = &scheme.Builder{GroupVersion: GroupVersion}
+	SchemeBuilder = runtime.NewSchemeBuilder(func(s *runtime.Scheme) error {
+		s.AddKnownTypes(GroupVersion, &ExternalSecret{}, &ExternalSecretList{})
+		metav1.AddToGroupVersion(s, GroupVersion)
+		return nil
+	})
 
 	// AddToScheme adds ExternalSecret to a runtime.Scheme.
 	AddToScheme = SchemeBuilder.AddToScheme
@@ -49,10 +53,6 @@ const (
 	MergePolicyMerge         = "Merge"
 	ConditionReady           = "Ready"
 )
-
-func init() {
-	SchemeBuilder.Register(&ExternalSecret{}, &ExternalSecretList{})
-}
 
 // ExternalSecret asks ESO to write a Secret from a store or a generator.
 //

@@ -463,7 +463,3 @@ type VaultConnectionList struct {
 	metav1.ListMeta `json:"metadata,omitempty"`
 	Items           []VaultConnection `json:"items"`
 }
-
-func init() {
-	SchemeBuilder.Register(&VaultConnection{}, &VaultConnectionList{})
-}

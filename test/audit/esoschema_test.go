@@ -85,6 +85,7 @@ func TestExternalSecretObjectsMatchESOSchema(t *testing.T) {
 	}
 	misspelt := &unstructured.Unstructured{Object: obj}
 	misspelt.SetName("misspelt")
+	misspelt.SetGroupVersionKind(externalsecrets.GroupVersion.WithKind(externalsecrets.Kind))
 	target := obj["spec"].(map[string]any)["target"].(map[string]any)
 	target["creationPolicyy"] = target["creationPolicy"]
 	delete(target, "creationPolicy")
