@@ -83,7 +83,7 @@ lint: ## Run golangci-lint (.golangci.yml: vet, staticcheck, unused, errcheck, g
 UNIT_PACKAGES = $(shell test/tools/packages.sh unit)
 INTEGRATION_PACKAGES = $(shell test/tools/packages.sh integration)
 E2E_PACKAGES = $(shell test/tools/packages.sh e2e)
-INTEGRATION_TOOLS := etcd kube-apiserver kube-controller-manager kwok vault external-secrets kubectl helm kube-score olm-validate govulncheck vulndb-index
+INTEGRATION_TOOLS := etcd kube-apiserver kube-controller-manager kwok vault external-secrets kubectl helm kube-score trivy promtool olm-validate govulncheck vulndb-index
 E2E_TOOLS := $(INTEGRATION_TOOLS) kubelet kube-proxy coredns ociimage
 
 # make test runs every package but those with a real node of their own under test/sharedground:

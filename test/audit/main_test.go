@@ -2,7 +2,9 @@
 // tree (deploy/default), the Helm chart with its default values, and the objects keyroll itself
 // renders for deploy/samples, read back from a real API server where the operator, running in this
 // process against Vault, Redis and External Secrets Operator, created them. Every finding must be
-// fixed or listed in skips.yaml with its reason.
+// fixed or listed in skips.yaml with its reason. Trivy's configuration checks audit the kustomize
+// tree, the chart and the OLM bundle the same way (trivy_test.go, trivy-skips.yaml), and promtool
+// checks and unit-tests the alerts of deploy/monitoring (alerts_test.go).
 package audit
 
 import (

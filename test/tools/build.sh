@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the binaries of the keyroll test ground (etcd, kube-apiserver, kube-controller-manager, kwok,
-# vault, external-secrets, kubectl, golangci-lint, helm, kube-score, olm-validate, govulncheck and
-# its database, and for the real node kubelet, kube-proxy, coredns and the ociimage tool) from the tool modules beside this script, into a cache
+# vault, external-secrets, kubectl, golangci-lint, helm, kube-score, trivy, promtool, olm-validate,
+# govulncheck and its database, and for the real node kubelet, kube-proxy, coredns and the ociimage tool) from the tool modules beside this script, into a cache
 # outside the checkout, and links them into one directory for the tests (default: test/bin, ignored
 # by git).
 #
@@ -36,19 +36,26 @@ helm_version=v3.22.0
 helm_k8s="-X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=37 -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=37"
 helm_ldflags="-s -w -X helm.sh/helm/v3/internal/version.version=$helm_version -X helm.sh/helm/v3/internal/version.gitTreeState=clean $helm_k8s"
 kube_score_ldflags="-s -w -X main.version=v1.20.0"
+# As trivy's goreleaser.yml builds it: its version without the v (with one, trivy cannot compare it
+# with the versions its checks require), and GOEXPERIMENT=jsonv2, as it uses encoding/json/v2.
+trivy_ldflags="-s -w -X github.com/aquasecurity/trivy/pkg/version/app.ver=0.74.0"
+# As Prometheus's .promu.yml: module v0.316.0 is Prometheus 3.16.0.
+promtool_ldflags="-s -w -X github.com/prometheus/common/version.Version=3.16.0"
 
 log() { printf '[testground %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
 
-# key MODULE_DIR EXTRA: a short hash of the tool module's files and the build flags.
+# key MODULE_DIR EXTRA: a short hash of the tool module's files and the build flags (a GOEXPERIMENT
+# among them, without changing the key of a tool built without one).
 key() {
 	(cd "$here/$1" && cat go.mod go.sum ./*.go 2>/dev/null; echo "$2") | sha256sum | cut -c1-16
 }
 
 # build NAME MODULE_DIR PACKAGE LDFLAGS: builds one binary unless the cache already holds it.
+# GOEXPERIMENT=... build ... builds with that experiment.
 build() {
 	local name=$1 mod=$2 pkg=$3 ldflags=$4
 	wanted "$name" || return 0
-	local dir="$cache/$name-$(key "$mod" "$pkg $ldflags")"
+	local dir="$cache/$name-$(key "$mod" "$pkg $ldflags${GOEXPERIMENT:+ GOEXPERIMENT=$GOEXPERIMENT}")"
 	if [[ -x "$dir/$name" ]]; then
 		log "$name: cached ($dir)"
 	else
@@ -90,10 +97,11 @@ prune() {
 }
 
 # Two lanes of about the same CPU time keep both cores busy and stay within memory (Vault peaks at
-# about 4.7 GB at link, External Secrets at 2.6 GB, kube-apiserver at 2.4 GB). Measured CPU-minutes:
-# vault 37, kwok 6, kubectl 3, helm 4, kube-score 2, coredns 3, ociimage 1 | etcd 3,
-# kube-apiserver 20, kube-controller-manager 7, external-secrets 20, golangci-lint; kubelet and
-# kube-proxy share most of their packages with the API server.
+# about 4.7 GB at link, External Secrets at 2.6 GB, kube-apiserver at 2.4 GB, trivy and promtool
+# at 3.3 GB). Measured CPU-minutes: vault 37, kwok 6, kubectl 3, helm 4, kube-score 2, coredns 3,
+# ociimage 1, promtool 13 | etcd 3, kube-apiserver 20, kube-controller-manager 7,
+# external-secrets 20, golangci-lint, trivy 21; kubelet and kube-proxy share most of their
+# packages with the API server. (trivy and promtool were measured while two other builds ran.)
 lane1() {
 	build vault vault . "-s -w"
 	build kwok kwok sigs.k8s.io/kwok/cmd/kwok "-s -w"
@@ -103,6 +111,7 @@ lane1() {
 	build ociimage ociimage . "-s -w"
 	build helm helm helm.sh/helm/v3/cmd/helm "$helm_ldflags"
 	build kube-score kubescore github.com/zegl/kube-score/cmd/kube-score "$kube_score_ldflags"
+	build promtool promtool github.com/prometheus/prometheus/cmd/promtool "$promtool_ldflags"
 	build olm-validate olm . "-s -w"
 	build govulncheck vuln golang.org/x/vuln/cmd/govulncheck "-s -w"
 	build vulndb-index vuln golang.org/x/vulndb/cmd/indexdb "-s -w"
@@ -116,6 +125,7 @@ lane2() {
 	build kube-proxy kube k8s.io/kubernetes/cmd/kube-proxy "$k8s_ldflags"
 	build external-secrets eso . "-s -w"
 	build golangci-lint lint github.com/golangci/golangci-lint/v2/cmd/golangci-lint "-s -w"
+	GOEXPERIMENT=jsonv2 build trivy trivy github.com/aquasecurity/trivy/cmd/trivy "$trivy_ldflags"
 }
 
 # vulndb: Go's vulnerability database for govulncheck (-db file://...), indexed from the OSV reports
