@@ -109,7 +109,9 @@ func (p *Process) read(r io.Reader, line func(string)) {
 		if point, ok := strings.CutPrefix(l, stoppoint.Marker); ok {
 			p.Stopped <- stoppoint.Point(point)
 		}
-		if strings.Contains(l, "successfully acquired lease") {
+		// client-go's leader election says so: "successfully acquired lease" up to v0.34,
+		// "Successfully acquired lease" (structured) since.
+		if strings.Contains(strings.ToLower(l), "successfully acquired lease") {
 			p.mu.Lock()
 			p.led = true
 			p.mu.Unlock()
