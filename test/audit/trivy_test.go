@@ -81,7 +81,7 @@ func TestManifestsPassTrivy(t *testing.T) {
 				t.Logf("trivy %s (%s, not enforced)", f, f.severity)
 				continue
 			}
-			if i := matchingTrivySkip(skips, f); i >= 0 {
+			if i := matching(skips, f.finding); i >= 0 {
 				used[i] = true
 				t.Logf("skipped %s (%s): %s", f, f.severity, skips[i].Reason)
 				continue
@@ -122,7 +122,7 @@ func TestManifestsPassTrivy(t *testing.T) {
 		}
 		var failing []string
 		for _, f := range trivyFindings(t, "kustomize", []*unstructured.Unstructured{privileged}) {
-			if slices.Contains(failingSeverities, f.severity) && matchingTrivySkip(skips, f) < 0 {
+			if slices.Contains(failingSeverities, f.severity) && matching(skips, f.finding) < 0 {
 				failing = append(failing, f.String())
 			}
 		}
@@ -133,24 +133,14 @@ func TestManifestsPassTrivy(t *testing.T) {
 	})
 }
 
-// trivySkip is an entry of trivy-skips.yaml: a Trivy check not enforced on some objects, and why.
-type trivySkip struct {
-	// Check is the check's ID as Trivy reports it (KSV-0041).
-	Check  string   `json:"check"`
-	Source []string `json:"source"`
-	Kind   string   `json:"kind"`
-	// Name of the objects; "*" is every object of the kind.
-	Name   string `json:"name"`
-	Reason string `json:"reason"`
-}
-
-func loadTrivySkips(t *testing.T) []trivySkip {
+// trivy-skips.yaml has the entries of skips.yaml (skip), with Trivy's check IDs (KSV-0041).
+func loadTrivySkips(t *testing.T) []skip {
 	t.Helper()
 	b, err := os.ReadFile("trivy-skips.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
-	var skips []trivySkip
+	var skips []skip
 	if err := yaml.UnmarshalStrict(b, &skips); err != nil {
 		t.Fatalf("trivy-skips.yaml: %v", err)
 	}
@@ -165,15 +155,6 @@ func loadTrivySkips(t *testing.T) []trivySkip {
 		}
 	}
 	return skips
-}
-
-func matchingTrivySkip(skips []trivySkip, f trivyFinding) int {
-	for i, s := range skips {
-		if s.Check == f.check && slices.Contains(s.Source, f.source) && s.Kind == f.kind && (s.Name == "*" || s.Name == f.name) {
-			return i
-		}
-	}
-	return -1
 }
 
 // trivyFindings writes objects one to a file, scans them with trivy config, and returns the
