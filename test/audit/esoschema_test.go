@@ -66,14 +66,14 @@ func TestExternalSecretObjectsMatchESOSchema(t *testing.T) {
 		if first == nil {
 			first = es.DeepCopy()
 		}
-		if err := createStrict(ctx, es); err != nil {
+		if err := createStrict(ctx, t, es); err != nil {
 			t.Errorf("%s: ESO's schema refuses the ExternalSecret keyroll renders: %v", shape, err)
 		}
 	}
 
 	for _, raw := range []bool{true, false} {
 		vds := fw.VaultDynamicSecretObject(ns, map[bool]string{true: "raw", false: "plain"}[raw], "orders", "eso-auth", raw)
-		if err := createStrict(ctx, vds); err != nil {
+		if err := createStrict(ctx, t, vds); err != nil {
 			t.Errorf("ESO's schema refuses the VaultDynamicSecret (raw %v): %v", raw, err)
 		}
 	}
@@ -89,13 +89,18 @@ func TestExternalSecretObjectsMatchESOSchema(t *testing.T) {
 	target := obj["spec"].(map[string]any)["target"].(map[string]any)
 	target["creationPolicyy"] = target["creationPolicy"]
 	delete(target, "creationPolicy")
-	err = createStrict(ctx, misspelt)
+	err = createStrict(ctx, t, misspelt)
 	if err == nil || !strings.Contains(err.Error(), "creationPolicyy") {
 		t.Errorf("an ExternalSecret with a misspelt field: %v; want it refused, naming the field", err)
 	}
 }
 
 // createStrict creates obj with fieldValidation=Strict: a field the schema does not know fails.
-func createStrict(ctx context.Context, obj client.Object) error {
-	return fw.Client.Create(ctx, obj, client.FieldValidation("Strict"))
+// What it creates is deleted when the test ends, so that ESO on the shared ground stops syncing it.
+func createStrict(ctx context.Context, t *testing.T, obj client.Object) error {
+	err := fw.Client.Create(ctx, obj, client.FieldValidation("Strict"))
+	if err == nil {
+		t.Cleanup(func() { _ = fw.Client.Delete(context.Background(), obj) })
+	}
+	return err
 }
